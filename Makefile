@@ -1,0 +1,29 @@
+# The two commands: `make run` (the main job) and `make test` (the test suite).
+# Each builds .venv the first time (TensorFlow, PySpark, Horovod from source); later runs install nothing.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.tfnet-installed
+PYTEST_ARGS ?=
+
+export TF_ENABLE_ONEDNN_OPTS ?= 1
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+export SPARK_LOCAL_IP ?= 127.0.0.1
+export PYSPARK_PYTHON := $(abspath $(PY))
+export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+
+.PHONY: run test install benchmark clean
+
+install: $(STAMP)
+
+$(STAMP): setup.py scripts/install.sh scripts/build_horovod.sh
+	bash scripts/install.sh
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m examples.demo $(RUN_ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,37 @@
+"""tfnet: fine-tune and run frozen TensorFlow graphs over Apache Spark."""
+
+from setuptools import find_packages, setup
+
+INSTALL_REQUIRES = [
+    "tensorflow-cpu==2.21.*",
+    "pyspark>=4.0,<5",
+    "numpy>=1.26",
+    "pyarrow>=11",
+    "pandas>=2.0,<3",
+    # Horovod's Python runtime needs these; Horovod itself is built by scripts/build_horovod.sh.
+    "pyyaml",
+    "cloudpickle",
+    "psutil",
+    "packaging",
+    "tqdm>=4.60",
+]
+
+EXTRAS = {
+    "test": ["pytest>=8", "pytest-timeout>=2.3", "scikit-learn>=1.4", "tensorboard"],
+    "openvino": ["openvino>=2025.0"],
+    "examples": ["matplotlib>=3.8"],
+}
+EXTRAS["all"] = sorted({r for reqs in EXTRAS.values() for r in reqs})
+
+setup(
+    name="tfnet",
+    version="0.1.0",
+    description="Fine-tune and run frozen TensorFlow graphs over Apache Spark with Horovod",
+    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["tfnet", "tfnet.*", "optim", "optim.*"]),
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+    license="Apache-2.0",
+)

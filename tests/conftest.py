@@ -1,0 +1,32 @@
+"""Shared test set-up. Tiers, selected with -m:
+
+* unit: no Spark (TensorFlow only);
+* spark: a real Spark (local[2], or a standalone master and workers);
+* parallel: real Horovod ranks over Gloo.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+import pytest  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "unit: TensorFlow only, no Spark")
+    config.addinivalue_line("markers", "spark: needs a real Spark (local[2] or standalone)")
+    config.addinivalue_line("markers", "parallel: starts several Horovod ranks over Gloo")
+    config.addinivalue_line("markers", "slow: takes more than about 20 seconds")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if not any(item.get_closest_marker(m) for m in ("spark", "parallel")):
+            item.add_marker(pytest.mark.unit)
+
+
+@pytest.fixture
+def tmp_dir(tmp_path):
+    return str(tmp_path)

@@ -1,0 +1,42 @@
+"""tfnet: fine-tune and run frozen TensorFlow graphs over Apache Spark.
+
+The layer, :class:`TFNet`, wraps a frozen graph (or a SavedModel or Keras model) as a pure function
+of its inputs and explicit weights, with forward, backward and weight-update hooks. Optimisation and
+distribution live in the sibling package ``optim``.
+"""
+
+from tfnet.config import get_num_threads, set_num_threads
+from tfnet.errors import (
+    GraphExecutionError,
+    GraphLoadError,
+    InputSpecError,
+    InputTypeError,
+    NoWeightsError,
+    TensorNameError,
+    TFNetError,
+    WeightError,
+    WeightTypeError,
+)
+from tfnet.hooks import HookHandle
+from tfnet.net import TFNet
+from tfnet.step import StepResult, TrainStep
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "TFNet",
+    "TrainStep",
+    "StepResult",
+    "HookHandle",
+    "set_num_threads",
+    "get_num_threads",
+    "TFNetError",
+    "GraphLoadError",
+    "GraphExecutionError",
+    "TensorNameError",
+    "InputSpecError",
+    "InputTypeError",
+    "WeightError",
+    "WeightTypeError",
+    "NoWeightsError",
+]

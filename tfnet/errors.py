@@ -1,0 +1,93 @@
+"""Typed errors raised by tfnet.
+
+Every error derives from :class:`TFNetError` and from the builtin exception a caller would expect
+(``ValueError``, ``TypeError``, ``KeyError``-like lookups are ``ValueError``), so both
+``except ValueError`` and ``except tfnet.TFNetError`` work.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
+__all__ = [
+    "TFNetError",
+    "GraphLoadError",
+    "TensorNameError",
+    "InputSpecError",
+    "InputTypeError",
+    "WeightError",
+    "NoWeightsError",
+    "WeightTypeError",
+    "GraphExecutionError",
+    "closest_names",
+]
+
+
+class TFNetError(Exception):
+    """Base class of every error tfnet raises on purpose."""
+
+
+class GraphLoadError(TFNetError, ValueError):
+    """A model file could not be read as a TensorFlow graph."""
+
+
+class TensorNameError(TFNetError, ValueError):
+    """A tensor or weight name does not exist in the graph."""
+
+
+class InputSpecError(TFNetError, ValueError):
+    """An input has the wrong rank or shape, or the wrong number of inputs was given."""
+
+
+class InputTypeError(TFNetError, TypeError):
+    """An input has a dtype that the graph's input cannot take."""
+
+
+class WeightError(TFNetError, ValueError):
+    """A weight update names an unknown weight or has the wrong shape or dtype."""
+
+
+class NoWeightsError(TFNetError, ValueError):
+    """An operation that needs weights was called on a graph without any."""
+
+
+class WeightTypeError(TFNetError, TypeError):
+    """A weight value has a dtype that cannot be stored in the weight."""
+
+
+class GraphExecutionError(TFNetError, RuntimeError):
+    """TensorFlow failed while running the graph (for example, a reshape that only works at one
+    batch size)."""
+
+
+def closest_names(name: str, candidates: Iterable[str], n: int = 5) -> list[str]:
+    """Returns up to ``n`` names from ``candidates`` that look most like ``name``.
+
+    Close spellings come first (``difflib``); names sharing the last path component follow.
+    """
+    candidates = list(dict.fromkeys(candidates))
+    close = difflib.get_close_matches(name, candidates, n=n, cutoff=0.5)
+    if len(close) < n:
+        leaf = name.rsplit("/", 1)[-1].split(":")[0]
+        for c in candidates:
+            if c not in close and leaf and leaf in c:
+                close.append(c)
+                if len(close) == n:
+                    break
+    return close
+
+
+def unknown_name_message(kind: str, name: str, candidates: Iterable[str]) -> str:
+    candidates = list(candidates)
+    close = closest_names(name, candidates)
+    msg = f"Unknown {kind} {name!r}."
+    if close:
+        msg += " Closest existing names: " + ", ".join(repr(c) for c in close) + "."
+    elif candidates:
+        shown = ", ".join(repr(c) for c in candidates[:10])
+        more = f" (and {len(candidates) - 10} more)" if len(candidates) > 10 else ""
+        msg += f" Existing names: {shown}{more}."
+    else:
+        msg += f" The graph has no {kind}s."
+    return msg

@@ -1,0 +1,158 @@
+"""Checking and converting user inputs against a graph's input specs."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tfnet.errors import InputSpecError, InputTypeError, unknown_name_message
+from tfnet.graph_utils import tensor_name
+
+
+def _describe(value) -> str:
+    shape = tuple(getattr(value, "shape", ()))
+    dtype = getattr(value, "dtype", type(value).__name__)
+    dtype = getattr(dtype, "name", dtype)
+    return f"{type(value).__name__} of shape {shape} and dtype {dtype}"
+
+
+def as_name_list(names: str | Sequence[str], what: str) -> list[str]:
+    if isinstance(names, str):
+        return [names]
+    if isinstance(names, (list, tuple)) and names and all(isinstance(n, str) for n in names):
+        return list(names)
+    raise TypeError(f"`{what}` must be a tensor name or a non-empty list of names. Received: {names!r}")
+
+
+def arrange(inputs: Any, names: Sequence[str], what: str = "input") -> list:
+    """Puts ``inputs`` (one value, a list in graph order, or a dict by name) in graph order."""
+    n = len(names)
+    if isinstance(inputs, Mapping):
+        by_name = {}
+        for key, value in inputs.items():
+            full = tensor_name(key) if isinstance(key, str) else key
+            if full not in names:
+                raise InputSpecError(unknown_name_message(f"{what} name", key, names))
+            by_name[full] = value
+        missing = [nm for nm in names if nm not in by_name]
+        if missing:
+            raise InputSpecError(f"Missing {what}s {missing}. The graph takes {list(names)}.")
+        return [by_name[nm] for nm in names]
+    if isinstance(inputs, (list, tuple)) and not (n == 1 and _is_single_array_like(inputs)):
+        if len(inputs) != n:
+            raise InputSpecError(
+                f"The graph takes {n} {what}(s) {list(names)}; received {len(inputs)} values."
+            )
+        return list(inputs)
+    if n != 1:
+        raise InputSpecError(
+            f"The graph takes {n} {what}s {list(names)}; received one value ({_describe(inputs)}). "
+            "Pass a list in that order or a dict by name."
+        )
+    return [inputs]
+
+
+def _is_single_array_like(value) -> bool:
+    """A list of numbers (``[[1., 2.]]``) is one array, a list holding one array is a list."""
+    if len(value) != 1:
+        return False
+    first = value[0]
+    return not isinstance(first, (np.ndarray, tf.Tensor, tf.Variable)) and not hasattr(first, "__array__")
+
+
+def convert(value: Any, spec: tf.TensorSpec, name: str) -> tf.Tensor:
+    """Converts one value to a tensor of ``spec``'s dtype, checking kind, rank and shape.
+
+    Floats take any float, integer or bool input (cast); integers take integers; strings take
+    str/bytes/object arrays; bools take bools.
+    """
+    want = spec.dtype
+    if value is None:
+        raise InputTypeError(f"Input {name!r} is None; expected an array of dtype {want.name}.")
+    if isinstance(value, (tf.Tensor, tf.Variable)):
+        got = value.dtype
+        tensor = value
+    else:
+        try:
+            arr = np.asarray(value)
+        except (ValueError, TypeError) as exc:
+            raise InputTypeError(
+                f"Input {name!r} could not be turned into an array ({exc}); expected {want.name} "
+                f"with shape {spec.shape}."
+            ) from None
+        got = arr.dtype
+        tensor = arr
+    _check_kind(got, want, name, spec)
+    shape = tuple(tensor.shape)
+    _check_shape(shape, spec, name)
+    if isinstance(tensor, np.ndarray):
+        if want == tf.string:
+            return tf.constant(tensor, dtype=tf.string)
+        return tf.convert_to_tensor(tensor.astype(want.as_numpy_dtype, copy=False))
+    tensor = tf.convert_to_tensor(tensor)
+    return tensor if tensor.dtype == want else tf.cast(tensor, want)
+
+
+def _kind(dtype) -> str:
+    if isinstance(dtype, tf.DType):
+        if dtype == tf.string:
+            return "string"
+        if dtype.is_bool:
+            return "bool"
+        if dtype.is_floating:
+            return "float"
+        if dtype.is_integer:
+            return "int"
+        return dtype.name
+    dtype = np.dtype(dtype)
+    if dtype.kind in "USO":
+        return "string"
+    return {"b": "bool", "f": "float", "i": "int", "u": "int"}.get(dtype.kind, dtype.name)
+
+
+_ACCEPTS = {
+    "float": {"float", "int", "bool"},
+    "int": {"int", "bool"},
+    "bool": {"bool"},
+    "string": {"string"},
+}
+
+
+def _check_kind(got, want: tf.DType, name: str, spec: tf.TensorSpec) -> None:
+    want_kind, got_kind = _kind(want), _kind(got)
+    if got_kind not in _ACCEPTS.get(want_kind, {want_kind}):
+        got_name = getattr(got, "name", str(got))
+        raise InputTypeError(
+            f"Input {name!r} expects dtype {want.name} (shape {spec.shape}); received dtype "
+            f"{got_name}, which cannot be converted without loss."
+        )
+
+
+def _check_shape(shape: tuple, spec: tf.TensorSpec, name: str) -> None:
+    want = spec.shape
+    if want.rank is None:
+        return
+    if len(shape) != want.rank:
+        raise InputSpecError(
+            f"Input {name!r} expects rank {want.rank} with shape {_fmt(want)}; received rank "
+            f"{len(shape)} with shape {shape}."
+        )
+    for i, (g, w) in enumerate(zip(shape, want.as_list())):
+        if w is not None and g is not None and g != w:
+            raise InputSpecError(
+                f"Input {name!r} expects shape {_fmt(want)}; received shape {shape} "
+                f"(dimension {i} is {g}, expected {w})."
+            )
+
+
+def _fmt(shape: tf.TensorShape) -> str:
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape.as_list()) + ")"
+
+
+def batch_size_of(tensors: Sequence[tf.Tensor]) -> int | None:
+    sizes = {int(t.shape[0]) for t in tensors if t.shape.rank and t.shape[0] is not None}
+    if len(sizes) > 1:
+        raise InputSpecError(f"All inputs must have the same batch size; received sizes {sorted(sizes)}.")
+    return sizes.pop() if sizes else None

@@ -1,0 +1,738 @@
+"""TFNet: a frozen TensorFlow graph as a layer with explicit, trainable weights.
+
+The float constants that hold a frozen graph's weights are turned into placeholders, and the graph
+becomes a pure function ``f(inputs, weights) -> outputs`` that is imported (``import_graph_def`` with
+an ``input_map``) into whichever ``tf.function`` calls it. The weights live in ``tf.Variable`` s that
+the layer owns. ``tf.GradientTape`` differentiates straight through the imported ops.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Iterable, Mapping, Sequence, Union
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+
+from tfnet import graph_utils as gu
+from tfnet.errors import (
+    GraphExecutionError,
+    GraphLoadError,
+    InputSpecError,
+    NoWeightsError,
+    TensorNameError,
+    WeightError,
+    WeightTypeError,
+    unknown_name_message,
+)
+from tfnet.graph_io import PathLike, read_graph_def
+from tfnet.hooks import HookHandle, HookList
+from tfnet.inputs import arrange, as_name_list, batch_size_of, convert
+
+TrainableSpec = Union[bool, str, "re.Pattern[str]", Iterable[str], Callable[[str], bool], None]
+
+__all__ = ["TFNet"]
+
+
+class TFNet(tf.Module):
+    """A frozen TensorFlow graph wrapped as a layer whose weights are explicit and trainable.
+
+    Build one with a constructor: :meth:`from_frozen_graph`, :meth:`from_saved_model`,
+    :meth:`from_keras` or :meth:`from_export_folder` (what :meth:`save` writes).
+
+    Args:
+        graph_def: A frozen ``GraphDef`` (weights stored as ``Const`` nodes), or a path to one.
+        inputs: Input tensor names, ``"name"`` or ``"name:0"``. Any tensor may be an input.
+        outputs: Output tensor names.
+        weights: ``"auto"`` (default) makes every float constant of rank >= 1 a weight. A list of
+            constant names picks them explicitly.
+        trainable: What trains at first; see :attr:`trainable`. Default: every weight except
+            batch-norm statistics.
+        relax_batch: Make dimension 0 of input placeholders unknown so that any batch size can be
+            fed. Default: True.
+        name: The module name. Default: ``"tfnet"``.
+
+    Example:
+        >>> import tensorflow as tf, numpy as np
+        >>> g = tf.Graph()
+        >>> with g.as_default():
+        ...     x = tf.compat.v1.placeholder(tf.float32, [None, 2], name="x")
+        ...     w = tf.constant([[1.0], [2.0]], name="w")
+        ...     y = tf.matmul(x, w, name="y")
+        >>> net = TFNet.from_frozen_graph(g.as_graph_def(), "x", "y")
+        >>> net.weight_names
+        ['w']
+        >>> net.forward(np.array([[1.0, 1.0]], np.float32))
+        array([[3.]], dtype=float32)
+    """
+
+    def __init__(
+        self,
+        graph_def: PathLike | bytes | graph_pb2.GraphDef,
+        inputs: str | Sequence[str],
+        outputs: str | Sequence[str],
+        *,
+        weights: str | Sequence[str] = "auto",
+        trainable: TrainableSpec = None,
+        relax_batch: bool = True,
+        name: str = "tfnet",
+    ):
+        graph_def = read_graph_def(graph_def)
+        input_names = gu.check_tensor_names(graph_def, as_name_list(inputs, "inputs"), "input")
+        output_names = gu.check_tensor_names(graph_def, as_name_list(outputs, "outputs"), "output")
+        input_nodes = {gu.node_name(n) for n in input_names}
+        if isinstance(weights, str) and weights == "auto":
+            weight_names = [w for w in gu.find_weights(graph_def) if w not in input_nodes]
+        else:
+            weight_names = _check_weight_consts(graph_def, weights)
+        template, values = gu.consts_to_placeholders(graph_def, weight_names)
+        del graph_def
+        template = gu.subgraph(
+            template, output_names, feeds=input_names, feed_specs=_feed_specs(template, input_names)
+        )
+        kept = gu.nodes_by_name(template)
+        weight_names = [w for w in weight_names if w in kept]
+        values = {w: values[w] for w in weight_names}
+        statistics = gu.find_statistics(template, weight_names)
+        if relax_batch:
+            gu.set_placeholder_batch_dim(template, input_names)
+        self._setup(template, input_names, output_names, values, statistics, name=name)
+        if trainable is not None:
+            self.trainable = trainable
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def _from_template(
+        cls,
+        template: graph_pb2.GraphDef,
+        input_names: list[str],
+        output_names: list[str],
+        values: Mapping[str, np.ndarray],
+        statistics: Sequence[str],
+        trainable: Sequence[str] | None,
+        name: str = "tfnet",
+    ) -> "TFNet":
+        net = cls.__new__(cls)
+        net._setup(template, input_names, output_names, values, statistics, name=name)
+        if trainable is not None:
+            net._set_trainable_names([t for t in trainable if t in net._vars])
+        return net
+
+    def _setup(self, template, input_names, output_names, values, statistics, name="tfnet"):
+        tf.Module.__init__(self, name=name)
+        self._template = template
+        self._names = (tuple(input_names), tuple(output_names))
+        weight_names = [n.name for n in template.node if n.name in values]
+        self._weight_tensor_names = tuple(w + ":0" for w in weight_names)
+        specs = _graph_specs(template, input_names, output_names, weight_names)
+        self._specs = tuple(tuple(s) for s in specs)
+        with tf.init_scope():
+            self._vars = {
+                w: tf.Variable(
+                    np.asarray(values[w]), name=_variable_name(w), trainable=False, dtype=spec.dtype
+                )
+                for w, spec in zip(weight_names, self._specs[2])
+            }
+        self._statistics = [s for s in weight_names if s in set(statistics)]
+        stats = set(self._statistics)
+        self._trainable = [w for w in weight_names if w not in stats]
+        self._version = 0
+        self._compiled: dict[Any, Callable] = {}
+        self._forward_hooks = HookList(self._changed)
+        self._gradient_hooks = HookList(self._changed)
+        self._update_hooks = HookList(self._changed)
+
+    def _changed(self) -> None:
+        self._version += 1
+        self._compiled.clear()
+
+    @classmethod
+    def from_frozen_graph(
+        cls,
+        path_or_graph_def: PathLike | bytes | graph_pb2.GraphDef,
+        inputs: str | Sequence[str],
+        outputs: str | Sequence[str],
+        **kwargs,
+    ) -> "TFNet":
+        """Loads a frozen graph (``.pb`` binary or ``.pbtxt`` text file, bytes or a ``GraphDef``).
+
+        Args:
+            path_or_graph_def: The graph.
+            inputs: Input tensor name(s), ``"name"`` or ``"name:0"``.
+            outputs: Output tensor name(s).
+            **kwargs: ``weights``, ``trainable``, ``relax_batch``, ``name``; see :class:`TFNet`.
+
+        Raises:
+            FileNotFoundError: The file does not exist.
+            GraphLoadError: The file is corrupt, truncated, or not a graph.
+            TensorNameError: A name is not in the graph; the message lists the closest names.
+        """
+        return cls(path_or_graph_def, inputs, outputs, **kwargs)
+
+    @classmethod
+    def from_keras(cls, model, **kwargs) -> "TFNet":
+        """Freezes a built Keras 3 model in inference mode and wraps it.
+
+        Weights are named by their Keras paths (``"dense/kernel"``), inputs by the Keras input
+        names and outputs by the output layer names. Dropout is off and batch norm uses its moving
+        statistics, which are frozen by default.
+        """
+        from tfnet.freeze import freeze_keras
+
+        graph_def, inputs, outputs, weights = freeze_keras(model)
+        kwargs.setdefault("name", "tfnet")
+        return cls(graph_def, inputs, outputs, weights=weights, **kwargs)
+
+    @classmethod
+    def from_saved_model(cls, path: PathLike, signature: str = "serving_default", **kwargs) -> "TFNet":
+        """Loads one signature of a SavedModel, freezing its variables into weights.
+
+        Inputs are the signature's argument names, outputs its output keys.
+
+        Raises:
+            FileNotFoundError: ``path`` does not exist.
+            GraphLoadError: ``path`` is not a SavedModel.
+            TensorNameError: ``signature`` does not exist; the message lists the signatures.
+        """
+        from tfnet.saving import load_saved_model_signature
+
+        graph_def, inputs, outputs, weights = load_saved_model_signature(path, signature)
+        return cls(graph_def, inputs, outputs, weights=weights, **kwargs)
+
+    @classmethod
+    def from_export_folder(cls, folder: PathLike, **kwargs) -> "TFNet":
+        """Loads the Analytics Zoo export layout: ``frozen_inference_graph.pb`` plus
+        ``graph_meta.json`` with ``input_names`` and ``output_names``. Folders written by
+        :meth:`save` also restore the weight list and the trainable selection."""
+        from tfnet.saving import read_export_folder
+
+        graph_def, meta = read_export_folder(folder)
+        extra = meta.get("tfnet", {})
+        if "weight_names" in extra:
+            kwargs.setdefault("weights", extra["weight_names"])
+        net = cls(graph_def, meta["input_names"], meta["output_names"], **kwargs)
+        if "trainable" in extra and "trainable" not in kwargs:
+            net._set_trainable_names([t for t in extra["trainable"] if t in net._vars])
+        return net
+
+    load = from_export_folder
+
+    # ------------------------------------------------------------------ weights
+
+    @property
+    def input_names(self) -> list[str]:
+        """Input tensor names (``"name:0"``), in the order inputs are passed."""
+        return list(self._names[0])
+
+    @property
+    def output_names(self) -> list[str]:
+        """Output tensor names, in the order outputs are returned."""
+        return list(self._names[1])
+
+    @property
+    def input_specs(self) -> list[tf.TensorSpec]:
+        """dtype and shape of each input (dimension 0, the batch, is usually ``None``)."""
+        return list(self._specs[0])
+
+    @property
+    def output_specs(self) -> list[tf.TensorSpec]:
+        return list(self._specs[1])
+
+    @property
+    def _weight_specs(self) -> list[tf.TensorSpec]:
+        return list(self._specs[2])
+
+    @property
+    def weight_names(self) -> list[str]:
+        """Every weight's name, in graph order."""
+        return list(self._vars)
+
+    @property
+    def statistic_names(self) -> list[str]:
+        """Weights holding batch-norm statistics (frozen unless named explicitly)."""
+        return list(self._statistics)
+
+    @property
+    def weight_variables(self) -> dict[str, tf.Variable]:
+        """The ``tf.Variable`` behind each weight, by name."""
+        return dict(self._vars)
+
+    @property
+    def trainable_variables(self) -> tuple[tf.Variable, ...]:
+        return tuple(self._vars[n] for n in self._trainable)
+
+    def get_weights(self, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """Returns copies of the weights (all, or the given names) as numpy arrays."""
+        names = self.weight_names if names is None else [self._check_weight_name(n) for n in names]
+        return {n: self._vars[n].numpy() for n in names}
+
+    def set_weights(self, weights: Mapping[str, Any]) -> None:
+        """Sets some or all weights. Names, shapes and dtypes are all checked before any is set.
+
+        Raises:
+            WeightError: an unknown name or a wrong shape.
+            WeightTypeError: a value that is not a float array.
+        """
+        checked = self._check_weight_values(weights, "set_weights")
+        for name, value in checked.items():
+            self._vars[name].assign(value)
+
+    def _check_weight_name(self, name: str) -> str:
+        if not isinstance(name, str):
+            raise WeightError(f"Weight names are strings. Received: {name!r}")
+        key = name[:-2] if name.endswith(":0") and name[:-2] in self._vars else name
+        if key not in self._vars:
+            if not self._vars:
+                raise NoWeightsError(f"Unknown weight {name!r}: this graph has no weights.")
+            raise WeightError(unknown_name_message("weight", name, self._vars))
+        return key
+
+    def _check_weight_values(self, weights: Mapping[str, Any], what: str) -> dict[str, tf.Tensor]:
+        if not isinstance(weights, Mapping):
+            raise TypeError(f"{what} takes a dict of name -> array. Received: {type(weights).__name__}")
+        checked = {}
+        for name, value in weights.items():
+            key = self._check_weight_name(name)
+            var = self._vars[key]
+            if isinstance(value, (tf.Tensor, tf.Variable)):
+                kind_ok = value.dtype.is_floating or value.dtype.is_integer
+                shape = tuple(value.shape)
+            else:
+                value = np.asarray(value)
+                kind_ok = value.dtype.kind in "fiu"
+                shape = value.shape
+            if not kind_ok:
+                raise WeightTypeError(
+                    f"{what}: weight {key!r} takes numbers of dtype {var.dtype.name}; received "
+                    f"dtype {getattr(value.dtype, 'name', value.dtype)}."
+                )
+            if shape != tuple(var.shape):
+                raise WeightError(
+                    f"{what}: weight {key!r} has shape {tuple(var.shape)}; received shape {shape}."
+                )
+            checked[key] = tf.cast(value, var.dtype)
+        return checked
+
+    @property
+    def trainable(self) -> list[str]:
+        """The names of the weights that train, in graph order.
+
+        Set it with:
+          * a list of names: exactly those weights (batch-norm statistics too, if named);
+          * a string: every weight whose name starts with that prefix;
+          * a compiled regex (``re.compile``): every weight whose name it matches (``re.search``);
+          * a callable ``name -> bool``;
+          * ``True``: every weight except batch-norm statistics (the default); ``False``: none.
+
+        Prefix, regex and callable selections leave batch-norm statistics frozen.
+        """
+        return list(self._trainable)
+
+    @trainable.setter
+    def trainable(self, spec: TrainableSpec) -> None:
+        if not self._vars:
+            raise NoWeightsError(
+                "This graph has no weights (no float constants of rank >= 1), so nothing can be "
+                "trained. It still works as a fixed function through forward()."
+            )
+        stats = set(self._statistics)
+        names = self.weight_names
+        if spec is True or spec is None:
+            chosen = [n for n in names if n not in stats]
+        elif spec is False:
+            chosen = []
+        elif isinstance(spec, str):
+            chosen = [n for n in names if n.startswith(spec) and n not in stats]
+            if not chosen and spec in stats:
+                chosen = [spec]
+            if not chosen:
+                raise WeightError(
+                    f"No weight name starts with {spec!r}. "
+                    + unknown_name_message("weight prefix", spec, names)
+                )
+        elif isinstance(spec, re.Pattern):
+            chosen = [n for n in names if spec.search(n) and n not in stats]
+            if not chosen:
+                raise WeightError(f"No weight name matches {spec.pattern!r}. Weights: {names[:10]}")
+        elif callable(spec):
+            chosen = [n for n in names if spec(n) and n not in stats]
+        elif isinstance(spec, Iterable):
+            wanted = [self._check_weight_name(n) for n in spec]
+            chosen = [n for n in names if n in set(wanted)]
+        else:
+            raise TypeError(
+                "`trainable` takes a list of names, a prefix string, a compiled regex, a callable or "
+                f"a bool. Received: {spec!r}"
+            )
+        self._set_trainable_names(chosen)
+
+    def _set_trainable_names(self, chosen: Sequence[str]) -> None:
+        self._trainable = [n for n in self._vars if n in set(chosen)]
+        self._changed()
+
+    # ------------------------------------------------------------------ compute
+
+    def _run_graph(self, inputs: Sequence[tf.Tensor], weights: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        """Imports the graph into the function being traced, wired to ``inputs`` and ``weights``."""
+        input_map = dict(zip(self.input_names, inputs))
+        input_map.update(zip(self._weight_tensor_names, weights))
+        return tf.graph_util.import_graph_def(
+            self._template, input_map=input_map, return_elements=self.output_names, name="graph"
+        )
+
+    def _pure(self) -> Callable:
+        """``(inputs, weights) -> outputs``, compiled once with a batch-agnostic signature."""
+        fn = self._compiled.get("pure")
+        if fn is None:
+            signature = [list(self.input_specs), list(self._weight_specs)]
+            fn = tf.function(self._run_graph, input_signature=signature, autograph=False)
+            self._compiled["pure"] = fn
+        return fn
+
+    def _weight_values(self) -> list[tf.Tensor]:
+        return [v.value() for v in self._vars.values()]
+
+    def prepare_inputs(self, inputs: Any) -> list[tf.Tensor]:
+        """Checks inputs (one array, a list in input order, or a dict by name) and converts them to
+        tensors of the graph's dtypes.
+
+        Raises:
+            InputSpecError: wrong number of inputs, rank or shape.
+            InputTypeError: a dtype the input cannot take.
+        """
+        values = arrange(inputs, self.input_names)
+        tensors = [convert(v, s, n) for v, s, n in zip(values, self.input_specs, self.input_names)]
+        batch_size_of(tensors)
+        return tensors
+
+    def _call_pure(self, tensors: list[tf.Tensor], weights: list[tf.Tensor]) -> list[tf.Tensor]:
+        try:
+            return list(self._pure()(tensors, weights))
+        except tf.errors.OpError as exc:
+            raise GraphExecutionError(
+                f"TensorFlow failed to run the graph on inputs of shapes "
+                f"{[tuple(t.shape) for t in tensors]}: {_first_line(exc.message)}"
+            ) from None
+
+    def __call__(self, inputs: Any) -> tf.Tensor | list[tf.Tensor]:
+        """Runs the graph on tensors and returns tensors, with forward hooks applied.
+
+        Works inside ``tf.function`` and ``tf.GradientTape`` (gradients reach the weight variables).
+        """
+        tensors = self.prepare_inputs(inputs)
+        if tf.executing_eagerly():
+            outs = self._call_pure(tensors, self._weight_values())
+        else:
+            outs = self._run_graph(tensors, [v.value() for v in self._vars.values()])
+        return self._forward_hooks.run(self._pack(outs))
+
+    def forward(self, inputs: Any, *, as_tensors: bool = False, batch_size: int | None = None):
+        """Runs the graph.
+
+        Args:
+            inputs: One array (single-input graphs), a list in :attr:`input_names` order, or a dict
+                by input name. Numpy arrays, lists or tensors; floats are cast to the graph's float
+                dtype, integers and strings pass through.
+            as_tensors: Return ``tf.Tensor`` s instead of numpy arrays. Default: False.
+            batch_size: Run in chunks of this many rows and concatenate. Default: one call.
+
+        Returns:
+            One array for single-output graphs, else a list in :attr:`output_names` order.
+        """
+        tensors = self.prepare_inputs(inputs)
+        weights = self._weight_values()
+        n = batch_size_of(tensors)
+        if batch_size and n and n > batch_size:
+            chunks = [
+                self._call_pure([t[i : i + batch_size] for t in tensors], weights)
+                for i in range(0, n, batch_size)
+            ]
+            outs = [tf.concat([c[j] for c in chunks], axis=0) for j in range(len(self.output_names))]
+        else:
+            outs = self._call_pure(tensors, weights)
+        outs = self._forward_hooks.run(self._pack(outs))
+        return outs if as_tensors else tf.nest.map_structure(lambda t: t.numpy(), outs)
+
+    def backward(self, inputs: Any, grad_outputs: Any = None, *, as_tensors: bool = False):
+        """Vector-Jacobian product of the outputs with ``grad_outputs``.
+
+        Args:
+            inputs: As for :meth:`forward`.
+            grad_outputs: One gradient per output (a single array, a list, or a dict by output
+                name). ``None`` for an output means it does not contribute. Default: ones for every
+                output (the gradient of ``sum(outputs)``).
+            as_tensors: Return tensors instead of numpy arrays. Default: False.
+
+        Returns:
+            ``(grad_inputs, grad_weights)``: a list with one gradient per input (``None`` for
+            non-float inputs) and a dict over the trainable weights. Gradient hooks are applied to
+            ``grad_weights``.
+
+        Raises:
+            NoWeightsError: the graph has no weights.
+        """
+        if not self._vars:
+            raise NoWeightsError(
+                "backward() needs weights, and this graph has none (no float constants of rank "
+                ">= 1); it works as a fixed function only. For input gradients, record "
+                "net(inputs) under tf.GradientTape."
+            )
+        tensors = self.prepare_inputs(inputs)
+        grads_out = self._prepare_grad_outputs(grad_outputs)
+        names = self._trainable
+        weights = self._weight_values()
+        float_inputs = [i for i, t in enumerate(tensors) if t.dtype.is_floating]
+        index = {n: i for i, n in enumerate(self._vars)}
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            for i in float_inputs:
+                tape.watch(tensors[i])
+            for n in names:
+                tape.watch(weights[index[n]])
+            outs = self._call_pure(tensors, weights)
+            outs = tf.nest.flatten(self._forward_hooks.run(self._pack(outs)))
+        sources = [tensors[i] for i in float_inputs] + [weights[index[n]] for n in names]
+        if grads_out is not None:  # an output without a gradient does not contribute
+            grads_out = [tf.zeros_like(o) if g is None else g for g, o in zip(grads_out, outs)]
+        grads = tape.gradient(outs, sources, output_gradients=grads_out)
+        grads = [_dense_or_zeros(g, s) for g, s in zip(grads, sources)]
+        grad_inputs: list = [None] * len(tensors)
+        for k, i in enumerate(float_inputs):
+            grad_inputs[i] = grads[k]
+        grad_weights = dict(zip(names, grads[len(float_inputs):]))
+        grad_weights = self._gradient_hooks.run(grad_weights)
+        if not as_tensors:
+            grad_inputs = [None if g is None else g.numpy() for g in grad_inputs]
+            grad_weights = {k: v.numpy() for k, v in grad_weights.items()}
+        if len(grad_inputs) == 1:
+            grad_inputs = grad_inputs[0]
+        return grad_inputs, grad_weights
+
+    def _prepare_grad_outputs(self, grad_outputs) -> list | None:
+        if grad_outputs is None:
+            return None
+        values = arrange(grad_outputs, self.output_names, what="output gradient")
+        if all(v is None for v in values):
+            raise InputSpecError("Every output gradient is None; give at least one.")
+        return [
+            None if v is None else convert(v, spec, f"gradient of {name}")
+            for v, spec, name in zip(values, self.output_specs, self.output_names)
+        ]
+
+    # ------------------------------------------------------------------ updates and hooks
+
+    def apply_updates(self, updates: Mapping[str, Any]) -> None:
+        """The weight-update hook: sets each named weight ``w`` to ``w + update``, then runs the
+        update hooks on the updated weights."""
+        checked = self._check_weight_values(updates, "apply_updates")
+        for name, delta in checked.items():
+            self._vars[name].assign_add(delta)
+        self._run_update_hooks(list(checked))
+
+    def _run_update_hooks(self, names: Sequence[str]) -> None:
+        if not self._update_hooks:
+            return
+        current = {n: self._vars[n].value() for n in names}
+        new = self._update_hooks.run(dict(current))
+        changed = {k: v for k, v in new.items() if v is not current.get(k)}
+        for name, value in self._check_weight_values(changed, "update hook").items():
+            self._vars[name].assign(value)
+
+    def register_forward_hook(self, fn: Callable) -> HookHandle:
+        """``fn(outputs) -> outputs or None`` runs on the outputs of every forward pass (and inside
+        the fused training step). ``outputs`` is a tensor, or a list for several outputs.
+        Write hooks with TensorFlow ops: inside compiled steps they are traced once."""
+        return self._forward_hooks.add(fn)
+
+    def register_gradient_hook(self, fn: Callable) -> HookHandle:
+        """``fn(grads: dict[name, tensor]) -> dict or None`` runs on the weight gradients before
+        they are used: to clip or mask them."""
+        return self._gradient_hooks.add(fn)
+
+    def register_update_hook(self, fn: Callable) -> HookHandle:
+        """``fn(weights: dict[name, tensor]) -> dict or None`` runs after every weight update on the
+        updated weights; a returned dict of new values is assigned (to constrain weights)."""
+        return self._update_hooks.add(fn)
+
+    def _pack(self, outs: Sequence[tf.Tensor]):
+        """One output as a tensor, several as a list: the structure users and hooks see."""
+        return outs[0] if len(outs) == 1 else list(outs)
+
+    # ------------------------------------------------------------------ graph surgery
+
+    def cut(self, tensor_names: str | Sequence[str]) -> "TFNet":
+        """Returns a new TFNet that ends at the given tensor(s), such as the features before a
+        classifier. Weights past the cut are dropped; the rest keep their current values and
+        trainable state."""
+        outputs = gu.check_tensor_names(self._template, as_name_list(tensor_names, "tensor_names"), "cut")
+        template = gu.subgraph(self._template, outputs, feeds=self.input_names)
+        kept = gu.nodes_by_name(template)
+        used = _used_tensors(template) | set(outputs)
+        inputs = [n for n in self.input_names if n in used]
+        values = {w: v.numpy() for w, v in self._vars.items() if w in kept}
+        return TFNet._from_template(
+            template, inputs, outputs, values, self._statistics, self._trainable, name=self.name
+        )
+
+    def add_head(self, head, name: str = "head") -> "TFNet":
+        """Attaches a Keras head (a layer, a list of layers, or a model) to this net's single output
+        and returns one TFNet whose weights include the head's, under ``name/``.
+
+        The head's weights start from their Keras initial values and are trainable; this net's
+        weights keep their trainable state (set ``net.trainable = "head/"`` to train the head only).
+        """
+        from tfnet.head import freeze_head
+
+        if len(self.output_names) != 1:
+            raise InputSpecError(
+                f"add_head needs a net with one output; this one has {self.output_names}. "
+                "Use cut() to choose the feature tensor first."
+            )
+        gd, head_input, head_outputs, head_weights = freeze_head(head, self.output_specs[0])
+        head_stats = gu.find_statistics(gd, head_weights)
+        head_template, head_values = gu.consts_to_placeholders(gd, head_weights)
+        merged = gu.merge(self._template, head_template, name, {gu.node_name(head_input): self.output_names[0]})
+        values = {w: v.numpy() for w, v in self._vars.items()}
+        values.update({f"{name}/{k}": v for k, v in head_values.items()})
+        stats = self._statistics + [f"{name}/{s}" for s in head_stats]
+        trainable = self._trainable + [f"{name}/{w}" for w in head_weights if w not in head_stats]
+        outputs = [f"{name}/{o}" for o in head_outputs]
+        return TFNet._from_template(merged, self.input_names, outputs, values, stats, trainable, name=self.name)
+
+    # ------------------------------------------------------------------ training and saving
+
+    def train_step(self, loss_fn: Callable, transform, *, reducer: Callable | None = None):
+        """Compiles forward, loss, backward, gradient hooks, update and update hooks into one
+        ``tf.function``. See :class:`tfnet.step.TrainStep`."""
+        from tfnet.step import TrainStep
+
+        return TrainStep(self, loss_fn, transform, reducer=reducer)
+
+    def save(self, path: PathLike) -> None:
+        """Writes ``path/frozen_inference_graph.pb`` (a frozen graph with the current weights) and
+        ``path/graph_meta.json``. Plain TensorFlow can import the graph; :meth:`from_export_folder`
+        loads it back as an identical layer."""
+        from tfnet.saving import write_export_folder
+
+        write_export_folder(self, path)
+
+    def save_saved_model(self, path: PathLike) -> None:
+        """Writes a SavedModel with a ``serving_default`` signature and the weights as variables."""
+        from tfnet.saving import write_saved_model
+
+        write_saved_model(self, path)
+
+    def frozen_graph_def(self) -> graph_pb2.GraphDef:
+        """The graph with the current weights baked in as constants."""
+        return gu.placeholders_to_consts(self._template, self.get_weights())
+
+    def __repr__(self) -> str:
+        n_params = sum(int(np.prod(v.shape)) for v in self._vars.values())
+        n_train = sum(int(np.prod(self._vars[n].shape)) for n in self._trainable)
+        return (
+            f"TFNet(inputs={self.input_names}, outputs={self.output_names}, "
+            f"weights={len(self._vars)} ({n_params:,} values, {n_train:,} trainable))"
+        )
+
+
+def _check_weight_consts(graph_def, weights) -> list[str]:
+    nodes = gu.nodes_by_name(graph_def)
+    names = []
+    for w in as_name_list(weights if isinstance(weights, str) else list(weights), "weights"):
+        w = gu.node_name(w)
+        node = nodes.get(w)
+        if node is None:
+            consts = [n for n in nodes if gu.is_weight_const(nodes[n])]
+            raise TensorNameError(unknown_name_message("float constant (weight)", w, consts))
+        if node.op != "Const" or node.attr["dtype"].type not in gu.FLOAT_TYPES:
+            raise TensorNameError(
+                f"Weight {w!r} must be a float Const node; it is a {node.op} node "
+                f"of dtype {tf.as_dtype(node.attr['dtype'].type).name if node.attr['dtype'].type else '?'}."
+            )
+        names.append(w)
+    return names
+
+
+def _feed_specs(template, input_names) -> dict:
+    """dtype and dims of inputs that are intermediate tensors, learnt by importing the graph."""
+    nodes = gu.nodes_by_name(template)
+    need = [n for n in input_names if nodes[gu.node_name(n)].op not in ("Placeholder", "PlaceholderWithDefault")]
+    if not need:
+        return {}
+    graph = tf.Graph()
+    with graph.as_default():
+        try:
+            tf.graph_util.import_graph_def(template, name="")
+        except (ValueError, TypeError, tf.errors.OpError) as exc:
+            raise GraphLoadError(
+                f"The graph could not be imported into TensorFlow: {_first_line(str(exc))}"
+            ) from None
+    specs = {}
+    for name in need:
+        t = graph.get_tensor_by_name(name)
+        specs[name] = (t.dtype.as_datatype_enum, None if t.shape.rank is None else t.shape.as_list())
+    return specs
+
+
+def _variable_name(weight: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_./-]", "_", weight)
+
+
+def _first_line(text: str) -> str:
+    return (text or "").strip().splitlines()[0] if text else ""
+
+
+def _dense_or_zeros(grad, source):
+    if grad is None:
+        return tf.zeros_like(source)
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.convert_to_tensor(grad)
+    return grad
+
+
+def _used_tensors(graph_def: graph_pb2.GraphDef) -> set[str]:
+    used = set()
+    for node in graph_def.node:
+        for inp in node.input:
+            if not inp.startswith("^"):
+                used.add(inp if ":" in inp else inp + ":0")
+    return used
+
+
+def _graph_specs(template, input_names, output_names, weight_names):
+    """Imports the weightless graph once to learn tensor dtypes and shapes, and checks that every
+    placeholder the outputs need is fed."""
+    _check_unfed_placeholders(template, input_names, output_names, weight_names)
+    graph = tf.Graph()
+    with graph.as_default():
+        try:
+            tf.graph_util.import_graph_def(template, name="")
+        except (ValueError, TypeError, tf.errors.OpError) as exc:
+            raise GraphLoadError(
+                f"The graph could not be imported into TensorFlow: {_first_line(str(exc))}"
+            ) from None
+
+    def spec(name):
+        t = graph.get_tensor_by_name(name)
+        return tf.TensorSpec(t.shape, t.dtype, name=re.sub(r"[^A-Za-z0-9_.\-/]", "_", name.replace(":", "_")))
+
+    try:
+        ins = [spec(n) for n in input_names]
+        outs = [spec(n) for n in output_names]
+    except (KeyError, ValueError) as exc:
+        raise TensorNameError(_first_line(str(exc))) from None
+    ws = [spec(w + ":0") for w in weight_names]
+    return ins, outs, ws
+
+
+def _check_unfed_placeholders(template, input_names, output_names, weight_names):
+    fed = set(input_names) | {w + ":0" for w in weight_names}
+    needed = gu.subgraph(template, output_names, feeds=fed)
+    fed_nodes = {gu.node_name(f) for f in fed}
+    unfed = [n.name for n in needed.node if n.op == "Placeholder" and n.name not in fed_nodes]
+    if unfed:
+        raise InputSpecError(
+            f"The outputs {list(output_names)} depend on placeholders {unfed} that are not among "
+            f"the inputs {list(input_names)}. Add them to `inputs`."
+        )

@@ -1,0 +1,150 @@
+"""Saving a TFNet as a frozen graph export folder or a SavedModel, and reading both back."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+
+from tfnet.errors import GraphLoadError, TensorNameError, unknown_name_message
+from tfnet.graph_io import (
+    FROZEN_GRAPH_FILE,
+    META_FILE,
+    PathLike,
+    read_graph_def,
+    read_meta,
+    write_bytes_atomic,
+    write_json_atomic,
+)
+
+FORMAT_VERSION = 1
+
+
+def write_export_folder(net, path: PathLike) -> None:
+    """Writes ``frozen_inference_graph.pb`` then ``graph_meta.json`` (with the graph's checksum),
+    each atomically. A reader that finds a checksum mismatch knows the pair is inconsistent."""
+    folder = os.fspath(path)
+    if os.path.isfile(folder):
+        raise FileExistsError(f"{folder!r} is a file; TFNet.save writes a folder.")
+    data = net.frozen_graph_def().SerializeToString(deterministic=True)
+    write_bytes_atomic(os.path.join(folder, FROZEN_GRAPH_FILE), data)
+    meta = {
+        "input_names": net.input_names,
+        "output_names": net.output_names,
+        "tfnet": {
+            "format_version": FORMAT_VERSION,
+            "weight_names": net.weight_names,
+            "trainable": net.trainable,
+            "statistics": net.statistic_names,
+            "graph_sha256": hashlib.sha256(data).hexdigest(),
+        },
+    }
+    write_json_atomic(os.path.join(folder, META_FILE), meta)
+
+
+def read_export_folder(folder: PathLike) -> tuple[graph_pb2.GraphDef, dict]:
+    folder = os.fspath(folder)
+    if not os.path.exists(folder):
+        raise FileNotFoundError(f"Export folder not found: {folder!r}")
+    if not os.path.isdir(folder):
+        raise GraphLoadError(
+            f"{folder!r} is a file; an export folder holds {FROZEN_GRAPH_FILE} and {META_FILE}. "
+            "For a single .pb file use TFNet.from_frozen_graph."
+        )
+    meta = read_meta(folder)
+    pb = os.path.join(folder, FROZEN_GRAPH_FILE)
+    if not os.path.exists(pb):
+        raise FileNotFoundError(f"{pb!r} not found in the export folder.")
+    with open(pb, "rb") as f:
+        data = f.read()
+    want = meta.get("tfnet", {}).get("graph_sha256")
+    if want and hashlib.sha256(data).hexdigest() != want:
+        raise GraphLoadError(
+            f"{pb!r} does not match the checksum in {META_FILE}: the file is truncated, corrupt, or "
+            "was replaced after saving."
+        )
+    return read_graph_def(data), meta
+
+
+def write_saved_model(net, path: PathLike) -> None:
+    """Writes a SavedModel whose ``serving_default`` signature runs the graph on the current
+    weights, stored as variables. Written to a temporary folder first, then renamed into place."""
+    path = os.fspath(path)
+    module = tf.Module()
+    module.weights = [tf.Variable(v.value(), name=v.name.split(":")[0]) for v in net.weight_variables.values()]
+    weights = module.weights
+    arg_names = _unique([_identifier(n) for n in net.input_names])
+    out_keys = _unique([_identifier(n) for n in net.output_names])
+    specs = [tf.TensorSpec(s.shape, s.dtype, name=a) for s, a in zip(net.input_specs, arg_names)]
+
+    @tf.function(input_signature=specs)
+    def serve(*xs):
+        outs = net._run_graph(list(xs), [w.value() for w in weights])
+        return dict(zip(out_keys, outs))
+
+    module.serve = serve
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-savedmodel-", dir=parent)
+    try:
+        tf.saved_model.save(module, tmp, signatures={"serving_default": serve.get_concrete_function()})
+        if os.path.exists(path):
+            old = tempfile.mkdtemp(prefix=".old-savedmodel-", dir=parent)
+            os.replace(path, os.path.join(old, "m"))
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_saved_model_signature(path: PathLike, signature: str):
+    from tfnet.freeze import freeze_signature
+
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"SavedModel directory not found: {path!r}")
+    if not os.path.isdir(path) or not (
+        os.path.exists(os.path.join(path, "saved_model.pb")) or os.path.exists(os.path.join(path, "saved_model.pbtxt"))
+    ):
+        raise GraphLoadError(
+            f"{path!r} is not a SavedModel directory (no saved_model.pb inside). For a frozen graph "
+            "file use TFNet.from_frozen_graph."
+        )
+    try:
+        loaded = tf.saved_model.load(path)
+    except (ValueError, OSError, tf.errors.OpError) as exc:
+        raise GraphLoadError(f"Could not load the SavedModel at {path!r}: {str(exc).strip().splitlines()[0]}") from None
+    signatures = list(getattr(loaded, "signatures", {}) or {})
+    if signature not in signatures:
+        raise TensorNameError(
+            unknown_name_message("signature", signature, signatures)
+            if signatures
+            else f"The SavedModel at {path!r} has no signatures; re-export it with one."
+        )
+    return freeze_signature(loaded, signature)
+
+
+def _identifier(tensor: str) -> str:
+    name = tensor[:-2] if tensor.endswith(":0") else tensor.replace(":", "_")
+    name = "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+    return name if name and not name[0].isdigit() else "t_" + name
+
+
+def _unique(names: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for n in names:
+        if n in seen:
+            seen[n] += 1
+            n = f"{n}_{seen[n]}"
+        else:
+            seen[n] = 0
+        out.append(n)
+    return out

@@ -1,0 +1,149 @@
+"""The fused training step: forward, loss, backward, gradient reduction, gradient hooks, update
+and update hooks, compiled into one ``tf.function``.
+
+The optimiser is anything with optax-style pure functions::
+
+    state = transform.init(params)                       # params: dict name -> tensor
+    updates, state = transform.update(grads, state, params)
+
+``optim`` provides those. A float stands for plain SGD with that learning rate. The optional
+``reducer(grads, loss) -> (grads, loss)`` runs right after the backward pass; the distributed
+trainer passes Horovod's allreduce there, and nothing else changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import tensorflow as tf
+
+from tfnet.errors import NoWeightsError, TFNetError
+
+
+class SGDState(NamedTuple):
+    """Plain SGD keeps no state."""
+
+
+class _PlainSGD:
+    def __init__(self, learning_rate: float):
+        if not learning_rate > 0:
+            raise ValueError(f"`learning_rate` must be positive. Received: learning_rate={learning_rate}")
+        self.learning_rate = float(learning_rate)
+
+    def init(self, params):
+        return SGDState()
+
+    def update(self, grads, state, params=None):
+        return {k: -self.learning_rate * g for k, g in grads.items()}, state
+
+
+class StepResult(NamedTuple):
+    loss: tf.Tensor
+    outputs: Any
+    state: Any
+    finite: tf.Tensor
+
+
+class TrainStep:
+    """One compiled training step over a TFNet's trainable weights.
+
+    Args:
+        net: The TFNet.
+        loss_fn: ``loss_fn(targets, outputs) -> scalar``; ``outputs`` is a tensor, or a list for
+            several outputs.
+        transform: An optax-style ``init`` / ``update`` pair, or a float learning rate (plain SGD).
+        reducer: ``reducer(grads, loss) -> (grads, loss)``, run after the backward pass (Horovod
+            allreduce when distributed). Default: none.
+
+    When the loss or any gradient is NaN or infinite, the step leaves the weights and the state as
+    they were and returns ``finite=False``; the caller decides whether to stop or skip.
+    """
+
+    def __init__(self, net, loss_fn: Callable, transform, *, reducer: Callable | None = None):
+        if not net.trainable:
+            raise NoWeightsError(
+                "Nothing to train: no weight is trainable. Set net.trainable first "
+                f"(the net has {len(net.weight_names)} weights)."
+            )
+        if not callable(loss_fn):
+            raise TypeError(f"`loss_fn` must be callable (targets, outputs) -> scalar. Received: {loss_fn!r}")
+        if isinstance(transform, (int, float)):
+            transform = _PlainSGD(transform)
+        if not (hasattr(transform, "init") and hasattr(transform, "update")):
+            raise TypeError(
+                "`transform` must have init(params) and update(grads, state, params), or be a "
+                f"float learning rate. Received: {transform!r}"
+            )
+        self.net = net
+        self.loss_fn = loss_fn
+        self.transform = transform
+        self.reducer = reducer
+        self.names = list(net.trainable)
+        self._net_version = net._version
+        self._fn = None
+        self._fn_version = None
+
+    def params(self) -> dict[str, tf.Tensor]:
+        return {n: self.net._vars[n].value() for n in self.names}
+
+    def init_state(self):
+        """The optimiser state for the current trainable weights."""
+        return self.transform.init(self.params())
+
+    def _check_current(self) -> None:
+        if list(self.net.trainable) != self.names:
+            raise TFNetError(
+                "The net's trainable weights changed after this step was built; build a new one "
+                "with net.train_step(...) and a new optimiser state."
+            )
+
+    def _compiled(self):
+        if self._fn is None or self._fn_version != self.net._version:
+            self._fn = tf.function(self._step, reduce_retracing=True, autograph=False)
+            self._fn_version = self.net._version
+        return self._fn
+
+    def _step(self, inputs, targets, state):
+        net = self.net
+        all_vars = net._vars
+        train_vars = [all_vars[n] for n in self.names]
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            tape.watch(train_vars)
+            outs = net._run_graph(inputs, [v.value() for v in all_vars.values()])
+            outs = net._forward_hooks.run(net._pack(outs))
+            loss = tf.cast(self.loss_fn(targets, outs), tf.float32)
+        grads = tape.gradient(loss, train_vars)
+        grads = {
+            n: tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+            for n, v, g in zip(self.names, train_vars, grads)
+        }
+        if self.reducer is not None:
+            grads, loss = self.reducer(grads, loss)
+        grads = net._gradient_hooks.run(grads)
+        finite = tf.math.is_finite(loss)
+        for g in grads.values():
+            finite = tf.logical_and(finite, tf.math.is_finite(tf.reduce_sum(g)))
+
+        def apply():
+            params = {n: all_vars[n].value() for n in self.names}
+            updates, new_state = self.transform.update(grads, state, params)
+            for n, u in updates.items():
+                all_vars[n].assign_add(tf.cast(u, all_vars[n].dtype))
+            if net._update_hooks:
+                current = {n: all_vars[n].value() for n in self.names}
+                constrained = net._update_hooks.run(dict(current))
+                for n, value in constrained.items():
+                    if value is not current.get(n):
+                        all_vars[n].assign(tf.cast(value, all_vars[n].dtype))
+            return new_state
+
+        new_state = tf.cond(finite, apply, lambda: state)
+        return loss, outs, new_state, finite
+
+    def __call__(self, inputs, targets, state) -> StepResult:
+        """Runs one step. ``inputs`` as for ``TFNet.forward``; ``targets`` is passed to the loss."""
+        self._check_current()
+        tensors = self.net.prepare_inputs(inputs)
+        targets = tf.nest.map_structure(tf.convert_to_tensor, targets)
+        loss, outs, state, finite = self._compiled()(tensors, targets, state)
+        return StepResult(loss, outs, state, finite)
