@@ -26,6 +26,7 @@ from tfnet.errors import (
     WeightTypeError,
     unknown_name_message,
 )
+from tfnet.graph_function import GraphFunction, check_weight_consts, feed_specs, first_line, used_tensors
 from tfnet.graph_io import PathLike, read_graph_def
 from tfnet.hooks import HookHandle, HookList
 from tfnet.inputs import arrange, as_name_list, batch_size_of, convert
@@ -51,6 +52,9 @@ class TFNet(tf.Module):
             batch-norm statistics.
         relax_batch: Make dimension 0 of input placeholders unknown so that any batch size can be
             fed. Default: True.
+        fold_batch_norm: In the graph that runs (not the one saved), fold inference-mode batch
+            norm into the convolution or matmul before it: the same function of the same weights,
+            with fewer passes over the activations. Default: True.
         name: The module name. Default: ``"tfnet"``.
 
     Example:
@@ -76,6 +80,7 @@ class TFNet(tf.Module):
         weights: str | Sequence[str] = "auto",
         trainable: TrainableSpec = None,
         relax_batch: bool = True,
+        fold_batch_norm: bool = True,
         name: str = "tfnet",
     ):
         graph_def = read_graph_def(graph_def)
@@ -85,11 +90,11 @@ class TFNet(tf.Module):
         if isinstance(weights, str) and weights == "auto":
             weight_names = [w for w in gu.find_weights(graph_def) if w not in input_nodes]
         else:
-            weight_names = _check_weight_consts(graph_def, weights)
+            weight_names = check_weight_consts(graph_def, weights)
         template, values = gu.consts_to_placeholders(graph_def, weight_names)
         del graph_def
         template = gu.subgraph(
-            template, output_names, feeds=input_names, feed_specs=_feed_specs(template, input_names)
+            template, output_names, feeds=input_names, feed_specs=feed_specs(template, input_names)
         )
         kept = gu.nodes_by_name(template)
         weight_names = [w for w in weight_names if w in kept]
@@ -97,7 +102,7 @@ class TFNet(tf.Module):
         statistics = gu.find_statistics(template, weight_names)
         if relax_batch:
             gu.set_placeholder_batch_dim(template, input_names)
-        self._setup(template, input_names, output_names, values, statistics, name=name)
+        self._setup(template, input_names, output_names, values, statistics, name=name, fold=fold_batch_norm)
         if trainable is not None:
             self.trainable = trainable
 
@@ -113,27 +118,24 @@ class TFNet(tf.Module):
         statistics: Sequence[str],
         trainable: Sequence[str] | None,
         name: str = "tfnet",
+        fold: bool = True,
     ) -> "TFNet":
         net = cls.__new__(cls)
-        net._setup(template, input_names, output_names, values, statistics, name=name)
+        net._setup(template, input_names, output_names, values, statistics, name=name, fold=fold)
         if trainable is not None:
             net._set_trainable_names([t for t in trainable if t in net._vars])
         return net
 
-    def _setup(self, template, input_names, output_names, values, statistics, name="tfnet"):
+    def _setup(self, template, input_names, output_names, values, statistics, name="tfnet", fold=True):
         tf.Module.__init__(self, name=name)
-        self._template = template
-        self._names = (tuple(input_names), tuple(output_names))
         weight_names = [n.name for n in template.node if n.name in values]
-        self._weight_tensor_names = tuple(w + ":0" for w in weight_names)
-        specs = _graph_specs(template, input_names, output_names, weight_names)
-        self._specs = tuple(tuple(s) for s in specs)
+        self._graph = GraphFunction(template, input_names, output_names, weight_names, fold=fold)
         with tf.init_scope():
             self._vars = {
                 w: tf.Variable(
                     np.asarray(values[w]), name=_variable_name(w), trainable=False, dtype=spec.dtype
                 )
-                for w, spec in zip(weight_names, self._specs[2])
+                for w, spec in zip(weight_names, self._graph.weight_specs)
             }
         self._statistics = [s for s in weight_names if s in set(statistics)]
         stats = set(self._statistics)
@@ -224,25 +226,25 @@ class TFNet(tf.Module):
     @property
     def input_names(self) -> list[str]:
         """Input tensor names (``"name:0"``), in the order inputs are passed."""
-        return list(self._names[0])
+        return list(self._graph.input_names)
 
     @property
     def output_names(self) -> list[str]:
         """Output tensor names, in the order outputs are returned."""
-        return list(self._names[1])
+        return list(self._graph.output_names)
 
     @property
     def input_specs(self) -> list[tf.TensorSpec]:
         """dtype and shape of each input (dimension 0, the batch, is usually ``None``)."""
-        return list(self._specs[0])
+        return list(self._graph.input_specs)
 
     @property
     def output_specs(self) -> list[tf.TensorSpec]:
-        return list(self._specs[1])
+        return list(self._graph.output_specs)
 
     @property
     def _weight_specs(self) -> list[tf.TensorSpec]:
-        return list(self._specs[2])
+        return list(self._graph.weight_specs)
 
     @property
     def weight_names(self) -> list[str]:
@@ -266,7 +268,7 @@ class TFNet(tf.Module):
     def get_weights(self, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
         """Returns copies of the weights (all, or the given names) as numpy arrays."""
         names = self.weight_names if names is None else [self._check_weight_name(n) for n in names]
-        return {n: self._vars[n].numpy() for n in names}
+        return {n: _copy(self._vars[n]) for n in names}
 
     def set_weights(self, weights: Mapping[str, Any]) -> None:
         """Sets some or all weights. Names, shapes and dtypes are all checked before any is set.
@@ -376,11 +378,11 @@ class TFNet(tf.Module):
 
     def _run_graph(self, inputs: Sequence[tf.Tensor], weights: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         """Imports the graph into the function being traced, wired to ``inputs`` and ``weights``."""
-        input_map = dict(zip(self.input_names, inputs))
-        input_map.update(zip(self._weight_tensor_names, weights))
-        return tf.graph_util.import_graph_def(
-            self._template, input_map=input_map, return_elements=self.output_names, name="graph"
-        )
+        return self._graph(inputs, weights)
+
+    @property
+    def _template(self) -> graph_pb2.GraphDef:
+        return self._graph.template
 
     def _pure(self) -> Callable:
         """``(inputs, weights) -> outputs``, compiled once with a batch-agnostic signature."""
@@ -413,7 +415,7 @@ class TFNet(tf.Module):
         except tf.errors.OpError as exc:
             raise GraphExecutionError(
                 f"TensorFlow failed to run the graph on inputs of shapes "
-                f"{[tuple(t.shape) for t in tensors]}: {_first_line(exc.message)}"
+                f"{[tuple(t.shape) for t in tensors]}: {first_line(exc.message)}"
             ) from None
 
     def __call__(self, inputs: Any) -> tf.Tensor | list[tf.Tensor]:
@@ -422,10 +424,8 @@ class TFNet(tf.Module):
         Works inside ``tf.function`` and ``tf.GradientTape`` (gradients reach the weight variables).
         """
         tensors = self.prepare_inputs(inputs)
-        if tf.executing_eagerly():
-            outs = self._call_pure(tensors, self._weight_values())
-        else:
-            outs = self._run_graph(tensors, [v.value() for v in self._vars.values()])
+        # Always through the compiled function: a tape records its call as one differentiable op.
+        outs = self._call_pure(tensors, self._weight_values())
         return self._forward_hooks.run(self._pack(outs))
 
     def forward(self, inputs: Any, *, as_tensors: bool = False, batch_size: int | None = None):
@@ -568,11 +568,12 @@ class TFNet(tf.Module):
         outputs = gu.check_tensor_names(self._template, as_name_list(tensor_names, "tensor_names"), "cut")
         template = gu.subgraph(self._template, outputs, feeds=self.input_names)
         kept = gu.nodes_by_name(template)
-        used = _used_tensors(template) | set(outputs)
+        used = used_tensors(template) | set(outputs)
         inputs = [n for n in self.input_names if n in used]
-        values = {w: v.numpy() for w, v in self._vars.items() if w in kept}
+        values = {w: _copy(v) for w, v in self._vars.items() if w in kept}
         return TFNet._from_template(
-            template, inputs, outputs, values, self._statistics, self._trainable, name=self.name
+            template, inputs, outputs, values, self._statistics, self._trainable, name=self.name,
+            fold=self._graph.fold,
         )
 
     def add_head(self, head, name: str = "head") -> "TFNet":
@@ -593,12 +594,14 @@ class TFNet(tf.Module):
         head_stats = gu.find_statistics(gd, head_weights)
         head_template, head_values = gu.consts_to_placeholders(gd, head_weights)
         merged = gu.merge(self._template, head_template, name, {gu.node_name(head_input): self.output_names[0]})
-        values = {w: v.numpy() for w, v in self._vars.items()}
+        values = {w: _copy(v) for w, v in self._vars.items()}
         values.update({f"{name}/{k}": v for k, v in head_values.items()})
         stats = self._statistics + [f"{name}/{s}" for s in head_stats]
         trainable = self._trainable + [f"{name}/{w}" for w in head_weights if w not in head_stats]
         outputs = [f"{name}/{o}" for o in head_outputs]
-        return TFNet._from_template(merged, self.input_names, outputs, values, stats, trainable, name=self.name)
+        return TFNet._from_template(
+            merged, self.input_names, outputs, values, stats, trainable, name=self.name, fold=self._graph.fold
+        )
 
     # ------------------------------------------------------------------ training and saving
 
@@ -636,51 +639,14 @@ class TFNet(tf.Module):
         )
 
 
-def _check_weight_consts(graph_def, weights) -> list[str]:
-    nodes = gu.nodes_by_name(graph_def)
-    names = []
-    for w in as_name_list(weights if isinstance(weights, str) else list(weights), "weights"):
-        w = gu.node_name(w)
-        node = nodes.get(w)
-        if node is None:
-            consts = [n for n in nodes if gu.is_weight_const(nodes[n])]
-            raise TensorNameError(unknown_name_message("float constant (weight)", w, consts))
-        if node.op != "Const" or node.attr["dtype"].type not in gu.FLOAT_TYPES:
-            raise TensorNameError(
-                f"Weight {w!r} must be a float Const node; it is a {node.op} node "
-                f"of dtype {tf.as_dtype(node.attr['dtype'].type).name if node.attr['dtype'].type else '?'}."
-            )
-        names.append(w)
-    return names
-
-
-def _feed_specs(template, input_names) -> dict:
-    """dtype and dims of inputs that are intermediate tensors, learnt by importing the graph."""
-    nodes = gu.nodes_by_name(template)
-    need = [n for n in input_names if nodes[gu.node_name(n)].op not in ("Placeholder", "PlaceholderWithDefault")]
-    if not need:
-        return {}
-    graph = tf.Graph()
-    with graph.as_default():
-        try:
-            tf.graph_util.import_graph_def(template, name="")
-        except (ValueError, TypeError, tf.errors.OpError) as exc:
-            raise GraphLoadError(
-                f"The graph could not be imported into TensorFlow: {_first_line(str(exc))}"
-            ) from None
-    specs = {}
-    for name in need:
-        t = graph.get_tensor_by_name(name)
-        specs[name] = (t.dtype.as_datatype_enum, None if t.shape.rank is None else t.shape.as_list())
-    return specs
-
-
 def _variable_name(weight: str) -> str:
     return re.sub(r"[^A-Za-z0-9_./-]", "_", weight)
 
 
-def _first_line(text: str) -> str:
-    return (text or "").strip().splitlines()[0] if text else ""
+def _copy(var: tf.Variable) -> np.ndarray:
+    """A numpy copy of a variable. ``var.numpy()`` can share the variable's buffer on the CPU, so
+    a later in-place update would change the array the caller holds."""
+    return np.array(var.numpy(), copy=True)
 
 
 def _dense_or_zeros(grad, source):
@@ -689,50 +655,3 @@ def _dense_or_zeros(grad, source):
     if isinstance(grad, tf.IndexedSlices):
         return tf.convert_to_tensor(grad)
     return grad
-
-
-def _used_tensors(graph_def: graph_pb2.GraphDef) -> set[str]:
-    used = set()
-    for node in graph_def.node:
-        for inp in node.input:
-            if not inp.startswith("^"):
-                used.add(inp if ":" in inp else inp + ":0")
-    return used
-
-
-def _graph_specs(template, input_names, output_names, weight_names):
-    """Imports the weightless graph once to learn tensor dtypes and shapes, and checks that every
-    placeholder the outputs need is fed."""
-    _check_unfed_placeholders(template, input_names, output_names, weight_names)
-    graph = tf.Graph()
-    with graph.as_default():
-        try:
-            tf.graph_util.import_graph_def(template, name="")
-        except (ValueError, TypeError, tf.errors.OpError) as exc:
-            raise GraphLoadError(
-                f"The graph could not be imported into TensorFlow: {_first_line(str(exc))}"
-            ) from None
-
-    def spec(name):
-        t = graph.get_tensor_by_name(name)
-        return tf.TensorSpec(t.shape, t.dtype, name=re.sub(r"[^A-Za-z0-9_.\-/]", "_", name.replace(":", "_")))
-
-    try:
-        ins = [spec(n) for n in input_names]
-        outs = [spec(n) for n in output_names]
-    except (KeyError, ValueError) as exc:
-        raise TensorNameError(_first_line(str(exc))) from None
-    ws = [spec(w + ":0") for w in weight_names]
-    return ins, outs, ws
-
-
-def _check_unfed_placeholders(template, input_names, output_names, weight_names):
-    fed = set(input_names) | {w + ":0" for w in weight_names}
-    needed = gu.subgraph(template, output_names, feeds=fed)
-    fed_nodes = {gu.node_name(f) for f in fed}
-    unfed = [n.name for n in needed.node if n.op == "Placeholder" and n.name not in fed_nodes]
-    if unfed:
-        raise InputSpecError(
-            f"The outputs {list(output_names)} depend on placeholders {unfed} that are not among "
-            f"the inputs {list(input_names)}. Add them to `inputs`."
-        )

@@ -106,16 +106,17 @@ class TrainStep:
     def _step(self, inputs, targets, state):
         net = self.net
         all_vars = net._vars
-        train_vars = [all_vars[n] for n in self.names]
-        with tf.GradientTape(watch_accessed_variables=False) as tape:
-            tape.watch(train_vars)
-            outs = net._run_graph(inputs, [v.value() for v in all_vars.values()])
-            outs = net._forward_hooks.run(net._pack(outs))
-            loss = tf.cast(self.loss_fn(targets, outs), tf.float32)
-        grads = tape.gradient(loss, train_vars)
+        reads = {n: v.value() for n, v in all_vars.items()}
+        outs = net._run_graph(inputs, list(reads.values()))
+        outs = net._forward_hooks.run(net._pack(outs))
+        loss = tf.cast(self.loss_fn(targets, outs), tf.float32)
+        # The imported graph's ops are created below the Python op layer, where GradientTape
+        # does not see them; symbolic gradients walk the graph itself and reach every op.
+        sources = [reads[n] for n in self.names]
+        grads = tf.gradients(loss, sources)
         grads = {
-            n: tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
-            for n, v, g in zip(self.names, train_vars, grads)
+            n: tf.zeros_like(src) if g is None else tf.convert_to_tensor(g)
+            for n, src, g in zip(self.names, sources, grads)
         }
         if self.reducer is not None:
             grads, loss = self.reducer(grads, loss)

@@ -1,0 +1,103 @@
+"""TFNet against Keras on ResNet-50 (224x224, batch 16): one fine-tuning step and forward only.
+
+Both sides run in this one process, on the same model, data, batch and threads, timed in
+alternation. Fine-tuning trains every weight with batch norm frozen (inference mode) on both sides.
+
+    python benchmarks/bench_tfnet.py [--batch 16] [--rounds 5] [--onednn 1] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import interleaved, machine, median, setup_env, write_json  # noqa: E402
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--onednn", type=int, default=1)
+    p.add_argument("--threads", type=int, default=0, help="intra/inter-op threads; 0 = TF default")
+    p.add_argument("--only", choices=["train", "forward"], default=None)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    setup_env(bool(args.onednn), args.threads or None)
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tfnet import TFNet
+
+    keras.utils.set_random_seed(0)
+    model = keras.applications.ResNet50(weights=None, input_shape=(args.size, args.size, 3))
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (args.batch, args.size, args.size, 3)).astype("float32")
+    y = rng.integers(0, 1000, args.batch).astype("int64")
+    lr = 1e-3
+
+    net = TFNet.from_keras(model)  # BN statistics frozen; every other weight trains
+    results = {"machine": machine(), "batch": args.batch, "size": args.size}
+
+    if args.only in (None, "train"):
+        for layer in model.layers:  # Keras side: BN frozen (inference mode in Keras 3)
+            if isinstance(layer, keras.layers.BatchNormalization):
+                layer.trainable = False
+        model.compile(optimizer=keras.optimizers.SGD(lr), loss="sparse_categorical_crossentropy")
+        # Like with like: the same trainable set (frozen BN layers also freeze gamma and beta).
+        net.trainable = [v.path for v in model.trainable_variables]
+        results["trainable_weights"] = len(net.trainable)
+        sce = keras.losses.SparseCategoricalCrossentropy()
+        step = net.train_step(lambda t, o: sce(t, o), lr)
+        state = step.init_state()
+        xt, yt = tf.constant(x), tf.constant(y)
+
+        def tfnet_step():
+            step(xt, yt, state).loss.numpy()
+
+        def keras_step():
+            model.train_on_batch(x, y)
+
+        times = interleaved({"tfnet": tfnet_step, "keras": keras_step}, args.rounds)
+        t_tfnet, t_keras = median(times["tfnet"]), median(times["keras"])
+        results["train"] = {
+            "tfnet_img_s": args.batch / t_tfnet,
+            "keras_img_s": args.batch / t_keras,
+            "ratio": t_keras / t_tfnet,
+            "keras_jit_compile": str(model.jit_compile),
+            "times": times,
+        }
+        print(f"fine-tune step   TFNet {args.batch / t_tfnet:6.2f} img/s   Keras train_on_batch "
+              f"{args.batch / t_keras:6.2f} img/s   ratio {t_keras / t_tfnet:.2f}  (target >= 1.0)")
+
+    if args.only in (None, "forward"):
+        xt = tf.constant(x)
+
+        def tfnet_fwd():
+            net.forward(xt)
+
+        def keras_fwd():
+            model.predict(x, batch_size=args.batch, verbose=0)
+
+        times = interleaved({"tfnet": tfnet_fwd, "keras": keras_fwd}, args.rounds)
+        t_tfnet, t_keras = median(times["tfnet"]), median(times["keras"])
+        results["forward"] = {
+            "tfnet_img_s": args.batch / t_tfnet,
+            "keras_img_s": args.batch / t_keras,
+            "ratio": t_keras / t_tfnet,
+            "times": times,
+        }
+        print(f"forward          TFNet {args.batch / t_tfnet:6.2f} img/s   Keras predict          "
+              f"{args.batch / t_keras:6.2f} img/s   ratio {t_keras / t_tfnet:.2f}  (target >= 1.0)")
+    print(f"machine: {results['machine']}")
+    write_json(args.json, results)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""Helpers shared by the benchmark scripts: environment set-up, timing, and reporting."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from typing import Callable
+
+
+def setup_env(onednn: bool = True, threads: int | None = None) -> None:
+    """Must run before TensorFlow is imported: oneDNN on/off and thread pools."""
+    os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if onednn else "0"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if threads:
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
+def machine() -> dict:
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS"), "date": time.strftime("%Y-%m-%d")}
+
+
+def interleaved(fns: dict[str, Callable[[], None]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Times each function ``rounds`` times, alternating between them so drift in machine speed
+    hits every side alike. Returns seconds per call for each."""
+    for name, fn in fns.items():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def write_json(path: str | None, obj: dict) -> None:
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(obj, f, indent=2)

@@ -1,0 +1,148 @@
+"""A weightless GraphDef as a pure function ``(inputs, weights) -> outputs``.
+
+:class:`GraphFunction` owns the graph with weights as placeholders (the *template*), learns the
+dtypes and shapes of its inputs, outputs and weights, and imports the graph into whichever
+``tf.function`` is being traced. It knows nothing of variables, hooks or training.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
+
+from tfnet import graph_utils as gu
+from tfnet.errors import GraphLoadError, InputSpecError, TensorNameError, unknown_name_message
+from tfnet.fold import fold_affine
+from tfnet.inputs import as_name_list
+
+
+class GraphFunction:
+    """The graph as a function of inputs and weights.
+
+    Args:
+        template: The GraphDef, each weight a ``Placeholder`` named after the weight.
+        input_names: Input tensor names (``"name:0"``), fed through ``input_map``.
+        output_names: Output tensor names.
+        weight_names: The weight placeholders' node names.
+        fold: Fold inference-mode batch norm into the preceding convolution or matmul in the graph
+            that runs (see :mod:`tfnet.fold`). The template itself is unchanged. Default: True.
+    """
+
+    def __init__(
+        self,
+        template: graph_pb2.GraphDef,
+        input_names: Sequence[str],
+        output_names: Sequence[str],
+        weight_names: Sequence[str],
+        fold: bool = True,
+    ):
+        self.template = template
+        self.input_names = tuple(input_names)
+        self.output_names = tuple(output_names)
+        self.weight_names = tuple(weight_names)
+        self.fold = fold
+        _check_unfed_placeholders(template, input_names, output_names, weight_names)
+        graph = import_for_shapes(template)
+        self.input_specs = tuple(_spec(graph, n) for n in input_names)
+        self.output_specs = tuple(_spec(graph, n) for n in output_names)
+        self.weight_specs = tuple(_spec(graph, w + ":0") for w in weight_names)
+        self.folded = 0
+        self.compute_template = template
+        if fold and weight_names:
+            folded, self.folded = fold_affine(template, graph, list(input_names), list(weight_names))
+            if self.folded:
+                self.compute_template = gu.subgraph(folded, output_names, feeds=input_names)
+        self._input_map_keys = self.input_names + tuple(w + ":0" for w in weight_names)
+
+    def __call__(self, inputs: Sequence[tf.Tensor], weights: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        """Imports the graph into the function being traced, wired to ``inputs`` and ``weights``.
+
+        Must run while a graph is being built (inside ``tf.function``). The imported ops are
+        created below the Python op layer, so differentiate them with ``tf.gradients`` inside the
+        function, or call the enclosing ``tf.function`` under a tape.
+        """
+        input_map = dict(zip(self._input_map_keys, list(inputs) + list(weights)))
+        return tf.graph_util.import_graph_def(
+            self.compute_template, input_map=input_map, return_elements=list(self.output_names), name="graph"
+        )
+
+
+def import_for_shapes(template: graph_pb2.GraphDef) -> tf.Graph:
+    """Imports a (weightless) graph into a new tf.Graph, for static dtypes and shapes."""
+    graph = tf.Graph()
+    with graph.as_default():
+        try:
+            tf.graph_util.import_graph_def(template, name="")
+        except (ValueError, TypeError, tf.errors.OpError) as exc:
+            raise GraphLoadError(
+                f"The graph could not be imported into TensorFlow: {first_line(str(exc))}"
+            ) from None
+    return graph
+
+
+def _spec(graph: tf.Graph, name: str) -> tf.TensorSpec:
+    try:
+        t = graph.get_tensor_by_name(name)
+    except (KeyError, ValueError) as exc:
+        raise TensorNameError(first_line(str(exc))) from None
+    return tf.TensorSpec(t.shape, t.dtype, name=re.sub(r"[^A-Za-z0-9_.\-/]", "_", name.replace(":", "_")))
+
+
+def check_weight_consts(graph_def, weights) -> list[str]:
+    nodes = gu.nodes_by_name(graph_def)
+    names = []
+    for w in as_name_list(weights if isinstance(weights, str) else list(weights), "weights"):
+        w = gu.node_name(w)
+        node = nodes.get(w)
+        if node is None:
+            consts = [n for n in nodes if gu.is_weight_const(nodes[n])]
+            raise TensorNameError(unknown_name_message("float constant (weight)", w, consts))
+        if node.op != "Const" or node.attr["dtype"].type not in gu.FLOAT_TYPES:
+            raise TensorNameError(
+                f"Weight {w!r} must be a float Const node; it is a {node.op} node "
+                f"of dtype {tf.as_dtype(node.attr['dtype'].type).name if node.attr['dtype'].type else '?'}."
+            )
+        names.append(w)
+    return names
+
+
+def feed_specs(template, input_names) -> dict:
+    """dtype and dims of inputs that are intermediate tensors, learnt by importing the graph."""
+    nodes = gu.nodes_by_name(template)
+    need = [n for n in input_names if nodes[gu.node_name(n)].op not in ("Placeholder", "PlaceholderWithDefault")]
+    if not need:
+        return {}
+    graph = import_for_shapes(template)
+    specs = {}
+    for name in need:
+        t = graph.get_tensor_by_name(name)
+        specs[name] = (t.dtype.as_datatype_enum, None if t.shape.rank is None else t.shape.as_list())
+    return specs
+
+
+def first_line(text: str) -> str:
+    return (text or "").strip().splitlines()[0] if text else ""
+
+
+def used_tensors(graph_def: graph_pb2.GraphDef) -> set[str]:
+    used = set()
+    for node in graph_def.node:
+        for inp in node.input:
+            if not inp.startswith("^"):
+                used.add(inp if ":" in inp else inp + ":0")
+    return used
+
+
+def _check_unfed_placeholders(template, input_names, output_names, weight_names):
+    fed = set(input_names) | {w + ":0" for w in weight_names}
+    needed = gu.subgraph(template, output_names, feeds=fed)
+    fed_nodes = {gu.node_name(f) for f in fed}
+    unfed = [n.name for n in needed.node if n.op == "Placeholder" and n.name not in fed_nodes]
+    if unfed:
+        raise InputSpecError(
+            f"The outputs {list(output_names)} depend on placeholders {unfed} that are not among "
+            f"the inputs {list(input_names)}. Add them to `inputs`."
+        )
