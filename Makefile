@@ -20,7 +20,7 @@ $(STAMP): setup.py scripts/install.sh scripts/build_horovod.sh
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m examples.demo $(RUN_ARGS)
+	$(PY) examples/quickstart.py $(RUN_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest tests $(PYTEST_ARGS)
