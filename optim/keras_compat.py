@@ -1,0 +1,100 @@
+"""Mapping a compiled Keras model's optimiser, loss and metrics to tfnet's."""
+
+from __future__ import annotations
+
+from optim import losses as L
+from optim import metrics as M
+from optim import methods
+from tfnet import TFNet
+from tfnet.errors import TFNetError
+
+
+class KerasMappingError(TFNetError, ValueError):
+    """A Keras optimiser, loss or metric that tfnet cannot map."""
+
+
+def _learning_rate(opt):
+    import keras
+
+    schedule = getattr(opt, "_learning_rate", None)
+    if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        return schedule  # callable step -> lr, made of ops: runs inside the compiled step
+    return float(opt.learning_rate.numpy() if hasattr(opt.learning_rate, "numpy") else opt.learning_rate)
+
+
+def map_optimizer(opt) -> methods.Method:
+    import keras
+
+    cfg = opt.get_config()
+    if cfg.get("use_ema") or cfg.get("gradient_accumulation_steps") or cfg.get("loss_scale_factor"):
+        raise KerasMappingError(
+            "The Keras optimiser uses EMA, gradient accumulation or loss scaling, which tfnet does not map. "
+            f"Received: {cfg}"
+        )
+    common = {k: cfg.get(k) for k in ("clipnorm", "clipvalue", "global_clipnorm")}
+    lr = _learning_rate(opt)
+    wd = cfg.get("weight_decay")
+    kinds = {
+        keras.optimizers.SGD: lambda: methods.SGD(lr, cfg["momentum"], cfg["nesterov"], weight_decay=wd, **common),
+        keras.optimizers.AdamW: lambda: methods.AdamW(lr, wd, cfg["beta_1"], cfg["beta_2"], cfg["epsilon"],
+                                                      cfg["amsgrad"], **common),
+        keras.optimizers.Adam: lambda: methods.Adam(lr, cfg["beta_1"], cfg["beta_2"], cfg["epsilon"], cfg["amsgrad"],
+                                                    weight_decay=wd, **common),
+        keras.optimizers.RMSprop: lambda: methods.RMSprop(lr, cfg["rho"], cfg["momentum"], cfg["epsilon"],
+                                                          cfg["centered"], weight_decay=wd, **common),
+        keras.optimizers.Adagrad: lambda: methods.Adagrad(lr, cfg["initial_accumulator_value"], cfg["epsilon"],
+                                                          weight_decay=wd, **common),
+    }
+    make = kinds.get(type(opt))
+    if make is None:
+        raise KerasMappingError(
+            f"tfnet cannot map the Keras optimiser {type(opt).__name__}; supported: "
+            f"{sorted(c.__name__ for c in kinds)}. Use TFOptimizer.from_loss with an optim method."
+        )
+    return make()
+
+
+def map_metric(metric) -> M.Metric:
+    import keras
+
+    if isinstance(metric, str) or callable(metric) and not isinstance(metric, keras.metrics.Metric):
+        return M.get(metric)
+    table = {
+        keras.metrics.Accuracy: lambda m: M.Accuracy(),
+        keras.metrics.SparseCategoricalAccuracy: lambda m: M.Accuracy(),
+        keras.metrics.CategoricalAccuracy: lambda m: M.Accuracy(),
+        keras.metrics.BinaryAccuracy: lambda m: M.Accuracy(),
+        keras.metrics.SparseTopKCategoricalAccuracy: lambda m: M.TopKAccuracy(m.get_config().get("k", 5)),
+        keras.metrics.TopKCategoricalAccuracy: lambda m: M.TopKAccuracy(m.get_config().get("k", 5)),
+        keras.metrics.MeanAbsoluteError: lambda m: M.MeanAbsoluteError(),
+        keras.metrics.MeanSquaredError: lambda m: M.MeanSquaredError(),
+        keras.metrics.AUC: lambda m: M.AUC(from_logits=m.get_config().get("from_logits", False)),
+    }
+    make = table.get(type(metric))
+    if make is None:
+        raise KerasMappingError(
+            f"tfnet cannot map the Keras metric {type(metric).__name__}; supported: "
+            f"{sorted(c.__name__ for c in table)}, metric names, or callables."
+        )
+    return make(metric)
+
+
+def from_compiled_keras(model):
+    """``(net, loss, method, metrics)`` for a compiled Keras model."""
+    config = getattr(model, "_compile_config", None)
+    if getattr(model, "optimizer", None) is None or config is None:
+        raise KerasMappingError("The Keras model is not compiled; call model.compile(optimizer, loss, metrics) first.")
+    cfg = config.config
+    if cfg.get("loss_weights") or cfg.get("weighted_metrics"):
+        raise KerasMappingError("Loss weights and weighted metrics are not mapped; use TFOptimizer.from_loss.")
+    loss = cfg.get("loss")
+    if loss is None:
+        raise KerasMappingError("The Keras model was compiled without a loss.")
+    if isinstance(loss, (list, dict)):
+        raise KerasMappingError("Models with one loss per output are not mapped; use TFOptimizer.from_loss.")
+    metrics = cfg.get("metrics") or []
+    if isinstance(metrics, dict):
+        raise KerasMappingError("Per-output metrics dicts are not mapped; pass a list of metrics.")
+    net = TFNet.from_keras(model)
+    net.trainable = [v.path for v in model.trainable_variables if v.path in net.weight_names]
+    return net, L.get(loss), map_optimizer(model.optimizer), [map_metric(m) for m in metrics]

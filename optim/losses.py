@@ -1,0 +1,265 @@
+"""Losses: ``loss(y_true, y_pred) -> scalar tensor``, the mean over the batch.
+
+Each built-in loss also checks label and prediction shapes before training starts
+(:meth:`Loss.check_shapes`), so a wrong label shape is a clear error, not a broadcast.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import tensorflow as tf
+
+__all__ = [
+    "Loss",
+    "SparseCategoricalCrossentropy",
+    "CategoricalCrossentropy",
+    "BinaryCrossentropy",
+    "MeanSquaredError",
+    "MeanAbsoluteError",
+    "Huber",
+    "FunctionLoss",
+    "get",
+    "LabelShapeError",
+]
+
+from tfnet.errors import TFNetError
+
+_EPS = 1e-7
+
+
+class LabelShapeError(TFNetError, ValueError):
+    """Labels and predictions have shapes the loss cannot pair."""
+
+
+def _tensors(y_true, y_pred):
+    return tf.convert_to_tensor(y_true), tf.convert_to_tensor(y_pred)
+
+
+class Loss:
+    """Base class. Subclasses implement ``call(y_true, y_pred)`` returning per-example losses."""
+
+    name = "loss"
+
+    def __call__(self, y_true, y_pred) -> tf.Tensor:
+        y_true, y_pred = _tensors(y_true, y_pred)
+        return tf.reduce_mean(self.call(y_true, y_pred))
+
+    def call(self, y_true, y_pred) -> tf.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def check_shapes(self, y_true_shape: tuple, y_pred_shape: tuple) -> None:
+        """Raises LabelShapeError when the shapes cannot be paired. Default: equal shapes."""
+        if tuple(y_true_shape) != tuple(y_pred_shape):
+            raise LabelShapeError(
+                f"{type(self).__name__} needs labels shaped like the predictions {tuple(y_pred_shape)}; "
+                f"received labels of shape {tuple(y_true_shape)}."
+            )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class SparseCategoricalCrossentropy(Loss):
+    """Integer class labels ``[batch]`` (or ``[batch, 1]``) against scores ``[batch, classes]``.
+
+    Args:
+        from_logits: The predictions are logits (True) or probabilities (False). Default: False.
+    """
+
+    name = "sparse_categorical_crossentropy"
+
+    def __init__(self, from_logits: bool = False):
+        self.from_logits = from_logits
+
+    def call(self, y_true, y_pred):
+        y_true = tf.cast(tf.reshape(y_true, [-1]), tf.int64)
+        if self.from_logits:
+            return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y_true, logits=y_pred)
+        probs = y_pred / tf.reduce_sum(y_pred, axis=-1, keepdims=True)
+        probs = tf.clip_by_value(probs, _EPS, 1 - _EPS)
+        return -tf.math.log(tf.gather(probs, y_true, axis=-1, batch_dims=1))
+
+    def check_shapes(self, y_true_shape, y_pred_shape):
+        ok = len(y_pred_shape) == 2 and (
+            len(y_true_shape) == 1 or (len(y_true_shape) == 2 and y_true_shape[1] == 1)
+        ) and y_true_shape[0] == y_pred_shape[0]
+        if not ok:
+            raise LabelShapeError(
+                "sparse_categorical_crossentropy needs integer labels of shape (batch,) or (batch, 1) "
+                f"and predictions of shape (batch, classes); received labels {tuple(y_true_shape)} and "
+                f"predictions {tuple(y_pred_shape)}."
+            )
+
+    def __repr__(self):
+        return f"SparseCategoricalCrossentropy(from_logits={self.from_logits})"
+
+
+class CategoricalCrossentropy(Loss):
+    """One-hot (or soft) labels against scores, both ``[batch, classes]``."""
+
+    name = "categorical_crossentropy"
+
+    def __init__(self, from_logits: bool = False, label_smoothing: float = 0.0):
+        self.from_logits = from_logits
+        self.label_smoothing = label_smoothing
+
+    def call(self, y_true, y_pred):
+        y_true = tf.cast(y_true, y_pred.dtype)
+        if self.label_smoothing:
+            n = tf.cast(tf.shape(y_true)[-1], y_pred.dtype)
+            y_true = y_true * (1.0 - self.label_smoothing) + self.label_smoothing / n
+        if self.from_logits:
+            return tf.nn.softmax_cross_entropy_with_logits(labels=y_true, logits=y_pred)
+        probs = y_pred / tf.reduce_sum(y_pred, axis=-1, keepdims=True)
+        probs = tf.clip_by_value(probs, _EPS, 1 - _EPS)
+        return -tf.reduce_sum(y_true * tf.math.log(probs), axis=-1)
+
+
+class BinaryCrossentropy(Loss):
+    """0/1 labels against one probability (or logit) per output, same shape."""
+
+    name = "binary_crossentropy"
+
+    def __init__(self, from_logits: bool = False):
+        self.from_logits = from_logits
+
+    def call(self, y_true, y_pred):
+        y_true = tf.cast(y_true, y_pred.dtype)
+        if self.from_logits:
+            per = tf.nn.sigmoid_cross_entropy_with_logits(labels=y_true, logits=y_pred)
+        else:
+            p = tf.clip_by_value(y_pred, _EPS, 1 - _EPS)
+            per = -(y_true * tf.math.log(p) + (1 - y_true) * tf.math.log(1 - p))
+        return tf.reduce_mean(per, axis=-1) if per.shape.rank and per.shape.rank > 1 else per
+
+    def check_shapes(self, y_true_shape, y_pred_shape):
+        if tuple(y_true_shape) == tuple(y_pred_shape):
+            return
+        if len(y_pred_shape) == 2 and y_pred_shape[1] == 1 and tuple(y_true_shape) == (y_pred_shape[0],):
+            return
+        super().check_shapes(y_true_shape, y_pred_shape)
+
+    def __call__(self, y_true, y_pred):
+        y_true, y_pred = _tensors(y_true, y_pred)
+        if y_pred.shape.rank == 2 and y_true.shape.rank == 1:
+            y_true = tf.expand_dims(y_true, -1)
+        return super().__call__(y_true, y_pred)
+
+
+class _Regression(Loss):
+    def check_shapes(self, y_true_shape, y_pred_shape):
+        if len(y_pred_shape) == 2 and y_pred_shape[1] == 1 and tuple(y_true_shape) == (y_pred_shape[0],):
+            return
+        super().check_shapes(y_true_shape, y_pred_shape)
+
+    def __call__(self, y_true, y_pred):
+        y_true, y_pred = _tensors(y_true, y_pred)
+        y_true = tf.cast(y_true, y_pred.dtype)
+        if y_pred.shape.rank == 2 and y_true.shape.rank == 1:
+            y_true = tf.expand_dims(y_true, -1)
+        return tf.reduce_mean(self.call(y_true, y_pred))
+
+
+class MeanSquaredError(_Regression):
+    name = "mse"
+
+    def call(self, y_true, y_pred):
+        return tf.reduce_mean(tf.square(y_pred - y_true), axis=-1)
+
+
+class MeanAbsoluteError(_Regression):
+    name = "mae"
+
+    def call(self, y_true, y_pred):
+        return tf.reduce_mean(tf.abs(y_pred - y_true), axis=-1)
+
+
+class Huber(_Regression):
+    """Quadratic within ``delta`` of the label, linear beyond. Default delta 1.0."""
+
+    name = "huber"
+
+    def __init__(self, delta: float = 1.0):
+        if not delta > 0:
+            raise ValueError(f"`delta` must be positive. Received: delta={delta}")
+        self.delta = delta
+
+    def call(self, y_true, y_pred):
+        err = tf.abs(y_pred - y_true)
+        d = tf.cast(self.delta, err.dtype)
+        quad = tf.minimum(err, d)
+        return tf.reduce_mean(0.5 * tf.square(quad) + d * (err - quad), axis=-1)
+
+
+class FunctionLoss(Loss):
+    """Wraps any ``(y_true, y_pred) -> scalar tensor`` callable. No shape check."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.name = getattr(fn, "__name__", None) or getattr(fn, "name", None) or "loss"
+
+    def __call__(self, y_true, y_pred):
+        return self.fn(y_true, y_pred)
+
+    def check_shapes(self, y_true_shape, y_pred_shape):
+        return
+
+    def __repr__(self):
+        return f"FunctionLoss({self.name})"
+
+
+_NAMES = {
+    "sparse_categorical_crossentropy": SparseCategoricalCrossentropy,
+    "categorical_crossentropy": CategoricalCrossentropy,
+    "binary_crossentropy": BinaryCrossentropy,
+    "mse": MeanSquaredError,
+    "mean_squared_error": MeanSquaredError,
+    "mae": MeanAbsoluteError,
+    "mean_absolute_error": MeanAbsoluteError,
+    "huber": Huber,
+}
+
+
+def get(loss) -> Loss:
+    """A Loss from a name (``"sparse_categorical_crossentropy"``, ``"mse"``, ...), a Loss, or a
+    callable ``(y_true, y_pred) -> scalar``.
+
+    Raises:
+        ValueError: an unknown name (the message lists the known ones).
+        TypeError: neither a name nor a callable.
+    """
+    if isinstance(loss, Loss):
+        return loss
+    if isinstance(loss, str):
+        key = loss.lower()
+        if key not in _NAMES:
+            raise ValueError(f"Unknown loss {loss!r}. Known losses: {sorted(_NAMES)}, or pass a callable.")
+        return _NAMES[key]()
+    mapped = _from_keras(loss)
+    if mapped is not None:
+        return mapped
+    if callable(loss):
+        return FunctionLoss(loss)
+    raise TypeError(f"A loss is a name, an optim.losses.Loss or a callable (y_true, y_pred) -> scalar. Received: {loss!r}")
+
+
+def _from_keras(loss) -> Loss | None:
+    """Keras loss objects mapped to tfnet's, keeping ``from_logits``."""
+    try:
+        import keras
+    except ImportError:  # pragma: no cover
+        return None
+    table = {
+        keras.losses.SparseCategoricalCrossentropy: lambda c: SparseCategoricalCrossentropy(c.get("from_logits", False)),
+        keras.losses.CategoricalCrossentropy: lambda c: CategoricalCrossentropy(
+            c.get("from_logits", False), c.get("label_smoothing", 0.0)),
+        keras.losses.BinaryCrossentropy: lambda c: BinaryCrossentropy(c.get("from_logits", False)),
+        keras.losses.MeanSquaredError: lambda c: MeanSquaredError(),
+        keras.losses.MeanAbsoluteError: lambda c: MeanAbsoluteError(),
+        keras.losses.Huber: lambda c: Huber(c.get("delta", 1.0)),
+    }
+    for cls, make in table.items():
+        if type(loss) is cls:
+            return make(loss.get_config())
+    return None

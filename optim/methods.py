@@ -1,0 +1,207 @@
+"""Optimisation methods: named, validated chains of transforms, with Keras 3's names, defaults and
+formulas (SGD adds PyTorch's dampening; LARS follows You et al., 2017).
+
+Each method is itself a gradient transformation (``init`` / ``update``). Options shared by all:
+
+* ``clipnorm``, ``clipvalue``, ``global_clipnorm``: gradient clipping, as in Keras (applied first);
+* ``l2``: L2 weight decay added to the gradient (``g + l2 * w``);
+* ``weight_decay``: decoupled weight decay, as Keras' ``weight_decay`` (``w <- w - w * wd * lr``).
+
+``learning_rate`` is a float or a schedule (``optim.schedules``, or any ``step -> lr`` callable
+made of TensorFlow ops, Keras ``LearningRateSchedule`` objects included).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import tensorflow as tf
+
+from optim import transforms as T
+
+__all__ = ["Method", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "LARS"]
+
+
+class Method:
+    """Base class: subclasses build ``self._chain`` in ``__init__``."""
+
+    learning_rate: Any
+    _chain: T.GradientTransformation
+
+    def init(self, params):
+        return self._chain.init(params)
+
+    def update(self, grads, state, params=None):
+        return self._chain.update(grads, state, params)
+
+    def learning_rate_at(self, step) -> float:
+        lr = self.learning_rate
+        return float(lr(tf.constant(step, tf.int64)) if callable(lr) else lr)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self._config.items())
+        return f"{type(self).__name__}({args})"
+
+    def _finish(self, rule, *, clipnorm, clipvalue, global_clipnorm, l2, weight_decay, config, wd_mask=None):
+        T.check_non_negative("learning_rate", self.learning_rate, allow_schedule=True)
+        if sum(x is not None for x in (clipnorm, clipvalue, global_clipnorm)) > 1:
+            raise ValueError(
+                "Give at most one of `clipnorm`, `clipvalue` and `global_clipnorm`. Received: "
+                f"clipnorm={clipnorm}, clipvalue={clipvalue}, global_clipnorm={global_clipnorm}"
+            )
+        parts = []
+        if clipnorm is not None:
+            parts.append(T.clip_by_norm(clipnorm))
+        if clipvalue is not None:
+            parts.append(T.clip(clipvalue))
+        if global_clipnorm is not None:
+            parts.append(T.clip_by_global_norm(global_clipnorm))
+        if l2:
+            parts.append(T.add_decayed_weights(l2))
+        parts.append(rule)
+        if weight_decay:
+            parts.append(T.decoupled_weight_decay(weight_decay, self.learning_rate, wd_mask))
+        self._chain = T.chain(*parts)
+        self._config = config
+
+
+def _common(kwargs):
+    allowed = {"clipnorm", "clipvalue", "global_clipnorm", "l2", "weight_decay"}
+    unknown = set(kwargs) - allowed
+    if unknown:
+        raise TypeError(f"Unknown arguments {sorted(unknown)}; options shared by all methods are {sorted(allowed)}.")
+    return {k: kwargs.get(k) for k in allowed}
+
+
+class SGD(Method):
+    """Stochastic gradient descent with optional momentum, Nesterov momentum and dampening.
+
+    Args:
+        learning_rate: Default 0.01.
+        momentum: Default 0.0.
+        nesterov: Default False.
+        dampening: Scales the gradient by ``1 - dampening`` in the momentum from the second step on
+            (PyTorch's ``dampening``). Default 0.0.
+    """
+
+    def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False, dampening=0.0, **kwargs):
+        self.learning_rate = learning_rate
+        T.check_unit_interval("momentum", momentum, closed_right=True)
+        T.check_unit_interval("dampening", dampening, closed_right=True)
+        if nesterov and (not momentum or dampening):
+            raise ValueError(
+                f"Nesterov momentum needs momentum > 0 and no dampening. Received: momentum={momentum}, "
+                f"dampening={dampening}"
+            )
+        c = _common(kwargs)
+        self._finish(
+            T.sgd_rule(learning_rate, momentum, nesterov, dampening), **c,
+            config=dict(learning_rate=learning_rate, momentum=momentum, nesterov=nesterov, dampening=dampening,
+                        **{k: v for k, v in c.items() if v is not None}),
+        )
+
+
+class Adam(Method):
+    """Adam (Keras 3 formula). Defaults: learning_rate 0.001, beta_1 0.9, beta_2 0.999,
+    epsilon 1e-7, amsgrad False."""
+
+    def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7, amsgrad=False, **kwargs):
+        self.learning_rate = learning_rate
+        T.check_unit_interval("beta_1", beta_1)
+        T.check_unit_interval("beta_2", beta_2)
+        T.check_non_negative("epsilon", epsilon)
+        c = _common(kwargs)
+        self._finish(
+            T.adam_rule(learning_rate, beta_1, beta_2, epsilon, amsgrad), **c,
+            config=dict(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, amsgrad=amsgrad,
+                        **{k: v for k, v in c.items() if v is not None}),
+        )
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Keras 3's AdamW). Default weight_decay 0.004."""
+
+    def __init__(self, learning_rate=0.001, weight_decay=0.004, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
+                 amsgrad=False, **kwargs):
+        if weight_decay is None or weight_decay < 0:
+            raise ValueError(f"`weight_decay` must be a non-negative float. Received: weight_decay={weight_decay}")
+        super().__init__(learning_rate, beta_1, beta_2, epsilon, amsgrad, weight_decay=weight_decay, **kwargs)
+
+
+class RMSprop(Method):
+    """RMSprop (Keras 3 formula). Defaults: learning_rate 0.001, rho 0.9, momentum 0.0,
+    epsilon 1e-7, centered False."""
+
+    def __init__(self, learning_rate=0.001, rho=0.9, momentum=0.0, epsilon=1e-7, centered=False, **kwargs):
+        self.learning_rate = learning_rate
+        T.check_unit_interval("rho", rho)
+        T.check_unit_interval("momentum", momentum, closed_right=True)
+        T.check_non_negative("epsilon", epsilon)
+        c = _common(kwargs)
+        self._finish(
+            T.rmsprop_rule(learning_rate, rho, momentum, epsilon, centered), **c,
+            config=dict(learning_rate=learning_rate, rho=rho, momentum=momentum, epsilon=epsilon, centered=centered,
+                        **{k: v for k, v in c.items() if v is not None}),
+        )
+
+
+class Adagrad(Method):
+    """Adagrad (Keras 3 formula). Defaults: learning_rate 0.001, initial_accumulator_value 0.1,
+    epsilon 1e-7."""
+
+    def __init__(self, learning_rate=0.001, initial_accumulator_value=0.1, epsilon=1e-7, **kwargs):
+        self.learning_rate = learning_rate
+        T.check_non_negative("initial_accumulator_value", initial_accumulator_value)
+        T.check_non_negative("epsilon", epsilon)
+        c = _common(kwargs)
+        self._finish(
+            T.adagrad_rule(learning_rate, initial_accumulator_value, epsilon), **c,
+            config=dict(learning_rate=learning_rate, initial_accumulator_value=initial_accumulator_value,
+                        epsilon=epsilon, **{k: v for k, v in c.items() if v is not None}),
+        )
+
+
+_NO_LARS = re.compile(r"(bias|beta|gamma|bn|batch_norm|BatchNorm)")
+
+
+class LARS(Method):
+    """Layer-wise adaptive rate scaling (You, Gitman and Ginsburg, 2017) for large-batch ResNet.
+
+    For each weight ``w`` with gradient ``g``: ``g <- g + weight_decay * w``; then
+    ``g <- g * trust_coefficient * ||w|| / ||g||`` (when both norms are positive); then SGD with
+    momentum: ``m <- momentum * m - lr * g``, ``w <- w + m``. Biases and batch-norm parameters are
+    left out of both the decay and the trust ratio (``exclude``), as is usual for ResNet.
+
+    Args:
+        learning_rate: Default 0.1.
+        momentum: Default 0.9.
+        weight_decay: L2 decay inside the trust ratio. Default 1e-4.
+        trust_coefficient: ``eta``. Default 0.001.
+        epsilon: Added to ``||g||``. Default 0.0.
+        nesterov: Default False.
+        exclude: A regex of weight names to leave unadapted and undecayed; ``None`` adapts all.
+    """
+
+    def __init__(self, learning_rate=0.1, momentum=0.9, weight_decay=1e-4, trust_coefficient=0.001, epsilon=0.0,
+                 nesterov=False, exclude=_NO_LARS, **kwargs):
+        self.learning_rate = learning_rate
+        T.check_unit_interval("momentum", momentum, closed_right=True)
+        T.check_non_negative("weight_decay", weight_decay)
+        T.check_non_negative("trust_coefficient", trust_coefficient)
+        T.check_non_negative("epsilon", epsilon)
+        pattern = re.compile(exclude) if isinstance(exclude, str) else exclude
+        mask = None if pattern is None else (lambda name: pattern.search(name) is None)
+        c = _common(kwargs)
+        if c.pop("weight_decay") is not None:
+            raise TypeError("LARS takes `weight_decay` as its own (coupled) decay; pass it once.")
+        rule = T.chain(
+            T.add_decayed_weights(weight_decay, mask),
+            T.scale_by_trust_ratio(trust_coefficient, epsilon, mask),
+            T.sgd_rule(learning_rate, momentum, nesterov),
+        )
+        self._finish(
+            rule, **c, weight_decay=None,
+            config=dict(learning_rate=learning_rate, momentum=momentum, weight_decay=weight_decay,
+                        trust_coefficient=trust_coefficient, epsilon=epsilon, nesterov=nesterov),
+        )

@@ -1,0 +1,202 @@
+"""Metrics. Each keeps its state as a small vector of sums, so that results over several workers
+are exact: add the states (one allreduce), then read the result.
+
+    m = Accuracy(); m.update(y_true, y_pred); m.result()
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["Metric", "Mean", "Accuracy", "TopKAccuracy", "MeanAbsoluteError", "MeanSquaredError", "AUC",
+           "FunctionMetric", "get"]
+
+
+def _np(x) -> np.ndarray:
+    return x.numpy() if hasattr(x, "numpy") else np.asarray(x)
+
+
+class Metric:
+    """Base class: ``state`` is a float64 vector of sums; ``update`` adds to it."""
+
+    name = "metric"
+
+    def __init__(self, name: str | None = None):
+        if name:
+            self.name = name
+        self.reset()
+
+    def reset(self) -> None:
+        self.state = np.zeros(self._state_size(), np.float64)
+
+    def _state_size(self) -> int:
+        return 2
+
+    def update(self, y_true, y_pred) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def merge(self, state: np.ndarray) -> None:
+        self.state = self.state + np.asarray(state, np.float64)
+
+    def result(self) -> float:
+        total, count = self.state
+        return float(total / count) if count else float("nan")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+class Mean(Metric):
+    """A weighted mean of values (the training loss uses it)."""
+
+    name = "loss"
+
+    def update_value(self, value: float, weight: float = 1.0) -> None:
+        self.state = self.state + np.array([float(value) * weight, weight])
+
+    def update(self, y_true, y_pred) -> None:
+        raise TypeError("Mean is fed with update_value(value, weight).")
+
+
+class Accuracy(Metric):
+    """Fraction of correct predictions. Labels decide the kind: class ids ``[batch]`` or
+    ``[batch, 1]`` against scores ``[batch, classes]`` (sparse), one-hot labels shaped like the
+    scores (categorical), or 0/1 labels against one probability per example (binary, threshold
+    0.5)."""
+
+    name = "accuracy"
+
+    def update(self, y_true, y_pred) -> None:
+        y_true, y_pred = _np(y_true), _np(y_pred)
+        if y_pred.ndim >= 2 and y_pred.shape[-1] > 1:
+            pred = y_pred.argmax(-1)
+            if y_true.shape == y_pred.shape:
+                true = y_true.argmax(-1)
+            else:
+                true = y_true.reshape(pred.shape)
+        else:
+            pred = (y_pred.reshape(-1) > 0.5).astype(np.int64)
+            true = y_true.reshape(-1)
+        correct = (pred.reshape(-1) == true.reshape(-1).astype(pred.dtype)).sum()
+        self.state = self.state + np.array([correct, pred.size])
+
+
+class TopKAccuracy(Metric):
+    """Fraction of examples whose label is among the ``k`` highest scores. Default k=5."""
+
+    def __init__(self, k: int = 5, name: str | None = None):
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"`k` must be a positive integer. Received: k={k!r}")
+        self.k = k
+        super().__init__(name or f"top{k}_accuracy")
+
+    def update(self, y_true, y_pred) -> None:
+        y_true, y_pred = _np(y_true), _np(y_pred)
+        if y_true.shape == y_pred.shape:
+            y_true = y_true.argmax(-1)
+        y_true = y_true.reshape(-1).astype(np.int64)
+        k = min(self.k, y_pred.shape[-1])
+        top = np.argpartition(-y_pred, k - 1, axis=-1)[:, :k]
+        hits = (top == y_true[:, None]).any(axis=1).sum()
+        self.state = self.state + np.array([hits, y_true.size])
+
+
+class MeanAbsoluteError(Metric):
+    name = "mae"
+
+    def update(self, y_true, y_pred) -> None:
+        y_true, y_pred = _np(y_true).astype(np.float64), _np(y_pred).astype(np.float64)
+        y_true = y_true.reshape(y_pred.shape) if y_true.size == y_pred.size else y_true
+        self.state = self.state + np.array([np.abs(y_pred - y_true).sum(), y_pred.size])
+
+
+class MeanSquaredError(Metric):
+    name = "mse"
+
+    def update(self, y_true, y_pred) -> None:
+        y_true, y_pred = _np(y_true).astype(np.float64), _np(y_pred).astype(np.float64)
+        y_true = y_true.reshape(y_pred.shape) if y_true.size == y_pred.size else y_true
+        self.state = self.state + np.array([np.square(y_pred - y_true).sum(), y_pred.size])
+
+
+class AUC(Metric):
+    """Area under the ROC curve for 0/1 labels and scores in [0, 1] (or logits with
+    ``from_logits=True``), from histograms of the scores over ``num_thresholds`` bins: mergeable
+    across workers, and within about ``1 / num_thresholds`` of the exact AUC."""
+
+    name = "auc"
+
+    def __init__(self, num_thresholds: int = 1000, from_logits: bool = False, name: str | None = None):
+        if not isinstance(num_thresholds, int) or num_thresholds < 2:
+            raise ValueError(f"`num_thresholds` must be an integer >= 2. Received: {num_thresholds!r}")
+        self.num_thresholds = num_thresholds
+        self.from_logits = from_logits
+        super().__init__(name)
+
+    def _state_size(self) -> int:
+        return 2 * self.num_thresholds
+
+    def update(self, y_true, y_pred) -> None:
+        y_true = _np(y_true).reshape(-1)
+        score = _np(y_pred).astype(np.float64).reshape(-1)
+        if self.from_logits:
+            score = 1.0 / (1.0 + np.exp(-score))
+        if not np.isin(y_true, (0, 1)).all():
+            raise ValueError("AUC needs binary labels (0 or 1).")
+        bins = np.clip((score * self.num_thresholds).astype(np.int64), 0, self.num_thresholds - 1)
+        pos = np.bincount(bins[y_true == 1], minlength=self.num_thresholds)
+        neg = np.bincount(bins[y_true == 0], minlength=self.num_thresholds)
+        self.state = self.state + np.concatenate([pos, neg])
+
+    def result(self) -> float:
+        n = self.num_thresholds
+        pos, neg = self.state[:n], self.state[n:]
+        if pos.sum() == 0 or neg.sum() == 0:
+            return float("nan")
+        # Scores in the same bin are ties: count half. P(score_pos > score_neg).
+        neg_below = np.cumsum(neg) - neg
+        return float((pos * (neg_below + 0.5 * neg)).sum() / (pos.sum() * neg.sum()))
+
+
+class FunctionMetric(Metric):
+    """Any ``(y_true, y_pred) -> scalar`` callable, averaged over examples (batch-size weighted)."""
+
+    def __init__(self, fn: Callable, name: str | None = None):
+        self.fn = fn
+        super().__init__(name or getattr(fn, "__name__", "metric"))
+
+    def update(self, y_true, y_pred) -> None:
+        value = float(_np(self.fn(y_true, y_pred)))
+        n = len(_np(y_pred))
+        self.state = self.state + np.array([value * n, n])
+
+
+_NAMES = {
+    "accuracy": Accuracy, "acc": Accuracy,
+    "top5_accuracy": lambda: TopKAccuracy(5), "top_k_accuracy": lambda: TopKAccuracy(5),
+    "sparse_top_k_categorical_accuracy": lambda: TopKAccuracy(5),
+    "mae": MeanAbsoluteError, "mean_absolute_error": MeanAbsoluteError,
+    "mse": MeanSquaredError, "mean_squared_error": MeanSquaredError,
+    "auc": AUC,
+    "sparse_categorical_accuracy": Accuracy, "categorical_accuracy": Accuracy, "binary_accuracy": Accuracy,
+}
+
+
+def get(metric) -> Metric:
+    """A Metric from a name (``"accuracy"``, ``"top5_accuracy"``, ``"mae"``, ``"mse"``,
+    ``"auc"``), a Metric, or a callable ``(y_true, y_pred) -> scalar``."""
+    if isinstance(metric, Metric):
+        return metric
+    if isinstance(metric, str):
+        key = metric.lower()
+        if key.startswith("top") and key.endswith("_accuracy") and key[3:-9].isdigit():
+            return TopKAccuracy(int(key[3:-9]))
+        if key not in _NAMES:
+            raise ValueError(f"Unknown metric {metric!r}. Known metrics: {sorted(_NAMES)}, or pass a callable.")
+        return _NAMES[key]()
+    if callable(metric):
+        return FunctionMetric(metric)
+    raise TypeError(f"A metric is a name, an optim.metrics.Metric or a callable. Received: {metric!r}")

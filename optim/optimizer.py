@@ -1,0 +1,174 @@
+"""TFOptimizer: fine-tunes a TFNet with an optimisation method, a loss and metrics.
+
+Runs on the driver. ``optimize`` trains in this process for local data; for distributed data
+(``TFDataset.from_dataframe`` / ``from_rdd``, or ``num_workers``), it runs the same training loop
+on every task of one Spark barrier stage (``optim.spark_launcher``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from optim import losses as L
+from optim import metrics as M
+from optim.data import TFDataset, as_dataset
+from optim.loop import TrainConfig, evaluate, metrics_copy, train
+from optim.methods import Method
+from optim.reporting import MultiReporter, ProgressBar, TensorBoardWriter
+from optim.transforms import assign_groups, partition
+from tfnet import TFNet
+from tfnet.errors import TFNetError
+
+__all__ = ["TFOptimizer"]
+
+
+class TFOptimizer:
+    """Fine-tunes ``net`` in place.
+
+    Args:
+        net: The TFNet to train.
+        loss: A loss name (``"sparse_categorical_crossentropy"``, ``"mse"``, ...), an
+            ``optim.losses.Loss``, or any callable ``(y_true, y_pred) -> scalar``.
+        optim_method: An ``optim`` method (``optim.SGD(...)``), any ``init`` / ``update``
+            transformation, or a dict from a weight-name prefix or compiled regex to a method (as
+            Analytics Zoo's ``optim_method`` dict). With a dict, only weights in a group train.
+        metrics: Metric names, ``optim.metrics.Metric`` objects or callables. Default: none.
+        model_dir: Where checkpoints (``checkpoints/``) and TensorBoard events (``tensorboard/``)
+            go. Default: neither is written.
+    """
+
+    def __init__(self, net: TFNet, loss, optim_method, metrics: Sequence | None = None, model_dir: str | None = None):
+        if not isinstance(net, TFNet):
+            raise TypeError(f"TFOptimizer trains a tfnet.TFNet. Received: {type(net).__name__}")
+        self.net = net
+        self.loss = L.get(loss)
+        self.metrics = [M.get(m) for m in (metrics or [])]
+        self.model_dir = os.fspath(model_dir) if model_dir is not None else None
+        self.method = self._method(optim_method)
+
+    def _method(self, optim_method):
+        if isinstance(optim_method, Mapping):
+            if not optim_method:
+                raise ValueError("The `optim_method` dict is empty; map at least one weight-name prefix to a method.")
+            groups = assign_groups(list(optim_method), self.net.weight_names)
+            stats = set(self.net.statistic_names)
+            chosen = [n for n, g in groups.items()
+                      if g is not None and list(optim_method.values())[g] is not None and n not in stats]
+            if not chosen:
+                raise ValueError(
+                    f"No weight matches the `optim_method` keys {list(optim_method)}. Weights: {self.net.weight_names[:10]}"
+                )
+            self.net.trainable = chosen
+            return partition(optim_method)
+        if isinstance(optim_method, (int, float)) and not isinstance(optim_method, bool):
+            from optim.methods import SGD
+
+            return SGD(optim_method)
+        if not (hasattr(optim_method, "init") and hasattr(optim_method, "update")):
+            raise TypeError(
+                "`optim_method` must be an optim method (e.g. optim.SGD(0.01)), a transformation with "
+                f"init/update, or a dict of them. Received: {optim_method!r}"
+            )
+        return optim_method
+
+    @classmethod
+    def from_loss(cls, net: TFNet, loss, optim_method, metrics=None, model_dir=None) -> "TFOptimizer":
+        """The Analytics Zoo name for the constructor."""
+        return cls(net, loss, optim_method, metrics=metrics, model_dir=model_dir)
+
+    @classmethod
+    def from_keras(cls, keras_model, model_dir: str | None = None) -> "TFOptimizer":
+        """Takes a compiled Keras model: freezes it into a TFNet and maps its optimiser, loss and
+        metrics to tfnet's. Trainable weights are the model's trainable variables."""
+        from optim.keras_compat import from_compiled_keras
+
+        net, loss, method, metrics = from_compiled_keras(keras_model)
+        return cls(net, loss, method, metrics=metrics, model_dir=model_dir)
+
+    # ------------------------------------------------------------------ training
+
+    def optimize(
+        self,
+        data,
+        epochs: int = 1,
+        batch_size: int = 32,
+        validation_data=None,
+        resume: bool = False,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        validate_every: int | None = None,
+        checkpoint_every: int | None = None,
+        keep_checkpoints: int = 3,
+        on_nonfinite: str = "raise",
+        verbose: int = 1,
+        num_workers: int | None = None,
+        **distributed_options,
+    ) -> dict[str, list]:
+        """Trains and returns the history: per-epoch lists of ``loss``, each metric, and their
+        ``val_`` versions.
+
+        Args:
+            data: A tuple of numpy arrays ``(features, labels)``, a batched ``tf.data.Dataset`` of
+                ``(features, labels)``, or a ``TFDataset``. Distributed data trains on Spark.
+            epochs: Default 1.
+            batch_size: Examples per step (the global batch when distributed). Default 32.
+                Ignored for a ``tf.data.Dataset``, which is batched already.
+            validation_data: Same forms as ``data``; evaluated at every epoch end (and every
+                ``validate_every`` steps). Default: none.
+            resume: Continue from the newest valid checkpoint in ``model_dir``. Default False.
+            shuffle: Shuffle numpy data each epoch, with ``seed``. Default True.
+            seed: The same seed gives the same weights, bit for bit. Default 0.
+            validate_every: Also validate every N steps. Default: at epoch ends only.
+            checkpoint_every: Also checkpoint every N steps. Default: at epoch ends only.
+            keep_checkpoints: How many checkpoints to keep. Default 3.
+            on_nonfinite: ``"raise"`` (default) stops with NonFiniteLossError at a NaN or infinite
+                loss or gradient, weights left at their last good state; ``"skip"`` skips the step.
+            verbose: 0 quiet, 1 progress bar, 2 one line per epoch. Default 1.
+            num_workers: Ranks for distributed training. Default: Spark's default parallelism
+                when the data is distributed.
+        """
+        config = TrainConfig(
+            epochs=epochs, batch_size=batch_size, shuffle=shuffle, seed=seed, validate_every=validate_every,
+            checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints, model_dir=self.model_dir,
+            resume=resume, on_nonfinite=on_nonfinite,
+        )
+        config.check()
+        dataset = as_dataset(data, batch_size)
+        val = as_dataset(validation_data, batch_size) if validation_data is not None else None
+        if getattr(dataset, "distributed", False) or num_workers is not None:
+            from optim.spark_launcher import optimize_distributed
+
+            return optimize_distributed(self, dataset, config, val, num_workers=num_workers, verbose=verbose,
+                                        **distributed_options)
+        if distributed_options:
+            raise TypeError(f"Unknown arguments {sorted(distributed_options)} for local training.")
+        reporter = self._reporter(verbose)
+        return train(self.net, self.loss, self.method, self.metrics, dataset, config,
+                     reporter=reporter, validation_data=val)
+
+    def _reporter(self, verbose: int):
+        writer = TensorBoardWriter(os.path.join(self.model_dir, "tensorboard")) if self.model_dir else None
+        return MultiReporter([ProgressBar(verbose) if verbose else None, writer])
+
+    def evaluate(self, data, batch_size: int = 32) -> dict[str, float]:
+        """Loss and metrics over ``data`` (same forms as ``optimize``)."""
+        dataset = as_dataset(data, batch_size)
+        return evaluate(self.net, self.loss, metrics_copy(self.metrics), dataset, batch_size)
+
+    def predict(self, data, batch_size: int = 32):
+        """The net's outputs for ``data``: features as arrays (one, or a list), a tuple
+        ``(features, labels)`` (labels ignored), a ``tf.data.Dataset`` or a ``TFDataset``."""
+        dataset = as_dataset(data, batch_size, need_labels=False)
+        chunks = []
+        for features, _ in dataset.batches(batch_size, shuffle=False):
+            out = self.net.forward(features)
+            chunks.append(out if isinstance(out, list) else [out])
+        if not chunks:
+            raise TFNetError("predict() received no data.")
+        outs = [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]
+        return outs[0] if len(outs) == 1 else outs

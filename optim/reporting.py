@@ -1,0 +1,145 @@
+"""Progress reporting: a progress bar, TensorBoard event files, and a combination of both.
+
+A reporter receives ``begin``, ``step``, ``validation``, ``epoch_end`` and ``end`` events from the
+training loop (on rank 0 only). The distributed driver uses the same progress bar, fed with the
+events rank 0 sends it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from typing import Any
+
+
+def _fmt(logs: dict[str, float]) -> dict[str, str]:
+    out = {}
+    for k, v in logs.items():
+        if isinstance(v, float):
+            out[k] = f"{v:.4g}" if not math.isnan(v) else "nan"
+        else:
+            out[k] = str(v)
+    return out
+
+
+class Reporter:
+    def begin(self, epochs: int, steps_per_epoch: int | None, initial_step: int, initial_epoch: int) -> None: ...
+    def step(self, step: int, epoch: int, logs: dict[str, float]) -> None: ...
+    def validation(self, step: int, logs: dict[str, float]) -> None: ...
+    def epoch_end(self, epoch: int, step: int, logs: dict[str, float]) -> None: ...
+    def end(self) -> None: ...
+
+
+class MultiReporter(Reporter):
+    def __init__(self, reporters):
+        self.reporters = [r for r in reporters if r is not None]
+
+    def begin(self, *a):
+        for r in self.reporters:
+            r.begin(*a)
+
+    def step(self, *a):
+        for r in self.reporters:
+            r.step(*a)
+
+    def validation(self, *a):
+        for r in self.reporters:
+            r.validation(*a)
+
+    def epoch_end(self, *a):
+        for r in self.reporters:
+            r.epoch_end(*a)
+
+    def end(self):
+        for r in self.reporters:
+            r.end()
+
+
+class ProgressBar(Reporter):
+    """One tqdm bar per epoch showing loss, metrics, samples per second and the ETA.
+
+    Args:
+        verbose: 0 is quiet, 1 shows bars, 2 prints one line per epoch (for logs). Default: 1.
+    """
+
+    def __init__(self, verbose: int = 1, file=None):
+        self.verbose = verbose
+        self.file = file or sys.stderr
+        self.bar = None
+        self.epochs = 0
+        self.steps_per_epoch = None
+
+    def begin(self, epochs, steps_per_epoch, initial_step, initial_epoch):
+        self.epochs = epochs
+        self.steps_per_epoch = steps_per_epoch
+
+    def _bar(self, epoch: int):
+        if self.bar is None and self.verbose == 1:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.steps_per_epoch, desc=f"epoch {epoch + 1}/{self.epochs}", unit="step",
+                            file=self.file, dynamic_ncols=True, leave=True)
+        return self.bar
+
+    def step(self, step, epoch, logs):
+        bar = self._bar(epoch)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(_fmt(logs), refresh=False)
+
+    def validation(self, step, logs):
+        # Mid-epoch validations get a line; the epoch-end one shows in the bar's final postfix.
+        if self.verbose == 1 and self.bar is not None and (self.bar.total is None or self.bar.n < self.bar.total):
+            self.bar.write(f"  step {step}: " + ", ".join(f"{k}={v}" for k, v in _fmt(logs).items()), file=self.file)
+
+    def epoch_end(self, epoch, step, logs):
+        if self.bar is not None:
+            self.bar.set_postfix(_fmt(logs))
+            self.bar.close()
+            self.bar = None
+        if self.verbose == 2:
+            print(f"epoch {epoch + 1}/{self.epochs} (step {step}): "
+                  + ", ".join(f"{k}={v}" for k, v in _fmt(logs).items()), file=self.file, flush=True)
+
+    def end(self):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+class TensorBoardWriter(Reporter):
+    """Scalars under ``logdir/train`` (loss, metrics, learning rate, samples per second, every
+    step) and ``logdir/validation``."""
+
+    def __init__(self, logdir: str):
+        import tensorflow as tf
+
+        self._tf = tf
+        self.logdir = logdir
+        os.makedirs(logdir, exist_ok=True)
+        self.train = tf.summary.create_file_writer(os.path.join(logdir, "train"))
+        self.val = tf.summary.create_file_writer(os.path.join(logdir, "validation"))
+
+    def _write(self, writer, step, logs: dict[str, Any]):
+        with writer.as_default(step=step):
+            for k, v in logs.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tf.summary.scalar(k, float(v))
+
+    def step(self, step, epoch, logs):
+        self._write(self.train, step, logs)
+
+    def validation(self, step, logs):
+        self._write(self.val, step, {k[4:] if k.startswith("val_") else k: v for k, v in logs.items()})
+
+    def epoch_end(self, epoch, step, logs):
+        self._write(self.train, step, {f"epoch_{k}": v for k, v in logs.items() if not k.startswith("val_")})
+        self.train.flush()
+        self.val.flush()
+
+    def end(self):
+        self.train.flush()
+        self.val.flush()
+        self.train.close()
+        self.val.close()

@@ -1,0 +1,215 @@
+"""Update rules: each method equals the Keras 3 optimiser of the same name and settings over 10
+steps, every method converges on a parabola and on Rosenbrock, and bad settings are refused."""
+
+import re
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import optim
+from optim import schedules as S
+from optim import transforms as T
+
+RTOL = 1e-5
+
+
+def run_ours(method, params, grads_seq):
+    params = {k: tf.constant(v) for k, v in params.items()}
+    state = method.init(params)
+    step = tf.function(lambda g, s, p: method.update(g, s, p), autograph=False)
+    for grads in grads_seq:
+        updates, state = step({k: tf.constant(v) for k, v in grads.items()}, state, params)
+        params = {k: params[k] + updates[k] for k in params}
+    return {k: v.numpy() for k, v in params.items()}
+
+
+def run_keras(opt, params, grads_seq):
+    variables = {k: keras.Variable(v, name=k.replace("/", "_")) for k, v in params.items()}
+    names = list(params)
+    for grads in grads_seq:
+        opt.apply_gradients([(tf.constant(grads[k]), variables[k]) for k in names])
+    return {k: variables[k].numpy() for k in names}
+
+
+def problem(seed=0, steps=10):
+    rng = np.random.default_rng(seed)
+    shapes = {"dense/kernel": (4, 3), "dense/bias": (3,), "conv/kernel": (2, 2, 1, 2)}
+    params = {k: rng.normal(size=s).astype("float32") for k, s in shapes.items()}
+    grads = [{k: rng.normal(size=s).astype("float32") for k, s in shapes.items()} for _ in range(steps)]
+    return params, grads
+
+
+def rel(a, b):
+    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12)
+
+
+KERAS_TABLE = [
+    ("sgd", lambda: optim.SGD(0.1), lambda: keras.optimizers.SGD(0.1)),
+    ("sgd momentum", lambda: optim.SGD(0.1, momentum=0.9), lambda: keras.optimizers.SGD(0.1, momentum=0.9)),
+    ("sgd nesterov", lambda: optim.SGD(0.05, momentum=0.8, nesterov=True),
+     lambda: keras.optimizers.SGD(0.05, momentum=0.8, nesterov=True)),
+    ("sgd clipnorm", lambda: optim.SGD(0.1, clipnorm=0.5), lambda: keras.optimizers.SGD(0.1, clipnorm=0.5)),
+    ("sgd clipvalue", lambda: optim.SGD(0.1, clipvalue=0.3), lambda: keras.optimizers.SGD(0.1, clipvalue=0.3)),
+    ("sgd global_clipnorm", lambda: optim.SGD(0.1, momentum=0.5, global_clipnorm=1.0),
+     lambda: keras.optimizers.SGD(0.1, momentum=0.5, global_clipnorm=1.0)),
+    ("sgd weight_decay", lambda: optim.SGD(0.1, weight_decay=0.01), lambda: keras.optimizers.SGD(0.1, weight_decay=0.01)),
+    ("sgd exponential schedule", lambda: optim.SGD(S.exponential(0.1, 3, 0.5), momentum=0.9),
+     lambda: keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(0.1, 3, 0.5), momentum=0.9)),
+    ("adam", lambda: optim.Adam(0.01), lambda: keras.optimizers.Adam(0.01)),
+    ("adam custom", lambda: optim.Adam(0.02, beta_1=0.8, beta_2=0.99, epsilon=1e-5),
+     lambda: keras.optimizers.Adam(0.02, beta_1=0.8, beta_2=0.99, epsilon=1e-5)),
+    ("adam amsgrad", lambda: optim.Adam(0.01, amsgrad=True), lambda: keras.optimizers.Adam(0.01, amsgrad=True)),
+    ("adam cosine schedule", lambda: optim.Adam(S.cosine(0.01, 10, alpha=0.1)),
+     lambda: keras.optimizers.Adam(keras.optimizers.schedules.CosineDecay(0.01, 10, alpha=0.1))),
+    ("adamw", lambda: optim.AdamW(0.01), lambda: keras.optimizers.AdamW(0.01)),
+    ("adamw decay", lambda: optim.AdamW(0.01, weight_decay=0.1, clipnorm=1.0),
+     lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1, clipnorm=1.0)),
+    ("rmsprop", lambda: optim.RMSprop(0.01), lambda: keras.optimizers.RMSprop(0.01)),
+    ("rmsprop momentum centered", lambda: optim.RMSprop(0.01, rho=0.8, momentum=0.5, centered=True),
+     lambda: keras.optimizers.RMSprop(0.01, rho=0.8, momentum=0.5, centered=True)),
+    ("adagrad", lambda: optim.Adagrad(0.1), lambda: keras.optimizers.Adagrad(0.1)),
+    ("adagrad custom", lambda: optim.Adagrad(0.05, initial_accumulator_value=0.5, epsilon=1e-5),
+     lambda: keras.optimizers.Adagrad(0.05, initial_accumulator_value=0.5, epsilon=1e-5)),
+]
+
+
+@pytest.mark.parametrize("name,ours,theirs", KERAS_TABLE, ids=[t[0] for t in KERAS_TABLE])
+def test_method_equals_keras(name, ours, theirs):
+    params, grads = problem()
+    a = run_ours(ours(), params, grads)
+    b = run_keras(theirs(), params, grads)
+    for k in params:
+        assert rel(a[k], b[k]) <= RTOL, (k, rel(a[k], b[k]))
+        assert not np.array_equal(a[k], params[k]), "the weights moved"
+
+
+def test_sgd_dampening_matches_pytorch_formula():
+    params, grads = problem(1)
+    lr, mu, tau = 0.1, 0.9, 0.3
+    ours = run_ours(optim.SGD(lr, momentum=mu, dampening=tau), params, grads)
+    for k, w in params.items():  # torch.optim.SGD: buf = g at step 1, then mu*buf + (1-tau)*g
+        w = w.astype(np.float64).copy()
+        buf = None
+        for g in grads:
+            g = g[k].astype(np.float64)
+            buf = g.copy() if buf is None else mu * buf + (1 - tau) * g
+            w -= lr * buf
+        assert rel(ours[k], w) <= RTOL
+
+
+def test_lars_matches_reference_formula():
+    params, grads = problem(2)
+    lr, mu, wd, eta = 0.5, 0.9, 1e-3, 0.01
+    ours = run_ours(optim.LARS(lr, momentum=mu, weight_decay=wd, trust_coefficient=eta), params, grads)
+    for k, w in params.items():
+        w = w.astype(np.float64).copy()
+        m = np.zeros_like(w)
+        adapt = not re.search("bias", k)
+        for g in grads:
+            g = g[k].astype(np.float64)
+            if adapt:
+                g = g + wd * w
+                wn, gn = np.linalg.norm(w), np.linalg.norm(g)
+                g = g * (eta * wn / gn if wn > 0 and gn > 0 else 1.0)
+            m = mu * m - lr * g
+            w = w + m
+        assert rel(ours[k], w) <= RTOL, k
+
+
+def test_l2_is_added_to_the_gradient():
+    params, grads = problem(3, steps=1)
+    out = run_ours(optim.SGD(0.1, l2=0.5), params, grads)
+    for k in params:
+        np.testing.assert_allclose(out[k], params[k] - 0.1 * (grads[0][k] + 0.5 * params[k]), rtol=1e-6)
+
+
+def test_per_group_methods_and_frozen_groups():
+    params, grads = problem(4, steps=3)
+    method = T.partition({"dense/": optim.SGD(0.1), re.compile("conv"): None})
+    out = run_ours(method, params, grads)
+    ref = run_ours(optim.SGD(0.1), {k: v for k, v in params.items() if k.startswith("dense/")},
+                   [{k: v for k, v in g.items() if k.startswith("dense/")} for g in grads])
+    for k in ("dense/kernel", "dense/bias"):
+        np.testing.assert_array_equal(out[k], ref[k])
+    np.testing.assert_array_equal(out["conv/kernel"], params["conv/kernel"])
+
+
+# ---------------------------------------------------------------- convergence
+
+
+def minimise(fn, x0, method, steps):
+    x = tf.constant(np.asarray(x0, np.float32))
+    params = {"x": x}
+    state = method.init(params)
+
+    @tf.function(autograph=False)
+    def step(params, state):
+        with tf.GradientTape() as tape:
+            tape.watch(params["x"])
+            value = fn(params["x"])
+        g = tape.gradient(value, params["x"])
+        updates, state = method.update({"x": g}, state, params)
+        return {"x": params["x"] + updates["x"]}, state
+
+    for _ in range(steps):
+        params, state = step(params, state)
+    return params["x"].numpy()
+
+
+def parabola(x):
+    return tf.reduce_sum(tf.square(x - tf.constant([3.0, -2.0])))
+
+
+def rosenbrock(x):
+    return tf.square(1.0 - x[0]) + 100.0 * tf.square(x[1] - tf.square(x[0]))
+
+
+CONVERGENCE = [
+    ("sgd", lambda: optim.SGD(0.05), lambda: optim.SGD(1.5e-3, momentum=0.9)),
+    ("sgd nesterov", lambda: optim.SGD(0.05, momentum=0.9, nesterov=True),
+     lambda: optim.SGD(1e-3, momentum=0.9, nesterov=True)),
+    ("adam", lambda: optim.Adam(0.1), lambda: optim.Adam(S.cosine(0.02, 4000, alpha=0.01))),
+    ("adamw", lambda: optim.AdamW(0.1, weight_decay=1e-4), lambda: optim.AdamW(S.cosine(0.02, 4000, alpha=0.01), 1e-4)),
+    ("rmsprop", lambda: optim.RMSprop(S.exponential(0.1, 100, 0.5)),
+     lambda: optim.RMSprop(S.cosine(0.01, 4000, alpha=0.01))),
+    ("adagrad", lambda: optim.Adagrad(1.0), lambda: optim.Adagrad(0.5)),
+    ("lars", lambda: optim.LARS(S.cosine(200.0, 400), momentum=0.5, weight_decay=0.0, exclude=None),
+     lambda: optim.LARS(S.cosine(30.0, 4000, alpha=0.001), momentum=0.9, weight_decay=0.0, exclude=None)),
+]
+
+
+@pytest.mark.parametrize("name,easy,hard", CONVERGENCE, ids=[c[0] for c in CONVERGENCE])
+def test_method_converges(name, easy, hard):
+    x = minimise(parabola, [0.0, 0.0], easy(), 400)
+    np.testing.assert_allclose(x, [3.0, -2.0], atol=1e-2)
+    x = minimise(rosenbrock, [-1.0, 1.0], hard(), 4000)
+    np.testing.assert_allclose(x, [1.0, 1.0], atol=5e-2)
+
+
+# ---------------------------------------------------------------- bad settings
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda: optim.SGD(-0.1), r"`learning_rate` must be a non-negative number. Received: learning_rate=-0.1"),
+        (lambda: optim.SGD(0.1, momentum=1.5), r"`momentum` must be a float in \[0, 1\]. Received: momentum=1.5"),
+        (lambda: optim.SGD(0.1, nesterov=True), r"Nesterov momentum needs momentum > 0"),
+        (lambda: optim.Adam(beta_1=1.0), r"`beta_1` must be a float in \[0, 1\). Received: beta_1=1.0"),
+        (lambda: optim.AdamW(weight_decay=-1), r"`weight_decay` must be a non-negative float"),
+        (lambda: optim.SGD(0.1, clipnorm=1.0, clipvalue=1.0), r"at most one of `clipnorm`"),
+        (lambda: optim.SGD(0.1, clipnorm=-1.0), r"`clipnorm` must be a non-negative number"),
+        (lambda: S.cosine(0.1, 0), r"`decay_steps` must be positive. Received: decay_steps=0"),
+        (lambda: S.warmup(0.1, -5), r"`warmup_steps` must be positive"),
+    ],
+)
+def test_bad_settings_are_refused(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_unknown_option():
+    with pytest.raises(TypeError, match=r"Unknown arguments \['decay'\]"):
+        optim.SGD(0.1, decay=0.1)
