@@ -231,15 +231,16 @@ def train(
             global_step += 1
             if not bool(result.finite):
                 value = float(result.loss)
+                what = f"the loss is {value}" if not math.isfinite(value) else \
+                    f"a gradient is NaN or infinite (loss={value:.6g})"
                 if config.on_nonfinite == "raise":
                     raise NonFiniteLossError(
-                        f"The loss or a gradient became non-finite at step {global_step} (epoch {epoch + 1}, "
-                        f"batch {b}; loss={value}). The weights are left as they were after step "
-                        f"{global_step - 1}. Pass on_nonfinite='skip' to skip such steps instead."
+                        f"Step {global_step} (epoch {epoch + 1}, batch {b}): {what}. The weights are left as "
+                        f"they were after step {global_step - 1}. Pass on_nonfinite='skip' to skip such steps "
+                        "instead."
                     )
                 skipped += 1
-                warnings.warn(f"Skipped step {global_step}: non-finite loss or gradient (loss={value}).",
-                              RuntimeWarning, stacklevel=2)
+                warnings.warn(f"Skipped step {global_step}: {what}.", RuntimeWarning, stacklevel=2)
                 continue
             state = result.state
             seen += n
