@@ -69,6 +69,7 @@ def main(argv=None) -> dict:
             "tfnet_img_s": args.batch / t_tfnet,
             "keras_img_s": args.batch / t_keras,
             "ratio": t_keras / t_tfnet,
+            "ratio_best": min(times["keras"]) / min(times["tfnet"]),
             "keras_jit_compile": str(model.jit_compile),
             "times": times,
         }
@@ -90,6 +91,7 @@ def main(argv=None) -> dict:
             "tfnet_img_s": args.batch / t_tfnet,
             "keras_img_s": args.batch / t_keras,
             "ratio": t_keras / t_tfnet,
+            "ratio_best": min(times["keras"]) / min(times["tfnet"]),
             "times": times,
         }
         print(f"forward          TFNet {args.batch / t_tfnet:6.2f} img/s   Keras predict          "

@@ -55,6 +55,15 @@ def median(xs: list[float]) -> float:
 
 
 def peak_rss_mb() -> float:
+    """This process's peak resident memory (VmHWM). Unlike ``ru_maxrss``, which a child inherits
+    from its parent across fork and exec, VmHWM starts afresh with each exec."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

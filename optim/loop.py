@@ -13,7 +13,7 @@ import os
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -26,7 +26,14 @@ from optim.data import TFDataset
 from optim.reporting import Reporter
 from tfnet.errors import TFNetError
 
-__all__ = ["TrainConfig", "train", "evaluate", "NonFiniteLossError"]
+__all__ = ["TrainConfig", "TrainOutcome", "train", "evaluate", "NonFiniteLossError"]
+
+
+class TrainOutcome(NamedTuple):
+    """What ``train`` returns: the history, and the global step to continue from."""
+
+    history: dict
+    step: int
 
 
 class NonFiniteLossError(TFNetError, FloatingPointError):
@@ -146,12 +153,20 @@ def train(
     reporter: Reporter | None = None,
     validation_data: TFDataset | None = None,
     steps_per_epoch: int | None = None,
-) -> dict[str, list]:
-    """Trains ``net`` in place and returns the history (per-epoch lists).
+    continue_state: bool = False,
+    start_step: int = 0,
+) -> TrainOutcome:
+    """Trains ``net`` in place.
 
     Args:
         steps_per_epoch: Steps every rank takes each epoch. Default: as many batches as this rank's
             data holds (the distributed launcher passes the count the ranks agreed on).
+        continue_state: Keep the optimiser state the compiled step holds from a previous call
+            (as a Keras optimiser does across ``fit`` calls). Default: start fresh.
+        start_step: The global step count to continue from. Default: 0.
+
+    Returns:
+        The history (per-epoch lists) and the global step.
     """
     config.check()
     collective = collective or LocalCollective()
@@ -159,12 +174,14 @@ def train(
     loss = L.get(loss)
     chief = collective.is_chief
     step_fn = net.train_step(loss, method, reducer=collective.reducer())
-    state = step_fn.init_state()
-    template = state
+    # The step holds the optimiser state in variables and updates it in place.
+    if not (continue_state and step_fn.has_state):
+        step_fn.set_state(step_fn.init_state())
+    template = step_fn.state_spec()
     manager = CheckpointManager(_checkpoint_dir(config.model_dir), config.keep_checkpoints) if config.model_dir else None
 
     # ---- start: fresh, or from the newest valid checkpoint; rank 0 is the source of state.
-    start = {"step": 0, "epoch": 0, "batch": 0, "history": {}, "epoch_states": None, "skipped": 0}
+    start = {"step": start_step, "epoch": 0, "batch": 0, "history": {}, "epoch_states": None, "skipped": 0}
     ckpt = manager.latest_valid() if (config.resume and chief and manager) else None
     if ckpt is not None:
         start.update(step=ckpt.step, epoch=ckpt.epoch, batch=ckpt.batch,
@@ -177,14 +194,14 @@ def train(
         leaves = ckpt.state
     else:
         weights = list(net.get_weights().values())
-        leaves = [np.asarray(t) for t in tf.nest.flatten(state)]
+        leaves = _state_arrays(step_fn)
     if collective.size > 1 or ckpt is not None:
         weights = collective.broadcast(weights)
         leaves = collective.broadcast(leaves)
         net.set_weights(dict(zip(net.weight_names, weights)))
-        state = tf.nest.pack_sequence_as(
+        step_fn.set_state(tf.nest.pack_sequence_as(
             template, [tf.constant(a, dtype=t.dtype) for a, t in zip(leaves, tf.nest.flatten(template))]
-        )
+        ))
 
     history: dict[str, list] = {k: list(v) for k, v in start["history"].items()}
     global_step, skipped = start["step"], start["skipped"]
@@ -206,8 +223,7 @@ def train(
             "seed": config.seed,
             "rng": {"shuffle": "numpy PCG64 seeded with [seed, epoch, rank]", "seed": config.seed, "epoch": epoch},
         }
-        manager.save(Checkpoint(global_step, epoch, batch, net.get_weights(),
-                                [np.asarray(t) for t in tf.nest.flatten(state)], extra))
+        manager.save(Checkpoint(global_step, epoch, batch, net.get_weights(), _state_arrays(step_fn), extra))
 
     for epoch in range(start["epoch"], config.epochs):
         skip = start["batch"] if epoch == start["epoch"] else 0
@@ -226,7 +242,7 @@ def train(
             if not checked:
                 _check_labels(loss, labels, net, n)
                 checked = True
-            result = step_fn(features, labels, state)
+            result = step_fn.run(features, labels)
             b += 1
             global_step += 1
             if not bool(result.finite):
@@ -242,7 +258,6 @@ def train(
                 skipped += 1
                 warnings.warn(f"Skipped step {global_step}: {what}.", RuntimeWarning, stacklevel=2)
                 continue
-            state = result.state
             seen += n
             acc.loss.update_value(float(result.loss), n)
             for m in acc.metrics:
@@ -272,7 +287,7 @@ def train(
     reporter.end()
     if skipped:
         history["skipped_steps"] = [skipped]
-    return history
+    return TrainOutcome(history, global_step)
 
 
 def metrics_copy(metrics: Sequence[M.Metric]) -> list[M.Metric]:
@@ -285,6 +300,11 @@ def metrics_copy(metrics: Sequence[M.Metric]) -> list[M.Metric]:
         c.reset()
         out.append(c)
     return out
+
+
+def _state_arrays(step_fn) -> list[np.ndarray]:
+    """Copies of the optimiser state's leaves (the variables keep changing in place)."""
+    return [np.array(t, copy=True) for t in tf.nest.flatten(step_fn.get_state())]
 
 
 def _learning_rate(method, step: int) -> float:

@@ -49,6 +49,10 @@ class TFOptimizer:
         self.metrics = [M.get(m) for m in (metrics or [])]
         self.model_dir = os.fspath(model_dir) if model_dir is not None else None
         self.method = self._method(optim_method)
+        # Like a Keras optimiser, the state (moments, step count for schedules) carries over
+        # from one optimize() call to the next; the compiled step holds it.
+        self._started = False
+        self.global_step = 0
 
     def _method(self, optim_method):
         if isinstance(optim_method, Mapping):
@@ -148,8 +152,10 @@ class TFOptimizer:
         if distributed_options:
             raise TypeError(f"Unknown arguments {sorted(distributed_options)} for local training.")
         reporter = self._reporter(verbose)
-        return train(self.net, self.loss, self.method, self.metrics, dataset, config,
-                     reporter=reporter, validation_data=val)
+        outcome = train(self.net, self.loss, self.method, self.metrics, dataset, config, reporter=reporter,
+                        validation_data=val, continue_state=self._started, start_step=self.global_step)
+        self._started, self.global_step = True, outcome.step
+        return outcome.history
 
     def _reporter(self, verbose: int):
         writer = TensorBoardWriter(os.path.join(self.model_dir, "tensorboard")) if self.model_dir else None

@@ -1,21 +1,25 @@
-"""Freezing Keras models and SavedModel signatures into GraphDefs with readable names.
+"""Freezing Keras models and SavedModel signatures into weightless graphs with readable names.
 
-``convert_variables_to_constants_v2`` names each constant after the captured resource placeholder
-(``model/dense_1/MatMul/ReadVariableOp/resource``). We rename every such constant to its variable's
-path (``dense/kernel``) and each output to its Keras or signature name, so weight and tensor names
-mean something to the user.
+A traced function reads each variable through a captured resource placeholder
+(``model/dense_1/MatMul/ReadVariableOp/resource``). We turn each float variable into a placeholder
+named after the variable's path (``dense/kernel``), keep one copy of its value, and name each
+output after its Keras or signature name, so weight and tensor names mean something to the user.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
 
+import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import graph_pb2
+from tensorflow.core.framework import graph_pb2, types_pb2
+from tensorflow.python.framework import tensor_util
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
-from tfnet.graph_utils import rename_nodes, unique_name
+from tfnet.graph_utils import consts_to_placeholders, rename_nodes, unique_name
+from tfnet.graph_utils import node_name as node_name_of
 
 _BAD_CHARS = re.compile(r"[^A-Za-z0-9_.\-/]")
 
@@ -40,38 +44,39 @@ def _tf_variable(var):
     return inner if isinstance(inner, tf.Variable) else var
 
 
-def freeze_concrete_function(
-    fn,
-    variables: Iterable,
-    output_names: Sequence[str] | None = None,
-) -> tuple[graph_pb2.GraphDef, list[str], list[str], list[str]]:
-    """Freezes a concrete function whose variables are ``variables``.
+@dataclass
+class Frozen:
+    """A function as a weightless graph plus weight values.
 
-    Returns:
-        The GraphDef, its input tensor names, its output tensor names, and the names of the
-        constants that hold float variables (the weights).
+    ``template`` holds each float variable as a ``Placeholder`` named after the variable; non-float
+    variables (seeds, counters) are baked in as constants. ``weights`` lists the placeholders in
+    graph order and ``values`` holds their values.
     """
-    by_handle = {}
-    for var in variables:
-        tfv = _tf_variable(var)
-        by_handle[id(tfv.handle)] = _variable_name(var)
-    frozen = convert_variables_to_constants_v2(fn)
-    graph_def = frozen.graph.as_graph_def()
+
+    template: graph_pb2.GraphDef
+    inputs: list[str]
+    outputs: list[str]
+    weights: list[str]
+    values: dict[str, np.ndarray]
+
+
+def freeze_concrete_function(fn, variables: Iterable, output_names: Sequence[str] | None = None) -> Frozen:
+    """Turns a concrete function whose variables are ``variables`` into a :class:`Frozen`.
+
+    Variable reads are rewritten in place (one copy of each value, never a graph full of
+    constants). A function whose variables flow into library functions or unusual resource ops
+    goes through ``convert_variables_to_constants_v2`` instead.
+    """
+    by_handle = {id(_tf_variable(v).handle): v for v in variables}
+    direct = _direct(fn, by_handle)
+    graph_def, values, names = direct if direct is not None else _via_constants(fn, by_handle)
     taken = {n.name for n in graph_def.node}
     mapping: dict[str, str] = {}
-    weights = []
-    nodes = {n.name: n for n in graph_def.node}
-    for external, internal in fn.graph.captures:
-        name = by_handle.get(id(external))
-        if name is None:
-            continue
-        new = unique_name(clean_node_name(name), taken - {internal.op.name})
+    for old, var in names.items():
+        new = unique_name(clean_node_name(_variable_name(var)), taken - {old})
         taken.add(new)
-        mapping[internal.op.name] = new
-        node = nodes.get(internal.op.name)
-        if node is not None and node.op == "Const" and tf.as_dtype(node.attr["dtype"].type).is_floating:
-            weights.append(new)
-    outputs = [t.name for t in frozen.outputs]
+        mapping[old] = new
+    outputs = [t.name for t in fn.outputs]
     if output_names is not None:
         for tensor, wanted in zip(list(outputs), output_names):
             node = tensor.split(":")[0]
@@ -81,8 +86,101 @@ def freeze_concrete_function(
                 mapping[node] = new
     graph_def = rename_nodes(graph_def, mapping)
     outputs = [mapping.get(t.split(":")[0], t.split(":")[0]) + ":" + t.split(":")[1] for t in outputs]
-    inputs = [t.name for t in frozen.inputs if t.dtype != tf.resource]
-    return graph_def, inputs, outputs, weights
+    inputs = [t.name for t in fn.inputs[: len(fn.inputs) - len(fn.captured_inputs)]]
+    values = {mapping[k]: v for k, v in values.items()}
+    weights = [n.name for n in graph_def.node if n.name in values]
+    return Frozen(graph_def, inputs, outputs, weights, values)
+
+
+def _is_float(dtype) -> bool:
+    return tf.as_dtype(dtype).is_floating
+
+
+def _direct(fn, by_handle):
+    """Rewrites variable reads of ``fn``'s graph to placeholders. None when unsupported."""
+    graph_def = fn.graph.as_graph_def()
+    for f in graph_def.library.function:
+        if any(a.type == types_pb2.DT_RESOURCE for a in f.signature.input_arg):
+            return None
+    handles: dict[str, Any] = {}  # placeholder node -> variable
+    consts: dict[str, Any] = {}  # placeholder node -> captured non-variable value
+    for external, internal in fn.graph.captures:
+        var = by_handle.get(id(external))
+        if var is not None:
+            handles[internal.op.name] = var
+        elif external.dtype != tf.resource:
+            consts[internal.op.name] = external
+        else:
+            return None
+    out = graph_pb2.GraphDef()
+    out.versions.CopyFrom(graph_def.versions)
+    out.library.CopyFrom(graph_def.library)
+    values: dict[str, np.ndarray] = {}
+    names: dict[str, Any] = {}
+    for node in graph_def.node:
+        data_inputs = [i for i in node.input if not i.startswith("^")]
+        reads = [i for i in data_inputs if i.split(":")[0] in handles]
+        if node.name in handles:
+            var = handles[node.name]
+            value = np.array(_tf_variable(var).numpy(), copy=True)
+            if _is_float(value.dtype):
+                new = out.node.add()
+                new.name = node.name
+                new.op = "Placeholder"
+                new.attr["dtype"].type = tf.as_dtype(value.dtype).as_datatype_enum
+                new.attr["shape"].shape.CopyFrom(tf.TensorShape(value.shape).as_proto())
+                values[node.name] = value
+                names[node.name] = var
+            else:
+                _const(out, node.name, value)
+        elif node.name in consts:
+            _const(out, node.name, np.asarray(consts[node.name]))
+        elif not reads:
+            out.node.add().CopyFrom(node)
+        elif node.op == "ReadVariableOp" and len(data_inputs) == 1:
+            new = out.node.add()
+            new.CopyFrom(node)
+            new.op = "Identity"
+            new.ClearField("attr")
+            new.attr["T"].type = node.attr["dtype"].type
+        elif node.op == "ResourceGather" and data_inputs[0] in reads and len(reads) == 1:
+            axis = _const(out, node.name + "/axis", np.array(0, np.int32))
+            new = out.node.add()
+            new.name = node.name
+            new.op = "GatherV2"
+            new.input.extend([data_inputs[0], data_inputs[1], axis])
+            new.input.extend(i for i in node.input if i.startswith("^"))
+            new.attr["Tparams"].type = node.attr["dtype"].type
+            new.attr["Tindices"].type = node.attr["Tindices"].type
+            new.attr["Taxis"].type = types_pb2.DT_INT32
+            new.attr["batch_dims"].i = node.attr["batch_dims"].i
+        else:
+            return None  # another op takes the variable handle itself
+    return out, values, names
+
+
+def _const(graph_def, name: str, value: np.ndarray) -> str:
+    node = graph_def.node.add()
+    node.name = name
+    node.op = "Const"
+    node.attr["dtype"].type = tf.as_dtype(value.dtype).as_datatype_enum
+    node.attr["value"].tensor.CopyFrom(tensor_util.make_tensor_proto(value))
+    return name
+
+
+def _via_constants(fn, by_handle):
+    """The general path: TensorFlow's own freezing, then float constants back to placeholders."""
+    frozen = convert_variables_to_constants_v2(fn)
+    graph_def = frozen.graph.as_graph_def()
+    nodes = {n.name: n for n in graph_def.node}
+    names = {}
+    for external, internal in fn.graph.captures:
+        var = by_handle.get(id(external))
+        node = nodes.get(internal.op.name)
+        if var is not None and node is not None and node.op == "Const" and _is_float(node.attr["dtype"].type):
+            names[internal.op.name] = var
+    template, values = consts_to_placeholders(graph_def, list(names))
+    return template, values, names
 
 
 def keras_input_specs(model) -> list[tf.TensorSpec]:
@@ -119,7 +217,7 @@ def _layer_outputs(model) -> list[tuple[str, object]]:
     return found
 
 
-def freeze_keras(model) -> tuple[graph_pb2.GraphDef, list[str], list[str], list[str]]:
+def freeze_keras(model) -> Frozen:
     """Freezes a built Keras 3 model in inference mode (``training=False``).
 
     Besides renaming weights and outputs, each top-level layer's output node is renamed to the
@@ -150,10 +248,11 @@ def freeze_keras(model) -> tuple[graph_pb2.GraphDef, list[str], list[str], list[
     names = list(getattr(model, "output_names", None) or [])
     if len(names) != n_out:
         names = [f"output_{i}" for i in range(n_out)]
-    graph_def, inputs, outputs, weights = freeze_concrete_function(fn, model.variables, names)
+    frozen = freeze_concrete_function(fn, model.variables, names)
     if layers:
-        graph_def = _name_layer_outputs(graph_def, outputs[n_out:], [n for n, _ in layers])
-    return graph_def, inputs, outputs[:n_out], weights
+        frozen.template = _name_layer_outputs(frozen.template, frozen.outputs[n_out:], [n for n, _ in layers])
+    frozen.outputs = frozen.outputs[:n_out]
+    return frozen
 
 
 def _name_layer_outputs(graph_def, probes: list[str], layer_names: list[str]) -> graph_pb2.GraphDef:
@@ -170,7 +269,8 @@ def _name_layer_outputs(graph_def, probes: list[str], layer_names: list[str]) ->
         src_node = src.split(":")[0]
         if (":" in src and not src.endswith(":0")) or src_node in mapping or src_node in probe_nodes:
             continue
-        if nodes[src_node].op in ("Placeholder", "Const"):
+        if nodes[src_node].op in ("Placeholder", "Const") or nodes[src_node].op == "Identity" and \
+                nodes[node_name_of(nodes[src_node].input[0])].op == "Placeholder":
             continue
         new = clean_node_name(layer)
         if new in taken:
@@ -186,7 +286,7 @@ def _name_layer_outputs(graph_def, probes: list[str], layer_names: list[str]) ->
     return rename_nodes(kept, mapping)
 
 
-def freeze_signature(loaded, signature: str) -> tuple[graph_pb2.GraphDef, list[str], list[str], list[str]]:
+def freeze_signature(loaded, signature: str) -> Frozen:
     """Freezes one signature of a ``tf.saved_model.load``-ed object.
 
     Inputs are named after the signature's argument names and outputs after its output keys.

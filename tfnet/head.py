@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import tensorflow as tf
-from tensorflow.core.framework import graph_pb2
 
 from tfnet.errors import InputSpecError
 from tfnet.freeze import freeze_keras
 
 
-def freeze_head(head, feature_spec: tf.TensorSpec) -> tuple[graph_pb2.GraphDef, str, list[str], list[str]]:
+def freeze_head(head, feature_spec: tf.TensorSpec):
     """Builds ``head`` (a Keras layer, a list of layers, or a model) on an input shaped like
-    ``feature_spec`` and freezes it.
-
-    Returns:
-        The head's GraphDef, its input tensor name, its output tensor names and its weight names.
-    """
+    ``feature_spec`` and freezes it into a :class:`tfnet.freeze.Frozen` with one input."""
     import keras
 
     shape = feature_spec.shape
@@ -33,5 +28,4 @@ def freeze_head(head, feature_spec: tf.TensorSpec) -> tuple[graph_pb2.GraphDef, 
     for layer in layers:
         x = layer(x)
     model = keras.Model(features, x, name="head")
-    graph_def, inputs, outputs, weights = freeze_keras(model)
-    return graph_def, inputs[0], outputs, weights
+    return freeze_keras(model)

@@ -93,18 +93,32 @@ class TFNet(tf.Module):
             weight_names = check_weight_consts(graph_def, weights)
         template, values = gu.consts_to_placeholders(graph_def, weight_names)
         del graph_def
+        self._init(template, values, input_names, output_names, trainable=trainable, relax_batch=relax_batch,
+                   fold=fold_batch_norm, name=name)
+
+    def _init(self, template, values, input_names, output_names, *, trainable=None, relax_batch=True,
+              fold=True, name="tfnet"):
+        """Builds the layer from a weightless graph (weights as placeholders) and their values."""
         template = gu.subgraph(
             template, output_names, feeds=input_names, feed_specs=feed_specs(template, input_names)
         )
         kept = gu.nodes_by_name(template)
-        weight_names = [w for w in weight_names if w in kept]
-        values = {w: values[w] for w in weight_names}
-        statistics = gu.find_statistics(template, weight_names)
+        values = {w: v for w, v in values.items() if w in kept}
+        statistics = gu.find_statistics(template, list(values))
         if relax_batch:
             gu.set_placeholder_batch_dim(template, input_names)
-        self._setup(template, input_names, output_names, values, statistics, name=name, fold=fold_batch_norm)
+        self._setup(template, input_names, output_names, values, statistics, name=name, fold=fold)
         if trainable is not None:
             self.trainable = trainable
+
+    @classmethod
+    def _from_frozen(cls, frozen, **kwargs) -> "TFNet":
+        """From a :class:`tfnet.freeze.Frozen` (a weightless graph and its weight values)."""
+        net = cls.__new__(cls)
+        inputs = gu.check_tensor_names(frozen.template, frozen.inputs, "input")
+        outputs = gu.check_tensor_names(frozen.template, frozen.outputs, "output")
+        net._init(frozen.template, frozen.values, inputs, outputs, **_init_kwargs(kwargs))
+        return net
 
     # ------------------------------------------------------------------ construction
 
@@ -183,9 +197,7 @@ class TFNet(tf.Module):
         """
         from tfnet.freeze import freeze_keras
 
-        graph_def, inputs, outputs, weights = freeze_keras(model)
-        kwargs.setdefault("name", "tfnet")
-        return cls(graph_def, inputs, outputs, weights=weights, **kwargs)
+        return cls._from_frozen(freeze_keras(model), **kwargs)
 
     @classmethod
     def from_saved_model(cls, path: PathLike, signature: str = "serving_default", **kwargs) -> "TFNet":
@@ -200,8 +212,7 @@ class TFNet(tf.Module):
         """
         from tfnet.saving import load_saved_model_signature
 
-        graph_def, inputs, outputs, weights = load_saved_model_signature(path, signature)
-        return cls(graph_def, inputs, outputs, weights=weights, **kwargs)
+        return cls._from_frozen(load_saved_model_signature(path, signature), **kwargs)
 
     @classmethod
     def from_export_folder(cls, folder: PathLike, **kwargs) -> "TFNet":
@@ -590,10 +601,14 @@ class TFNet(tf.Module):
                 f"add_head needs a net with one output; this one has {self.output_names}. "
                 "Use cut() to choose the feature tensor first."
             )
-        gd, head_input, head_outputs, head_weights = freeze_head(head, self.output_specs[0])
-        head_stats = gu.find_statistics(gd, head_weights)
-        head_template, head_values = gu.consts_to_placeholders(gd, head_weights)
-        merged = gu.merge(self._template, head_template, name, {gu.node_name(head_input): self.output_names[0]})
+        frozen = freeze_head(head, self.output_specs[0])
+        head_weights = frozen.weights
+        head_stats = gu.find_statistics(frozen.template, head_weights)
+        head_values = frozen.values
+        head_outputs = frozen.outputs
+        merged = gu.merge(
+            self._template, frozen.template, name, {gu.node_name(frozen.inputs[0]): self.output_names[0]}
+        )
         values = {w: _copy(v) for w, v in self._vars.items()}
         values.update({f"{name}/{k}": v for k, v in head_values.items()})
         stats = self._statistics + [f"{name}/{s}" for s in head_stats]
@@ -607,10 +622,18 @@ class TFNet(tf.Module):
 
     def train_step(self, loss_fn: Callable, transform, *, reducer: Callable | None = None):
         """Compiles forward, loss, backward, gradient hooks, update and update hooks into one
-        ``tf.function``. See :class:`tfnet.step.TrainStep`."""
+        ``tf.function``. See :class:`tfnet.step.TrainStep`.
+
+        The step is cached: the same ``loss_fn``, ``transform`` and ``reducer`` give the same
+        compiled step until the trainable set or the hooks change."""
         from tfnet.step import TrainStep
 
-        return TrainStep(self, loss_fn, transform, reducer=reducer)
+        key = ("train_step", id(loss_fn), id(transform), id(reducer))
+        step = self._compiled.get(key)
+        if step is None:
+            step = TrainStep(self, loss_fn, transform, reducer=reducer)
+            self._compiled[key] = step
+        return step
 
     def save(self, path: PathLike) -> None:
         """Writes ``path/frozen_inference_graph.pb`` (a frozen graph with the current weights) and
@@ -637,6 +660,15 @@ class TFNet(tf.Module):
             f"TFNet(inputs={self.input_names}, outputs={self.output_names}, "
             f"weights={len(self._vars)} ({n_params:,} values, {n_train:,} trainable))"
         )
+
+
+def _init_kwargs(kwargs) -> dict:
+    """Maps the public keyword arguments onto ``_init``'s, refusing unknown ones."""
+    allowed = {"trainable": "trainable", "relax_batch": "relax_batch", "fold_batch_norm": "fold", "name": "name"}
+    unknown = set(kwargs) - set(allowed)
+    if unknown:
+        raise TypeError(f"Unknown arguments {sorted(unknown)}; expected some of {sorted(allowed)}.")
+    return {allowed[k]: v for k, v in kwargs.items()}
 
 
 def _variable_name(weight: str) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from tfnet.errors import NoWeightsError, TFNetError
@@ -79,9 +80,9 @@ class TrainStep:
         self.transform = transform
         self.reducer = reducer
         self.names = list(net.trainable)
-        self._net_version = net._version
-        self._fn = None
-        self._fn_version = None
+        self._fns: dict[bool, Callable] = {}
+        self._fn_version = net._version
+        self._state_vars = None
 
     def params(self) -> dict[str, tf.Tensor]:
         return {n: self.net._vars[n].value() for n in self.names}
@@ -97,13 +98,22 @@ class TrainStep:
                 "with net.train_step(...) and a new optimiser state."
             )
 
-    def _compiled(self):
-        if self._fn is None or self._fn_version != self.net._version:
-            self._fn = tf.function(self._step, reduce_retracing=True, autograph=False)
+    def _compiled(self, stateful: bool):
+        if self._fn_version != self.net._version:
+            self._fns = {}
             self._fn_version = self.net._version
-        return self._fn
+        fn = self._fns.get(stateful)
+        if fn is None:
+            fn = tf.function(self._stateful_step if stateful else self._step, reduce_retracing=True,
+                             autograph=False)
+            self._fns[stateful] = fn
+        return fn
 
-    def _step(self, inputs, targets, state):
+    def _stateful_step(self, inputs, targets):
+        state = tf.nest.map_structure(lambda v: v.value(), self._state_vars)
+        return self._step(inputs, targets, state, assign_to=self._state_vars)
+
+    def _step(self, inputs, targets, state, assign_to=None):
         net = self.net
         all_vars = net._vars
         reads = {n: v.value() for n, v in all_vars.items()}
@@ -136,15 +146,70 @@ class TrainStep:
                 for n, value in constrained.items():
                     if value is not current.get(n):
                         all_vars[n].assign(tf.cast(value, all_vars[n].dtype))
-            return new_state
+            if assign_to is None:
+                return new_state
+            for var, value in zip(tf.nest.flatten(assign_to), tf.nest.flatten(new_state)):
+                var.assign(value)
+            return tf.constant(True)
 
-        new_state = tf.cond(finite, apply, lambda: state)
+        if assign_to is None:
+            new_state = tf.cond(finite, apply, lambda: state)
+        else:
+            tf.cond(finite, apply, lambda: tf.constant(False))
+            new_state = None
         return loss, outs, new_state, finite
 
     def __call__(self, inputs, targets, state) -> StepResult:
-        """Runs one step. ``inputs`` as for ``TFNet.forward``; ``targets`` is passed to the loss."""
+        """Runs one step with an explicit optimiser state and returns the new one (pure style).
+
+        ``inputs`` as for ``TFNet.forward``; ``targets`` is passed to the loss."""
         self._check_current()
         tensors = self.net.prepare_inputs(inputs)
         targets = tf.nest.map_structure(tf.convert_to_tensor, targets)
-        loss, outs, state, finite = self._compiled()(tensors, targets, state)
+        loss, outs, state, finite = self._compiled(False)(tensors, targets, state)
         return StepResult(loss, outs, state, finite)
+
+    # ------------------------------------------------------------------ held state
+
+    def run(self, inputs, targets) -> StepResult:
+        """Runs one step on the state this step holds in variables (see :meth:`set_state`), updated
+        in place: no second copy of the optimiser state, as a pure step needs for its output.
+        ``result.state`` is None."""
+        self._check_current()
+        if self._state_vars is None:
+            self.set_state(self.init_state())
+        tensors = self.net.prepare_inputs(inputs)
+        targets = tf.nest.map_structure(tf.convert_to_tensor, targets)
+        loss, outs, _, finite = self._compiled(True)(tensors, targets)
+        return StepResult(loss, outs, None, finite)
+
+    def set_state(self, state) -> None:
+        """Sets the held optimiser state (a state pytree, e.g. from ``init_state``)."""
+        leaves = tf.nest.flatten(state)
+        if self._state_vars is not None:
+            current = tf.nest.flatten(self._state_vars)
+            if len(current) == len(leaves) and all(
+                tuple(v.shape) == tuple(np.shape(x)) for v, x in zip(current, leaves)
+            ):
+                for v, x in zip(current, leaves):
+                    v.assign(tf.cast(x, v.dtype))
+                return
+        with tf.init_scope():
+            self._state_vars = tf.nest.map_structure(lambda t: tf.Variable(t, trainable=False), state)
+        self._fns = {}
+
+    @property
+    def has_state(self) -> bool:
+        """Whether this step holds an optimiser state yet."""
+        return self._state_vars is not None
+
+    def state_spec(self):
+        """The state's structure with a ``tf.TensorSpec`` per leaf."""
+        state = self._state_vars if self._state_vars is not None else self.init_state()
+        return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), state)
+
+    def get_state(self):
+        """The held optimiser state, as tensors (a snapshot)."""
+        if self._state_vars is None:
+            return self.init_state()
+        return tf.nest.map_structure(lambda v: tf.identity(v), self._state_vars)

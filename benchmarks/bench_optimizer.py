@@ -1,0 +1,106 @@
+"""TFOptimizer (one worker, one process) against Keras model.fit: ResNet-50 fine-tuning at
+224x224, batch 16, on the same synthetic data, with the same trainable set (BatchNormalization
+layers frozen on both sides) and the same optimiser (SGD, momentum 0.9).
+
+Throughput: both sides in this process, one epoch each in alternation, after a warm-up epoch.
+Memory: each side alone in a fresh subprocess (peak RSS is per process), launched from this run.
+
+    python benchmarks/bench_optimizer.py [--steps 6] [--rounds 3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import interleaved, machine, median, peak_rss_mb, setup_env, write_json  # noqa: E402
+
+
+MOM = float(os.environ.get("BENCH_MOMENTUM", "0.9"))
+
+
+def build(args, sides=("tfnet", "keras")):
+    """Epoch functions for the requested sides. A side alone holds only its own model."""
+    import gc
+
+    import keras
+    import numpy as np
+
+    import optim
+    from optim import TFOptimizer
+    from tfnet import TFNet
+
+    keras.utils.set_random_seed(0)
+    model = keras.applications.ResNet50(weights=None, input_shape=(args.size, args.size, 3))
+    rng = np.random.default_rng(0)
+    n = args.batch * args.steps
+    x = rng.uniform(-1, 1, (n, args.size, args.size, 3)).astype("float32")
+    y = rng.integers(0, 1000, n).astype("int64")
+    for layer in model.layers:  # Keras: frozen BN layers (gamma and beta too)
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.trainable = False
+    fns = {}
+    if "tfnet" in sides:
+        net = TFNet.from_keras(model)
+        net.trainable = [v.path for v in model.trainable_variables]  # the same trainable set
+        opt = TFOptimizer(net, "sparse_categorical_crossentropy", optim.SGD(1e-3, momentum=MOM))
+        fns["tfnet"] = lambda: opt.optimize((x, y), epochs=1, batch_size=args.batch, shuffle=False, verbose=0)
+    if "keras" in sides:
+        model.compile(optimizer=keras.optimizers.SGD(1e-3, momentum=MOM), loss="sparse_categorical_crossentropy")
+        fns["keras"] = lambda: model.fit(x, y, epochs=1, batch_size=args.batch, shuffle=False, verbose=0)
+    else:
+        del model
+        gc.collect()
+    return fns, n
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--steps", type=int, default=10, help="steps per epoch")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--onednn", type=int, default=1)
+    p.add_argument("--side", choices=["tfnet", "keras"], help="(internal) run one side for the memory figure")
+    p.add_argument("--no-memory", action="store_true")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    setup_env(bool(args.onednn))
+
+    if args.side:  # one side alone: warm-up epoch + one epoch, then report peak RSS
+        fns, n = build(args, sides=(args.side,))
+        fns[args.side]()
+        fns[args.side]()
+        print(json.dumps({"peak_rss_mb": peak_rss_mb()}))
+        return None
+
+    fns, n = build(args)
+    times = interleaved(fns, args.rounds)
+    t_tfnet, t_keras = median(times["tfnet"]), median(times["keras"])
+    best = min(times["keras"]) / min(times["tfnet"])
+    out = {"machine": machine(), "batch": args.batch, "steps_per_epoch": args.steps,
+           "tfnet_img_s": n / t_tfnet, "keras_img_s": n / t_keras, "throughput_ratio": t_keras / t_tfnet,
+           "throughput_ratio_best": best, "times": times}
+    print(f"fine-tuning  TFOptimizer {n / t_tfnet:6.2f} img/s   Keras fit {n / t_keras:6.2f} img/s   "
+          f"ratio {t_keras / t_tfnet:.2f} (medians), {best:.2f} (best epochs)  (target >= 1.0)")
+    if not args.no_memory:
+        peaks = {}
+        for side in ("tfnet", "keras"):
+            cmd = [sys.executable, os.path.abspath(__file__), "--side", side, "--batch", str(args.batch),
+                   "--size", str(args.size), "--steps", str(args.steps), "--onednn", str(args.onednn)]
+            res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            peaks[side] = json.loads(res.stdout.strip().splitlines()[-1])["peak_rss_mb"]
+        out["peak_rss_mb"] = peaks
+        print(f"peak memory  TFOptimizer {peaks['tfnet']:.0f} MB   Keras fit {peaks['keras']:.0f} MB   "
+              f"ratio {peaks['tfnet'] / peaks['keras']:.2f} (lower is better)")
+    print(f"machine: {out['machine']}")
+    write_json(args.json, out)
+    return out
+
+
+if __name__ == "__main__":
+    main()
