@@ -83,6 +83,7 @@ class ProgressBar(Reporter):
         return self.bar
 
     def step(self, step, epoch, logs):
+        self._speed = logs.get("samples_per_sec")
         bar = self._bar(epoch)
         if bar is not None:
             bar.update(1)
@@ -94,6 +95,9 @@ class ProgressBar(Reporter):
             self.bar.write(f"  step {step}: " + ", ".join(f"{k}={v}" for k, v in _fmt(logs).items()), file=self.file)
 
     def epoch_end(self, epoch, step, logs):
+        speed = getattr(self, "_speed", None)
+        if speed is not None:
+            logs = {**logs, "samples_per_sec": speed}
         if self.bar is not None:
             self.bar.set_postfix(_fmt(logs))
             self.bar.close()

@@ -235,3 +235,18 @@ def test_bad_optimize_arguments(tmp_path):
         opt.optimize((x, y[:10]))
     with pytest.raises(TypeError, match=r"Data must be a tuple of numpy arrays"):
         opt.optimize("data.csv")
+
+
+def test_progress_bar_and_quiet_mode(capsys):
+    x, y = data(128)
+    opt = TFOptimizer(small_net(), SCE, optim.SGD(0.05), metrics=["accuracy"])
+    opt.optimize((x, y), epochs=1, batch_size=32, verbose=1)
+    err = capsys.readouterr().err
+    assert "epoch 1/1" in err and "4/4" in err
+    assert re.search(r"loss=[\d.]+", err) and "accuracy=" in err and "samples_per_sec=" in err
+    assert re.search(r"<00:00|\d+:\d+<", err), "the bar shows an ETA"
+    opt.optimize((x, y), epochs=2, batch_size=32, verbose=2)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and lines[1].startswith("epoch 2/2 (step")
+    opt.optimize((x, y), epochs=1, batch_size=32, verbose=0)
+    assert capsys.readouterr().err == ""
