@@ -30,3 +30,13 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture
 def tmp_dir(tmp_path):
     return str(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """A real local[2] Spark, shared by the whole session (starting one takes seconds)."""
+    from tests.spark_utils import local_spark
+
+    session = local_spark(2)
+    yield session
+    session.stop()
