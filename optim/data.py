@@ -80,7 +80,8 @@ class ArrayDataset(TFDataset):
     """In-memory arrays."""
 
     def __init__(self, features: Sequence[np.ndarray], labels: Sequence[np.ndarray] | None,
-                 single_label: bool = True, batch_size: int | None = None):
+                 single_label: bool = True, batch_size: int | None = None, presharded: bool = False):
+        self.presharded = presharded  # the rows are this rank's already (a Spark partition)
         self.features = list(features)
         self.labels = None if labels is None else list(labels)
         self.single_label = single_label
@@ -109,6 +110,8 @@ class ArrayDataset(TFDataset):
         return self.n
 
     def shard_indices(self, rank: int, size: int) -> np.ndarray:
+        if self.presharded:
+            return np.arange(self.n)
         return np.arange(rank, self.n, size)
 
     def num_batches(self, batch_size, *, rank=0, size=1, drop_remainder=False) -> int:
@@ -116,8 +119,15 @@ class ArrayDataset(TFDataset):
         return n // batch_size if drop_remainder else -(-n // batch_size)
 
     def batches(self, batch_size, *, epoch=0, seed=0, shuffle=True, skip=0, rank=0, size=1,
-                drop_remainder=False) -> Iterator[Batch]:
+                drop_remainder=False, steps=None) -> Iterator[Batch]:
+        """This rank's batches for one epoch, shuffled with ``[seed, epoch, rank]``.
+
+        With ``steps``, exactly that many full batches: a shard that runs out of rows continues
+        with a fresh shuffle of its rows (the distributed equal-steps rule)."""
         idx = self.shard_indices(rank, size)
+        if steps is not None:
+            yield from self._fixed_steps(idx, batch_size, steps, epoch, seed, shuffle, skip, rank)
+            return
         if shuffle:
             rng = np.random.default_rng([seed, epoch, rank])
             idx = idx[rng.permutation(len(idx))]
@@ -125,6 +135,20 @@ class ArrayDataset(TFDataset):
         for start in range(skip * batch_size, stop, batch_size):
             take = idx[start:start + batch_size]
             yield self._take(take)
+
+    def _fixed_steps(self, idx, batch_size, steps, epoch, seed, shuffle, skip, rank):
+        if len(idx) == 0:
+            raise DataError(f"Rank {rank} has no rows to train on.")
+        need = steps * batch_size
+        passes = []
+        for p in range(-(-need // len(idx))):
+            order = idx
+            if shuffle:
+                order = idx[np.random.default_rng([seed, epoch, rank, p]).permutation(len(idx))]
+            passes.append(order)
+        order = np.concatenate(passes)[:need]
+        for b in range(skip, steps):
+            yield self._take(order[b * batch_size:(b + 1) * batch_size])
 
     def _take(self, take) -> Batch:
         feats = [a[take] for a in self.features]
@@ -166,8 +190,10 @@ class TFDataDataset(TFDataset):
         return n if n >= 0 else None
 
     def batches(self, batch_size, *, epoch=0, seed=0, shuffle=True, skip=0, rank=0, size=1,
-                drop_remainder=False) -> Iterator[Batch]:
+                drop_remainder=False, steps=None) -> Iterator[Batch]:
         ds = self.dataset(rank, size)
+        if steps is not None:  # equal steps on every rank: repeat, then take
+            ds = ds.repeat().take(steps)
         if skip:
             ds = ds.skip(skip)
         for element in ds:

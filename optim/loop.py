@@ -13,7 +13,7 @@ import os
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -155,6 +155,7 @@ def train(
     steps_per_epoch: int | None = None,
     continue_state: bool = False,
     start_step: int = 0,
+    heartbeat: Callable[[], None] | None = None,
 ) -> TrainOutcome:
     """Trains ``net`` in place.
 
@@ -164,6 +165,7 @@ def train(
         continue_state: Keep the optimiser state the compiled step holds from a previous call
             (as a Keras optimiser does across ``fit`` calls). Default: start fresh.
         start_step: The global step count to continue from. Default: 0.
+        heartbeat: Called after every step on every rank (the distributed watchdog). Default: none.
 
     Returns:
         The history (per-epoch lists) and the global step.
@@ -206,6 +208,7 @@ def train(
     history: dict[str, list] = {k: list(v) for k, v in start["history"].items()}
     global_step, skipped = start["step"], start["skipped"]
     acc = _Epoch(metrics)
+    fixed_steps = steps_per_epoch
     if steps_per_epoch is None:
         steps_per_epoch = data.num_batches(config.batch_size, rank=collective.rank, size=collective.size,
                                            drop_remainder=config.drop_remainder) if hasattr(data, "num_batches") else None
@@ -233,7 +236,7 @@ def train(
         t0, seen = time.perf_counter(), 0
         batches = data.batches(config.batch_size, epoch=epoch, seed=config.seed, shuffle=config.shuffle,
                                skip=skip, rank=collective.rank, size=collective.size,
-                               drop_remainder=config.drop_remainder)
+                               drop_remainder=config.drop_remainder, steps=fixed_steps)
         b = skip
         for features, labels in batches:
             if steps_per_epoch is not None and b >= steps_per_epoch:
@@ -245,6 +248,8 @@ def train(
             result = step_fn.run(features, labels)
             b += 1
             global_step += 1
+            if heartbeat is not None:
+                heartbeat()
             if not bool(result.finite):
                 value = float(result.loss)
                 what = f"the loss is {value}" if not math.isfinite(value) else \
