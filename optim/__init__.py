@@ -14,11 +14,15 @@ from optim.loop import NonFiniteLossError
 from optim.losses import LabelShapeError
 from optim.methods import LARS, SGD, Adagrad, Adam, AdamW, Method, RMSprop
 from optim.optimizer import TFOptimizer
+from optim.predictor import TFPredictor
+from optim.predictor_transformer import TFNetTransformer
 from optim.transforms import chain, partition
 
 __all__ = [
     "TFOptimizer",
     "TFDataset",
+    "TFPredictor",
+    "TFNetTransformer",
     "SGD",
     "Adam",
     "AdamW",

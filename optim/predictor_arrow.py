@@ -8,6 +8,7 @@ zeros) and records the bad rows in ``bad`` as ``{row: reason}``.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -113,7 +114,7 @@ def _images_to_array(col: pa.Array, spec: InputColumn, bad: dict[int, str]) -> n
 
 
 def decode_image(data: bytes, height: int, width: int, channels: int, dtype=np.float32) -> np.ndarray:
-    """Decodes a JPEG, PNG, GIF or BMP image to ``channels`` channels and resizes it (bilinear)
+    """Decodes a JPEG, PNG, GIF, BMP or WebP image to ``channels`` channels and resizes it (bilinear)
     to ``height`` x ``width``. Values stay in 0..255.
 
     Raises:
@@ -124,11 +125,17 @@ def decode_image(data: bytes, height: int, width: int, channels: int, dtype=np.f
     if not data:
         raise ValueError("the image is empty (0 bytes)")
     try:
-        image = tf.io.decode_image(data, channels=channels, expand_animations=False)
+        if data[:3] == b"\xff\xd8\xff":  # JPEG: the accurate IDCT, as libjpeg's default and Pillow use
+            image = tf.io.decode_jpeg(data, channels=min(channels, 3), dct_method="INTEGER_ACCURATE")
+            if channels == 4:
+                image = tf.concat([image, tf.fill(tf.concat([tf.shape(image)[:2], [1]], 0), tf.constant(255, tf.uint8))], -1)
+        else:
+            image = tf.io.decode_image(data, channels=channels, expand_animations=False)
     except (tf.errors.InvalidArgumentError, tf.errors.UnknownError) as exc:
         reason = (exc.message or str(exc)).strip().splitlines()[0]
-        raise ValueError(f"the image could not be decoded ({len(data)} bytes; JPEG, PNG, GIF or BMP expected): "
-                         f"{reason}") from None
+        reason = re.sub(r"\s*\[Op:\w+\].*$", "", re.sub(r"\{\{function_node [^}]*\}\}\s*", "", reason))
+        raise ValueError(f"the image could not be decoded ({len(data)} bytes; JPEG, PNG, GIF, BMP or WebP "
+                         f"expected): {reason}") from None
     if tuple(image.shape[:2]) != (height, width):
         image = tf.image.resize(image, (height, width), method="bilinear")
     array = image.numpy()

@@ -18,7 +18,7 @@ from tfnet.graph_io import FROZEN_GRAPH_FILE, META_FILE, PathLike, write_bytes_a
 
 __all__ = ["TensorInfo", "ModelSnapshot", "ModelSource"]
 
-ModelSource = Union["TFNet", PathLike, bytes, graph_pb2.GraphDef]  # noqa: F821 (TFNet is imported lazily)
+ModelSource = Union["TFNet", "ModelSnapshot", PathLike, bytes, graph_pb2.GraphDef]  # noqa: F821 (TFNet: lazily)
 
 _META_KEY = "tfnet_predictor"
 
