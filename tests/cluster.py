@@ -1,0 +1,114 @@
+"""A real Spark standalone cluster on this machine, started through docker/entrypoint.sh (the same
+script the cluster image runs), for tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENTRYPOINT = os.path.join(ROOT, "docker", "entrypoint.sh")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class StandaloneCluster:
+    """``with StandaloneCluster(workers=2) as c: c.url`` starts a master and workers of one core
+    each, and stops them (and their executors) on exit."""
+
+    def __init__(self, workers: int = 2, cores: int = 1, memory: str = "2g"):
+        self.n_workers = workers
+        self.cores = cores
+        self.memory = memory
+        self.port = free_port()
+        self.webui = free_port()
+        self.url = f"spark://127.0.0.1:{self.port}"
+        self.dir = tempfile.mkdtemp(prefix="tfnet-cluster-")
+        self.master: subprocess.Popen | None = None
+        self.workers: list[subprocess.Popen] = []
+
+    def _env(self, **extra) -> dict:
+        env = dict(os.environ)
+        env.update(
+            PYTHON=sys.executable, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1",
+            SPARK_MASTER_HOST="127.0.0.1", SPARK_MASTER_PORT=str(self.port), SPARK_MASTER_WEBUI_PORT=str(self.webui),
+            SPARK_MASTER_URL=self.url, SPARK_WORKER_CORES=str(self.cores), SPARK_WORKER_MEMORY=self.memory,
+            SPARK_WORKER_HOST="127.0.0.1", SPARK_LOG_DIR=self.dir, SPARK_NO_DAEMONIZE="1",
+        )
+        env.update(extra)
+        return env
+
+    def _spawn(self, role: str, log: str, **env) -> subprocess.Popen:
+        out = open(os.path.join(self.dir, log), "wb")
+        return subprocess.Popen(["bash", ENTRYPOINT, role], env=self._env(**env), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+    def start(self) -> "StandaloneCluster":
+        self.master = self._spawn("master", "master.log")
+        self._wait(lambda: self._alive_workers() is not None, 90, "the master")
+        for _ in range(self.n_workers):
+            self.add_worker()
+        self._wait(lambda: (self._alive_workers() or 0) >= self.n_workers, 90, "the workers")
+        return self
+
+    def add_worker(self) -> subprocess.Popen:
+        i = len(self.workers)
+        proc = self._spawn("worker", f"worker-{i}.log", SPARK_WORKER_WEBUI_PORT=str(free_port()),
+                           SPARK_WORKER_DIR=os.path.join(self.dir, f"work-{i}"))
+        self.workers.append(proc)
+        return proc
+
+    def wait_for_workers(self, n: int, timeout: float = 90) -> None:
+        self._wait(lambda: (self._alive_workers() or 0) >= n, timeout, f"{n} workers")
+
+    def kill_worker(self, index: int) -> None:
+        """SIGKILLs a worker, its executor and its Python workers (its whole process group)."""
+        os.killpg(self.workers[index].pid, signal.SIGKILL)
+
+    def _alive_workers(self) -> int | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.webui}/json/", timeout=2) as r:
+                import json
+
+                data = json.loads(r.read())
+            return sum(1 for w in data.get("workers", []) if w.get("state") == "ALIVE")
+        except OSError:
+            return None
+
+    def _wait(self, ok, timeout: float, what: str) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if ok():
+                return
+            time.sleep(0.5)
+        logs = "\n".join(f"--- {f}\n" + open(os.path.join(self.dir, f), errors="replace").read()[-1500:]
+                         for f in sorted(os.listdir(self.dir)) if f.endswith(".log"))
+        raise TimeoutError(f"{what} did not come up within {timeout} s.\n{logs}")
+
+    def stop(self) -> None:
+        for proc in self.workers + ([self.master] if self.master else []):
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for proc in self.workers + ([self.master] if self.master else []):
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()

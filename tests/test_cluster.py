@@ -1,0 +1,68 @@
+"""Distributed fine-tuning on a real Spark standalone cluster: a master and two workers of one
+core each, started through docker/entrypoint.sh. A worker is killed mid-training; the run retries
+from the newest checkpoint on a replacement worker and finishes."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tests.cluster import ROOT, StandaloneCluster
+
+pytestmark = [pytest.mark.spark, pytest.mark.parallel, pytest.mark.slow]
+
+DRIVER = textwrap.dedent("""
+    import json, os, sys
+    sys.path.insert(0, {root!r})
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+    spark = (SparkSession.builder.master({url!r}).appName("tfnet-cluster-test")
+             .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
+             .config("spark.executor.memory", "1g").config("spark.executor.cores", "1")
+             .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2").getOrCreate())
+    import optim
+    from optim import TFDataset, TFOptimizer
+    from tests import digits
+    from tfnet import TFNet
+    x, y = digits.load()
+    df = spark.createDataFrame([(x[i].ravel().tolist(), int(y[i])) for i in range(1024)],
+                               "pixels array<float>, label long").repartition(2)
+    data = TFDataset.from_dataframe(df, "pixels", "label", feature_shapes={{"pixels": (8, 8, 1)}})
+    opt = TFOptimizer(TFNet.from_keras(digits.cnn(10)), optim.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      optim.Adam(0.005), metrics=["accuracy"], model_dir={model_dir!r})
+    history = opt.optimize(data, epochs=6, batch_size=32, num_workers=2, checkpoint_every=8, verbose=2,
+                           timeout=60, max_retries=2)
+    print("RESULT " + json.dumps({{"step": opt.global_step, "last_run": opt.last_run, "history": history}}))
+""")
+
+
+def test_standalone_cluster_survives_a_killed_worker(tmp_path):
+    model_dir = str(tmp_path / "run")
+    with StandaloneCluster(workers=2, cores=1) as cluster:
+        script = DRIVER.format(root=ROOT, url=cluster.url, model_dir=model_dir)
+        driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, cwd=ROOT)
+        try:
+            deadline = time.time() + 300
+            while time.time() < deadline and not glob.glob(os.path.join(model_dir, "checkpoints", "ckpt-*.npz")):
+                assert driver.poll() is None, driver.communicate()[1][-3000:]
+                time.sleep(0.2)
+            assert glob.glob(os.path.join(model_dir, "checkpoints", "ckpt-*.npz")), "training started"
+            cluster.kill_worker(1)  # the worker JVM, its executor and its Python workers
+            cluster.add_worker()  # what a cluster manager would do
+            out, err = driver.communicate(timeout=600)
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+    result = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert result, err[-4000:]
+    res = json.loads(result[0][len("RESULT "):])
+    assert res["last_run"]["attempts"] == 2, res
+    assert res["step"] == 6 * 32  # 1024 rows, 16 per rank per step: 32 steps per epoch
+    assert len(res["history"]["loss"]) == 6
+    assert res["history"]["accuracy"][-1] > 0.8
