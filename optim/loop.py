@@ -234,6 +234,7 @@ def train(
         if skip and start["epoch_states"]:
             acc.load(start["epoch_states"])
         t0, seen = time.perf_counter(), 0
+        t_step, comm, busy = t0, 0.0, 0.0
         batches = data.batches(config.batch_size, epoch=epoch, seed=config.seed, shuffle=config.shuffle,
                                skip=skip, rank=collective.rank, size=collective.size,
                                drop_remainder=config.drop_remainder, steps=fixed_steps)
@@ -248,6 +249,8 @@ def train(
             result = step_fn.run(features, labels)
             b += 1
             global_step += 1
+            now = time.perf_counter()
+            step_time, t_step = now - t_step, now
             if heartbeat is not None:
                 heartbeat()
             if not bool(result.finite):
@@ -271,6 +274,12 @@ def train(
                 logs = acc.logs()
                 logs["learning_rate"] = _learning_rate(method, global_step - 1)
                 logs["samples_per_sec"] = seen * collective.size / max(time.perf_counter() - t0, 1e-9)
+                logs["step_time"] = step_time
+                if collective.size > 1:
+                    seconds = float(result.reduce_seconds)
+                    comm, busy = comm + seconds, busy + step_time
+                    logs["allreduce_seconds"] = seconds
+                    logs["allreduce_share"] = comm / max(busy, 1e-9)
                 reporter.step(global_step, epoch, logs)
             if config.validate_every and validation_data is not None and global_step % config.validate_every == 0:
                 reporter.validation(global_step, evaluate(net, loss, metrics_copy(metrics), validation_data,

@@ -96,7 +96,9 @@ class ModelSnapshot:
     def from_source(cls, source: ModelSource, inputs=None, outputs=None) -> "ModelSnapshot":
         """From a TFNet, an export folder (what ``TFNet.save`` writes), a SavedModel folder, or a
         frozen graph (a ``.pb`` path, bytes or a ``GraphDef``; these need ``inputs`` and
-        ``outputs``)."""
+        ``outputs``). A snapshot is returned as it is."""
+        if isinstance(source, ModelSnapshot):
+            return source
         return cls.from_net(load_net(source, inputs, outputs))
 
     @property

@@ -13,9 +13,15 @@ import sys
 from typing import Any
 
 
+_HIDDEN = ("step_time", "allreduce_seconds", "learning_rate")
+
+
 def _fmt(logs: dict[str, float]) -> dict[str, str]:
+    """What the bar shows: loss, metrics, samples per second (and the allreduce share)."""
     out = {}
     for k, v in logs.items():
+        if k in _HIDDEN:
+            continue
         if isinstance(v, float):
             out[k] = f"{v:.4g}" if not math.isnan(v) else "nan"
         else:

@@ -363,6 +363,8 @@ def optimize_distributed(opt, dataset: TFDataset, config: TrainConfig, validatio
         "num_workers": n, "attempts": len(failures) + 1, "failures": failures,
         "startup_s": (server.first_step_at - t_call) if server.first_step_at else None,
         "wall_s": time.monotonic() - t_call,
+        "step_times": [e["logs"].get("step_time") for e in server.events if e.get("event") == "step"],
+        "allreduce_seconds": [e["logs"].get("allreduce_seconds") for e in server.events if e.get("event") == "step"],
     }
     return history
 

@@ -43,6 +43,7 @@ class StepResult(NamedTuple):
     outputs: Any
     state: Any
     finite: tf.Tensor
+    reduce_seconds: Any = 0.0  # wall time inside the reducer (the allreduce), when there is one
 
 
 class TrainStep:
@@ -128,8 +129,18 @@ class TrainStep:
             n: tf.zeros_like(src) if g is None else tf.convert_to_tensor(g)
             for n, src, g in zip(self.names, sources, grads)
         }
+        reduce_seconds = tf.constant(0.0, tf.float64)
         if self.reducer is not None:
+            # Time the reducer: from every gradient being ready to every reduced one being ready
+            # (waiting for slower ranks included).
+            with tf.control_dependencies(list(grads.values()) + [loss]):
+                t0 = tf.timestamp()
+            with tf.control_dependencies([t0]):
+                grads = {n: tf.identity(g) for n, g in grads.items()}
+                loss = tf.identity(loss)
             grads, loss = self.reducer(grads, loss)
+            with tf.control_dependencies(list(grads.values()) + [loss]):
+                reduce_seconds = tf.timestamp() - t0
         grads = net._gradient_hooks.run(grads)
         finite = tf.math.is_finite(loss)
         for g in grads.values():
@@ -157,7 +168,7 @@ class TrainStep:
         else:
             tf.cond(finite, apply, lambda: tf.constant(False))
             new_state = None
-        return loss, outs, new_state, finite
+        return loss, outs, new_state, finite, reduce_seconds
 
     def __call__(self, inputs, targets, state) -> StepResult:
         """Runs one step with an explicit optimiser state and returns the new one (pure style).
@@ -166,8 +177,8 @@ class TrainStep:
         self._check_current()
         tensors = self.net.prepare_inputs(inputs)
         targets = tf.nest.map_structure(tf.convert_to_tensor, targets)
-        loss, outs, state, finite = self._compiled(False)(tensors, targets, state)
-        return StepResult(loss, outs, state, finite)
+        loss, outs, state, finite, reduce_seconds = self._compiled(False)(tensors, targets, state)
+        return StepResult(loss, outs, state, finite, reduce_seconds)
 
     # ------------------------------------------------------------------ held state
 
@@ -180,8 +191,8 @@ class TrainStep:
             self.set_state(self.init_state())
         tensors = self.net.prepare_inputs(inputs)
         targets = tf.nest.map_structure(tf.convert_to_tensor, targets)
-        loss, outs, _, finite = self._compiled(True)(tensors, targets)
-        return StepResult(loss, outs, None, finite)
+        loss, outs, _, finite, reduce_seconds = self._compiled(True)(tensors, targets)
+        return StepResult(loss, outs, None, finite, reduce_seconds)
 
     def set_state(self, state) -> None:
         """Sets the held optimiser state (a state pytree, e.g. from ``init_state``)."""
