@@ -43,6 +43,7 @@ def main(argv=None):
     spark = (SparkSession.builder.master("local[2]").appName("tfnet-scaling")
              .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
              .config("spark.task.cpus", "1")
+             .config("spark.driver.memory", "6g").config("spark.driver.maxResultSize", "2g")
              .config("spark.executorEnv.TF_ENABLE_ONEDNN_OPTS", str(args.onednn))
              .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2").getOrCreate())
     keras.utils.set_random_seed(0)

@@ -181,6 +181,17 @@ def _python_error(exc: BaseException) -> tuple[str | None, str]:
 
 
 def _classify(exc: BaseException, prefix: str = "Training failed") -> Exception:
+    text = str(exc)
+    if "OutOfMemoryError" in text:
+        where = "driver" if "executor driver" in text or "awaitResult" in text else "executor"
+        err = DistributedTrainingError(
+            f"{prefix}: a Spark JVM ran out of heap (java.lang.OutOfMemoryError, {where}). The net is shipped "
+            "as a broadcast and rank 0 returns the weights and optimiser state through the driver, so give "
+            "Spark room for a few copies of the model: e.g. spark.driver.memory=4g (set before the session "
+            "starts), spark.executor.memory and spark.driver.maxResultSize."
+        )
+        err.retryable = False  # type: ignore[attr-defined]
+        return err
     name, message = _python_error(exc)
     if name in _NOT_RETRYABLE:
         cls = _NOT_RETRYABLE[name]
@@ -345,6 +356,10 @@ def optimize_distributed(opt, dataset: TFDataset, config: TrainConfig, validatio
             except Exception as exc:  # noqa: BLE001 - classified below
                 err = exc if isinstance(exc, TFNetError) and not isinstance(exc, DistributedTrainingError) \
                     else _classify(exc)
+                if getattr(err, "retryable", False) and _spark_stopped(sc):
+                    raise DistributedTrainingError(
+                        f"The SparkContext stopped during training, so the stage cannot be retried: {err}"
+                    ) from None
                 if not getattr(err, "retryable", False):
                     raise err from None
                 failures.append(str(err))
@@ -367,6 +382,13 @@ def optimize_distributed(opt, dataset: TFDataset, config: TrainConfig, validatio
         "allreduce_seconds": [e["logs"].get("allreduce_seconds") for e in server.events if e.get("event") == "step"],
     }
     return history
+
+
+def _spark_stopped(sc) -> bool:
+    try:
+        return bool(sc._jsc.sc().isStopped())
+    except Exception:  # noqa: BLE001 - the JVM is gone
+        return True
 
 
 def _prepare_data(sc, dataset: TFDataset, n: int, per_rank: int):
