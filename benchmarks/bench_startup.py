@@ -51,7 +51,6 @@ def main(argv=None):
     args = p.parse_args(argv)
     setup_env(True)
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    import numpy as np
     import tensorflow as tf  # noqa: F401 - "once TensorFlow is imported"
     from pyspark.sql import SparkSession
 

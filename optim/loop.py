@@ -13,7 +13,7 @@ import os
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 import tensorflow as tf

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
-import tensorflow as tf
 
 __all__ = ["Metric", "Mean", "Accuracy", "TopKAccuracy", "MeanAbsoluteError", "MeanSquaredError", "AUC",
            "FunctionMetric", "get"]

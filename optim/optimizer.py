@@ -8,16 +8,14 @@ on every task of one Spark barrier stage (``optim.spark_launcher``).
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
-import tensorflow as tf
 
 from optim import losses as L
 from optim import metrics as M
-from optim.data import TFDataset, as_dataset
+from optim.data import as_dataset
 from optim.loop import TrainConfig, evaluate, metrics_copy, train
-from optim.methods import Method
 from optim.reporting import MultiReporter, ProgressBar, TensorBoardWriter
 from optim.transforms import assign_groups, partition
 from tfnet import TFNet

@@ -15,7 +15,6 @@ import threading
 import time
 import uuid
 import warnings
-from typing import Any
 
 from optim.data import ArrayDataset, TFDataDataset, TFDataset
 from optim.loop import NonFiniteLossError, TrainConfig

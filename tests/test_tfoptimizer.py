@@ -4,7 +4,6 @@ resume, NaN handling, TensorBoard, Keras compatibility and bad arguments."""
 import glob
 import os
 import re
-import warnings
 
 import keras
 import numpy as np

@@ -15,7 +15,7 @@ from collections import defaultdict
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.framework import graph_pb2, node_def_pb2
+from tensorflow.core.framework import graph_pb2
 from tensorflow.python.framework import tensor_util
 
 from tfnet.graph_utils import node_name

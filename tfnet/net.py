@@ -18,10 +18,8 @@ from tensorflow.core.framework import graph_pb2
 from tfnet import graph_utils as gu
 from tfnet.errors import (
     GraphExecutionError,
-    GraphLoadError,
     InputSpecError,
     NoWeightsError,
-    TensorNameError,
     WeightError,
     WeightTypeError,
     unknown_name_message,
