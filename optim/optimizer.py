@@ -16,7 +16,7 @@ from optim import losses as L
 from optim import metrics as M
 from optim.data import as_dataset
 from optim.loop import TrainConfig, evaluate, metrics_copy, train
-from optim.reporting import MultiReporter, ProgressBar, TensorBoardWriter
+from optim.reporting import MultiReporter, ProgressBar, StepRecorder, TensorBoardWriter
 from optim.transforms import assign_groups, partition
 from tfnet import TFNet
 from tfnet.errors import TFNetError
@@ -51,6 +51,8 @@ class TFOptimizer:
         # from one optimize() call to the next; the compiled step holds it.
         self._started = False
         self.global_step = 0
+        #: What the last optimize() call measured: step times, startup, attempts (distributed).
+        self.last_run: dict = {}
 
     def _method(self, optim_method):
         if isinstance(optim_method, Mapping):
@@ -149,10 +151,16 @@ class TFOptimizer:
                                         **distributed_options)
         if distributed_options:
             raise TypeError(f"Unknown arguments {sorted(distributed_options)} for local training.")
-        reporter = self._reporter(verbose)
+        recorder = StepRecorder()
+        reporter = MultiReporter([self._reporter(verbose), recorder])
         outcome = train(self.net, self.loss, self.method, self.metrics, dataset, config, reporter=reporter,
                         validation_data=val, continue_state=self._started, start_step=self.global_step)
         self._started, self.global_step = True, outcome.step
+        self.last_run = {
+            "num_workers": 1, "attempts": 1, "failures": [],
+            "startup_s": (recorder.first_step_at - recorder.started) if recorder.first_step_at else None,
+            "step_times": recorder.step_times, "allreduce_seconds": recorder.allreduce_seconds,
+        }
         return outcome.history
 
     def _reporter(self, verbose: int):

@@ -62,6 +62,25 @@ class MultiReporter(Reporter):
             r.end()
 
 
+class StepRecorder(Reporter):
+    """Keeps each step's time and allreduce seconds, and when the first step ended."""
+
+    def __init__(self):
+        import time
+
+        self._time = time.monotonic
+        self.started = self._time()
+        self.first_step_at = None
+        self.step_times: list[float] = []
+        self.allreduce_seconds: list[float | None] = []
+
+    def step(self, step, epoch, logs):
+        if self.first_step_at is None:
+            self.first_step_at = self._time()
+        self.step_times.append(logs.get("step_time"))
+        self.allreduce_seconds.append(logs.get("allreduce_seconds"))
+
+
 class ProgressBar(Reporter):
     """One tqdm bar per epoch showing loss, metrics, samples per second and the ETA.
 
