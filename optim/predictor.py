@@ -13,7 +13,7 @@ import numpy as np
 
 from optim.predictor_backends import check_backend, make_payload
 from optim.predictor_columns import ColumnSpec, plan_columns
-from optim.predictor_errors import ColumnError
+from optim.predictor_errors import BackendError, ColumnError
 from optim.predictor_model import ModelSnapshot, ModelSource
 from optim.predictor_worker import StatsParam, WorkerJob, get_engine, merge_stats, predict_arrow, predict_rdd_partition
 
@@ -60,11 +60,12 @@ class TFPredictor:
     def __init__(self, net_or_path: ModelSource, batch_per_thread: int = 32, backend: str = "tensorflow", *,
                  inputs: str | list[str] | None = None, outputs: str | list[str] | None = None,
                  on_error: str = "raise", error_col: str = "prediction_error", num_threads: int | None = None):
-        if isinstance(batch_per_thread, bool) or not isinstance(batch_per_thread, int) or batch_per_thread < 1:
-            raise ValueError(f"`batch_per_thread` must be a positive integer. Received: batch_per_thread={batch_per_thread!r}")
+        if not _positive_int(batch_per_thread):
+            raise ValueError(
+                f"`batch_per_thread` must be a positive integer. Received: batch_per_thread={batch_per_thread!r}")
         if on_error not in ON_ERROR:
             raise ValueError(f"`on_error` must be one of {list(ON_ERROR)}. Received: on_error={on_error!r}")
-        if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1):
+        if num_threads is not None and not _positive_int(num_threads):
             raise ValueError(f"`num_threads` must be a positive integer or None. Received: num_threads={num_threads!r}")
         if not isinstance(error_col, str) or not error_col:
             raise ValueError(f"`error_col` must be a non-empty column name. Received: error_col={error_col!r}")
@@ -140,7 +141,8 @@ class TFPredictor:
                 "Pass RDD elements and numpy inputs in input order, or as a dict by input name."
             )
         if isinstance(data, RDD):
-            return data.mapPartitionsWithIndex(functools.partial(predict_rdd_partition, job=self._job(data.context, None)))
+            job = self._job(data.context, None)
+            return data.mapPartitionsWithIndex(functools.partial(predict_rdd_partition, job=job))
         return self._predict_local(data)
 
     def _job(self, sc, plan) -> WorkerJob:
@@ -159,7 +161,14 @@ class TFPredictor:
         plan = plan_columns(df.schema, self._snapshot.inputs, self._snapshot.outputs, feature_cols, output_cols,
                             self.error_col if self.on_error == "null" else None)
         schema = StructType(list(df.schema.fields) + plan.output_fields())
-        job = self._job(df.sparkSession.sparkContext, plan)
+        try:
+            sc = df.sparkSession.sparkContext
+        except Exception:  # Spark Connect sessions have no SparkContext, so no broadcasts
+            raise BackendError(
+                "TFPredictor needs a classic SparkSession (it broadcasts the model through the SparkContext); "
+                "this DataFrame's session has no SparkContext (Spark Connect is not supported)."
+            ) from None
+        job = self._job(sc, plan)
         return df.mapInArrow(functools.partial(predict_arrow, job=job), schema)
 
     def _predict_local(self, data):
@@ -169,7 +178,8 @@ class TFPredictor:
 
         specs = [tf.TensorSpec(None if t.row_shape is None else [None, *t.row_shape], tf.as_dtype(t.dtype))
                  for t in self._snapshot.inputs]
-        tensors = [convert(v, s, t.name) for v, s, t in zip(arrange(data, self.input_names), specs, self._snapshot.inputs)]
+        values = arrange(data, self.input_names)
+        tensors = [convert(v, s, t.name) for v, s, t in zip(values, specs, self._snapshot.inputs)]
         n = batch_size_of(tensors) or 1
         job = WorkerJob(self._payload.model_id + "-local", self._payload, None, self.batch_per_thread, "raise")
         engine = get_engine(job, set_threads=False)
@@ -212,3 +222,7 @@ class TFPredictor:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1

@@ -64,7 +64,8 @@ def _list_to_array(col: pa.Array, spec: InputColumn, bad: dict[int, str]) -> np.
     counts = np.diff(row_off)
     for row in np.flatnonzero(counts != size):
         if int(row) not in bad:
-            bad[int(row)] = f"the array has {int(counts[row])} values; input {spec.input.name!r} needs {size} (per-row shape {shape})"
+            bad[int(row)] = (f"the array has {int(counts[row])} values; input {spec.input.name!r} needs {size} "
+                             f"(per-row shape {shape})")
     if level.null_count:
         nulls = np.flatnonzero(level.is_null().to_numpy(zero_copy_only=False))
         nulls = nulls[(nulls >= row_off[0]) & (nulls < row_off[-1])]
@@ -128,7 +129,8 @@ def decode_image(data: bytes, height: int, width: int, channels: int, dtype=np.f
         if data[:3] == b"\xff\xd8\xff":  # JPEG: the accurate IDCT, as libjpeg's default and Pillow use
             image = tf.io.decode_jpeg(data, channels=min(channels, 3), dct_method="INTEGER_ACCURATE")
             if channels == 4:
-                image = tf.concat([image, tf.fill(tf.concat([tf.shape(image)[:2], [1]], 0), tf.constant(255, tf.uint8))], -1)
+                alpha = tf.fill(tf.concat([tf.shape(image)[:2], [1]], 0), tf.constant(255, tf.uint8))
+                image = tf.concat([image, alpha], -1)
         else:
             image = tf.io.decode_image(data, channels=channels, expand_animations=False)
     except (tf.errors.InvalidArgumentError, tf.errors.UnknownError) as exc:

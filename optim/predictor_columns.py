@@ -123,7 +123,8 @@ def plan_columns(schema, inputs: Sequence[TensorInfo], outputs: Sequence[TensorI
     plan_in = []
     for column, tensor in zip(columns, inputs):
         if column not in names:
-            raise ColumnError(unknown_name_message("column", column, names) + f" (feature_cols, for input {tensor.name!r})")
+            raise ColumnError(
+                unknown_name_message("column", column, names) + f" (feature_cols, for input {tensor.name!r})")
         plan_in.append(_input_column(column, schema[column].dataType, tensor))
 
     if output_cols is None:
@@ -167,7 +168,8 @@ def _arrange(spec: ColumnSpec, tensors: Sequence[TensorInfo], what: str) -> list
             raise ColumnError(f"{what} names no column for {missing}; the graph has {wanted}.")
         spec = [by_name[w] for w in wanted]
     if not isinstance(spec, (list, tuple)) or not all(isinstance(c, str) for c in spec):
-        raise ColumnError(f"`{what}` must be a column name, a list of names or a dict by tensor name. Received: {spec!r}")
+        raise ColumnError(
+            f"`{what}` must be a column name, a list of names or a dict by tensor name. Received: {spec!r}")
     if len(spec) != len(tensors):
         raise ColumnError(
             f"`{what}` must name {len(tensors)} column(s), one per tensor {wanted}; received {len(spec)}: {list(spec)}."

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import re
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -317,7 +320,8 @@ def optimize_distributed(opt, dataset: TFDataset, config: TrainConfig, validatio
     from tfnet.serialize import net_to_bytes
 
     _timing("prepared data", t_call)
-    net_bc = sc.broadcast(net_to_bytes(opt.net))
+    exchange = _exchange_dir(sc, config.model_dir)
+    net_bc = _ship(sc, net_to_bytes(opt.net), exchange)
     _timing("shipped net", t_call)
     hooks = _pickle_hooks(opt.net)
     worker_config = copy.copy(config)
@@ -342,7 +346,7 @@ def optimize_distributed(opt, dataset: TFDataset, config: TrainConfig, validatio
             from optim.spark_worker import RankJob
 
             job = RankJob(
-                net=net_bc, hooks=hooks, loss=opt.loss, method=opt.method, metrics=opt.metrics,
+                exchange=exchange, net=net_bc, hooks=hooks, loss=opt.loss, method=opt.method, metrics=opt.metrics,
                 config=worker_config, size=n, kind=kind, reader=reader, data=data_bc, validation=val_bc,
                 rendezvous=(driver_host, port), progress=(driver_host, server.port), timeout_s=timeout,
                 startup_timeout_s=startup_timeout, state=getattr(opt, "_dist_state", None) if opt._started else None,
@@ -373,6 +377,8 @@ def optimize_distributed(opt, dataset: TFDataset, config: TrainConfig, validatio
                 rendezvous.stop()
     finally:
         server.close()
+        if exchange and exchange.startswith(tempfile.gettempdir()):
+            shutil.rmtree(exchange, ignore_errors=True)
     opt.last_run = {
         "num_workers": n, "attempts": len(failures) + 1, "failures": failures,
         "startup_s": (server.first_step_at - t_call) if server.first_step_at else None,
@@ -381,6 +387,30 @@ def optimize_distributed(opt, dataset: TFDataset, config: TrainConfig, validatio
         "allreduce_seconds": [e["logs"].get("allreduce_seconds") for e in server.events if e.get("event") == "step"],
     }
     return history
+
+
+def _exchange_dir(sc, model_dir: str | None) -> str | None:
+    """A folder the driver and every rank can read and write, to move the net and the results
+    without passing them through Spark's JVM heap: a temporary folder when the master is local,
+    ``model_dir/.exchange`` otherwise (``model_dir`` must be shared storage on a cluster). None:
+    use a broadcast and the job result instead."""
+    if sc.master.startswith("local"):
+        return tempfile.mkdtemp(prefix="tfnet-exchange-")
+    if model_dir:
+        path = os.path.join(model_dir, ".exchange", uuid.uuid4().hex[:12])
+        os.makedirs(path, exist_ok=True)
+        return path
+    return None
+
+
+def _ship(sc, data: bytes, exchange: str | None):
+    """The serialized net, as a file path in ``exchange`` or as a broadcast."""
+    if exchange is None:
+        return sc.broadcast(data)
+    path = os.path.join(exchange, "net.npz")
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
 
 
 def _spark_stopped(sc) -> bool:
@@ -423,13 +453,17 @@ def _run_stage(sc, source, kind: str, job, server, timeout: float, startup_timeo
             if kind == "arrow":
                 import pyarrow as pa
 
-                schema = "payload binary"
+                schema = "payload binary, path string"
 
                 def fn(batches):
                     for payload in run_rank(job, batches):
-                        yield pa.RecordBatch.from_pydict({"payload": [payload]})
+                        row = {"payload": [None], "path": [payload]} if isinstance(payload, str) else \
+                            {"payload": [payload], "path": [None]}
+                        yield pa.RecordBatch.from_pydict(row, schema=pa.schema(
+                            [("payload", pa.binary()), ("path", pa.string())]))
 
-                out.extend(r["payload"] for r in source.mapInArrow(fn, schema, barrier=True).collect())
+                out.extend(r["path"] or r["payload"]
+                           for r in source.mapInArrow(fn, schema, barrier=True).collect())
             else:
                 out.extend(source.barrier().mapPartitions(lambda it: run_rank(job, it)).collect())
         except Exception as exc:  # noqa: BLE001 - handed to the caller
@@ -458,10 +492,15 @@ def _run_stage(sc, source, kind: str, job, server, timeout: float, startup_timeo
     return out
 
 
-def _apply(opt, payloads: list[bytes]) -> dict[str, list]:
+def _apply(opt, payloads: list) -> dict[str, list]:
     from optim.spark_worker import read_payload
 
-    weights, state, meta = read_payload(payloads[0])
+    data = payloads[0]
+    if isinstance(data, str):  # a file in the exchange folder
+        with open(data, "rb") as f:
+            data = f.read()
+        os.unlink(payloads[0])
+    weights, state, meta = read_payload(data)
     opt.net.set_weights(weights)
     opt._dist_state = state
     opt._started = True

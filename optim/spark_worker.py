@@ -31,7 +31,7 @@ class StageRetryError(TFNetError, RuntimeError):
 class RankJob:
     """Everything a rank needs, built on the driver (picklable)."""
 
-    net: Any  # a Spark broadcast of tfnet.serialize.net_to_bytes(net)
+    net: Any  # tfnet.serialize.net_to_bytes(net): a path in ``exchange``, or a Spark broadcast
     hooks: bytes | None
     loss: Any
     method: Any
@@ -51,6 +51,7 @@ class RankJob:
     steps_per_epoch: int | None = None
     attempt: int = 0
     extra_env: dict = field(default_factory=dict)
+    exchange: str | None = None  # a folder shared by the driver and the ranks, or None
 
 
 def agree_steps(rows: list[int], per_rank_batch: int) -> int:
@@ -91,8 +92,9 @@ def _write_rank_info(model_dir: str | None, rank: int, attempt: int) -> None:
     os.replace(tmp, os.path.join(folder, f"rank-{rank}.json"))
 
 
-def run_rank(job: RankJob, partition: Iterable) -> Iterator[bytes]:
-    """The body of one barrier task. Yields one payload on rank 0, nothing elsewhere."""
+def run_rank(job: RankJob, partition: Iterable) -> Iterator[bytes | str]:
+    """The body of one barrier task. Yields one result on rank 0 (the payload, or its path in the
+    exchange folder), nothing elsewhere."""
     from pyspark import BarrierTaskContext
 
     from optim.watchdog import Watchdog
@@ -143,7 +145,15 @@ def run_rank(job: RankJob, partition: Iterable) -> Iterator[bytes]:
                         heartbeat=lambda: dog.kick("training"))
         if rank == 0:
             step_fn = net.train_step(job.loss, job.method, reducer=collective.reducer())
-            yield _payload(net, step_fn, outcome)
+            payload = _payload(net, step_fn, outcome)
+            if job.exchange:
+                path = os.path.join(job.exchange, f"result-{job.attempt}.npz")
+                with open(path + ".tmp", "wb") as f:
+                    f.write(payload)
+                os.replace(path + ".tmp", path)
+                yield path
+            else:
+                yield payload
     finally:
         dog.kick("shutting down")
         if collective is not None:
@@ -199,7 +209,11 @@ def _horovod(job: RankJob, ctx, rank: int):
 def _build_net(job: RankJob):
     from tfnet.serialize import net_from_bytes
 
-    net = net_from_bytes(job.net.value)
+    if isinstance(job.net, str):
+        with open(job.net, "rb") as f:
+            net = net_from_bytes(f.read())
+    else:
+        net = net_from_bytes(job.net.value)
     if job.hooks:
         import cloudpickle
 

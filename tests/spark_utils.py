@@ -25,6 +25,7 @@ def local_spark(cores: int = 2):
         .config("spark.sql.warehouse.dir", os.path.join(tmp, "warehouse"))
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.python.worker.reuse", "true")
+        .config("spark.driver.memory", "3g")
         .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
         .config("spark.executorEnv.TF_ENABLE_ONEDNN_OPTS", os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1"))
         .getOrCreate()

@@ -1,0 +1,131 @@
+"""The ResNet-50 script on local[2], on a tiny generated ImageNet-layout TFRecord set and JPEG tree
+(a few dozen small real images: scikit-learn's digits, upscaled)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from examples.resnet50 import train
+from examples.resnet50.data import DataSourceError, Source, make_dataset
+
+pytestmark = pytest.mark.spark
+
+CLASSES = 4
+
+
+def _images(n_per_class=12, size=40):
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    out = []
+    for c in range(CLASSES):
+        imgs = d.images[d.target == c][:n_per_class]
+        for img in imgs:
+            rgb = np.repeat((img / 16.0 * 255).astype("uint8")[:, :, None], 3, axis=2)
+            big = tf.image.resize(rgb, [size, size], method="nearest").numpy().astype("uint8")
+            out.append((tf.io.encode_jpeg(big).numpy(), c))
+    return out
+
+
+@pytest.fixture(scope="module")
+def imagenet_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("imagenet")
+    images = _images()
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(images))
+    train_idx, val_idx = order[:36], order[36:]
+    # TFRecord shards in the ImageNet layout
+    tfr = root / "tfrecord"
+    tfr.mkdir()
+    for split, idx, shards in (("train", train_idx, 4), ("validation", val_idx, 2)):
+        for s in range(shards):
+            path = tfr / f"{split}-{s:05d}-of-{shards:05d}"
+            with tf.io.TFRecordWriter(str(path)) as w:
+                for i in idx[s::shards]:
+                    data, label = images[i]
+                    ex = tf.train.Example(features=tf.train.Features(feature={
+                        "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[data])),
+                        "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+                    }))
+                    w.write(ex.SerializeToString())
+    # a JPEG folder tree
+    jpg = root / "jpeg"
+    for split, idx in (("train", train_idx), ("validation", val_idx)):
+        for i in idx:
+            data, label = images[i]
+            folder = jpg / split / f"n0000{label}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"img_{i}.jpg").write_bytes(data)
+    return str(tfr), str(jpg)
+
+
+def test_preprocessing_shapes_and_normalisation(imagenet_dirs):
+    tfr, jpg = imagenet_dirs
+    src = Source("tfrecord", tfr, image_size=32, classes=CLASSES)
+    x, y = next(iter(make_dataset(src, "train", batch=4, training=True)))
+    assert x.shape == (4, 32, 32, 3) and x.dtype == tf.float32
+    assert -3 < float(tf.reduce_min(x)) and float(tf.reduce_max(x)) < 3  # mean/std normalised
+    assert set(y.numpy()) <= set(range(CLASSES))
+    src = Source("jpeg", jpg, image_size=32)
+    xe, _ = next(iter(make_dataset(src, "validation", batch=3, training=False)))
+    xe2, _ = next(iter(make_dataset(src, "validation", batch=3, training=False)))
+    np.testing.assert_array_equal(xe.numpy(), xe2.numpy())  # evaluation crops are deterministic
+    with pytest.raises(DataSourceError, match="No TFRecord shards named 'train-NNNNN-of-NNNNN'"):
+        make_dataset(Source("tfrecord", jpg), "train")
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "jpeg"])
+def test_train_mode_on_local2(spark, imagenet_dirs, tmp_path, fmt):
+    data_dir = imagenet_dirs[0] if fmt == "tfrecord" else imagenet_dirs[1]
+    out = tmp_path / "out"
+    results = train.main([
+        "--mode", "train", "--data-format", fmt, "--data-dir", data_dir, "--image-size", "32",
+        "--classes", str(CLASSES), "--num-workers", "2", "--epochs", "2", "--batch-size", "8",
+        "--warmup-epochs", "0.5", "--model-dir", str(tmp_path / "model"), "--output", str(out), "--verbose", "0",
+    ])
+    tr = results["train"]
+    assert tr["num_workers"] == 2 and len(tr["history"]["loss"]) == 2
+    assert tr["img_per_sec"] > 0 and 0 <= tr["allreduce_share"] < 1
+    assert 0 <= results["evaluate"]["top1"] <= results["evaluate"]["top5"] <= 1
+    assert results["evaluate"]["images"] == 12
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["train"]["steps"] == tr["steps"]
+    assert "throughput" in (out / "results.txt").read_text()
+    assert (out / "curves.png").stat().st_size > 1000
+    assert os.path.exists(tmp_path / "model" / "export" / "frozen_inference_graph.pb")
+
+
+def test_synthetic_scaling_and_compare(spark, tmp_path):
+    results = train.main([
+        "--mode", "train", "--synthetic", "--image-size", "32", "--classes", "10", "--num-workers", "2",
+        "--batch-size", "8", "--steps-per-epoch", "4", "--scaling", "--output", str(tmp_path / "a"), "--verbose", "0",
+    ])
+    assert results["train"]["scaling_efficiency"] > 0
+    results = train.main([
+        "--mode", "compare", "--synthetic", "--image-size", "32", "--classes", "10", "--batch-size", "4",
+        "--steps-per-epoch", "4", "--output", str(tmp_path / "b"), "--verbose", "0",
+    ])
+    cmp_ = results["compare"]
+    assert cmp_["tfnet"]["img_per_sec"] > 0 and cmp_["keras_fit"]["img_per_sec"] > 0
+    assert len(cmp_["tfnet"]["loss"]) == len(cmp_["keras_fit"]["loss"]) == 1
+
+
+def test_inference_and_evaluate_of_a_frozen_graph(imagenet_dirs, tmp_path):
+    import keras
+
+    from tfnet import TFNet
+
+    model = keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=CLASSES)
+    pb = tmp_path / "resnet.pb"
+    net = TFNet.from_keras(model)
+    pb.write_bytes(net.frozen_graph_def().SerializeToString())
+    common = ["--frozen-graph", str(pb), "--input-name", net.input_names[0], "--output-name", net.output_names[0],
+              "--image-size", "32", "--classes", str(CLASSES)]
+    res = train.main(["--mode", "evaluate", "--data-format", "jpeg", "--data-dir", imagenet_dirs[1],
+                      "--output", str(tmp_path / "e")] + common)
+    assert res["evaluate"]["images"] == 12
+    res = train.main(["--mode", "inference", "--synthetic", "--batch-size", "4", "--output", str(tmp_path / "i")] + common)
+    assert res["inference"]["img_per_sec"] > 0
