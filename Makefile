@@ -19,8 +19,9 @@ $(STAMP): setup.py scripts/install.sh scripts/build_horovod.sh
 	bash scripts/install.sh
 	touch $(STAMP)
 
+# the main job; `make run RUN_ARGS=--resnet50` runs the ResNet-50 benchmark instead
 run: $(STAMP)
-	$(PY) examples/quickstart.py $(RUN_ARGS)
+	$(PY) -m examples.main_job $(RUN_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest tests $(PYTEST_ARGS)

@@ -31,7 +31,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["tfnet", "tfnet.*", "optim", "optim.*", "examples", "examples.*"]),
-    entry_points={"console_scripts": ["tfnet-resnet50=examples.resnet50.train:main"]},
+    entry_points={"console_scripts": ["tfnet-resnet50=examples.resnet50.train:cli", "tfnet-main=examples.main_job:cli"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
     license="Apache-2.0",

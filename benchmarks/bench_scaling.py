@@ -4,6 +4,11 @@ Horovod over Gloo. Efficiency = throughput(2) / (2 x throughput(1)). Also the sh
 spent in the gradient allreduce (timed inside the compiled step, waiting for the other rank
 included).
 
+The machine's own ceiling is measured too: the same 1-thread ResNet-50 training step in plain
+TensorFlow (no Spark, no Horovod), in two processes at once against one process alone. A 2-vCPU VM
+whose vCPUs share caches, memory bandwidth or a physical core cannot scale perfectly whatever runs
+on it; efficiency / ceiling is the part tfnet is answerable for.
+
     python benchmarks/bench_scaling.py [--per-rank-batch 16] [--steps 8] [--rounds 1] [--json out.json]
 """
 
@@ -16,7 +21,49 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import machine, setup_env, write_json  # noqa: E402
+from common import machine, setup_env, write_json
+
+CEILING = """
+import os, sys, time
+os.environ["TF_ENABLE_ONEDNN_OPTS"] = sys.argv[1]
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+import keras
+b, size, steps = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+model = keras.applications.ResNet50(weights=None, input_shape=(size, size, 3))
+opt = keras.optimizers.SGD(1e-3, momentum=0.9)
+x = tf.random.uniform((b, size, size, 3), -1, 1)
+y = tf.random.uniform((b,), 0, 1000, tf.int64)
+@tf.function
+def step():
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, model(x, training=False)))
+    grads = tape.gradient(loss, model.trainable_variables)
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+step().numpy(); step().numpy()
+times = []
+for _ in range(steps):
+    t = time.perf_counter(); step().numpy(); times.append(time.perf_counter() - t)
+times.sort()
+print(b / times[len(times) // 2])
+"""
+
+
+def machine_ceiling(onednn: int, b: int, size: int, steps: int) -> dict:
+    """Plain-TF 1-thread training throughput: one process alone, then two at once."""
+    import subprocess
+
+    cmd = [sys.executable, "-c", CEILING, str(onednn), str(b), str(size), str(steps)]
+
+    def run(n):
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for _ in range(n)]
+        return [float(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+
+    alone = run(1)[0]
+    pair = run(2)
+    return {"alone_img_s": alone, "pair_img_s": pair, "ceiling": sum(pair) / (2 * alone)}
 
 
 def main(argv=None):
@@ -26,6 +73,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=8, help="steps per run; the first 2 are warm-up")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--onednn", type=int, default=1)
+    p.add_argument("--no-ceiling", action="store_true", help="skip the plain-TF two-process ceiling")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     setup_env(bool(args.onednn))
@@ -79,6 +127,13 @@ def main(argv=None):
           f"allreduce share of a 2-rank step {share:.1%}")
     out = {"machine": machine(), "per_rank_batch": b, "steps": steps, "throughput_1": results[1],
            "throughput_2": results[2], "efficiency": efficiency, "allreduce_share": share}
+    if not args.no_ceiling:
+        spark.stop()
+        ceiling = machine_ceiling(args.onednn, b, size, max(4, steps - 2))
+        out["machine_ceiling"] = ceiling
+        print(f"machine ceiling (plain TF, 1 thread, 2 processes at once vs 1 alone): {ceiling['ceiling']:.3f} "
+              f"({ceiling['alone_img_s']:.2f} img/s alone, {sum(ceiling['pair_img_s']):.2f} img/s together); "
+              f"efficiency / ceiling = {efficiency / ceiling['ceiling']:.3f}")
     write_json(args.json, out)
     spark.stop()
     return out

@@ -66,3 +66,23 @@ def test_standalone_cluster_survives_a_killed_worker(tmp_path):
     assert res["step"] == 6 * 32  # 1024 rows, 16 per rank per step: 32 steps per epoch
     assert len(res["history"]["loss"]) == 6
     assert res["history"]["accuracy"][-1] > 0.8
+
+
+def test_entrypoint_submit_runs_the_resnet50_job(tmp_path):
+    """The cluster image's three roles, outside Docker: master, 2 workers, and `submit`, which runs
+    the ResNet-50 job (tiny synthetic images) against them."""
+    out = tmp_path / "out"
+    with StandaloneCluster(workers=2, cores=1) as cluster:
+        proc = subprocess.run(
+            ["bash", os.path.join(ROOT, "docker", "entrypoint.sh"), "submit", "--mode", "train", "--synthetic",
+             "--image-size", "32", "--classes", "10", "--num-workers", "2", "--batch-size", "4",
+             "--steps-per-epoch", "2", "--epochs", "1", "--model-dir", str(tmp_path / "model"),
+             "--output", str(out), "--verbose", "0"],
+            env=cluster._env(), cwd=str(tmp_path), capture_output=True, text=True, timeout=600, check=False,
+        )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["train"]["num_workers"] == 2 and results["train"]["steps"] == 2
+    assert results["train"]["img_per_sec"] > 0
+    assert "img/s" in proc.stdout or "throughput" in proc.stdout
+    assert os.path.exists(tmp_path / "model" / "export" / "frozen_inference_graph.pb")

@@ -335,5 +335,10 @@ def main(argv=None) -> dict:
     return results
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The console script: ``main`` without its return value (which would become the exit code)."""
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,243 @@
+"""The main job (`make run`): what tfnet does, end to end, on real data, in a few minutes on 2 cores.
+
+1. Pretrain a small CNN on digits 0-4 of scikit-learn's digits (one process, TFOptimizer).
+2. Freeze it to a frozen graph file (.pb).
+3. Load the graph as a TFNet, cut it at its features, add a new head for digits 5-9, and
+   fine-tune it over 2 Horovod ranks in one Spark barrier stage (an embedded local Spark).
+4. Evaluate it on held-out digits.
+5. Score a Spark DataFrame of held-out digits with TFPredictor.
+6. Save the fine-tuned frozen graph, reload it, and check it gives the same outputs.
+
+    python -m examples.main_job [--out runs/main] [--workers 2] [--epochs 8]
+    python -m examples.main_job --resnet50 [train.py arguments...]   # the ResNet-50 benchmark instead
+
+`make run` runs the first; `make run RUN_ARGS=--resnet50` the second (by default a short synthetic
+run: 2 ranks, 224x224, batch 16, 4 steps, with the 1-rank run for the scaling efficiency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+RESNET50_DEFAULTS = ["--mode", "train", "--synthetic", "--num-workers", "2", "--batch-size", "16",
+                     "--steps-per-epoch", "4", "--epochs", "1", "--scaling", "--output", "runs/resnet50"]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="tfnet-main", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="runs/main", help="where the graphs, checkpoints and TensorBoard events go")
+    p.add_argument("--workers", type=int, default=2, help="Horovod ranks for the fine-tuning")
+    p.add_argument("--pretrain-epochs", type=int, default=8)
+    p.add_argument("--epochs", type=int, default=8, help="fine-tuning epochs")
+    p.add_argument("--batch-size", type=int, default=32, help="global batch")
+    p.add_argument("--master", default="local[2]", help="Spark master (default: an embedded local[2])")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--resnet50", action="store_true",
+                   help="run the ResNet-50 benchmark (examples/resnet50/train.py) instead; later arguments go to it")
+    return p.parse_known_args(argv)
+
+
+def run_resnet50(extra: list[str]) -> dict:
+    from examples.resnet50 import train
+
+    given = {a for a in extra if a.startswith("--")}
+    args = list(extra)
+    # the defaults, unless the user set them (a flag and its value are dropped together)
+    i = 0
+    while i < len(RESNET50_DEFAULTS):
+        flag = RESNET50_DEFAULTS[i]
+        has_value = i + 1 < len(RESNET50_DEFAULTS) and not RESNET50_DEFAULTS[i + 1].startswith("--")
+        if flag not in given and not (flag == "--synthetic" and "--data-format" in given):
+            args += RESNET50_DEFAULTS[i:i + 2] if has_value else [flag]
+        i += 2 if has_value else 1
+    print("tfnet-resnet50 " + " ".join(args), flush=True)
+    return train.main(args)
+
+
+def _spark(master: str):
+    """(session, created): the active session if there is one, else an embedded one on ``master``."""
+    from pyspark.sql import SparkSession
+
+    from optim.spark_env import require_java
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active, False
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    require_java()
+    return (SparkSession.builder.appName("tfnet-main").master(master)
+            .config("spark.driver.memory", "3g")
+            .config("spark.driver.host", os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"))
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "4")
+            .config("spark.executorEnv.TF_ENABLE_ONEDNN_OPTS", os.environ["TF_ENABLE_ONEDNN_OPTS"])
+            .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
+            .getOrCreate()), True
+
+
+def _digits(classes):
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    keep = np.isin(d.target, list(classes))
+    return (d.images[keep, :, :, None] / 16.0).astype("float32"), d.target[keep].astype("int64")
+
+
+def _split(x, y, test_fraction=0.3, seed=0):
+    import numpy as np
+
+    idx = np.random.default_rng(seed).permutation(len(x))
+    n = int(len(x) * test_fraction)
+    return (x[idx[n:]], y[idx[n:]]), (x[idx[:n]], y[idx[:n]])
+
+
+def _cnn(classes: int):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([
+        keras.Input((8, 8, 1), name="image"),
+        keras.layers.Conv2D(16, 3, padding="same", activation="relu", name="conv1"),
+        keras.layers.Conv2D(32, 3, activation="relu", name="conv2"),
+        keras.layers.Flatten(name="flat"),
+        keras.layers.Dense(64, activation="relu", name="features"),
+        keras.layers.Dense(classes, name="logits"),
+    ], name="digits")
+
+
+def main(argv=None) -> dict:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--resnet50" in argv:  # everything after it belongs to the ResNet-50 script
+        return run_resnet50(argv[argv.index("--resnet50") + 1:])
+    args, extra = parse_args(argv)
+    if extra:
+        raise SystemExit(f"unknown arguments {extra} (arguments after --resnet50 go to the ResNet-50 script)")
+
+    import re
+
+    import keras
+    import numpy as np
+
+    import optim
+    from optim import TFDataset, TFOptimizer, TFPredictor
+    from tfnet import TFNet
+
+    verbose = 0 if args.quiet else 1
+    os.makedirs(args.out, exist_ok=True)
+    t_start = time.time()
+    summary: dict = {}
+    sce = optim.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def stage(k: int, text: str) -> None:
+        print(f"\n[{k}/6] {text}  (+{time.time() - t_start:.0f} s)", flush=True)
+
+    # 1. Pretrain on digits 0-4.
+    stage(1, "pretrain a small CNN on digits 0-4, in this process")
+    x0, y0 = _digits(range(5))
+    base = _cnn(5)
+    base.compile(optimizer=keras.optimizers.Adam(0.01),
+                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    pre = TFOptimizer.from_keras(base)
+    hist = pre.optimize((x0, y0), epochs=args.pretrain_epochs, batch_size=32, verbose=verbose)
+    summary["pretrain accuracy (digits 0-4, train)"] = hist["accuracy"][-1]
+
+    # 2. Freeze to a graph file.
+    pb = os.path.join(args.out, "pretrained_digits.pb")
+    with open(pb, "wb") as f:
+        f.write(pre.net.frozen_graph_def().SerializeToString())
+    stage(2, f"froze it to {pb} ({os.path.getsize(pb):,} bytes)")
+
+    # 3. New head, distributed fine-tuning over Spark.
+    stage(3, f"fine-tune on digits 5-9 with a new head: {args.workers} Horovod ranks in one Spark barrier stage")
+    spark, own_spark = _spark(args.master)
+    body = TFNet.from_frozen_graph(pb, inputs="image", outputs="logits").cut("features")
+    keras.utils.set_random_seed(1)
+    net = body.add_head(keras.layers.Dense(5, name="digit"), name="head")
+    print(f"      {net}")
+    (xtr, ytr), (xte, yte) = _split(*_digits(range(5, 10)))
+    ytr, yte = ytr - 5, yte - 5
+    train_df = spark.createDataFrame(
+        [(xtr[i].ravel().tolist(), int(ytr[i])) for i in range(len(xtr))], "pixels array<float>, label long"
+    ).repartition(args.workers)
+    data = TFDataset.from_dataframe(train_df, "pixels", "label", feature_shapes={"pixels": (8, 8, 1)})
+    # the new head learns fast, the pretrained body slowly
+    methods = {"head/": optim.Adam(0.01), re.compile("^(?!head/)"): optim.Adam(0.002)}
+    opt = TFOptimizer(net, sce, methods, metrics=["accuracy"], model_dir=os.path.join(args.out, "model"))
+    before = float(np.mean(net.forward(xte).argmax(1) == yte))
+    history = opt.optimize(data, epochs=args.epochs, batch_size=args.batch_size, validation_data=(xte, yte),
+                           num_workers=args.workers, verbose=verbose)
+    run = opt.last_run
+    summary["ranks"] = run["num_workers"]
+    summary["fine-tune steps"] = opt.global_step
+    if run.get("startup_s"):
+        summary["start-up to first step (s)"] = run["startup_s"]
+    steps = [t for t in run.get("step_times") or [] if t]
+    if steps:
+        summary["median step (ms)"] = 1000 * float(np.median(steps))
+
+    # 4. Evaluate.
+    stage(4, "evaluate on held-out digits 5-9")
+    scores = opt.evaluate((xte, yte))
+    summary["accuracy before fine-tuning (new head)"] = before
+    summary["accuracy after fine-tuning"] = scores["accuracy"]
+    print(f"      loss {scores['loss']:.4f}  accuracy {scores['accuracy']:.4f}  "
+          f"(validation accuracy by epoch: {', '.join(f'{a:.3f}' for a in history['val_accuracy'])})")
+
+    # 5. TFPredictor on a DataFrame.
+    stage(5, "score a Spark DataFrame of held-out digits with TFPredictor")
+    test_df = spark.createDataFrame(
+        [(i, int(yte[i]), xte[i].ravel().tolist()) for i in range(len(xte))], "id long, label long, pixels array<float>"
+    ).repartition(2)
+    t0 = time.time()
+    with TFPredictor(opt.net, batch_per_thread=64) as predictor:
+        scored = predictor.predict(test_df, feature_cols="pixels", output_cols="logits")
+        rows = scored.select("id", "label", "logits").collect()
+        stats = predictor.stats()
+        scored.select("id", "label", "logits").show(3, truncate=60)
+    seconds = time.time() - t0
+    logits = np.array([r.logits for r in sorted(rows, key=lambda r: r.id)], np.float32)
+    labels = np.array([r.label for r in sorted(rows, key=lambda r: r.id)])
+    same = np.allclose(logits, opt.net.forward(xte), rtol=1e-5, atol=1e-5)
+    summary["TFPredictor accuracy (DataFrame)"] = float(np.mean(logits.argmax(1) == labels))
+    summary["TFPredictor rows/s"] = len(rows) / seconds
+    print(f"      {len(rows)} rows in {seconds:.1f} s, {stats['calls']} model calls, model loaded "
+          f"{sum(stats['loads'].values())}x ({len(stats['loads'])} Python workers); equals net.forward: {same}")
+    if not same:
+        raise SystemExit("TFPredictor's outputs differ from net.forward")
+
+    # 6. Save the fine-tuned frozen graph, and check it.
+    folder = os.path.join(args.out, "fine_tuned")
+    opt.net.save(folder)
+    again = TFNet.load(folder)
+    graph = os.path.join(folder, "frozen_inference_graph.pb")
+    identical = bool(np.array_equal(again.forward(xte), opt.net.forward(xte)))
+    stage(6, f"saved the fine-tuned frozen graph to {graph} ({os.path.getsize(graph):,} bytes); "
+             f"reloaded, identical outputs: {identical}")
+    if not identical:
+        raise SystemExit("the reloaded graph differs from the fine-tuned net")
+    if own_spark:
+        spark.stop()
+
+    summary["wall time (s)"] = time.time() - t_start
+    print("\nSummary")
+    width = max(len(k) for k in summary)
+    for k, v in summary.items():
+        print(f"  {k:<{width}}  {v:.4g}" if isinstance(v, float) else f"  {k:<{width}}  {v}")
+    return summary
+
+
+def cli() -> None:
+    """The console script: ``main`` without its return value (which would become the exit code)."""
+    main()
+
+
+if __name__ == "__main__":
+    cli()
