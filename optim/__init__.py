@@ -16,6 +16,7 @@ from optim.methods import LARS, SGD, Adagrad, Adam, AdamW, Method, RMSprop
 from optim.optimizer import TFOptimizer
 from optim.predictor import TFPredictor
 from optim.predictor_transformer import TFNetTransformer
+from optim.spark_launcher import warm_up_workers
 from optim.transforms import chain, partition
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "TFDataset",
     "TFPredictor",
     "TFNetTransformer",
+    "warm_up_workers",
     "SGD",
     "Adam",
     "AdamW",

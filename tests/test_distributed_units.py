@@ -113,3 +113,30 @@ def test_progress_reaches_the_driver():
     server.close()
     assert rec.calls == [("step", 1, 0.5), ("step", 2, 0.25), ("epoch_end", 0, 2)]
     assert server.first_step_at is not None
+
+
+@pytest.mark.spark
+def test_warm_up_workers_imports_in_every_slot(spark):
+    import optim
+
+    warm = optim.warm_up_workers(spark, num_workers=2)
+    reports = warm.wait(300)
+    assert warm.done() and warm.error is None
+    assert len(reports) == 2
+    assert all(set(r) == {"python"} for r in reports), reports  # nothing failed to import
+
+
+def test_horovod_cycle_time_follows_model_size(monkeypatch):
+    import types
+
+    import tensorflow as tf
+
+    from optim.spark_launcher import horovod_tuning
+
+    monkeypatch.delenv("HOROVOD_CYCLE_TIME", raising=False)
+    small = types.SimpleNamespace(trainable_variables=(tf.Variable(tf.zeros((100, 100))),))
+    large = types.SimpleNamespace(trainable_variables=(tf.Variable(tf.zeros((3000, 2000))),))
+    assert horovod_tuning(small) == {}
+    assert horovod_tuning(large) == {"HOROVOD_CYCLE_TIME": "20"}
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "3")
+    assert horovod_tuning(small) == {"HOROVOD_CYCLE_TIME": "3"}

@@ -19,7 +19,6 @@ Results go to --output: results.json, results.txt and curves.png.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -183,6 +182,7 @@ def train_mode(args, spark, results: dict) -> None:
     if args.batch_size % n:
         raise SystemExit(f"--batch-size {args.batch_size} must split evenly over {n} workers")
     per_rank = args.batch_size // n
+    optim.warm_up_workers(spark, n)  # the workers import TensorFlow while the driver builds the model
     steps = _steps_per_epoch(args, src, n, per_rank)
     net, logits = build_net(args, classes)
     loss = optim.losses.SparseCategoricalCrossentropy(from_logits=logits)
@@ -244,7 +244,7 @@ def evaluate_mode(args, spark, results: dict) -> None:
 def inference_mode(args, spark, results: dict) -> None:
     import numpy as np
 
-    src, classes = _source(args)
+    _, classes = _source(args)
     net, _ = build_net(args, classes)
     x = np.random.default_rng(args.seed).uniform(-2, 2, (args.batch_size, args.image_size, args.image_size, 3)
                                                  ).astype("float32")
