@@ -94,22 +94,28 @@ def _check_driver_horovod() -> None:
         ) from None
 
 
-def _import_report(_) -> list[dict]:
-    """Runs in a Python worker: imports what the ranks need and reports what failed."""
-    import sys
+def _import_report_fn():
+    """The probe task: imports what the ranks need in a Python worker and reports what failed.
+    Made here, not at module level, so that cloudpickle ships it by value: a worker whose Python
+    lacks tfnet must still run it and say so, not fail to unpickle it."""
 
-    report = {"python": sys.executable}
-    for module in ("tfnet", "optim", "tensorflow", "horovod.tensorflow"):
-        try:
-            __import__(module)
-        except Exception as exc:  # noqa: BLE001 - reported back to the driver
-            report[module] = f"{type(exc).__name__}: {exc}"
-    if "horovod.tensorflow" not in report:
-        import horovod.tensorflow as hvd
+    def import_report(_) -> list[dict]:
+        import sys
 
-        if not hvd.gloo_built():
-            report["horovod.tensorflow"] = "built without Gloo"
-    return [report]
+        report = {"python": sys.executable}
+        for module in ("tfnet", "optim", "tensorflow", "horovod.tensorflow"):
+            try:
+                __import__(module)
+            except Exception as exc:  # noqa: BLE001 - reported back to the driver
+                report[module] = f"{type(exc).__name__}: {exc}"
+        if "horovod.tensorflow" not in report:
+            import horovod.tensorflow as hvd
+
+            if not hvd.gloo_built():
+                report["horovod.tensorflow"] = "built without Gloo"
+        return [report]
+
+    return import_report
 
 
 class WarmUp:
@@ -128,7 +134,7 @@ class WarmUp:
         try:
             self._sc.setJobGroup(f"tfnet-warm-up-{uuid.uuid4().hex[:8]}", "tfnet: warming up the workers' Python",
                                  interruptOnCancel=True)
-            self.reports = self._sc.parallelize(range(self._n), self._n).mapPartitions(_import_report).collect()
+            self.reports = self._sc.parallelize(range(self._n), self._n).mapPartitions(_import_report_fn()).collect()
         except Exception as exc:  # noqa: BLE001 - optimize() checks the workers and says what is wrong
             self.error = exc
 
@@ -165,7 +171,7 @@ def warm_up_workers(spark=None, num_workers: int | None = None) -> WarmUp:
 def _probe_workers(sc, n: int, timeout_s: float) -> None:
     """Runs one small task per slot that imports what the ranks need; turns failures into clear
     errors. Also warms the Python workers (TensorFlow gets imported once)."""
-    probe = _import_report
+    probe = _import_report_fn()
 
     group = f"tfnet-probe-{uuid.uuid4().hex[:8]}"
     results: list = []
