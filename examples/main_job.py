@@ -139,10 +139,6 @@ def main(argv=None) -> dict:
     def stage(k: int, text: str) -> None:
         print(f"\n[{k}/6] {text}  (+{time.time() - t_start:.0f} s)", flush=True)
 
-    # An embedded Spark; its Python workers import TensorFlow in the background meanwhile.
-    spark, own_spark = _spark(args.master)
-    optim.warm_up_workers(spark, args.workers)
-
     # 1. Pretrain on digits 0-4.
     stage(1, "pretrain a small CNN on digits 0-4, in this process")
     x0, y0 = _digits(range(5))
@@ -161,6 +157,7 @@ def main(argv=None) -> dict:
 
     # 3. New head, distributed fine-tuning over Spark.
     stage(3, f"fine-tune on digits 5-9 with a new head: {args.workers} Horovod ranks in one Spark barrier stage")
+    spark, own_spark = _spark(args.master)
     body = TFNet.from_frozen_graph(pb, inputs="image", outputs="logits").cut("features")
     keras.utils.set_random_seed(1)
     net = body.add_head(keras.layers.Dense(5, name="digit"), name="head")
