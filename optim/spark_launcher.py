@@ -25,8 +25,13 @@ from optim.reporting import MultiReporter, ProgressBar
 from optim.spark_env import SparkSetupError, get_spark
 from tfnet.errors import TFNetError
 
-__all__ = ["optimize_distributed", "DistributedTrainingError", "scale_learning_rate", "task_slots",
-           "warm_up_workers"]
+__all__ = [
+    "DistributedTrainingError",
+    "optimize_distributed",
+    "scale_learning_rate",
+    "task_slots",
+    "warm_up_workers",
+]
 
 
 class DistributedTrainingError(TFNetError, RuntimeError):
