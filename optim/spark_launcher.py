@@ -490,9 +490,10 @@ def _ship(sc, data: bytes, exchange: str | None):
     """The serialized net, as a file path in ``exchange`` or as a broadcast."""
     if exchange is None:
         return sc.broadcast(data)
+    from tfnet.graph_io import write_bytes_atomic
+
     path = os.path.join(exchange, "net.npz")
-    with open(path, "wb") as f:
-        f.write(data)
+    write_bytes_atomic(path, data)
     return path
 
 

@@ -83,13 +83,10 @@ def _set_threads(cpus: int) -> None:
 def _write_rank_info(model_dir: str | None, rank: int, attempt: int) -> None:
     if not model_dir:
         return
-    folder = os.path.join(model_dir, "ranks")
-    os.makedirs(folder, exist_ok=True)
+    from tfnet.graph_io import write_json_atomic
+
     info = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(), "attempt": attempt, "time": time.time()}
-    tmp = os.path.join(folder, f".rank-{rank}.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(info, f)
-    os.replace(tmp, os.path.join(folder, f"rank-{rank}.json"))
+    write_json_atomic(os.path.join(model_dir, "ranks", f"rank-{rank}.json"), info)
 
 
 def run_rank(job: RankJob, partition: Iterable) -> Iterator[bytes | str]:
@@ -147,10 +144,10 @@ def run_rank(job: RankJob, partition: Iterable) -> Iterator[bytes | str]:
             step_fn = net.train_step(job.loss, job.method, reducer=collective.reducer())
             payload = _payload(net, step_fn, outcome)
             if job.exchange:
+                from tfnet.graph_io import write_bytes_atomic
+
                 path = os.path.join(job.exchange, f"result-{job.attempt}.npz")
-                with open(path + ".tmp", "wb") as f:
-                    f.write(payload)
-                os.replace(path + ".tmp", path)
+                write_bytes_atomic(path, payload)
                 yield path
             else:
                 yield payload
