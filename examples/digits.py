@@ -1,4 +1,5 @@
-"""scikit-learn's digits (1,797 real 8x8 images that ship with the package) and a small CNN."""
+"""scikit-learn's digits (1,797 real 8x8 images that ship with the package) and a small CNN, for the
+main job (`make run`) and the tests."""
 
 from __future__ import annotations
 

@@ -82,37 +82,6 @@ def _spark(master: str):
             .getOrCreate()), True
 
 
-def _digits(classes):
-    import numpy as np
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    keep = np.isin(d.target, list(classes))
-    return (d.images[keep, :, :, None] / 16.0).astype("float32"), d.target[keep].astype("int64")
-
-
-def _split(x, y, test_fraction=0.3, seed=0):
-    import numpy as np
-
-    idx = np.random.default_rng(seed).permutation(len(x))
-    n = int(len(x) * test_fraction)
-    return (x[idx[n:]], y[idx[n:]]), (x[idx[:n]], y[idx[:n]])
-
-
-def _cnn(classes: int):
-    import keras
-
-    keras.utils.set_random_seed(0)
-    return keras.Sequential([
-        keras.Input((8, 8, 1), name="image"),
-        keras.layers.Conv2D(16, 3, padding="same", activation="relu", name="conv1"),
-        keras.layers.Conv2D(32, 3, activation="relu", name="conv2"),
-        keras.layers.Flatten(name="flat"),
-        keras.layers.Dense(64, activation="relu", name="features"),
-        keras.layers.Dense(classes, name="logits"),
-    ], name="digits")
-
-
 def main(argv=None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--resnet50" in argv:  # everything after it belongs to the ResNet-50 script
@@ -127,6 +96,7 @@ def main(argv=None) -> dict:
     import numpy as np
 
     import optim
+    from examples.digits import cnn, load, split
     from optim import TFDataset, TFOptimizer, TFPredictor
     from tfnet import TFNet
 
@@ -141,8 +111,8 @@ def main(argv=None) -> dict:
 
     # 1. Pretrain on digits 0-4.
     stage(1, "pretrain a small CNN on digits 0-4, in this process")
-    x0, y0 = _digits(range(5))
-    base = _cnn(5)
+    x0, y0 = load(range(5))
+    base = cnn(classes=5)
     base.compile(optimizer=keras.optimizers.Adam(0.01),
                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     pre = TFOptimizer.from_keras(base)
@@ -162,7 +132,7 @@ def main(argv=None) -> dict:
     keras.utils.set_random_seed(1)
     net = body.add_head(keras.layers.Dense(5, name="digit"), name="head")
     print(f"      {net}")
-    (xtr, ytr), (xte, yte) = _split(*_digits(range(5, 10)))
+    (xtr, ytr), (xte, yte) = split(*load(range(5, 10)))
     ytr, yte = ytr - 5, yte - 5
     train_df = spark.createDataFrame(
         [(xtr[i].ravel().tolist(), int(ytr[i])) for i in range(len(xtr))], "pixels array<float>, label long"
@@ -199,12 +169,13 @@ def main(argv=None) -> dict:
     t0 = time.time()
     with TFPredictor(opt.net, batch_per_thread=64) as predictor:
         scored = predictor.predict(test_df, feature_cols="pixels", output_cols="logits")
-        rows = scored.select("id", "label", "logits").collect()
+        rows = sorted(scored.select("id", "label", "logits").collect(), key=lambda r: r.id)
         stats = predictor.stats()
-        scored.select("id", "label", "logits").show(3, truncate=60)
     seconds = time.time() - t0
-    logits = np.array([r.logits for r in sorted(rows, key=lambda r: r.id)], np.float32)
-    labels = np.array([r.label for r in sorted(rows, key=lambda r: r.id)])
+    for r in rows[:3]:
+        print(f"      id {r.id:3d}  label {r.label}  logits [{', '.join(f'{v:.3f}' for v in r.logits)}]")
+    logits = np.array([r.logits for r in rows], np.float32)
+    labels = np.array([r.label for r in rows])
     same = np.allclose(logits, opt.net.forward(xte), rtol=1e-5, atol=1e-5)
     summary["TFPredictor accuracy (DataFrame)"] = float(np.mean(logits.argmax(1) == labels))
     summary["TFPredictor rows/s"] = len(rows) / seconds
