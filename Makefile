@@ -24,6 +24,7 @@ run: $(STAMP)
 	$(PY) -m examples.main_job $(RUN_ARGS)
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 clean:

@@ -17,7 +17,7 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS = {
-    "test": ["pytest>=8", "pytest-timeout>=2.3", "scikit-learn>=1.4", "tensorboard"],
+    "test": ["pytest>=8", "pytest-timeout>=2.3", "scikit-learn>=1.4", "tensorboard", "ruff>=0.6"],
     "openvino": ["openvino>=2025.0"],
     "examples": ["matplotlib>=3.8"],
 }

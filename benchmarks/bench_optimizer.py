@@ -19,7 +19,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import interleaved, machine, median, peak_rss_mb, setup_env, write_json  # noqa: E402
 
-
 MOM = float(os.environ.get("BENCH_MOMENTUM", "0.9"))
 
 

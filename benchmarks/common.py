@@ -7,7 +7,7 @@ import os
 import platform
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 def setup_env(onednn: bool = True, threads: int | None = None) -> None:
@@ -38,7 +38,7 @@ def machine() -> dict:
 def interleaved(fns: dict[str, Callable[[], None]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:
     """Times each function ``rounds`` times, alternating between them so drift in machine speed
     hits every side alike. Returns seconds per call for each."""
-    for name, fn in fns.items():
+    for fn in fns.values():
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {name: [] for name in fns}

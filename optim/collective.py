@@ -3,7 +3,7 @@ Horovod collective (``optim.hvd_collective``) has the same interface, so the loo
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

@@ -13,7 +13,8 @@ The distributed forms (``from_dataframe``, ``from_rdd``) live in ``optim.spark_d
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -35,13 +36,13 @@ class TFDataset:
     has_labels: bool = True
 
     @staticmethod
-    def from_ndarrays(tensors, batch_size: int | None = None) -> "ArrayDataset":
+    def from_ndarrays(tensors, batch_size: int | None = None) -> ArrayDataset:
         """``tensors`` is ``(features, labels)`` or ``features`` alone (for prediction); features
         and labels are arrays or lists/tuples of arrays, all with the same first dimension."""
         return ArrayDataset.from_tensors(tensors, batch_size)
 
     @staticmethod
-    def from_tf_data(dataset_or_fn) -> "TFDataDataset":
+    def from_tf_data(dataset_or_fn) -> TFDataDataset:
         """A batched ``tf.data.Dataset``, or ``fn(rank, size) -> tf.data.Dataset``."""
         return TFDataDataset(dataset_or_fn)
 
@@ -98,7 +99,7 @@ class ArrayDataset(TFDataset):
         self.n = sizes.pop()
 
     @classmethod
-    def from_tensors(cls, tensors, batch_size=None) -> "ArrayDataset":
+    def from_tensors(cls, tensors, batch_size=None) -> ArrayDataset:
         """A 2-tuple is ``(features, labels)``; an array or a list of arrays is features only."""
         if isinstance(tensors, tuple) and len(tensors) == 2:
             features, labels = tensors

@@ -7,7 +7,7 @@ Only Horovod's core collective ops are used (``grouped_allreduce``, ``allreduce`
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf

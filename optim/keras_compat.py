@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from optim import losses as L
-from optim import metrics as M
 from optim import methods
+from optim import metrics as M
 from tfnet import TFNet
 from tfnet.errors import TFNetError
 

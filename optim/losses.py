@@ -6,7 +6,7 @@ Each built-in loss also checks label and prediction shapes before training start
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import tensorflow as tf
 

@@ -6,7 +6,7 @@ are exact: add the states (one allreduce), then read the result.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

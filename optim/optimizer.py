@@ -8,7 +8,7 @@ on every task of one Spark barrier stage (``optim.spark_launcher``).
 from __future__ import annotations
 
 import os
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -80,12 +80,12 @@ class TFOptimizer:
         return optim_method
 
     @classmethod
-    def from_loss(cls, net: TFNet, loss, optim_method, metrics=None, model_dir=None) -> "TFOptimizer":
+    def from_loss(cls, net: TFNet, loss, optim_method, metrics=None, model_dir=None) -> TFOptimizer:
         """The Analytics Zoo name for the constructor."""
         return cls(net, loss, optim_method, metrics=metrics, model_dir=model_dir)
 
     @classmethod
-    def from_keras(cls, keras_model, model_dir: str | None = None) -> "TFOptimizer":
+    def from_keras(cls, keras_model, model_dir: str | None = None) -> TFOptimizer:
         """Takes a compiled Keras model: freezes it into a TFNet and maps its optimiser, loss and
         metrics to tfnet's. Trainable weights are the model's trainable variables."""
         from optim.keras_compat import from_compiled_keras

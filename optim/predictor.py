@@ -217,7 +217,7 @@ class TFPredictor:
                 pass
             self._spark = None
 
-    def __enter__(self) -> "TFPredictor":
+    def __enter__(self) -> TFPredictor:
         return self
 
     def __exit__(self, *exc) -> None:

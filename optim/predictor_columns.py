@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence, Union
 
 from optim.predictor_errors import ColumnError
 from optim.predictor_model import TensorInfo
@@ -17,7 +17,7 @@ from tfnet.errors import unknown_name_message
 
 __all__ = ["InputColumn", "OutputColumn", "ColumnPlan", "plan_columns", "ColumnSpec"]
 
-ColumnSpec = Union[str, Sequence[str], Mapping[str, str], None]
+ColumnSpec = str | Sequence[str] | Mapping[str, str] | None
 
 # Column kinds: an array (flat, or nested to the input's rank), a numeric scalar, encoded image
 # bytes (JPEG, PNG, ...), or strings/bytes for a string input.

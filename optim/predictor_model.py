@@ -8,8 +8,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Union
 
 from tensorflow.core.framework import graph_pb2
 
@@ -47,7 +48,7 @@ class TensorInfo:
         return f"{self.name!r} ({self.dtype}, per-row shape {shape})"
 
     @classmethod
-    def from_spec(cls, name: str, spec) -> "TensorInfo":
+    def from_spec(cls, name: str, spec) -> TensorInfo:
         dims = spec.shape.as_list() if spec.shape.rank is not None else None
         return cls(name, spec.dtype.name, None if dims is None else tuple(dims[1:]))
 
@@ -56,7 +57,7 @@ class TensorInfo:
                 "row_shape": None if self.row_shape is None else list(self.row_shape)}
 
     @classmethod
-    def from_json(cls, obj: dict) -> "TensorInfo":
+    def from_json(cls, obj: dict) -> TensorInfo:
         shape = obj.get("row_shape")
         return cls(obj["name"], obj["dtype"], None if shape is None else tuple(shape))
 
@@ -78,13 +79,13 @@ class ModelSnapshot:
     model_id: str
 
     @classmethod
-    def create(cls, graph: bytes, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo]) -> "ModelSnapshot":
+    def create(cls, graph: bytes, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo]) -> ModelSnapshot:
         digest = hashlib.sha256(graph)
         digest.update(json.dumps([[t.to_json() for t in inputs], [t.to_json() for t in outputs]]).encode())
         return cls(graph, tuple(inputs), tuple(outputs), digest.hexdigest()[:24])
 
     @classmethod
-    def from_net(cls, net) -> "ModelSnapshot":
+    def from_net(cls, net) -> ModelSnapshot:
         """The net's graph with its current weights baked in. Forward hooks (Python functions)
         are not part of the graph and do not travel."""
         graph = net.frozen_graph_def().SerializeToString(deterministic=True)
@@ -93,7 +94,7 @@ class ModelSnapshot:
         return cls.create(graph, inputs, outputs)
 
     @classmethod
-    def from_source(cls, source: ModelSource, inputs=None, outputs=None) -> "ModelSnapshot":
+    def from_source(cls, source: ModelSource, inputs=None, outputs=None) -> ModelSnapshot:
         """From a TFNet, an export folder (what ``TFNet.save`` writes), a SavedModel folder, or a
         frozen graph (a ``.pb`` path, bytes or a ``GraphDef``; these need ``inputs`` and
         ``outputs``). A snapshot is returned as it is."""
@@ -128,7 +129,7 @@ class ModelSnapshot:
         })
 
     @classmethod
-    def load(cls, folder: PathLike) -> "ModelSnapshot":
+    def load(cls, folder: PathLike) -> ModelSnapshot:
         """Reads an export folder; the checksum in ``graph_meta.json`` is checked."""
         from tfnet.saving import read_export_folder
 

@@ -89,7 +89,7 @@ class TFNetTransformer(Transformer, HasInputCols, HasOutputCols, MLReadable, MLW
         outputs = self.getOrDefault(self.outputCols) if self.isDefined(self.outputCols) else None
         return self._predictor().predict(dataset, feature_cols=inputs, output_cols=outputs)
 
-    def copy(self, extra=None) -> "TFNetTransformer":
+    def copy(self, extra=None) -> TFNetTransformer:
         that = super().copy(extra)
         that._predictors = self._predictors  # same model: share the broadcasts
         return that

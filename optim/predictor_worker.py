@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 import socket
 from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from optim.predictor_errors import BadRowError
 __all__ = ["WorkerJob", "predict_arrow", "predict_rdd_partition", "get_engine", "load_count", "StatsParam"]
 
 # Loaded engines of this process, most recently used last; at most _CACHE_SIZE models.
-_ENGINES: "OrderedDict[str, Any]" = OrderedDict()
+_ENGINES: OrderedDict[str, Any] = OrderedDict()
 _CACHE_SIZE = int(os.environ.get("TFNET_PREDICTOR_CACHE_SIZE", "4"))
 _LOADS: dict[str, int] = {}
 

@@ -38,7 +38,7 @@ class ProgressServer:
         while not self._stop.is_set():
             try:
                 conn, _ = self._sock.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -51,7 +51,7 @@ class ProgressServer:
             while not self._stop.is_set():
                 try:
                     chunk = conn.recv(65536)
-                except socket.timeout:
+                except TimeoutError:
                     continue
                 except OSError:
                     return

@@ -12,7 +12,6 @@ import os
 import sys
 from typing import Any
 
-
 _HIDDEN = ("step_time", "allreduce_seconds", "learning_rate")
 
 

@@ -8,7 +8,7 @@ Any schedule can follow a linear warm-up: ``warmup(cosine(0.1, 1000), warmup_ste
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import tensorflow as tf
 

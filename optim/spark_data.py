@@ -7,7 +7,7 @@ the worker). Rows are balanced across ranks before training when partitions are 
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from optim.data import ArrayDataset, TFDataset
 from optim.shard import ColumnSpec, arrow_to_arrays

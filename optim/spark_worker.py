@@ -15,8 +15,9 @@ import math
 import os
 import socket
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -171,7 +172,7 @@ def _claim(rendezvous: tuple[str, int], rank: int) -> None:
     kv.put(rendezvous, "tfnet_claims", f"rank{rank}", b"1")
 
 
-def _gather(job: "RankJob", rank: int, value: int) -> list[int]:
+def _gather(job: RankJob, rank: int, value: int) -> list[int]:
     from optim import kv
 
     return [int(v) for v in kv.all_gather(job.rendezvous, "tfnet_counts", rank, job.size, str(int(value)),

@@ -13,12 +13,13 @@ composed with :func:`chain`: clipping, weight decay and schedules are transforms
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Mapping, NamedTuple, Sequence, Union
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
 Params = Mapping[str, tf.Tensor]
-Schedule = Union[float, Callable[[tf.Tensor], tf.Tensor]]
+Schedule = float | Callable[[tf.Tensor], tf.Tensor]
 
 
 class GradientTransformation(NamedTuple):

@@ -53,7 +53,7 @@ class StandaloneCluster:
         return subprocess.Popen(["bash", ENTRYPOINT, role], env=self._env(**env), stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
 
-    def start(self) -> "StandaloneCluster":
+    def start(self) -> StandaloneCluster:
         self.master = self._spawn("master", "master.log")
         self._wait(lambda: self._alive_workers() is not None, 90, "the master")
         for _ in range(self.n_workers):

@@ -8,7 +8,7 @@ Every error derives from :class:`TFNetError` and from the builtin exception a ca
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+from collections.abc import Iterable
 
 __all__ = [
     "TFNetError",

@@ -9,8 +9,9 @@ output after its Keras or signature name, so weight and tensor names mean someth
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow as tf

@@ -8,7 +8,7 @@ dtypes and shapes of its inputs, outputs and weights, and imports the graph into
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2, types_pb2

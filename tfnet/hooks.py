@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 _ids = itertools.count()
 
@@ -11,14 +11,14 @@ _ids = itertools.count()
 class HookHandle:
     """Returned by ``TFNet.register_*_hook``. Call :meth:`remove` (or use ``with``) to unregister."""
 
-    def __init__(self, registry: "HookList", key: int):
+    def __init__(self, registry: HookList, key: int):
         self._registry = registry
         self._key = key
 
     def remove(self) -> None:
         self._registry.remove(self._key)
 
-    def __enter__(self) -> "HookHandle":
+    def __enter__(self) -> HookHandle:
         return self
 
     def __exit__(self, *exc) -> None:

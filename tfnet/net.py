@@ -9,7 +9,8 @@ the layer owns. ``tf.GradientTape`` differentiates straight through the imported
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Iterable, Mapping, Sequence, Union
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Union
 
 import numpy as np
 import tensorflow as tf
@@ -110,7 +111,7 @@ class TFNet(tf.Module):
             self.trainable = trainable
 
     @classmethod
-    def _from_frozen(cls, frozen, **kwargs) -> "TFNet":
+    def _from_frozen(cls, frozen, **kwargs) -> TFNet:
         """From a :class:`tfnet.freeze.Frozen` (a weightless graph and its weight values)."""
         net = cls.__new__(cls)
         inputs = gu.check_tensor_names(frozen.template, frozen.inputs, "input")
@@ -131,7 +132,7 @@ class TFNet(tf.Module):
         trainable: Sequence[str] | None,
         name: str = "tfnet",
         fold: bool = True,
-    ) -> "TFNet":
+    ) -> TFNet:
         net = cls.__new__(cls)
         net._setup(template, input_names, output_names, values, statistics, name=name, fold=fold)
         if trainable is not None:
@@ -169,7 +170,7 @@ class TFNet(tf.Module):
         inputs: str | Sequence[str],
         outputs: str | Sequence[str],
         **kwargs,
-    ) -> "TFNet":
+    ) -> TFNet:
         """Loads a frozen graph (``.pb`` binary or ``.pbtxt`` text file, bytes or a ``GraphDef``).
 
         Args:
@@ -186,7 +187,7 @@ class TFNet(tf.Module):
         return cls(path_or_graph_def, inputs, outputs, **kwargs)
 
     @classmethod
-    def from_keras(cls, model, **kwargs) -> "TFNet":
+    def from_keras(cls, model, **kwargs) -> TFNet:
         """Freezes a built Keras 3 model in inference mode and wraps it.
 
         Weights are named by their Keras paths (``"dense/kernel"``), inputs by the Keras input
@@ -198,7 +199,7 @@ class TFNet(tf.Module):
         return cls._from_frozen(freeze_keras(model), **kwargs)
 
     @classmethod
-    def from_saved_model(cls, path: PathLike, signature: str = "serving_default", **kwargs) -> "TFNet":
+    def from_saved_model(cls, path: PathLike, signature: str = "serving_default", **kwargs) -> TFNet:
         """Loads one signature of a SavedModel, freezing its variables into weights.
 
         Inputs are the signature's argument names, outputs its output keys.
@@ -213,7 +214,7 @@ class TFNet(tf.Module):
         return cls._from_frozen(load_saved_model_signature(path, signature), **kwargs)
 
     @classmethod
-    def from_export_folder(cls, folder: PathLike, **kwargs) -> "TFNet":
+    def from_export_folder(cls, folder: PathLike, **kwargs) -> TFNet:
         """Loads the Analytics Zoo export layout: ``frozen_inference_graph.pb`` plus
         ``graph_meta.json`` with ``input_names`` and ``output_names``. Folders written by
         :meth:`save` also restore the weight list and the trainable selection."""
@@ -570,7 +571,7 @@ class TFNet(tf.Module):
 
     # ------------------------------------------------------------------ graph surgery
 
-    def cut(self, tensor_names: str | Sequence[str]) -> "TFNet":
+    def cut(self, tensor_names: str | Sequence[str]) -> TFNet:
         """Returns a new TFNet that ends at the given tensor(s), such as the features before a
         classifier. Weights past the cut are dropped; the rest keep their current values and
         trainable state."""
@@ -585,7 +586,7 @@ class TFNet(tf.Module):
             fold=self._graph.fold,
         )
 
-    def add_head(self, head, name: str = "head") -> "TFNet":
+    def add_head(self, head, name: str = "head") -> TFNet:
         """Attaches a Keras head (a layer, a list of layers, or a model) to this net's single output
         and returns one TFNet whose weights include the head's, under ``name/``.
 

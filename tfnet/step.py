@@ -13,7 +13,8 @@ trainer passes Horovod's allreduce there, and nothing else changes.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
