@@ -19,6 +19,8 @@ INSTALL_REQUIRES = [
 EXTRAS = {
     "test": ["pytest>=8", "pytest-timeout>=2.3", "scikit-learn>=1.4", "tensorboard", "ruff>=0.6"],
     "openvino": ["openvino>=2025.0"],
+    # ONNX import and export (TFNet.from_onnx / save_onnx); onnxruntime is the tests' oracle
+    "onnx": ["onnx>=1.16", "onnxruntime>=1.18"],
     "examples": ["matplotlib>=3.8"],
 }
 EXTRAS["all"] = sorted({r for reqs in EXTRAS.values() for r in reqs})

@@ -231,6 +231,41 @@ class TFNet(tf.Module):
 
     load = from_export_folder
 
+    @classmethod
+    def from_onnx(
+        cls,
+        path_or_model_proto,
+        inputs: str | Sequence[str] | None = None,
+        outputs: str | Sequence[str] | None = None,
+        **kwargs,
+    ) -> TFNet:
+        """Converts an ONNX model (for example one from ``torch.onnx.export``) into a TFNet.
+
+        The ONNX initializers become the weights, named by their ONNX names (characters TensorFlow
+        does not allow become ``_``); ``BatchNormalization`` means and variances are statistics,
+        frozen by default. Convolutions run in NHWC. The batch dimension is dynamic. Needs
+        ``pip install tfnet[onnx]``; see :mod:`tfnet.onnx`.
+
+        Args:
+            path_or_model_proto: A ``.onnx`` file (external data next to it), its bytes, or an
+                ``onnx.ModelProto``.
+            inputs: ONNX graph input names in the order the net takes them. Default: all of them.
+            outputs: ONNX value names to return; any value in the graph can be one. Default: the
+                graph outputs.
+            **kwargs: ``trainable``, ``fold_batch_norm``, ``name``; see :class:`TFNet`.
+
+        Raises:
+            FileNotFoundError: the file does not exist.
+            tfnet.onnx.OnnxLoadError: the file is corrupt, truncated or not ONNX.
+            tfnet.onnx.OpsetError: the opset is outside 13 to 18.
+            tfnet.onnx.UnsupportedOperatorError: lists every unsupported operator and its count.
+            tfnet.onnx.ExternalDataError: an external data file is missing.
+        """
+        from tfnet.onnx.build import net_from_onnx
+
+        return net_from_onnx(cls, path_or_model_proto, inputs, outputs, **kwargs)
+
+
     # ------------------------------------------------------------------ weights
 
     @property
@@ -641,6 +676,17 @@ class TFNet(tf.Module):
         from tfnet.saving import write_export_folder
 
         write_export_folder(self, path)
+
+    def save_onnx(self, path: PathLike) -> None:
+        """Writes the ONNX model this net was made from (:meth:`from_onnx`) with the current weights.
+
+        Raises:
+            tfnet.onnx.NotOnnxNetError: the net was not made by ``from_onnx`` (or by ``cut`` or
+                ``add_head`` from one).
+        """
+        from tfnet.onnx.export import write_onnx
+
+        write_onnx(self, path)
 
     def save_saved_model(self, path: PathLike) -> None:
         """Writes a SavedModel with a ``serving_default`` signature and the weights as variables."""

@@ -1,0 +1,248 @@
+"""Exports the ONNX test fixtures with real PyTorch (``torch.onnx.export``).
+
+PyTorch is not a tfnet dependency: run this in a separate environment that has ``torch``,
+``torchvision``, ``onnx`` and ``scikit-learn``::
+
+    python -m venv /tmp/torchenv && /tmp/torchenv/bin/pip install torch torchvision onnx scikit-learn
+    /tmp/torchenv/bin/python scripts/export_onnx_fixtures.py            # tests/fixtures/onnx/
+    /tmp/torchenv/bin/python scripts/export_onnx_fixtures.py --full-resnet18 /tmp/resnet18.onnx
+
+For each model it writes ``NAME.onnx`` and ``NAME.npz`` holding, for one fixed input, PyTorch's
+outputs (``out_K``), the output gradient used (``grad_out_K``, seeded normal), and PyTorch's input
+gradients (``grad_in_K``, float inputs only) and weight gradients (``grad_w/<ONNX initializer
+name>``) of ``sum_K <out_K, grad_out_K>``. Inputs are ``in_K``.
+
+Models (seeded init, eval mode, dynamic batch dimension):
+
+* ``resnet18``: torchvision's ResNet-18 (its ``BasicBlock`` and ``_make_layer``) at a quarter of the
+  width (16-32-64-128 channels instead of 64-...-512), 10 classes, 32x32 input, opset 17. The full
+  width model is 45 MB; ``--full-resnet18 PATH`` writes it (224x224, 1000 classes) for the benchmark.
+* ``mobilenet_v2``: torchvision's MobileNetV2 with ``width_mult=0.25``, 10 classes, 32x32, opset 13.
+* ``transformer``: token ids (int64) and a float mask -> embedding + learnt positions, one
+  ``nn.TransformerEncoderLayer`` (GELU, batch first) -> two outputs, opset 18.
+* ``lstm``: ``nn.LSTM`` (batch first, two layers) + linear head, two outputs, opset 14.
+* ``digits_cnn``: a small CNN trained on scikit-learn's digits 0-4 (8x8, first 1000 samples of
+  those classes kept for training), for the transfer test (fine-tune on 5-9), opset 15.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import numpy as np
+import torch
+import torchvision
+from torch import nn
+from torchvision.models.resnet import BasicBlock, ResNet
+
+OUT = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "onnx")
+
+
+class NarrowResNet18(ResNet):
+    """torchvision's ResNet-18 with every width divided by ``div``; same blocks, same forward."""
+
+    def __init__(self, div: int = 4, num_classes: int = 10):
+        nn.Module.__init__(self)
+        self._norm_layer = nn.BatchNorm2d
+        self.inplanes = 64 // div
+        self.dilation = 1
+        self.groups = 1
+        self.base_width = 64
+        self.conv1 = nn.Conv2d(3, self.inplanes, kernel_size=7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(self.inplanes)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.layer1 = self._make_layer(BasicBlock, 64 // div, 2)
+        self.layer2 = self._make_layer(BasicBlock, 128 // div, 2, stride=2)
+        self.layer3 = self._make_layer(BasicBlock, 256 // div, 2, stride=2)
+        self.layer4 = self._make_layer(BasicBlock, 512 // div, 2, stride=2)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(512 // div, num_classes)
+
+
+class Encoder(nn.Module):
+    def __init__(self, vocab: int = 50, seq: int = 8, dim: int = 32, heads: int = 4, classes: int = 3):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.randn(seq, dim) * 0.1)
+        self.layer = nn.TransformerEncoderLayer(dim, heads, 64, dropout=0.0, activation="gelu", batch_first=True)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, ids, mask):
+        t = ids.shape[1]
+        h = self.embed(ids) + self.pos[:t].unsqueeze(0)
+        h = self.layer(h) * mask.unsqueeze(-1)
+        h = self.norm(h)
+        pooled = h.sum(1) / mask.sum(1, keepdim=True).clamp(min=1.0)
+        return self.head(pooled), h
+
+
+class Recurrent(nn.Module):
+    def __init__(self, features: int = 6, hidden: int = 12, classes: int = 4):
+        super().__init__()
+        self.lstm = nn.LSTM(features, hidden, num_layers=2, batch_first=True)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        seq, (h, _) = self.lstm(x)
+        return self.head(seq[:, -1]), h[-1]
+
+
+class DigitsCNN(nn.Module):
+    def __init__(self, classes: int = 5):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        )
+        self.classifier = nn.Linear(64, classes)
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+def digits_split(classes):
+    """Digits of the given classes as (N, 1, 8, 8) float32 in [0, 1] and int64 labels 0..k-1."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    keep = np.isin(d.target, classes)
+    x = (d.images[keep] / 16.0).astype(np.float32)[:, None]
+    y = np.searchsorted(np.asarray(classes), d.target[keep]).astype(np.int64)
+    return x, y
+
+
+def pretrain_digits(model: nn.Module) -> float:
+    x, y = digits_split([0, 1, 2, 3, 4])
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    opt = torch.optim.Adam(model.parameters(), 3e-3)
+    g = torch.Generator().manual_seed(0)
+    model.train()
+    for _ in range(15):
+        perm = torch.randperm(len(xt), generator=g)
+        for i in range(0, len(xt), 32):
+            idx = perm[i : i + 32]
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(xt[idx]), yt[idx]).backward()
+            opt.step()
+    model.eval()
+    with torch.no_grad():
+        return float((model(xt).argmax(1) == yt).float().mean())
+
+
+def export(model: nn.Module, inputs: dict, outputs: list, path: str, opset: int, dynamic: dict) -> None:
+    """Exports ``model`` and stores PyTorch's outputs and gradients beside the ``.onnx`` file."""
+    import onnx
+
+    model.eval()
+    names = list(inputs)
+    args = tuple(torch.from_numpy(v) for v in inputs.values())
+    torch.onnx.export(
+        model, args, path, input_names=names, output_names=outputs, opset_version=opset,
+        dynamic_axes=dynamic, training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False,
+        dynamo=False,
+    )
+    proto = onnx.load(path)
+    onnx.checker.check_model(proto)
+    inits = {i.name for i in proto.graph.initializer}
+    # which parameter became which initializer: the exporter keeps parameter names for the
+    # initializers it does not fold
+    params = {n: p for n, p in model.named_parameters() if n in inits}
+
+    leaves = [a.clone().requires_grad_(a.is_floating_point()) for a in args]
+    for p in model.parameters():
+        p.grad = None
+    outs = model(*leaves)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    rng = np.random.default_rng(1)
+    grad_outs = [rng.standard_normal(o.shape).astype(np.float32) for o in outs]
+    total = sum((o * torch.from_numpy(g)).sum() for o, g in zip(outs, grad_outs))
+    total.backward()
+    data = {}
+    for k, v in enumerate(inputs.values()):
+        data[f"in_{k}"] = v
+    for k, (o, g) in enumerate(zip(outs, grad_outs)):
+        data[f"out_{k}"] = o.detach().numpy()
+        data[f"grad_out_{k}"] = g
+    for k, leaf in enumerate(leaves):
+        if leaf.requires_grad:
+            data[f"grad_in_{k}"] = leaf.grad.numpy()
+    for name, p in params.items():
+        if p.grad is not None:
+            data[f"grad_w/{name}"] = p.grad.numpy()
+    np.savez(path[: -len(".onnx")] + ".npz", **data)
+    size = os.path.getsize(path) / 1e6
+    print(f"{os.path.basename(path)}: opset {opset}, {size:.2f} MB, {len(params)} named parameters, "
+          f"{sum(k.startswith('grad_w/') for k in data)} weight gradients")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=OUT)
+    parser.add_argument("--full-resnet18", default=None, help="also write torchvision's full ResNet-18 here")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    out = lambda name: os.path.join(args.out, name + ".onnx")  # noqa: E731
+    rng = np.random.default_rng(0)
+    batch = {0: "batch"}
+
+    torch.manual_seed(0)
+    model = NarrowResNet18()
+    _randomise_bn(model)
+    x = rng.standard_normal((2, 3, 32, 32)).astype(np.float32)
+    export(model, {"image": x}, ["logits"], out("resnet18"), 17, {"image": batch, "logits": batch})
+
+    torch.manual_seed(0)
+    model = torchvision.models.mobilenet_v2(width_mult=0.25, num_classes=10)
+    _randomise_bn(model)
+    x = rng.standard_normal((2, 3, 32, 32)).astype(np.float32)
+    export(model, {"image": x}, ["logits"], out("mobilenet_v2"), 13, {"image": batch, "logits": batch})
+
+    torch.manual_seed(0)
+    ids = rng.integers(0, 50, (2, 8)).astype(np.int64)
+    mask = np.ones((2, 8), np.float32)
+    mask[1, 6:] = 0.0
+    export(Encoder(), {"ids": ids, "mask": mask}, ["logits", "hidden"], out("transformer"), 18,
+           {"ids": batch, "mask": batch, "logits": batch, "hidden": batch})
+
+    torch.manual_seed(0)
+    x = rng.standard_normal((2, 5, 6)).astype(np.float32)
+    export(Recurrent(), {"sequence": x}, ["logits", "state"], out("lstm"), 14,
+           {"sequence": batch, "logits": batch, "state": {0: "batch"}})
+
+    torch.manual_seed(0)
+    model = DigitsCNN()
+    acc = pretrain_digits(model)
+    print(f"digits_cnn: training accuracy on digits 0-4: {acc:.3f}")
+    x = digits_split([0, 1, 2, 3, 4])[0][:4]
+    export(model, {"image": x}, ["logits"], out("digits_cnn"), 15, {"image": batch, "logits": batch})
+
+    if args.full_resnet18:
+        torch.manual_seed(0)
+        model = torchvision.models.resnet18()
+        x = rng.standard_normal((1, 3, 224, 224)).astype(np.float32)
+        model.eval()
+        torch.onnx.export(model, (torch.from_numpy(x),), args.full_resnet18, input_names=["image"],
+                          output_names=["logits"], opset_version=17, dynamic_axes={"image": batch, "logits": batch},
+                          training=torch.onnx.TrainingMode.PRESERVE, dynamo=False)
+        print(f"full ResNet-18: {args.full_resnet18} ({os.path.getsize(args.full_resnet18) / 1e6:.1f} MB)")
+
+
+def _randomise_bn(model: nn.Module) -> None:
+    """Non-trivial batch-norm statistics and affine parameters, so the tests see them used."""
+    g = torch.Generator().manual_seed(0)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            with torch.no_grad():
+                m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                m.weight.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+                m.bias.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+
+
+if __name__ == "__main__":
+    main()

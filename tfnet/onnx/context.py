@@ -1,0 +1,95 @@
+"""The state of one conversion: every ONNX value as a TensorFlow tensor, and its layout.
+
+ONNX image tensors are NCHW; TensorFlow's CPU convolutions and pools are NHWC. A 4-D value made by
+a convolution, pool or batch norm is kept in NHWC (``Value.nhwc``) and stays so through element-wise
+ops; it is transposed back to NCHW only where an op needs the ONNX layout (a flatten, a reshape, a
+concat), and each transpose is made once (``Ctx.plain`` / ``Ctx.nhwc`` cache them). With
+``propagate=False`` every NHWC result is transposed back at once: the baseline that the benchmark
+compares against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import tensorflow as tf
+
+from tfnet.onnx.errors import OnnxConversionError
+
+TO_NHWC = (0, 2, 3, 1)
+TO_NCHW = (0, 3, 1, 2)
+
+
+@dataclass
+class Value:
+    """An ONNX value: a TF tensor in ONNX layout, or (``nhwc=True``) its 4-D NHWC transpose."""
+
+    tensor: tf.Tensor
+    nhwc: bool = False
+    other: tf.Tensor | None = None  # the same value in the other layout, once made
+
+
+@dataclass
+class Ctx:
+    opset: int
+    propagate: bool = True
+    values: dict[str, Value] = field(default_factory=dict)
+    statistics: list[str] = field(default_factory=list)  # TF names of batch-norm mean/variance weights
+    weight_tf_names: dict[str, str] = field(default_factory=dict)  # ONNX initializer name -> TF node name
+
+    def has(self, name: str) -> bool:
+        return bool(name) and name in self.values
+
+    def plain(self, name: str) -> tf.Tensor:
+        """The value in ONNX layout."""
+        v = self._get(name)
+        if not v.nhwc:
+            return v.tensor
+        if v.other is None:
+            v.other = tf.transpose(v.tensor, TO_NCHW)
+        return v.other
+
+    def nhwc(self, name: str) -> tf.Tensor:
+        """A 4-D value in NHWC layout."""
+        v = self._get(name)
+        if v.nhwc:
+            return v.tensor
+        if v.tensor.shape.rank != 4:
+            raise OnnxConversionError(f"Value {name!r} should be 4-D (NCHW); it has shape {v.tensor.shape}.")
+        if v.other is None:
+            v.other = tf.transpose(v.tensor, TO_NHWC)
+        return v.other
+
+    def is_nhwc(self, name: str) -> bool:
+        return self._get(name).nhwc
+
+    def static(self, name: str):
+        """The value as a numpy array when it is known while converting (constants, static
+        shapes), else None."""
+        if not name:
+            return None
+        v = self._get(name)
+        if v.nhwc:
+            return None
+        try:
+            return tf.get_static_value(v.tensor)
+        except (TypeError, ValueError):
+            return None
+
+    def static_ints(self, name: str) -> list[int] | None:
+        value = self.static(name)
+        return None if value is None else [int(i) for i in np.asarray(value).reshape(-1)]
+
+    def set(self, name: str, tensor: tf.Tensor, nhwc: bool = False) -> None:
+        if not name:
+            return
+        if nhwc and not self.propagate:
+            tensor, nhwc = tf.transpose(tensor, TO_NCHW), False
+        self.values[name] = Value(tensor, nhwc)
+
+    def _get(self, name: str) -> Value:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise OnnxConversionError(f"The ONNX graph uses value {name!r} before any node makes it.") from None

@@ -1,0 +1,129 @@
+"""Reading and checking an ONNX model: file or bytes or ``ModelProto``, external data, opset."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from tfnet.onnx.errors import ExternalDataError, OnnxLoadError, OpsetError
+
+MIN_OPSET = 13
+MAX_OPSET = 18
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def read_model(source: Any):
+    """Returns a checked ``onnx.ModelProto`` with its external data loaded.
+
+    Args:
+        source: A path to a ``.onnx`` file, its bytes, or an ``onnx.ModelProto``.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ExternalDataError: a tensor's external data file is missing.
+        OnnxLoadError: the bytes are not an ONNX model (corrupt, truncated, another format).
+        OpsetError: the default-domain opset is outside 13 to 18.
+    """
+    import onnx
+    from onnx import external_data_helper
+
+    base_dir = None
+    if isinstance(source, onnx.ModelProto):
+        model = onnx.ModelProto()
+        model.CopyFrom(source)
+        what = "the ModelProto"
+    elif isinstance(source, (bytes, bytearray)):
+        model = _parse(bytes(source), f"the {len(source)} bytes given")
+        what = "the bytes given"
+    elif isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"ONNX model file not found: {path!r}")
+        if os.path.isdir(path):
+            raise OnnxLoadError(f"{path!r} is a folder; from_onnx takes a .onnx file, its bytes or a ModelProto.")
+        with open(path, "rb") as f:
+            data = f.read()
+        model = _parse(data, f"{path!r} ({len(data)} bytes)")
+        base_dir = os.path.dirname(os.path.abspath(path))
+        what = repr(path)
+    else:
+        raise TypeError(
+            "from_onnx takes a path to a .onnx file, its bytes or an onnx.ModelProto. "
+            f"Received: {type(source).__name__}"
+        )
+    _load_external(model, base_dir, what, external_data_helper)
+    try:
+        onnx.checker.check_model(model)
+    except (onnx.checker.ValidationError, ValueError) as exc:
+        raise OnnxLoadError(
+            f"{what} is not a valid ONNX model: {_first_line(str(exc))}. Expected a model written by "
+            "onnx.save or torch.onnx.export."
+        ) from None
+    check_opset(model)
+    return model
+
+
+def _parse(data: bytes, what: str):
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise OnnxLoadError(
+            f"Could not read {what} as an ONNX model ({_first_line(str(exc)) or 'parse error'}): the file is "
+            "corrupt, truncated, or not ONNX. Expected a ModelProto written by onnx.save or torch.onnx.export."
+        ) from None
+    if not model.graph.node and not model.graph.output:
+        raise OnnxLoadError(
+            f"{what} holds no ONNX graph (no nodes, no outputs): the file is empty, truncated, or not ONNX. "
+            "Expected a ModelProto written by onnx.save or torch.onnx.export."
+        )
+    return model
+
+
+def _load_external(model, base_dir, what, helper) -> None:
+    tensors = [t for t in helper._get_all_tensors(model) if helper.uses_external_data(t)]
+    if not tensors:
+        return
+    if base_dir is None:
+        raise ExternalDataError(
+            f"{what} stores {len(tensors)} tensor(s) in external data files (first: {tensors[0].name!r}), "
+            "and a ModelProto or bytes has no folder to find them in. Pass the path of the .onnx file instead."
+        )
+    for t in tensors:
+        info = helper.ExternalDataInfo(t)
+        file = os.path.join(base_dir, info.location)
+        if not os.path.isfile(file):
+            raise ExternalDataError(
+                f"{what}: the external data of tensor {t.name!r} should be in {file!r}, which does not exist. "
+                "Keep the data file(s) next to the .onnx file, as onnx.save(..., save_as_external_data=True) wrote them."
+            )
+    try:
+        helper.load_external_data_for_model(model, base_dir)
+    except (OSError, ValueError) as exc:
+        raise ExternalDataError(f"{what}: reading external data failed: {_first_line(str(exc))}") from None
+
+
+def opset_of(model) -> int | None:
+    for entry in model.opset_import:
+        if entry.domain in _DEFAULT_DOMAINS:
+            return int(entry.version)
+    return None
+
+
+def check_opset(model) -> int:
+    version = opset_of(model)
+    if version is None or not MIN_OPSET <= version <= MAX_OPSET:
+        got = "no default-domain opset" if version is None else f"opset {version}"
+        raise OpsetError(
+            f"The ONNX model uses {got}; tfnet converts opsets {MIN_OPSET} to {MAX_OPSET}. Re-export it with "
+            f"opset_version in that range, or convert it with onnx.version_converter.convert_version(model, 17)."
+        )
+    return version
+
+
+def _first_line(text: str) -> str:
+    text = (text or "").strip()
+    return text.splitlines()[0] if text else ""

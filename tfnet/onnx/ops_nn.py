@@ -1,0 +1,250 @@
+"""ONNX convolution, pooling, batch-norm and LSTM operators as TensorFlow ops, in NHWC.
+
+Kernels stay in ONNX layout (``OIHW``) as weights, so weight names, shapes and gradients are
+PyTorch's; the graph transposes them to TensorFlow's ``HWIO`` (a weight-sized op). Batch norm
+becomes an inference-mode ``FusedBatchNormV3``, which tfnet folds into the convolution before it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tensorflow as tf
+
+from tfnet.onnx.context import Ctx
+from tfnet.onnx.errors import OnnxConversionError
+from tfnet.onnx.ops import register
+
+
+def _spatial_attrs(node, attrs, x: tf.Tensor, kernel: list[int]):
+    """(strides, dilations, TF padding) for a 2-D window op on NHWC ``x``."""
+    if len(kernel) != 2:
+        raise OnnxConversionError(
+            f"{node.op_type} {node.name!r} has a {len(kernel)}-D window {kernel}; tfnet converts 2-D ones (NCHW images)."
+        )
+    strides = list(attrs.get("strides", [1, 1]))
+    dilations = list(attrs.get("dilations", [1, 1]))
+    auto_pad = attrs.get("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad == "VALID":
+        return strides, dilations, "VALID"
+    if auto_pad == "SAME_UPPER":
+        return strides, dilations, "SAME"
+    if auto_pad not in ("NOTSET", ""):
+        raise OnnxConversionError(f"{node.op_type} {node.name!r}: auto_pad={auto_pad} is not supported (NOTSET, VALID, SAME_UPPER are).")
+    pads = list(attrs.get("pads", [0, 0, 0, 0]))
+    if attrs.get("ceil_mode", 0):
+        pads = _ceil_pads(node, x, kernel, strides, dilations, pads)
+    if not any(pads):
+        return strides, dilations, "VALID"
+    if _same_pads(x, kernel, strides, dilations) == pads:
+        return strides, dilations, "SAME"
+    return strides, dilations, [[0, 0], [pads[0], pads[2]], [pads[1], pads[3]], [0, 0]]
+
+
+def _same_pads(x, kernel, strides, dilations):
+    dims = x.shape.as_list()[1:3]
+    if any(d is None for d in dims):
+        return None
+    before, after = [], []
+    for size, k, s, d in zip(dims, kernel, strides, dilations):
+        total = max((math.ceil(size / s) - 1) * s + (k - 1) * d + 1 - size, 0)
+        before.append(total // 2)
+        after.append(total - total // 2)
+    return [before[0], before[1], after[0], after[1]]
+
+
+def _ceil_pads(node, x, kernel, strides, dilations, pads):
+    dims = x.shape.as_list()[1:3]
+    if any(d is None for d in dims):
+        raise OnnxConversionError(f"{node.op_type} {node.name!r}: ceil_mode=1 needs static spatial dimensions.")
+    pads = list(pads)
+    for i, (size, k, s, d) in enumerate(zip(dims, kernel, strides, dilations)):
+        span = size + pads[i] + pads[i + 2] - ((k - 1) * d + 1)
+        out_floor, out_ceil = span // s + 1, -(-span // s) + 1
+        if (out_ceil - 1) * s >= size + pads[i]:  # the last window must start inside the input
+            out_ceil -= 1
+        pads[i + 2] += (out_ceil - out_floor) * s
+    return pads
+
+
+def _explicit(padding):
+    return [p for pair in padding for p in pair]
+
+
+@register("Conv")
+def _conv(ctx: Ctx, node, attrs):
+    x = ctx.nhwc(node.input[0])
+    w = ctx.plain(node.input[1])
+    kernel = list(attrs.get("kernel_shape", w.shape.as_list()[2:]))
+    strides, dilations, padding = _spatial_attrs(node, attrs, x, kernel)
+    group = attrs.get("group", 1)
+    c_in = x.shape[-1]
+    out_ch, in_per_group = w.shape[0], w.shape[1]
+    s4, d4 = [1, *strides, 1], [1, *dilations, 1]
+    if group == 1:
+        y = _conv2d(x, tf.transpose(w, [2, 3, 1, 0]), s4, d4, padding)
+    elif group == c_in and in_per_group == 1 and strides[0] == strides[1]:
+        hwio = tf.transpose(w, [2, 3, 0, 1])  # (kh, kw, O, 1) -> (kh, kw, C, O / C)
+        dw = tf.reshape(hwio, [kernel[0], kernel[1], c_in, out_ch // c_in])
+        if isinstance(padding, list):  # EXPLICIT padding on a depthwise conv crashes grappler's cost model
+            x, padding = tf.pad(x, padding), "VALID"
+        y = tf.raw_ops.DepthwiseConv2dNative(input=x, filter=dw, strides=s4, dilations=d4, data_format="NHWC", padding=padding)
+    else:
+        xs = tf.split(x, group, axis=3)
+        ws = tf.split(w, group, axis=0)
+        y = tf.concat([_conv2d(a, tf.transpose(b, [2, 3, 1, 0]), s4, d4, padding) for a, b in zip(xs, ws)], axis=3)
+    if len(node.input) > 2 and node.input[2]:
+        y = tf.nn.bias_add(y, ctx.plain(node.input[2]))
+    ctx.set(node.output[0], y, nhwc=True)
+
+
+def _conv2d(x, kernel, strides, dilations, padding):
+    kwargs = {"explicit_paddings": _explicit(padding), "padding": "EXPLICIT"} if isinstance(padding, list) else {"padding": padding}
+    return tf.raw_ops.Conv2D(input=x, filter=kernel, strides=strides, dilations=dilations, data_format="NHWC", **kwargs)
+
+
+@register("BatchNormalization")
+def _batch_norm(ctx: Ctx, node, attrs):
+    if attrs.get("training_mode", 0) or len([o for o in node.output if o]) > 1:
+        raise OnnxConversionError(
+            f"BatchNormalization {node.name!r} is in training mode; tfnet imports inference graphs "
+            "(export with model.eval())."
+        )
+    eps = attrs.get("epsilon", 1e-5)
+    x_name, scale, bias, mean, var = node.input[:5]
+    for stat in (mean, var):
+        if stat in ctx.weight_tf_names:
+            ctx.statistics.append(ctx.weight_tf_names[stat])
+    params = [ctx.plain(n) for n in (scale, bias, mean, var)]
+    rank = (ctx.nhwc(x_name) if ctx.is_nhwc(x_name) else ctx.plain(x_name)).shape.rank
+    if rank == 4:
+        y = tf.raw_ops.FusedBatchNormV3(
+            x=ctx.nhwc(x_name), scale=params[0], offset=params[1], mean=params[2], variance=params[3],
+            epsilon=eps, data_format="NHWC", is_training=False,
+        )[0]
+        ctx.set(node.output[0], y, nhwc=True)
+        return
+    x = ctx.plain(x_name)
+    shape = [-1] + [1] * (rank - 2)
+    s, b, m, v = (tf.reshape(p, shape) for p in params)
+    ctx.set(node.output[0], (x - m) * (s * tf.math.rsqrt(v + eps)) + b)
+
+
+def _pool_nhwc(ctx: Ctx, node, attrs, kind: str):
+    x = ctx.nhwc(node.input[0])
+    kernel = list(attrs["kernel_shape"])
+    strides, dilations, padding = _spatial_attrs(node, attrs, x, kernel)
+    if dilations != [1, 1]:
+        raise OnnxConversionError(f"{node.op_type} {node.name!r}: dilated pooling is not supported.")
+    k4, s4 = [1, *kernel, 1], [1, *strides, 1]
+    if kind == "max":
+        if isinstance(padding, list):
+            x = tf.pad(x, padding, constant_values=x.dtype.min)
+            padding = "VALID"
+        return tf.nn.max_pool2d(x, k4, s4, padding)
+    include_pad = bool(attrs.get("count_include_pad", 0))
+    if padding == "VALID" or (padding == "SAME" and not include_pad):
+        return tf.nn.avg_pool2d(x, k4, s4, padding)
+    pads = padding if isinstance(padding, list) else _pairs(_same_pads(x, kernel, strides, dilations))
+    total = tf.nn.avg_pool2d(tf.pad(x, pads), k4, s4, "VALID")
+    if include_pad:
+        return total
+    ones = tf.pad(tf.ones_like(x[:1, :, :, :1]), pads)
+    return total / tf.nn.avg_pool2d(ones, k4, s4, "VALID")
+
+
+def _pairs(pads):
+    return [[0, 0], [pads[0], pads[2]], [pads[1], pads[3]], [0, 0]]
+
+
+@register("MaxPool")
+def _max_pool(ctx, node, attrs):
+    if len([o for o in node.output if o]) > 1:
+        raise OnnxConversionError(f"MaxPool {node.name!r}: the Indices output is not supported.")
+    ctx.set(node.output[0], _pool_nhwc(ctx, node, attrs, "max"), nhwc=True)
+
+
+@register("AveragePool")
+def _avg_pool(ctx, node, attrs):
+    ctx.set(node.output[0], _pool_nhwc(ctx, node, attrs, "avg"), nhwc=True)
+
+
+@register("GlobalAveragePool", "GlobalMaxPool")
+def _global_pool(ctx, node, attrs):
+    name = node.input[0]
+    fn = tf.reduce_mean if node.op_type == "GlobalAveragePool" else tf.reduce_max
+    if ctx.is_nhwc(name) or ctx.plain(name).shape.rank == 4:
+        ctx.set(node.output[0], fn(ctx.nhwc(name), axis=[1, 2], keepdims=True), nhwc=True)
+        return
+    x = ctx.plain(name)
+    ctx.set(node.output[0], fn(x, axis=list(range(2, x.shape.rank)), keepdims=True))
+
+
+# ------------------------------------------------------------------ LSTM
+
+
+@register("LSTM")
+def _lstm(ctx: Ctx, node, attrs):
+    """Unrolled over the (static) sequence length: gates ``i, o, f, c`` as ONNX orders them."""
+    names = list(node.input) + [""] * (8 - len(node.input))
+    x_name, w_name, r_name, b_name, lens_name, h0_name, c0_name, p_name = names[:8]
+    if p_name:
+        raise OnnxConversionError(f"LSTM {node.name!r}: peephole weights (input P) are not supported.")
+    if attrs.get("clip") is not None or attrs.get("input_forget", 0):
+        raise OnnxConversionError(f"LSTM {node.name!r}: clip and input_forget are not supported.")
+    acts = [a.decode() if isinstance(a, bytes) else a for a in attrs.get("activations", [])]
+    if acts and any(a != d for a, d in zip(acts, ["Sigmoid", "Tanh", "Tanh"] * 2)):
+        raise OnnxConversionError(f"LSTM {node.name!r}: activations {acts} are not supported (Sigmoid, Tanh, Tanh are).")
+    direction = attrs.get("direction", b"forward")
+    direction = direction.decode() if isinstance(direction, bytes) else direction
+    layout = attrs.get("layout", 0)
+    x = ctx.plain(x_name)
+    if layout:
+        x = tf.transpose(x, [1, 0, 2])
+    steps = x.shape[0]
+    if steps is None:
+        raise OnnxConversionError(
+            f"LSTM {node.name!r} has a dynamic sequence length (input shape {x.shape}); tfnet unrolls LSTMs and "
+            "needs a fixed one. Export with a fixed sequence dimension (dynamic batch is fine)."
+        )
+    if lens_name:
+        lens = ctx.static(lens_name)
+        if lens is None or not np.all(np.asarray(lens) == steps):
+            raise OnnxConversionError(f"LSTM {node.name!r}: sequence_lens other than the full length are not supported.")
+    hidden = attrs["hidden_size"]
+    w, r = ctx.plain(w_name), ctx.plain(r_name)
+    dirs = ["forward", "reverse"] if direction == "bidirectional" else [direction]
+    batch = tf.shape(x)[1]
+    ys, hs, cs = [], [], []
+    for d, way in enumerate(dirs):
+        wd, rd = w[d], r[d]
+        bias = 0.0
+        if b_name:
+            b = ctx.plain(b_name)[d]
+            bias = b[: 4 * hidden] + b[4 * hidden:]
+        # every step's input projection in one matmul
+        proj = tf.reshape(tf.linalg.matmul(tf.reshape(x, [-1, x.shape[-1]]), wd, transpose_b=True) + bias,
+                          [steps, -1, 4 * hidden])
+        h = ctx.plain(h0_name)[d] if h0_name else tf.zeros(tf.stack([batch, hidden]), x.dtype)
+        c = ctx.plain(c0_name)[d] if c0_name else tf.zeros(tf.stack([batch, hidden]), x.dtype)
+        order = range(steps) if way == "forward" else range(steps - 1, -1, -1)
+        outs = [None] * steps
+        for t in order:
+            gates = proj[t] + tf.linalg.matmul(h, rd, transpose_b=True)
+            i, o, f, g = tf.split(gates, 4, axis=1)
+            c = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
+            h = tf.sigmoid(o) * tf.tanh(c)
+            outs[t] = h
+        ys.append(tf.stack(outs, 0))
+        hs.append(h)
+        cs.append(c)
+    y = tf.stack(ys, 1)  # (seq, num_directions, batch, hidden)
+    y_h, y_c = tf.stack(hs, 0), tf.stack(cs, 0)
+    if layout:
+        y = tf.transpose(y, [2, 0, 1, 3])
+        y_h, y_c = tf.transpose(y_h, [1, 0, 2]), tf.transpose(y_c, [1, 0, 2])
+    outputs = list(node.output) + [""] * (3 - len(node.output))
+    for name, value in zip(outputs, (y, y_h, y_c)):
+        ctx.set(name, value)
