@@ -203,15 +203,16 @@ def main() -> None:
     export(model, {"image": x}, ["logits"], out("mobilenet_v2"), 13, {"image": batch, "logits": batch})
 
     torch.manual_seed(0)
+    encoder = _jitter(Encoder())
     ids = rng.integers(0, 50, (2, 8)).astype(np.int64)
     mask = np.ones((2, 8), np.float32)
     mask[1, 6:] = 0.0
-    export(Encoder(), {"ids": ids, "mask": mask}, ["logits", "hidden"], out("transformer"), 18,
+    export(encoder, {"ids": ids, "mask": mask}, ["logits", "hidden"], out("transformer"), 18,
            {"ids": batch, "mask": batch, "logits": batch, "hidden": batch})
 
     torch.manual_seed(0)
     x = rng.standard_normal((2, 5, 6)).astype(np.float32)
-    export(Recurrent(), {"sequence": x}, ["logits", "state"], out("lstm"), 14,
+    export(_jitter(Recurrent()), {"sequence": x}, ["logits", "state"], out("lstm"), 14,
            {"sequence": batch, "logits": batch, "state": {0: "batch"}})
 
     torch.manual_seed(0)
@@ -230,6 +231,16 @@ def main() -> None:
                           output_names=["logits"], opset_version=17, dynamic_axes={"image": batch, "logits": batch},
                           training=torch.onnx.TrainingMode.PRESERVE, dynamo=False)
         print(f"full ResNet-18: {args.full_resnet18} ({os.path.getsize(args.full_resnet18) / 1e6:.1f} MB)")
+
+
+def _jitter(model: nn.Module) -> nn.Module:
+    """Small noise on every parameter. The exporter merges initializers with equal values (LayerNorm's
+    ones, zero biases) into one, which would tie weights that PyTorch trains apart."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.02)
+    return model
 
 
 def _randomise_bn(model: nn.Module) -> None:

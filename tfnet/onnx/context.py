@@ -37,6 +37,8 @@ class Ctx:
     values: dict[str, Value] = field(default_factory=dict)
     statistics: list[str] = field(default_factory=list)  # TF names of batch-norm mean/variance weights
     weight_tf_names: dict[str, str] = field(default_factory=dict)  # ONNX initializer name -> TF node name
+    _session: tf.compat.v1.Session | None = None
+    _const_ops: dict[str, bool] = field(default_factory=dict)
 
     def has(self, name: str) -> bool:
         return bool(name) and name in self.values
@@ -73,9 +75,38 @@ class Ctx:
         if v.nhwc:
             return None
         try:
-            return tf.get_static_value(v.tensor)
+            value = tf.get_static_value(v.tensor)
         except (TypeError, ValueError):
-            return None
+            value = None
+        if value is None and self._constant(v.tensor.op):
+            if self._session is None:
+                self._session = tf.compat.v1.Session(graph=v.tensor.graph)
+            value = self._session.run(v.tensor)
+        return value
+
+    def _constant(self, op: tf.Operation) -> bool:
+        """Whether ``op`` depends on constants only (no placeholder, no stateful op)."""
+        stack, seen = [op], []
+        while stack:
+            cur = stack.pop()
+            known = self._const_ops.get(cur.name)
+            if known is False or cur.type == "Placeholder" or cur.op_def.is_stateful:
+                for o in [*seen, cur]:
+                    self._const_ops[o.name] = False
+                return False
+            if known:
+                continue
+            seen.append(cur)
+            stack.extend(t.op for t in cur.inputs)
+            stack.extend(cur.control_inputs)
+        for o in seen:
+            self._const_ops[o.name] = True
+        return True
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
 
     def static_ints(self, name: str) -> list[int] | None:
         value = self.static(name)

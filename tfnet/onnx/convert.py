@@ -125,20 +125,10 @@ def convert(
             ctx.set(name, tf.compat.v1.placeholder(dtype, dims if ttype.HasField("shape") else None, name=ph_name))
             if name in input_names:
                 tf_inputs.append((input_names.index(name), ph_name + ":0"))
-        for i, node in enumerate(g.node):
-            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-            scope = "ops/" + clean_node_name(node.name or f"{node.op_type}_{i}")
-            with tf.name_scope(scope + "/"):
-                try:
-                    HANDLERS[node.op_type](ctx, node, attrs)
-                except OnnxConversionError:
-                    raise
-                except (ValueError, TypeError, tf.errors.OpError) as exc:
-                    shapes = [str(ctx.values[n].tensor.shape) if ctx.has(n) else "?" for n in node.input if n]
-                    raise OnnxConversionError(
-                        f"Converting {node.op_type} node {node.name!r} (inputs {list(node.input)} with shapes "
-                        f"{shapes}) failed: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
-                    ) from None
+        try:
+            _convert_nodes(ctx, g.node)
+        finally:
+            ctx.close()
         tf_outputs = []
         for name in output_names:
             out = tf.identity(ctx.plain(name), name=tf_name(name))
@@ -151,3 +141,22 @@ def convert(
     stats = [s for s in dict.fromkeys(ctx.statistics) if s in values]
     return Converted(template, inputs_sorted, tf_outputs, values, stats,
                      {k: v for k, v in onnx_weight_names.items() if k in values})
+
+
+def _convert_nodes(ctx: Ctx, nodes) -> None:
+    from onnx import helper
+
+    for i, node in enumerate(nodes):
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        scope = "ops/" + clean_node_name(node.name or f"{node.op_type}_{i}")
+        with tf.name_scope(scope + "/"):
+            try:
+                HANDLERS[node.op_type](ctx, node, attrs)
+            except OnnxConversionError:
+                raise
+            except (ValueError, TypeError, tf.errors.OpError) as exc:
+                shapes = [str(ctx.values[n].tensor.shape) if ctx.has(n) else "?" for n in node.input if n]
+                raise OnnxConversionError(
+                    f"Converting {node.op_type} node {node.name!r} (inputs {list(node.input)} with shapes "
+                    f"{shapes}) failed: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+                ) from None

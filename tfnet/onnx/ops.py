@@ -163,7 +163,7 @@ def _binary(ctx, node, attrs):
             y = y / len(xs)
     elif op == "Div":
         a, b = xs
-        y = tf.math.truncatediv(a, b) if a.dtype.is_integer else a / b
+        y = tf.truncatediv(a, b) if a.dtype.is_integer else a / b
     elif op == "Pow":
         a, b = xs
         exponent = ctx.static(node.input[1])
@@ -184,7 +184,7 @@ def _binary(ctx, node, attrs):
 @register("Mod")
 def _mod(ctx, node, attrs):
     a, b = _inputs(ctx, node)
-    fn = tf.math.truncatemod if attrs.get("fmod", 0) else tf.math.floormod
+    fn = tf.truncatemod if attrs.get("fmod", 0) else tf.math.floormod
     ctx.set(node.output[0], fn(a, b))
 
 
