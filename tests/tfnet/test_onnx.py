@@ -1,0 +1,230 @@
+"""ONNX models exported by real PyTorch (scripts/export_onnx_fixtures.py) as TFNets, checked against
+onnxruntime and against PyTorch's own outputs and gradients stored beside each model."""
+
+import os
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from tfnet import GraphLoadError, TFNet  # noqa: E402
+from tfnet.onnx import (  # noqa: E402
+    ExternalDataError,
+    NotOnnxNetError,
+    OnnxLoadError,
+    OpsetError,
+    UnsupportedOperatorError,
+)
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "onnx")
+MODELS = ["resnet18", "mobilenet_v2", "transformer", "lstm", "digits_cnn"]
+
+
+def path_of(name):
+    return os.path.join(FIXTURES, name + ".onnx")
+
+
+def stored(name):
+    return dict(np.load(os.path.join(FIXTURES, name + ".npz")))
+
+
+def rel(a, b):
+    return float(np.abs(np.asarray(a) - b).max() / max(np.abs(b).max(), 1e-12))
+
+
+def as_list(x):
+    return x if isinstance(x, list) else [x]
+
+
+def run_ort(model, inputs):
+    session = ort.InferenceSession(model if isinstance(model, str) else model.SerializeToString())
+    return session.run(None, {i.name: v for i, v in zip(session.get_inputs(), inputs)})
+
+
+_NETS = {}
+
+
+def net_of(name):
+    if name not in _NETS:
+        _NETS[name] = TFNet.from_onnx(path_of(name))
+    return _NETS[name]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_forward_equals_onnxruntime_and_pytorch(name):
+    net, data = net_of(name), stored(name)
+    inputs = [data[f"in_{k}"] for k in range(len(net.input_names))]
+    outs = as_list(net.forward(inputs))
+    for k, (got, want) in enumerate(zip(outs, run_ort(path_of(name), inputs))):
+        assert rel(got, want) < 1e-4, (name, k, rel(got, want))
+        assert rel(got, data[f"out_{k}"]) < 1e-4, (name, k)
+    # dynamic batch: one row more than the stored batch, still equal to onnxruntime
+    bigger = [np.concatenate([v, v[:1]]) for v in inputs]
+    for got, want in zip(as_list(net.forward(bigger)), run_ort(path_of(name), bigger)):
+        assert got.shape[0] == len(inputs[0]) + 1 and rel(got, want) < 1e-4
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_backward_equals_pytorch_gradients(name):
+    net, data = net_of(name), stored(name)
+    inputs = [data[f"in_{k}"] for k in range(len(net.input_names))]
+    grad_out = [data[f"grad_out_{k}"] for k in range(len(net.output_names))]
+    grad_in, grad_w = net.backward(inputs, grad_out)
+    for k, g in enumerate(as_list(grad_in)):
+        if f"grad_in_{k}" in data:
+            assert rel(g, data[f"grad_in_{k}"]) < 1e-3, (name, k)
+        else:  # integer input (token ids): no gradient
+            assert g is None and not np.issubdtype(inputs[k].dtype, np.floating)
+    want = {k[len("grad_w/"):]: v for k, v in data.items() if k.startswith("grad_w/")}
+    assert want and set(want) <= set(grad_w), "every PyTorch parameter is a trainable weight, by its ONNX name"
+    worst = max(rel(grad_w[n], g) for n, g in want.items())
+    assert worst < 1e-3, (name, worst)
+
+
+def test_weights_named_by_onnx_names_statistics_frozen():
+    net = net_of("resnet18")
+    model = onnx.load(path_of("resnet18"))
+    assert net.weight_names == [t.name for t in model.graph.initializer]
+    assert net.statistic_names == [n for n in net.weight_names if n.endswith(("running_mean", "running_var"))]
+    assert len(net.statistic_names) == 40
+    assert set(net.trainable) == set(net.weight_names) - set(net.statistic_names)
+    np.testing.assert_array_equal(net.get_weights(["conv1.weight"])["conv1.weight"],
+                                  onnx.numpy_helper.to_array(model.graph.initializer[0]))
+    assert TFNet.from_onnx(path_of("resnet18"), trainable="fc.").trainable == ["fc.weight", "fc.bias"]
+
+
+def test_layout_without_propagation_gives_the_same_function():
+    data = stored("mobilenet_v2")
+    plain = TFNet.from_onnx(path_of("mobilenet_v2"), propagate_layout=False)
+    assert rel(plain.forward(data["in_0"]), data["out_0"]) < 1e-4
+
+
+def _finetune(net, x, steps=3, lr=0.05):
+    for _ in range(steps):
+        _, grads = net.backward(x)
+        net.apply_updates({k: -lr * g / (np.abs(g).max() + 1e-12) for k, g in grads.items()})
+
+
+def test_save_onnx_round_trip_after_fine_tuning(tmp_path):
+    net = TFNet.from_onnx(path_of("digits_cnn"))
+    x = stored("digits_cnn")["in_0"]
+    before = net.forward(x)
+    _finetune(net, x)
+    after = net.forward(x)
+    assert rel(after, before) > 1e-3, "the weights changed"
+    out = str(tmp_path / "tuned.onnx")
+    net.save_onnx(out)
+    assert rel(run_ort(out, [x])[0], after) < 1e-4
+    again = TFNet.from_onnx(out)
+    np.testing.assert_allclose(again.forward(x), after, rtol=1e-5, atol=1e-6)
+    assert again.statistic_names == net.statistic_names
+    # a net made by cut/add_head has no ONNX graph behind it
+    with pytest.raises(NotOnnxNetError, match=r"save_onnx writes nets made by TFNet.from_onnx.*Use net.save"):
+        net.cut(net.output_names).save_onnx(str(tmp_path / "x.onnx"))
+
+
+def test_save_frozen_graph_and_openvino_read_the_same_function(tmp_path):
+    import openvino as ov
+
+    net = TFNet.from_onnx(path_of("transformer"))
+    data = stored("transformer")
+    inputs = [data["in_0"], data["in_1"]]
+    net.save(str(tmp_path / "export"))
+    loaded = TFNet.load(str(tmp_path / "export"))
+    for a, b in zip(loaded.forward(inputs), net.forward(inputs)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    # OpenVINO reads the ONNX file itself, and agrees with tfnet
+    compiled = ov.Core().compile_model(ov.convert_model(path_of("digits_cnn")), "CPU",
+                                       {"INFERENCE_PRECISION_HINT": "f32"})  # not bf16 on CPUs that have it
+    x = stored("digits_cnn")["in_0"]
+    assert rel(compiled([x])[0], net_of("digits_cnn").forward(x)) < 1e-4
+
+
+def test_cut_and_add_head_on_an_onnx_net():
+    import keras
+
+    model = onnx.load(path_of("digits_cnn"))
+    features = [n for n in model.graph.node if n.op_type == "Gemm"][-1].input[0]
+    body = TFNet.from_onnx(path_of("digits_cnn"), outputs=["logits", features])
+    feature_name = body.output_names[1]
+    keras.utils.set_random_seed(0)
+    net = body.cut(feature_name).add_head([keras.layers.Dense(3)], name="head")
+    x = stored("digits_cnn")["in_0"]
+    assert net.forward(x).shape == (4, 3)
+    assert body.forward(x)[1].shape == (4, 64)
+    net.trainable = "head/"
+    _, grads = net.backward(x)
+    assert sorted(grads) == ["head/dense/bias", "head/dense/kernel"] or all(k.startswith("head/") for k in grads)
+
+
+def test_several_inputs_by_name_and_integer_ids():
+    net = net_of("transformer")
+    data = stored("transformer")
+    assert net.input_names == ["ids:0", "mask:0"] and net.output_names == ["logits:0", "hidden:0"]
+    by_name = net.forward({"mask": data["in_1"], "ids": data["in_0"]})
+    np.testing.assert_allclose(by_name[0], data["out_0"], rtol=1e-4, atol=1e-5)
+    assert net.input_specs[0].dtype.name == "int64"
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def _tiny_model(op="Relu", opset=17, domain=""):
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node(op, ["a"], ["b"], domain=domain),
+             helper.make_node(op, ["b"], ["y"], domain=domain)]
+    imports = [helper.make_opsetid("", opset)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    return helper.make_model(helper.make_graph(nodes, "g", [x], [y]), opset_imports=imports)
+
+
+def test_corrupt_truncated_and_missing_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"ONNX model file not found: .*nope\.onnx"):
+        TFNet.from_onnx(str(tmp_path / "nope.onnx"))
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(os.urandom(2000))
+    with pytest.raises(OnnxLoadError, match=r"junk\.onnx.*2000 bytes.*corrupt, truncated, or not ONNX"):
+        TFNet.from_onnx(str(junk))
+    data = open(path_of("resnet18"), "rb").read()
+    cut = tmp_path / "truncated.onnx"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(GraphLoadError, match=r"truncated\.onnx.*(corrupt, truncated|not a valid ONNX model)"):
+        TFNet.from_onnx(str(cut))
+    with pytest.raises(TypeError, match=r"path to a \.onnx file, its bytes or an onnx\.ModelProto\. Received: int"):
+        TFNet.from_onnx(42)
+
+
+def test_unsupported_operators_are_all_listed_before_anything_runs():
+    model = _tiny_model("Hardmax")
+    model.graph.node.append(onnx.helper.make_node("FancyOp", ["y"], ["z"], domain="com.example"))
+    model.opset_import.append(onnx.helper.make_opsetid("com.example", 1))
+    with pytest.raises(UnsupportedOperatorError,
+                       match=r"3 node\(s\) of operators tfnet cannot convert: Hardmax \(x2\), "
+                             r"com\.example::FancyOp \(x1\)\. Supported operators .*opsets 13-18\): Abs, Add"):
+        TFNet.from_onnx(model)
+    assert isinstance(UnsupportedOperatorError("x"), ValueError)
+
+
+@pytest.mark.parametrize("opset", [11, 19])
+def test_opset_out_of_range(opset):
+    with pytest.raises(OpsetError, match=rf"uses opset {opset}; tfnet converts opsets 13 to 18"):
+        TFNet.from_onnx(_tiny_model("Relu", opset=opset))
+    assert TFNet.from_onnx(_tiny_model("Relu", opset=13)).forward(np.array([[-1, 2, -3, 4]], np.float32)).tolist() == [[0, 2, 0, 4]]
+
+
+def test_external_data_file_missing(tmp_path):
+    model = onnx.load(path_of("digits_cnn"))
+    target = tmp_path / "ext" / "model.onnx"
+    target.parent.mkdir()
+    onnx.save(model, str(target), save_as_external_data=True, location="weights.bin", size_threshold=0)
+    x = stored("digits_cnn")["in_0"]
+    assert rel(TFNet.from_onnx(str(target)).forward(x), stored("digits_cnn")["out_0"]) < 1e-4
+    os.remove(tmp_path / "ext" / "weights.bin")
+    with pytest.raises(ExternalDataError, match=r"external data of tensor 'features\.0\.weight' should be in .*weights\.bin"):
+        TFNet.from_onnx(str(target))
+    with pytest.raises(FileNotFoundError):
+        TFNet.from_onnx(str(target))
