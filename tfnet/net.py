@@ -253,6 +253,7 @@ class TFNet(tf.Module):
             outputs: ONNX value names to return; any value in the graph can be one. Default: the
                 graph outputs.
             **kwargs: ``trainable``, ``fold_batch_norm``, ``name``; see :class:`TFNet`.
+                ``propagate_layout=False`` turns off keeping NHWC through element-wise ops.
 
         Raises:
             FileNotFoundError: the file does not exist.

@@ -26,7 +26,8 @@ def net_from_onnx(
     name: str = "tfnet",
     propagate_layout: bool = True,
 ):
-    """See :meth:`tfnet.TFNet.from_onnx`."""
+    """See :meth:`tfnet.TFNet.from_onnx`. ``propagate_layout=False`` transposes every NHWC result
+    back to NCHW at once instead of keeping NHWC through element-wise ops (for comparison)."""
     require_onnx()
     from tfnet.onnx.convert import convert
     from tfnet.onnx.load import read_model
