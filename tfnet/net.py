@@ -252,8 +252,8 @@ class TFNet(tf.Module):
             inputs: ONNX graph input names in the order the net takes them. Default: all of them.
             outputs: ONNX value names to return; any value in the graph can be one. Default: the
                 graph outputs.
-            **kwargs: ``trainable``, ``fold_batch_norm``, ``name``; see :class:`TFNet`.
-                ``propagate_layout=False`` turns off keeping NHWC through element-wise ops.
+            **kwargs: ``trainable``, ``relax_batch``, ``fold_batch_norm``, ``name``; see
+                :class:`TFNet`. ``propagate_layout=False`` turns off keeping NHWC through element-wise ops.
 
         Raises:
             FileNotFoundError: the file does not exist.
@@ -679,7 +679,8 @@ class TFNet(tf.Module):
         write_export_folder(self, path)
 
     def save_onnx(self, path: PathLike) -> None:
-        """Writes the ONNX model this net was made from (:meth:`from_onnx`) with the current weights.
+        """Writes the ONNX model this net was made from (:meth:`from_onnx`; the whole graph, even if
+        ``outputs`` chose other values) with the current weights, atomically, checked by ``onnx.checker``.
 
         Raises:
             tfnet.onnx.NotOnnxNetError: the net was not made by ``from_onnx`` (or by ``cut`` or

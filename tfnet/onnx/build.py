@@ -25,6 +25,7 @@ def net_from_onnx(
     fold_batch_norm: bool = True,
     name: str = "tfnet",
     propagate_layout: bool = True,
+    relax_batch: bool = True,
 ):
     """See :meth:`tfnet.TFNet.from_onnx`. ``propagate_layout=False`` transposes every NHWC result
     back to NCHW at once instead of keeping NHWC through element-wise ops (for comparison)."""
@@ -38,6 +39,7 @@ def net_from_onnx(
         None if inputs is None else as_name_list(inputs, "inputs"),
         None if outputs is None else as_name_list(outputs, "outputs"),
         propagate_layout=propagate_layout,
+        relax_batch=relax_batch,
     )
     net = cls._from_template(
         converted.template, converted.inputs, converted.outputs, converted.values, converted.statistics, None,

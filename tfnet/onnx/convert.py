@@ -60,6 +60,7 @@ def convert(
     inputs: Sequence[str] | None = None,
     outputs: Sequence[str] | None = None,
     propagate_layout: bool = True,
+    relax_batch: bool = True,
 ) -> Converted:
     """Converts a checked ``onnx.ModelProto`` (see :func:`tfnet.onnx.load.read_model`).
 
@@ -71,6 +72,9 @@ def convert(
             outputs.
         propagate_layout: Keep convolution results in NHWC through element-wise ops (default).
             False transposes back to NCHW after every convolution and pool (for comparison).
+        relax_batch: Make dimension 0 of every input unknown, even where the model fixes it (a
+            model exported without dynamic axes). Dimensions the model leaves symbolic are always
+            unknown. Default: True.
     """
     from onnx import helper, numpy_helper
 
@@ -118,7 +122,7 @@ def convert(
             info = by_input[name]
             ttype = info.type.tensor_type
             dims = [d.dim_value if d.HasField("dim_value") else None for d in ttype.shape.dim]
-            if dims:
+            if dims and relax_batch:
                 dims[0] = None  # dynamic batch
             ph_name = tf_name(name)
             dtype = tf.as_dtype(helper.tensor_dtype_to_np_dtype(ttype.elem_type))
