@@ -234,3 +234,29 @@ def test_external_data_file_missing(tmp_path):
         TFNet.from_onnx(str(target))
     with pytest.raises(FileNotFoundError):
         TFNet.from_onnx(str(target))
+
+
+@pytest.mark.parametrize("opset", [16, 18])
+def test_every_opset_in_range_converts(opset):
+    """The fixtures cover opsets 13, 14, 15, 17 and 18; onnx's converter lifts the opset-15 CNN to
+    the others (it has no downward BatchNormalization adapter)."""
+    from onnx import version_converter
+
+    model = version_converter.convert_version(onnx.load(path_of("digits_cnn")), opset)
+    x = stored("digits_cnn")["in_0"]
+    assert rel(TFNet.from_onnx(model).forward(x), run_ort(model, [x])[0]) < 1e-4
+
+
+def test_lstm_with_a_dynamic_sequence_length_is_a_clear_error():
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", "batch", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["seq", 1, "batch", 2])
+    w = helper.make_tensor("W", TensorProto.FLOAT, [1, 8, 3], np.zeros(24, np.float32))
+    r = helper.make_tensor("R", TensorProto.FLOAT, [1, 8, 2], np.zeros(16, np.float32))
+    node = helper.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=2)
+    model = helper.make_model(helper.make_graph([node], "g", [x], [y], [w, r]), opset_imports=[helper.make_opsetid("", 14)])
+    from tfnet.onnx import OnnxConversionError
+
+    with pytest.raises(OnnxConversionError, match=r"LSTM .* dynamic sequence length .*needs a fixed one"):
+        TFNet.from_onnx(model)
