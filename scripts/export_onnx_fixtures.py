@@ -21,8 +21,8 @@ Models (seeded init, eval mode, dynamic batch dimension):
 * ``transformer``: token ids (int64) and a float mask -> embedding + learnt positions, one
   ``nn.TransformerEncoderLayer`` (GELU, batch first) -> two outputs, opset 18.
 * ``lstm``: ``nn.LSTM`` (batch first, two layers) + linear head, two outputs, opset 14.
-* ``digits_cnn``: a small CNN trained on scikit-learn's digits 0-4 (8x8, first 1000 samples of
-  those classes kept for training), for the transfer test (fine-tune on 5-9), opset 15.
+* ``digits_cnn``: a small CNN trained (15 epochs of Adam) on all of scikit-learn's digits 0-4 (8x8,
+  901 images), for the transfer test, which fine-tunes it on digits 5-9; opset 15.
 """
 
 from __future__ import annotations
