@@ -265,3 +265,17 @@ def test_lstm_with_a_dynamic_sequence_length_is_a_clear_error():
 
     with pytest.raises(OnnxConversionError, match=r"LSTM .* dynamic sequence length .*needs a fixed one"):
         TFNet.from_onnx(model)
+
+
+def test_bytes_input_order_and_unknown_names():
+    from tfnet import TensorNameError
+
+    data = open(path_of("transformer"), "rb").read()
+    net = TFNet.from_onnx(data, inputs=["mask", "ids"], outputs="logits")
+    assert net.input_names == ["mask:0", "ids:0"] and net.output_names == ["logits:0"]
+    d = stored("transformer")
+    np.testing.assert_allclose(net.forward([d["in_1"], d["in_0"]]), d["out_0"], rtol=1e-4, atol=1e-5)
+    with pytest.raises(TensorNameError, match=r"Unknown ONNX value 'logit'\. Closest existing names: 'logits'"):
+        TFNet.from_onnx(data, outputs="logit")
+    with pytest.raises(TensorNameError, match=r"Unknown ONNX graph input 'id'\. Closest existing names: 'ids'"):
+        TFNet.from_onnx(data, inputs=["id", "mask"])
