@@ -249,3 +249,33 @@ def test_progress_bar_and_quiet_mode(capsys):
     assert len(lines) == 2 and lines[1].startswith("epoch 2/2 (step")
     opt.optimize((x, y), epochs=1, batch_size=32, verbose=0)
     assert capsys.readouterr().err == ""
+
+
+def test_state_carries_over_between_local_calls_and_per_group_rate_is_logged(tmp_path):
+    """Two optimize() calls of one epoch equal one call of two epochs (Adam's moments and the
+    schedule's step carry over), and the logged learning rate of a per-group method is a number."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    x, y = data(128)
+    method = lambda: optim.Adam(optim.schedules.exponential(0.01, 2, 0.5))  # noqa: E731
+    once = TFOptimizer(small_net(), SCE, method())
+    once.optimize((x, y), epochs=2, batch_size=32, shuffle=False, verbose=0)
+    twice = TFOptimizer(small_net(), SCE, method())
+    for _ in range(2):
+        twice.optimize((x, y), epochs=1, batch_size=32, shuffle=False, verbose=0)
+    assert once.global_step == twice.global_step == 8
+    assert int(twice.state[0]) == 8, "the schedule's step count is part of the state"
+    for a, b in zip(once.state, twice.state):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    for name, w in once.net.get_weights().items():
+        np.testing.assert_allclose(twice.net.get_weights()[name], w, rtol=1e-5, atol=1e-6)
+
+    net = small_net()
+    head = [n for n in net.weight_names if n.startswith(net.weight_names[-1].split("/")[0])]
+    grouped = TFOptimizer(net, SCE, {head[0].split("/")[0]: optim.SGD(optim.schedules.cosine(0.1, 4))},
+                          model_dir=str(tmp_path))
+    grouped.optimize((x, y), epochs=1, batch_size=32, verbose=0)
+    events = EventAccumulator(str(tmp_path / "tensorboard" / "train"), size_guidance={"tensors": 0})
+    events.Reload()
+    lrs = [float(tf.make_ndarray(e.tensor_proto)) for e in events.Tensors("learning_rate")]
+    assert len(lrs) == 4 and all(np.isfinite(lrs)) and lrs[0] == pytest.approx(0.1) and lrs[-1] < lrs[0]
