@@ -10,8 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from optim.spark.driver.launcher import _classify
-from optim.spark.driver.progress import ProgressServer, RemoteReporter
+from optim.spark.progress import ProgressServer, RemoteReporter
 from optim.spark.worker import rendezvous as kv
 from optim.training.datasets import ArrayDataset
 from optim.training.reporting import Reporter
@@ -78,15 +77,6 @@ def test_fixed_steps_wrap_around_a_small_shard():
     np.testing.assert_array_equal(again[0][1], batches[2][1])
 
 
-def test_worker_errors_are_classified():
-    err = _classify(RuntimeError("PythonException: Traceback...\noptim.loop.NonFiniteLossError: Step 3: the loss is nan"))
-    assert type(err).__name__ == "NonFiniteLossError" and not err.retryable
-    err = _classify(RuntimeError("Python worker exited unexpectedly (crashed)"))
-    assert err.retryable
-    err = _classify(RuntimeError("java.lang.OutOfMemoryError: Java heap space at awaitResult"))
-    assert not err.retryable and "spark.driver.memory" in str(err)
-
-
 class Recorder(Reporter):
     def __init__(self):
         self.calls = []
@@ -100,8 +90,8 @@ class Recorder(Reporter):
 
 def test_progress_reaches_the_driver():
     rec = Recorder()
-    server = ProgressServer(rec, host="127.0.0.1")
-    remote = RemoteReporter("127.0.0.1", server.port)
+    server = ProgressServer(rec, host="127.0.0.1", authkey=b"k" * 32)
+    remote = RemoteReporter("127.0.0.1", server.port, authkey=b"k" * 32)
     remote.begin(1, 2, 0, 0)
     remote.step(1, 0, {"loss": 0.5})
     remote.step(2, 0, {"loss": 0.25})
