@@ -15,7 +15,7 @@ from typing import Union
 from tensorflow.core.framework import graph_pb2
 
 from tfnet.errors import TensorNameError
-from tfnet.graph_io import FROZEN_GRAPH_FILE, META_FILE, PathLike, write_bytes_atomic, write_json_atomic
+from tfnet.graph_io import META_FILE, PathLike
 
 __all__ = ["TensorInfo", "ModelSnapshot", "ModelSource"]
 
@@ -118,14 +118,10 @@ class ModelSnapshot:
     def save(self, folder: PathLike) -> None:
         """Writes the Analytics Zoo export layout (``TFNet.load`` reads it back), with the
         input and output descriptions added to ``graph_meta.json``."""
-        folder = os.fspath(folder)
-        write_bytes_atomic(os.path.join(folder, FROZEN_GRAPH_FILE), self.graph)
-        write_json_atomic(os.path.join(folder, META_FILE), {
-            "input_names": self.input_names,
-            "output_names": self.output_names,
-            "tfnet": {"graph_sha256": hashlib.sha256(self.graph).hexdigest()},
-            _META_KEY: {"inputs": [t.to_json() for t in self.inputs],
-                        "outputs": [t.to_json() for t in self.outputs]},
+        from tfnet.saving import write_export_files
+
+        write_export_files(folder, self.graph, self.input_names, self.output_names, extra={
+            _META_KEY: {"inputs": [t.to_json() for t in self.inputs], "outputs": [t.to_json() for t in self.outputs]},
         })
 
     @classmethod
