@@ -95,6 +95,11 @@ appender.console.name = console
 appender.console.target = SYSTEM_ERR
 appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n
+# A failed task's stack trace: tfnet raises the rank's own error (with its traceback) instead.
+logger.executor.name = org.apache.spark.executor.Executor
+logger.executor.level = fatal
+logger.tasks.name = org.apache.spark.scheduler.TaskSetManager
+logger.tasks.level = fatal
 """
 
 
@@ -104,7 +109,7 @@ def spark_log_conf(verbose: int = 1) -> dict[str, str]:
     at level ERROR for the driver, and ``TF_CPP_MIN_LOG_LEVEL=2`` for the executors."""
     if verbose >= 2 or noisy():
         return {}
-    path = os.path.join(tempfile.gettempdir(), "tfnet-log4j2-error.properties")
+    path = os.path.join(tempfile.gettempdir(), "tfnet-log4j2-error-v2.properties")
     if not os.path.exists(path):
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tfnet-log4j2-")
         with os.fdopen(fd, "w") as f:

@@ -20,6 +20,10 @@ __all__ = ["WorkerFailure", "from_exception", "to_exception", "pick_root"]
 # Builtin exceptions that mean the input or the code is wrong: rerunning the stage cannot help.
 _BUILTIN_NOT_RETRYABLE = {"ValueError": ValueError, "TypeError": TypeError, "KeyError": KeyError,
                           "IndexError": IndexError, "FloatingPointError": FloatingPointError}
+# What a rank's error says when a peer died under it (a collective aborted): TensorFlow wraps
+# Horovod's shutdown in an op error of its own, so the class alone does not tell.
+_PEER_GONE = ("Horovod has been shut down", "HorovodInternalError", "Connection reset by peer",
+              "Connection closed by peer", "Broken pipe")
 # Exceptions that mean a peer or the network went away: a rerun can succeed.
 _RETRYABLE_NAMES = {"HorovodInternalError", "ConnectionError", "ConnectionResetError", "BrokenPipeError",
                     "TimeoutError", "OSError", "EOFError", "RendezvousError", "StageRetryError",
@@ -47,12 +51,12 @@ class WorkerFailure:
 
 def from_exception(exc: BaseException, rank: int = -1) -> WorkerFailure:
     """``exc`` as data. ``retryable`` comes from the exception's class attribute when it has
-    one (every optim error does), else from its name (network and Horovod errors retry, the rest
-    do not)."""
+    one (every optim error does), else from its name and whether it says a peer went away
+    (network and Horovod errors retry; the rest, programming errors included, do not)."""
     name = type(exc).__name__
     retryable = getattr(exc, "retryable", None)
     if not isinstance(retryable, bool):
-        retryable = name in _RETRYABLE_NAMES
+        retryable = name in _RETRYABLE_NAMES or any(s in str(exc) for s in _PEER_GONE)
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return WorkerFailure(name, str(exc), retryable, text, rank, time.time())
 

@@ -230,11 +230,11 @@ def test_workers_without_tfnet_get_a_clear_error(tmp_path):
 
 def test_missing_java_and_horovod_give_clear_errors(monkeypatch):
     from optim.spark import session as spark_env
-    from optim.spark.driver import launcher as spark_launcher
+    from optim.spark.driver import preflight
 
     monkeypatch.setenv("JAVA_HOME", "/nonexistent/jdk")
     with pytest.raises(spark_env.SparkSetupError, match=r"Spark needs Java 17 or newer, and no `java` was found"):
         spark_env.require_java()
     monkeypatch.setitem(sys.modules, "horovod.tensorflow", None)
     with pytest.raises(spark_env.SparkSetupError, match=r"Horovod is not installed in this Python.*build_horovod.sh"):
-        spark_launcher._check_driver_horovod()
+        preflight.check_driver_horovod()

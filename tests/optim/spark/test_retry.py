@@ -39,6 +39,9 @@ def test_an_optim_error_round_trips_with_its_traceback():
     (AttributeError("'NoneType' object has no attribute 'x'"), WorkerError, False),
     (ConnectionResetError("peer gone"), WorkerError, True),
     (RendezvousError("late"), RendezvousError, True),
+    # what TensorFlow raises on a rank whose peer was killed mid-allreduce
+    (RuntimeError("Graph execution error: ... Horovod has been shut down. This was caused by an exception on one "
+                  "of the ranks ..."), WorkerError, True),
 ])
 def test_classes_and_retryability(exc, cls, retryable):
     err = to_exception(from_exception(raised(exc), rank=0))
