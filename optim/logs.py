@@ -5,32 +5,21 @@ tfnet logs through ``logging.getLogger("tfnet")`` and its children (``tfnet.trai
 logger a console handler for scripts. At the default verbosity, TensorFlow's C++ start-up lines
 (the oneDNN banner, written before its log levels apply) and Spark's JVM warnings are kept out of
 the console; ``verbose=2`` or the environment variable ``TFNET_VERBOSE=1`` brings them back.
-Pure: imports neither TensorFlow nor Spark at module level.
+Imports no Spark at module level.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 import tempfile
 
 __all__ = ["VERBOSE_ENV", "configure", "import_tensorflow", "noisy", "quiet_worker", "spark_log_conf"]
 
-VERBOSE_ENV = "TFNET_VERBOSE"
-# What TensorFlow writes to stderr on import that is not a real problem.
-_TF_NOISE = re.compile(
-    r"All log messages before absl::InitializeLog|port\.cc:\d+\] oneDNN custom operations|cpu_feature_guard|"
-    r"^To enable the following instructions|rebuild TensorFlow with the appropriate compiler flags"
-)
+from tfnet.quiet import VERBOSE_ENV, import_tensorflow, noisy  # noqa: F401 (part of this module's API)
 
 logging.getLogger("tfnet").addHandler(logging.NullHandler())
-
-
-def noisy() -> bool:
-    """True when the user asked for other libraries' output (``TFNET_VERBOSE`` set, not ``0``)."""
-    return os.environ.get(VERBOSE_ENV, "0") not in ("", "0")
 
 
 def configure(verbose: int = 1, stream=None) -> logging.Logger:
@@ -47,33 +36,6 @@ def configure(verbose: int = 1, stream=None) -> logging.Logger:
     if verbose >= 2:
         os.environ[VERBOSE_ENV] = "1"
     return logger
-
-
-def import_tensorflow():
-    """Imports TensorFlow, keeping its start-up banner out of stderr (unless :func:`noisy`).
-
-    TensorFlow writes its oneDNN notice before ``TF_CPP_MIN_LOG_LEVEL`` applies, so stderr is
-    captured during the import and every line that is not known noise is written back."""
-    if "tensorflow" in sys.modules or noisy():
-        import tensorflow
-
-        return tensorflow
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            import tensorflow
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            text = captured.read().decode("utf-8", errors="replace")
-            kept = [line for line in text.splitlines() if line.strip() and not _TF_NOISE.search(line)]
-            if kept:
-                sys.stderr.write("\n".join(kept) + "\n")
-    return tensorflow
 
 
 def quiet_worker(level: int = logging.WARNING) -> None:
@@ -95,6 +57,12 @@ appender.console.name = console
 appender.console.target = SYSTEM_ERR
 appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n
+# the same level for the shell's logger (PySpark's is its gateway's), or Spark resets the root
+# level to WARN and says so
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = {level}
+logger.pyspark.name = org.apache.spark.api.python.PythonGatewayServer
+logger.pyspark.level = {level}
 # A failed task's stack trace: tfnet raises the rank's own error (with its traceback) instead.
 logger.executor.name = org.apache.spark.executor.Executor
 logger.executor.level = fatal
@@ -109,7 +77,7 @@ def spark_log_conf(verbose: int = 1) -> dict[str, str]:
     at level ERROR for the driver, and ``TF_CPP_MIN_LOG_LEVEL=2`` for the executors."""
     if verbose >= 2 or noisy():
         return {}
-    path = os.path.join(tempfile.gettempdir(), "tfnet-log4j2-error-v2.properties")
+    path = os.path.join(tempfile.gettempdir(), "tfnet-log4j2-error-v4.properties")
     if not os.path.exists(path):
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tfnet-log4j2-")
         with os.fdopen(fd, "w") as f:
