@@ -32,8 +32,12 @@ setup(
     long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["tfnet", "tfnet.*", "optim", "optim.*", "examples", "examples.*"]),
-    entry_points={"console_scripts": ["tfnet-resnet50=examples.resnet50.train:cli", "tfnet-main=examples.main_job:cli"]},
+    # The repository's examples/ installs as `tfnet_examples`, a name of tfnet's own (a top-level
+    # `examples` would collide with other distributions that ship one).
+    packages=find_packages(include=["tfnet", "tfnet.*", "optim", "optim.*"]) + ["tfnet_examples", "tfnet_examples.resnet50"],
+    package_dir={"tfnet_examples": "examples"},
+    entry_points={"console_scripts": ["tfnet-resnet50=tfnet_examples.resnet50.train:cli",
+                                      "tfnet-main=tfnet_examples.main_job:cli"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
     license="Apache-2.0",

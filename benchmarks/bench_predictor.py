@@ -28,21 +28,15 @@ GFLOP_PER_IMAGE = 8.2  # ResNet-50 forward at 224x224: about 4.1 GMACs
 def spark_session(cores: int):
     import tempfile
 
-    from pyspark.sql import SparkSession
+    from optim.spark.session import build_session
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     tmp = tempfile.mkdtemp(prefix="tfnet-bench-")
-    return (
-        SparkSession.builder.master(f"local[{cores}]").appName("bench-predictor")
-        .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.host", "127.0.0.1").config("spark.local.dir", tmp)
-        .config("spark.driver.memory", "4g")
-        .config("spark.executorEnv.TF_ENABLE_ONEDNN_OPTS", os.environ["TF_ENABLE_ONEDNN_OPTS"])
-        .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
-        .getOrCreate()
-    )
+    return build_session("bench-predictor", f"local[{cores}]", {
+        "spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1", "spark.local.dir": tmp,
+        "spark.driver.memory": "4g"})
 
 
 def image_frame(spark, x, partitions: int):

@@ -82,18 +82,16 @@ def main(argv=None):
     import keras
     import numpy as np
     import tensorflow as tf
-    from pyspark.sql import SparkSession
 
     import optim
     from optim import TFDataset, TFOptimizer
+    from optim.spark.session import build_session
     from tfnet import TFNet
 
-    spark = (SparkSession.builder.master("local[2]").appName("tfnet-scaling")
-             .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
-             .config("spark.task.cpus", "1")
-             .config("spark.driver.memory", "6g").config("spark.driver.maxResultSize", "2g")
-             .config("spark.executorEnv.TF_ENABLE_ONEDNN_OPTS", str(args.onednn))
-             .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2").getOrCreate())
+    spark = build_session("tfnet-scaling", "local[2]", {
+        "spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1", "spark.task.cpus": "1",
+        "spark.driver.memory": "6g", "spark.driver.maxResultSize": "2g",
+        "spark.executorEnv.TF_ENABLE_ONEDNN_OPTS": str(args.onednn)})
     keras.utils.set_random_seed(0)
     model = keras.applications.ResNet50(weights=None, input_shape=(args.size, args.size, 3))
     b, size, steps = args.per_rank_batch, args.size, args.steps

@@ -52,16 +52,14 @@ def main(argv=None):
     setup_env(True)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     import tensorflow as tf  # noqa: F401 - "once TensorFlow is imported"
-    from pyspark.sql import SparkSession
 
     import optim
     from optim import TFOptimizer
+    from optim.spark.session import build_session
     from tests import digits
     from tfnet import TFNet
 
-    spark = (SparkSession.builder.master("local[2]").appName("tfnet-startup")
-             .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
-             .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2").getOrCreate())
+    spark = build_session("tfnet-startup", "local[2]", {"spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1"})
     spark.range(2).count()  # the JVM and the scheduler are up
     x, y = digits.load()
     out = {"machine": machine()}

@@ -15,10 +15,9 @@ def setup_env(onednn: bool = True, threads: int | None = None) -> None:
     os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if onednn else "0"
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if threads:
-        import tensorflow as tf
+        from tfnet.config import set_num_threads
 
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        set_num_threads(threads, threads)
 
 
 def machine() -> dict:

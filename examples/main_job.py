@@ -39,13 +39,15 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=32, help="global batch")
     p.add_argument("--master", default="local[2]", help="Spark master (default: an embedded local[2])")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--verbose", action="store_true",
+                   help="also show TensorFlow's and Spark's own log lines (as TFNET_VERBOSE=1 does)")
     p.add_argument("--resnet50", action="store_true",
                    help="run the ResNet-50 benchmark (examples/resnet50/train.py) instead; later arguments go to it")
     return p.parse_known_args(argv)
 
 
 def run_resnet50(extra: list[str]) -> dict:
-    from examples.resnet50 import train
+    from .resnet50 import train
 
     given = {a for a in extra if a.startswith("--")}
     args = list(extra)
@@ -61,25 +63,16 @@ def run_resnet50(extra: list[str]) -> dict:
     return train.main(args)
 
 
-def _spark(master: str):
+def _spark(master: str, verbose: int = 1):
     """(session, created): the active session if there is one, else an embedded one on ``master``."""
     from pyspark.sql import SparkSession
 
-    from optim.spark_env import require_java
+    from optim.spark.session import build_session
 
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active, False
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    require_java()
-    return (SparkSession.builder.appName("tfnet-main").master(master)
-            .config("spark.driver.memory", "3g")
-            .config("spark.driver.host", os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"))
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "4")
-            .config("spark.executorEnv.TF_ENABLE_ONEDNN_OPTS", os.environ["TF_ENABLE_ONEDNN_OPTS"])
-            .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
-            .getOrCreate()), True
+    if SparkSession.getActiveSession() is not None:
+        return SparkSession.getActiveSession(), False
+    return build_session("tfnet-main", master, {"spark.driver.memory": "3g", "spark.sql.shuffle.partitions": "4"},
+                         verbose=verbose), True
 
 
 def main(argv=None) -> dict:
@@ -92,15 +85,21 @@ def main(argv=None) -> dict:
 
     import re
 
+    from optim.logs import configure, import_tensorflow
+
+    verbose = 0 if args.quiet else 2 if args.verbose else 1
+    configure(verbose)
+    import_tensorflow()  # before keras: keeps TensorFlow's start-up banner out of the console
+
     import keras
     import numpy as np
 
     import optim
-    from examples.digits import cnn, load, split
     from optim import TFDataset, TFOptimizer, TFPredictor
     from tfnet import TFNet
 
-    verbose = 0 if args.quiet else 1
+    from .digits import cnn, load, split
+
     os.makedirs(args.out, exist_ok=True)
     t_start = time.time()
     summary: dict = {}
@@ -127,7 +126,7 @@ def main(argv=None) -> dict:
 
     # 3. New head, distributed fine-tuning over Spark.
     stage(3, f"fine-tune on digits 5-9 with a new head: {args.workers} Horovod ranks in one Spark barrier stage")
-    spark, own_spark = _spark(args.master)
+    spark, own_spark = _spark(args.master, verbose)
     body = TFNet.from_frozen_graph(pb, inputs="image", outputs="logits").cut("features")
     keras.utils.set_random_seed(1)
     net = body.add_head(keras.layers.Dense(5, name="digit"), name="head")

@@ -3,43 +3,58 @@
 * update rules as pure, composable transformations (``optim.transforms``), packaged as methods:
   :class:`SGD`, :class:`Adam`, :class:`AdamW`, :class:`RMSprop`, :class:`Adagrad`, :class:`LARS`;
 * learning-rate schedules (``optim.schedules``), losses (``optim.losses``), metrics
-  (``optim.metrics``);
-* :class:`TFOptimizer`, which trains a TFNet on one worker or over Spark, and :class:`TFDataset`.
+  (``optim.metrics``), every error (``optim.errors``);
+* :class:`TFOptimizer`, which trains a TFNet on one worker (``optim.training``) or over Spark
+  (``optim.spark``), and :class:`TFDataset`;
+* :class:`TFPredictor` and :class:`TFNetTransformer` (``optim.predict``).
+
+Names are imported when first used, so ``import optim.methods`` (or ``optim.transforms``, ...)
+pulls in neither PySpark nor Horovod. See docs/architecture.md for the layout.
 """
 
-from optim import losses, metrics, schedules, transforms
-from optim.checkpoint import CheckpointError, CheckpointWarning
-from optim.data import TFDataset
-from optim.loop import NonFiniteLossError
-from optim.losses import LabelShapeError
-from optim.methods import LARS, SGD, Adagrad, Adam, AdamW, Method, RMSprop
-from optim.optimizer import TFOptimizer
-from optim.predictor import TFPredictor
-from optim.predictor_transformer import TFNetTransformer
-from optim.spark_launcher import warm_up_workers
-from optim.transforms import chain, partition
+from __future__ import annotations
 
-__all__ = [
-    "TFOptimizer",
-    "TFDataset",
-    "TFPredictor",
-    "TFNetTransformer",
-    "warm_up_workers",
-    "SGD",
-    "Adam",
-    "AdamW",
-    "RMSprop",
-    "Adagrad",
-    "LARS",
-    "Method",
-    "chain",
-    "partition",
-    "losses",
-    "metrics",
-    "schedules",
-    "transforms",
-    "NonFiniteLossError",
-    "LabelShapeError",
-    "CheckpointError",
-    "CheckpointWarning",
-]
+import importlib
+from typing import Any
+
+# public name -> module that defines it
+_EXPORTS = {
+    "TFOptimizer": "optim.optimizer",
+    "TFDataset": "optim.training.datasets",
+    "TFPredictor": "optim.predict.predictor",
+    "TFNetTransformer": "optim.predict.transformer",
+    "warm_up_workers": "optim.spark.driver.preflight",
+    "SGD": "optim.methods",
+    "Adam": "optim.methods",
+    "AdamW": "optim.methods",
+    "RMSprop": "optim.methods",
+    "Adagrad": "optim.methods",
+    "LARS": "optim.methods",
+    "Method": "optim.methods",
+    "chain": "optim.transforms",
+    "partition": "optim.transforms",
+    "NonFiniteLossError": "optim.errors",
+    "LabelShapeError": "optim.errors",
+    "CheckpointError": "optim.errors",
+    "CheckpointWarning": "optim.errors",
+    "DistributedTrainingError": "optim.errors",
+    "SparkSetupError": "optim.errors",
+}
+_SUBMODULES = ("losses", "metrics", "schedules", "transforms", "methods", "errors")
+
+__all__ = sorted(_EXPORTS) + list(_SUBMODULES)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"optim.{name}")
+    else:
+        raise AttributeError(f"module 'optim' has no attribute {name!r}. Public names: {', '.join(__all__)}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

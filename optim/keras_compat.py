@@ -5,12 +5,8 @@ from __future__ import annotations
 from optim import losses as L
 from optim import methods
 from optim import metrics as M
+from optim.errors import KerasMappingError
 from tfnet import TFNet
-from tfnet.errors import TFNetError
-
-
-class KerasMappingError(TFNetError, ValueError):
-    """A Keras optimiser, loss or metric that tfnet cannot map."""
 
 
 def _learning_rate(opt):

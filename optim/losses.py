@@ -23,13 +23,10 @@ __all__ = [
     "LabelShapeError",
 ]
 
-from tfnet.errors import TFNetError
+from optim.errors import LabelShapeError
 
 _EPS = 1e-7
 
-
-class LabelShapeError(TFNetError, ValueError):
-    """Labels and predictions have shapes the loss cannot pair."""
 
 
 def _tensors(y_true, y_pred):

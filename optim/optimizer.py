@@ -2,7 +2,7 @@
 
 Runs on the driver. ``optimize`` trains in this process for local data; for distributed data
 (``TFDataset.from_dataframe`` / ``from_rdd``, or ``num_workers``), it runs the same training loop
-on every task of one Spark barrier stage (``optim.spark_launcher``).
+on every task of one Spark barrier stage (``optim.spark.driver.launcher``).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import numpy as np
 
 from optim import losses as L
 from optim import metrics as M
-from optim.data import as_dataset
-from optim.loop import TrainConfig, evaluate, metrics_copy, train
-from optim.reporting import MultiReporter, ProgressBar, StepRecorder, TensorBoardWriter
+from optim.training.datasets import as_dataset
+from optim.training.loop import TrainConfig, evaluate, metrics_copy, train
+from optim.training.reporting import MultiReporter, ProgressBar, StepRecorder, TensorBoardWriter
 from optim.transforms import assign_groups, partition
 from tfnet import TFNet
 from tfnet.errors import TFNetError
@@ -46,10 +46,15 @@ class TFOptimizer:
         self.loss = L.get(loss)
         self.metrics = [M.get(m) for m in (metrics or [])]
         self.model_dir = os.fspath(model_dir) if model_dir is not None else None
+        self._lr_source = None
         self.method = self._method(optim_method)
+        if self._lr_source is None and hasattr(self.method, "learning_rate_at"):
+            self._lr_source = self.method
         # Like a Keras optimiser, the state (moments, step count for schedules) carries over
-        # from one optimize() call to the next; the compiled step holds it.
-        self._started = False
+        # from one optimize() call to the next, local or distributed: this object owns it, the
+        # loop takes it in and hands the new one back.
+        #: The optimiser state's leaves (numpy arrays) after the last optimize(); None before.
+        self.state: list[np.ndarray] | None = None
         self.global_step = 0
         #: What the last optimize() call measured: step times, startup, attempts (distributed).
         self.last_run: dict = {}
@@ -67,6 +72,8 @@ class TFOptimizer:
                     f"No weight matches the `optim_method` keys {list(optim_method)}. Weights: {self.net.weight_names[:10]}"
                 )
             self.net.trainable = chosen
+            # the logged learning rate: the first group's method that has one
+            self._lr_source = next((m for m in optim_method.values() if hasattr(m, "learning_rate_at")), None)
             return partition(optim_method)
         if isinstance(optim_method, (int, float)) and not isinstance(optim_method, bool):
             from optim.methods import SGD
@@ -145,17 +152,22 @@ class TFOptimizer:
         dataset = as_dataset(data, batch_size)
         val = as_dataset(validation_data, batch_size) if validation_data is not None else None
         if getattr(dataset, "distributed", False) or num_workers is not None:
-            from optim.spark_launcher import optimize_distributed
+            from optim.spark.driver.launcher import optimize_distributed
 
-            return optimize_distributed(self, dataset, config, val, num_workers=num_workers, verbose=verbose,
-                                        **distributed_options)
+            result = optimize_distributed(self, dataset, config, val, num_workers=num_workers, verbose=verbose,
+                                          **distributed_options)
+            self.net.set_weights(result.weights)
+            self.state, self.global_step = result.state, result.step
+            self.last_run = result.run
+            return result.history
         if distributed_options:
             raise TypeError(f"Unknown arguments {sorted(distributed_options)} for local training.")
         recorder = StepRecorder()
         reporter = MultiReporter([self._reporter(verbose), recorder])
         outcome = train(self.net, self.loss, self.method, self.metrics, dataset, config, reporter=reporter,
-                        validation_data=val, continue_state=self._started, start_step=self.global_step)
-        self._started, self.global_step = True, outcome.step
+                        validation_data=val, initial_state=self.state, start_step=self.global_step,
+                        lr_source=self._lr_source)
+        self.state, self.global_step = outcome.state, outcome.step
         self.last_run = {
             "num_workers": 1, "attempts": 1, "failures": [],
             "startup_s": (recorder.first_step_at - recorder.started) if recorder.first_step_at else None,

@@ -5,6 +5,8 @@ of its inputs and explicit weights, with forward, backward and weight-update hoo
 distribution live in the sibling package ``optim``.
 """
 
+# first: TensorFlow imported with its start-up banner kept out of stderr (TFNET_VERBOSE=1 keeps it)
+from tfnet.quiet import tensorflow as _tensorflow  # noqa: F401, I001
 from tfnet.config import get_num_threads, set_num_threads
 from tfnet.errors import (
     GraphExecutionError,

@@ -5,8 +5,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 
-def set_num_threads(intra_op: int | None = None, inter_op: int | None = None) -> None:
-    """Sets TensorFlow's intra-op and inter-op thread pools for this process.
+def set_num_threads(intra_op: int | None = None, inter_op: int | None = None, *, strict: bool = True) -> bool:
+    """Sets TensorFlow's intra-op and inter-op thread pools for this process. The one place in
+    tfnet that sets them (workers, predictors and benchmarks call it too).
 
     TensorFlow fixes its thread pools when it first runs an op, so call this before any TFNet is
     built or run. Setting the same values again is a no-op.
@@ -14,10 +15,16 @@ def set_num_threads(intra_op: int | None = None, inter_op: int | None = None) ->
     Args:
         intra_op: Threads used inside one op (a matmul, a convolution). ``None`` leaves it as is.
         inter_op: Ops run in parallel. ``None`` leaves it as is.
+        strict: Raise when the pools already run with other counts (default); with False,
+            return False instead (a reused worker process keeps its pools).
+
+    Returns:
+        True when the pools have the requested counts, False when they could not change
+        (``strict=False`` only).
 
     Raises:
         ValueError: a count below 1.
-        RuntimeError: TensorFlow has already started with different counts.
+        RuntimeError: TensorFlow has already started with different counts (``strict=True``).
     """
     for label, value in (("intra_op", intra_op), ("inter_op", inter_op)):
         if value is not None and (not isinstance(value, int) or value < 1):
@@ -34,11 +41,14 @@ def set_num_threads(intra_op: int | None = None, inter_op: int | None = None) ->
         try:
             set_(value)
         except RuntimeError:
+            if not strict:
+                return False
             raise RuntimeError(
                 f"TensorFlow's thread pools are already running, so {label} cannot change to "
                 f"{value} (it is {get() or 'the default'}). Call tfnet.set_num_threads() before "
                 "building or running any model in this process."
             ) from None
+    return True
 
 
 def get_num_threads() -> tuple[int, int]:

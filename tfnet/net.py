@@ -696,17 +696,6 @@ class TFNet(tf.Module):
 
         write_saved_model(self, path)
 
-    def as_transformer(self, input_cols: Sequence[str] | None = None, output_cols: Sequence[str] | None = None,
-                       **kwargs):
-        """This net (its current weights) as a Spark ML ``Transformer`` for ``pyspark.ml.Pipeline``:
-        ``optim.TFNetTransformer(self, inputCols=input_cols, outputCols=output_cols, **kwargs)``.
-        Keyword arguments: ``batchPerThread``, ``backend``, ``onError``, ``errorCol``."""
-        from optim.predictor_transformer import TFNetTransformer
-
-        input_cols = None if input_cols is None else as_name_list(input_cols, "input_cols")
-        output_cols = None if output_cols is None else as_name_list(output_cols, "output_cols")
-        return TFNetTransformer(self, inputCols=input_cols, outputCols=output_cols, **kwargs)
-
     def frozen_graph_def(self) -> graph_pb2.GraphDef:
         """The graph with the current weights baked in as constants."""
         return gu.placeholders_to_consts(self._template, self.get_weights())

@@ -25,24 +25,39 @@ FORMAT_VERSION = 1
 
 
 def write_export_folder(net, path: PathLike) -> None:
-    """Writes ``frozen_inference_graph.pb`` then ``graph_meta.json`` (with the graph's checksum),
-    each atomically. A reader that finds a checksum mismatch knows the pair is inconsistent."""
+    """Writes ``net`` as an export folder (see :func:`write_export_files`)."""
     folder = os.fspath(path)
     if os.path.isfile(folder):
         raise FileExistsError(f"{folder!r} is a file; TFNet.save writes a folder.")
     data = net.frozen_graph_def().SerializeToString(deterministic=True)
-    write_bytes_atomic(os.path.join(folder, FROZEN_GRAPH_FILE), data)
-    meta = {
-        "input_names": net.input_names,
-        "output_names": net.output_names,
-        "tfnet": {
-            "format_version": FORMAT_VERSION,
-            "weight_names": net.weight_names,
-            "trainable": net.trainable,
-            "statistics": net.statistic_names,
-            "graph_sha256": hashlib.sha256(data).hexdigest(),
-        },
-    }
+    write_export_files(folder, data, net.input_names, net.output_names, tfnet_meta={
+        "format_version": FORMAT_VERSION,
+        "weight_names": net.weight_names,
+        "trainable": net.trainable,
+        "statistics": net.statistic_names,
+    })
+
+
+def write_export_files(folder: PathLike, graph: bytes, input_names, output_names, *, tfnet_meta: dict | None = None,
+                       extra: dict | None = None) -> None:
+    """The one export-folder writer (``TFNet.save`` and TFPredictor's model snapshots use it):
+    ``frozen_inference_graph.pb`` then ``graph_meta.json`` with the graph's SHA-256 under
+    ``"tfnet"``, each atomically. A reader that finds a checksum mismatch knows the pair is
+    inconsistent.
+
+    Args:
+        folder: The export folder (created if needed).
+        graph: The serialized frozen GraphDef.
+        input_names: Input tensor names, as Analytics Zoo's ``graph_meta.json`` holds them.
+        output_names: Output tensor names.
+        tfnet_meta: More entries for the ``"tfnet"`` section. Default: none.
+        extra: More top-level entries. Default: none.
+    """
+    folder = os.fspath(folder)
+    write_bytes_atomic(os.path.join(folder, FROZEN_GRAPH_FILE), graph)
+    meta = {"input_names": list(input_names), "output_names": list(output_names),
+            "tfnet": {**(tfnet_meta or {}), "graph_sha256": hashlib.sha256(graph).hexdigest()}}
+    meta.update(extra or {})
     write_json_atomic(os.path.join(folder, META_FILE), meta)
 
 

@@ -1,21 +1,20 @@
 """A TFNet as bytes: its weightless graph, names, weights and trainable selection, in one
-``.npz`` (no pickle). Used to ship a net to Spark workers; hooks are not included."""
+checksummed container (:mod:`tfnet.container`, no pickle). Used to ship a net to Spark workers;
+hooks are not included."""
 
 from __future__ import annotations
-
-import io
-import json
 
 import numpy as np
 from tensorflow.core.framework import graph_pb2
 
-FORMAT = "tfnet-net-1"
+from tfnet.container import pack, unpack
+
+FORMAT = "tfnet-net-2"
 
 
 def net_to_bytes(net) -> bytes:
     arrays = {f"w{i:05d}": v for i, v in enumerate(net.get_weights().values())}
-    meta = {
-        "format": FORMAT,
+    header = {
         "inputs": net.input_names,
         "outputs": net.output_names,
         "weights": net.weight_names,
@@ -24,22 +23,21 @@ def net_to_bytes(net) -> bytes:
         "fold": net._graph.fold,
         "name": net.name,
     }
-    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
     arrays["template"] = np.frombuffer(net._template.SerializeToString(), np.uint8)
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    return buf.getvalue()
+    return pack(FORMAT, header, arrays)
 
 
 def net_from_bytes(data: bytes):
+    """The TFNet from :func:`net_to_bytes`' output.
+
+    Raises:
+        tfnet.container.ContainerError: not a serialized TFNet, or corrupt.
+    """
     from tfnet.net import TFNet
 
-    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-        meta = json.loads(bytes(npz["meta"]).decode())
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"Not a serialized TFNet (format {meta.get('format')!r}).")
-        template = graph_pb2.GraphDef()
-        template.ParseFromString(bytes(npz["template"]))
-        values = {name: npz[f"w{i:05d}"] for i, name in enumerate(meta["weights"])}
+    meta, arrays = unpack(data, FORMAT, what="serialized TFNet")
+    template = graph_pb2.GraphDef()
+    template.ParseFromString(bytes(arrays["template"]))
+    values = {name: arrays[f"w{i:05d}"] for i, name in enumerate(meta["weights"])}
     return TFNet._from_template(template, meta["inputs"], meta["outputs"], values, meta["statistics"],
                                 meta["trainable"], name=meta["name"], fold=meta["fold"])

@@ -74,24 +74,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _spark(master: str | None):
-    from pyspark.sql import SparkSession
+    from optim.spark.session import build_session
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active
-    from optim.spark_env import require_java
-
-    require_java()
-    builder = SparkSession.builder.appName("tfnet-resnet50").config("spark.driver.memory", "6g") \
-        .config("spark.driver.maxResultSize", "2g").config("spark.ui.showConsoleProgress", "false") \
-        .config("spark.executorEnv.TF_ENABLE_ONEDNN_OPTS", os.environ["TF_ENABLE_ONEDNN_OPTS"]) \
-        .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
-    if master:
-        builder = builder.master(master)
-    if os.environ.get("SPARK_LOCAL_IP"):
-        builder = builder.config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
-    return builder.getOrCreate()
+    return build_session("tfnet-resnet50", master, {"spark.driver.memory": "6g", "spark.driver.maxResultSize": "2g"})
 
 
 def build_net(args, classes: int):
@@ -128,7 +113,7 @@ def _method(args, steps_per_epoch: int):
 
 
 def _source(args):
-    from examples.resnet50.data import Source, count_classes
+    from .data import Source, count_classes
 
     src = Source(args.data_format, args.data_dir, args.image_size, args.classes or 1000, args.label_offset,
                  args.steps_per_epoch or 8)
@@ -137,8 +122,9 @@ def _source(args):
 
 
 def _train_input(src, per_rank_batch: int, seed: int):
-    from examples.resnet50.data import make_dataset
     from optim import TFDataset
+
+    from .data import make_dataset
 
     def per_rank(rank, size):
         return make_dataset(src, "train", rank=rank, size=size, batch=per_rank_batch, training=True, seed=seed)
@@ -153,13 +139,13 @@ def _steps_per_epoch(args, src, n: int, per_rank: int) -> int:
     if src.kind == "synthetic":
         return src.synthetic_batches
     if src.kind == "jpeg":
-        from examples.resnet50.data import jpeg_tree
+        from .data import jpeg_tree
 
         images = len(jpeg_tree(src.data_dir, "train")[0])
     else:
         import tensorflow as tf
 
-        from examples.resnet50.data import tfrecord_files
+        from .data import tfrecord_files
 
         print("counting TFRecord examples once (pass --steps-per-epoch to skip this)", file=sys.stderr)
         images = int(tf.data.TFRecordDataset(tfrecord_files(src.data_dir, "train")).reduce(0, lambda c, _: c + 1))
@@ -216,8 +202,9 @@ def train_mode(args, spark, results: dict) -> None:
 
 
 def evaluate_net(args, net, src, logits: bool, results: dict) -> None:
-    from examples.resnet50.data import make_dataset
     from optim import metrics as M
+
+    from .data import make_dataset
 
     if src.kind == "synthetic":
         ds = make_dataset(src, "validation", batch=32, training=False, seed=args.seed + 1)
@@ -274,9 +261,10 @@ def compare_mode(args, spark, results: dict) -> None:
     import keras
 
     import optim
-    from examples.resnet50.data import make_dataset
     from optim import TFOptimizer
     from tfnet import TFNet
+
+    from .data import make_dataset
 
     src, classes = _source(args)
     keras.utils.set_random_seed(args.seed)
@@ -320,7 +308,7 @@ def compare_mode(args, spark, results: dict) -> None:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    from examples.resnet50.report import write_results
+    from .report import write_results
 
     spark = _spark(args.master) if args.mode == "train" else None
     results: dict = {"mode": args.mode, "data": args.data_format, "image_size": args.image_size,

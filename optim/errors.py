@@ -1,0 +1,154 @@
+"""Every error and warning that ``optim`` raises, one class per concept. Pure: no TensorFlow,
+Spark or Horovod.
+
+Each error derives from :class:`tfnet.TFNetError` and from the builtin a caller would expect, so
+both ``except ValueError`` and ``except tfnet.TFNetError`` catch it. Errors carry ``retryable``:
+whether rerunning the distributed training stage can help (see :mod:`optim.spark.driver.retry`).
+"""
+
+from __future__ import annotations
+
+from tfnet.errors import TFNetError
+
+__all__ = [
+    "BackendError",
+    "BackendFallbackWarning",
+    "BackendUnavailableError",
+    "BadRowError",
+    "CheckpointError",
+    "CheckpointWarning",
+    "ColumnError",
+    "DataError",
+    "DistributedTrainingError",
+    "KerasMappingError",
+    "LabelShapeError",
+    "NonFiniteLossError",
+    "RendezvousError",
+    "SparkSetupError",
+    "StageRetryError",
+    "WorkerError",
+    "error_class",
+]
+
+
+# ---------------------------------------------------------------- data and columns
+
+
+class DataError(TFNetError, ValueError):
+    """Training data that cannot be used (wrong structure, mismatched lengths, empty)."""
+
+    retryable = False
+
+
+class BadRowError(TFNetError, ValueError):
+    """A row cannot become a tensor: a null, an array of the wrong length, an undecodable image.
+
+    Raised inside a Spark worker (training or prediction); the message names the column, the row
+    (its position in its partition) and what was expected.
+    """
+
+    retryable = False
+
+
+class ColumnError(TFNetError, ValueError):
+    """The feature, label or output columns do not fit the model or the DataFrame (a missing
+    column, a column type the input cannot take, an output column that already exists)."""
+
+    retryable = False
+
+
+class LabelShapeError(TFNetError, ValueError):
+    """Labels and predictions have shapes the loss cannot pair."""
+
+    retryable = False
+
+
+# ---------------------------------------------------------------- training
+
+
+class NonFiniteLossError(TFNetError, FloatingPointError):
+    """The loss or a gradient became NaN or infinite; the weights are left at their last good state."""
+
+    retryable = False
+
+
+class CheckpointError(TFNetError, ValueError):
+    """A checkpoint (or another tfnet container) does not match what it is loaded into, or is corrupt."""
+
+    retryable = False
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was skipped because it is truncated or corrupt."""
+
+
+class KerasMappingError(TFNetError, ValueError):
+    """A Keras optimiser, loss or metric that tfnet cannot map."""
+
+    retryable = False
+
+
+# ---------------------------------------------------------------- Spark and Horovod
+
+
+class SparkSetupError(TFNetError, RuntimeError):
+    """Spark cannot start here (no Java, or a Java older than 17), or its workers cannot run tfnet."""
+
+    retryable = False
+
+
+class DistributedTrainingError(TFNetError, RuntimeError):
+    """The training stage failed on every attempt, or could not start."""
+
+    retryable = True
+
+
+class StageRetryError(TFNetError, RuntimeError):
+    """Spark resubmitted the barrier stage by itself; tfnet retries from the driver instead."""
+
+    retryable = True
+
+
+class RendezvousError(TFNetError, RuntimeError):
+    """The driver's rendezvous server did not answer, refused this rank, or the ranks did not all
+    arrive in time."""
+
+    retryable = True
+
+
+class WorkerError(TFNetError, RuntimeError):
+    """A worker failed with an exception that is not one of tfnet's (a bug, or a library error).
+    The message holds the original class and message; ``worker_traceback`` the worker's traceback."""
+
+    retryable = False
+
+
+# ---------------------------------------------------------------- prediction
+
+
+class BackendError(TFNetError, ValueError):
+    """An unknown backend name, or a backend that cannot run this model at all."""
+
+    retryable = False
+
+
+class BackendUnavailableError(TFNetError, ImportError):
+    """The requested backend's package is not installed (``pip install tfnet[openvino]``)."""
+
+    retryable = False
+
+
+class BackendFallbackWarning(UserWarning):
+    """OpenVINO could not convert or compile the graph; TensorFlow runs it instead. The message
+    names the operations OpenVINO could not convert."""
+
+
+def error_class(name: str) -> type[Exception] | None:
+    """The tfnet or optim error class called ``name`` (the worker sends the name), or None."""
+    import tfnet.errors as tfnet_errors
+
+    for module in (globals(), vars(tfnet_errors)):
+        cls = module.get(name)
+        if isinstance(cls, type) and issubclass(cls, TFNetError):
+            return cls
+    return None

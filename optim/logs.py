@@ -1,0 +1,90 @@
+"""Logging for tfnet, and keeping other libraries' start-up noise out of the user's console.
+
+tfnet logs through ``logging.getLogger("tfnet")`` and its children (``tfnet.training``,
+``tfnet.spark.driver``, ...); library code never prints. :func:`configure` gives the ``tfnet``
+logger a console handler for scripts. At the default verbosity, TensorFlow's C++ start-up lines
+(the oneDNN banner, written before its log levels apply) and Spark's JVM warnings are kept out of
+the console; ``verbose=2`` or the environment variable ``TFNET_VERBOSE=1`` brings them back.
+Imports no Spark at module level.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+
+__all__ = ["VERBOSE_ENV", "configure", "import_tensorflow", "noisy", "quiet_worker", "spark_log_conf"]
+
+from tfnet.quiet import VERBOSE_ENV, import_tensorflow, noisy  # noqa: F401 (part of this module's API)
+
+logging.getLogger("tfnet").addHandler(logging.NullHandler())
+
+
+def configure(verbose: int = 1, stream=None) -> logging.Logger:
+    """Gives the ``tfnet`` logger one console handler (idempotent) for scripts: INFO at
+    ``verbose >= 1``, DEBUG at ``verbose >= 2``, WARNING at 0. ``verbose >= 2`` also sets
+    ``TFNET_VERBOSE`` so that TensorFlow's and Spark's own lines come back. Returns the logger."""
+    logger = logging.getLogger("tfnet")
+    logger.setLevel(logging.DEBUG if verbose >= 2 else logging.INFO if verbose >= 1 else logging.WARNING)
+    if not any(getattr(h, "_tfnet_console", False) for h in logger.handlers):
+        handler = logging.StreamHandler(stream or sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler._tfnet_console = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    if verbose >= 2:
+        os.environ[VERBOSE_ENV] = "1"
+    return logger
+
+
+def quiet_worker(level: int = logging.WARNING) -> None:
+    """In a Spark worker: tfnet's loggers at ``level``, TensorFlow imported quietly and its
+    Python logger at ERROR (unless :func:`noisy`)."""
+    logging.getLogger("tfnet").setLevel(level)
+    if noisy() or level <= logging.DEBUG:
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    tf = import_tensorflow()
+    tf.get_logger().setLevel(logging.ERROR)
+
+
+_LOG4J2 = """\
+rootLogger.level = {level}
+rootLogger.appenderRef.stdout.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n
+# the same level for the shell's logger (PySpark's is its gateway's), or Spark resets the root
+# level to WARN and says so
+logger.repl.name = org.apache.spark.repl.Main
+logger.repl.level = {level}
+logger.pyspark.name = org.apache.spark.api.python.PythonGatewayServer
+logger.pyspark.level = {level}
+# A failed task's stack trace: tfnet raises the rank's own error (with its traceback) instead.
+logger.executor.name = org.apache.spark.executor.Executor
+logger.executor.level = fatal
+logger.tasks.name = org.apache.spark.scheduler.TaskSetManager
+logger.tasks.level = fatal
+"""
+
+
+def spark_log_conf(verbose: int = 1) -> dict[str, str]:
+    """Spark settings that keep the JVM's start-up warnings (``NativeCodeLoader``, ...) and the
+    executors' TensorFlow notices out of the console at ``verbose < 2``: a log4j2 configuration
+    at level ERROR for the driver, and ``TF_CPP_MIN_LOG_LEVEL=2`` for the executors."""
+    if verbose >= 2 or noisy():
+        return {}
+    path = os.path.join(tempfile.gettempdir(), "tfnet-log4j2-error-v4.properties")
+    if not os.path.exists(path):
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tfnet-log4j2-")
+        with os.fdopen(fd, "w") as f:
+            f.write(_LOG4J2.format(level="error"))
+        os.replace(tmp, path)
+    return {
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{path}",
+        "spark.executor.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{path}",
+        "spark.executorEnv.TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+    }

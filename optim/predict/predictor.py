@@ -1,0 +1,228 @@
+"""TFPredictor: batched inference with a TFNet (or a frozen graph) over Spark DataFrames and RDDs,
+or locally on numpy arrays. Driver side; the code that runs in the workers is
+:mod:`optim.predict.worker`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import numpy as np
+
+from optim.errors import BackendError, ColumnError
+from optim.predict.backends import check_backend, make_payload
+from optim.predict.columns import ColumnSpec, plan_columns
+from optim.predict.snapshot import ModelSnapshot, ModelSource
+from optim.predict.worker import StatsParam, WorkerJob, get_engine, merge_stats, predict_arrow, predict_rdd_partition
+
+__all__ = ["TFPredictor"]
+
+ON_ERROR = ("raise", "null")
+
+
+class TFPredictor:
+    """Runs a model over a Spark DataFrame or RDD, ``batch_per_thread`` rows per model call, with
+    the model shipped once (a broadcast) and loaded once per Python worker; or locally on numpy.
+
+    Args:
+        net_or_path: A :class:`tfnet.TFNet` (for example the fine-tuned ``TFOptimizer.net``), an
+            export folder (``TFNet.save``), a SavedModel folder, or a frozen graph (a ``.pb`` path,
+            bytes or a ``GraphDef``; these need ``inputs`` and ``outputs``). The weights are
+            copied when the predictor is made: later training of the net does not change it.
+        batch_per_thread: Rows per model call in each worker (and locally). Default: 32.
+        backend: ``"tensorflow"`` (default) or ``"openvino"`` (needs the ``openvino`` package:
+            ``pip install tfnet[openvino]``). If OpenVINO cannot convert the graph, TensorFlow
+            runs it, with a :class:`BackendFallbackWarning` naming the operations.
+        inputs: Input tensor names, for a frozen graph file. Default: None.
+        outputs: Output tensor names, for a frozen graph file. Default: None.
+        on_error: ``"raise"`` (default): a bad row (a null, an array of the wrong length, an
+            image that does not decode) fails the job with a :class:`BadRowError` naming the
+            column and the row. ``"null"``: its outputs are null and the reason goes in
+            ``error_col``.
+        error_col: The error column added with ``on_error="null"``. Default: ``"prediction_error"``.
+        num_threads: Threads per model in each Spark worker. Default: ``spark.task.cpus`` (1
+            unless set), since each concurrent task has its own Python worker. Locally: the
+            library's default.
+
+    Example:
+        >>> predictor = TFPredictor(net, batch_per_thread=16)            # doctest: +SKIP
+        >>> scored = predictor.predict(df, feature_cols=["image"])      # doctest: +SKIP
+        >>> scored.select("id", "prediction").show()                     # doctest: +SKIP
+
+    Raises:
+        BackendError: an unknown backend.
+        BackendUnavailableError: ``backend="openvino"`` without the ``openvino`` package.
+        ValueError: ``batch_per_thread`` below 1 or an unknown ``on_error``.
+    """
+
+    def __init__(self, net_or_path: ModelSource, batch_per_thread: int = 32, backend: str = "tensorflow", *,
+                 inputs: str | list[str] | None = None, outputs: str | list[str] | None = None,
+                 on_error: str = "raise", error_col: str = "prediction_error", num_threads: int | None = None):
+        if not _positive_int(batch_per_thread):
+            raise ValueError(
+                f"`batch_per_thread` must be a positive integer. Received: batch_per_thread={batch_per_thread!r}")
+        if on_error not in ON_ERROR:
+            raise ValueError(f"`on_error` must be one of {list(ON_ERROR)}. Received: on_error={on_error!r}")
+        if num_threads is not None and not _positive_int(num_threads):
+            raise ValueError(f"`num_threads` must be a positive integer or None. Received: num_threads={num_threads!r}")
+        if not isinstance(error_col, str) or not error_col:
+            raise ValueError(f"`error_col` must be a non-empty column name. Received: error_col={error_col!r}")
+        check_backend(backend)
+        self.batch_per_thread = batch_per_thread
+        self.on_error = on_error
+        self.error_col = error_col
+        self.num_threads = num_threads
+        self.requested_backend = backend
+        self._snapshot = ModelSnapshot.from_source(net_or_path, inputs, outputs)
+        self._payload = make_payload(self._snapshot, backend, num_threads)
+        self._spark: tuple | None = None  # (SparkContext, broadcast, stats accumulator, model id)
+        self._local_stats: dict = {}
+
+    # ------------------------------------------------------------------ description
+
+    @property
+    def backend(self) -> str:
+        """The backend that runs the model: ``"openvino"`` only if the conversion worked."""
+        return self._payload.backend
+
+    @property
+    def input_names(self) -> list[str]:
+        return self._snapshot.input_names
+
+    @property
+    def output_names(self) -> list[str]:
+        return self._snapshot.output_names
+
+    @property
+    def snapshot(self) -> ModelSnapshot:
+        """The frozen graph and input/output descriptions this predictor ships."""
+        return self._snapshot
+
+    def __repr__(self) -> str:
+        return (f"TFPredictor(inputs={self.input_names}, outputs={self.output_names}, backend={self.backend!r}, "
+                f"batch_per_thread={self.batch_per_thread}, on_error={self.on_error!r})")
+
+    # ------------------------------------------------------------------ prediction
+
+    def predict(self, data: Any, feature_cols: ColumnSpec = None, output_cols: ColumnSpec = None):
+        """Predicts on a Spark DataFrame, an RDD, or numpy arrays.
+
+        Args:
+            data: A DataFrame: returns it with the output columns added (lazily, like any
+                transformation); every input column is kept, and rows keep their order within
+                each partition. An RDD of elements (an array for one input, a list in input
+                order or a dict by input name): returns an RDD with one array (one output) or
+                list of arrays per element, in order; with ``on_error="null"`` a bad element
+                gives None. Numpy arrays (one array, a list in input order or a dict by name):
+                runs here and returns what ``TFNet.forward`` would.
+            feature_cols: DataFrames only: the column for each input, as a name, a list in input
+                order or a dict by input name. Array columns hold the input's per-row shape
+                (flat or nested); binary columns hold encoded images (JPEG, PNG, ...), decoded
+                and resized to the input's height and width in the workers; numeric columns feed
+                inputs with one value per row. Default: the columns named like the inputs.
+            output_cols: DataFrames only: new column names, one per output. Default:
+                ``"prediction"`` for one output, else the output names.
+
+        Raises:
+            ColumnError: a column that is missing or does not fit its input, an output column
+                that exists already, or columns given for an RDD or numpy input.
+            InputSpecError, InputTypeError: numpy inputs of the wrong shape or dtype.
+        """
+        from pyspark import RDD
+        from pyspark.sql import DataFrame
+
+        if isinstance(data, DataFrame):
+            return self._predict_dataframe(data, feature_cols, output_cols)
+        if feature_cols is not None or output_cols is not None:
+            raise ColumnError(
+                f"feature_cols and output_cols apply to DataFrames; received a {type(data).__name__}. "
+                "Pass RDD elements and numpy inputs in input order, or as a dict by input name."
+            )
+        if isinstance(data, RDD):
+            job = self._job(data.context, None)
+            return data.mapPartitionsWithIndex(functools.partial(predict_rdd_partition, job=job))
+        return self._predict_local(data)
+
+    def _job(self, sc, plan) -> WorkerJob:
+        """Broadcasts the model on first use with this SparkContext, then reuses the broadcast."""
+        if self._spark is None or self._spark[0] is not sc or sc._jsc is None:
+            threads = self.num_threads or int(sc.getConf().get("spark.task.cpus", "1"))
+            payload = dataclasses.replace(self._payload, num_threads=threads,
+                                          model_id=f"{self._payload.model_id}-t{threads}")
+            self._spark = (sc, sc.broadcast(payload), sc.accumulator({}, StatsParam()), payload.model_id)
+        _, broadcast, stats, model_id = self._spark
+        return WorkerJob(model_id, broadcast, plan, self.batch_per_thread, self.on_error, stats)
+
+    def _predict_dataframe(self, df, feature_cols, output_cols):
+        from pyspark.sql.types import StructType
+
+        plan = plan_columns(df.schema, self._snapshot.inputs, self._snapshot.outputs, feature_cols, output_cols,
+                            self.error_col if self.on_error == "null" else None)
+        schema = StructType(list(df.schema.fields) + plan.output_fields())
+        try:
+            sc = df.sparkSession.sparkContext
+        except Exception:  # Spark Connect sessions have no SparkContext, so no broadcasts
+            raise BackendError(
+                "TFPredictor needs a classic SparkSession (it broadcasts the model through the SparkContext); "
+                "this DataFrame's session has no SparkContext (Spark Connect is not supported)."
+            ) from None
+        job = self._job(sc, plan)
+        return df.mapInArrow(functools.partial(predict_arrow, job=job), schema)
+
+    def _predict_local(self, data):
+        import tensorflow as tf
+
+        from tfnet.inputs import arrange, batch_size_of, convert
+
+        specs = [tf.TensorSpec(None if t.row_shape is None else [None, *t.row_shape], tf.as_dtype(t.dtype))
+                 for t in self._snapshot.inputs]
+        values = arrange(data, self.input_names)
+        tensors = [convert(v, s, t.name) for v, s, t in zip(values, specs, self._snapshot.inputs)]
+        n = batch_size_of(tensors) or 1
+        job = WorkerJob(self._payload.model_id + "-local", self._payload, None, self.batch_per_thread, "raise")
+        engine = get_engine(job, set_threads=False)
+        chunks = []
+        for start in range(0, n, self.batch_per_thread):
+            feed = [t[start:start + self.batch_per_thread].numpy() for t in tensors]
+            chunks.append(engine.run(feed))
+            k = len(feed[0]) if feed else 0
+            merge_stats(self._local_stats, {"calls": 1, "rows": k, "max_rows": k})
+        outs = [np.concatenate([c[i] for c in chunks]) for i in range(len(self.output_names))]
+        return outs[0] if len(outs) == 1 else outs
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def stats(self) -> dict:
+        """What the workers reported for this predictor's finished tasks, plus local calls:
+        ``calls`` (model calls), ``rows`` (rows predicted), ``max_rows`` (largest batch) and
+        ``loads`` (``{"host:pid": model loads}``, one entry per Python worker that loaded it)."""
+        merged: dict = {}
+        if self._spark is not None:
+            merge_stats(merged, dict(self._spark[2].value))
+        merge_stats(merged, self._local_stats)
+        loads = {k.split("@", 1)[1]: v for k, v in merged.items() if k.startswith("loads@")}
+        out = {k: merged.get(k, 0) for k in ("calls", "rows", "max_rows")}
+        out["loads"] = loads
+        return out
+
+    def close(self) -> None:
+        """Removes the broadcast model from the executors. DataFrames and RDDs returned by
+        :meth:`predict` cannot be computed after this."""
+        if self._spark is not None:
+            try:
+                self._spark[1].destroy()
+            except Exception:  # the SparkContext may be gone already
+                pass
+            self._spark = None
+
+    def __enter__(self) -> TFPredictor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1

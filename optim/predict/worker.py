@@ -1,0 +1,259 @@
+"""Runs inside Spark's Python workers: the per-process model cache and the partition loops.
+
+A Python worker is reused across tasks (``spark.python.worker.reuse``, on by default), so a model is
+loaded once per worker process and kept in :data:`_ENGINES`, keyed by the payload's checksum: not
+once per task, batch or row. The payload itself travels once, as a Spark broadcast.
+
+Rows are checked before the model sees them. A bad row (a null, an array of the wrong length, an
+image that does not decode) raises :class:`BadRowError` naming the column and the row, or, with
+``on_error="null"``, gets null outputs and its reason in the error column; the other rows of its
+batch are still predicted.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from optim.errors import BadRowError
+from optim.predict.arrow import array_to_arrow, column_to_array, decode_image
+from optim.predict.backends import Payload, build_engine
+from optim.predict.columns import ColumnPlan
+
+__all__ = ["WorkerJob", "predict_arrow", "predict_rdd_partition", "get_engine", "load_count", "StatsParam"]
+
+# Loaded engines of this process, most recently used last; at most _CACHE_SIZE models.
+_ENGINES: OrderedDict[str, Any] = OrderedDict()
+_CACHE_SIZE = int(os.environ.get("TFNET_PREDICTOR_CACHE_SIZE", "4"))
+_LOADS: dict[str, int] = {}
+
+
+@dataclass(frozen=True)
+class WorkerJob:
+    """Everything a task needs, pickled with the task (small: the model is in ``payload``).
+
+    Attributes:
+        model_id: The payload's checksum: the cache key.
+        payload: A Spark ``Broadcast`` of the :class:`Payload` (or the payload itself, locally).
+        plan: The column plan (DataFrames) or None (RDDs).
+        batch_size: Rows per model call (``batch_per_thread``).
+        on_error: ``"raise"`` or ``"null"``.
+        stats: A Spark accumulator with :class:`StatsParam`, or None.
+    """
+
+    model_id: str
+    payload: Any
+    plan: ColumnPlan | None
+    batch_size: int
+    on_error: str
+    stats: Any = None
+
+
+class StatsParam:
+    """Accumulator merge rule for prediction statistics: ``max_rows`` keeps the maximum, every
+    other key sums. Keys: ``calls``, ``rows``, ``max_rows`` and ``loads@host:pid``."""
+
+    def zero(self, value: dict) -> dict:
+        return {}
+
+    def addInPlace(self, a: dict, b: dict) -> dict:  # noqa: N802 (Spark's name)
+        return merge_stats(a, b)
+
+
+def merge_stats(a: dict, b: dict) -> dict:
+    for key, value in b.items():
+        a[key] = max(a.get(key, 0), value) if key == "max_rows" else a.get(key, 0) + value
+    return a
+
+
+def _record(job: WorkerJob, update: dict) -> None:
+    if job.stats is not None:
+        job.stats.add(update)
+
+
+def get_engine(job: WorkerJob, set_threads: bool = True):
+    """The engine for ``job``'s model, loaded on first use in this process and cached.
+    ``set_threads`` marks a worker process (quiet TensorFlow, its thread pools set)."""
+    engine = _ENGINES.get(job.model_id)
+    if engine is not None:
+        _ENGINES.move_to_end(job.model_id)
+        return engine
+    if set_threads:
+        from optim.logs import quiet_worker
+
+        quiet_worker()
+    payload = job.payload if isinstance(job.payload, Payload) else job.payload.value
+    engine = build_engine(payload, set_threads=set_threads)
+    _ENGINES[job.model_id] = engine
+    while len(_ENGINES) > max(_CACHE_SIZE, 1):
+        _ENGINES.popitem(last=False)
+    _LOADS[job.model_id] = _LOADS.get(job.model_id, 0) + 1
+    _record(job, {f"loads@{socket.gethostname()}:{os.getpid()}": 1})
+    return engine
+
+
+def load_count(model_id: str) -> int:
+    """How many times this process has loaded the model ``model_id`` (1 once cached)."""
+    return _LOADS.get(model_id, 0)
+
+
+def _partition_id() -> int:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return ctx.partitionId() if ctx is not None else 0
+
+
+def _row_error(column: str | None, row: int, partition: int, reason: str) -> BadRowError:
+    where = f"Column {column!r}, row {row}" if column else f"Row {row}"
+    return BadRowError(
+        f"{where} of partition {partition}: {reason}. Fix or filter the row, or pass on_error='null' to get "
+        "null outputs and the reason in an error column."
+    )
+
+
+# ---------------------------------------------------------------------------- DataFrames
+
+
+def predict_arrow(batches: Iterable, job: WorkerJob) -> Iterator:
+    """``mapInArrow`` body: yields each input batch, in order, with the output columns added.
+    The model runs on ``job.batch_size`` rows at a time."""
+    partition, row = _partition_id(), 0
+    for batch in batches:
+        for start in range(0, batch.num_rows, job.batch_size):
+            chunk = batch.slice(start, job.batch_size)
+            yield _predict_chunk(chunk, job, partition, row)
+            row += chunk.num_rows
+
+
+def _predict_chunk(chunk, job: WorkerJob, partition: int, first_row: int):
+    import pyarrow as pa
+
+    plan, n = job.plan, chunk.num_rows
+    bad: dict[int, tuple[str, str]] = {}
+    arrays = []
+    for spec in plan.inputs:
+        col_bad: dict[int, str] = {}
+        arrays.append(column_to_array(chunk.column(spec.column), spec, col_bad))
+        for r, reason in col_bad.items():
+            bad.setdefault(r, (spec.column, reason))
+    if bad and job.on_error == "raise":
+        r = min(bad)
+        raise _row_error(bad[r][0], first_row + r, partition, bad[r][1])
+    good = np.ones(n, bool)
+    good[list(bad)] = False
+    messages = {r: f"column {c!r}: {reason}" for r, (c, reason) in bad.items()}
+    feed = arrays if not bad else [a[good] for a in arrays]
+    outputs = _run(job, feed, good, messages, f"rows {first_row} to {first_row + n - 1} of partition {partition}")
+    columns = [array_to_arrow(o, good, spec.dtype) for o, spec in zip(outputs, plan.outputs)]
+    names = [spec.column for spec in plan.outputs]
+    if plan.error_col:
+        columns.append(pa.array([messages.get(i) for i in range(n)], pa.string()))
+        names.append(plan.error_col)
+    return pa.RecordBatch.from_arrays(list(chunk.columns) + columns, names=list(chunk.schema.names) + names)
+
+
+def _run(job: WorkerJob, feed: list, good: np.ndarray, messages: dict, where: str) -> list[np.ndarray]:
+    """Runs the model on ``feed`` (the good rows only); returns full-length outputs, zeros where a
+    row is not good. A model failure raises (``on_error="raise"``) or marks every good row."""
+    n, k = len(good), int(good.sum())
+    outs = None
+    if k:
+        try:
+            outs = get_engine(job).run(feed)
+        except Exception as exc:  # the engine's own error types vary (TF, OpenVINO)
+            if job.on_error == "raise":
+                raise RuntimeError(f"The model failed on {where}: {type(exc).__name__}: {exc}") from exc
+            for i in np.flatnonzero(good):
+                messages[int(i)] = f"the model failed on this row's batch: {type(exc).__name__}: {str(exc)[:300]}"
+            good[:] = False
+        else:
+            _record(job, {"calls": 1, "rows": k, "max_rows": k})
+    if outs is not None and k == n:
+        return list(outs)
+    full = []
+    for i, info in enumerate(_outputs(job)):
+        if outs is not None:
+            out = np.zeros((n,) + outs[i].shape[1:], outs[i].dtype)
+            out[good] = outs[i]
+        else:
+            out = np.zeros((n,) + tuple(d or 1 for d in info.row_shape or ()),
+                           object if info.dtype == "string" else np.float32)
+        full.append(out)
+    return full
+
+
+def _outputs(job: WorkerJob):
+    if job.plan is not None:
+        return [spec.output for spec in job.plan.outputs]
+    payload = job.payload if isinstance(job.payload, Payload) else job.payload.value
+    return list(payload.outputs)
+
+
+# ---------------------------------------------------------------------------- RDDs
+
+
+def predict_rdd_partition(index: int, rows: Iterable, job: WorkerJob) -> Iterator:
+    """``mapPartitionsWithIndex`` body: one output per element, in order. An element is an array
+    (one input), a list or tuple in input order, or a dict by input name; an output is an array
+    (one output) or a list of arrays. With ``on_error="null"`` a bad element gives None."""
+    payload = job.payload if isinstance(job.payload, Payload) else job.payload.value
+    buffer, first = [], 0
+    for row in rows:
+        buffer.append(row)
+        if len(buffer) == job.batch_size:
+            yield from _predict_rows(buffer, job, payload, index, first)
+            first += len(buffer)
+            buffer = []
+    if buffer:
+        yield from _predict_rows(buffer, job, payload, index, first)
+
+
+def _predict_rows(rows: list, job: WorkerJob, payload: Payload, partition: int, first_row: int) -> Iterator:
+    from tfnet.inputs import arrange
+
+    names = [t.name for t in payload.inputs]
+    n = len(rows)
+    values: list = [None] * n
+    messages: dict[int, str] = {}
+    for r, row in enumerate(rows):
+        try:
+            values[r] = [_row_value(v, t) for v, t in zip(arrange(row, names, "input"), payload.inputs)]
+        except (ValueError, TypeError) as exc:
+            if job.on_error == "raise":
+                raise _row_error(None, first_row + r, partition, str(exc)) from None
+            messages[r] = str(exc)
+    good = np.array([v is not None for v in values], bool)
+    kept = [v for v in values if v is not None]
+    feed = [np.stack([v[j] for v in kept]) for j in range(len(names))] if kept else []
+    outputs = _run(job, feed, good, messages, f"elements {first_row} to {first_row + n - 1} of partition {partition}")
+    for r in range(n):
+        if not good[r]:
+            yield None
+        elif len(outputs) == 1:
+            yield outputs[0][r]
+        else:
+            yield [o[r] for o in outputs]
+
+
+def _row_value(value, info) -> np.ndarray:
+    """One element's value for one input, checked against the per-row shape."""
+    shape = tuple(info.row_shape or ())
+    if value is None:
+        raise ValueError(f"input {info.name!r} is None")
+    if isinstance(value, (bytes, bytearray)) and info.dtype != "string" and len(shape) == 3:
+        return decode_image(bytes(value), *shape, dtype=np.dtype(info.dtype))
+    array = np.asarray(value, dtype=object if info.dtype == "string" else None)
+    if info.dtype != "string" and array.dtype.kind not in "fiub":
+        raise TypeError(f"input {info.name!r} takes numbers; received dtype {array.dtype}")
+    if array.shape != shape:
+        if None in shape or array.size != int(np.prod(shape)):
+            raise ValueError(f"input {info.name!r} needs per-row shape {shape}; received shape {array.shape}")
+        array = array.reshape(shape)
+    return array

@@ -1,0 +1,134 @@
+"""Distributed training data: a Spark DataFrame or RDD, one shard per rank. Driver side.
+
+Each object describes how a rank turns its partition into arrays (:mod:`optim.training.shard` does it in
+the worker). Rows are balanced across ranks before training when partitions are uneven or empty
+(see :func:`optim.spark.driver.launcher.balance`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from optim.errors import ColumnError
+from optim.training.datasets import ArrayDataset, TFDataset
+from optim.training.shard import ColumnSpec, arrow_to_arrays
+
+
+def _specs(cols, shapes: Mapping[str, Sequence[int]] | None, what: str) -> list[ColumnSpec]:
+    if cols is None:
+        return []
+    if isinstance(cols, str):
+        cols = [cols]
+    shapes = dict(shapes or {})
+    out = []
+    for entry in cols:
+        if isinstance(entry, str):
+            shape = shapes.get(entry)
+            out.append(ColumnSpec((entry,), tuple(int(d) for d in shape) if shape is not None else None))
+        elif isinstance(entry, (list, tuple)) and entry and all(isinstance(c, str) for c in entry):
+            out.append(ColumnSpec(tuple(entry), (len(entry),)))
+        else:
+            raise TypeError(
+                f"`{what}` entries are column names, or lists of scalar column names to stack into one "
+                f"tensor. Received: {entry!r}"
+            )
+    return out
+
+
+class DataFrameDataset(TFDataset):
+    """``TFDataset.from_dataframe(df, feature_cols, label_cols, feature_shapes)``.
+
+    Args:
+        df: A Spark DataFrame.
+        feature_cols: One entry per model input, in input order: a column name (numbers, or arrays
+            of numbers reshaped to ``feature_shapes[col]`` per row), or a list of scalar columns
+            stacked into one vector.
+        label_cols: The label column (or a list, for several labels). None for prediction.
+        feature_shapes: ``{column: per-row shape}`` for array columns. Default: 1-D, as stored.
+    """
+
+    distributed = True
+
+    def __init__(self, df, feature_cols, label_cols=None, feature_shapes=None):
+        self.df = df
+        self.features = _specs(feature_cols, feature_shapes, "feature_cols")
+        self.labels = _specs(label_cols, feature_shapes, "label_cols")
+        self.has_labels = bool(self.labels)
+        if not self.features:
+            raise ValueError("`feature_cols` must name at least one column.")
+        self.single_label = isinstance(label_cols, str) or len(self.labels) == 1
+        existing = list(df.columns)
+        for spec in self.features + self.labels:
+            for c in spec.columns:
+                if c not in existing:
+                    from tfnet.errors import closest_names
+
+                    close = closest_names(c, existing)
+                    raise ColumnError(
+                        f"Column {c!r} is not in the DataFrame. Columns: {existing}"
+                        + (f"; closest: {close}" if close else "")
+                    )
+
+    def columns(self) -> list[str]:
+        seen = []
+        for spec in self.features + self.labels:
+            for c in spec.columns:
+                if c not in seen:
+                    seen.append(c)
+        return seen
+
+    def shard_reader(self):
+        """A picklable function ``(arrow_batches, partition) -> ArrayDataset`` for the workers."""
+        return _ArrowShard(tuple(self.features), tuple(self.labels), self.single_label)
+
+    def to_local(self) -> ArrayDataset:
+        """Collects the whole DataFrame to the driver (for validation data)."""
+        table = self.df.select(*self.columns()).toArrow()
+        return self.shard_reader()(table.to_batches(), 0, presharded=False)
+
+    def num_batches(self, batch_size, **kw):
+        return None
+
+
+class _ArrowShard:
+    def __init__(self, features, labels, single_label):
+        self.features, self.labels, self.single_label = features, labels, single_label
+
+    def __call__(self, batches, partition: int, presharded: bool = True) -> ArrayDataset:
+        batches = list(batches)
+        arrays = arrow_to_arrays(batches, list(self.features) + list(self.labels), partition)
+        feats, labels = arrays[: len(self.features)], arrays[len(self.features):]
+        return ArrayDataset(feats, labels or None, self.single_label, presharded=presharded)
+
+
+class RDDDataset(TFDataset):
+    """``TFDataset.from_rdd(rdd)``: an RDD of ``(features, label)`` records, ``features`` an array
+    (or a tuple of arrays, one per model input)."""
+
+    distributed = True
+
+    def __init__(self, rdd):
+        self.rdd = rdd
+        self.has_labels = True
+
+    def shard_reader(self):
+        return _RecordShard()
+
+    def num_batches(self, batch_size, **kw):
+        return None
+
+
+class _RecordShard:
+    def __call__(self, records, partition: int, presharded: bool = True) -> ArrayDataset:
+        from optim.training.shard import records_to_arrays
+
+        feats, labels = records_to_arrays(records, partition)
+        if not feats:
+            return _empty()
+        return ArrayDataset(feats, [labels], True, presharded=presharded)
+
+
+def _empty() -> ArrayDataset:
+    import numpy as np
+
+    return ArrayDataset([np.zeros((0,), np.float32)], [np.zeros((0,), np.float32)], True, presharded=True)

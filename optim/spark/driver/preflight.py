@@ -1,0 +1,171 @@
+"""Checks before the training stage starts, and warming the workers up. Driver side.
+
+Task slots (a barrier stage needs one per rank), Horovod on the driver, and one small probe task
+per slot that imports what the ranks need and reports what failed, as clear errors.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+from optim.errors import DistributedTrainingError, SparkSetupError
+from optim.spark.driver.retry import stage_error
+from optim.spark.session import get_spark
+
+__all__ = ["WarmUp", "check_driver_horovod", "probe_workers", "task_slots", "wait_for_slots", "warm_up_workers"]
+
+
+def task_slots(sc) -> int:
+    """How many tasks the cluster can run at once (a barrier stage needs one slot per rank)."""
+    jsc = sc._jsc.sc()
+    try:
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        return int(jsc.maxNumConcurrentTasks(profile))
+    except Exception:  # noqa: BLE001 - py4j surface differs across versions
+        return int(sc.defaultParallelism)
+
+
+def wait_for_slots(sc, needed: int, wait_s: float) -> int:
+    deadline = time.monotonic() + wait_s
+    slots = task_slots(sc)
+    while slots < needed and time.monotonic() < deadline:
+        time.sleep(1.0)
+        slots = task_slots(sc)
+    return slots
+
+
+def check_driver_horovod() -> None:
+    try:
+        import horovod.tensorflow as hvd  # noqa: F401
+        from horovod.runner.http.http_server import RendezvousServer  # noqa: F401
+    except ImportError as exc:
+        raise SparkSetupError(
+            f"Horovod is not installed in this Python ({exc}). Distributed training needs Horovod 0.28.1 "
+            "built with TensorFlow and Gloo: run `bash scripts/build_horovod.sh .venv/bin/python` "
+            "(make install does it)."
+        ) from None
+
+
+def _import_report_fn():
+    """The probe task: imports what the ranks need in a Python worker and reports what failed.
+    Made here, not at module level, so that cloudpickle ships it by value: a worker whose Python
+    lacks tfnet must still run it and say so, not fail to unpickle it."""
+
+    def import_report(_) -> list[dict]:
+        import sys
+
+        report = {"python": sys.executable}
+        try:  # TensorFlow first, with its start-up banner kept out of the executor's stderr
+            from optim.logs import import_tensorflow
+
+            import_tensorflow()
+        except Exception:  # noqa: BLE001 - the loop below reports what cannot be imported
+            pass
+        for module in ("tfnet", "optim", "tensorflow", "horovod.tensorflow"):
+            try:
+                __import__(module)
+            except Exception as exc:  # noqa: BLE001 - reported back to the driver
+                report[module] = f"{type(exc).__name__}: {exc}"
+        if "horovod.tensorflow" not in report:
+            import horovod.tensorflow as hvd
+
+            if not hvd.gloo_built():
+                report["horovod.tensorflow"] = "built without Gloo"
+        return [report]
+
+    return import_report
+
+
+class WarmUp:
+    """A running :func:`warm_up_workers` job: ``wait(timeout)`` blocks until it is done and
+    returns the workers' reports (``{"python": executable, module: error, ...}``), or None if it
+    is still running."""
+
+    def __init__(self, sc, n: int):
+        self.reports: list[dict] = []
+        self.error: BaseException | None = None
+        self._sc, self._n = sc, n
+        self._thread = threading.Thread(target=self._run, name="tfnet-warm-up", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._sc.setJobGroup(f"tfnet-warm-up-{uuid.uuid4().hex[:8]}", "tfnet: warming up the workers' Python",
+                                 interruptOnCancel=True)
+            self.reports = self._sc.parallelize(range(self._n), self._n).mapPartitions(_import_report_fn()).collect()
+        except Exception as exc:  # noqa: BLE001 - optimize() checks the workers and says what is wrong
+            self.error = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> list[dict] | None:
+        self._thread.join(timeout)
+        return None if self._thread.is_alive() else self.reports
+
+
+def warm_up_workers(spark=None, num_workers: int | None = None) -> WarmUp:
+    """Starts, in the background, one small Spark job per task slot that imports TensorFlow,
+    Horovod and tfnet in the Python workers, and returns at once.
+
+    The first distributed ``optimize()`` of a Spark application otherwise waits for every
+    worker to import TensorFlow (most of its start-up time: about 12 s on 2 cores). Call this
+    right after making the session and go on preparing data or a model on the driver;
+    ``optimize()`` then finds the workers warm (with Spark's default
+    ``spark.python.worker.reuse``). Errors are not raised here: ``optimize()`` checks the
+    workers and reports them.
+
+    Example:
+        >>> session = SparkSession.builder.getOrCreate()        # doctest: +SKIP
+        >>> optim.warm_up_workers(session)                      # doctest: +SKIP
+        >>> ...  # build the model and the data on the driver
+        >>> opt.optimize(data, num_workers=2)                   # doctest: +SKIP
+    """
+    spark = spark or get_spark()
+    sc = spark.sparkContext if hasattr(spark, "sparkContext") else spark
+    return WarmUp(sc, num_workers or task_slots(sc))
+
+
+def probe_workers(sc, n: int, timeout_s: float) -> None:
+    """Runs one small task per slot that imports what the ranks need; turns failures into clear
+    errors. Also warms the Python workers (TensorFlow gets imported once)."""
+    probe = _import_report_fn()
+
+    group = f"tfnet-probe-{uuid.uuid4().hex[:8]}"
+    results: list = []
+    error: list = []
+
+    def run():
+        try:
+            sc.setJobGroup(group, "tfnet: checking the workers' Python", interruptOnCancel=True)
+            results.extend(sc.parallelize(range(n), n).mapPartitions(probe).collect())
+        except Exception as exc:  # noqa: BLE001
+            error.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        sc.cancelJobGroup(group)
+        thread.join(10)
+        raise DistributedTrainingError(f"The Spark workers did not answer within {timeout_s:.0f} s.")
+    if error:
+        raise stage_error(error[0], [], prefix="Checking the Spark workers failed") from error[0]
+    for report in results:
+        bad = {k: v for k, v in report.items() if k != "python"}
+        if bad:
+            module, why = next(iter(bad.items()))
+            if module in ("tfnet", "optim"):
+                raise SparkSetupError(
+                    f"The Spark workers' Python ({report['python']}) cannot import {module}: {why}. Install "
+                    "tfnet there (pip install tfnet, or the same .venv) or point PYSPARK_PYTHON at a Python "
+                    "that has it."
+                )
+            if module.startswith("horovod"):
+                raise SparkSetupError(
+                    f"Horovod is not usable in the Spark workers' Python ({report['python']}): {why}. Build it "
+                    "there with scripts/build_horovod.sh."
+                )
+            raise SparkSetupError(f"The Spark workers' Python ({report['python']}) cannot import {module}: {why}.")

@@ -1,0 +1,60 @@
+"""The retry policy of the distributed training stage. Driver side, pure.
+
+A failed stage is retried (from the newest checkpoint) when the failure is one a rerun can fix: a
+lost task or executor, a timeout, a peer that went away. Errors in the data, the model or the code
+are raised at once, with the worker's traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from optim.errors import DistributedTrainingError
+from optim.spark.failures import WorkerFailure, pick_root, to_exception
+from tfnet.errors import TFNetError
+
+__all__ = ["RetryPolicy", "stage_error"]
+
+
+def stage_error(exc: BaseException, failures: list[WorkerFailure], prefix: str = "Training failed") -> Exception:
+    """The error for a failed stage: rebuilt from the ranks' reports when they sent one, else
+    from what Spark says (a task or executor lost, out of memory), which is retryable unless the
+    JVM ran out of heap."""
+    root = pick_root(failures)
+    if root is not None:
+        return to_exception(root)
+    if isinstance(exc, TFNetError) and hasattr(exc, "retryable"):
+        return exc  # type: ignore[return-value]
+    text = str(exc)
+    if "OutOfMemoryError" in text:
+        where = "driver" if "executor driver" in text or "awaitResult" in text else "executor"
+        err = DistributedTrainingError(
+            f"{prefix}: a Spark JVM ran out of heap (java.lang.OutOfMemoryError, {where}). Give Spark room for a "
+            "few copies of the model: e.g. spark.driver.memory=4g (set before the session starts), "
+            "spark.executor.memory and spark.driver.maxResultSize."
+        )
+        err.retryable = False  # type: ignore[attr-defined]
+        return err
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    err = DistributedTrainingError(f"{prefix}: the stage failed with no report from a rank ({first[:500]})")
+    err.retryable = True  # type: ignore[attr-defined]
+    return err
+
+
+@dataclass
+class RetryPolicy:
+    """Whether to run the stage again.
+
+    Args:
+        max_retries: Reruns after the first attempt. Default 2.
+    """
+
+    max_retries: int = 2
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_retries, int) or isinstance(self.max_retries, bool) or self.max_retries < 0:
+            raise ValueError(f"`max_retries` must be a non-negative integer. Received: max_retries={self.max_retries!r}")
+
+    def should_retry(self, error: BaseException, attempt: int, spark_stopped: bool = False) -> bool:
+        """True to rerun after ``error`` on attempt ``attempt`` (0-based)."""
+        return bool(getattr(error, "retryable", False)) and not spark_stopped and attempt < self.max_retries

@@ -1,0 +1,91 @@
+"""Errors as data across the Spark boundary. Pure: runs on both sides.
+
+A rank that fails turns its exception into a :class:`WorkerFailure` (class name, message, whether
+a retry can help, the worker's formatted traceback) and posts it to the driver's rendezvous store
+before the exception fails its Spark task. The driver reads the failures back and rebuilds the
+error (:func:`to_exception`) instead of parsing Py4J text.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from dataclasses import asdict, dataclass
+
+from optim.errors import SparkSetupError, WorkerError, error_class
+
+__all__ = ["WorkerFailure", "from_exception", "to_exception", "pick_root"]
+
+# Builtin exceptions that mean the input or the code is wrong: rerunning the stage cannot help.
+_BUILTIN_NOT_RETRYABLE = {"ValueError": ValueError, "TypeError": TypeError, "KeyError": KeyError,
+                          "IndexError": IndexError, "FloatingPointError": FloatingPointError}
+# What a rank's error says when a peer died under it (a collective aborted): TensorFlow wraps
+# Horovod's shutdown in an op error of its own, so the class alone does not tell.
+_PEER_GONE = ("Horovod has been shut down", "HorovodInternalError", "Connection reset by peer",
+              "Connection closed by peer", "Broken pipe")
+# Exceptions that mean a peer or the network went away: a rerun can succeed.
+_RETRYABLE_NAMES = {"HorovodInternalError", "ConnectionError", "ConnectionResetError", "BrokenPipeError",
+                    "TimeoutError", "OSError", "EOFError", "RendezvousError", "StageRetryError",
+                    "DistributedTrainingError"}
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """One rank's exception, as data."""
+
+    cls: str
+    message: str
+    retryable: bool
+    traceback: str
+    rank: int = -1
+    time: float = 0.0
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> WorkerFailure:
+        return cls(**json.loads(data.decode()))
+
+
+def from_exception(exc: BaseException, rank: int = -1) -> WorkerFailure:
+    """``exc`` as data. ``retryable`` comes from the exception's class attribute when it has
+    one (every optim error does), else from its name and whether it says a peer went away
+    (network and Horovod errors retry; the rest, programming errors included, do not)."""
+    name = type(exc).__name__
+    retryable = getattr(exc, "retryable", None)
+    if not isinstance(retryable, bool):
+        retryable = name in _RETRYABLE_NAMES or any(s in str(exc) for s in _PEER_GONE)
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return WorkerFailure(name, str(exc), retryable, text, rank, time.time())
+
+
+def to_exception(failure: WorkerFailure) -> Exception:
+    """The exception to raise on the driver: the same tfnet/optim class when there is one, the
+    same builtin for input errors, :class:`SparkSetupError` for import failures, else
+    :class:`WorkerError` naming the original class. The worker's traceback is attached as
+    ``worker_traceback`` (and as a note, shown under the driver's traceback)."""
+    cls = error_class(failure.cls)
+    if cls is not None:
+        err: Exception = cls(failure.message)
+    elif failure.cls in _BUILTIN_NOT_RETRYABLE:
+        err = _BUILTIN_NOT_RETRYABLE[failure.cls](failure.message)
+    elif failure.cls in ("ImportError", "ModuleNotFoundError"):
+        err = SparkSetupError(f"A Spark worker failed to import: {failure.message}")
+    else:
+        err = WorkerError(f"Rank {failure.rank} failed with {failure.cls}: {failure.message}")
+    err.retryable = failure.retryable  # type: ignore[attr-defined]
+    err.worker_traceback = failure.traceback  # type: ignore[attr-defined]
+    if hasattr(err, "add_note"):
+        err.add_note(f"Traceback on rank {failure.rank}:\n{failure.traceback.rstrip()}")
+    return err
+
+
+def pick_root(failures: list[WorkerFailure]) -> WorkerFailure | None:
+    """The failure that caused the others: the first non-retryable one (a rank's own error makes
+    its peers fail in the collective afterwards), else the earliest."""
+    if not failures:
+        return None
+    hard = [f for f in failures if not f.retryable]
+    return min(hard or failures, key=lambda f: f.time)

@@ -1,0 +1,172 @@
+"""Progress from rank 0 to the driver over an authenticated connection. Both ends live here: the
+server runs on the driver, the reporter on rank 0.
+
+The channel is :mod:`multiprocessing.connection`'s: the server listens on the driver's address
+and runs its HMAC challenge with the job's secret before it reads anything, so a client without
+the secret is refused. Messages are JSON (never unpickled). Progress is best effort: if the
+connection fails, training goes on and the driver still gets the results.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import struct
+import threading
+import time
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+
+from optim.training.reporting import Reporter
+
+__all__ = ["ProgressServer", "RemoteReporter"]
+
+log = logging.getLogger("tfnet.spark.progress")
+AUTH_TIMEOUT_S = 10.0
+
+
+def _authenticated(sock: socket.socket, authkey: bytes, server: bool) -> Connection:
+    """Runs the mutual HMAC challenge on ``sock`` (as ``Listener``/``Client`` do), with a read
+    timeout so a silent peer cannot hold the thread. Raises AuthenticationError or OSError."""
+    sock.settimeout(None)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(AUTH_TIMEOUT_S), 0))
+    conn = Connection(sock.detach())
+    try:
+        if server:
+            deliver_challenge(conn, authkey)
+            answer_challenge(conn, authkey)
+        else:
+            answer_challenge(conn, authkey)
+            deliver_challenge(conn, authkey)
+    except BaseException:
+        conn.close()
+        raise
+    fd = socket.socket(fileno=conn.fileno())  # a view of the same fd, to clear the timeout
+    fd.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))
+    fd.detach()
+    return conn
+
+
+class ProgressServer:
+    """Listens on ``host`` (port chosen by the OS) for clients that know ``authkey``; dispatches
+    their events to ``reporter``.
+
+    Attributes:
+        refused: How many clients failed the challenge.
+    """
+
+    def __init__(self, reporter: Reporter, host: str, authkey: bytes):
+        self.reporter = reporter
+        self.last_event = time.monotonic()
+        self.first_step_at: float | None = None
+        self.events: list[dict] = []
+        self.refused = 0
+        self._authkey = authkey
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, 0))
+        self._sock.listen(8)
+        self._sock.settimeout(0.5)
+        self.address: tuple[str, int] = self._sock.getsockname()[:2]
+        self.port = self.address[1]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="tfnet-progress", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                sock, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._read, args=(sock,), daemon=True).start()
+
+    def _read(self, sock: socket.socket) -> None:
+        peer = sock.getpeername()[0] if sock.fileno() >= 0 else "?"
+        try:
+            conn = _authenticated(sock, self._authkey, server=True)
+        except (AuthenticationError, OSError, EOFError) as exc:
+            self.refused += 1
+            log.warning("Refused a progress connection from %s: it did not present the job's secret (%s).",
+                        peer, type(exc).__name__)
+            return
+        with conn:
+            while not self._stop.is_set():
+                try:
+                    if not conn.poll(0.5):
+                        continue
+                    line = conn.recv_bytes(1 << 20)
+                except (EOFError, OSError):
+                    return
+                try:
+                    self._dispatch(json.loads(line))
+                except (ValueError, TypeError, KeyError) as exc:  # a bad message must not stop the run
+                    log.warning("Ignored a progress message (%s).", exc)
+
+    def _dispatch(self, event: dict) -> None:
+        self.last_event = time.monotonic()
+        kind = event.get("event")
+        self.events.append(event)
+        if kind == "begin":
+            self.reporter.begin(event["epochs"], event["steps_per_epoch"], event["initial_step"], event["initial_epoch"])
+        elif kind == "step":
+            if self.first_step_at is None:
+                self.first_step_at = time.monotonic()
+            self.reporter.step(event["step"], event["epoch"], event["logs"])
+        elif kind == "validation":
+            self.reporter.validation(event["step"], event["logs"])
+        elif kind == "epoch_end":
+            self.reporter.epoch_end(event["epoch"], event["step"], event["logs"])
+
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+        self._thread.join(timeout=2)
+        self.reporter.end()
+
+
+class RemoteReporter(Reporter):
+    """Sends reporter events to a :class:`ProgressServer`, authenticating with ``authkey``."""
+
+    def __init__(self, host: str, port: int, authkey: bytes, timeout_s: float = 10.0):
+        self._conn: Connection | None = None
+        try:
+            sock = socket.create_connection((host, port), timeout=timeout_s)
+            self._conn = _authenticated(sock, authkey, server=False)
+        except (OSError, EOFError, AuthenticationError) as exc:
+            log.warning("Cannot send progress to the driver at %s:%s (%s); training goes on.", host, port, exc)
+
+    def _send(self, event: dict) -> None:
+        if self._conn is None:
+            return
+        try:
+            self._conn.send_bytes(json.dumps(event, default=float).encode())
+        except OSError:
+            self._conn = None
+
+    def begin(self, epochs, steps_per_epoch, initial_step, initial_epoch):
+        self._send({"event": "begin", "epochs": epochs, "steps_per_epoch": steps_per_epoch,
+                    "initial_step": initial_step, "initial_epoch": initial_epoch})
+
+    def step(self, step, epoch, logs):
+        self._send({"event": "step", "step": step, "epoch": epoch, "logs": logs})
+
+    def validation(self, step, logs):
+        self._send({"event": "validation", "step": step, "logs": logs})
+
+    def epoch_end(self, epoch, step, logs):
+        self._send({"event": "epoch_end", "epoch": epoch, "step": step, "logs": logs})
+
+    def end(self):
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except OSError:
+                pass
+            self._conn = None

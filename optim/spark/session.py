@@ -1,0 +1,100 @@
+"""Getting a Spark session, with clear errors when Java or Spark is missing. Driver side."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+from optim.errors import SparkSetupError
+
+
+def java_version() -> int | None:
+    """The major version of the ``java`` Spark would use (JAVA_HOME first), or None if none."""
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    if not java or not os.path.exists(java):
+        return None
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = out.stderr + out.stdout
+    import re
+
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', text)
+    if not m:
+        return None
+    major = int(m.group(1))
+    return int(m.group(2)) if major == 1 and m.group(2) else major
+
+
+def require_java() -> None:
+    version = java_version()
+    if version is None:
+        raise SparkSetupError(
+            "Spark needs Java 17 or newer, and no `java` was found (JAVA_HOME is "
+            f"{os.environ.get('JAVA_HOME')!r}). Install it, e.g. `sudo apt-get install -y "
+            "openjdk-17-jre-headless`, or set JAVA_HOME."
+        )
+    if version < 17:
+        raise SparkSetupError(f"Spark 4 needs Java 17 or newer; found Java {version}. Install Java 17 or set JAVA_HOME.")
+
+
+def build_session(app_name: str = "tfnet", master: str | None = None, conf: dict[str, str] | None = None,
+                  verbose: int = 1):
+    """The one SparkSession builder of tfnet (the examples, benchmarks and tests use it): the
+    active session if there is one, else a new one on ``master`` (Spark's default when None) with
+    the settings tfnet's workers need, quiet at ``verbose < 2`` (see :mod:`optim.logs`).
+
+    Args:
+        app_name: Default ``"tfnet"``.
+        master: ``"local[2]"``, ``"spark://host:7077"``, ... Default: Spark's own (``local[*]``
+            unless ``spark-submit`` set one).
+        conf: More Spark settings; they win over tfnet's.
+        verbose: 2 or more keeps Spark's own INFO/WARN lines. Default 1.
+
+    Raises:
+        SparkSetupError: Java is missing or too old.
+    """
+    from pyspark.sql import SparkSession
+
+    from optim.logs import spark_log_conf
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    require_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    settings = {
+        "spark.ui.showConsoleProgress": "false",
+        "spark.executorEnv.TF_ENABLE_ONEDNN_OPTS": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1"),
+    }
+    if os.environ.get("SPARK_LOCAL_IP"):
+        settings["spark.driver.host"] = os.environ["SPARK_LOCAL_IP"]
+    settings.update(spark_log_conf(verbose))
+    settings.update(conf or {})
+    builder = SparkSession.builder.appName(app_name)
+    if master:
+        builder = builder.master(master)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    if verbose < 2:
+        session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def get_spark(create: bool = True):
+    """The active SparkSession, or a new one from :func:`build_session` when ``create`` is True.
+
+    Raises:
+        SparkSetupError: no session is active and Java is missing or too old.
+    """
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None or not create:
+        return active
+    return build_session()

@@ -1,0 +1,271 @@
+"""What every task of the training barrier stage runs: one Horovod rank. Worker side.
+
+A rank reads its partition into arrays, agrees with the other ranks on the number of steps per
+epoch (through the driver's rendezvous store, before Horovod starts), joins the Horovod ring over
+Gloo through that store, and runs the same training loop as a local run, from the optimiser state
+the driver sent. Rank 0 sends progress to the driver, writes checkpoints and TensorBoard events,
+and returns the final weights, optimiser state and history. A rank that fails posts its error as
+data (:mod:`optim.spark.failures`) before its task fails. Every call to the driver presents the
+job's secret.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from optim.errors import StageRetryError
+from tfnet.errors import TFNetError
+
+RESULT_FORMAT = "tfnet-rank-result-1"
+log = logging.getLogger("tfnet.spark.worker")
+
+
+@dataclass
+class RankJob:
+    """Everything a rank needs, built on the driver (picklable)."""
+
+    net: Any  # tfnet.serialize.net_to_bytes(net): a path in ``exchange``, or a Spark broadcast
+    hooks: bytes | None
+    loss: Any
+    method: Any
+    metrics: list
+    config: Any  # optim.training.loop.TrainConfig (batch_size is per rank)
+    size: int
+    kind: str  # "arrow", "records", "arrays" or "tf_data"
+    reader: Callable | None = None  # arrow/records shard reader
+    data: Any = None  # broadcast ArrayDataset for "arrays", a TFDataDataset for "tf_data"
+    validation: Any = None  # broadcast ArrayDataset or None
+    rendezvous: tuple[str, int] = ("127.0.0.1", 0)
+    progress: tuple[str, int] | None = None
+    timeout_s: float = 300.0
+    startup_timeout_s: float = 600.0
+    state: list | None = None  # optimiser state leaves to continue from (the optimiser's)
+    start_step: int = 0
+    steps_per_epoch: int | None = None
+    attempt: int = 0
+    extra_env: dict = field(default_factory=dict)
+    exchange: str | None = None  # a folder shared by the driver and the ranks, or None
+    token: str = ""  # the job's secret (hex), presented to the rendezvous store and the progress channel
+    lr_source: Any = None  # what gives the logged learning rate (``learning_rate_at``)
+    log_level: int = logging.WARNING  # tfnet's and TensorFlow's log level in the ranks
+
+
+def agree_steps(rows: list[int], per_rank_batch: int) -> int:
+    """Steps per epoch for every rank: ``ceil(max(rows) / per_rank_batch)``.
+
+    Each rank takes that many full batches; a rank with fewer rows wraps around (a fresh shuffle of
+    its rows), so every row is seen at least once per epoch and no rank waits in a collective that
+    another rank never joins.
+
+    >>> agree_steps([100, 37], 10)
+    10
+    """
+    if not rows or min(rows) <= 0:
+        empty = [r for r, n in enumerate(rows) if n <= 0]
+        raise TFNetError(f"Ranks {empty} have no rows to train on (rows per rank: {rows}).")
+    return max(1, math.ceil(max(rows) / per_rank_batch))
+
+
+def _write_rank_info(model_dir: str | None, rank: int, attempt: int) -> None:
+    if not model_dir:
+        return
+    from tfnet.graph_io import write_json_atomic
+
+    info = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(), "attempt": attempt, "time": time.time()}
+    write_json_atomic(os.path.join(model_dir, "ranks", f"rank-{rank}.json"), info)
+
+
+def run_rank(job: RankJob, partition: Iterable) -> Iterator[bytes | str]:
+    """The body of one barrier task. Yields one result on rank 0 (the payload, or its path in the
+    exchange folder), nothing elsewhere. A failure is posted to the driver as data, then raised."""
+    from pyspark import BarrierTaskContext
+
+    from optim.logs import quiet_worker
+
+    quiet_worker(job.log_level)
+    rank = BarrierTaskContext.get().partitionId()
+    try:
+        yield from _run_rank(job, partition, rank)
+    except BaseException as exc:
+        from optim.spark.failures import from_exception
+        from optim.spark.worker import rendezvous
+
+        rendezvous.report_failure(job.rendezvous, rank, from_exception(exc, rank).to_json(), job.token)
+        raise
+
+
+def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | str]:
+    from pyspark import BarrierTaskContext
+
+    from optim.spark.worker.watchdog import Watchdog
+    from tfnet.config import set_num_threads
+
+    ctx = BarrierTaskContext.get()
+    _claim(job, rank)
+    dog = Watchdog(job.startup_timeout_s, f"tfnet rank {rank}").start()
+    hvd = None
+    try:
+        cpus = max(1, int(ctx.cpus()))
+        if not set_num_threads(cpus, max(1, min(2, cpus)), strict=False):
+            log.info("Rank %d: TensorFlow already runs in this reused Python worker; its thread pools stay.", rank)
+        dog.kick("reading the partition")
+        shard = _shard(job, partition, rank)
+        dog.kick("agreeing on steps")
+        steps = job.steps_per_epoch
+        if job.kind == "tf_data":
+            counts = _gather(job, rank, _tf_data_count(shard, rank, job.size))
+            if steps is None:
+                if min(counts) < 0:
+                    raise TFNetError(
+                        "The tf.data input of some rank has an unknown number of batches; pass "
+                        "steps_per_epoch=N to optimize()."
+                    )
+                steps = max(counts)
+        else:
+            rows = len(shard.shard_indices(rank, job.size))
+            steps = steps or agree_steps(_gather(job, rank, rows), job.config.batch_size)
+        _write_rank_info(job.config.model_dir, rank, job.attempt)
+        dog.kick("connecting the Horovod ranks")
+        hvd = _horovod(job, ctx, rank)
+        collective = hvd.collective
+        dog.timeout_s = job.timeout_s
+        dog.kick("building the model")
+        net = _build_net(job)
+        reporter = _reporter(job, rank)
+        from optim.training.loop import train
+
+        dog.kick("training")
+        outcome = train(net, job.loss, job.method, job.metrics, shard, job.config, collective=collective,
+                        reporter=reporter, validation_data=job.validation.value if job.validation else None,
+                        steps_per_epoch=steps, initial_state=job.state, start_step=job.start_step,
+                        lr_source=job.lr_source, heartbeat=lambda: dog.kick("training"))
+        if rank == 0:
+            payload = _payload(net, outcome)
+            if job.exchange:
+                from tfnet.graph_io import write_bytes_atomic
+
+                path = os.path.join(job.exchange, f"result-{job.attempt}.npz")
+                write_bytes_atomic(path, payload)
+                yield path
+            else:
+                yield payload
+    finally:
+        dog.kick("shutting down")
+        if hvd is not None:
+            hvd.close()
+        dog.stop()
+
+
+def _claim(job: RankJob, rank: int) -> None:
+    """Registers this rank with the driver's rendezvous store, once per launch. A second claim
+    means Spark resubmitted the stage by itself (its Horovod keys would be stale): fail fast and
+    let the driver retry with a fresh rendezvous."""
+    from optim.spark.worker import rendezvous as kv
+
+    if kv.get(job.rendezvous, "tfnet_claims", f"rank{rank}", token=job.token) is not None:
+        raise StageRetryError("Spark resubmitted the training stage by itself; tfnet retries it from the driver.")
+    kv.put(job.rendezvous, "tfnet_claims", f"rank{rank}", b"1", token=job.token)
+
+
+def _gather(job: RankJob, rank: int, value: int) -> list[int]:
+    from optim.spark.worker import rendezvous as kv
+
+    return [int(v) for v in kv.all_gather(job.rendezvous, "tfnet_counts", rank, job.size, str(int(value)),
+                                          job.startup_timeout_s, token=job.token)]
+
+
+def _shard(job: RankJob, partition: Iterable, rank: int):
+    if job.kind in ("arrow", "records"):
+        return job.reader(partition, rank)
+    for _ in partition:  # the placeholder partition of parallelize(range(size)) carries nothing
+        pass
+    if job.kind == "arrays":
+        return job.data.value
+    return job.data
+
+
+def _tf_data_count(data, rank: int, size: int) -> int:
+    n = data.num_batches(0, rank=rank, size=size)
+    return -1 if n is None else int(n)
+
+
+def _horovod(job: RankJob, ctx, rank: int):
+    """Joins the Horovod ring; Gloo's rendezvous goes through a local proxy that adds the secret."""
+    from optim.spark.worker.rendezvous import GlooProxy
+    from optim.training.horovod import HorovodSession, horovod_env, iface_for
+
+    infos = ctx.getTaskInfos()
+    host = infos[rank].address.split(":")[0] if infos else "127.0.0.1"
+    proxy = GlooProxy(job.rendezvous, job.token, timeout_s=job.timeout_s)
+    env = horovod_env(rank, job.size, proxy.address[0], proxy.address[1], iface_for(host), int(job.timeout_s))
+    env.update(job.extra_env)
+    try:
+        return HorovodSession(env, on_close=proxy.stop)
+    except BaseException:
+        proxy.stop()
+        raise
+
+
+def _build_net(job: RankJob):
+    from tfnet.serialize import net_from_bytes
+
+    if isinstance(job.net, str):
+        with open(job.net, "rb") as f:
+            net = net_from_bytes(f.read())
+    else:
+        net = net_from_bytes(job.net.value)
+    if job.hooks:
+        import cloudpickle
+
+        forward, gradient, update = cloudpickle.loads(job.hooks)
+        for fn in forward:
+            net.register_forward_hook(fn)
+        for fn in gradient:
+            net.register_gradient_hook(fn)
+        for fn in update:
+            net.register_update_hook(fn)
+    return net
+
+
+def _reporter(job: RankJob, rank: int):
+    from optim.training.reporting import MultiReporter, Reporter, TensorBoardWriter
+
+    if rank != 0:
+        return Reporter()
+    from optim.spark.progress import RemoteReporter
+
+    parts = []
+    if job.progress is not None:
+        parts.append(RemoteReporter(*job.progress, authkey=bytes.fromhex(job.token)))
+    if job.config.model_dir:
+        parts.append(TensorBoardWriter(os.path.join(job.config.model_dir, "tensorboard")))
+    return MultiReporter(parts)
+
+
+def _payload(net, outcome) -> bytes:
+    from tfnet.container import pack
+
+    arrays = {f"w{i:05d}": v for i, v in enumerate(net.get_weights().values())}
+    arrays.update({f"s{i:05d}": np.asarray(leaf) for i, leaf in enumerate(outcome.state)})
+    header = {"history": outcome.history, "step": outcome.step, "weights": net.weight_names,
+              "state_leaves": len(outcome.state)}
+    return pack(RESULT_FORMAT, header, arrays)
+
+
+def read_payload(data: bytes) -> tuple[dict, list, dict]:
+    """``(weights, state_leaves, header)`` from rank 0's payload."""
+    from tfnet.container import unpack
+
+    header, arrays = unpack(data, RESULT_FORMAT, what="rank 0's result")
+    weights = {n: arrays[f"w{i:05d}"] for i, n in enumerate(header["weights"])}
+    state = [arrays[f"s{i:05d}"] for i in range(header["state_leaves"])]
+    return weights, state, header

@@ -1,0 +1,143 @@
+"""Calls to the driver's rendezvous store (Horovod's HTTP key-value server, secured with the job's
+secret: :mod:`optim.spark.driver.rendezvous`). Worker side. Every call has a timeout.
+
+The ranks use it before Horovod starts (claiming a rank once per launch; exchanging small values
+faster than Spark's barrier ``allGather``, which polls once a second), to report a failure, and,
+through :class:`GlooProxy`, for Gloo's own rendezvous.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.error import HTTPError, URLError
+from urllib.request import Request, urlopen
+
+from optim.errors import RendezvousError
+
+__all__ = ["GlooProxy", "all_gather", "get", "put", "report_failure"]
+
+TOKEN_HEADER = "X-Tfnet-Token"
+FAILURE_SCOPE = "tfnet_failures"
+
+
+def _url(addr: tuple[str, int], scope: str, key: str) -> str:
+    return f"http://{addr[0]}:{addr[1]}/{scope}/{key}"
+
+
+def _request(addr, scope: str, key: str, token: str | None, data: bytes | None = None, method: str = "GET") -> Request:
+    req = Request(_url(addr, scope, key), data=data, method=method)
+    if token:
+        req.add_header(TOKEN_HEADER, token)
+    return req
+
+
+def _http_error(addr, exc: HTTPError) -> RendezvousError:
+    if exc.code == 403:
+        return RendezvousError(f"The rendezvous server at {addr[0]}:{addr[1]} refused this rank: it did not present "
+                               "the job's secret (403).")
+    return RendezvousError(f"The rendezvous server at {addr[0]}:{addr[1]} answered {exc.code}.")
+
+
+def get(addr, scope: str, key: str, timeout_s: float = 10.0, token: str | None = None) -> bytes | None:
+    """The value, or None if the key is not there."""
+    try:
+        return urlopen(_request(addr, scope, key, token), timeout=timeout_s).read()
+    except HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise _http_error(addr, exc) from None
+    except (URLError, OSError) as exc:
+        raise RendezvousError(f"Cannot reach the driver's rendezvous server at {addr[0]}:{addr[1]}: {exc}") from None
+
+
+def put(addr, scope: str, key: str, value: bytes, timeout_s: float = 10.0, token: str | None = None) -> None:
+    try:
+        urlopen(_request(addr, scope, key, token, value, "PUT"), timeout=timeout_s).read()
+    except HTTPError as exc:
+        raise _http_error(addr, exc) from None
+    except (URLError, OSError) as exc:
+        raise RendezvousError(f"Cannot reach the driver's rendezvous server at {addr[0]}:{addr[1]}: {exc}") from None
+
+
+def all_gather(addr, scope: str, rank: int, size: int, value: str, timeout_s: float, token: str | None = None) -> list[str]:
+    """Every rank's ``value``, in rank order, once all ``size`` ranks have put theirs."""
+    put(addr, scope, f"rank{rank}", value.encode(), token=token)
+    deadline = time.monotonic() + timeout_s
+    found: dict[int, str] = {}
+    delay = 0.01
+    while True:
+        for r in range(size):
+            if r not in found:
+                got = get(addr, scope, f"rank{r}", token=token)
+                if got is not None:
+                    found[r] = got.decode()
+        if len(found) == size:
+            return [found[r] for r in range(size)]
+        if time.monotonic() > deadline:
+            missing = [r for r in range(size) if r not in found]
+            raise RendezvousError(f"Ranks {missing} did not arrive within {timeout_s:.0f} s.")
+        time.sleep(delay)
+        delay = min(0.2, delay * 1.5)
+
+
+def report_failure(addr, rank: int, data: bytes, token: str | None, timeout_s: float = 5.0) -> bool:
+    """Posts this rank's failure report (best effort: the task fails either way). True if it arrived."""
+    try:
+        put(addr, FAILURE_SCOPE, f"rank{rank}", data, timeout_s=timeout_s, token=token)
+        return True
+    except RendezvousError:
+        return False
+
+
+class GlooProxy:
+    """A loopback HTTP proxy for Gloo's rendezvous requests: Horovod's C++ HTTP store cannot send
+    a header, so it talks to this proxy (``127.0.0.1``, a port chosen by the OS), which forwards
+    each request to the driver with the job's secret. Runs in a thread of the rank's process."""
+
+    def __init__(self, upstream: tuple[str, int], token: str, timeout_s: float = 30.0):
+        up, tok = upstream, token
+
+        class Forward(BaseHTTPRequestHandler):
+            timeout = timeout_s
+
+            def _forward(self, method: str) -> None:
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else None
+                req = Request(f"http://{up[0]}:{up[1]}{self.path}", data=body, method=method)
+                req.add_header(TOKEN_HEADER, tok)
+                try:
+                    with urlopen(req, timeout=timeout_s) as resp:
+                        status, data = resp.status, resp.read()
+                except HTTPError as exc:
+                    status, data = exc.code, b""
+                except (URLError, OSError):
+                    status, data = 502, b""
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):  # noqa: N802 (http.server names)
+                self._forward("GET")
+
+            def do_PUT(self):  # noqa: N802
+                self._forward("PUT")
+
+            def do_DELETE(self):  # noqa: N802
+                self._forward("DELETE")
+
+            def log_message(self, format, *args):  # noqa: A002 - quiet
+                pass
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+        self._httpd.daemon_threads = True
+        self.address: tuple[str, int] = ("127.0.0.1", self._httpd.server_address[1])
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="tfnet-gloo-proxy", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(5)

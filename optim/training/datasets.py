@@ -1,0 +1,229 @@
+"""Training and evaluation data for TFOptimizer.
+
+A :class:`TFDataset` gives each worker (rank) its batches for an epoch. Local forms:
+
+* ``TFDataset.from_ndarrays((features, labels))``: numpy arrays (features may be a list/tuple for
+  several inputs); shuffled per epoch with a seeded generator, so a seed fixes the order;
+* ``TFDataset.from_tf_data(dataset_or_fn)``: a ``tf.data.Dataset`` of ``(features, labels)``
+  *batches* (as Keras ``fit`` takes it), or a function ``fn(rank, size) -> dataset`` building each
+  rank's input (for example, TFRecord shards read by each worker).
+
+The distributed forms (``from_dataframe``, ``from_rdd``) live in ``optim.spark.datasets``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from optim.errors import DataError
+
+__all__ = ["TFDataset", "ArrayDataset", "TFDataDataset", "as_dataset"]
+
+Batch = tuple[list, Any]
+
+
+
+class TFDataset:
+    """Base class and factory. Subclasses implement :meth:`batches` and :meth:`num_batches`."""
+
+    has_labels: bool = True
+
+    @staticmethod
+    def from_ndarrays(tensors, batch_size: int | None = None) -> ArrayDataset:
+        """``tensors`` is ``(features, labels)`` or ``features`` alone (for prediction); features
+        and labels are arrays or lists/tuples of arrays, all with the same first dimension."""
+        return ArrayDataset.from_tensors(tensors, batch_size)
+
+    @staticmethod
+    def from_tf_data(dataset_or_fn) -> TFDataDataset:
+        """A batched ``tf.data.Dataset``, or ``fn(rank, size) -> tf.data.Dataset``."""
+        return TFDataDataset(dataset_or_fn)
+
+    @staticmethod
+    def from_dataframe(df, feature_cols, label_cols=None, feature_shapes=None):
+        """A Spark DataFrame; see :func:`optim.spark.datasets.DataFrameDataset`."""
+        from optim.spark.datasets import DataFrameDataset
+
+        return DataFrameDataset(df, feature_cols, label_cols, feature_shapes)
+
+    @staticmethod
+    def from_rdd(rdd):
+        """A Spark RDD of ``(features, label)`` records; see :mod:`optim.spark.datasets`."""
+        from optim.spark.datasets import RDDDataset
+
+        return RDDDataset(rdd)
+
+    def batches(self, batch_size: int, *, epoch: int = 0, seed: int = 0, shuffle: bool = True,
+                skip: int = 0, rank: int = 0, size: int = 1) -> Iterator[Batch]:
+        raise NotImplementedError  # pragma: no cover
+
+    def num_batches(self, batch_size: int, *, rank: int = 0, size: int = 1) -> int | None:
+        """Batches per epoch for this rank, or None when unknown in advance."""
+        raise NotImplementedError  # pragma: no cover
+
+
+def _as_list(x) -> list[np.ndarray]:
+    if isinstance(x, (list, tuple)):
+        return [np.asarray(a) for a in x]
+    if isinstance(x, dict):
+        raise DataError("Pass features as an array or a list in the model's input order, not a dict.")
+    return [np.asarray(x)]
+
+
+class ArrayDataset(TFDataset):
+    """In-memory arrays."""
+
+    def __init__(self, features: Sequence[np.ndarray], labels: Sequence[np.ndarray] | None,
+                 single_label: bool = True, batch_size: int | None = None, presharded: bool = False):
+        self.presharded = presharded  # the rows are this rank's already (a Spark partition)
+        self.features = list(features)
+        self.labels = None if labels is None else list(labels)
+        self.single_label = single_label
+        self.batch_size = batch_size
+        self.has_labels = labels is not None
+        sizes = {len(a) for a in self.features + (self.labels or [])}
+        if any(a.ndim == 0 for a in self.features + (self.labels or [])):
+            raise DataError("Every feature and label array needs a first (example) dimension; received a scalar.")
+        if len(sizes) != 1:
+            raise DataError(
+                f"Features and labels must have the same number of examples; received lengths "
+                f"{[len(a) for a in self.features]} (features) and {[len(a) for a in self.labels or []]} (labels)."
+            )
+        self.n = sizes.pop()
+
+    @classmethod
+    def from_tensors(cls, tensors, batch_size=None) -> ArrayDataset:
+        """A 2-tuple is ``(features, labels)``; an array or a list of arrays is features only."""
+        if isinstance(tensors, tuple) and len(tensors) == 2:
+            features, labels = tensors
+            single = not isinstance(labels, (list, tuple))
+            return cls(_as_list(features), _as_list(labels), single, batch_size)
+        return cls(_as_list(tensors), None, True, batch_size)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def shard_indices(self, rank: int, size: int) -> np.ndarray:
+        if self.presharded:
+            return np.arange(self.n)
+        return np.arange(rank, self.n, size)
+
+    def num_batches(self, batch_size, *, rank=0, size=1, drop_remainder=False) -> int:
+        n = len(self.shard_indices(rank, size))
+        return n // batch_size if drop_remainder else -(-n // batch_size)
+
+    def batches(self, batch_size, *, epoch=0, seed=0, shuffle=True, skip=0, rank=0, size=1,
+                drop_remainder=False, steps=None) -> Iterator[Batch]:
+        """This rank's batches for one epoch, shuffled with ``[seed, epoch, rank]``.
+
+        With ``steps``, exactly that many full batches: a shard that runs out of rows continues
+        with a fresh shuffle of its rows (the distributed equal-steps rule)."""
+        idx = self.shard_indices(rank, size)
+        if steps is not None:
+            yield from self._fixed_steps(idx, batch_size, steps, epoch, seed, shuffle, skip, rank)
+            return
+        if shuffle:
+            rng = np.random.default_rng([seed, epoch, rank])
+            idx = idx[rng.permutation(len(idx))]
+        stop = (len(idx) // batch_size) * batch_size if drop_remainder else len(idx)
+        for start in range(skip * batch_size, stop, batch_size):
+            take = idx[start:start + batch_size]
+            yield self._take(take)
+
+    def _fixed_steps(self, idx, batch_size, steps, epoch, seed, shuffle, skip, rank):
+        if len(idx) == 0:
+            raise DataError(f"Rank {rank} has no rows to train on.")
+        need = steps * batch_size
+        passes = []
+        for p in range(-(-need // len(idx))):
+            order = idx
+            if shuffle:
+                order = idx[np.random.default_rng([seed, epoch, rank, p]).permutation(len(idx))]
+            passes.append(order)
+        order = np.concatenate(passes)[:need]
+        for b in range(skip, steps):
+            yield self._take(order[b * batch_size:(b + 1) * batch_size])
+
+    def _take(self, take) -> Batch:
+        feats = [a[take] for a in self.features]
+        if self.labels is None:
+            return feats, None
+        labels = [a[take] for a in self.labels]
+        return feats, labels[0] if self.single_label else labels
+
+
+class TFDataDataset(TFDataset):
+    """A batched ``tf.data.Dataset`` of ``(features, labels)``, or ``fn(rank, size)`` building one.
+
+    A plain dataset is sharded across ranks with ``Dataset.shard(size, rank)``; a function builds
+    its own shard. Shuffle inside the dataset (with a seed, for reproducible runs). On resume,
+    the batches already seen in the current epoch are skipped with ``Dataset.skip``.
+    """
+
+    def __init__(self, dataset_or_fn):
+        if isinstance(dataset_or_fn, tf.data.Dataset):
+            self._fn: Callable[[int, int], tf.data.Dataset] = (
+                lambda rank, size, ds=dataset_or_fn: ds if size == 1 else ds.shard(size, rank)
+            )
+        elif callable(dataset_or_fn):
+            self._fn = dataset_or_fn
+        else:
+            raise TypeError(
+                f"from_tf_data takes a tf.data.Dataset or a function (rank, size) -> Dataset. Received: {dataset_or_fn!r}"
+            )
+        self.has_labels = True
+
+    def dataset(self, rank: int = 0, size: int = 1) -> tf.data.Dataset:
+        ds = self._fn(rank, size)
+        if not isinstance(ds, tf.data.Dataset):
+            raise DataError(f"The function given to from_tf_data must return a tf.data.Dataset; it returned {type(ds).__name__}.")
+        return ds
+
+    def num_batches(self, batch_size, *, rank=0, size=1, drop_remainder=False):
+        n = int(self.dataset(rank, size).cardinality())
+        return n if n >= 0 else None
+
+    def batches(self, batch_size, *, epoch=0, seed=0, shuffle=True, skip=0, rank=0, size=1,
+                drop_remainder=False, steps=None) -> Iterator[Batch]:
+        ds = self.dataset(rank, size)
+        if steps is not None:  # equal steps on every rank: repeat, then take
+            ds = ds.repeat().take(steps)
+        if skip:
+            ds = ds.skip(skip)
+        for element in ds:
+            yield _split_element(element)
+
+
+def _split_element(element) -> Batch:
+    if isinstance(element, (tuple, list)) and len(element) == 2:
+        features, labels = element
+    elif isinstance(element, (tuple, list)) and len(element) == 3:
+        features, labels = element[0], element[1]  # (x, y, sample_weight): weights are not used
+    else:
+        features, labels = element, None
+    if isinstance(features, dict):
+        features = list(features.values())
+    features = list(features) if isinstance(features, (tuple, list)) else [features]
+    return features, labels
+
+
+def as_dataset(data, batch_size: int | None = None, *, need_labels: bool = True) -> TFDataset:
+    """Turns what ``optimize`` / ``evaluate`` / ``predict`` accept into a TFDataset."""
+    if isinstance(data, TFDataset):
+        ds = data
+    elif isinstance(data, tf.data.Dataset):
+        ds = TFDataDataset(data)
+    elif isinstance(data, (tuple, list, np.ndarray)):
+        ds = ArrayDataset.from_tensors(data, batch_size)
+    else:
+        raise TypeError(
+            "Data must be a tuple of numpy arrays (features, labels), a tf.data.Dataset, or a "
+            f"TFDataset. Received: {type(data).__name__}"
+        )
+    if need_labels and not ds.has_labels:
+        raise DataError("Training and evaluation need labels: pass (features, labels).")
+    return ds

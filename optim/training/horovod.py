@@ -1,0 +1,179 @@
+"""The Horovod collective: the training loop's peers are Horovod ranks over Gloo. Runs in each
+rank's process; needs no Spark (:class:`HorovodSession` works in any process that has the
+rendezvous environment).
+
+Only Horovod's core collective ops are used (``grouped_allreduce``, ``allreduce``,
+``broadcast``, ``allgather``); ``horovod.tensorflow.keras`` breaks with Keras 3.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from optim.training.collective import Collective
+
+
+def horovod_env(rank: int, size: int, rendezvous_addr: str, rendezvous_port: int, iface: str | None,
+                timeout_s: int) -> dict[str, str]:
+    """Environment for ``hvd.init()`` with Gloo and the driver's rendezvous server.
+
+    Each rank is its own host for Horovod (local size 1), which needs no knowledge of where Spark
+    put the tasks; Gloo still connects every pair of ranks directly over TCP.
+    """
+    env = {
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_addr,
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_HOSTNAME": f"rank{rank}",
+        "HOROVOD_RANK": str(rank),
+        "HOROVOD_SIZE": str(size),
+        "HOROVOD_LOCAL_RANK": "0",
+        "HOROVOD_LOCAL_SIZE": "1",
+        "HOROVOD_CROSS_RANK": str(rank),
+        "HOROVOD_CROSS_SIZE": str(size),
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(timeout_s)),
+        # A rank that stops answering makes the others shut Horovod down instead of waiting.
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": str(max(5, int(timeout_s) // 2)),
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(int(timeout_s)),
+    }
+    if iface:
+        env["HOROVOD_GLOO_IFACE"] = iface
+    return env
+
+
+def iface_for(address: str) -> str | None:
+    """The network interface that holds ``address`` (an IP), so Gloo listens where peers can
+    reach it."""
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover
+        return None
+    import socket
+
+    try:
+        ip = socket.gethostbyname(address)
+    except OSError:
+        return None
+    for name, addrs in psutil.net_if_addrs().items():
+        for a in addrs:
+            if a.address == ip:
+                return name
+    return None
+
+
+class HorovodCollective(Collective):
+    """Collectives over an initialised Horovod (``hvd.init()`` already called)."""
+
+    def __init__(self):
+        import horovod.tensorflow as hvd
+
+        self.hvd = hvd
+        self.rank = hvd.rank()
+        self.size = hvd.size()
+
+    def reducer(self):
+        """The same function on every call, so the net's compiled-step cache finds it."""
+        if getattr(self, "_reduce", None) is not None:
+            return self._reduce
+        hvd = self.hvd
+
+        def reduce(grads: dict, loss):
+            names = list(grads)
+            averaged = hvd.grouped_allreduce([grads[n] for n in names], op=hvd.Average, name="tfnet_grads")
+            loss = hvd.allreduce(loss, op=hvd.Average, name="tfnet_loss")
+            return dict(zip(names, averaged)), loss
+
+        self._reduce = reduce
+        return reduce
+
+    def allreduce_sum(self, array: np.ndarray) -> np.ndarray:
+        t = tf.constant(np.asarray(array, np.float64))
+        return self.hvd.allreduce(t, op=self.hvd.Sum).numpy()
+
+    def _gather_ints(self, value: int) -> np.ndarray:
+        return self.hvd.allgather(tf.constant([int(value)], tf.int64)).numpy()
+
+    def allreduce_min(self, value: int) -> int:
+        return int(self._gather_ints(value).min())
+
+    def allreduce_max(self, value: int) -> int:
+        return int(self._gather_ints(value).max())
+
+    def broadcast(self, arrays: Sequence[np.ndarray], root: int = 0) -> list[np.ndarray]:
+        """Broadcasts many arrays with one collective per dtype (packed into one buffer)."""
+        arrays = [np.asarray(a) for a in arrays]
+        out: list[np.ndarray | None] = [None] * len(arrays)
+        by_dtype: dict[np.dtype, list[int]] = {}
+        for i, a in enumerate(arrays):
+            by_dtype.setdefault(a.dtype, []).append(i)
+        for dtype, idx in sorted(by_dtype.items(), key=lambda kv: str(kv[0])):
+            flat = np.concatenate([arrays[i].ravel() for i in idx]) if idx else np.zeros(0, dtype)
+            got = self.hvd.broadcast(tf.constant(flat), root_rank=root, name=f"tfnet_bcast_{dtype}").numpy()
+            pos = 0
+            for i in idx:
+                n = arrays[i].size
+                out[i] = got[pos:pos + n].reshape(arrays[i].shape)
+                pos += n
+        return out  # type: ignore[return-value]
+
+    def broadcast_object(self, obj, root: int = 0):
+        return self.hvd.broadcast_object(obj, root_rank=root, name="tfnet_bcast_obj")
+
+
+class HorovodSession:
+    """Horovod initialised in this process with ``env``, until :meth:`close`.
+
+    The variables in ``env`` are set for ``hvd.init()`` and restored to what they were (or
+    removed) on close, after ``hvd.shutdown()``, so a reused Python worker starts its next task
+    with the environment it had. Use as a context manager, or call :meth:`close` once.
+
+    Attributes:
+        collective: The :class:`HorovodCollective` over the ranks.
+    """
+
+    def __init__(self, env: dict[str, str], on_close=None):
+        self._saved = {k: os.environ.get(k) for k in env}
+        self._on_close = on_close
+        self._closed = False
+        os.environ.update(env)
+        try:
+            import horovod.tensorflow as hvd
+
+            hvd.init()
+            self.collective = HorovodCollective()
+        except BaseException:
+            self._restore()
+            raise
+
+    def _restore(self) -> None:
+        for k, v in self._saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            import horovod.tensorflow as hvd
+
+            hvd.shutdown()
+        except Exception:  # noqa: BLE001 - best effort when tearing down after a failure
+            pass
+        finally:
+            self._restore()
+            if self._on_close is not None:
+                self._on_close()
+
+    def __enter__(self) -> HorovodSession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

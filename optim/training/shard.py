@@ -1,0 +1,118 @@
+"""Turning one Spark partition into numpy arrays. Runs in the Python workers.
+
+A :class:`ColumnSpec` says how to read one model input (or the labels) from Arrow columns: one
+column holding numbers or fixed-length arrays (reshaped to a declared per-row shape), or several
+scalar columns stacked into a vector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from optim.errors import BadRowError
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """One tensor made of ``columns``: a single column reshaped to ``shape`` per row, or several
+    scalar columns stacked (then ``shape`` is ``(len(columns),)``)."""
+
+    columns: tuple[str, ...]
+    shape: tuple[int, ...] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.columns[0] if len(self.columns) == 1 else "[" + ", ".join(self.columns) + "]"
+
+
+def _column_to_numpy(batch, column: str, shape, partition: int, row_offset: int) -> np.ndarray:
+    import pyarrow as pa
+
+    col = batch.column(batch.schema.get_field_index(column))
+    if col.null_count:
+        row = next(i for i in range(len(col)) if not col[i].is_valid)
+        raise BadRowError(
+            f"Column {column!r} is null at row {row_offset + row} of partition {partition}; "
+            "every training row needs a value."
+        )
+    t = col.type
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        if pa.types.is_fixed_size_list(t):
+            lengths = np.full(len(col), t.list_size)
+        else:
+            offsets = col.offsets.to_numpy()
+            lengths = np.diff(offsets)
+        values = col.flatten()
+        if values.null_count:
+            raise BadRowError(f"Column {column!r} holds null elements inside an array in partition {partition}.")
+        want = int(np.prod(shape)) if shape else (int(lengths[0]) if len(lengths) else 0)
+        bad = np.nonzero(lengths != want)[0]
+        if len(bad):
+            row = int(bad[0])
+            raise BadRowError(
+                f"Column {column!r} row {row_offset + row} of partition {partition} has {int(lengths[row])} "
+                f"values; expected {want} (per-row shape {tuple(shape) if shape else (want,)})."
+            )
+        arr = values.to_numpy(zero_copy_only=False)
+        return arr.reshape((len(col),) + (tuple(shape) if shape else (want,)))
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+        arr = col.to_numpy(zero_copy_only=False)
+        return arr.reshape((len(col),) + tuple(shape)) if shape else arr
+    raise BadRowError(
+        f"Column {column!r} has type {t}; training tensors come from numeric columns or arrays of numbers."
+    )
+
+
+def arrow_to_arrays(batches: Iterable, specs: Sequence[ColumnSpec], partition: int) -> list[np.ndarray]:
+    """Reads every batch of a partition into one array per spec."""
+    parts: list[list[np.ndarray]] = [[] for _ in specs]
+    offset = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        for i, spec in enumerate(specs):
+            if len(spec.columns) == 1:
+                parts[i].append(_column_to_numpy(batch, spec.columns[0], spec.shape, partition, offset))
+            else:
+                cols = [_column_to_numpy(batch, c, None, partition, offset) for c in spec.columns]
+                parts[i].append(np.stack(cols, axis=1))
+        offset += batch.num_rows
+    return [np.concatenate(p) if p else np.zeros((0,) + (spec.shape or ()), np.float32)
+            for p, spec in zip(parts, specs)]
+
+
+def records_to_arrays(records: Iterable, partition: int) -> tuple[list[np.ndarray], np.ndarray | list | None]:
+    """An RDD partition of ``(features, label)`` records (features: an array or a tuple of
+    arrays, one per input) into stacked arrays."""
+    feats: list[list] | None = None
+    labels: list = []
+    multi = False
+    for row, record in enumerate(records):
+        if not isinstance(record, (tuple, list)) or len(record) != 2:
+            raise BadRowError(
+                f"RDD record {row} of partition {partition} is {type(record).__name__}; expected a "
+                "(features, label) pair."
+            )
+        x, y = record
+        if x is None or y is None:
+            raise BadRowError(f"RDD record {row} of partition {partition} has a None {'features' if x is None else 'label'}.")
+        if feats is None:
+            multi = isinstance(x, (tuple, list)) and len(x) > 0 and hasattr(x[0], "__len__")
+            feats = [[] for _ in (x if multi else [x])]
+        xs = list(x) if multi else [x]
+        if len(xs) != len(feats):
+            raise BadRowError(f"RDD record {row} of partition {partition} has {len(xs)} feature arrays; expected {len(feats)}.")
+        for acc, value in zip(feats, xs):
+            acc.append(np.asarray(value))
+        labels.append(np.asarray(y))
+    if feats is None:
+        return [], None
+    try:
+        arrays = [np.stack(a) for a in feats]
+        label_arr = np.stack(labels)
+    except ValueError as exc:
+        raise BadRowError(f"Records of partition {partition} have features or labels of different shapes: {exc}") from None
+    return arrays, label_arr

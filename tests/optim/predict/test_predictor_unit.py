@@ -1,0 +1,326 @@
+"""TFPredictor without Spark: local prediction, the OpenVINO backend and its fallback, column
+planning against a schema, Arrow conversion with bad rows, and every error message."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import tensorflow as tf
+from pyspark.sql import types as T
+
+from optim import TFPredictor
+from optim.errors import (
+    BackendError,
+    BackendFallbackWarning,
+    BackendUnavailableError,
+    BadRowError,
+    ColumnError,
+)
+from optim.predict.arrow import array_to_arrow, column_to_array, decode_image
+from optim.predict.backends import unsupported_ops
+from optim.predict.columns import InputColumn, plan_columns
+from optim.predict.snapshot import ModelSnapshot, TensorInfo
+from tests import models
+from tfnet import InputSpecError, InputTypeError, TensorNameError, TFNet
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    return TFNet.from_keras(models.small_cnn())
+
+
+@pytest.fixture(scope="module")
+def two():
+    return TFNet.from_keras(models.two_in_two_out())
+
+
+def lgamma_graph():
+    """A graph with a weight and an op OpenVINO has no conversion rule for (Lgamma)."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="x")
+        w = tf.constant(np.linspace(-1, 1, 12, dtype="float32").reshape(4, 3), name="w")
+        tf.math.lgamma(tf.abs(tf.matmul(x, w)) + 1.0, name="y")
+    return g.as_graph_def()
+
+
+# ---------------------------------------------------------------------------- local prediction
+
+
+def test_local_predict_equals_forward(cnn):
+    x = models.random_images(70, 8)
+    p = TFPredictor(cnn, batch_per_thread=32)
+    np.testing.assert_array_equal(p.predict(x), cnn.forward(x))
+    assert p.stats()["calls"] == 3 and p.stats()["max_rows"] == 32 and p.stats()["rows"] == 70
+
+
+def test_local_predict_several_inputs_and_outputs(two):
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(9, 5)).astype("float32"), rng.normal(size=(9, 3)).astype("float32")
+    p = TFPredictor(two, batch_per_thread=4)
+    want = two.forward([a, b])
+    for got in (p.predict([a, b]), p.predict({"b": b, "a": a})):
+        assert len(got) == 2
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+
+def test_from_paths(cnn, tmp_path):
+    x = models.random_images(5, 8)
+    cnn.save(tmp_path / "export")
+    tf.io.write_graph(cnn.frozen_graph_def(), str(tmp_path), "frozen.pb", as_text=False)
+    for p in (TFPredictor(str(tmp_path / "export")),
+              TFPredictor(str(tmp_path / "frozen.pb"), inputs="img", outputs="fc")):
+        np.testing.assert_allclose(p.predict(x), cnn.forward(x), rtol=1e-6, atol=1e-6)
+
+
+def test_weights_are_copied_when_made(cnn):
+    net = TFNet.from_keras(models.small_cnn(seed=1))
+    x = models.random_images(4, 8)
+    p = TFPredictor(net)
+    before = net.forward(x)
+    net.set_weights({"fc/bias": net.get_weights(["fc/bias"])["fc/bias"] + 1.0})
+    np.testing.assert_array_equal(p.predict(x), before)
+
+
+# ---------------------------------------------------------------------------- OpenVINO
+
+
+@pytest.mark.parametrize("build", [models.small_cnn, models.two_in_two_out, lambda: models.mobilenet_v2(32)],
+                         ids=["small_cnn", "two_in_two_out", "mobilenet_v2"])
+def test_openvino_equals_tensorflow(build):
+    net = TFNet.from_keras(build())
+    rng = np.random.default_rng(1)
+    inputs = [rng.uniform(-1, 1, (11, *s.shape[1:])).astype("float32") for s in net.input_specs]
+    ov = TFPredictor(net, batch_per_thread=8, backend="openvino")
+    assert ov.backend == "openvino"
+    got, want = ov.predict(inputs), net.forward(inputs)
+    got, want = (got, want) if isinstance(got, list) else ([got], [want])
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+        assert models.rel_err(g, w) < 1e-5
+
+
+def test_openvino_falls_back_naming_the_op():
+    net = TFNet.from_frozen_graph(lgamma_graph(), "x", "y")
+    with pytest.warns(BackendFallbackWarning, match=r"unsupported operation\(s\): Lgamma\. Falling back"):
+        p = TFPredictor(net, backend="openvino")
+    assert p.backend == "tensorflow" and p.requested_backend == "openvino"
+    x = np.random.default_rng(0).normal(size=(6, 4)).astype("float32")
+    np.testing.assert_allclose(p.predict(x), net.forward(x), rtol=1e-6)
+
+
+def test_unsupported_ops_parses_openvino_messages():
+    assert unsupported_ops("Summary:\n-- No conversion rule found for operations: Cholesky, MatrixDiagV3\nTo") == [
+        "Cholesky", "MatrixDiagV3"]
+    assert unsupported_ops("Failed operations detailed log:\n-- FFT with a message:\nbad") == ["FFT"]
+    assert unsupported_ops("something else") == []
+
+
+def test_openvino_missing_is_a_clear_error(cnn, monkeypatch):
+    monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` now raises ImportError
+    with pytest.raises(BackendUnavailableError, match=r"pip install tfnet\[openvino\]"):
+        TFPredictor(cnn, backend="openvino")
+
+
+# ---------------------------------------------------------------------------- argument errors
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"batch_per_thread": 0}, ValueError, r"`batch_per_thread` must be a positive integer. Received: batch_per_thread=0"),
+    ({"batch_per_thread": 2.5}, ValueError, r"Received: batch_per_thread=2.5"),
+    ({"backend": "onnx"}, BackendError, r"`backend` must be one of \['tensorflow', 'openvino'\]. Received: backend='onnx'"),
+    ({"on_error": "skip"}, ValueError, r"`on_error` must be one of \['raise', 'null'\]. Received: on_error='skip'"),
+    ({"num_threads": 0}, ValueError, r"`num_threads` must be a positive integer or None. Received: num_threads=0"),
+    ({"error_col": ""}, ValueError, r"`error_col` must be a non-empty column name"),
+])
+def test_bad_arguments(cnn, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        TFPredictor(cnn, **kwargs)
+
+
+def test_bad_sources(cnn, tmp_path):
+    with pytest.raises(TypeError, match=r"TFPredictor takes a tfnet.TFNet.*Received: int"):
+        TFPredictor(3)
+    tf.io.write_graph(cnn.frozen_graph_def(), str(tmp_path), "frozen.pb", as_text=False)
+    with pytest.raises(TensorNameError, match=r"pass `inputs` and `outputs`.*Placeholders in the graph: \['img'\]"):
+        TFPredictor(str(tmp_path / "frozen.pb"))
+    with pytest.raises(FileNotFoundError):
+        TFPredictor(str(tmp_path / "missing.pb"), inputs="img", outputs="fc")
+
+
+def test_local_input_errors(cnn):
+    p = TFPredictor(cnn)
+    with pytest.raises(InputSpecError, match=r"Input 'img:0' expects shape \(None, 8, 8, 3\); received shape \(2, 8, 8, 4\)"):
+        p.predict(np.zeros((2, 8, 8, 4), "float32"))
+    with pytest.raises(InputTypeError, match=r"expects dtype float32.*received dtype str32"):
+        p.predict(np.full((2, 8, 8, 3), "a"))
+    with pytest.raises(ColumnError, match=r"feature_cols and output_cols apply to DataFrames; received a ndarray"):
+        p.predict(np.zeros((2, 8, 8, 3), "float32"), feature_cols=["img"])
+
+
+# ---------------------------------------------------------------------------- column planning
+
+
+IMG = TensorInfo("img:0", "float32", (8, 8, 3))
+VEC = TensorInfo("a:0", "float32", (5,))
+ONE = TensorInfo("s:0", "float32", (1,))
+OUT = TensorInfo("fc:0", "float32", (2,))
+SCHEMA = T.StructType([
+    T.StructField("id", T.LongType()),
+    T.StructField("img", T.ArrayType(T.FloatType())),
+    T.StructField("nested", T.ArrayType(T.ArrayType(T.ArrayType(T.DoubleType())))),
+    T.StructField("twice", T.ArrayType(T.ArrayType(T.FloatType()))),
+    T.StructField("words", T.ArrayType(T.StringType())),
+    T.StructField("jpeg", T.BinaryType()),
+    T.StructField("x", T.DoubleType()),
+    T.StructField("m", T.MapType(T.StringType(), T.FloatType())),
+])
+
+
+def test_plan_defaults_and_kinds():
+    plan = plan_columns(SCHEMA, [IMG], [OUT])
+    assert [(c.column, c.kind, c.depth) for c in plan.inputs] == [("img", "array", 1)]
+    assert [c.column for c in plan.outputs] == ["prediction"] and plan.error_col is None
+    assert plan_columns(SCHEMA, [IMG], [OUT], "nested").inputs[0].depth == 3
+    assert plan_columns(SCHEMA, [IMG], [OUT], {"img": "jpeg"}).inputs[0].kind == "image"
+    assert plan_columns(SCHEMA, [ONE], [OUT], ["x"]).inputs[0].kind == "scalar"
+    two = plan_columns(SCHEMA, [IMG, ONE], [OUT, TensorInfo("y2:0", "float32", ())], ["img", "x"], None, "err")
+    assert [c.column for c in two.outputs] == ["fc", "y2"]
+    fields = two.output_fields()
+    assert [f.name for f in fields] == ["fc", "y2", "err"]
+    assert fields[0].dataType == T.ArrayType(T.FloatType(), False) and fields[1].dataType == T.FloatType()
+
+
+@pytest.mark.parametrize("inputs, feature_cols, output_cols, error_col, match", [
+    ([VEC], None, None, None, r"feature_cols was not given, and the DataFrame has no column 'a' for input 'a:0'"),
+    ([IMG], ["imgg"], None, None, r"Unknown column 'imgg'. Closest existing names: 'img'.*for input 'img:0'"),
+    ([IMG], ["img", "x"], None, None, r"`feature_cols` must name 1 column\(s\), one per tensor \['img:0'\]; received 2"),
+    ([IMG], {"image": "img"}, None, None, r"Unknown feature_cols key \(tensor name\) 'image'"),
+    ([IMG], 3, None, None, r"`feature_cols` must be a column name, a list of names or a dict by tensor name. Received: 3"),
+    ([IMG], ["words"], None, None, r"Column 'words' \(array<string>\) cannot feed input 'img:0' \(float32, per-row shape \(8, 8, 3\)\): its elements are string"),
+    ([IMG], ["twice"], None, None, r"it is nested 2 deep; use a flat array or one nested 3 deep"),
+    ([VEC], ["jpeg"], None, None, r"binary columns hold encoded images, which need an input of per-row shape \(height, width, channels\)"),
+    ([VEC], ["x"], None, None, r"a number per row feeds only an input with one value per row. That input takes an array column of 5 numbers"),
+    ([IMG], ["m"], None, None, r"this column type is not supported \(for ML vectors, convert with pyspark.ml.functions.vector_to_array"),
+    ([TensorInfo("t:0", "float32", (None, 3))], ["img"], None, None, r"per-row shape is not fully known"),
+    ([IMG], None, ["id"], None, r"Output column 'id' already exists in the DataFrame; every input column is kept"),
+    ([IMG], None, None, "img", r"Output column 'img' already exists"),
+    ([IMG], None, ["prediction_error"], "prediction_error", r"Output column 'prediction_error' is used twice"),
+])
+def test_plan_errors(inputs, feature_cols, output_cols, error_col, match):
+    with pytest.raises(ColumnError, match=match):
+        plan_columns(SCHEMA, inputs, [OUT], feature_cols, output_cols, error_col)
+
+
+# ---------------------------------------------------------------------------- Arrow conversion
+
+
+def test_array_column_bad_rows_and_slices():
+    spec = InputColumn("v", TensorInfo("v:0", "float32", (2, 3)), "array", 1)
+    col = pa.array([[1, 2, 3, 4, 5, 6], None, [1, 2, 3], [6, 5, 4, 3, 2, 1], [1, 2, 3, 4, None, 6]],
+                   pa.list_(pa.float64()))
+    bad = {}
+    out = column_to_array(col, spec, bad)
+    assert out.shape == (5, 2, 3) and out.dtype == np.float32
+    np.testing.assert_array_equal(out[3].ravel(), [6, 5, 4, 3, 2, 1])
+    assert bad == {1: "the value is null",
+                   2: "the array has 3 values; input 'v:0' needs 6 (per-row shape (2, 3))",
+                   4: "the array holds a null value"}
+    bad = {}
+    out = column_to_array(col.slice(3, 2), spec, bad)  # offsets of a slice do not start at 0
+    np.testing.assert_array_equal(out[0].ravel(), [6, 5, 4, 3, 2, 1])
+    assert bad == {1: "the array holds a null value"}
+
+
+def test_nested_array_column_bad_rows():
+    spec = InputColumn("v", TensorInfo("v:0", "float32", (2, 3)), "array", 2)
+    col = pa.array([[[1, 2, 3], [4, 5, 6]], [[1, 2], [3, 4, 5, 6]], [[1, 2, 3], None], None, [[0, 1, 2], [3, 4, 5]]],
+                   pa.list_(pa.list_(pa.float32())))
+    bad = {}
+    out = column_to_array(col, spec, bad)
+    np.testing.assert_array_equal(out[4].ravel(), np.arange(6))
+    assert bad == {1: "dimension 1 has length 2, expected 3 (per-row shape (2, 3))",
+                   2: "a nested array inside it is null", 3: "the value is null"}
+
+
+def test_image_column_bad_rows():
+    from sklearn.datasets import load_sample_images
+
+    jpeg = open(load_sample_images().filenames[0], "rb").read()
+    spec = InputColumn("jpeg", TensorInfo("img:0", "float32", (16, 24, 3)), "image")
+    bad = {}
+    out = column_to_array(pa.array([jpeg, None, b"", b"not an image", jpeg[:200]], pa.binary()), spec, bad)
+    assert out.shape == (5, 16, 24, 3) and 0 <= out.min() and out.max() <= 255 and out[0].std() > 10
+    assert bad[1] == "the value is null" and bad[2] == "the image is empty (0 bytes)"
+    assert bad[3].startswith("the image could not be decoded (12 bytes; JPEG, PNG, GIF, BMP or WebP expected): "
+                             "Unknown image file format")
+    assert "could not be decoded (200 bytes" in bad[4]
+
+
+def test_decode_image_matches_pillow_and_resizes():
+    from sklearn.datasets import load_sample_images
+
+    images = load_sample_images()
+    for path, pixels in zip(images.filenames, images.images):
+        data = open(path, "rb").read()
+        np.testing.assert_array_equal(decode_image(data, *pixels.shape), pixels)  # no resize: same pixels
+        small = decode_image(data, 32, 48, 3)
+        np.testing.assert_allclose(small, tf.image.resize(pixels, (32, 48)).numpy(), atol=1e-3)
+        png = tf.io.encode_png(pixels).numpy()
+        np.testing.assert_array_equal(decode_image(png, *pixels.shape, dtype=np.uint8), pixels)
+
+
+def test_outputs_to_arrow_with_nulls():
+    valid = np.array([True, False, True])
+    nested = array_to_arrow(np.arange(12, dtype="float32").reshape(3, 2, 2), valid, "float32")
+    assert nested.to_pylist() == [[[0, 1], [2, 3]], None, [[8, 9], [10, 11]]]
+    assert array_to_arrow(np.arange(3.0), valid, "float32").to_pylist() == [0, None, 2]
+    assert array_to_arrow(np.arange(3), None, "int64").type == pa.int64()
+
+
+def test_snapshot_save_and_load(cnn, tmp_path):
+    snap = ModelSnapshot.from_net(cnn)
+    snap.save(tmp_path / "m")
+    again = ModelSnapshot.load(tmp_path / "m")
+    assert again.inputs == snap.inputs and again.outputs == snap.outputs and again.graph == snap.graph
+    assert again.model_id == snap.model_id
+    x = models.random_images(3, 8)
+    np.testing.assert_allclose(TFNet.load(tmp_path / "m").forward(x), cnn.forward(x), rtol=1e-6)
+    cnn.save(tmp_path / "plain")  # a folder without the predictor's descriptions
+    assert ModelSnapshot.load(tmp_path / "plain").inputs == snap.inputs
+
+
+# ---------------------------------------------------------------------------- the worker loop, without Spark
+
+
+def test_worker_loop_numbers_rows_across_batches_and_nulls_bad_chunks(cnn):
+    from optim.predict.backends import make_payload
+    from optim.predict.worker import WorkerJob, predict_arrow
+
+    x = models.random_images(10, 8)
+    schema = T.StructType([T.StructField("id", T.LongType()), T.StructField("img", T.ArrayType(T.FloatType()))])
+    snap = ModelSnapshot.from_net(cnn)
+    flat = [row.ravel().tolist() for row in x]
+    flat[4], flat[5], flat[8] = None, None, flat[8][:3]
+    batches = [pa.record_batch({"id": pa.array(range(a, b)), "img": pa.array(flat[a:b], pa.list_(pa.float32()))})
+               for a, b in ((0, 6), (6, 10))]
+    plan = plan_columns(schema, snap.inputs, snap.outputs, error_col="err")
+    job = WorkerJob("unit-" + snap.model_id, make_payload(snap, "tensorflow"), plan, 2, "null")
+    out = pa.Table.from_batches(list(predict_arrow(iter(batches), job)))
+    assert out.column_names == ["id", "img", "prediction", "err"] and out.num_rows == 10
+    assert out.column("id").to_pylist() == list(range(10))
+    errors = out.column("err").to_pylist()
+    assert [i for i, e in enumerate(errors) if e] == [4, 5, 8]  # rows 4 and 5 are a whole bad chunk
+    good = [0, 1, 2, 3, 6, 7, 9]
+    np.testing.assert_allclose(np.array([out.column("prediction")[i].as_py() for i in good]), cnn.forward(x[good]),
+                               rtol=1e-5, atol=1e-6)
+
+    strict = WorkerJob("unit-" + snap.model_id, job.payload, plan_columns(schema, snap.inputs, snap.outputs), 2, "raise")
+    with pytest.raises(BadRowError, match=r"Column 'img', row 2 of partition 0: the array has 3 values"):
+        list(predict_arrow(iter(batches[1:]), strict))  # rows are numbered within the partition,
+    with pytest.raises(BadRowError, match=r"Column 'img', row 4 of partition 0: the value is null"):
+        list(predict_arrow(iter(batches), strict))  # across its Arrow batches

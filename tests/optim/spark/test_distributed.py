@@ -1,0 +1,240 @@
+"""Distributed fine-tuning on a real local[2] Spark with two Horovod ranks over Gloo."""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import optim
+from optim import TFDataset, TFOptimizer
+from optim.spark.driver.launcher import DistributedTrainingError, scale_learning_rate
+from optim.spark.worker.rank import agree_steps
+from tests import digits
+from tfnet import TFNet
+
+pytestmark = [pytest.mark.spark, pytest.mark.parallel]
+
+SCE = optim.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def cnn_net(seed=0):
+    return TFNet.from_keras(digits.cnn(classes=10, seed=seed))
+
+
+def rel(a, b):
+    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12)
+
+
+def test_two_ranks_equal_one_rank(spark):
+    """Global batch 32: two ranks of 16 and one rank of 32 see the same rows at every step
+    (numpy data is sharded row by row), so the weights agree up to float32 reduction order."""
+    x, y = digits.load()
+    x, y = x[:256], y[:256]
+    nets = {}
+    for workers in (1, 2):
+        net = cnn_net()
+        opt = TFOptimizer(net, SCE, optim.SGD(0.05, momentum=0.9), metrics=["accuracy"])
+        history = opt.optimize((x, y), epochs=2, batch_size=32, shuffle=False, num_workers=workers, verbose=0)
+        assert opt.global_step == 16
+        assert len(history["loss"]) == 2
+        nets[workers] = net.get_weights()
+    local = cnn_net()
+    TFOptimizer(local, SCE, optim.SGD(0.05, momentum=0.9)).optimize((x, y), epochs=2, batch_size=32,
+                                                                    shuffle=False, verbose=0)
+    for name, w in nets[1].items():
+        assert rel(nets[2][name], w) < 1e-4, name
+        assert rel(local.get_weights()[name], w) < 1e-4, name
+        assert not np.array_equal(w, cnn_net().get_weights()[name]), "the weights moved"
+
+
+def _digits_df(spark, x, y, partitions):
+    """A DataFrame of digits with the given row count in each partition (0 = empty)."""
+    from pyspark.sql import Row
+
+    rows = [Row(pixels=x[i].ravel().tolist(), label=int(y[i])) for i in range(sum(partitions))]
+    chunks, start = [], 0
+    for n in partitions:
+        chunks.append(rows[start:start + n])
+        start += n
+    rdd = spark.sparkContext.parallelize(range(len(partitions)), len(partitions)).flatMap(lambda i, c=chunks: c[i])
+    df = spark.createDataFrame(rdd, "pixels array<float>, label long")
+    assert df.rdd.glom().map(len).collect() == list(partitions)
+    return df
+
+
+@pytest.mark.parametrize("partitions", [[0, 60, 37], [90, 5], [9, 10]], ids=["empty", "uneven", "smaller-than-batch"])
+def test_uneven_and_empty_partitions(spark, partitions):
+    x, y = digits.load()
+    df = _digits_df(spark, x, y, partitions)
+    data = TFDataset.from_dataframe(df, "pixels", "label", feature_shapes={"pixels": (8, 8, 1)})
+    opt = TFOptimizer(cnn_net(), SCE, optim.Adam(0.01))
+    history = opt.optimize(data, epochs=2, batch_size=32, num_workers=2, verbose=0, timeout=120)
+    assert len(history["loss"]) == 2 and np.isfinite(history["loss"]).all()
+    total = sum(partitions)
+    # equal steps: ceil(largest shard / 16) steps per epoch, the same on both ranks
+    assert opt.global_step >= 2 * -(-total // 2 // 16)
+
+
+def test_agree_steps_rule():
+    assert agree_steps([100, 37], 10) == 10
+    assert agree_steps([3, 5], 16) == 1
+    with pytest.raises(Exception, match=r"Ranks \[1\] have no rows"):
+        agree_steps([4, 0], 2)
+
+
+def test_kill_one_rank_retries_and_finishes(spark, tmp_path):
+    x, y = digits.load()
+    x, y = x[:512], y[:512]
+    model_dir = tmp_path / "run"
+    net = cnn_net()
+    opt = TFOptimizer(net, SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(model_dir))
+    killed = {}
+
+    def killer():
+        deadline = time.time() + 240
+        while time.time() < deadline and "pid" not in killed:
+            ckpts = glob.glob(str(model_dir / "checkpoints" / "ckpt-*.npz"))
+            info = model_dir / "ranks" / "rank-1.json"
+            if ckpts and info.exists():
+                pid = json.loads(info.read_text())["pid"]
+                os.kill(pid, signal.SIGKILL)  # the Python process of rank 1, mid-training
+                killed["pid"] = pid
+                killed["after"] = sorted(ckpts)[-1]
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    with pytest.warns(RuntimeWarning, match="Training stage attempt 1 failed"):
+        history = opt.optimize((x, y), epochs=4, batch_size=32, num_workers=2, checkpoint_every=4,
+                               verbose=0, timeout=60, max_retries=2)
+    thread.join(5)
+    assert "pid" in killed, "rank 1 was killed"
+    assert opt.last_run["attempts"] == 2
+    assert opt.global_step == 4 * 16, "the run finishes with the planned number of steps"
+    assert len(history["loss"]) == 4
+    assert all(np.isfinite(v).all() for v in net.get_weights().values())
+
+
+def test_distributed_transfer_learning_on_digits(spark, tmp_path):
+    import re
+
+    import keras
+
+    x, y = digits.load(range(5))
+    base = digits.cnn(classes=5)
+    base.compile(optimizer=keras.optimizers.Adam(0.01),
+                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    pre = TFOptimizer.from_keras(base)
+    pre.optimize((x, y), epochs=8, batch_size=32, verbose=0)
+    body = TFNet.from_frozen_graph(pre.net.frozen_graph_def(), "image", "logits").cut("features")
+    keras.utils.set_random_seed(1)
+    net = body.add_head(keras.layers.Dense(10, name="digit"))
+    (xtr, ytr), (xte, yte) = digits.split(*digits.load(range(5, 10)))
+    df = spark.createDataFrame(
+        [(xtr[i].ravel().tolist(), int(ytr[i])) for i in range(len(xtr))], "pixels array<float>, label long"
+    ).repartition(2)
+    data = TFDataset.from_dataframe(df, "pixels", "label", feature_shapes={"pixels": (8, 8, 1)})
+    opt = TFOptimizer(net, SCE, {"head/": optim.Adam(0.01), re.compile("^digits/"): optim.Adam(0.002)},
+                      metrics=["accuracy"], model_dir=str(tmp_path))
+    history = opt.optimize(data, epochs=8, batch_size=32, validation_data=(xte, yte), num_workers=2, verbose=0)
+    assert opt.evaluate((xte, yte))["accuracy"] >= 0.95, history
+    assert history["val_accuracy"][-1] >= 0.95
+    assert os.listdir(tmp_path / "tensorboard" / "train"), "rank 0 writes TensorBoard events"
+    assert opt.last_run["startup_s"] > 0
+
+
+def test_rdd_and_tf_data_inputs(spark):
+    import tensorflow as tf
+
+    x, y = digits.load()
+    x, y = x[:200], y[:200]
+    rdd = spark.sparkContext.parallelize([(x[i], int(y[i])) for i in range(len(x))], 2)
+    opt = TFOptimizer(cnn_net(), SCE, optim.Adam(0.01), metrics=["accuracy"])
+    history = opt.optimize(TFDataset.from_rdd(rdd), epochs=1, batch_size=20, num_workers=2, verbose=0)
+    assert opt.global_step == 10 and len(history["accuracy"]) == 1  # 100 rows per rank, 10 per step
+
+    def per_rank(rank, size, x=x, y=y):
+        return tf.data.Dataset.from_tensor_slices((x[rank::size], y[rank::size])).batch(10)
+
+    opt2 = TFOptimizer(cnn_net(), SCE, optim.Adam(0.01))
+    opt2.optimize(TFDataset.from_tf_data(per_rank), epochs=2, num_workers=2, verbose=0)
+    assert opt2.global_step == 20
+
+
+def test_clear_errors(spark):
+    x, y = digits.load()
+    opt = TFOptimizer(cnn_net(), SCE, optim.SGD(0.1))
+    with pytest.raises(DistributedTrainingError, match=r"num_workers=3, but the cluster has 2 task slot\(s\)"):
+        opt.optimize((x[:64], y[:64]), batch_size=30, num_workers=3, verbose=0, slot_wait=1)
+    with pytest.raises(ValueError, match=r"must split evenly over the 2 workers. Received: batch_size=31"):
+        opt.optimize((x[:64], y[:64]), batch_size=31, num_workers=2, verbose=0)
+    df = spark.createDataFrame([([0.0] * 64, 1)], "pixels array<float>, label long")
+    with pytest.raises(Exception, match=r"Column 'pixel' is not in the DataFrame"):
+        TFDataset.from_dataframe(df, "pixel", "label")
+    bad = spark.createDataFrame([([0.0] * 64, 1), ([0.0] * 63, 2)] * 4, "pixels array<float>, label long")
+    data = TFDataset.from_dataframe(bad.repartition(2), "pixels", "label", feature_shapes={"pixels": (8, 8, 1)})
+    with pytest.raises(ValueError, match=r"Column 'pixels' row \d+ of partition \d has 63 values; expected 64"):
+        opt.optimize(data, batch_size=2, num_workers=2, verbose=0)
+
+
+def test_nan_loss_is_not_retried(spark):
+    x, y = digits.load()
+    x = x[:64].copy()
+    x[:] = np.nan
+    opt = TFOptimizer(cnn_net(), SCE, optim.SGD(0.1))
+    with pytest.raises(optim.NonFiniteLossError, match=r"Step 1 \(epoch 1, batch 1\)"):
+        opt.optimize((x, y[:64]), batch_size=32, num_workers=2, verbose=0)
+
+
+def test_learning_rate_scaling_helper():
+    assert scale_learning_rate(0.1, 4) == pytest.approx(0.4)
+    assert scale_learning_rate(0.1, 4, "sqrt") == pytest.approx(0.2)
+    with pytest.raises(ValueError, match=r"`rule` must be 'linear' or 'sqrt'"):
+        scale_learning_rate(0.1, 2, "cubic")
+
+
+def test_workers_without_tfnet_get_a_clear_error(tmp_path):
+    """A Spark whose worker Python lacks tfnet (the system Python): a clear error, in a fresh
+    process because a process holds one SparkContext."""
+    script = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {os.getcwd()!r})
+        os.environ["PYSPARK_PYTHON"] = "/usr/bin/python3.11"
+        import optim, numpy as np
+        from optim.spark.session import SparkSetupError
+        from tfnet import TFNet
+        from tests import digits
+        from pyspark.sql import SparkSession
+        spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+                 .config("spark.driver.host", "127.0.0.1").getOrCreate())
+        opt = optim.TFOptimizer(TFNet.from_keras(digits.cnn(10)), "mse", optim.SGD(0.1))
+        try:
+            opt.optimize((np.zeros((8, 8, 8, 1)), np.zeros((8, 10))), batch_size=4, num_workers=2, verbose=0)
+        except SparkSetupError as e:
+            print("SETUP-ERROR", e)
+    """)
+    env = dict(os.environ, PYSPARK_PYTHON="/usr/bin/python3.11")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=str(tmp_path))
+    assert "SETUP-ERROR" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "cannot import tfnet" in proc.stdout and "/usr/bin/python3.11" in proc.stdout
+
+
+def test_missing_java_and_horovod_give_clear_errors(monkeypatch):
+    from optim.spark import session as spark_env
+    from optim.spark.driver import preflight
+
+    monkeypatch.setenv("JAVA_HOME", "/nonexistent/jdk")
+    with pytest.raises(spark_env.SparkSetupError, match=r"Spark needs Java 17 or newer, and no `java` was found"):
+        spark_env.require_java()
+    monkeypatch.setitem(sys.modules, "horovod.tensorflow", None)
+    with pytest.raises(spark_env.SparkSetupError, match=r"Horovod is not installed in this Python.*build_horovod.sh"):
+        preflight.check_driver_horovod()

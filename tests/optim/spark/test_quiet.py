@@ -1,0 +1,41 @@
+"""At the default verbosity a distributed job prints only what the user asked for: no TensorFlow
+start-up banner, no Spark WARN lines, in the driver or the executors."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = [pytest.mark.spark, pytest.mark.parallel, pytest.mark.slow]
+
+JOB = textwrap.dedent("""
+    from optim.logs import configure, import_tensorflow
+    configure(1)
+    import_tensorflow()
+    import optim
+    from optim import TFOptimizer
+    from optim.spark.session import build_session
+    from tests import digits
+    from tfnet import TFNet
+    spark = build_session("quiet-test", "local[2]", {"spark.ui.enabled": "false"})
+    x, y = digits.load()
+    opt = TFOptimizer(TFNet.from_keras(digits.cnn(10)), optim.losses.SparseCategoricalCrossentropy(True),
+                      optim.SGD(0.05))
+    opt.optimize((x[:128], y[:128]), epochs=1, batch_size=32, num_workers=2, verbose=0)
+    print("DONE", opt.global_step)
+    spark.stop()
+""")
+NOISE = ("oneDNN custom operations", "absl::InitializeLog", " WARN ", "NativeCodeLoader", "cpu_feature_guard")
+
+
+def test_default_verbosity_shows_no_start_up_noise():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    env.pop("TFNET_VERBOSE", None)
+    proc = subprocess.run([sys.executable, "-c", JOB], capture_output=True, text=True, timeout=400, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "DONE 4" in proc.stdout
+    lines = (proc.stdout + proc.stderr).splitlines()
+    noisy = [line for line in lines if any(n in line for n in NOISE)]
+    assert noisy == [], noisy

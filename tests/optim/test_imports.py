@@ -1,0 +1,62 @@
+"""Import hygiene: which packages each layer pulls in, checked in a fresh interpreter."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import json, sys
+import {module}
+print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j', 'horovod', 'optim'))))
+"""
+
+
+def loaded_by(module: str) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", PROBE.format(module=module)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_tfnet_imports_neither_optim_nor_spark_nor_horovod():
+    assert loaded_by("tfnet") == []
+
+
+PURE = ["optim", "optim.methods", "optim.transforms", "optim.schedules", "optim.losses", "optim.metrics",
+        "optim.errors", "optim.logs", "optim.keras_compat", "optim.optimizer", "optim.training.loop",
+        "optim.training.horovod"]
+
+
+def test_pure_modules_import_neither_pyspark_nor_horovod():
+    """All of them in one fresh interpreter (what none of them imports, each alone does not either)."""
+    loaded = loaded_by(", ".join(PURE))
+    assert not [m for m in loaded if m.split(".")[0] in ("pyspark", "py4j", "horovod")], loaded
+    assert not [m for m in loaded if m.startswith(("optim.spark", "optim.predict"))], loaded
+
+
+def test_public_names_still_import_from_optim():
+    import optim
+
+    assert optim.TFOptimizer.__module__ == "optim.optimizer"
+    assert optim.TFNetTransformer.__module__ == "optim.predict.transformer"
+    assert optim.warm_up_workers.__module__ == "optim.spark.driver.preflight"
+    assert set(optim.__all__) <= set(dir(optim))
+    with pytest.raises(AttributeError, match=r"module 'optim' has no attribute 'nope'. Public names: "):
+        optim.nope  # noqa: B018
+
+
+def test_one_class_per_error_concept():
+    """Every optim error lives in optim.errors; the old homes re-use the same classes."""
+    import optim.errors as E
+    from optim.spark.datasets import ColumnError as SparkColumnError
+    from optim.training.shard import BadRowError as ShardBadRowError
+
+    assert SparkColumnError is E.ColumnError and ShardBadRowError is E.BadRowError
+    import tfnet
+
+    for name in E.__all__:
+        obj = getattr(E, name)
+        if isinstance(obj, type) and issubclass(obj, Exception) and not issubclass(obj, Warning):
+            assert issubclass(obj, tfnet.TFNetError), name
