@@ -28,6 +28,7 @@ from tfnet.errors import (
 from tfnet.graph_function import GraphFunction, check_weight_consts, feed_specs, first_line, used_tensors
 from tfnet.graph_io import PathLike, read_graph_def
 from tfnet.hooks import HookHandle, HookList
+from tfnet.statistics import find_statistics
 from tfnet.inputs import arrange, as_name_list, batch_size_of, convert
 
 TrainableSpec = Union[bool, str, "re.Pattern[str]", Iterable[str], Callable[[str], bool], None]
@@ -101,9 +102,10 @@ class TFNet(tf.Module):
         template = gu.subgraph(
             template, output_names, feeds=input_names, feed_specs=feed_specs(template, input_names)
         )
+        gu.drop_gradient_overrides(template)
         kept = gu.nodes_by_name(template)
         values = {w: v for w, v in values.items() if w in kept}
-        statistics = gu.find_statistics(template, list(values))
+        statistics = find_statistics(template, list(values))
         if relax_batch:
             gu.set_placeholder_batch_dim(template, input_names)
         self._setup(template, input_names, output_names, values, statistics, name=name, fold=fold)
@@ -128,7 +130,7 @@ class TFNet(tf.Module):
         input_names: list[str],
         output_names: list[str],
         values: Mapping[str, np.ndarray],
-        statistics: Sequence[str],
+        statistics: Sequence[str] | Mapping[str, str],
         trainable: Sequence[str] | None,
         name: str = "tfnet",
         fold: bool = True,
@@ -151,6 +153,8 @@ class TFNet(tf.Module):
                 for w, spec in zip(weight_names, self._graph.weight_specs)
             }
         self._statistics = [s for s in weight_names if s in set(statistics)]
+        roles = statistics if isinstance(statistics, Mapping) else {}
+        self._statistic_roles = {s: roles.get(s, "statistic") for s in self._statistics}
         stats = set(self._statistics)
         self._trainable = [w for w in weight_names if w not in stats]
         self._version = 0
@@ -265,6 +269,14 @@ class TFNet(tf.Module):
     def statistic_names(self) -> list[str]:
         """Weights holding batch-norm statistics (frozen unless named explicitly)."""
         return list(self._statistics)
+
+    @property
+    def statistics(self) -> dict[str, str]:
+        """What was detected as normalisation statistics, by graph structure: ``{weight: role}``
+        with role ``"mean"`` or ``"variance"`` (``"statistic"`` when carried over from a net this
+        one was cut from or extended). These are frozen by default, as the original framework
+        does not train them."""
+        return dict(self._statistic_roles)
 
     @property
     def weight_variables(self) -> dict[str, tf.Variable]:
@@ -582,7 +594,7 @@ class TFNet(tf.Module):
         inputs = [n for n in self.input_names if n in used]
         values = {w: _copy(v) for w, v in self._vars.items() if w in kept}
         return TFNet._from_template(
-            template, inputs, outputs, values, self._statistics, self._trainable, name=self.name,
+            template, inputs, outputs, values, self.statistics, self._trainable, name=self.name,
             fold=self._graph.fold,
         )
 
@@ -602,7 +614,7 @@ class TFNet(tf.Module):
             )
         frozen = freeze_head(head, self.output_specs[0])
         head_weights = frozen.weights
-        head_stats = gu.find_statistics(frozen.template, head_weights)
+        head_stats = find_statistics(frozen.template, head_weights)
         head_values = frozen.values
         head_outputs = frozen.outputs
         merged = gu.merge(
@@ -610,7 +622,7 @@ class TFNet(tf.Module):
         )
         values = {w: _copy(v) for w, v in self._vars.items()}
         values.update({f"{name}/{k}": v for k, v in head_values.items()})
-        stats = self._statistics + [f"{name}/{s}" for s in head_stats]
+        stats = {**self.statistics, **{f"{name}/{s}": role for s, role in head_stats.items()}}
         trainable = self._trainable + [f"{name}/{w}" for w in head_weights if w not in head_stats]
         outputs = [f"{name}/{o}" for o in head_outputs]
         return TFNet._from_template(
