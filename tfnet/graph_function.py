@@ -17,6 +17,7 @@ from tfnet import graph_utils as gu
 from tfnet.errors import GraphLoadError, InputSpecError, TensorNameError, unknown_name_message
 from tfnet.fold import fold_affine
 from tfnet.inputs import as_name_list
+from tfnet.library import register_library
 
 
 class GraphFunction:
@@ -55,6 +56,7 @@ class GraphFunction:
             folded, self.folded = fold_affine(template, graph, list(input_names), list(weight_names))
             if self.folded:
                 self.compute_template = gu.subgraph(folded, output_names, feeds=input_names)
+        register_library(self.compute_template)
         self._input_map_keys = self.input_names + tuple(w + ":0" for w in weight_names)
 
     def __call__(self, inputs: Sequence[tf.Tensor], weights: Sequence[tf.Tensor]) -> list[tf.Tensor]:

@@ -290,23 +290,3 @@ def merge(
 def placeholders(graph_def: graph_pb2.GraphDef) -> list[str]:
     return [n.name for n in graph_def.node if n.op == "Placeholder"]
 
-
-def drop_gradient_overrides(graph_def: graph_pb2.GraphDef) -> int:
-    """Removes ``_gradient_op_type`` attributes in place (nodes and library functions); returns how
-    many were removed.
-
-    ``tf.custom_gradient`` (Keras 3's ``silu``, for one) wraps its result in an ``IdentityN`` whose
-    gradient is a Python function registered in the process that built the graph, closing over that
-    graph's tensors. In any other graph it is out of scope or missing. Without the override,
-    TensorFlow differentiates the forward ops the ``IdentityN`` wraps, which compute the same
-    function.
-    """
-    removed = 0
-    nodes = list(graph_def.node)
-    for fn in graph_def.library.function:
-        nodes.extend(fn.node_def)
-    for node in nodes:
-        if "_gradient_op_type" in node.attr:
-            del node.attr["_gradient_op_type"]
-            removed += 1
-    return removed

@@ -28,6 +28,7 @@ from tfnet.errors import (
 from tfnet.graph_function import GraphFunction, check_weight_consts, feed_specs, first_line, used_tensors
 from tfnet.graph_io import PathLike, read_graph_def
 from tfnet.hooks import HookHandle, HookList
+from tfnet.library import prepare_library
 from tfnet.statistics import find_statistics
 from tfnet.inputs import arrange, as_name_list, batch_size_of, convert
 
@@ -102,7 +103,6 @@ class TFNet(tf.Module):
         template = gu.subgraph(
             template, output_names, feeds=input_names, feed_specs=feed_specs(template, input_names)
         )
-        gu.drop_gradient_overrides(template)
         kept = gu.nodes_by_name(template)
         values = {w: v for w, v in values.items() if w in kept}
         statistics = find_statistics(template, list(values))
@@ -143,6 +143,7 @@ class TFNet(tf.Module):
 
     def _setup(self, template, input_names, output_names, values, statistics, name="tfnet", fold=True):
         tf.Module.__init__(self, name=name)
+        prepare_library(template)
         weight_names = [n.name for n in template.node if n.name in values]
         self._graph = GraphFunction(template, input_names, output_names, weight_names, fold=fold)
         with tf.init_scope():
