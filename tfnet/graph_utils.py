@@ -290,3 +290,13 @@ def merge(
 def placeholders(graph_def: graph_pb2.GraphDef) -> list[str]:
     return [n.name for n in graph_def.node if n.op == "Placeholder"]
 
+
+
+# v1 control flow loop ops. A GraphDef does not store their WhileContext, which TensorFlow needs to
+# build their gradient (and the frames make automatic control dependencies invalid).
+V1_LOOP_OPS = ("Enter", "RefEnter", "Exit", "RefExit", "NextIteration", "RefNextIteration", "LoopCond")
+
+
+def v1_loop_nodes(graph_def: graph_pb2.GraphDef) -> list[str]:
+    """Names of the v1 control flow loop nodes (``Enter`` / ``Exit`` / ``NextIteration``...)."""
+    return [n.name for n in graph_def.node if n.op in V1_LOOP_OPS]

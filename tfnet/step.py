@@ -68,6 +68,9 @@ class TrainStep:
                 "Nothing to train: no weight is trainable. Set net.trainable first "
                 f"(the net has {len(net.weight_names)} weights)."
             )
+        from tfnet.graph_function import check_differentiable
+
+        check_differentiable(net._graph, "A training step")
         if not callable(loss_fn):
             raise TypeError(f"`loss_fn` must be callable (targets, outputs) -> scalar. Received: {loss_fn!r}")
         if isinstance(transform, (int, float)):
@@ -119,7 +122,7 @@ class TrainStep:
         net = self.net
         all_vars = net._vars
         reads = {n: v.value() for n, v in all_vars.items()}
-        outs = net._run_graph(inputs, list(reads.values()))
+        outs = net._run_graph(inputs, list(reads.values()), training=True)
         outs = net._forward_hooks.run(net._pack(outs))
         loss = tf.cast(self.loss_fn(targets, outs), tf.float32)
         # The imported graph's ops are created below the Python op layer, where GradientTape
