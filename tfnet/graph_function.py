@@ -150,11 +150,11 @@ def check_differentiable(graph: GraphFunction, what: str) -> None:
     """Raises :class:`GradientUnavailableError` naming the node when TensorFlow has no gradient."""
     if graph.v1_loops:
         raise GradientUnavailableError(
-            f"{what} needs gradients, and this graph has v1 control flow loops (node "
+            f"{what} is not available for graphs with v1 control flow loops (node "
             f"{graph.v1_loops[0]!r}, one of {len(graph.v1_loops)} Enter/Exit/NextIteration/LoopCond "
-            "nodes). A frozen GraphDef does not keep the loops' WhileContext, without which TensorFlow "
-            "has no gradient for them. forward() works. To train, re-export the model with control "
-            "flow v2 (TensorFlow 2's default: While ops), which differentiates."
+            "nodes): their gradient needs the loop contexts rebuilt in graph mode, which backward() "
+            "does. Train with backward() and apply_updates(), or re-export the model with control "
+            "flow v2 (While ops; convert_variables_to_constants_v2(..., lower_control_flow=False))."
         )
 
 

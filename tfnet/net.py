@@ -27,7 +27,6 @@ from tfnet.errors import (
 )
 from tfnet.graph_function import (
     GraphFunction,
-    check_differentiable,
     check_weight_consts,
     feed_specs,
     first_line,
@@ -543,10 +542,9 @@ class TFNet(tf.Module):
 
         Raises:
             NoWeightsError: the graph has no weights.
-            GradientUnavailableError: TensorFlow has no gradient for the graph (v1 control flow
-                loops); the message names the node.
+            GradientUnavailableError: TensorFlow has no gradient for the graph (nested v1 control
+                flow loops); the message names the node.
         """
-        check_differentiable(self._graph, "backward()")
         if not self._vars:
             raise NoWeightsError(
                 "backward() needs weights, and this graph has none (no float constants of rank "
@@ -559,18 +557,21 @@ class TFNet(tf.Module):
         weights = self._weight_values()
         float_inputs = [i for i, t in enumerate(tensors) if t.dtype.is_floating]
         index = {n: i for i, n in enumerate(self._vars)}
-        with tf.GradientTape(watch_accessed_variables=False) as tape:
-            for i in float_inputs:
-                tape.watch(tensors[i])
-            for n in names:
-                tape.watch(weights[index[n]])
-            outs = self._call_pure(tensors, weights, training)
-            outs = tf.nest.flatten(self._forward_hooks.run(self._pack(outs)))
-        sources = [tensors[i] for i in float_inputs] + [weights[index[n]] for n in names]
-        if grads_out is not None:  # an output without a gradient does not contribute
-            grads_out = [tf.zeros_like(o) if g is None else g for g, o in zip(grads_out, outs)]
-        grads = tape.gradient(outs, sources, output_gradients=grads_out)
-        grads = [_dense_or_zeros(g, s) for g, s in zip(grads, sources)]
+        if self._graph.v1_loops:
+            grads = self._graph_mode_grads(tensors, weights, grads_out, float_inputs, names, training)
+        else:
+            with tf.GradientTape(watch_accessed_variables=False) as tape:
+                for i in float_inputs:
+                    tape.watch(tensors[i])
+                for n in names:
+                    tape.watch(weights[index[n]])
+                outs = self._call_pure(tensors, weights, training)
+                outs = tf.nest.flatten(self._forward_hooks.run(self._pack(outs)))
+            sources = [tensors[i] for i in float_inputs] + [weights[index[n]] for n in names]
+            if grads_out is not None:  # an output without a gradient does not contribute
+                grads_out = [tf.zeros_like(o) if g is None else g for g, o in zip(grads_out, outs)]
+            grads = tape.gradient(outs, sources, output_gradients=grads_out)
+            grads = [_dense_or_zeros(g, s) for g, s in zip(grads, sources)]
         grad_inputs: list = [None] * len(tensors)
         for k, i in enumerate(float_inputs):
             grad_inputs[i] = grads[k]
@@ -582,6 +583,30 @@ class TFNet(tf.Module):
         if len(grad_inputs) == 1:
             grad_inputs = grad_inputs[0]
         return grad_inputs, grad_weights
+
+    def _graph_mode_grads(self, tensors, weights, grads_out, float_inputs, names, training) -> list:
+        """Gradients by ``tf.gradients`` in the graph the frozen graph is imported into, with v1 loop
+        contexts rebuilt (see :mod:`tfnet.v1_loops`): TensorFlow's tape cannot differentiate v1 loops."""
+        from tfnet.v1_loops import graph_mode_vjp
+
+        index = {n: i for i, n in enumerate(self._vars)}
+        sources = [("input", i) for i in float_inputs] + [("weight", index[n]) for n in names]
+        key = ("vjp", tuple(sources), bool(training), grads_out is not None)
+        fn = self._compiled.get(key)
+        if fn is None:
+            fn = graph_mode_vjp(
+                lambda i, w: self._run_graph(i, w, training=training), self.input_specs, self._weight_specs,
+                self.output_specs, sources, grads_out is not None,
+                post=lambda outs: self._forward_hooks.run(self._pack(outs)),
+            )
+            self._compiled[key] = fn
+        if grads_out is not None and any(g is None for g in grads_out):
+            outs = self._call_pure(tensors, weights, training)
+            grads_out = [tf.zeros_like(o) if g is None else g for g, o in zip(grads_out, outs)]
+        try:
+            return list(fn(tensors, weights, grads_out or ()))
+        except tf.errors.OpError as exc:
+            raise GraphExecutionError(f"TensorFlow failed to differentiate the graph: {first_line(exc.message)}") from None
 
     def _prepare_grad_outputs(self, grad_outputs) -> list | None:
         if grad_outputs is None:

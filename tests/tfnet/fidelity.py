@@ -111,8 +111,8 @@ def keras_cases(name: str, model, x: np.ndarray, tmp: str, seed: int = 0) -> lis
     from tfnet.freeze import clean_node_name
 
     by_name = {w: by_path[p] for w in net.weight_names for p in by_path if clean_node_name(p) == w}
-    y_shape = net.output_specs[0].shape
-    grad_out = rng.normal(size=(x.shape[0], *y_shape[1:])).astype(np.float64)
+    y_shape = tuple(model(x, training=False).shape)
+    grad_out = rng.normal(size=y_shape).astype(np.float64)
     oracle = keras_oracle_step(model, x, grad_out, by_name)
     cases.append(Case(name, "from_keras", pb, net.input_names, net.output_names, oracle))
     del net
