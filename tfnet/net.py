@@ -34,9 +34,9 @@ from tfnet.graph_function import (
 )
 from tfnet.graph_io import PathLike, read_graph_def
 from tfnet.hooks import HookHandle, HookList
+from tfnet.inputs import arrange, as_name_list, batch_size_of, convert
 from tfnet.library import prepare_library
 from tfnet.statistics import find_statistics
-from tfnet.inputs import arrange, as_name_list, batch_size_of, convert
 
 TrainableSpec = Union[bool, str, "re.Pattern[str]", Iterable[str], Callable[[str], bool], None]
 
