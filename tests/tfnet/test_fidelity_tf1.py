@@ -73,6 +73,7 @@ def test_v1_loop_loads_and_runs_under_an_address_space_limit(folder, tmp_path):
     backward, in a bounded time."""
     case = tf1_graphs.freeze_tf1("rnn_while_v1", folder)
     np.save(str(tmp_path / "x.npy"), case.oracle.x)
+    np.save(str(tmp_path / "g.npy"), case.oracle.grad_out.astype(np.float32))
     script = textwrap.dedent(f"""
         import json, resource, time
         limit = 2 * 1024 ** 3
@@ -83,7 +84,7 @@ def test_v1_loop_loads_and_runs_under_an_address_space_limit(folder, tmp_path):
         net = TFNet.from_frozen_graph({case.pb!r}, {case.inputs!r}, {case.outputs!r})
         x = np.load({str(tmp_path / "x.npy")!r})
         y = net.forward(x)
-        gx, gw = net.backward(x)
+        gx, gw = net.backward(x, np.load({str(tmp_path / "g.npy")!r}))
         peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         print(json.dumps({{"y": y.tolist(), "gx": gx.tolist(), "seconds": time.time() - t0, "peak_kb": peak_kb}}))
     """)
