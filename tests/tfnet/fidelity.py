@@ -12,6 +12,7 @@ The one-step error compares the change of the outputs, ``y_after - y_before``, o
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 
@@ -186,4 +187,10 @@ def compare(case: Case, **kwargs) -> tuple[TFNet, Errors]:
         f"{where} one SGD step moved the outputs with relative error {step:.2e} > {STEP_TOL} "
         f"against the same step on the original model; statistics detected: {net.statistic_names[:8]}"
     )
-    return net, Errors(fwd, gin, worst, step)
+    errors = Errors(fwd, gin, worst, step)
+    report = os.environ.get("TFNET_FIDELITY_REPORT")
+    if report:  # one JSON line per case, for the table in docs/benchmarks.md
+        with open(report, "a") as f:
+            f.write(json.dumps({"model": case.model, "path": case.path, **errors.__dict__,
+                                "statistics": len(net.statistics), "weights": len(net.weight_names)}) + "\n")
+    return net, errors
