@@ -7,6 +7,7 @@ distribution live in the sibling package ``optim``.
 
 from tfnet.config import get_num_threads, set_num_threads
 from tfnet.errors import (
+    GradientUnavailableError,
     GraphExecutionError,
     GraphLoadError,
     InputSpecError,
@@ -39,4 +40,5 @@ __all__ = [
     "WeightError",
     "WeightTypeError",
     "NoWeightsError",
+    "GradientUnavailableError",
 ]
