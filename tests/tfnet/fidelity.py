@@ -152,7 +152,17 @@ class Errors:
 
 
 def compare(case: Case, **kwargs) -> tuple[TFNet, Errors]:
-    """Loads ``case.pb`` with ``from_frozen_graph`` and checks it against the oracle."""
+    """Loads ``case.pb`` with ``from_frozen_graph`` and checks it against the oracle. Every failure,
+    an exception included, names the model and the path."""
+    try:
+        return _compare(case, **kwargs)
+    except AssertionError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - re-raised with the model and path in front
+        raise AssertionError(f"{case.where()} {type(exc).__name__}: {str(exc)[:2000]}") from exc
+
+
+def _compare(case: Case, **kwargs) -> tuple[TFNet, Errors]:
     where = case.where()
     o = case.oracle
     net = TFNet.from_frozen_graph(case.pb, case.inputs, case.outputs, **kwargs)
