@@ -12,7 +12,7 @@ from tests.tfnet import keras_models as km
 
 PATHS = ("from_keras", "converter")
 # More than about 20 s for both paths together on 2 cores.
-SLOW = {"ResNet50", "VGG16", "DenseNet121", "InceptionV3", "Xception", "NASNetMobile", "ConvNeXtTiny",
+SLOW = {"ResNet50", "ResNet50V2", "VGG16", "DenseNet121", "InceptionV3", "Xception", "NASNetMobile", "ConvNeXtTiny",
         "EfficientNetB0", "EfficientNetV2B0"}
 
 
