@@ -148,6 +148,13 @@ def test_phase_values_select_training_and_inference_values(tmp_path):
     loaded = TFNet.from_export_folder(str(tmp_path / "saved"))
     assert loaded.phase_values == {"is_training:0": (True, False)}
     np.testing.assert_array_equal(loaded.forward(x), a)
+    # and so they do when the net is shipped to Spark workers as bytes
+    from tfnet.serialize import net_from_bytes, net_to_bytes
+
+    shipped = net_from_bytes(net_to_bytes(net))
+    assert shipped.phase_values == {"is_training:0": (True, False)}
+    assert shipped.statistics == net.statistics
+    assert np.mean(shipped.forward(x, training=True) == 0) > 0.2
 
 
 def test_phase_values_errors(tmp_path):
