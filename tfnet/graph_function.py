@@ -15,7 +15,6 @@ from tensorflow.core.framework import graph_pb2
 
 from tfnet import graph_utils as gu
 from tfnet.errors import (
-    GradientUnavailableError,
     GraphLoadError,
     InputSpecError,
     TensorNameError,
@@ -144,18 +143,6 @@ def feed_specs(template, input_names) -> dict:
         t = graph.get_tensor_by_name(name)
         specs[name] = (t.dtype.as_datatype_enum, None if t.shape.rank is None else t.shape.as_list())
     return specs
-
-
-def check_differentiable(graph: GraphFunction, what: str) -> None:
-    """Raises :class:`GradientUnavailableError` naming the node when TensorFlow has no gradient."""
-    if graph.v1_loops:
-        raise GradientUnavailableError(
-            f"{what} is not available for graphs with v1 control flow loops (node "
-            f"{graph.v1_loops[0]!r}, one of {len(graph.v1_loops)} Enter/Exit/NextIteration/LoopCond "
-            "nodes): their gradient needs the loop contexts rebuilt in graph mode, which backward() "
-            "does. Train with backward() and apply_updates(), or re-export the model with control "
-            "flow v2 (While ops; convert_variables_to_constants_v2(..., lower_control_flow=False))."
-        )
 
 
 def _check_phase_value(name: str, value, spec: tf.TensorSpec) -> None:

@@ -587,19 +587,10 @@ class TFNet(tf.Module):
     def _graph_mode_grads(self, tensors, weights, grads_out, float_inputs, names, training) -> list:
         """Gradients by ``tf.gradients`` in the graph the frozen graph is imported into, with v1 loop
         contexts rebuilt (see :mod:`tfnet.v1_loops`): TensorFlow's tape cannot differentiate v1 loops."""
-        from tfnet.v1_loops import graph_mode_vjp
 
         index = {n: i for i, n in enumerate(self._vars)}
         sources = [("input", i) for i in float_inputs] + [("weight", index[n]) for n in names]
-        key = ("vjp", tuple(sources), bool(training), grads_out is not None)
-        fn = self._compiled.get(key)
-        if fn is None:
-            fn = graph_mode_vjp(
-                lambda i, w: self._run_graph(i, w, training=training), self.input_specs, self._weight_specs,
-                self.output_specs, sources, grads_out is not None,
-                post=lambda outs: self._forward_hooks.run(self._pack(outs)),
-            )
-            self._compiled[key] = fn
+        fn = self._v1_vjp(sources, training, grads_out is not None, hooks=True)
         if grads_out is not None and any(g is None for g in grads_out):
             outs = self._call_pure(tensors, weights, training)
             grads_out = [tf.zeros_like(o) if g is None else g for g, o in zip(grads_out, outs)]
@@ -607,6 +598,21 @@ class TFNet(tf.Module):
             return list(fn(tensors, weights, grads_out or ()))
         except tf.errors.OpError as exc:
             raise GraphExecutionError(f"TensorFlow failed to differentiate the graph: {first_line(exc.message)}") from None
+
+    def _v1_vjp(self, sources, training: bool, with_grad_outputs: bool, hooks: bool) -> Callable:
+        """``(inputs, weights, grad_outputs) -> gradients`` for graphs with v1 loops, compiled once."""
+        from tfnet.v1_loops import graph_mode_vjp
+
+        key = ("vjp", tuple(sources), bool(training), with_grad_outputs, hooks)
+        fn = self._compiled.get(key)
+        if fn is None:
+            fn = graph_mode_vjp(
+                lambda i, w: self._run_graph(i, w, training=training), self.input_specs, self._weight_specs,
+                self.output_specs, sources, with_grad_outputs,
+                post=(lambda outs: self._forward_hooks.run(self._pack(outs))) if hooks else None,
+            )
+            self._compiled[key] = fn
+        return fn
 
     def _prepare_grad_outputs(self, grad_outputs) -> list | None:
         if grad_outputs is None:

@@ -60,6 +60,14 @@ def restore_while_contexts(ops: list[tf.Operation]) -> int:
                 if c.name not in seen and c.type not in _ENTER:
                     seen.add(c.name)
                     queue.append(c)
+    for frame, enters in frames.items():
+        for op in enters:
+            outer = member.get(op.inputs[0].op.name) if op.inputs else None
+            if outer is not None and outer != frame:
+                raise GradientUnavailableError(
+                    f"Node {op.name!r} belongs to two v1 loops: it enters loop {frame!r} from inside loop "
+                    f"{outer!r}. Nested v1 loops are not differentiable once frozen. forward() works."
+                )
     by_frame: dict[str, list[tf.Operation]] = defaultdict(list)
     graph = ops[0].graph
     for name, frame in member.items():
@@ -133,7 +141,12 @@ def graph_mode_vjp(run_graph, input_specs, weight_specs, output_specs, sources, 
         outs = tf.nest.flatten(outs)
         xs = [inputs[i] if kind == "input" else weights[i] for kind, i in sources]
         grad_ys = list(args[n_in + n_w:]) if with_grad_outputs else None
-        grads = tf.gradients(outs, xs, grad_ys=grad_ys)
+        try:
+            grads = tf.gradients(outs, xs, grad_ys=grad_ys)
+        except (ValueError, TypeError, LookupError) as exc:
+            raise GradientUnavailableError(
+                f"TensorFlow could not differentiate the graph's v1 control flow: {str(exc).splitlines()[0]}"
+            ) from None
         return [tf.zeros_like(x) if g is None else tf.convert_to_tensor(g) for g, x in zip(grads, xs)]
 
     # v1 control flow's gradient code compares tensors with ``!=``, which TF 2 turns into an op.

@@ -96,13 +96,43 @@ def test_v1_loop_loads_and_runs_under_an_address_space_limit(folder, tmp_path):
     assert fd.rel_error(result["gx"], case.oracle.grad_x) <= fd.GRADIENT_TOL, "[rnn_while_v1 via converter] grad"
 
 
-def test_fused_step_on_v1_loops_is_a_typed_error(folder):
+def test_fused_step_on_v1_loops_equals_backward_and_apply(folder):
+    """The fused step differentiates v1 loops too: one step equals backward + apply_updates."""
     case = tf1_graphs.freeze_tf1("rnn_while_v1", folder)
-    net = TFNet.from_frozen_graph(case.pb, case.inputs, case.outputs)
-    with pytest.raises(GradientUnavailableError, match=r"v1 control flow loops \(node 'while/Enter"):
-        net.train_step(lambda t, y: tf.reduce_sum(y), 0.1)
-    gx, _ = net.backward(case.oracle.x)  # the explicit backward works
-    assert np.all(np.isfinite(gx))
+    fused = TFNet.from_frozen_graph(case.pb, case.inputs, case.outputs)
+    manual = TFNet.from_frozen_graph(case.pb, case.inputs, case.outputs)
+    g = case.oracle.grad_out.astype(np.float32)
+    step = fused.train_step(lambda t, y: tf.reduce_sum(y * t), 0.05)
+    result = step(case.oracle.x, g, step.init_state())
+    assert bool(result.finite)
+    _, gw = manual.backward(case.oracle.x, g)
+    manual.apply_updates({n: -0.05 * v for n, v in gw.items()})
+    for name, value in manual.get_weights().items():
+        np.testing.assert_allclose(fused.get_weights()[name], value, rtol=1e-5, atol=1e-6,
+                                   err_msg=f"[rnn_while_v1 via converter] weight {name}")
+
+
+def test_nested_v1_loops_are_a_typed_error_naming_the_node(tmp_path):
+    v1 = tf.compat.v1
+    graph = tf.Graph()
+    with graph.as_default(), tf1_graphs.control_flow(1):
+        x = v1.placeholder(tf.float32, [None, 2], name="x")
+        w = tf.constant([[1.0, 0.5], [0.0, 1.0]], name="W")
+
+        def outer(i, h):
+            _, h = tf.while_loop(lambda j, h: j < 2, lambda j, h: (j + 1, tf.tanh(tf.matmul(h, w))), [0, h])
+            return i + 1, h
+
+        _, h = tf.while_loop(lambda i, h: i < 2, outer, [0, x])
+        tf.identity(h, name="y")
+    net = TFNet.from_frozen_graph(graph.as_graph_def(), "x", "y")
+    x0 = np.ones((1, 2), np.float32)
+    expected = x0
+    for _ in range(4):
+        expected = np.tanh(expected @ net.get_weights()["W"])
+    np.testing.assert_allclose(net.forward(x0), expected, rtol=1e-5)  # forward works
+    with pytest.raises(GradientUnavailableError, match=r"Node '.*while.*' belongs to two v1 loops"):
+        net.backward(x0)
 
 
 # ----------------------------------------------------------------------------- phase values
