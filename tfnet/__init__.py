@@ -9,6 +9,7 @@ distribution live in the sibling package ``optim``.
 from tfnet.quiet import tensorflow as _tensorflow  # noqa: F401, I001
 from tfnet.config import get_num_threads, set_num_threads
 from tfnet.errors import (
+    GradientUnavailableError,
     GraphExecutionError,
     GraphLoadError,
     InputSpecError,
@@ -41,4 +42,5 @@ __all__ = [
     "WeightError",
     "WeightTypeError",
     "NoWeightsError",
+    "GradientUnavailableError",
 ]

@@ -20,6 +20,7 @@ __all__ = [
     "NoWeightsError",
     "WeightTypeError",
     "GraphExecutionError",
+    "GradientUnavailableError",
     "closest_names",
 ]
 
@@ -59,6 +60,11 @@ class WeightTypeError(TFNetError, TypeError):
 class GraphExecutionError(TFNetError, RuntimeError):
     """TensorFlow failed while running the graph (for example, a reshape that only works at one
     batch size)."""
+
+
+class GradientUnavailableError(TFNetError, RuntimeError):
+    """TensorFlow cannot differentiate the graph (for example through v1 control flow loops,
+    whose loop context a frozen graph does not store). ``forward`` still works."""
 
 
 def closest_names(name: str, candidates: Iterable[str], n: int = 5) -> list[str]:

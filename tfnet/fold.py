@@ -22,6 +22,9 @@ from tfnet.graph_utils import node_name
 
 _LINEAR_OPS = ("Conv2D", "MatMul", "DepthwiseConv2dNative")
 _FUSED_BN = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
+# v1 control flow: values that change per iteration are never parameter-only.
+_LOOP_OPS = ("Enter", "RefEnter", "Merge", "RefMerge", "Switch", "RefSwitch", "NextIteration", "RefNextIteration",
+             "Exit", "RefExit", "LoopCond")
 _PARAM_OPS_BLOCKLIST = ("Placeholder", "PlaceholderWithDefault", "VarHandleOp", "RandomUniform", "RandomStandardNormal")
 
 
@@ -60,11 +63,12 @@ def _parameter_only(graph_def, weights: set[str], inputs: set[str]) -> set[str]:
     """Nodes whose value depends on constants and weights only, never on the inputs."""
     nodes = {n.name: n for n in graph_def.node}
     state: dict[str, bool] = {}
+    pending: set[str] = set()  # on the stack: a node met again there is part of a cycle
     for start in nodes:
         stack = [(start, False)]
         while stack:
             name, expanded = stack.pop()
-            if name in state:
+            if name in state or (name in pending and not expanded):
                 continue
             node = nodes.get(name)
             if node is None or name in inputs:
@@ -73,7 +77,7 @@ def _parameter_only(graph_def, weights: set[str], inputs: set[str]) -> set[str]:
             if name in weights or node.op == "Const":
                 state[name] = True
                 continue
-            if node.op in _PARAM_OPS_BLOCKLIST or node.op.startswith("Random"):
+            if node.op in _PARAM_OPS_BLOCKLIST or node.op.startswith("Random") or node.op in _LOOP_OPS:
                 state[name] = False
                 continue
             deps = [node_name(i) for i in node.input if not i.startswith("^")]
@@ -81,10 +85,12 @@ def _parameter_only(graph_def, weights: set[str], inputs: set[str]) -> set[str]:
                 state[name] = False
                 continue
             if expanded:
+                pending.discard(name)
                 state[name] = all(state.get(d, False) for d in deps)
             else:
+                pending.add(name)
                 stack.append((name, True))
-                stack.extend((d, False) for d in deps if d not in state)
+                stack.extend((d, False) for d in deps if d not in state and d not in pending)
     return {k for k, v in state.items() if v}
 
 

@@ -171,7 +171,9 @@ def _const(graph_def, name: str, value: np.ndarray) -> str:
 
 def _via_constants(fn, by_handle):
     """The general path: TensorFlow's own freezing, then float constants back to placeholders."""
-    frozen = convert_variables_to_constants_v2(fn)
+    # Keep While / If functional: lowered to v1 control flow, loops only differentiate with their
+    # contexts rebuilt in graph mode (tfnet.v1_loops), which costs a second forward pass.
+    frozen = convert_variables_to_constants_v2(fn, lower_control_flow=False)
     graph_def = frozen.graph.as_graph_def()
     nodes = {n.name: n for n in graph_def.node}
     names = {}

@@ -8,15 +8,21 @@ dtypes and shapes of its inputs, outputs and weights, and imports the graph into
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from tfnet import graph_utils as gu
-from tfnet.errors import GraphLoadError, InputSpecError, TensorNameError, unknown_name_message
+from tfnet.errors import (
+    GraphLoadError,
+    InputSpecError,
+    TensorNameError,
+    unknown_name_message,
+)
 from tfnet.fold import fold_affine
 from tfnet.inputs import as_name_list
+from tfnet.library import register_library
 
 
 class GraphFunction:
@@ -29,6 +35,8 @@ class GraphFunction:
         weight_names: The weight placeholders' node names.
         fold: Fold inference-mode batch norm into the preceding convolution or matmul in the graph
             that runs (see :mod:`tfnet.fold`). The template itself is unchanged. Default: True.
+        phase_values: ``{tensor name: (training value, inference value)}``: tensors (an
+            ``is_training`` or ``keep_prob`` placeholder) fed a fixed value per mode. Default: none.
     """
 
     def __init__(
@@ -38,33 +46,47 @@ class GraphFunction:
         output_names: Sequence[str],
         weight_names: Sequence[str],
         fold: bool = True,
+        phase_values: Mapping[str, tuple] | None = None,
     ):
         self.template = template
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
         self.weight_names = tuple(weight_names)
         self.fold = fold
-        _check_unfed_placeholders(template, input_names, output_names, weight_names)
+        self.phase_values = dict(phase_values or {})
+        fed_names = list(input_names) + list(self.phase_values)
+        _check_unfed_placeholders(template, fed_names, output_names, weight_names)
         graph = import_for_shapes(template)
+        self.phase_specs = {n: _spec(graph, n) for n in self.phase_values}
+        for n, spec in self.phase_specs.items():
+            for value in self.phase_values[n]:
+                _check_phase_value(n, value, spec)
         self.input_specs = tuple(_spec(graph, n) for n in input_names)
         self.output_specs = tuple(_spec(graph, n) for n in output_names)
         self.weight_specs = tuple(_spec(graph, w + ":0") for w in weight_names)
         self.folded = 0
         self.compute_template = template
         if fold and weight_names:
-            folded, self.folded = fold_affine(template, graph, list(input_names), list(weight_names))
+            folded, self.folded = fold_affine(template, graph, fed_names, list(weight_names))
             if self.folded:
-                self.compute_template = gu.subgraph(folded, output_names, feeds=input_names)
+                self.compute_template = gu.subgraph(folded, output_names, feeds=fed_names)
+        register_library(self.compute_template)
+        self.v1_loops = gu.v1_loop_nodes(self.compute_template)
         self._input_map_keys = self.input_names + tuple(w + ":0" for w in weight_names)
 
-    def __call__(self, inputs: Sequence[tf.Tensor], weights: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-        """Imports the graph into the function being traced, wired to ``inputs`` and ``weights``.
+    def __call__(
+        self, inputs: Sequence[tf.Tensor], weights: Sequence[tf.Tensor], training: bool = False
+    ) -> list[tf.Tensor]:
+        """Imports the graph into the function being traced, wired to ``inputs`` and ``weights``,
+        with each phase tensor fed its training or inference value.
 
         Must run while a graph is being built (inside ``tf.function``). The imported ops are
         created below the Python op layer, so differentiate them with ``tf.gradients`` inside the
         function, or call the enclosing ``tf.function`` under a tape.
         """
         input_map = dict(zip(self._input_map_keys, list(inputs) + list(weights)))
+        for name, values in self.phase_values.items():
+            input_map[name] = tf.constant(values[0 if training else 1], dtype=self.phase_specs[name].dtype)
         return tf.graph_util.import_graph_def(
             self.compute_template, input_map=input_map, return_elements=list(self.output_names), name="graph"
         )
@@ -121,6 +143,18 @@ def feed_specs(template, input_names) -> dict:
         t = graph.get_tensor_by_name(name)
         specs[name] = (t.dtype.as_datatype_enum, None if t.shape.rank is None else t.shape.as_list())
     return specs
+
+
+def _check_phase_value(name: str, value, spec: tf.TensorSpec) -> None:
+    try:
+        tensor = tf.constant(value, dtype=spec.dtype)
+    except (TypeError, ValueError):
+        tensor = None
+    if tensor is None or not spec.shape.is_compatible_with(tensor.shape):
+        raise InputSpecError(
+            f"phase_values[{name!r}] must be (training value, inference value), each a "
+            f"{spec.dtype.name} of shape {spec.shape}. Received: {value!r}"
+        )
 
 
 def first_line(text: str) -> str:

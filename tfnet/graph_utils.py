@@ -17,9 +17,6 @@ from tensorflow.python.framework import tensor_util
 from tfnet.errors import TensorNameError, unknown_name_message
 
 FLOAT_TYPES = (types_pb2.DT_FLOAT, types_pb2.DT_HALF, types_pb2.DT_DOUBLE, types_pb2.DT_BFLOAT16)
-# Ops whose inputs 3 and 4 are the moving mean and variance (inference-mode batch norm).
-_BATCH_NORM_OPS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
-_STATISTIC_NAME = re.compile(r"(^|/)(moving_mean|moving_variance|moving_var|running_mean|running_var)(/|$|_\d+$)")
 _TENSOR_NAME = re.compile(r"^[^:^]+(:\d+)?$")
 
 
@@ -80,20 +77,11 @@ def find_weights(graph_def: graph_pb2.GraphDef) -> list[str]:
 
 
 def find_statistics(graph_def: graph_pb2.GraphDef, weight_names: Iterable[str]) -> list[str]:
-    """Weights that hold batch-norm statistics: fed to a FusedBatchNorm's mean and variance
-    inputs (through any Identity chain), or named like ``moving_mean`` / ``moving_variance``."""
-    weights = set(weight_names)
-    nodes = nodes_by_name(graph_def)
-    stats = {w for w in weights if _STATISTIC_NAME.search(w)}
-    for node in graph_def.node:
-        if node.op in _BATCH_NORM_OPS and len(node.input) >= 5:
-            for inp in node.input[3:5]:
-                name = node_name(inp)
-                while name in nodes and nodes[name].op == "Identity" and name not in weights:
-                    name = node_name(nodes[name].input[0])
-                if name in weights:
-                    stats.add(name)
-    return [w for w in weight_names if w in stats]
+    """Weights that hold normalisation statistics, found by graph structure (see
+    :mod:`tfnet.statistics`), in the order of ``weight_names``."""
+    from tfnet.statistics import find_statistics as find_by_structure
+
+    return list(find_by_structure(graph_def, weight_names))
 
 
 def consts_to_placeholders(
@@ -301,3 +289,14 @@ def merge(
 
 def placeholders(graph_def: graph_pb2.GraphDef) -> list[str]:
     return [n.name for n in graph_def.node if n.op == "Placeholder"]
+
+
+
+# v1 control flow loop ops. A GraphDef does not store their WhileContext, which TensorFlow needs to
+# build their gradient (and the frames make automatic control dependencies invalid).
+V1_LOOP_OPS = ("Enter", "RefEnter", "Exit", "RefExit", "NextIteration", "RefNextIteration", "LoopCond")
+
+
+def v1_loop_nodes(graph_def: graph_pb2.GraphDef) -> list[str]:
+    """Names of the v1 control flow loop nodes (``Enter`` / ``Exit`` / ``NextIteration``...)."""
+    return [n.name for n in graph_def.node if n.op in V1_LOOP_OPS]

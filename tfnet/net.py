@@ -25,10 +25,18 @@ from tfnet.errors import (
     WeightTypeError,
     unknown_name_message,
 )
-from tfnet.graph_function import GraphFunction, check_weight_consts, feed_specs, first_line, used_tensors
+from tfnet.graph_function import (
+    GraphFunction,
+    check_weight_consts,
+    feed_specs,
+    first_line,
+    used_tensors,
+)
 from tfnet.graph_io import PathLike, read_graph_def
 from tfnet.hooks import HookHandle, HookList
 from tfnet.inputs import arrange, as_name_list, batch_size_of, convert
+from tfnet.library import prepare_library
+from tfnet.statistics import find_statistics
 
 TrainableSpec = Union[bool, str, "re.Pattern[str]", Iterable[str], Callable[[str], bool], None]
 
@@ -54,6 +62,11 @@ class TFNet(tf.Module):
         fold_batch_norm: In the graph that runs (not the one saved), fold inference-mode batch
             norm into the convolution or matmul before it: the same function of the same weights,
             with fewer passes over the activations. Default: True.
+        phase_values: Training-mode inputs (Analytics Zoo's ``tensor_with_value``):
+            ``{tensor name: (training value, inference value)}``, such as
+            ``{"is_training:0": (True, False)}`` or ``{"keep_prob:0": (0.5, 1.0)}``. Each tensor is
+            fed its training value by ``forward(x, training=True)``, ``backward(..., training=True)``
+            and the fused training step, and its inference value otherwise. Default: none.
         name: The module name. Default: ``"tfnet"``.
 
     Example:
@@ -80,6 +93,7 @@ class TFNet(tf.Module):
         trainable: TrainableSpec = None,
         relax_batch: bool = True,
         fold_batch_norm: bool = True,
+        phase_values: Mapping[str, tuple] | None = None,
         name: str = "tfnet",
     ):
         graph_def = read_graph_def(graph_def)
@@ -93,20 +107,21 @@ class TFNet(tf.Module):
         template, values = gu.consts_to_placeholders(graph_def, weight_names)
         del graph_def
         self._init(template, values, input_names, output_names, trainable=trainable, relax_batch=relax_batch,
-                   fold=fold_batch_norm, name=name)
+                   fold=fold_batch_norm, phase_values=phase_values, name=name)
 
     def _init(self, template, values, input_names, output_names, *, trainable=None, relax_batch=True,
-              fold=True, name="tfnet"):
+              fold=True, phase_values=None, name="tfnet"):
         """Builds the layer from a weightless graph (weights as placeholders) and their values."""
-        template = gu.subgraph(
-            template, output_names, feeds=input_names, feed_specs=feed_specs(template, input_names)
-        )
+        phase_values = _check_phase_values(template, phase_values, input_names)
+        feeds = list(input_names) + list(phase_values)
+        template = gu.subgraph(template, output_names, feeds=feeds, feed_specs=feed_specs(template, feeds))
         kept = gu.nodes_by_name(template)
         values = {w: v for w, v in values.items() if w in kept}
-        statistics = gu.find_statistics(template, list(values))
+        statistics = find_statistics(template, list(values))
         if relax_batch:
             gu.set_placeholder_batch_dim(template, input_names)
-        self._setup(template, input_names, output_names, values, statistics, name=name, fold=fold)
+        self._setup(template, input_names, output_names, values, statistics, name=name, fold=fold,
+                    phase_values=phase_values)
         if trainable is not None:
             self.trainable = trainable
 
@@ -128,21 +143,26 @@ class TFNet(tf.Module):
         input_names: list[str],
         output_names: list[str],
         values: Mapping[str, np.ndarray],
-        statistics: Sequence[str],
+        statistics: Sequence[str] | Mapping[str, str],
         trainable: Sequence[str] | None,
         name: str = "tfnet",
         fold: bool = True,
+        phase_values: Mapping[str, tuple] | None = None,
     ) -> TFNet:
         net = cls.__new__(cls)
-        net._setup(template, input_names, output_names, values, statistics, name=name, fold=fold)
+        net._setup(template, input_names, output_names, values, statistics, name=name, fold=fold,
+                   phase_values=phase_values)
         if trainable is not None:
             net._set_trainable_names([t for t in trainable if t in net._vars])
         return net
 
-    def _setup(self, template, input_names, output_names, values, statistics, name="tfnet", fold=True):
+    def _setup(self, template, input_names, output_names, values, statistics, name="tfnet", fold=True,
+               phase_values=None):
         tf.Module.__init__(self, name=name)
+        prepare_library(template)
         weight_names = [n.name for n in template.node if n.name in values]
-        self._graph = GraphFunction(template, input_names, output_names, weight_names, fold=fold)
+        self._graph = GraphFunction(template, input_names, output_names, weight_names, fold=fold,
+                                    phase_values=phase_values)
         with tf.init_scope():
             self._vars = {
                 w: tf.Variable(
@@ -151,6 +171,8 @@ class TFNet(tf.Module):
                 for w, spec in zip(weight_names, self._graph.weight_specs)
             }
         self._statistics = [s for s in weight_names if s in set(statistics)]
+        roles = statistics if isinstance(statistics, Mapping) else {}
+        self._statistic_roles = {s: roles.get(s, "statistic") for s in self._statistics}
         stats = set(self._statistics)
         self._trainable = [w for w in weight_names if w not in stats]
         self._version = 0
@@ -224,6 +246,8 @@ class TFNet(tf.Module):
         extra = meta.get("tfnet", {})
         if "weight_names" in extra:
             kwargs.setdefault("weights", extra["weight_names"])
+        if extra.get("phase_values"):
+            kwargs.setdefault("phase_values", {k: tuple(v) for k, v in extra["phase_values"].items()})
         net = cls(graph_def, meta["input_names"], meta["output_names"], **kwargs)
         if "trainable" in extra and "trainable" not in kwargs:
             net._set_trainable_names([t for t in extra["trainable"] if t in net._vars])
@@ -285,6 +309,11 @@ class TFNet(tf.Module):
         return list(self._graph.input_specs)
 
     @property
+    def phase_values(self) -> dict[str, tuple]:
+        """``{tensor name: (training value, inference value)}``, as given to the constructor."""
+        return dict(self._graph.phase_values)
+
+    @property
     def output_specs(self) -> list[tf.TensorSpec]:
         return list(self._graph.output_specs)
 
@@ -301,6 +330,14 @@ class TFNet(tf.Module):
     def statistic_names(self) -> list[str]:
         """Weights holding batch-norm statistics (frozen unless named explicitly)."""
         return list(self._statistics)
+
+    @property
+    def statistics(self) -> dict[str, str]:
+        """What was detected as normalisation statistics, by graph structure: ``{weight: role}``
+        with role ``"mean"`` or ``"variance"`` (``"statistic"`` when carried over from a net this
+        one was cut from or extended). These are frozen by default, as the original framework
+        does not train them."""
+        return dict(self._statistic_roles)
 
     @property
     def weight_variables(self) -> dict[str, tf.Variable]:
@@ -422,21 +459,39 @@ class TFNet(tf.Module):
 
     # ------------------------------------------------------------------ compute
 
-    def _run_graph(self, inputs: Sequence[tf.Tensor], weights: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-        """Imports the graph into the function being traced, wired to ``inputs`` and ``weights``."""
-        return self._graph(inputs, weights)
+    def _run_graph(
+        self, inputs: Sequence[tf.Tensor], weights: Sequence[tf.Tensor], training: bool = False
+    ) -> list[tf.Tensor]:
+        """Imports the graph into the function being traced, wired to ``inputs`` and ``weights``;
+        phase tensors get their training values when ``training``."""
+        return self._graph(inputs, weights, training=training)
 
     @property
     def _template(self) -> graph_pb2.GraphDef:
         return self._graph.template
 
-    def _pure(self) -> Callable:
-        """``(inputs, weights) -> outputs``, compiled once with a batch-agnostic signature."""
-        fn = self._compiled.get("pure")
+    def _pure(self, training: bool = False) -> Callable:
+        """``(inputs, weights) -> outputs``, compiled once per mode with a batch-agnostic signature."""
+        key = ("pure", bool(training) and bool(self._graph.phase_values))
+        fn = self._compiled.get(key)
         if fn is None:
             signature = [list(self.input_specs), list(self._weight_specs)]
-            fn = tf.function(self._run_graph, input_signature=signature, autograph=False)
-            self._compiled["pure"] = fn
+
+            def run(inputs, weights):
+                return self._run_graph(inputs, weights, training=key[1])
+
+            if self._graph.v1_loops:
+                # v1 loop frames and tf.function's automatic control dependencies do not mix.
+                n_in = len(self.input_specs)
+                wrapped = tf.compat.v1.wrap_function(
+                    lambda *args: run(list(args[:n_in]), list(args[n_in:])), signature[0] + signature[1]
+                )
+
+                def fn(inputs, weights):
+                    return wrapped(*inputs, *weights)
+            else:
+                fn = tf.function(run, input_signature=signature, autograph=False)
+            self._compiled[key] = fn
         return fn
 
     def _weight_values(self) -> list[tf.Tensor]:
@@ -455,26 +510,28 @@ class TFNet(tf.Module):
         batch_size_of(tensors)
         return tensors
 
-    def _call_pure(self, tensors: list[tf.Tensor], weights: list[tf.Tensor]) -> list[tf.Tensor]:
+    def _call_pure(self, tensors: list[tf.Tensor], weights: list[tf.Tensor], training: bool = False) -> list[tf.Tensor]:
         try:
-            return list(self._pure()(tensors, weights))
+            return list(self._pure(training)(tensors, weights))
         except tf.errors.OpError as exc:
             raise GraphExecutionError(
                 f"TensorFlow failed to run the graph on inputs of shapes "
                 f"{[tuple(t.shape) for t in tensors]}: {first_line(exc.message)}"
             ) from None
 
-    def __call__(self, inputs: Any) -> tf.Tensor | list[tf.Tensor]:
+    def __call__(self, inputs: Any, training: bool = False) -> tf.Tensor | list[tf.Tensor]:
         """Runs the graph on tensors and returns tensors, with forward hooks applied.
 
         Works inside ``tf.function`` and ``tf.GradientTape`` (gradients reach the weight variables).
+        ``training`` selects the training values of :attr:`phase_values`.
         """
         tensors = self.prepare_inputs(inputs)
         # Always through the compiled function: a tape records its call as one differentiable op.
-        outs = self._call_pure(tensors, self._weight_values())
+        outs = self._call_pure(tensors, self._weight_values(), training)
         return self._forward_hooks.run(self._pack(outs))
 
-    def forward(self, inputs: Any, *, as_tensors: bool = False, batch_size: int | None = None):
+    def forward(self, inputs: Any, *, as_tensors: bool = False, batch_size: int | None = None,
+                training: bool = False):
         """Runs the graph.
 
         Args:
@@ -483,6 +540,7 @@ class TFNet(tf.Module):
                 dtype, integers and strings pass through.
             as_tensors: Return ``tf.Tensor`` s instead of numpy arrays. Default: False.
             batch_size: Run in chunks of this many rows and concatenate. Default: one call.
+            training: Feed :attr:`phase_values` their training values. Default: False.
 
         Returns:
             One array for single-output graphs, else a list in :attr:`output_names` order.
@@ -492,16 +550,17 @@ class TFNet(tf.Module):
         n = batch_size_of(tensors)
         if batch_size and n and n > batch_size:
             chunks = [
-                self._call_pure([t[i : i + batch_size] for t in tensors], weights)
+                self._call_pure([t[i : i + batch_size] for t in tensors], weights, training)
                 for i in range(0, n, batch_size)
             ]
             outs = [tf.concat([c[j] for c in chunks], axis=0) for j in range(len(self.output_names))]
         else:
-            outs = self._call_pure(tensors, weights)
+            outs = self._call_pure(tensors, weights, training)
         outs = self._forward_hooks.run(self._pack(outs))
         return outs if as_tensors else tf.nest.map_structure(lambda t: t.numpy(), outs)
 
-    def backward(self, inputs: Any, grad_outputs: Any = None, *, as_tensors: bool = False):
+    def backward(self, inputs: Any, grad_outputs: Any = None, *, as_tensors: bool = False,
+                 training: bool = False):
         """Vector-Jacobian product of the outputs with ``grad_outputs``.
 
         Args:
@@ -510,6 +569,7 @@ class TFNet(tf.Module):
                 name). ``None`` for an output means it does not contribute. Default: ones for every
                 output (the gradient of ``sum(outputs)``).
             as_tensors: Return tensors instead of numpy arrays. Default: False.
+            training: Feed :attr:`phase_values` their training values. Default: False.
 
         Returns:
             ``(grad_inputs, grad_weights)``: a list with one gradient per input (``None`` for
@@ -518,6 +578,8 @@ class TFNet(tf.Module):
 
         Raises:
             NoWeightsError: the graph has no weights.
+            GradientUnavailableError: TensorFlow has no gradient for the graph (nested v1 control
+                flow loops); the message names the node.
         """
         if not self._vars:
             raise NoWeightsError(
@@ -531,18 +593,21 @@ class TFNet(tf.Module):
         weights = self._weight_values()
         float_inputs = [i for i, t in enumerate(tensors) if t.dtype.is_floating]
         index = {n: i for i, n in enumerate(self._vars)}
-        with tf.GradientTape(watch_accessed_variables=False) as tape:
-            for i in float_inputs:
-                tape.watch(tensors[i])
-            for n in names:
-                tape.watch(weights[index[n]])
-            outs = self._call_pure(tensors, weights)
-            outs = tf.nest.flatten(self._forward_hooks.run(self._pack(outs)))
-        sources = [tensors[i] for i in float_inputs] + [weights[index[n]] for n in names]
-        if grads_out is not None:  # an output without a gradient does not contribute
-            grads_out = [tf.zeros_like(o) if g is None else g for g, o in zip(grads_out, outs)]
-        grads = tape.gradient(outs, sources, output_gradients=grads_out)
-        grads = [_dense_or_zeros(g, s) for g, s in zip(grads, sources)]
+        if self._graph.v1_loops:
+            grads = self._graph_mode_grads(tensors, weights, grads_out, float_inputs, names, training)
+        else:
+            with tf.GradientTape(watch_accessed_variables=False) as tape:
+                for i in float_inputs:
+                    tape.watch(tensors[i])
+                for n in names:
+                    tape.watch(weights[index[n]])
+                outs = self._call_pure(tensors, weights, training)
+                outs = tf.nest.flatten(self._forward_hooks.run(self._pack(outs)))
+            sources = [tensors[i] for i in float_inputs] + [weights[index[n]] for n in names]
+            if grads_out is not None:  # an output without a gradient does not contribute
+                grads_out = [tf.zeros_like(o) if g is None else g for g, o in zip(grads_out, outs)]
+            grads = tape.gradient(outs, sources, output_gradients=grads_out)
+            grads = [_dense_or_zeros(g, s) for g, s in zip(grads, sources)]
         grad_inputs: list = [None] * len(tensors)
         for k, i in enumerate(float_inputs):
             grad_inputs[i] = grads[k]
@@ -554,6 +619,36 @@ class TFNet(tf.Module):
         if len(grad_inputs) == 1:
             grad_inputs = grad_inputs[0]
         return grad_inputs, grad_weights
+
+    def _graph_mode_grads(self, tensors, weights, grads_out, float_inputs, names, training) -> list:
+        """Gradients by ``tf.gradients`` in the graph the frozen graph is imported into, with v1 loop
+        contexts rebuilt (see :mod:`tfnet.v1_loops`): TensorFlow's tape cannot differentiate v1 loops."""
+
+        index = {n: i for i, n in enumerate(self._vars)}
+        sources = [("input", i) for i in float_inputs] + [("weight", index[n]) for n in names]
+        fn = self._v1_vjp(sources, training, grads_out is not None, hooks=True)
+        if grads_out is not None and any(g is None for g in grads_out):
+            outs = self._call_pure(tensors, weights, training)
+            grads_out = [tf.zeros_like(o) if g is None else g for g, o in zip(grads_out, outs)]
+        try:
+            return list(fn(tensors, weights, grads_out or ()))
+        except tf.errors.OpError as exc:
+            raise GraphExecutionError(f"TensorFlow failed to differentiate the graph: {first_line(exc.message)}") from None
+
+    def _v1_vjp(self, sources, training: bool, with_grad_outputs: bool, hooks: bool) -> Callable:
+        """``(inputs, weights, grad_outputs) -> gradients`` for graphs with v1 loops, compiled once."""
+        from tfnet.v1_loops import graph_mode_vjp
+
+        key = ("vjp", tuple(sources), bool(training), with_grad_outputs, hooks)
+        fn = self._compiled.get(key)
+        if fn is None:
+            fn = graph_mode_vjp(
+                lambda i, w: self._run_graph(i, w, training=training), self.input_specs, self._weight_specs,
+                self.output_specs, sources, with_grad_outputs,
+                post=(lambda outs: self._forward_hooks.run(self._pack(outs))) if hooks else None,
+            )
+            self._compiled[key] = fn
+        return fn
 
     def _prepare_grad_outputs(self, grad_outputs) -> list | None:
         if grad_outputs is None:
@@ -612,14 +707,14 @@ class TFNet(tf.Module):
         classifier. Weights past the cut are dropped; the rest keep their current values and
         trainable state."""
         outputs = gu.check_tensor_names(self._template, as_name_list(tensor_names, "tensor_names"), "cut")
-        template = gu.subgraph(self._template, outputs, feeds=self.input_names)
+        template = gu.subgraph(self._template, outputs, feeds=self.input_names + list(self.phase_values))
         kept = gu.nodes_by_name(template)
         used = used_tensors(template) | set(outputs)
         inputs = [n for n in self.input_names if n in used]
         values = {w: _copy(v) for w, v in self._vars.items() if w in kept}
         return TFNet._from_template(
-            template, inputs, outputs, values, self._statistics, self._trainable, name=self.name,
-            fold=self._graph.fold,
+            template, inputs, outputs, values, self.statistics, self._trainable, name=self.name,
+            fold=self._graph.fold, phase_values=self._used_phase_values(template),
         )
 
     def add_head(self, head, name: str = "head") -> TFNet:
@@ -638,7 +733,7 @@ class TFNet(tf.Module):
             )
         frozen = freeze_head(head, self.output_specs[0])
         head_weights = frozen.weights
-        head_stats = gu.find_statistics(frozen.template, head_weights)
+        head_stats = find_statistics(frozen.template, head_weights)
         head_values = frozen.values
         head_outputs = frozen.outputs
         merged = gu.merge(
@@ -646,12 +741,17 @@ class TFNet(tf.Module):
         )
         values = {w: _copy(v) for w, v in self._vars.items()}
         values.update({f"{name}/{k}": v for k, v in head_values.items()})
-        stats = self._statistics + [f"{name}/{s}" for s in head_stats]
+        stats = {**self.statistics, **{f"{name}/{s}": role for s, role in head_stats.items()}}
         trainable = self._trainable + [f"{name}/{w}" for w in head_weights if w not in head_stats]
         outputs = [f"{name}/{o}" for o in head_outputs]
         return TFNet._from_template(
-            merged, self.input_names, outputs, values, stats, trainable, name=self.name, fold=self._graph.fold
+            merged, self.input_names, outputs, values, stats, trainable, name=self.name, fold=self._graph.fold,
+            phase_values=self.phase_values,
         )
+
+    def _used_phase_values(self, template) -> dict[str, tuple]:
+        kept = gu.nodes_by_name(template)
+        return {k: v for k, v in self._graph.phase_values.items() if gu.node_name(k) in kept}
 
     # ------------------------------------------------------------------ training and saving
 
@@ -711,11 +811,35 @@ class TFNet(tf.Module):
 
 def _init_kwargs(kwargs) -> dict:
     """Maps the public keyword arguments onto ``_init``'s, refusing unknown ones."""
-    allowed = {"trainable": "trainable", "relax_batch": "relax_batch", "fold_batch_norm": "fold", "name": "name"}
+    allowed = {"trainable": "trainable", "relax_batch": "relax_batch", "fold_batch_norm": "fold", "name": "name",
+               "phase_values": "phase_values"}
     unknown = set(kwargs) - set(allowed)
     if unknown:
         raise TypeError(f"Unknown arguments {sorted(unknown)}; expected some of {sorted(allowed)}.")
     return {allowed[k]: v for k, v in kwargs.items()}
+
+
+def _check_phase_values(template, phase_values, input_names) -> dict[str, tuple]:
+    """Normalises ``{tensor: (training value, inference value)}``; the tensors must exist and not
+    be inputs."""
+    if phase_values is None:
+        return {}
+    if not isinstance(phase_values, Mapping):
+        raise TypeError(
+            "`phase_values` takes a dict {tensor name: (training value, inference value)}. "
+            f"Received: {type(phase_values).__name__}"
+        )
+    out = {}
+    for raw, pair in phase_values.items():
+        (name,) = gu.check_tensor_names(template, [raw], "phase")
+        if name in input_names:
+            raise InputSpecError(f"{raw!r} is an input; a phase tensor is fed by tfnet, not by the caller.")
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise InputSpecError(
+                f"phase_values[{raw!r}] must be a pair (training value, inference value). Received: {pair!r}"
+            )
+        out[name] = tuple(pair)
+    return out
 
 
 def _variable_name(weight: str) -> str:

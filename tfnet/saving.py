@@ -35,6 +35,7 @@ def write_export_folder(net, path: PathLike) -> None:
         "weight_names": net.weight_names,
         "trainable": net.trainable,
         "statistics": net.statistic_names,
+        "phase_values": {k: [_jsonable(v) for v in pair] for k, pair in net.phase_values.items()},
     })
 
 
@@ -144,6 +145,11 @@ def load_saved_model_signature(path: PathLike, signature: str):
             else f"The SavedModel at {path!r} has no signatures; re-export it with one."
         )
     return freeze_signature(loaded, signature)
+
+
+def _jsonable(value):
+    value = value.tolist() if hasattr(value, "tolist") else value
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _identifier(tensor: str) -> str:

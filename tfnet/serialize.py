@@ -19,7 +19,8 @@ def net_to_bytes(net) -> bytes:
         "outputs": net.output_names,
         "weights": net.weight_names,
         "trainable": net.trainable,
-        "statistics": net.statistic_names,
+        "statistics": net.statistics,
+        "phase_values": {k: [_jsonable(v) for v in pair] for k, pair in net.phase_values.items()},
         "fold": net._graph.fold,
         "name": net.name,
     }
@@ -40,4 +41,10 @@ def net_from_bytes(data: bytes):
     template.ParseFromString(bytes(arrays["template"]))
     values = {name: arrays[f"w{i:05d}"] for i, name in enumerate(meta["weights"])}
     return TFNet._from_template(template, meta["inputs"], meta["outputs"], values, meta["statistics"],
-                                meta["trainable"], name=meta["name"], fold=meta["fold"])
+                                meta["trainable"], name=meta["name"], fold=meta["fold"],
+                                phase_values={k: tuple(v) for k, v in meta.get("phase_values", {}).items()})
+
+
+def _jsonable(value):
+    value = value.tolist() if hasattr(value, "tolist") else value
+    return value.decode() if isinstance(value, bytes) else value

@@ -119,13 +119,24 @@ class TrainStep:
         net = self.net
         all_vars = net._vars
         reads = {n: v.value() for n, v in all_vars.items()}
-        outs = net._run_graph(inputs, list(reads.values()))
-        outs = net._forward_hooks.run(net._pack(outs))
-        loss = tf.cast(self.loss_fn(targets, outs), tf.float32)
-        # The imported graph's ops are created below the Python op layer, where GradientTape
-        # does not see them; symbolic gradients walk the graph itself and reach every op.
         sources = [reads[n] for n in self.names]
-        grads = tf.gradients(loss, sources)
+        if net._graph.v1_loops:
+            # v1 loops differentiate only in graph mode with their loop contexts rebuilt (see
+            # tfnet.v1_loops): the outputs' gradient comes from the loss here, the rest from there.
+            raw = net._pure(training=True)(inputs, list(reads.values()))
+            outs = net._forward_hooks.run(net._pack(raw))
+            loss = tf.cast(self.loss_fn(targets, outs), tf.float32)
+            grad_raw = [tf.zeros_like(r) if g is None else g for g, r in zip(tf.gradients(loss, raw), raw)]
+            index = {n: i for i, n in enumerate(all_vars)}
+            vjp = net._v1_vjp([("weight", index[n]) for n in self.names], True, True, hooks=False)
+            grads = vjp(inputs, list(reads.values()), grad_raw)
+        else:
+            outs = net._run_graph(inputs, list(reads.values()), training=True)
+            outs = net._forward_hooks.run(net._pack(outs))
+            loss = tf.cast(self.loss_fn(targets, outs), tf.float32)
+            # The imported graph's ops are created below the Python op layer, where GradientTape
+            # does not see them; symbolic gradients walk the graph itself and reach every op.
+            grads = tf.gradients(loss, sources)
         grads = {
             n: tf.zeros_like(src) if g is None else tf.convert_to_tensor(g)
             for n, src, g in zip(self.names, sources, grads)
