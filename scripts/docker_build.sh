@@ -67,7 +67,8 @@ if ! "$PY" -m pip wheel --quiet --no-index --find-links "$WH" --no-deps -r "$WH/
 fi
 
 # --- Horovod: the cached wheel if there is one, and the sdist for the in-image build otherwise --
-tf_version=$(sed -n 's/^tensorflow-cpu==//p' "$WH/requirements.txt")
+tf_version=$(sed -n -E 's/^tensorflow[-_]cpu==//p' "$WH/requirements.txt")
+[ -n "$tf_version" ] || die "no tensorflow-cpu pin in $WH/requirements.txt"
 hvd_dir="$WH/horovod/tf-${tf_version}-py311"
 mkdir -p "$hvd_dir"
 cached=$(ls "${TFNET_WHEEL_CACHE:-$HOME/.cache/tfnet/wheels}/tf-${tf_version}-py311/horovod-${HVD_VERSION}-"*.whl 2>/dev/null | head -n 1 || true)
