@@ -98,7 +98,9 @@ def test_fine_tuning_survives_a_killed_worker_container(cluster, tmp_path):
     res = json.loads(result[0][len("RESULT "):])
     print(f"\nfine-tuning with a killed worker container: {seconds:.0f} s in all, {time.time() - t_kill:.0f} s "
           f"from the kill to the end; attempts {res['last_run']['attempts']}")
-    assert res["last_run"]["attempts"] == 2, res["last_run"]
+    # the stage lost a task, and the launcher retried it from the newest checkpoint
+    assert res["last_run"]["attempts"] >= 2, res["last_run"]
+    assert "retrying from the newest checkpoint" in err, err[-3000:]
     assert res["step"] == EPOCHS * STEPS_PER_EPOCH
     assert len(res["history"]["loss"]) == EPOCHS
     assert res["history"]["accuracy"][-1] > 0.8, res["history"]
