@@ -72,7 +72,7 @@ def test_fine_tuning_survives_a_killed_worker_container(cluster, tmp_path):
     assert len(workers) == 2
     script = FINE_TUNE.replace("EPOCHS", str(EPOCHS))
     t0 = time.time()
-    driver = cluster.start("submit", "run", "python", "-c", script)
+    driver = cluster.start("submit", "python", "-c", script)
     try:
         deadline = time.time() + 420
         while time.time() < deadline:
@@ -150,7 +150,7 @@ def test_job_exit_codes_reach_the_host(cluster):
     proc = cluster.run("predict", "--rows", "0", timeout=300)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "--rows must be between 1 and 1797" in proc.stderr
-    proc = cluster.run("submit", "run", "sh", "-c", "exit 7", timeout=300)
+    proc = cluster.run("submit", "sh", "-c", "exit 7", timeout=300)
     assert proc.returncode == 7
 
 
