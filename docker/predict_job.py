@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     outputs = np.array([r.outputs for r in rows], np.float32)
     expected = net.forward(x[ids])
     diff = float(np.max(np.abs(outputs - expected))) if len(rows) == len(x) else float("inf")
-    hosts = sorted({key.split("@", 1)[1].rsplit(":", 1)[0] for key in stats.get("loads", {})})
+    hosts = sorted({key.rsplit(":", 1)[0] for key in stats.get("loads", {})})  # keys: "host:pid"
     result = {"rows": len(rows), "seconds": seconds, "max_abs_diff": diff, "tolerance": args.tolerance,
               "hosts": hosts, "calls": stats.get("calls"), "backend": args.backend}
     os.makedirs(args.output, exist_ok=True)

@@ -106,7 +106,10 @@ class Compose:
         return sh(["docker", "exec", self.master(), *cmd], timeout=timeout, check=check)
 
     def copy_in(self, src: str, dest: str) -> None:
+        """``docker cp`` into the master (onto /shared), then owned by the image's user: docker cp keeps
+        the host's owner (root) and modes (tfnet's atomic writers make 0600 files)."""
         sh(["docker", "cp", src, f"{self.master()}:{dest}"], timeout=120)
+        sh(["docker", "exec", "-u", "0", self.master(), "chown", "-R", "tfnet:tfnet", dest], timeout=60)
 
     def copy_out(self, src: str, dest: str) -> None:
         sh(["docker", "cp", f"{self.master()}:{src}", dest], timeout=120)
