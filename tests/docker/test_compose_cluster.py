@@ -14,7 +14,8 @@ import pytest
 
 from tests.docker.compose import sh
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+# the first test of a fresh machine also installs Docker, makes the base image, the wheelhouse and the image
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # A driver of our own, run in a container of the image: only tfnet's public API, digits from scikit-learn.
 FINE_TUNE = textwrap.dedent("""

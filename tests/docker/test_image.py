@@ -5,7 +5,8 @@ import pytest
 
 from tests.docker.compose import sh
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+# the first test of a fresh machine also installs Docker, makes the base image, the wheelhouse and the image
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # The issue's target is 2.0 GB; the image with OpenVINO, scikit-learn, matplotlib and compiled bytecode
 # is about 2.4 GB (docs/benchmarks.md, issue 13). This bound guards against regressions from there.
