@@ -11,7 +11,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: run test install benchmark clean
+.PHONY: run test install benchmark clean docker
 
 install: $(STAMP)
 
@@ -26,6 +26,11 @@ run: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# the cluster image (docker/README.md); `make test` builds it too, in its docker tier (tests/docker/),
+# which starts the Docker engine itself through scripts/docker_env.sh
+docker: $(STAMP)
+	TFNET_PYTHON=$(abspath $(PY)) bash scripts/docker_build.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Entrypoint of the tfnet cluster image. Also runs outside Docker (the tests use it that way).
+# Entrypoint of the tfnet cluster image. Also runs outside Docker (tests/test_cluster.py uses it so).
 #
-#   entrypoint.sh master            start a Spark standalone master (foreground)
-#   entrypoint.sh worker            start a Spark standalone worker (foreground)
-#   entrypoint.sh submit [ARGS...]  run the ResNet-50 job against the master
+#   entrypoint.sh master              a Spark standalone master (foreground)
+#   entrypoint.sh worker              a Spark standalone worker (foreground)
+#   entrypoint.sh main [ARGS...]      the digits main job (tfnet-main) against the master
+#   entrypoint.sh resnet50 [ARGS...]  the ResNet-50 job (tfnet-resnet50) against the master
+#   entrypoint.sh submit [ARGS...]    the same as resnet50 (the name older set-ups use)
+#   entrypoint.sh predict [ARGS...]   TFPredictor over a DataFrame (docker/predict_job.py)
+#   entrypoint.sh run CMD [ARGS...]   any command, with the same environment (a driver of your own)
 #
 # Settings (environment): SPARK_MASTER_HOST (0.0.0.0), SPARK_MASTER_PORT (7077),
 # SPARK_MASTER_WEBUI_PORT (8080), SPARK_MASTER_URL (spark://spark-master:7077),
 # SPARK_WORKER_CORES (1), SPARK_WORKER_MEMORY (2g), SPARK_WORKER_WEBUI_PORT (8081),
 # SPARK_WORKER_HOST (this host's name), SPARK_WORKER_DIR (/tmp/spark-work),
+# SPARK_LOCAL_IP (in a container: its own address, which the drivers advertise to the executors),
 # PYTHON (python3): the Python with tfnet installed, also used by the workers.
 set -euo pipefail
 
@@ -20,14 +25,28 @@ export SPARK_HOME
 export PYSPARK_PYTHON=${PYSPARK_PYTHON:-$(command -v "$PYTHON")}
 export TF_ENABLE_ONEDNN_OPTS=${TF_ENABLE_ONEDNN_OPTS:-1}
 SPARK_CLASS="$SPARK_HOME/bin/spark-class"
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 if ! command -v java >/dev/null 2>&1 && [ -z "${JAVA_HOME:-}" ]; then
     echo "entrypoint: Java 17 is needed (apt-get install -y openjdk-17-jre-headless)" >&2
     exit 1
 fi
+# In a container, drivers must advertise an address the executors can reach: the container's own.
+if [ -z "${SPARK_LOCAL_IP:-}" ] && [ -f /.dockerenv ]; then
+    SPARK_LOCAL_IP=$(hostname -i | awk '{print $1}')
+    export SPARK_LOCAL_IP
+fi
 
-role=${1:-}
+# a console script of the Python in use (PYTHON's folder first, then PATH)
+script() {
+    local dir
+    dir=$(dirname "$(command -v "$PYTHON")")
+    if [ -x "$dir/$1" ]; then echo "$dir/$1"; else command -v "$1" || { echo "entrypoint: $1 not found" >&2; exit 1; }; fi
+}
+
+role=${1:-help}
 shift || true
+MASTER_URL=${SPARK_MASTER_URL:-spark://spark-master:7077}
 case "$role" in
     master)
         exec "$SPARK_CLASS" org.apache.spark.deploy.master.Master \
@@ -41,14 +60,27 @@ case "$role" in
         if [ -n "${SPARK_WORKER_HOST:-}" ]; then
             args+=(--host "$SPARK_WORKER_HOST")
         fi
-        exec "$SPARK_CLASS" org.apache.spark.deploy.worker.Worker "${SPARK_MASTER_URL:-spark://spark-master:7077}" \
-            "${args[@]}" "$@"
+        exec "$SPARK_CLASS" org.apache.spark.deploy.worker.Worker "$MASTER_URL" "${args[@]}" "$@"
         ;;
-    submit)
-        exec "$PYTHON" -m examples.resnet50.train --master "${SPARK_MASTER_URL:-spark://spark-master:7077}" "$@"
+    main)
+        exec "$(script tfnet-main)" --master "$MASTER_URL" "$@"
+        ;;
+    resnet50|submit)
+        exec "$(script tfnet-resnet50)" --master "$MASTER_URL" "$@"
+        ;;
+    predict)
+        job="$HERE/predict_job.py"
+        [ -f "$job" ] || job=/usr/local/share/tfnet/predict_job.py
+        exec "$PYTHON" "$job" --master "$MASTER_URL" "$@"
+        ;;
+    run)
+        exec "$@"
+        ;;
+    help|-h|--help)
+        sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
         ;;
     *)
-        echo "usage: entrypoint.sh master|worker|submit [ARGS...]" >&2
+        echo "entrypoint: unknown role '$role'; expected master, worker, main, resnet50, submit, predict or run" >&2
         exit 2
         ;;
 esac

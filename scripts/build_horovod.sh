@@ -6,7 +6,8 @@
 # source from horovod/tensorflow/CMakeLists.txt and build with TensorFlow + Gloo only.
 #
 # pip does not cache wheels built from a patched local directory, so the wheel is kept in
-# $TFNET_WHEEL_CACHE (default ~/.cache/tfnet/wheels/tf-<version>) and reused on rebuilds.
+# $TFNET_WHEEL_CACHE (default ~/.cache/tfnet/wheels/tf-<version>) and reused on rebuilds. An sdist
+# horovod-<version>.tar.gz in that folder is used instead of downloading one (the image build has no index).
 #
 # Usage: scripts/build_horovod.sh [path/to/venv/python]
 set -euo pipefail
@@ -29,7 +30,11 @@ if [ -z "$wheel" ]; then
     echo "[tfnet] building horovod ${HVD_VERSION} against tensorflow ${TF_VERSION} (about 7 minutes on 2 cores)"
     work=$(mktemp -d)
     trap 'rm -rf "$work"' EXIT
-    "$PY" -m pip download --quiet --no-deps --no-binary :all: "horovod==${HVD_VERSION}" -d "$work"
+    if [ -f "$CACHE/horovod-${HVD_VERSION}.tar.gz" ]; then  # an sdist put there beforehand (the Docker build)
+        cp "$CACHE/horovod-${HVD_VERSION}.tar.gz" "$work/"
+    else
+        "$PY" -m pip download --quiet --no-deps --no-binary :all: "horovod==${HVD_VERSION}" -d "$work"
+    fi
     tar -xzf "$work/horovod-${HVD_VERSION}.tar.gz" -C "$work"
     src="$work/horovod-${HVD_VERSION}"
     # Leave out the XLA custom-call ops: their headers are gone from TF >= 2.16.

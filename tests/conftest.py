@@ -2,7 +2,9 @@
 
 * unit: no Spark (TensorFlow only);
 * spark: a real Spark (local[2], or a standalone master and workers);
-* parallel: real Horovod ranks over Gloo.
+* parallel: real Horovod ranks over Gloo;
+* docker: the cluster image and a compose cluster on a real Docker engine (tests/docker/; set up by
+  scripts/docker_env.sh, never skipped in CI).
 """
 
 import os
@@ -19,11 +21,12 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "spark: needs a real Spark (local[2] or standalone)")
     config.addinivalue_line("markers", "parallel: starts several Horovod ranks over Gloo")
     config.addinivalue_line("markers", "slow: takes more than about 20 seconds")
+    config.addinivalue_line("markers", "docker: builds the cluster image and runs a compose cluster (Docker Engine)")
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        if not any(item.get_closest_marker(m) for m in ("spark", "parallel")):
+        if not any(item.get_closest_marker(m) for m in ("spark", "parallel", "docker")):
             item.add_marker(pytest.mark.unit)
 
 

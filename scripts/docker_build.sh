@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Build the tfnet cluster image (docker/Dockerfile) on a machine like the ones this project is built on:
+# no registry access, and no pip index reachable from inside containers.
+#
+#   scripts/docker_build.sh [IMAGE_TAG]          default tag: tfnet:latest
+#   scripts/docker_build.sh --wheelhouse-only    only step 2 (needs no Docker)
+#
+# 1. scripts/docker_env.sh: a running engine, Compose, and the base image (pulled or made locally).
+# 2. The wheelhouse, on the host, outside git: $TFNET_WHEELHOUSE (default ~/.cache/tfnet/wheelhouse/py311):
+#    every wheel that `tfnet[openvino,examples]`, TensorBoard (TFOptimizer writes its events when given a
+#    model_dir), scikit-learn (the digits main job reads its digits) and the build tools need, pinned in
+#    requirements.txt; plus Horovod: the wheel scripts/build_horovod.sh cached when `make` built .venv,
+#    and Horovod's sdist, so that the image can compile it when no wheel is cached.
+#    Made with the host's pip, which trusts the host's certificates; nothing is copied into the image
+#    but wheels. A second run reuses it and needs no network.
+# 3. `docker build` (the legacy builder) on a context streamed from here: src/ holds the working tree's
+#    files that git tracks or would track (`git ls-files -co --exclude-standard`: never .venv or a
+#    stale build/), wheelhouse/ the wheelhouse.
+#
+# Settings: TFNET_PYTHON (the Python 3.11 whose pip makes the wheelhouse; default .venv/bin/python, else
+# python3), TFNET_BASE_IMAGE (see docker_env.sh), TFNET_WHEEL_CACHE (build_horovod.sh's wheel cache).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TAG=${1:-tfnet:latest}
+ONLY_WHEELS=0
+[ "$TAG" = --wheelhouse-only ] && ONLY_WHEELS=1
+HVD_VERSION=0.28.1
+EXTRAS="openvino,examples"
+EXTRA_REQS=("scikit-learn>=1.4" "tensorboard" "setuptools<81" "wheel")
+log() { echo "[docker_build] $*" >&2; }
+die() { echo "[docker_build] error: $*" >&2; exit 1; }
+
+[ $ONLY_WHEELS = 1 ] || BASE=$(bash scripts/docker_env.sh | tail -n 1)
+
+PY=${TFNET_PYTHON:-}
+if [ -z "$PY" ]; then
+    if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+pyver=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')
+[ "$pyver" = 311 ] || die "$PY is Python $pyver; the image runs Debian bookworm's Python 3.11, so the wheelhouse needs a Python 3.11 (set TFNET_PYTHON)"
+WH=${TFNET_WHEELHOUSE:-$HOME/.cache/tfnet/wheelhouse}/py311
+mkdir -p "$WH/horovod"
+
+# --- requirements, resolved once per setup.py -------------------------------------------------
+key=$(cat setup.py <(echo "$EXTRAS ${EXTRA_REQS[*]}") | sha256sum | cut -c1-16)
+pinned="$WH/requirements-$key.txt"
+if [ ! -s "$pinned" ]; then
+    log "resolving .[$EXTRAS] ${EXTRA_REQS[*]} with $PY's pip"
+    report=$(mktemp)
+    "$PY" -m pip install --quiet --dry-run --ignore-installed --report "$report" ".[$EXTRAS]" "${EXTRA_REQS[@]}"
+    "$PY" - "$report" >"$pinned.tmp" <<'EOF'
+import json, sys
+for item in json.load(open(sys.argv[1]))["install"]:
+    meta = item["metadata"]
+    if meta["name"].lower() != "tfnet":
+        print(f"{meta['name']}=={meta['version']}")
+EOF
+    mv "$pinned.tmp" "$pinned"
+    rm -f "$report"
+fi
+cp "$pinned" "$WH/requirements.txt"
+
+# --- wheels: offline from the wheelhouse when they are all there, else from the index ---------
+if ! "$PY" -m pip wheel --quiet --no-index --find-links "$WH" --no-deps -r "$WH/requirements.txt" -w "$WH" >/dev/null 2>&1; then
+    log "downloading/building $(wc -l <"$WH/requirements.txt") wheels into $WH"
+    "$PY" -m pip wheel --quiet --no-deps -r "$WH/requirements.txt" -w "$WH"
+fi
+
+# --- Horovod: the cached wheel if there is one, and the sdist for the in-image build otherwise --
+tf_version=$(sed -n -E 's/^tensorflow[-_]cpu==//p' "$WH/requirements.txt")
+[ -n "$tf_version" ] || die "no tensorflow-cpu pin in $WH/requirements.txt"
+hvd_dir="$WH/horovod/tf-${tf_version}-py311"
+mkdir -p "$hvd_dir"
+cached=$(ls "${TFNET_WHEEL_CACHE:-$HOME/.cache/tfnet/wheels}/tf-${tf_version}-py311/horovod-${HVD_VERSION}-"*.whl 2>/dev/null | head -n 1 || true)
+if [ -n "$cached" ] && ! cmp -s "$cached" "$hvd_dir/$(basename "$cached")"; then
+    cp "$cached" "$hvd_dir/"
+fi
+if [ ! -f "$hvd_dir/horovod-${HVD_VERSION}.tar.gz" ]; then
+    "$PY" -m pip download --quiet --no-deps --no-binary :all: "horovod==${HVD_VERSION}" -d "$hvd_dir"
+fi
+if ls "$hvd_dir"/horovod-*.whl >/dev/null 2>&1; then
+    log "Horovod: the cached wheel $(basename "$(ls "$hvd_dir"/horovod-*.whl | head -n 1)")"
+else
+    log "Horovod: no cached wheel; the image's builder stage compiles it (about 7 minutes on 2 free cores)"
+fi
+
+[ $ONLY_WHEELS = 1 ] && exit 0
+
+# --- build ---------------------------------------------------------------------------------------
+log "building $TAG on $BASE ($(du -sh "$WH" | cut -f1) wheelhouse)"
+start=$(date +%s)
+git ls-files -co --exclude-standard -z \
+    | tar --null -c -f - -T - -C "$(dirname "$WH")" --transform 's,^,src/,' \
+        --transform "s,^src/$(basename "$WH"),wheelhouse," "$(basename "$WH")" \
+    | DOCKER_BUILDKIT=0 docker build -f src/docker/Dockerfile --build-arg "BASE=$BASE" -t "$TAG" -
+log "built $TAG in $(( $(date +%s) - start )) s: $(docker image inspect -f '{{.Size}}' "$TAG" | awk '{printf "%.2f GB", $1/1e9}')"

