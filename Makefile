@@ -3,6 +3,7 @@
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.tfnet-installed
+TESTS  ?= tests
 PYTEST_ARGS ?=
 
 export TF_ENABLE_ONEDNN_OPTS ?= 1
@@ -19,13 +20,15 @@ $(STAMP): setup.py scripts/install.sh scripts/build_horovod.sh
 	bash scripts/install.sh
 	touch $(STAMP)
 
+# `make test TESTS=tests/tfnet PYTEST_ARGS=-x` runs a part of the suite.
+
 # the main job; `make run RUN_ARGS=--resnet50` runs the ResNet-50 benchmark instead
 run: $(STAMP)
 	$(PY) -m examples.main_job $(RUN_ARGS)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest $(TESTS) $(PYTEST_ARGS)
 
 # the cluster image (docker/README.md); `make test` builds it too, in its docker tier (tests/docker/),
 # which starts the Docker engine itself through scripts/docker_env.sh

@@ -14,10 +14,12 @@ INSTALL_REQUIRES = [
     "psutil",
     "packaging",
     "tqdm>=4.60",
+    # TFOptimizer(model_dir=...) writes TensorBoard events
+    "tensorboard",
 ]
 
 EXTRAS = {
-    "test": ["pytest>=8", "pytest-timeout>=2.3", "scikit-learn>=1.4", "tensorboard", "ruff>=0.6"],
+    "test": ["pytest>=8", "pytest-timeout>=2.3", "scikit-learn>=1.4", "ruff>=0.6"],
     "openvino": ["openvino>=2025.0"],
     # ONNX import and export (TFNet.from_onnx / save_onnx); onnxruntime is the tests' oracle
     "onnx": ["onnx>=1.16", "onnxruntime>=1.18"],

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Entrypoint of the tfnet cluster image. Also runs outside Docker (tests/test_cluster.py uses it so).
+# Entrypoint of the tfnet cluster image. Also runs outside Docker (tests/optim/spark/test_cluster.py uses it so).
 #
 #   entrypoint.sh master              a Spark standalone master (foreground)
 #   entrypoint.sh worker              a Spark standalone worker (foreground)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 from typing import Any, Union
 
 from google.protobuf import message, text_format
@@ -115,12 +116,26 @@ def _check_graph(graph_def: graph_pb2.GraphDef, what: str) -> None:
             )
 
 
+_UMASK_LOCK = threading.Lock()
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it, so under a lock)."""
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
 def write_bytes_atomic(path: str, data: bytes) -> None:
     """Writes ``data`` to ``path`` through a temporary file in the same folder and a rename."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
     try:
+        # mkstemp makes the file 0600; give it the mode open() would (0666 less the umask), so that a
+        # model written to a shared volume stays readable by the other users of that volume.
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

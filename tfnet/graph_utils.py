@@ -138,6 +138,30 @@ def placeholders_to_consts(
     return out
 
 
+def bake_tensors(graph_def: graph_pb2.GraphDef, values: Mapping[str, np.ndarray]) -> graph_pb2.GraphDef:
+    """Replaces every use of each tensor in ``values`` (``"node:index"``) by a constant holding its
+    value; the producing nodes stay (unused). Control inputs are left as they are."""
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    taken = {n.name for n in out.node}
+    consts = {}
+    for name, value in values.items():
+        tensor = tensor_name(name)
+        const = out.node.add()
+        const.name = unique_name(node_name(tensor) + "/tfnet_baked", taken)
+        taken.add(const.name)
+        const.op = "Const"
+        proto = tensor_util.make_tensor_proto(np.asarray(value))
+        const.attr["dtype"].type = proto.dtype
+        const.attr["value"].tensor.CopyFrom(proto)
+        consts[tensor] = const.name
+    for node in out.node:
+        for i, inp in enumerate(node.input):
+            if not inp.startswith("^") and _input_tensor(inp) in consts:
+                node.input[i] = consts[_input_tensor(inp)]
+    return out
+
+
 def set_placeholder_batch_dim(graph_def: graph_pb2.GraphDef, names: Iterable[str]) -> None:
     """Makes dimension 0 of the named placeholders unknown, so any batch size can be fed."""
     nodes = nodes_by_name(graph_def)

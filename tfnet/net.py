@@ -796,9 +796,25 @@ class TFNet(tf.Module):
 
         write_saved_model(self, path)
 
-    def frozen_graph_def(self) -> graph_pb2.GraphDef:
-        """The graph with the current weights baked in as constants."""
-        return gu.placeholders_to_consts(self._template, self.get_weights())
+    def frozen_graph_def(self, phase: str | None = None) -> graph_pb2.GraphDef:
+        """The graph with the current weights baked in as constants.
+
+        Args:
+            phase: ``None`` keeps the :attr:`phase_values` tensors as they are (the saved graph
+                can still train); ``"inference"`` or ``"training"`` also bakes in their inference
+                or training values, for a graph that serves on its own. Default: None.
+        """
+        graph_def = gu.placeholders_to_consts(self._template, self.get_weights())
+        if phase is None or not self._graph.phase_values:
+            if phase not in (None, "inference", "training"):
+                raise ValueError(f"`phase` must be None, 'inference' or 'training'. Received: phase={phase!r}")
+            return graph_def
+        if phase not in ("inference", "training"):
+            raise ValueError(f"`phase` must be None, 'inference' or 'training'. Received: phase={phase!r}")
+        index = 0 if phase == "training" else 1
+        values = {name: np.asarray(pair[index], dtype=self._graph.phase_specs[name].dtype.as_numpy_dtype)
+                  for name, pair in self._graph.phase_values.items()}
+        return gu.bake_tensors(graph_def, values)
 
     def __repr__(self) -> str:
         n_params = sum(int(np.prod(v.shape)) for v in self._vars.values())

@@ -86,9 +86,10 @@ class ModelSnapshot:
 
     @classmethod
     def from_net(cls, net) -> ModelSnapshot:
-        """The net's graph with its current weights baked in. Forward hooks (Python functions)
-        are not part of the graph and do not travel."""
-        graph = net.frozen_graph_def().SerializeToString(deterministic=True)
+        """The net's graph with its current weights baked in, and its phase tensors (training-mode
+        inputs) fixed to their inference values. Forward hooks (Python functions) are not part of
+        the graph and do not travel."""
+        graph = net.frozen_graph_def(phase="inference").SerializeToString(deterministic=True)
         inputs = [TensorInfo.from_spec(n, s) for n, s in zip(net.input_names, net.input_specs)]
         outputs = [TensorInfo.from_spec(n, s) for n, s in zip(net.output_names, net.output_specs)]
         return cls.create(graph, inputs, outputs)

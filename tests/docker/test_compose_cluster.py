@@ -67,7 +67,7 @@ def test_main_job_reaches_095_on_two_workers(cluster):
 
 
 def test_fine_tuning_survives_a_killed_worker_container(cluster, tmp_path):
-    from optim.checkpoint import CheckpointManager
+    from optim.training.checkpoint import CheckpointManager
 
     workers = cluster.containers("spark-worker")
     assert len(workers) == 2

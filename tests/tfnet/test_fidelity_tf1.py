@@ -197,3 +197,20 @@ def test_phase_values_errors(tmp_path):
         TFNet.from_frozen_graph(pb, "x", "y", phase_values={"is_training": ([1, 2], False)})
     with pytest.raises(InputSpecError, match="depend on placeholders \\['is_training'\\]"):
         TFNet.from_frozen_graph(pb, "x", "y")
+
+
+def test_predictor_serves_a_net_with_phase_values(tmp_path):
+    """TFPredictor ships the graph with the inference values baked in: it needs no phase feed and
+    equals net.forward (inference mode, deterministic)."""
+    from optim import TFPredictor
+
+    pb = _dropout_graph(tmp_path)
+    net = TFNet.from_frozen_graph(pb, "x", "y", phase_values={"is_training": (True, False)})
+    x = np.random.default_rng(1).normal(size=(6, 8)).astype(np.float32)
+    with TFPredictor(net) as predictor:
+        out = predictor.predict(x)
+    np.testing.assert_allclose(np.asarray(out), net.forward(x), rtol=1e-6)
+    baked = TFNet.from_frozen_graph(net.frozen_graph_def(phase="training"), "x", "y")
+    assert np.mean(baked.forward(np.ones((4, 8), np.float32)) == 0) > 0.2, "training values were not baked in"
+    with pytest.raises(ValueError, match="`phase` must be None, 'inference' or 'training'. Received: phase='eval'"):
+        net.frozen_graph_def(phase="eval")
