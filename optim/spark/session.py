@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 
 from optim.errors import SparkSetupError
 
@@ -60,7 +61,7 @@ def build_session(app_name: str = "tfnet", master: str | None = None, conf: dict
     """
     from pyspark.sql import SparkSession
 
-    from optim.logs import spark_log_conf
+    from optim.logs import noisy, spark_log_conf
 
     active = SparkSession.getActiveSession()
     if active is not None:
@@ -80,10 +81,60 @@ def build_session(app_name: str = "tfnet", master: str | None = None, conf: dict
         builder = builder.master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
+    if verbose < 2 and not noisy():
+        _start_filtered_context(app_name, master, settings)
     session = builder.getOrCreate()
     if verbose < 2:
         session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+#: The one JVM line tfnet drops from the driver JVM's stderr at ``verbose < 2``: Spark 4's launcher
+#: adds ``--add-modules=jdk.incubator.vector`` and the JVM has no flag to silence its notice.
+JVM_NOISE = "WARNING: Using incubator modules: jdk.incubator.vector"
+
+
+def forward_stderr(source, drop: str = JVM_NOISE) -> threading.Thread:
+    """Copies ``source`` (a binary pipe) to ``sys.stderr`` line by line from a daemon thread,
+    leaving out the lines that contain ``drop``; every other line (Spark's ERROR lines, Java
+    exceptions) reaches the user. Returns the started thread; it ends at the pipe's end."""
+
+    def pump() -> None:
+        with source:
+            for raw in iter(source.readline, b""):
+                line = raw.decode("utf-8", errors="replace")
+                if drop in line:
+                    continue
+                for stream in (sys.stderr, sys.__stderr__):
+                    try:
+                        stream.write(line)
+                        stream.flush()
+                        break
+                    except (AttributeError, OSError, ValueError):  # closed, or None at shutdown
+                        continue
+
+    thread = threading.Thread(target=pump, name="tfnet-jvm-stderr", daemon=True)
+    thread.start()
+    return thread
+
+
+def _start_filtered_context(app_name: str, master: str | None, settings: dict[str, str]) -> None:
+    """Starts the driver JVM with its stderr piped through :func:`forward_stderr` and a
+    SparkContext on it, so that the session builder picks that context up. Does nothing when a
+    JVM is already there (a stopped session's, or one ``spark-submit`` started)."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return
+    conf = SparkConf(loadDefaults=False).setAppName(app_name)
+    if master:
+        conf.setMaster(master)
+    for key, value in settings.items():
+        conf.set(key, value)
+    gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+    forward_stderr(gateway.proc.stderr)
+    SparkContext(conf=conf, gateway=gateway)
 
 
 def get_spark(create: bool = True):

@@ -1,5 +1,6 @@
 """At the default verbosity a distributed job prints only what the user asked for: no TensorFlow
-start-up banner, no Spark WARN lines, in the driver or the executors."""
+start-up banner, no Spark WARN lines, no JVM incubator-module notice, in the driver or the
+executors; a real JVM error still reaches the user."""
 
 import os
 import subprocess
@@ -20,6 +21,9 @@ JOB = textwrap.dedent("""
     from tests import digits
     from tfnet import TFNet
     spark = build_session("quiet-test", "local[2]", {"spark.ui.enabled": "false"})
+    # a real JVM error (an ERROR line and a Java exception) must still reach the user
+    log4j = spark._jvm.org.apache.logging.log4j.LogManager.getLogger("tfnet.quiet.test")
+    log4j.error("TFNET-JVM-ERROR-LINE", spark._jvm.java.lang.IllegalStateException("tfnet-jvm-boom"))
     x, y = digits.load()
     opt = TFOptimizer(TFNet.from_keras(digits.cnn(10)), optim.losses.SparseCategoricalCrossentropy(True),
                       optim.SGD(0.05))
@@ -27,7 +31,8 @@ JOB = textwrap.dedent("""
     print("DONE", opt.global_step)
     spark.stop()
 """)
-NOISE = ("oneDNN custom operations", "absl::InitializeLog", " WARN ", "NativeCodeLoader", "cpu_feature_guard")
+NOISE = ("oneDNN custom operations", "absl::InitializeLog", " WARN ", "NativeCodeLoader", "cpu_feature_guard",
+         "Using incubator modules")
 
 
 def test_default_verbosity_shows_no_start_up_noise():
@@ -39,3 +44,5 @@ def test_default_verbosity_shows_no_start_up_noise():
     lines = (proc.stdout + proc.stderr).splitlines()
     noisy = [line for line in lines if any(n in line for n in NOISE)]
     assert noisy == [], noisy
+    assert "ERROR test: TFNET-JVM-ERROR-LINE" in proc.stderr, proc.stderr[-3000:]
+    assert "java.lang.IllegalStateException: tfnet-jvm-boom" in proc.stderr, proc.stderr[-3000:]
