@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 
 from optim.errors import ColumnError
 from optim.training.datasets import ArrayDataset, TFDataset
-from optim.training.shard import ColumnSpec, arrow_to_arrays
+from optim.training.shard import TensorColumns, arrow_to_arrays
 
 
-def _specs(cols, shapes: Mapping[str, Sequence[int]] | None, what: str) -> list[ColumnSpec]:
+def _specs(cols, shapes: Mapping[str, Sequence[int]] | None, what: str) -> list[TensorColumns]:
     if cols is None:
         return []
     if isinstance(cols, str):
@@ -24,9 +24,9 @@ def _specs(cols, shapes: Mapping[str, Sequence[int]] | None, what: str) -> list[
     for entry in cols:
         if isinstance(entry, str):
             shape = shapes.get(entry)
-            out.append(ColumnSpec((entry,), tuple(int(d) for d in shape) if shape is not None else None))
+            out.append(TensorColumns((entry,), tuple(int(d) for d in shape) if shape is not None else None))
         elif isinstance(entry, (list, tuple)) and entry and all(isinstance(c, str) for c in entry):
-            out.append(ColumnSpec(tuple(entry), (len(entry),)))
+            out.append(TensorColumns(tuple(entry), (len(entry),)))
         else:
             raise TypeError(
                 f"`{what}` entries are column names, or lists of scalar column names to stack into one "

@@ -1,6 +1,6 @@
 """Turning one Spark partition into numpy arrays. Runs in the Python workers.
 
-A :class:`ColumnSpec` says how to read one model input (or the labels) from Arrow columns: one
+A :class:`TensorColumns` says how to read one model input (or the labels) from Arrow columns: one
 column holding numbers or fixed-length arrays (reshaped to a declared per-row shape), or several
 scalar columns stacked into a vector.
 """
@@ -16,7 +16,7 @@ from optim.errors import BadRowError
 
 
 @dataclass(frozen=True)
-class ColumnSpec:
+class TensorColumns:
     """One tensor made of ``columns``: a single column reshaped to ``shape`` per row, or several
     scalar columns stacked (then ``shape`` is ``(len(columns),)``)."""
 
@@ -66,7 +66,7 @@ def _column_to_numpy(batch, column: str, shape, partition: int, row_offset: int)
     )
 
 
-def arrow_to_arrays(batches: Iterable, specs: Sequence[ColumnSpec], partition: int) -> list[np.ndarray]:
+def arrow_to_arrays(batches: Iterable, specs: Sequence[TensorColumns], partition: int) -> list[np.ndarray]:
     """Reads every batch of a partition into one array per spec."""
     parts: list[list[np.ndarray]] = [[] for _ in specs]
     offset = 0
