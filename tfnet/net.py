@@ -804,13 +804,11 @@ class TFNet(tf.Module):
                 can still train); ``"inference"`` or ``"training"`` also bakes in their inference
                 or training values, for a graph that serves on its own. Default: None.
         """
+        if phase not in (None, "inference", "training"):
+            raise ValueError(f"`phase` must be None, 'inference' or 'training'. Received: phase={phase!r}")
         graph_def = gu.placeholders_to_consts(self._template, self.get_weights())
         if phase is None or not self._graph.phase_values:
-            if phase not in (None, "inference", "training"):
-                raise ValueError(f"`phase` must be None, 'inference' or 'training'. Received: phase={phase!r}")
             return graph_def
-        if phase not in ("inference", "training"):
-            raise ValueError(f"`phase` must be None, 'inference' or 'training'. Received: phase={phase!r}")
         index = 0 if phase == "training" else 1
         values = {name: np.asarray(pair[index], dtype=self._graph.phase_specs[name].dtype.as_numpy_dtype)
                   for name, pair in self._graph.phase_values.items()}
