@@ -47,8 +47,12 @@ def table(results: dict) -> str:
 
 
 def plot(results: dict, path: str) -> str | None:
-    """Loss and accuracy per epoch, and throughput per step. None when there is nothing to plot."""
-    import matplotlib
+    """Loss and accuracy per epoch, and throughput per step. None when there is nothing to plot, or
+    when matplotlib (the ``examples`` extra; the cluster image leaves it out) is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -106,5 +110,5 @@ def write_results(results: dict, folder: str) -> str:
     if png:
         text += f"\nwrote {folder}/results.txt, results.json and curves.png"
     else:
-        text += f"\nwrote {folder}/results.txt and results.json"
+        text += f"\nwrote {folder}/results.txt and results.json (no curves.png: nothing to plot, or no matplotlib)"
     return text
