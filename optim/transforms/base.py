@@ -116,7 +116,7 @@ def chain(*transforms: GradientTransformation) -> GradientTransformation:
         if type(state) is not tuple or len(state) != len(transforms) or any(
             e is not None and type(s) is not e for e, s in zip(expected, state)
         ):
-            got = f"{len(state)} ({_describe(state)})" if isinstance(state, tuple) else type(state).__name__
+            got = f"{len(state)} ({_describe(state)})" if type(state) is tuple else f"one {type(state).__name__}"
             want = ", ".join("?" if e is None else e.__name__ for e in expected)
             raise OptimizerStateError(
                 f"This chain of {len(transforms)} transforms expects a tuple of {len(transforms)} states ({want}); "
