@@ -1,4 +1,4 @@
-"""The optimiser update alone, on ResNet-50's 161 trainable tensors (25.6 M weights): tfnet's
+"""The optimiser update alone, on ResNet-50's 214 trainable tensors (25.6 M weights): tfnet's
 methods (chains of optax-style parts) against the Keras 3 optimiser of the same name, both compiled
 with ``tf.function`` and updating variables in place, timed in alternation in this process.
 

@@ -166,16 +166,18 @@ def scale_by_learning_rate(learning_rate: Schedule, flip_sign: bool = True) -> G
         flip_sign: Descend (``-lr``). Default True.
     """
     check_non_negative("learning_rate", learning_rate, allow_schedule=True)
-    sign = -1 if flip_sign else 1
 
     def init(params):
         return CountState(count0())
 
     def update(updates, state, params=None):
+        factors = {}  # one reading of the schedule per dtype; the sign goes on the scalar
         out = {}
         for k, u in updates.items():
-            lr = rate(learning_rate, state.count, u.dtype)
-            out[k] = u * lr if sign > 0 else -u * lr
+            if u.dtype not in factors:
+                lr = rate(learning_rate, state.count, u.dtype)
+                factors[u.dtype] = -lr if flip_sign else lr
+            out[k] = u * factors[u.dtype]
         return out, CountState(state.count + 1)
 
     return GradientTransformation(init, update)

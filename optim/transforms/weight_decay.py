@@ -48,11 +48,13 @@ def decoupled_weight_decay(weight_decay: float, learning_rate: Schedule,
     def update(updates, state, params=None):
         if params is None:
             raise ValueError("decoupled_weight_decay needs the current params. Received: params=None")
+        factors = {}  # -weight_decay * lr, one reading of the schedule per dtype
         out = {}
         for k, u in updates.items():
             if mask is None or mask(k):
-                lr = rate(learning_rate, state.count, params[k].dtype)
-                u = -(params[k] * tf.cast(weight_decay, u.dtype) * lr) + u
+                if u.dtype not in factors:
+                    factors[u.dtype] = -(tf.cast(weight_decay, u.dtype) * rate(learning_rate, state.count, u.dtype))
+                u = params[k] * factors[u.dtype] + u
             out[k] = u
         return out, CountState(state.count + 1)
 

@@ -56,6 +56,45 @@ def test_parts_equal_keras(name, ours, theirs):
         assert not np.array_equal(a[k], params[k]), "the weights moved"
 
 
+DECAY_TABLE = [
+    ("sgd momentum", lambda: optim.SGD(S.exponential(0.1, 3, 0.5), momentum=0.9, weight_decay=0.05),
+     lambda: keras.optimizers.SGD(KS.ExponentialDecay(0.1, 3, 0.5), momentum=0.9, weight_decay=0.05)),
+    ("rmsprop momentum", lambda: optim.RMSprop(0.01, momentum=0.5, weight_decay=0.1),
+     lambda: keras.optimizers.RMSprop(0.01, momentum=0.5, weight_decay=0.1)),
+    ("adamw schedule", lambda: optim.AdamW(S.cosine(0.01, 10), weight_decay=0.1),
+     lambda: keras.optimizers.AdamW(KS.CosineDecay(0.01, 10), weight_decay=0.1)),
+    ("adagrad", lambda: optim.Adagrad(0.1, weight_decay=0.1), lambda: keras.optimizers.Adagrad(0.1, weight_decay=0.1)),
+]
+
+
+@pytest.mark.parametrize("name,ours,theirs", DECAY_TABLE, ids=[t[0] for t in DECAY_TABLE])
+def test_weight_decay_stays_out_of_the_momentum_as_in_keras(name, ours, theirs):
+    """Methods put decoupled decay before the rate (optax's AdamW) or, with momentum, last with its
+    own reading of the rate; both equal Keras' ``weight_decay``, schedules included."""
+    params, grads = problem(10)
+    a = run_ours(ours(), params, grads)
+    b = run_keras(theirs(), params, grads)
+    for k in params:
+        assert rel(a[k], b[k]) <= RTOL, (k, rel(a[k], b[k]))
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda: T.scale_by_adam(beta_2=1.0), r"`beta_2` must be a float in \[0, 1\). Received: beta_2=1.0"),
+        (lambda: T.scale_by_rms(rho=-0.1), r"`rho` must be a float in \[0, 1\). Received: rho=-0.1"),
+        (lambda: T.scale_by_adagrad(epsilon=-1), r"`epsilon` must be a non-negative number. Received: epsilon=-1"),
+        (lambda: T.scale_by_learning_rate(-0.5), r"`learning_rate` must be a non-negative number. Received: learning_rate=-0.5"),
+        (lambda: T.trace(1.5), r"`momentum` must be a float in \[0, 1\]. Received: momentum=1.5"),
+        (lambda: T.trace(0.9, dampening=2), r"`dampening` must be a float in \[0, 1\]. Received: dampening=2"),
+        (lambda: optim.RMSprop(momentum=-1), r"`momentum` must be a float in \[0, 1\]. Received: momentum=-1"),
+    ],
+)
+def test_bad_part_settings_are_refused(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
 def test_rate_inside_the_momentum_is_what_keras_does_under_a_schedule():
     """optax's order (trace, then the rate) equals Keras' for a constant rate but not for a schedule:
     the reason SGD puts scale_by_learning_rate before trace."""
