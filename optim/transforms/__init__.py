@@ -13,7 +13,7 @@ A transformation is a pair of pure functions::
 * ``base``: the contract, :func:`chain`, :func:`identity`, :func:`set_to_zero`, argument checks;
 * ``scale``: directions and scales (``scale_by_adam``, ``scale_by_rms``, ``scale_by_adagrad``,
   ``scale_by_trust_ratio``, ``scale_by_learning_rate``, ``trace``);
-* ``clipping``, ``weight_decay``, ``partition`` (per-group transforms).
+* ``clipping``, ``weight_decay``, ``partitioning`` (per-group transforms: :func:`partition`).
 """
 
 from optim.transforms.base import (
@@ -29,7 +29,7 @@ from optim.transforms.base import (
     set_to_zero,
 )
 from optim.transforms.clipping import clip, clip_by_global_norm, clip_by_norm
-from optim.transforms.partition import PartitionState, assign_groups, matcher, partition
+from optim.transforms.partitioning import PartitionState, assign_groups, matcher, partition
 from optim.transforms.scale import (
     ScaleByAdagradState,
     ScaleByAdamState,
