@@ -36,6 +36,7 @@ _EXPORTS = {
     "NonFiniteLossError": "optim.errors",
     "LabelShapeError": "optim.errors",
     "CheckpointError": "optim.errors",
+    "OptimizerStateError": "optim.errors",
     "CheckpointWarning": "optim.errors",
     "DistributedTrainingError": "optim.errors",
     "SparkSetupError": "optim.errors",

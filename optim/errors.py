@@ -23,6 +23,7 @@ __all__ = [
     "KerasMappingError",
     "LabelShapeError",
     "NonFiniteLossError",
+    "OptimizerStateError",
     "RendezvousError",
     "SparkSetupError",
     "StageRetryError",
@@ -68,6 +69,13 @@ class LabelShapeError(TFNetError, ValueError):
 
 class NonFiniteLossError(TFNetError, FloatingPointError):
     """The loss or a gradient became NaN or infinite; the weights are left at their last good state."""
+
+    retryable = False
+
+
+class OptimizerStateError(TFNetError, ValueError):
+    """An optimiser state that does not fit the transformation it is given to (made by another
+    method or chain: a different number of parts, or parts of another kind)."""
 
     retryable = False
 

@@ -24,7 +24,16 @@ __all__ = ["Method", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "LARS"]
 
 
 class Method:
-    """Base class: subclasses build ``self._chain`` in ``__init__``."""
+    """Base class: a named chain of transforms. Subclasses call ``_finish`` in ``__init__``.
+
+    Every method is ``chain([clip], [l2], *direction, [decay], scale_by_learning_rate(lr),
+    [momentum], [decay])``: clipping and L2 act on the raw gradient, ``direction`` is the
+    method's preconditioner (none for SGD), and momentum, where the method has one, is a
+    :func:`~optim.transforms.trace` after the rate, so that it accumulates ``lr * d`` as Keras'
+    SGD and RMSprop do (the same numbers under a schedule). Decoupled ``weight_decay`` goes
+    before the rate when there is no momentum (optax's AdamW); with momentum it goes last, with
+    its own reading of the rate, so that it stays out of the momentum as in Keras.
+    """
 
     learning_rate: Any
     _chain: T.GradientTransformation
@@ -43,8 +52,7 @@ class Method:
         args = ", ".join(f"{k}={v!r}" for k, v in self._config.items())
         return f"{type(self).__name__}({args})"
 
-    def _finish(self, rule, *, clipnorm, clipvalue, global_clipnorm, l2, weight_decay, config, wd_mask=None):
-        T.check_non_negative("learning_rate", self.learning_rate, allow_schedule=True)
+    def _finish(self, direction, momentum, *, clipnorm, clipvalue, global_clipnorm, l2, weight_decay, config):
         if sum(x is not None for x in (clipnorm, clipvalue, global_clipnorm)) > 1:
             raise ValueError(
                 "Give at most one of `clipnorm`, `clipvalue` and `global_clipnorm`. Received: "
@@ -59,9 +67,14 @@ class Method:
             parts.append(T.clip_by_global_norm(global_clipnorm))
         if l2:
             parts.append(T.add_decayed_weights(l2))
-        parts.append(rule)
-        if weight_decay:
-            parts.append(T.decoupled_weight_decay(weight_decay, self.learning_rate, wd_mask))
+        parts.extend(direction)
+        if weight_decay and momentum is None:
+            parts.append(T.add_decayed_weights(weight_decay))
+        parts.append(T.scale_by_learning_rate(self.learning_rate))
+        if momentum is not None:
+            parts.append(momentum)
+            if weight_decay:
+                parts.append(T.decoupled_weight_decay(weight_decay, self.learning_rate))
         self._chain = T.chain(*parts)
         self._config = config
 
@@ -75,7 +88,12 @@ def _common(kwargs):
 
 
 class SGD(Method):
-    """Stochastic gradient descent with optional momentum, Nesterov momentum and dampening.
+    """Stochastic gradient descent with optional momentum, Nesterov momentum and dampening:
+    ``chain(scale_by_learning_rate(lr), trace(momentum, nesterov, dampening))``.
+
+    The rate comes before the momentum because Keras' SGD keeps ``v <- m v - lr g`` (the trace
+    holds past rates); ``trace`` first and the rate last (optax's ``sgd``) is the same only for a
+    constant rate.
 
     Args:
         learning_rate: Default 0.01.
@@ -96,31 +114,30 @@ class SGD(Method):
             )
         c = _common(kwargs)
         self._finish(
-            T.sgd_rule(learning_rate, momentum, nesterov, dampening), **c,
+            [], T.trace(momentum, nesterov, dampening) if momentum else None, **c,
             config=dict(learning_rate=learning_rate, momentum=momentum, nesterov=nesterov, dampening=dampening,
                         **{k: v for k, v in c.items() if v is not None}),
         )
 
 
 class Adam(Method):
-    """Adam (Keras 3 formula). Defaults: learning_rate 0.001, beta_1 0.9, beta_2 0.999,
+    """Adam (Keras 3 formula): ``chain(scale_by_adam(beta_1, beta_2, epsilon, amsgrad),
+    scale_by_learning_rate(lr))``. Defaults: learning_rate 0.001, beta_1 0.9, beta_2 0.999,
     epsilon 1e-7, amsgrad False."""
 
     def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7, amsgrad=False, **kwargs):
         self.learning_rate = learning_rate
-        T.check_unit_interval("beta_1", beta_1)
-        T.check_unit_interval("beta_2", beta_2)
-        T.check_non_negative("epsilon", epsilon)
         c = _common(kwargs)
         self._finish(
-            T.adam_rule(learning_rate, beta_1, beta_2, epsilon, amsgrad), **c,
+            [T.scale_by_adam(beta_1, beta_2, epsilon, amsgrad)], None, **c,
             config=dict(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, amsgrad=amsgrad,
                         **{k: v for k, v in c.items() if v is not None}),
         )
 
 
 class AdamW(Adam):
-    """Adam with decoupled weight decay (Keras 3's AdamW). Default weight_decay 0.004."""
+    """Adam with decoupled weight decay (Keras 3's AdamW): ``chain(scale_by_adam(...),
+    add_decayed_weights(weight_decay), scale_by_learning_rate(lr))``. Default weight_decay 0.004."""
 
     def __init__(self, learning_rate=0.001, weight_decay=0.004, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
                  amsgrad=False, **kwargs):
@@ -130,33 +147,31 @@ class AdamW(Adam):
 
 
 class RMSprop(Method):
-    """RMSprop (Keras 3 formula). Defaults: learning_rate 0.001, rho 0.9, momentum 0.0,
-    epsilon 1e-7, centered False."""
+    """RMSprop (Keras 3 formula): ``chain(scale_by_rms(rho, epsilon, centered),
+    scale_by_learning_rate(lr), [trace(momentum)])``, the rate inside the momentum as in Keras.
+    Defaults: learning_rate 0.001, rho 0.9, momentum 0.0, epsilon 1e-7, centered False."""
 
     def __init__(self, learning_rate=0.001, rho=0.9, momentum=0.0, epsilon=1e-7, centered=False, **kwargs):
         self.learning_rate = learning_rate
-        T.check_unit_interval("rho", rho)
         T.check_unit_interval("momentum", momentum, closed_right=True)
-        T.check_non_negative("epsilon", epsilon)
         c = _common(kwargs)
         self._finish(
-            T.rmsprop_rule(learning_rate, rho, momentum, epsilon, centered), **c,
+            [T.scale_by_rms(rho, epsilon, centered)], T.trace(momentum) if momentum > 0 else None, **c,
             config=dict(learning_rate=learning_rate, rho=rho, momentum=momentum, epsilon=epsilon, centered=centered,
                         **{k: v for k, v in c.items() if v is not None}),
         )
 
 
 class Adagrad(Method):
-    """Adagrad (Keras 3 formula). Defaults: learning_rate 0.001, initial_accumulator_value 0.1,
+    """Adagrad (Keras 3 formula): ``chain(scale_by_adagrad(initial_accumulator_value, epsilon),
+    scale_by_learning_rate(lr))``. Defaults: learning_rate 0.001, initial_accumulator_value 0.1,
     epsilon 1e-7."""
 
     def __init__(self, learning_rate=0.001, initial_accumulator_value=0.1, epsilon=1e-7, **kwargs):
         self.learning_rate = learning_rate
-        T.check_non_negative("initial_accumulator_value", initial_accumulator_value)
-        T.check_non_negative("epsilon", epsilon)
         c = _common(kwargs)
         self._finish(
-            T.adagrad_rule(learning_rate, initial_accumulator_value, epsilon), **c,
+            [T.scale_by_adagrad(initial_accumulator_value, epsilon)], None, **c,
             config=dict(learning_rate=learning_rate, initial_accumulator_value=initial_accumulator_value,
                         epsilon=epsilon, **{k: v for k, v in c.items() if v is not None}),
         )
@@ -171,7 +186,8 @@ class LARS(Method):
     For each weight ``w`` with gradient ``g``: ``g <- g + weight_decay * w``; then
     ``g <- g * trust_coefficient * ||w|| / ||g||`` (when both norms are positive); then SGD with
     momentum: ``m <- momentum * m - lr * g``, ``w <- w + m``. Biases and batch-norm parameters are
-    left out of both the decay and the trust ratio (``exclude``), as is usual for ResNet.
+    left out of both the decay and the trust ratio (``exclude``), as is usual for ResNet. As a chain:
+    ``add_decayed_weights``, ``scale_by_trust_ratio``, ``scale_by_learning_rate``, ``trace``.
 
     Args:
         learning_rate: Default 0.1.
@@ -187,21 +203,14 @@ class LARS(Method):
                  nesterov=False, exclude=_NO_LARS, **kwargs):
         self.learning_rate = learning_rate
         T.check_unit_interval("momentum", momentum, closed_right=True)
-        T.check_non_negative("weight_decay", weight_decay)
-        T.check_non_negative("trust_coefficient", trust_coefficient)
-        T.check_non_negative("epsilon", epsilon)
         pattern = re.compile(exclude) if isinstance(exclude, str) else exclude
         mask = None if pattern is None else (lambda name: pattern.search(name) is None)
         c = _common(kwargs)
         if c.pop("weight_decay") is not None:
             raise TypeError("LARS takes `weight_decay` as its own (coupled) decay; pass it once.")
-        rule = T.chain(
-            T.add_decayed_weights(weight_decay, mask),
-            T.scale_by_trust_ratio(trust_coefficient, epsilon, mask),
-            T.sgd_rule(learning_rate, momentum, nesterov),
-        )
+        direction = [T.add_decayed_weights(weight_decay, mask), T.scale_by_trust_ratio(trust_coefficient, epsilon, mask)]
         self._finish(
-            rule, **c, weight_decay=None,
+            direction, T.trace(momentum, nesterov) if momentum else None, **c, weight_decay=None,
             config=dict(learning_rate=learning_rate, momentum=momentum, weight_decay=weight_decay,
                         trust_coefficient=trust_coefficient, epsilon=epsilon, nesterov=nesterov),
         )

@@ -106,6 +106,18 @@ def test_resume_mid_epoch(tmp_path):
         assert np.array_equal(again.get_weights()[k], v), k
 
 
+def test_checkpoint_of_another_optimiser_is_refused(tmp_path):
+    """Adam's moments resumed into SGD with momentum: a clear error, never a silent zip-truncation."""
+    x, y = data(64)
+    TFOptimizer(small_net(), SCE, optim.Adam(0.01), model_dir=str(tmp_path)).optimize(
+        (x, y), epochs=1, batch_size=32, verbose=0)
+    n = len(small_net().trainable)
+    sgd = TFOptimizer(small_net(), SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(tmp_path))
+    with pytest.raises(optim.CheckpointError,
+                       match=rf"holds optimiser state of another shape \({2 * n + 2} arrays, this optimiser has {n + 2}\)"):
+        sgd.optimize((x, y), epochs=2, batch_size=32, resume=True, verbose=0)
+
+
 def test_corrupt_checkpoint_is_skipped(tmp_path):
     x, y = data(128)
     net = small_net()

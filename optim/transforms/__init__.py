@@ -1,0 +1,77 @@
+"""Gradient transformations: pure update rules, factored as in optax.
+
+A transformation is a pair of pure functions::
+
+    state = t.init(params)                        # params: dict name -> tensor
+    updates, state = t.update(grads, state, params)
+
+``updates`` are deltas (``w <- w + update``: ``TFNet.apply_updates``). Behaviour is composed with
+:func:`chain`; the named methods in ``optim.methods`` are such chains, e.g. Adam is
+``chain(scale_by_adam(), scale_by_learning_rate(lr))`` and SGD with momentum is
+``chain(scale_by_learning_rate(lr), trace(momentum))``.
+
+* ``base``: the contract, :func:`chain`, :func:`identity`, :func:`set_to_zero`, argument checks;
+* ``scale``: directions and scales (``scale_by_adam``, ``scale_by_rms``, ``scale_by_adagrad``,
+  ``scale_by_trust_ratio``, ``scale_by_learning_rate``, ``trace``);
+* ``clipping``, ``weight_decay``, ``partitioning`` (per-group transforms: :func:`partition`).
+"""
+
+from optim.transforms.base import (
+    CountState,
+    EmptyState,
+    GradientTransformation,
+    Params,
+    Schedule,
+    chain,
+    check_non_negative,
+    check_unit_interval,
+    identity,
+    set_to_zero,
+)
+from optim.transforms.clipping import clip, clip_by_global_norm, clip_by_norm
+from optim.transforms.partitioning import PartitionState, assign_groups, matcher, partition
+from optim.transforms.scale import (
+    ScaleByAdagradState,
+    ScaleByAdamState,
+    ScaleByRmsState,
+    TraceState,
+    scale_by_adagrad,
+    scale_by_adam,
+    scale_by_learning_rate,
+    scale_by_rms,
+    scale_by_trust_ratio,
+    trace,
+)
+from optim.transforms.weight_decay import add_decayed_weights, decoupled_weight_decay
+
+__all__ = [
+    "GradientTransformation",
+    "Params",
+    "Schedule",
+    "EmptyState",
+    "CountState",
+    "PartitionState",
+    "ScaleByAdamState",
+    "ScaleByRmsState",
+    "ScaleByAdagradState",
+    "TraceState",
+    "chain",
+    "identity",
+    "set_to_zero",
+    "check_non_negative",
+    "check_unit_interval",
+    "clip",
+    "clip_by_norm",
+    "clip_by_global_norm",
+    "add_decayed_weights",
+    "decoupled_weight_decay",
+    "matcher",
+    "assign_groups",
+    "partition",
+    "scale_by_adam",
+    "scale_by_rms",
+    "scale_by_adagrad",
+    "scale_by_learning_rate",
+    "scale_by_trust_ratio",
+    "trace",
+]
