@@ -145,3 +145,12 @@ def test_training_shard_reads_nested_arrays_stacks_scalars_and_counts_rows_acros
     bad = pa.record_batch({"x": pa.array([nested[0], None], pa.list_(pa.list_(pa.float32())))})
     with pytest.raises(BadRowError, match=r"Column 'x' is null at row 5 of partition 1"):
         arrow_to_arrays([batches[0].select(["x"]), batches[1].select(["x"]), bad], [TensorColumns(("x",))], 1)
+
+
+def test_training_shard_decodes_an_image_column():
+    tf = pytest.importorskip("tensorflow")
+    pixels = np.random.default_rng(1).integers(0, 256, (3, 4, 5, 1), dtype=np.uint8)
+    batch = pa.record_batch({"img": pa.array([tf.io.encode_png(p).numpy() for p in pixels], pa.binary())})
+    (images,) = arrow_to_arrays([batch], [TensorColumns(("img",), (4, 5, 1))], 0)
+    assert images.dtype == np.float32
+    np.testing.assert_array_equal(images, pixels.astype(np.float32))
