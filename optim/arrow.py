@@ -248,8 +248,8 @@ def _read_array(col: pa.Array, how: ColumnRead, bad: dict[int, RowProblem], colu
         out = np.zeros((n, size), values.dtype)
         good = np.ones(n, bool)
         good[list(bad)] = False
-        if good.any() and size:
-            out[good] = values[row_off[:-1][good, None] + np.arange(size)]
+        if good.any() and size:  # a mask over the elements: good rows hold exactly `size` each
+            out[good] = values[row_off[0]:row_off[-1]][np.repeat(good, counts)].reshape(-1, size)
     return _cast(out.reshape((n,) + shape), how.dtype)
 
 
