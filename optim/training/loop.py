@@ -232,7 +232,7 @@ class _Run:
     def __init__(self, net, loss: L.Loss, method, metrics: Sequence[M.Metric], config: TrainConfig,
                  collective: Collective, reporter: Reporter, validation_data: TFDataset | None, lr_source,
                  heartbeat: Callable[[], None] | None):
-        self.net, self.loss, self.method, self.metrics, self.config = net, loss, method, metrics, config
+        self.net, self.loss, self.metrics, self.config = net, loss, metrics, config
         self.collective, self.reporter, self.validation_data = collective, reporter, validation_data
         self.lr_source, self.heartbeat = lr_source, heartbeat
         self.chief = collective.is_chief
