@@ -18,7 +18,8 @@
 #    stale build/), wheelhouse/ the wheelhouse.
 #
 # Settings: TFNET_PYTHON (the Python 3.11 whose pip makes the wheelhouse; default .venv/bin/python, else
-# python3), TFNET_BASE_IMAGE (see docker_env.sh), TFNET_WHEEL_CACHE (build_horovod.sh's wheel cache).
+# python3), TFNET_BASE_IMAGE (see docker_env.sh), TFNET_WHEEL_CACHE (build_horovod.sh's wheel cache),
+# TFNET_DOCKER_BUILD_ARGS (more `docker build` options, e.g. --no-cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -93,5 +94,5 @@ start=$(date +%s)
 git ls-files -co --exclude-standard -z \
     | tar --null -c -f - -T - -C "$(dirname "$WH")" --transform 's,^,src/,' \
         --transform "s,^src/$(basename "$WH"),wheelhouse," "$(basename "$WH")" \
-    | DOCKER_BUILDKIT=0 docker build -f src/docker/Dockerfile --build-arg "BASE=$BASE" -t "$TAG" -
+    | DOCKER_BUILDKIT=0 docker build -f src/docker/Dockerfile --build-arg "BASE=$BASE" ${TFNET_DOCKER_BUILD_ARGS:-} -t "$TAG" -
 log "built $TAG in $(( $(date +%s) - start )) s: $(docker image inspect -f '{{.Size}}' "$TAG" | awk '{printf "%.2f GB", $1/1e9}')"

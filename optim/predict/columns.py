@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from optim.arrow import ColumnRead
 from optim.errors import ColumnError
 from optim.predict.snapshot import TensorInfo
 from tfnet.errors import unknown_name_message
@@ -18,10 +19,6 @@ from tfnet.errors import unknown_name_message
 __all__ = ["InputColumn", "OutputColumn", "ColumnPlan", "plan_columns", "ColumnSpec"]
 
 ColumnSpec = str | Sequence[str] | Mapping[str, str] | None
-
-# Column kinds: an array (flat, or nested to the input's rank), a numeric scalar, encoded image
-# bytes (JPEG, PNG, ...), or strings/bytes for a string input.
-KINDS = ("array", "scalar", "image", "bytes")
 
 # numpy dtype of a model output -> (numpy dtype the column holds, Spark type name)
 _OUTPUT_TYPES = {
@@ -40,7 +37,8 @@ class InputColumn:
     Attributes:
         column: The column name.
         input: The graph input.
-        kind: ``"array"``, ``"scalar"``, ``"image"`` or ``"bytes"``.
+        kind: ``"array"``, ``"scalar"``, ``"image"`` or ``"bytes"`` (the kinds of
+            :mod:`optim.arrow`).
         depth: For arrays: 1 for a flat array (reshaped to the input's per-row shape), or the
             input's rank for nested arrays.
     """
@@ -49,6 +47,13 @@ class InputColumn:
     input: TensorInfo
     kind: str
     depth: int = 0
+
+    @property
+    def reading(self) -> ColumnRead:
+        """How :func:`optim.arrow.read_column` reads this column for the input."""
+        dtype = None if self.input.dtype == "string" else self.input.dtype
+        shape = tuple(self.input.row_shape) if self.input.row_shape is not None else None
+        return ColumnRead(self.kind, shape, dtype, self.input.name)
 
 
 @dataclass(frozen=True)

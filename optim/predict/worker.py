@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from optim.arrow import array_to_arrow, decode_image, read_column
 from optim.errors import BadRowError
-from optim.predict.arrow import array_to_arrow, column_to_array, decode_image
 from optim.predict.backends import Payload, build_engine
 from optim.predict.columns import ColumnPlan
 
@@ -139,10 +139,10 @@ def _predict_chunk(chunk, job: WorkerJob, partition: int, first_row: int):
     bad: dict[int, tuple[str, str]] = {}
     arrays = []
     for spec in plan.inputs:
-        col_bad: dict[int, str] = {}
-        arrays.append(column_to_array(chunk.column(spec.column), spec, col_bad))
-        for r, reason in col_bad.items():
-            bad.setdefault(r, (spec.column, reason))
+        values, col_bad = read_column(chunk.column(spec.column), spec.reading)
+        arrays.append(values)
+        for r, problem in col_bad.items():
+            bad.setdefault(r, (spec.column, problem.text))
     if bad and job.on_error == "raise":
         r = min(bad)
         raise _row_error(bad[r][0], first_row + r, partition, bad[r][1])

@@ -1,17 +1,21 @@
 """Distributed training data: a Spark DataFrame or RDD, one shard per rank. Driver side.
 
-Each object describes how a rank turns its partition into arrays (:mod:`optim.training.shard` does it in
-the worker). Rows are balanced across ranks before training when partitions are uneven or empty
-(see :func:`optim.spark.driver.launcher.balance`).
+Each object describes how a rank turns its partition into arrays (:mod:`optim.training.shard` does
+it in the worker, through the one Arrow reader :mod:`optim.arrow`). Rows are balanced across ranks
+before training when partitions are uneven or empty (see
+:func:`optim.spark.driver.launcher.balance_dataframe`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from optim.errors import ColumnError
 from optim.training.datasets import ArrayDataset, TFDataset
-from optim.training.shard import TensorColumns, arrow_to_arrays
+from optim.training.shard import TensorColumns, arrow_to_arrays, records_to_arrays
+from tfnet.errors import closest_names
 
 
 def _specs(cols, shapes: Mapping[str, Sequence[int]] | None, what: str) -> list[TensorColumns]:
@@ -61,8 +65,6 @@ class DataFrameDataset(TFDataset):
         for spec in self.features + self.labels:
             for c in spec.columns:
                 if c not in existing:
-                    from tfnet.errors import closest_names
-
                     close = closest_names(c, existing)
                     raise ColumnError(
                         f"Column {c!r} is not in the DataFrame. Columns: {existing}"
@@ -120,8 +122,6 @@ class RDDDataset(TFDataset):
 
 class _RecordShard:
     def __call__(self, records, partition: int, presharded: bool = True) -> ArrayDataset:
-        from optim.training.shard import records_to_arrays
-
         feats, labels = records_to_arrays(records, partition)
         if not feats:
             return _empty()
@@ -129,6 +129,4 @@ class _RecordShard:
 
 
 def _empty() -> ArrayDataset:
-    import numpy as np
-
     return ArrayDataset([np.zeros((0,), np.float32)], [np.zeros((0,), np.float32)], True, presharded=True)

@@ -8,7 +8,11 @@ A :class:`TFDataset` gives each worker (rank) its batches for an epoch. Local fo
   *batches* (as Keras ``fit`` takes it), or a function ``fn(rank, size) -> dataset`` building each
   rank's input (for example, TFRecord shards read by each worker).
 
-The distributed forms (``from_dataframe``, ``from_rdd``) live in ``optim.spark.datasets``.
+The distributed forms (``from_dataframe``, ``from_rdd``) live in ``optim.spark.datasets``, which
+subclasses :class:`TFDataset` and :class:`ArrayDataset` from here. The factories import that module
+when they are called (:func:`_spark_datasets`), on purpose: a module-level import would be a cycle
+(each module needing the other to finish first), and this module, which the local loop and every
+rank import, stays free of the ``optim.spark`` package (tests/optim/test_imports.py checks it).
 """
 
 from __future__ import annotations
@@ -45,17 +49,13 @@ class TFDataset:
 
     @staticmethod
     def from_dataframe(df, feature_cols, label_cols=None, feature_shapes=None):
-        """A Spark DataFrame; see :func:`optim.spark.datasets.DataFrameDataset`."""
-        from optim.spark.datasets import DataFrameDataset
-
-        return DataFrameDataset(df, feature_cols, label_cols, feature_shapes)
+        """A Spark DataFrame; see :class:`optim.spark.datasets.DataFrameDataset`."""
+        return _spark_datasets().DataFrameDataset(df, feature_cols, label_cols, feature_shapes)
 
     @staticmethod
     def from_rdd(rdd):
-        """A Spark RDD of ``(features, label)`` records; see :mod:`optim.spark.datasets`."""
-        from optim.spark.datasets import RDDDataset
-
-        return RDDDataset(rdd)
+        """A Spark RDD of ``(features, label)`` records; see :class:`optim.spark.datasets.RDDDataset`."""
+        return _spark_datasets().RDDDataset(rdd)
 
     def batches(self, batch_size: int, *, epoch: int = 0, seed: int = 0, shuffle: bool = True,
                 skip: int = 0, rank: int = 0, size: int = 1) -> Iterator[Batch]:
@@ -64,6 +64,15 @@ class TFDataset:
     def num_batches(self, batch_size: int, *, rank: int = 0, size: int = 1) -> int | None:
         """Batches per epoch for this rank, or None when unknown in advance."""
         raise NotImplementedError  # pragma: no cover
+
+
+def _spark_datasets():
+    """:mod:`optim.spark.datasets`, imported when a DataFrame or RDD is wrapped. Deliberately not at
+    module level: it subclasses the classes defined here (so the import would be a cycle), and the
+    local loop and the ranks import this module without needing the ``optim.spark`` package."""
+    from optim.spark import datasets
+
+    return datasets
 
 
 def _as_list(x) -> list[np.ndarray]:

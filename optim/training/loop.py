@@ -178,141 +178,234 @@ def train(
         The history (per-epoch lists), the global step and the final optimiser state.
     """
     config.check()
-    collective = collective or LocalCollective()
-    reporter = reporter or Reporter()
-    loss = L.get(loss)
-    chief = collective.is_chief
-    step_fn = net.train_step(loss, method, reducer=collective.reducer())
-    # The step holds the optimiser state in variables and updates it in place; it starts from the
-    # caller's state (the optimiser owns it between calls) or fresh.
-    template = step_fn.state_spec()
-    if initial_state is not None and _fits(initial_state, template):
-        _load_state(step_fn, initial_state, template)
-    else:
+    run = _Run(net, L.get(loss), method, metrics, config, collective or LocalCollective(), reporter or Reporter(),
+               validation_data, lr_source if lr_source is not None else method, heartbeat)
+    start = run.start(initial_state, start_step)
+    steps = steps_per_epoch if steps_per_epoch is not None else run.batches_per_epoch(data)
+    run.reporter.begin(config.epochs, steps, run.global_step, start.epoch)
+    for epoch in range(start.epoch, config.epochs):
+        skip = start.batch if epoch == start.epoch else 0
+        run.epoch(data, epoch, skip, start.epoch_states if skip else None, steps, fixed_steps=steps_per_epoch)
+        run.end_epoch(epoch)
+    run.reporter.end()
+    return run.outcome()
+
+
+class _Start(NamedTuple):
+    """Where training starts: the global step, epoch and batch, and what a checkpoint carried."""
+
+    step: int
+    epoch: int = 0
+    batch: int = 0
+    history: dict | None = None
+    epoch_states: list | None = None
+    skipped: int = 0
+
+
+@dataclass
+class _Clock:
+    """Timing of one epoch: its start, the last step's end, samples seen, and (rank 0, several
+    ranks) the seconds spent in allreduce against the seconds spent in steps."""
+
+    t0: float
+    t_step: float
+    seen: int = 0
+    comm: float = 0.0
+    busy: float = 0.0
+
+    @classmethod
+    def start(cls) -> _Clock:
+        now = time.perf_counter()
+        return cls(now, now)
+
+    def tick(self) -> float:
+        """The seconds since the previous step ended (or the epoch started)."""
+        now = time.perf_counter()
+        step_time, self.t_step = now - self.t_step, now
+        return step_time
+
+
+class _Run:
+    """One call of :func:`train`: the compiled step, the counters, the epoch's accumulators, and
+    the steps of a run (start, one epoch, the end of an epoch, the outcome)."""
+
+    def __init__(self, net, loss: L.Loss, method, metrics: Sequence[M.Metric], config: TrainConfig,
+                 collective: Collective, reporter: Reporter, validation_data: TFDataset | None, lr_source,
+                 heartbeat: Callable[[], None] | None):
+        self.net, self.loss, self.metrics, self.config = net, loss, metrics, config
+        self.collective, self.reporter, self.validation_data = collective, reporter, validation_data
+        self.lr_source, self.heartbeat = lr_source, heartbeat
+        self.chief = collective.is_chief
+        self.step_fn = net.train_step(loss, method, reducer=collective.reducer())
+        self.template = self.step_fn.state_spec()
+        self.manager = (CheckpointManager(_checkpoint_dir(config.model_dir), config.keep_checkpoints)
+                        if config.model_dir else None)
+        self.val_batch = config.validation_batch_size or config.batch_size
+        self.history: dict[str, list] = {}
+        self.global_step = self.skipped = 0
+        self.acc = _Epoch(metrics)
+        self.checked = False
+
+    # ---- set-up
+
+    def _load_initial_state(self, initial_state: Sequence[np.ndarray] | None) -> None:
+        """The step holds the optimiser state in variables and updates it in place; it starts from
+        the caller's state (the optimiser owns it between calls) or fresh."""
+        if initial_state is not None and _fits(initial_state, self.template):
+            _load_state(self.step_fn, initial_state, self.template)
+            return
         if initial_state is not None:
             log.warning("The optimiser state from the previous optimize() call does not fit this one (another "
                         "method or trainable set); starting with fresh state.")
-        step_fn.set_state(step_fn.init_state())
-    manager = CheckpointManager(_checkpoint_dir(config.model_dir), config.keep_checkpoints) if config.model_dir else None
+        self.step_fn.set_state(self.step_fn.init_state())
 
-    # ---- start: fresh, or from the newest valid checkpoint; rank 0 is the source of state.
-    start = {"step": start_step, "epoch": 0, "batch": 0, "history": {}, "epoch_states": None, "skipped": 0}
-    ckpt = manager.latest_valid() if (config.resume and chief and manager) else None
-    if ckpt is not None:
-        start.update(step=ckpt.step, epoch=ckpt.epoch, batch=ckpt.batch,
-                     history=ckpt.extra.get("history", {}), epoch_states=ckpt.extra.get("epoch_states"),
-                     skipped=ckpt.extra.get("skipped", 0))
-    start = collective.broadcast_object(start)
-    if ckpt is not None:
-        _check_checkpoint(ckpt, net, template)
-        weights = [ckpt.weights[n] for n in net.weight_names]
-        leaves = ckpt.state
-    else:
-        weights = list(net.get_weights().values())
-        leaves = _state_arrays(step_fn)
-    if collective.size > 1 or ckpt is not None:
-        weights = collective.broadcast(weights)
-        leaves = collective.broadcast(leaves)
-        net.set_weights(dict(zip(net.weight_names, weights)))
-        _load_state(step_fn, leaves, template)
+    def start(self, initial_state: Sequence[np.ndarray] | None, start_step: int) -> _Start:
+        """Fresh, or from the newest valid checkpoint; rank 0 is the source of weights and state."""
+        self._load_initial_state(initial_state)
+        collective, net = self.collective, self.net
+        ckpt = self.manager.latest_valid() if (self.config.resume and self.chief and self.manager) else None
+        start = _Start(start_step)
+        if ckpt is not None:
+            start = _Start(ckpt.step, ckpt.epoch, ckpt.batch, ckpt.extra.get("history", {}),
+                           ckpt.extra.get("epoch_states"), ckpt.extra.get("skipped", 0))
+        start = _Start(**collective.broadcast_object(start._asdict()))
+        if ckpt is not None:
+            _check_checkpoint(ckpt, net, self.template)
+            weights, leaves = [ckpt.weights[n] for n in net.weight_names], ckpt.state
+        else:
+            weights, leaves = list(net.get_weights().values()), _state_arrays(self.step_fn)
+        if collective.size > 1 or ckpt is not None:
+            weights = collective.broadcast(weights)
+            leaves = collective.broadcast(leaves)
+            net.set_weights(dict(zip(net.weight_names, weights)))
+            _load_state(self.step_fn, leaves, self.template)
+        self.history = {k: list(v) for k, v in (start.history or {}).items()}
+        self.global_step, self.skipped = start.step, start.skipped
+        return start
 
-    history: dict[str, list] = {k: list(v) for k, v in start["history"].items()}
-    global_step, skipped = start["step"], start["skipped"]
-    acc = _Epoch(metrics)
-    fixed_steps = steps_per_epoch
-    if steps_per_epoch is None:
-        steps_per_epoch = data.num_batches(config.batch_size, rank=collective.rank, size=collective.size,
-                                           drop_remainder=config.drop_remainder) if hasattr(data, "num_batches") else None
-    reporter.begin(config.epochs, steps_per_epoch, global_step, start["epoch"])
-    val_batch = config.validation_batch_size or config.batch_size
-    checked = False
+    def batches_per_epoch(self, data: TFDataset) -> int | None:
+        """This rank's batches per epoch, when the data knows it."""
+        if not hasattr(data, "num_batches"):
+            return None
+        return data.num_batches(self.config.batch_size, rank=self.collective.rank, size=self.collective.size,
+                                drop_remainder=self.config.drop_remainder)
 
-    def save_checkpoint(epoch: int, batch: int) -> None:
-        if not (chief and manager):
-            return
-        extra = {
-            "history": history,
-            "epoch_states": [s.tolist() for s in acc.states()],
-            "skipped": skipped,
-            "seed": config.seed,
-            "rng": {"shuffle": "numpy PCG64 seeded with [seed, epoch, rank]", "seed": config.seed, "epoch": epoch},
-        }
-        manager.save(Checkpoint(global_step, epoch, batch, net.get_weights(), _state_arrays(step_fn), extra))
+    # ---- one epoch
 
-    for epoch in range(start["epoch"], config.epochs):
-        skip = start["batch"] if epoch == start["epoch"] else 0
-        acc = _Epoch(metrics)
-        if skip and start["epoch_states"]:
-            acc.load(start["epoch_states"])
-        t0, seen = time.perf_counter(), 0
-        t_step, comm, busy = t0, 0.0, 0.0
+    def epoch(self, data: TFDataset, epoch: int, skip: int, epoch_states: list | None, steps: int | None,
+              fixed_steps: int | None) -> None:
+        """Runs the steps of ``epoch`` from batch ``skip`` (a resumed epoch restores its accumulators)."""
+        config, collective = self.config, self.collective
+        self.acc = _Epoch(self.metrics)
+        if epoch_states:
+            self.acc.load(epoch_states)
+        clock = _Clock.start()
         batches = data.batches(config.batch_size, epoch=epoch, seed=config.seed, shuffle=config.shuffle,
                                skip=skip, rank=collective.rank, size=collective.size,
                                drop_remainder=config.drop_remainder, steps=fixed_steps)
         b = skip
         for features, labels in batches:
-            if steps_per_epoch is not None and b >= steps_per_epoch:
+            if steps is not None and b >= steps:
                 break
             n = _batch_len(features)
-            if not checked:
-                _check_labels(loss, labels, net, n)
-                checked = True
-            result = step_fn.run(features, labels)
+            if not self.checked:
+                _check_labels(self.loss, labels, self.net, n)
+                self.checked = True
+            result = self.step_fn.run(features, labels)
             b += 1
-            global_step += 1
-            now = time.perf_counter()
-            step_time, t_step = now - t_step, now
-            if heartbeat is not None:
-                heartbeat()
+            self.global_step += 1
+            step_time = clock.tick()
+            if self.heartbeat is not None:
+                self.heartbeat()
             if not bool(result.finite):
-                value = float(result.loss)
-                what = f"the loss is {value}" if not math.isfinite(value) else \
-                    f"a gradient is NaN or infinite (loss={value:.6g})"
-                if config.on_nonfinite == "raise":
-                    raise NonFiniteLossError(
-                        f"Step {global_step} (epoch {epoch + 1}, batch {b}): {what}. The weights are left as "
-                        f"they were after step {global_step - 1}. Pass on_nonfinite='skip' to skip such steps "
-                        "instead."
-                    )
-                skipped += 1
-                warnings.warn(f"Skipped step {global_step}: {what}.", RuntimeWarning, stacklevel=2)
+                self._nonfinite(result, epoch, b)
                 continue
-            seen += n
-            acc.loss.update_value(float(result.loss), n)
-            for m in acc.metrics:
-                m.update(labels, _first(result.outputs))
-            if chief:
-                logs = acc.logs()
-                logs["learning_rate"] = _learning_rate(lr_source if lr_source is not None else method, global_step - 1)
-                logs["samples_per_sec"] = seen * collective.size / max(time.perf_counter() - t0, 1e-9)
-                logs["step_time"] = step_time
-                if collective.size > 1:
-                    seconds = float(result.reduce_seconds)
-                    comm, busy = comm + seconds, busy + step_time
-                    logs["allreduce_seconds"] = seconds
-                    logs["allreduce_share"] = comm / max(busy, 1e-9)
-                reporter.step(global_step, epoch, logs)
-            if config.validate_every and validation_data is not None and global_step % config.validate_every == 0:
-                reporter.validation(global_step, evaluate(net, loss, metrics_copy(metrics), validation_data,
-                                                          val_batch, collective, prefix="val_"))
-            if config.checkpoint_every and global_step % config.checkpoint_every == 0:
-                save_checkpoint(epoch, b)
+            self._record(result, labels, n, epoch, step_time, clock)
+            self._every_n_steps(epoch, b)
 
-        acc.reduce(collective)
-        logs = acc.logs()
-        if validation_data is not None:
-            val_logs = evaluate(net, loss, metrics_copy(metrics), validation_data, val_batch, collective, prefix="val_")
-            reporter.validation(global_step, val_logs)
+    def _nonfinite(self, result, epoch: int, batch: int) -> None:
+        """A step whose loss or gradients are not finite: raise, or count it as skipped."""
+        value = float(result.loss)
+        what = f"the loss is {value}" if not math.isfinite(value) else \
+            f"a gradient is NaN or infinite (loss={value:.6g})"
+        if self.config.on_nonfinite == "raise":
+            raise NonFiniteLossError(
+                f"Step {self.global_step} (epoch {epoch + 1}, batch {batch}): {what}. The weights are left as "
+                f"they were after step {self.global_step - 1}. Pass on_nonfinite='skip' to skip such steps "
+                "instead."
+            )
+        self.skipped += 1
+        # stacklevel 4: the warning points at train()'s caller (through epoch() and train()).
+        warnings.warn(f"Skipped step {self.global_step}: {what}.", RuntimeWarning, stacklevel=4)
+
+    def _record(self, result, labels, n: int, epoch: int, step_time: float, clock: _Clock) -> None:
+        """Adds a good step to the epoch's loss and metrics; rank 0 reports it."""
+        clock.seen += n
+        self.acc.loss.update_value(float(result.loss), n)
+        for m in self.acc.metrics:
+            m.update(labels, _first(result.outputs))
+        if not self.chief:
+            return
+        size = self.collective.size
+        logs = self.acc.logs()
+        logs["learning_rate"] = _learning_rate(self.lr_source, self.global_step - 1)
+        logs["samples_per_sec"] = clock.seen * size / max(time.perf_counter() - clock.t0, 1e-9)
+        logs["step_time"] = step_time
+        if size > 1:
+            seconds = float(result.reduce_seconds)
+            clock.comm, clock.busy = clock.comm + seconds, clock.busy + step_time
+            logs["allreduce_seconds"] = seconds
+            logs["allreduce_share"] = clock.comm / max(clock.busy, 1e-9)
+        self.reporter.step(self.global_step, epoch, logs)
+
+    def _every_n_steps(self, epoch: int, batch: int) -> None:
+        """Validation every ``validate_every`` steps, a checkpoint every ``checkpoint_every``."""
+        config, step = self.config, self.global_step
+        if config.validate_every and self.validation_data is not None and step % config.validate_every == 0:
+            self.reporter.validation(step, self._validate())
+        if config.checkpoint_every and step % config.checkpoint_every == 0:
+            self.save_checkpoint(epoch, batch)
+
+    # ---- the end of an epoch, and of the run
+
+    def _validate(self) -> dict[str, float]:
+        return evaluate(self.net, self.loss, metrics_copy(self.metrics), self.validation_data, self.val_batch,
+                        self.collective, prefix="val_")
+
+    def end_epoch(self, epoch: int) -> None:
+        """Sums the epoch's loss and metrics over the ranks, validates, extends the history, writes
+        the epoch-boundary checkpoint and reports the epoch."""
+        self.acc.reduce(self.collective)
+        logs = self.acc.logs()
+        if self.validation_data is not None:
+            val_logs = self._validate()
+            self.reporter.validation(self.global_step, val_logs)
             logs.update(val_logs)
         for k, v in logs.items():
-            history.setdefault(k, []).append(v)
-        acc = _Epoch(metrics)  # a checkpoint at an epoch boundary holds fresh accumulators
-        save_checkpoint(epoch + 1, 0)
-        reporter.epoch_end(epoch, global_step, logs)
-    reporter.end()
-    if skipped:
-        history["skipped_steps"] = [skipped]
-    return TrainOutcome(history, global_step, _state_arrays(step_fn))
+            self.history.setdefault(k, []).append(v)
+        self.acc = _Epoch(self.metrics)  # a checkpoint at an epoch boundary holds fresh accumulators
+        self.save_checkpoint(epoch + 1, 0)
+        self.reporter.epoch_end(epoch, self.global_step, logs)
+
+    def save_checkpoint(self, epoch: int, batch: int) -> None:
+        """Rank 0 writes a checkpoint (with ``model_dir``): weights, optimiser state, counters, history."""
+        if not (self.chief and self.manager):
+            return
+        seed = self.config.seed
+        extra = {
+            "history": self.history,
+            "epoch_states": [s.tolist() for s in self.acc.states()],
+            "skipped": self.skipped,
+            "seed": seed,
+            "rng": {"shuffle": "numpy PCG64 seeded with [seed, epoch, rank]", "seed": seed, "epoch": epoch},
+        }
+        self.manager.save(Checkpoint(self.global_step, epoch, batch, self.net.get_weights(),
+                                     _state_arrays(self.step_fn), extra))
+
+    def outcome(self) -> TrainOutcome:
+        if self.skipped:
+            self.history["skipped_steps"] = [self.skipped]
+        return TrainOutcome(self.history, self.global_step, _state_arrays(self.step_fn))
 
 
 def metrics_copy(metrics: Sequence[M.Metric]) -> list[M.Metric]:

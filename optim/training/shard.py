@@ -1,8 +1,10 @@
 """Turning one Spark partition into numpy arrays. Runs in the Python workers.
 
 A :class:`TensorColumns` says how to read one model input (or the labels) from Arrow columns: one
-column holding numbers or fixed-length arrays (reshaped to a declared per-row shape), or several
-scalar columns stacked into a vector.
+column (numbers, arrays of numbers, flat or nested, reshaped to a declared per-row shape, or
+encoded images decoded to a ``(height, width, channels)`` shape), or several scalar columns stacked
+into a vector. Each column goes through :func:`optim.arrow.read_column`, which raises
+:class:`~optim.errors.BadRowError` at the first bad row, naming the partition and the row.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from optim.arrow import ColumnRead, read_column
 from optim.errors import BadRowError
 
 
@@ -28,42 +31,11 @@ class TensorColumns:
         return self.columns[0] if len(self.columns) == 1 else "[" + ", ".join(self.columns) + "]"
 
 
-def _column_to_numpy(batch, column: str, shape, partition: int, row_offset: int) -> np.ndarray:
-    import pyarrow as pa
-
+def _read(batch, column: str, shape, partition: int, row_offset: int) -> np.ndarray:
+    """One column of a batch; raises at the first bad row (every training row must be usable)."""
     col = batch.column(batch.schema.get_field_index(column))
-    if col.null_count:
-        row = next(i for i in range(len(col)) if not col[i].is_valid)
-        raise BadRowError(
-            f"Column {column!r} is null at row {row_offset + row} of partition {partition}; "
-            "every training row needs a value."
-        )
-    t = col.type
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        if pa.types.is_fixed_size_list(t):
-            lengths = np.full(len(col), t.list_size)
-        else:
-            offsets = col.offsets.to_numpy()
-            lengths = np.diff(offsets)
-        values = col.flatten()
-        if values.null_count:
-            raise BadRowError(f"Column {column!r} holds null elements inside an array in partition {partition}.")
-        want = int(np.prod(shape)) if shape else (int(lengths[0]) if len(lengths) else 0)
-        bad = np.nonzero(lengths != want)[0]
-        if len(bad):
-            row = int(bad[0])
-            raise BadRowError(
-                f"Column {column!r} row {row_offset + row} of partition {partition} has {int(lengths[row])} "
-                f"values; expected {want} (per-row shape {tuple(shape) if shape else (want,)})."
-            )
-        arr = values.to_numpy(zero_copy_only=False)
-        return arr.reshape((len(col),) + (tuple(shape) if shape else (want,)))
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
-        arr = col.to_numpy(zero_copy_only=False)
-        return arr.reshape((len(col),) + tuple(shape)) if shape else arr
-    raise BadRowError(
-        f"Column {column!r} has type {t}; training tensors come from numeric columns or arrays of numbers."
-    )
+    return read_column(col, ColumnRead(shape=shape), on_bad="raise", column=column, partition=partition,
+                       row_offset=row_offset).values
 
 
 def arrow_to_arrays(batches: Iterable, specs: Sequence[TensorColumns], partition: int) -> list[np.ndarray]:
@@ -75,9 +47,9 @@ def arrow_to_arrays(batches: Iterable, specs: Sequence[TensorColumns], partition
             continue
         for i, spec in enumerate(specs):
             if len(spec.columns) == 1:
-                parts[i].append(_column_to_numpy(batch, spec.columns[0], spec.shape, partition, offset))
+                parts[i].append(_read(batch, spec.columns[0], spec.shape, partition, offset))
             else:
-                cols = [_column_to_numpy(batch, c, None, partition, offset) for c in spec.columns]
+                cols = [_read(batch, c, None, partition, offset) for c in spec.columns]
                 parts[i].append(np.stack(cols, axis=1))
         offset += batch.num_rows
     return [np.concatenate(p) if p else np.zeros((0,) + (spec.shape or ()), np.float32)

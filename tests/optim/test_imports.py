@@ -26,7 +26,7 @@ def test_tfnet_imports_neither_optim_nor_spark_nor_horovod():
 
 PURE = ["optim", "optim.methods", "optim.transforms", "optim.schedules", "optim.losses", "optim.metrics",
         "optim.errors", "optim.logs", "optim.keras_compat", "optim.optimizer", "optim.training.loop",
-        "optim.training.horovod"]
+        "optim.training.horovod", "optim.arrow", "optim.training.shard", "optim.training.datasets"]
 
 
 def test_pure_modules_import_neither_pyspark_nor_horovod():

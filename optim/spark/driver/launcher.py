@@ -26,11 +26,15 @@ import numpy as np
 
 from optim.errors import DistributedTrainingError, NonFiniteLossError, SparkSetupError  # noqa: F401 (re-exported)
 from optim.spark.driver.preflight import check_driver_horovod, probe_workers, task_slots, wait_for_slots, warm_up_workers
+from optim.spark.driver.rendezvous import SecureRendezvous
 from optim.spark.driver.retry import RetryPolicy, stage_error
+from optim.spark.progress import ProgressServer
 from optim.spark.session import get_spark
+from optim.spark.worker.rank import RankJob, read_payload, run_rank
 from optim.training.datasets import ArrayDataset, TFDataDataset, TFDataset
 from optim.training.loop import TrainConfig
 from optim.training.reporting import MultiReporter, ProgressBar
+from tfnet.serialize import net_to_bytes
 
 __all__ = [
     "DistributedResult",
@@ -141,9 +145,48 @@ def optimize_distributed(opt, dataset: TFDataset, config: TrainConfig, validatio
             the data.
     """
     t_call = time.monotonic()
+    sc, n, per_rank = _check_cluster(dataset, config, num_workers, slot_wait, startup_timeout)
+    stage = _prepare_stage(sc, opt, dataset, validation, config, n, per_rank)
+    secret = secrets.token_bytes(32)  # this call's secret: the ranks get it with the job
+    server = ProgressServer(MultiReporter([ProgressBar(verbose) if verbose else None]), host=stage.driver_host,
+                            authkey=secret)
+    failures: list[str] = []
+    try:
+        result = _run_attempts(sc, opt, stage, server, secret.hex(), RetryPolicy(max_retries), failures,
+                               timeout=timeout, startup_timeout=startup_timeout, slot_wait=slot_wait,
+                               steps_per_epoch=steps_per_epoch, verbose=verbose)
+    finally:
+        server.close()
+        if stage.exchange and stage.exchange.startswith(tempfile.gettempdir()):
+            shutil.rmtree(stage.exchange, ignore_errors=True)
+    result.run = _run_summary(server, n, failures, t_call)
+    return result
+
+
+@dataclass
+class _Stage:
+    """What every attempt of the stage shares: the data (one partition per rank), the validation
+    data, the shipped net and hooks, the ranks' config (per-rank batch) and the driver's address."""
+
+    n: int
+    kind: str
+    reader: object
+    data: object
+    source: object
+    validation: object
+    exchange: str | None
+    net: object
+    hooks: bytes | None
+    config: TrainConfig
+    driver_host: str
+
+
+def _check_cluster(dataset: TFDataset, config: TrainConfig, num_workers: int | None, slot_wait: float,
+                   startup_timeout: float):
+    """Horovod on the driver, the number of ranks, the task slots, the batch split and the workers.
+    Returns ``(SparkContext, ranks, per-rank batch)``."""
     check_driver_horovod()
-    spark = get_spark()
-    sc = spark.sparkContext
+    sc = get_spark().sparkContext
     n = int(num_workers or sc.defaultParallelism)
     if n < 1:
         raise ValueError(f"`num_workers` must be positive. Received: {num_workers}")
@@ -160,85 +203,86 @@ def optimize_distributed(opt, dataset: TFDataset, config: TrainConfig, validatio
         )
     per_rank = config.batch_size // n if not isinstance(dataset, TFDataDataset) else config.batch_size
     probe_workers(sc, n, startup_timeout)
+    return sc, n, per_rank
 
-    # ---- the data, one partition per rank
+
+def _prepare_stage(sc, opt, dataset: TFDataset, validation: TFDataset | None, config: TrainConfig, n: int,
+                   per_rank: int) -> _Stage:
+    """The data, one partition per rank; the validation data; the net, shipped once."""
     kind, reader, data_bc, source = _prepare_data(sc, dataset, n, per_rank)
     val = _local_validation(validation)
     val_bc = sc.broadcast(val) if val is not None else None
-
-    # ---- the net, shipped once
-    from tfnet.serialize import net_to_bytes
-
     exchange = _exchange_dir(sc, config.model_dir)
     net_bc = _ship(sc, net_to_bytes(opt.net), exchange)
-    hooks = _pickle_hooks(opt.net)
     worker_config = copy.copy(config)
     worker_config.batch_size = per_rank
+    return _Stage(n, kind, reader, data_bc, source, val_bc, exchange, net_bc, _pickle_hooks(opt.net), worker_config,
+                  sc.getConf().get("spark.driver.host", "127.0.0.1"))
 
-    progress_bar = ProgressBar(verbose) if verbose else None
-    from optim.spark.driver.rendezvous import SecureRendezvous
-    from optim.spark.progress import ProgressServer
 
-    driver_host = sc.getConf().get("spark.driver.host", "127.0.0.1")
-    secret = secrets.token_bytes(32)  # this call's secret: the ranks get it with the job
-    token = secret.hex()
-    server = ProgressServer(MultiReporter([progress_bar]), host=driver_host, authkey=secret)
-    policy = RetryPolicy(max_retries)
-    result = None
-    failures: list[str] = []
-    try:
-        for attempt in range(max_retries + 1):
-            if attempt:
-                worker_config = copy.copy(worker_config)
-                worker_config.resume = bool(worker_config.model_dir)
-                wait_for_slots(sc, n, max(slot_wait, 60.0))
-            from optim.spark.worker.rank import RankJob
+def _run_attempts(sc, opt, stage: _Stage, server, token: str, policy: RetryPolicy, failures: list[str], *,
+                  timeout: float, startup_timeout: float, slot_wait: float, steps_per_epoch: int | None,
+                  verbose: int) -> DistributedResult:
+    """Runs the stage until it succeeds, or fails in a way a retry cannot help, or the retries
+    run out. A retry resumes from the newest checkpoint (with ``model_dir``)."""
+    worker_config = stage.config
+    for attempt in range(policy.max_retries + 1):
+        if attempt:
+            worker_config = copy.copy(worker_config)
+            worker_config.resume = bool(worker_config.model_dir)
+            wait_for_slots(sc, stage.n, max(slot_wait, 60.0))
+        with SecureRendezvous(stage.driver_host, stage.n, token) as rendezvous:
+            job = RankJob(
+                exchange=stage.exchange, net=stage.net, hooks=stage.hooks, loss=opt.loss, method=opt.method,
+                metrics=opt.metrics, config=worker_config, size=stage.n, kind=stage.kind, reader=stage.reader,
+                data=stage.data, validation=stage.validation, rendezvous=rendezvous.address, progress=server.address,
+                token=token, timeout_s=timeout, startup_timeout_s=startup_timeout, state=opt.state,
+                start_step=opt.global_step, steps_per_epoch=steps_per_epoch, attempt=attempt,
+                extra_env=horovod_tuning(opt.net), lr_source=getattr(opt, "_lr_source", None),
+                log_level=_worker_log_level(verbose),
+            )
+            try:
+                return _read_result(_run_stage(sc, stage.source, stage.kind, job, server, timeout, startup_timeout))
+            except Exception as exc:  # noqa: BLE001 - turned into the ranks' own error below
+                _after_failure(sc, exc, rendezvous.failures(), policy, attempt, failures, bool(stage.config.model_dir))
+    raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
 
-            with SecureRendezvous(driver_host, n, token) as rendezvous:
-                job = RankJob(
-                    exchange=exchange, net=net_bc, hooks=hooks, loss=opt.loss, method=opt.method, metrics=opt.metrics,
-                    config=worker_config, size=n, kind=kind, reader=reader, data=data_bc, validation=val_bc,
-                    rendezvous=rendezvous.address, progress=server.address, token=token, timeout_s=timeout,
-                    startup_timeout_s=startup_timeout, state=opt.state, start_step=opt.global_step,
-                    steps_per_epoch=steps_per_epoch, attempt=attempt, extra_env=horovod_tuning(opt.net),
-                    lr_source=getattr(opt, "_lr_source", None), log_level=_worker_log_level(verbose),
-                )
-                try:
-                    payloads = _run_stage(sc, source, kind, job, server, timeout, startup_timeout)
-                    result = _read_result(payloads)
-                    break
-                except Exception as exc:  # noqa: BLE001 - turned into the ranks' own error below
-                    err = stage_error(exc, rendezvous.failures())
-                    stopped = getattr(err, "retryable", False) and _spark_stopped(sc)
-                    if stopped:
-                        raise DistributedTrainingError(
-                            f"The SparkContext stopped during training, so the stage cannot be retried: {err}"
-                        ) from exc
-                    if not policy.should_retry(err, attempt):
-                        if not getattr(err, "retryable", False):
-                            raise err from exc
-                        failures.append(str(err))
-                        raise DistributedTrainingError(
-                            f"Distributed training failed {len(failures)} time(s), the last time with: {failures[-1]}"
-                        ) from exc
-                    failures.append(str(err))
-                    message = (f"Training stage attempt {attempt + 1} failed ({str(err)[:300]}); retrying "
-                               f"{'from the newest checkpoint' if config.model_dir else 'from the start (no model_dir)'}.")
-                    log.warning(message)
-                    warnings.warn(message, RuntimeWarning, stacklevel=2)
-    finally:
-        server.close()
-        if exchange and exchange.startswith(tempfile.gettempdir()):
-            shutil.rmtree(exchange, ignore_errors=True)
-    result.run = {
+
+def _after_failure(sc, exc: Exception, reports: list, policy: RetryPolicy, attempt: int, failures: list[str],
+                   has_model_dir: bool) -> None:
+    """Raises the ranks' own error (or a DistributedTrainingError) unless the stage is retried;
+    otherwise records the failure and warns."""
+    err = stage_error(exc, reports)
+    if getattr(err, "retryable", False) and _spark_stopped(sc):
+        raise DistributedTrainingError(
+            f"The SparkContext stopped during training, so the stage cannot be retried: {err}"
+        ) from exc
+    if not policy.should_retry(err, attempt):
+        if not getattr(err, "retryable", False):
+            raise err from exc
+        failures.append(str(err))
+        raise DistributedTrainingError(
+            f"Distributed training failed {len(failures)} time(s), the last time with: {failures[-1]}"
+        ) from exc
+    failures.append(str(err))
+    message = (f"Training stage attempt {attempt + 1} failed ({str(err)[:300]}); retrying "
+               f"{'from the newest checkpoint' if has_model_dir else 'from the start (no model_dir)'}.")
+    log.warning(message)
+    # stacklevel 4: the warning points at optimize_distributed()'s caller (through _run_attempts).
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def _run_summary(server, n: int, failures: list[str], t_call: float) -> dict:
+    """What the run measured: attempts, start-up and wall time, step and allreduce times."""
+    steps = [e for e in server.events if e.get("event") == "step"]
+    return {
         "num_workers": n, "attempts": len(failures) + 1, "failures": failures,
         "startup_s": (server.first_step_at - t_call) if server.first_step_at else None,
         "wall_s": time.monotonic() - t_call,
-        "step_times": [e["logs"].get("step_time") for e in server.events if e.get("event") == "step"],
-        "allreduce_seconds": [e["logs"].get("allreduce_seconds") for e in server.events if e.get("event") == "step"],
+        "step_times": [e["logs"].get("step_time") for e in steps],
+        "allreduce_seconds": [e["logs"].get("allreduce_seconds") for e in steps],
         "refused_progress_clients": server.refused,
     }
-    return result
 
 
 def _worker_log_level(verbose: int) -> int:
@@ -315,8 +359,6 @@ def _prepare_data(sc, dataset: TFDataset, n: int, per_rank: int):
 
 def _run_stage(sc, source, kind: str, job, server, timeout: float, startup_timeout: float) -> list[bytes]:
     """Runs the barrier stage in a thread; cancels it when progress stops."""
-    from optim.spark.worker.rank import run_rank
-
     group = f"tfnet-train-{uuid.uuid4().hex[:8]}"
     out: list = []
     error: list = []
@@ -368,8 +410,6 @@ def _run_stage(sc, source, kind: str, job, server, timeout: float, startup_timeo
 
 
 def _read_result(payloads: list) -> DistributedResult:
-    from optim.spark.worker.rank import read_payload
-
     data = payloads[0]
     if isinstance(data, str):  # a file in the exchange folder
         with open(data, "rb") as f:

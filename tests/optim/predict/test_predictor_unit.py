@@ -12,6 +12,7 @@ import tensorflow as tf
 from pyspark.sql import types as T
 
 from optim import TFPredictor
+from optim.arrow import array_to_arrow, decode_image, read_column
 from optim.errors import (
     BackendError,
     BackendFallbackWarning,
@@ -19,7 +20,6 @@ from optim.errors import (
     BadRowError,
     ColumnError,
 )
-from optim.predict.arrow import array_to_arrow, column_to_array, decode_image
 from optim.predict.backends import unsupported_ops
 from optim.predict.columns import InputColumn, plan_columns
 from optim.predict.snapshot import ModelSnapshot, TensorInfo
@@ -223,15 +223,15 @@ def test_array_column_bad_rows_and_slices():
     spec = InputColumn("v", TensorInfo("v:0", "float32", (2, 3)), "array", 1)
     col = pa.array([[1, 2, 3, 4, 5, 6], None, [1, 2, 3], [6, 5, 4, 3, 2, 1], [1, 2, 3, 4, None, 6]],
                    pa.list_(pa.float64()))
-    bad = {}
-    out = column_to_array(col, spec, bad)
+    out, bad = read_column(col, spec.reading)
+    bad = {r: p.text for r, p in bad.items()}
     assert out.shape == (5, 2, 3) and out.dtype == np.float32
     np.testing.assert_array_equal(out[3].ravel(), [6, 5, 4, 3, 2, 1])
     assert bad == {1: "the value is null",
                    2: "the array has 3 values; input 'v:0' needs 6 (per-row shape (2, 3))",
                    4: "the array holds a null value"}
-    bad = {}
-    out = column_to_array(col.slice(3, 2), spec, bad)  # offsets of a slice do not start at 0
+    out, bad = read_column(col.slice(3, 2), spec.reading)  # offsets of a slice do not start at 0
+    bad = {r: p.text for r, p in bad.items()}
     np.testing.assert_array_equal(out[0].ravel(), [6, 5, 4, 3, 2, 1])
     assert bad == {1: "the array holds a null value"}
 
@@ -240,8 +240,8 @@ def test_nested_array_column_bad_rows():
     spec = InputColumn("v", TensorInfo("v:0", "float32", (2, 3)), "array", 2)
     col = pa.array([[[1, 2, 3], [4, 5, 6]], [[1, 2], [3, 4, 5, 6]], [[1, 2, 3], None], None, [[0, 1, 2], [3, 4, 5]]],
                    pa.list_(pa.list_(pa.float32())))
-    bad = {}
-    out = column_to_array(col, spec, bad)
+    out, bad = read_column(col, spec.reading)
+    bad = {r: p.text for r, p in bad.items()}
     np.testing.assert_array_equal(out[4].ravel(), np.arange(6))
     assert bad == {1: "dimension 1 has length 2, expected 3 (per-row shape (2, 3))",
                    2: "a nested array inside it is null", 3: "the value is null"}
@@ -252,8 +252,8 @@ def test_image_column_bad_rows():
 
     jpeg = open(load_sample_images().filenames[0], "rb").read()
     spec = InputColumn("jpeg", TensorInfo("img:0", "float32", (16, 24, 3)), "image")
-    bad = {}
-    out = column_to_array(pa.array([jpeg, None, b"", b"not an image", jpeg[:200]], pa.binary()), spec, bad)
+    out, bad = read_column(pa.array([jpeg, None, b"", b"not an image", jpeg[:200]], pa.binary()), spec.reading)
+    bad = {r: p.text for r, p in bad.items()}
     assert out.shape == (5, 16, 24, 3) and 0 <= out.min() and out.max() <= 255 and out[0].std() > 10
     assert bad[1] == "the value is null" and bad[2] == "the image is empty (0 bytes)"
     assert bad[3].startswith("the image could not be decoded (12 bytes; JPEG, PNG, GIF, BMP or WebP expected): "

@@ -1,0 +1,357 @@
+"""Arrow columns to numpy arrays, checked row by row, and numpy arrays back to Arrow columns.
+
+The one reader for both sides: training (:mod:`optim.training.shard`) and prediction
+(:mod:`optim.predict.worker`). Pure: pyarrow and numpy only (TensorFlow is imported when an image
+column is decoded); no PySpark, no Horovod.
+
+Column kinds (inferred from the Arrow type unless a :class:`ColumnRead` names one):
+
+* ``"array"``: lists of numbers (``list``, ``large_list``, ``fixed_size_list``), flat (reshaped
+  to the per-row shape) or nested to the per-row shape's rank (each dimension checked);
+* ``"scalar"``: one number (or bool) per row;
+* ``"image"``: encoded image bytes (JPEG, PNG, GIF, BMP, WebP), decoded and resized to a per-row
+  shape ``(height, width, channels)``;
+* ``"bytes"``: strings or bytes, as a numpy object array.
+
+A row that cannot become a tensor (a null, an array of the wrong length, a null inside an array,
+an undecodable image) is a :class:`RowProblem`. :func:`read_column` has two policies for them:
+``on_bad="raise"`` raises :class:`~optim.errors.BadRowError` at the first bad row (training: every
+row must be usable), ``on_bad="collect"`` returns them with the values (bad rows hold zeros) so the
+caller can null those rows (prediction with ``on_error="null"``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import pyarrow as pa
+
+from optim.errors import BadRowError, ColumnError
+
+__all__ = ["ColumnRead", "RowProblem", "ColumnValues", "read_column", "decode_image", "array_to_arrow", "KINDS"]
+
+KINDS = ("array", "scalar", "image", "bytes")
+
+
+@dataclass(frozen=True)
+class ColumnRead:
+    """How to read one column.
+
+    Attributes:
+        kind: One of :data:`KINDS`. Default: inferred from the Arrow type (binary with an image
+            ``shape`` is ``"image"``, other binary and strings are ``"bytes"``).
+        shape: The per-row shape. Default: as stored (a flat array: the first valid row's
+            length; a nested one: the first valid row's dimensions; a scalar: ``()``).
+        dtype: The numpy dtype of the result. Default: as stored (images: float32).
+        tensor: The tensor the column feeds, named in the reasons (``"input 'x:0' needs 6"``).
+    """
+
+    kind: str | None = None
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    tensor: str | None = None
+
+
+@dataclass(frozen=True)
+class RowProblem:
+    """Why one row cannot become a tensor.
+
+    Attributes:
+        what: ``"null"``, ``"nested_null"``, ``"dimension"``, ``"length"``, ``"element_null"``
+            or ``"image"``.
+        text: The reason as a phrase, e.g. ``"the value is null"``.
+        got: For ``"length"``: the number of values the row holds.
+        want: For ``"length"``: the number of values expected.
+        shape: The per-row shape expected.
+    """
+
+    what: str
+    text: str
+    got: int | None = None
+    want: int | None = None
+    shape: tuple[int, ...] | None = None
+
+    def error(self, column: str, row: int, partition: int) -> BadRowError:
+        """The training error for this problem at ``row`` of ``partition``."""
+        if self.what == "null":
+            return BadRowError(f"Column {column!r} is null at row {row} of partition {partition}; every training "
+                               "row needs a value.")
+        if self.what == "length":
+            return BadRowError(f"Column {column!r} row {row} of partition {partition} has {self.got} values; "
+                               f"expected {self.want} (per-row shape {self.shape}).")
+        return BadRowError(f"Column {column!r} row {row} of partition {partition}: {self.text}.")
+
+
+class ColumnValues(NamedTuple):
+    """What :func:`read_column` returns: one entry per row (bad rows hold zeros), and the bad rows."""
+
+    values: np.ndarray
+    bad: dict[int, RowProblem]
+
+
+NULL = RowProblem("null", "the value is null")
+
+
+def read_column(col: pa.Array | pa.ChunkedArray, how: ColumnRead = ColumnRead(), *, on_bad: str = "collect",
+                column: str = "?", partition: int = 0, row_offset: int = 0) -> ColumnValues:
+    """Reads one Arrow column into an array of shape ``(rows, *per_row_shape)``.
+
+    Args:
+        col: The column.
+        how: Its kind, per-row shape and dtype. Default: all inferred.
+        on_bad: ``"raise"``: raise at the first bad row; ``"collect"``: return the bad rows.
+            Default ``"collect"``.
+        column: The column's name, for errors.
+        partition: The partition the column comes from, for errors.
+        row_offset: The position of the column's first row in its partition, for errors.
+
+    Returns:
+        The values and ``{row: problem}`` (rows counted from the column's first row; empty with
+        ``on_bad="raise"``).
+
+    Raises:
+        BadRowError: ``on_bad="raise"`` and a row is bad (the first one is named).
+        ColumnError: the column's type cannot give tensors of this kind and shape.
+        ValueError: ``on_bad`` is neither ``"raise"`` nor ``"collect"``.
+    """
+    if on_bad not in ("raise", "collect"):
+        raise ValueError(f"`on_bad` must be 'raise' or 'collect'. Received: on_bad={on_bad!r}")
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    kind = how.kind or _infer_kind(col.type, how.shape, column)
+    if kind not in KINDS:
+        raise ValueError(f"`kind` must be one of {KINDS}. Received: kind={kind!r}")
+    bad: dict[int, RowProblem] = {}
+    values = _READERS[kind](col, how, bad, column)
+    if bad and on_bad == "raise":
+        row = min(bad)
+        raise bad[row].error(column, row_offset + row, partition)
+    return ColumnValues(values, bad)
+
+
+# ---------------------------------------------------------------- kinds
+
+
+def _list_like(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def _numeric(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_decimal(t)
+
+
+def _is_image_shape(shape) -> bool:
+    return shape is not None and len(shape) == 3 and shape[2] in (1, 3, 4)
+
+
+def _infer_kind(t: pa.DataType, shape, column: str) -> str:
+    if _list_like(t):
+        leaf = t
+        while _list_like(leaf):
+            leaf = leaf.value_type
+        if _numeric(leaf):
+            return "array"
+    elif _numeric(t):
+        return "scalar"
+    elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "image" if _is_image_shape(shape) else "bytes"
+    elif pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "bytes"
+    raise ColumnError(
+        f"Column {column!r} has type {t}; tensors come from numeric columns, arrays of numbers, binary "
+        "columns of encoded images (with a (height, width, channels) shape) or strings."
+    )
+
+
+def _nulls(col: pa.Array, bad: dict[int, RowProblem]) -> np.ndarray:
+    """Marks null rows bad; returns the validity as a numpy bool array."""
+    valid = np.ones(len(col), bool) if col.null_count == 0 else col.is_valid().to_numpy(zero_copy_only=False)
+    for i in np.flatnonzero(~valid):
+        bad.setdefault(int(i), NULL)
+    return valid
+
+
+def _owners(row_offsets: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The row each element position belongs to, given row offsets into that element level."""
+    return np.searchsorted(row_offsets, positions, side="right") - 1
+
+
+def _offsets(level: pa.Array) -> np.ndarray:
+    """Offsets of ``level``'s entries into ``level.values`` (which ignores a slice's offset)."""
+    if pa.types.is_fixed_size_list(level.type):
+        return (np.arange(len(level) + 1, dtype=np.int64) + level.offset) * level.type.list_size
+    return level.offsets.to_numpy().astype(np.int64, copy=False)
+
+
+def _depth(t: pa.DataType) -> int:
+    depth = 0
+    while _list_like(t):
+        t, depth = t.value_type, depth + 1
+    return depth
+
+
+def _first_row_shape(col: pa.Array, valid: np.ndarray, depth: int) -> tuple[int, ...]:
+    rows = np.flatnonzero(valid)
+    value = col[int(rows[0])].as_py() if len(rows) else None
+    dims = []
+    for _ in range(depth):
+        dims.append(len(value) if value is not None else 0)
+        value = value[0] if value else None
+    return tuple(dims)
+
+
+def _read_array(col: pa.Array, how: ColumnRead, bad: dict[int, RowProblem], column: str) -> np.ndarray:
+    n, depth = len(col), _depth(col.type)
+    valid = _nulls(col, bad)
+    shape = tuple(int(d) for d in how.shape) if how.shape is not None else _first_row_shape(col, valid, depth)
+    nested = depth > 1
+    if nested and depth != len(shape):
+        raise ColumnError(f"Column {column!r} is nested {depth} deep, but the per-row shape is {shape}; use a flat "
+                          f"array or one nested {len(shape)} deep.")
+    size = math.prod(shape)
+    level, row_off, d = col, np.arange(n + 1), 0
+    while _list_like(level.type):
+        if d > 0 and level.null_count:
+            for row in _owners(row_off, np.flatnonzero(level.is_null().to_numpy(zero_copy_only=False))):
+                bad.setdefault(int(row), RowProblem("nested_null", "a nested array inside it is null"))
+        offsets = _offsets(level)
+        if nested:
+            lengths = np.diff(offsets)
+            wrong = np.flatnonzero(lengths != shape[d])
+            wrong = wrong[(wrong >= row_off[0]) & (wrong < row_off[-1])]
+            for pos, row in zip(wrong, _owners(row_off, wrong)):
+                bad.setdefault(int(row), RowProblem(
+                    "dimension", f"dimension {d} has length {int(lengths[pos])}, expected {shape[d]} "
+                                 f"(per-row shape {shape})", shape=shape))
+        row_off = offsets[row_off]
+        level, d = level.values, d + 1
+    counts = np.diff(row_off)
+    needs = f"input {how.tensor!r} needs" if how.tensor else "expected"
+    for row in np.flatnonzero(counts != size):
+        if int(row) not in bad:
+            bad[int(row)] = RowProblem("length", f"the array has {int(counts[row])} values; {needs} {size} "
+                                                 f"(per-row shape {shape})", int(counts[row]), size, shape)
+    if level.null_count:
+        nulls = np.flatnonzero(level.is_null().to_numpy(zero_copy_only=False))
+        nulls = nulls[(nulls >= row_off[0]) & (nulls < row_off[-1])]
+        for row in _owners(row_off, nulls):
+            bad.setdefault(int(row), RowProblem("element_null", "the array holds a null value"))
+        level = level.fill_null(0)
+    values = level.to_numpy(zero_copy_only=False)
+    if not bad and np.array_equal(row_off - row_off[0], np.arange(n + 1) * size):
+        out = values[row_off[0]:row_off[-1]]
+    else:
+        out = np.zeros((n, size), values.dtype)
+        good = np.ones(n, bool)
+        good[list(bad)] = False
+        if good.any() and size:  # a mask over the elements: good rows hold exactly `size` each
+            out[good] = values[row_off[0]:row_off[-1]][np.repeat(good, counts)].reshape(-1, size)
+    return _cast(out.reshape((n,) + shape), how.dtype)
+
+
+def _read_scalar(col: pa.Array, how: ColumnRead, bad: dict[int, RowProblem], column: str) -> np.ndarray:
+    _nulls(col, bad)
+    values = (col.fill_null(False if pa.types.is_boolean(col.type) else 0) if col.null_count else col)
+    out = values.to_numpy(zero_copy_only=False)
+    if how.shape is not None:
+        out = out.reshape((len(col),) + tuple(how.shape))
+    return _cast(out, how.dtype)
+
+
+def _cast(out: np.ndarray, dtype: str | None) -> np.ndarray:
+    """``out`` as ``dtype``; without one, as stored (decimals, which numpy holds as objects, as float64)."""
+    if dtype:
+        return out.astype(np.dtype(dtype), copy=False)
+    return out.astype(np.float64) if out.dtype == object else out
+
+
+def _read_bytes(col: pa.Array, how: ColumnRead, bad: dict[int, RowProblem], column: str) -> np.ndarray:
+    _nulls(col, bad)
+    values = [b"" if v is None else v for v in col.to_pylist()]
+    out = np.empty(len(values), object)
+    out[:] = values
+    return out.reshape((len(values),) + tuple(how.shape or ()))
+
+
+def _read_images(col: pa.Array, how: ColumnRead, bad: dict[int, RowProblem], column: str) -> np.ndarray:
+    if not _is_image_shape(how.shape):
+        raise ColumnError(f"Column {column!r} holds encoded images, which need a per-row shape (height, width, "
+                          f"channels) with 1, 3 or 4 channels. Received: shape={how.shape}")
+    height, width, channels = how.shape
+    dtype = np.dtype(how.dtype or "float32")
+    out = np.zeros((len(col), height, width, channels), dtype)
+    for i, data in enumerate(col.to_pylist()):
+        if data is None:
+            bad.setdefault(i, NULL)
+            continue
+        try:
+            out[i] = decode_image(data, height, width, channels, dtype)
+        except ValueError as exc:
+            bad.setdefault(i, RowProblem("image", str(exc)))
+    return out
+
+
+_READERS = {"array": _read_array, "scalar": _read_scalar, "image": _read_images, "bytes": _read_bytes}
+
+
+def decode_image(data: bytes, height: int, width: int, channels: int, dtype=np.float32) -> np.ndarray:
+    """Decodes a JPEG, PNG, GIF, BMP or WebP image to ``channels`` channels and resizes it (bilinear)
+    to ``height`` x ``width``. Values stay in 0..255.
+
+    Raises:
+        ValueError: the bytes are empty or not an image TensorFlow can decode.
+    """
+    import tensorflow as tf  # only where images are decoded: OpenVINO prediction workers need not load it
+
+    if not data:
+        raise ValueError("the image is empty (0 bytes)")
+    try:
+        if data[:3] == b"\xff\xd8\xff":  # JPEG: the accurate IDCT, as libjpeg's default and Pillow use
+            image = tf.io.decode_jpeg(data, channels=min(channels, 3), dct_method="INTEGER_ACCURATE")
+            if channels == 4:
+                alpha = tf.fill(tf.concat([tf.shape(image)[:2], [1]], 0), tf.constant(255, tf.uint8))
+                image = tf.concat([image, alpha], -1)
+        else:
+            image = tf.io.decode_image(data, channels=channels, expand_animations=False)
+    except (tf.errors.InvalidArgumentError, tf.errors.UnknownError) as exc:
+        reason = (exc.message or str(exc)).strip().splitlines()[0]
+        reason = re.sub(r"\s*\[Op:\w+\].*$", "", re.sub(r"\{\{function_node [^}]*\}\}\s*", "", reason))
+        raise ValueError(f"the image could not be decoded ({len(data)} bytes; JPEG, PNG, GIF, BMP or WebP "
+                         f"expected): {reason}") from None
+    if tuple(image.shape[:2]) != (height, width):
+        image = tf.image.resize(image, (height, width), method="bilinear")
+    array = image.numpy()
+    if np.issubdtype(dtype, np.integer):
+        array = np.clip(np.rint(array), 0, 255)
+    return array.astype(dtype, copy=False)
+
+
+# ---------------------------------------------------------------- numpy -> Arrow
+
+
+def array_to_arrow(values: np.ndarray, valid: np.ndarray | None, dtype: str) -> pa.Array:
+    """One output column: a scalar per row, or nested lists to the row's rank. Rows where
+    ``valid`` is False are null."""
+    values = np.asarray(values)
+    n, dims = values.shape[0], values.shape[1:]
+    nulls = None if valid is None or valid.all() else ~np.asarray(valid, bool)
+    row_nulls = nulls if not dims else None  # a scalar column carries the nulls in its leaf
+    if dtype == "object":
+        flat = [v if isinstance(v, bytes) else str(v).encode() for v in values.reshape(-1).tolist()]
+        if row_nulls is not None:
+            flat = [None if null else v for v, null in zip(flat, row_nulls)]
+        leaf = pa.array(flat, pa.binary())
+    else:
+        leaf = pa.array(values.reshape(-1).astype(dtype, copy=False), mask=row_nulls)
+    if not dims:
+        return leaf
+    mask = None if nulls is None else pa.array(nulls)
+    arr, count = leaf, n * math.prod(dims)
+    for d in reversed(dims[1:]):
+        count //= d
+        arr = pa.ListArray.from_arrays(pa.array(np.arange(count + 1, dtype=np.int32) * d), arr)
+    return pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * dims[0]), arr, mask=mask)
