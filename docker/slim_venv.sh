@@ -9,6 +9,7 @@
 #     history server's disk store), the Scala REPL and compiler (spark-shell), Spark Connect's server,
 #     and Hive (enableHiveSupport, the Thrift server; the default catalog is in memory). YARN and
 #     Kubernetes stay: docker/README.md describes both. hive-storage-api stays: ORC reads through it;
+#   - ONNX's backend test data (onnx/backend/test: 17 MB of models and protobufs);
 #   - pyarrow's Flight RPC, its C++ test library, headers and Cython sources;
 #   - TensorBoard's data server (a binary only `tensorboard --logdir` serves with; writing events
 #     does not need it);
@@ -37,6 +38,7 @@ rm -rf "$SP"/pyarrow/include "$SP"/pyarrow/src "$SP"/pyarrow/_flight.* "$SP"/pya
        "$SP"/pyarrow/libarrow_python_flight.so* "$SP"/pyarrow/_pyarrow_cpp_tests.*
 find "$SP/pyarrow" \( -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.h' \) -delete
 "$VENV/bin/pip" uninstall --quiet -y tensorboard-data-server
+rm -rf "$SP"/onnx/backend/test/data
 for lib in "$SP"/tensorflow/libtensorflow_cc.so.2 "$SP"/tensorflow/libtensorflow_framework.so.2 \
            "$SP"/tensorflow/python/profiler/internal/_pywrap_profiler_plugin.so \
            "$SP"/horovod/tensorflow/mpi_lib.cpython-*.so "$SP"/pyarrow/libarrow*.so.*; do
@@ -45,5 +47,5 @@ done
 # the slimmed venv must still work
 "$VENV/bin/python" -c "import tensorflow as tf, horovod.tensorflow as hvd, pyarrow.compute, pandas, pyspark, sklearn, openvino; \
 assert hvd.gloo_built(); assert float(tf.reduce_sum(tf.ones(3))) == 3.0; assert 'CPU' in openvino.Core().available_devices; \
-import pyarrow.fs, pyarrow.dataset, pyarrow.parquet, tensorboard.summary"
+import pyarrow.fs, pyarrow.dataset, pyarrow.parquet, tensorboard.summary, onnx.version_converter, onnx.checker"
 echo "[slim_venv] $VENV: ${before} MB -> $(du -sm "$VENV" | cut -f1) MB"

@@ -33,3 +33,27 @@ def test_image_builds_from_a_clean_clone(image_build):
         "import pyspark, sklearn, openvino; print('gloo', h.gloo_built(), 'spark', pyspark.__version__)"))
     assert "gloo True spark 4." in out, out
     assert "openjdk" in sh(["docker", "run", "--rm", image, "run", "java", "-version"], timeout=120).stderr.lower()
+
+
+# a model written with onnx's own helpers (not by tfnet), run in the image and checked against numpy
+ONNX_IN_IMAGE = """
+import numpy as np, onnx
+from onnx import TensorProto, helper, numpy_helper
+from tfnet import TFNet
+rng = np.random.default_rng(0)
+w = rng.standard_normal((4, 3)).astype(np.float32)
+graph = helper.make_graph(
+    [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])], "g",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])], [numpy_helper.from_array(w, "w")])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+onnx.checker.check_model(model)
+net = TFNet.from_onnx(model)
+x = rng.standard_normal((5, 4)).astype(np.float32)
+print("max_diff", float(np.abs(np.asarray(net.forward(x)) - np.maximum(x @ w, 0)).max()))
+"""
+
+
+def test_image_loads_an_onnx_model(image_build):
+    out = run_in_image(image_build["image"], "python", "-c", ONNX_IN_IMAGE)
+    assert float(out.split("max_diff")[-1]) < 1e-5, out
