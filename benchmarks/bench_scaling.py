@@ -21,7 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import machine, setup_env, write_json
+from common import banner, machine, setup_env, write_json
 
 CEILING = """
 import os, sys, time
@@ -102,6 +102,7 @@ def main(argv=None):
         y = rng.integers(0, 1000, b).astype("int64")
         return tf.data.Dataset.from_tensors((x, y)).repeat(steps)
 
+    print(banner(), flush=True)
     results = {1: [], 2: []}
     shares = []
     for _ in range(args.rounds):
@@ -117,7 +118,7 @@ def main(argv=None):
                 comm = [c for c in opt.last_run["allreduce_seconds"] if c is not None][2:]
                 shares.append(sum(comm) / sum(times))
             print(f"{ranks} rank(s): median step {step:.2f} s, {ranks * b / step:.2f} img/s "
-                  f"(startup {opt.last_run['startup_s']:.1f} s)", flush=True)
+                  f"(startup {opt.last_run['startup_s']:.1f} s, attempts {opt.last_run.get('attempts')})", flush=True)
     thr1, thr2 = statistics.median(results[1]), statistics.median(results[2])
     efficiency = thr2 / (2 * thr1)
     share = statistics.median(shares)

@@ -30,8 +30,25 @@ def machine() -> dict:
                     break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+    flags: list[str] = []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    flags = [x for x in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if x in have]
+                    break
+    except OSError:
+        pass
+    return {"cpu": cpu, "flags": flags, "cores": os.cpu_count(), "python": platform.python_version(),
             "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS"), "date": time.strftime("%Y-%m-%d")}
+
+
+def banner() -> str:
+    """One line naming the machine, for every benchmark's output."""
+    m = machine()
+    return (f"# {m['cpu']} ({m['cores']} cores; {' '.join(m['flags']) or 'no AVX2/AVX-512'}), Python {m['python']}, "
+            f"oneDNN {m['onednn']}, {m['date']}")
 
 
 def interleaved(fns: dict[str, Callable[[], None]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:

@@ -36,6 +36,15 @@ def horovod_env(rank: int, size: int, rendezvous_addr: str, rendezvous_port: int
         "HOROVOD_LOCAL_SIZE": "1",
         "HOROVOD_CROSS_RANK": str(rank),
         "HOROVOD_CROSS_SIZE": str(size),
+        # No response cache. A Spark Python worker reused from an earlier Horovod run in this
+        # process (a one-rank run, or a rank that lived through a failed attempt) made the first
+        # collective of the next multi-rank run fail on every rank with the cache on (Gloo:
+        # `op.preamble.length <= op.nbytes`; benchmarks/bench_scaling.py's two-rank run failed its
+        # first attempt every time, and passed with the cache off). Horovod keeps state across
+        # hvd.shutdown()/hvd.init(); changing the capacity at each init, which clears the cache
+        # itself, did not help. The cache only saves negotiation of repeated tensors; with it off,
+        # ResNet-50's two-rank step was within this machine's run-to-run noise.
+        "HOROVOD_CACHE_CAPACITY": "0",
         "HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(timeout_s)),
         # A rank that stops answering makes the others shut Horovod down instead of waiting.
         "HOROVOD_STALL_CHECK_TIME_SECONDS": str(max(5, int(timeout_s) // 2)),
