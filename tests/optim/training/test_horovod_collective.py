@@ -63,12 +63,3 @@ def test_two_ranks_over_gloo_without_spark(tmp_path):
         assert out["max"] == 1
         assert out["env_restored"], "Horovod's variables are removed after the rank ends"
 
-
-def test_response_cache_is_off():
-    """A Python worker reused from an earlier Horovod run made the next two-rank run's first collective
-    fail with Horovod's response cache on (reproduced by benchmarks/bench_scaling.py: a one-rank run,
-    then a two-rank run in the same Spark application, failed its first attempt 5 times in 5 with the
-    cache on, also with a new capacity per attempt, and 3 in 3 passed with it off)."""
-    from optim.training.horovod import horovod_env
-
-    assert horovod_env(0, 2, "127.0.0.1", 1234, None, 30)["HOROVOD_CACHE_CAPACITY"] == "0"
