@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from optim.errors import BadRowError, ColumnError
 
-__all__ = ["ColumnRead", "RowProblem", "ColumnValues", "read_column", "decode_image", "array_to_arrow", "KINDS"]
+__all__ = ["ColumnRead", "RowProblem", "ColumnValues", "read_column", "decode_image", "is_image_shape", "array_to_arrow", "KINDS"]
 
 KINDS = ("array", "scalar", "image", "bytes")
 
@@ -144,8 +144,10 @@ def _numeric(t: pa.DataType) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_decimal(t)
 
 
-def _is_image_shape(shape) -> bool:
-    return shape is not None and len(shape) == 3 and shape[2] in (1, 3, 4)
+def is_image_shape(shape) -> bool:
+    """Whether ``shape`` is a per-row image shape: ``(height, width, channels)``, all known, with 1, 3
+    or 4 channels (what an encoded-image column decodes to)."""
+    return shape is not None and len(shape) == 3 and None not in shape and shape[2] in (1, 3, 4)
 
 
 def _infer_kind(t: pa.DataType, shape, column: str) -> str:
@@ -158,7 +160,7 @@ def _infer_kind(t: pa.DataType, shape, column: str) -> str:
     elif _numeric(t):
         return "scalar"
     elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return "image" if _is_image_shape(shape) else "bytes"
+        return "image" if is_image_shape(shape) else "bytes"
     elif pa.types.is_string(t) or pa.types.is_large_string(t):
         return "bytes"
     raise ColumnError(
@@ -278,7 +280,7 @@ def _read_bytes(col: pa.Array, how: ColumnRead, bad: dict[int, RowProblem], colu
 
 
 def _read_images(col: pa.Array, how: ColumnRead, bad: dict[int, RowProblem], column: str) -> np.ndarray:
-    if not _is_image_shape(how.shape):
+    if not is_image_shape(how.shape):
         raise ColumnError(f"Column {column!r} holds encoded images, which need a per-row shape (height, width, "
                           f"channels) with 1, 3 or 4 channels. Received: shape={how.shape}")
     height, width, channels = how.shape

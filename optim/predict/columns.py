@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from optim.arrow import ColumnRead
+from optim.arrow import ColumnRead, is_image_shape
 from optim.errors import ColumnError
 from optim.predict.snapshot import TensorInfo
 from tfnet.errors import unknown_name_message
@@ -232,7 +232,7 @@ def _input_column(column: str, spark_type, tensor: TensorInfo) -> InputColumn:
     if isinstance(spark_type, T.BinaryType):
         if want == "string":
             return InputColumn(column, tensor, "bytes")
-        if _is_image_shape(shape) and want in ("float", "int"):
+        if is_image_shape(shape) and want in ("float", "int"):
             return InputColumn(column, tensor, "image")
         refuse("binary columns hold encoded images, which need an input of per-row shape "
                "(height, width, channels) with known sizes and 1, 3 or 4 channels")
@@ -248,10 +248,6 @@ def _input_column(column: str, spark_type, tensor: TensorInfo) -> InputColumn:
            "pyspark.ml.functions.vector_to_array first)")
 
 
-def _is_image_shape(shape) -> bool:
-    return shape is not None and len(shape) == 3 and None not in shape and shape[2] in (1, 3, 4)
-
-
 def _what_it_takes(tensor: TensorInfo) -> str:
     kind = _dtype_kind(tensor.dtype)
     if kind == "string":
@@ -260,6 +256,6 @@ def _what_it_takes(tensor: TensorInfo) -> str:
     text = f"an array column of {n} numbers per row (flat, or nested to the per-row shape)"
     if n == 1:
         text += ", or a numeric column"
-    if _is_image_shape(tensor.row_shape):
+    if is_image_shape(tensor.row_shape):
         text += ", or a binary column of encoded images (JPEG, PNG, GIF or BMP)"
     return text
