@@ -253,18 +253,17 @@ def _after_failure(sc, exc: Exception, reports: list, policy: RetryPolicy, attem
     """Raises the ranks' own error (or a DistributedTrainingError) unless the stage is retried;
     otherwise records the failure and warns."""
     err = stage_error(exc, reports)
-    if getattr(err, "retryable", False) and _spark_stopped(sc):
+    if not getattr(err, "retryable", False):
+        raise err from exc
+    if _spark_stopped(sc):
         raise DistributedTrainingError(
             f"The SparkContext stopped during training, so the stage cannot be retried: {err}"
         ) from exc
+    failures.append(str(err))
     if not policy.should_retry(err, attempt):
-        if not getattr(err, "retryable", False):
-            raise err from exc
-        failures.append(str(err))
         raise DistributedTrainingError(
             f"Distributed training failed {len(failures)} time(s), the last time with: {failures[-1]}"
         ) from exc
-    failures.append(str(err))
     message = (f"Training stage attempt {attempt + 1} failed ({str(err)[:300]}); retrying "
                f"{'from the newest checkpoint' if has_model_dir else 'from the start (no model_dir)'}.")
     log.warning(message)
