@@ -25,7 +25,7 @@ import sys
 import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import interleaved, machine, median, write_json  # noqa: E402
+from common import banner, interleaved, machine, median, write_json  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -91,10 +91,7 @@ def main() -> None:
     times = {name: median(t) for name, t in interleaved(fns, args.rounds).items()}
 
     info = machine()
-    with open("/proc/cpuinfo") as f:
-        flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    info["flags"] = [f for f in flags if f.startswith(("avx512", "avx2", "fma"))]
-    print(f"CPU: {info['cpu']} ({info['cores']} cores), flags: {' '.join(info['flags'])}")
+    print(banner())
     print(f"{args.rows} rows x {size} float32 per row, median of {args.rounds} rounds")
     mb = args.rows * size * 4 / 1e6
     for name, t in times.items():

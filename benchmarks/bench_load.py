@@ -23,19 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import interleaved, machine, median, peak_rss_mb, setup_env, write_json  # noqa: E402
-
-
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return " ".join(sorted(f for f in flags if f.startswith(("avx512", "avx2", "fma", "amx"))))
-    except OSError:
-        pass
-    return "?"
+from common import banner, interleaved, machine, median, peak_rss_mb, setup_env, write_json  # noqa: E402
 
 
 def main() -> None:
@@ -52,7 +40,7 @@ def main() -> None:
     from tfnet import TFNet
 
     info = machine()
-    print(f"CPU: {info['cpu']} ({info['cores']} cores), flags: {_cpu_flags()}, oneDNN={info['onednn']}")
+    print(banner())
     keras.utils.set_random_seed(0)
     model = keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3))
     fn = tf.function(lambda x: model(x, training=False)).get_concrete_function(

@@ -19,22 +19,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import interleaved, machine, median, setup_env, write_json  # noqa: E402
+from common import banner, interleaved, machine, median, setup_env, write_json  # noqa: E402
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "onnx", "resnet18.onnx")
-
-
-def cpu_flags() -> list[str]:
-    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "avx_vnni")
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    have = set(line.split(":", 1)[1].split())
-                    return [w for w in wanted if w in have]
-    except OSError:
-        pass
-    return []
 
 
 def main(argv=None) -> dict:
@@ -103,7 +90,7 @@ def main(argv=None) -> dict:
 
     train_times = interleaved({"train": train}, rounds=args.rounds)["train"]
     results = {
-        "machine": {**machine(), "flags": cpu_flags()},
+        "machine": machine(),
         "model": os.path.basename(args.model), "input": shape, "threads": args.threads,
         "forward_img_per_s": fwd,
         "forward_ratio_vs_onnxruntime": {k: v / fwd["onnxruntime"] for k, v in fwd.items()},
@@ -114,8 +101,7 @@ def main(argv=None) -> dict:
         "train_step_img_per_s": args.batch / median(train_times),
         "train_over_forward": (args.batch / median(train_times)) / fwd["tfnet_nhwc"],
     }
-    m = results["machine"]
-    print(f"CPU: {m['cpu']} ({m['cores']} cores; {' '.join(m['flags'])}); oneDNN={m['onednn']}; threads={args.threads}")
+    print(f"{banner()}; threads={args.threads}")
     print(f"model {results['model']}, input {shape}")
     for k, v in fwd.items():
         print(f"  forward {k:24s} {v:8.1f} img/s  ({v / fwd['onnxruntime']:.2f}x onnxruntime)")

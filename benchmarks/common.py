@@ -35,8 +35,9 @@ def machine() -> dict:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    have = set(line.split(":", 1)[1].split())
-                    flags = [x for x in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if x in have]
+                    # the SIMD and matrix extensions TensorFlow, oneDNN and OpenVINO choose kernels by
+                    flags = sorted(f for f in line.split(":", 1)[1].split()
+                                   if f.startswith(("avx2", "fma", "avx512", "avx_vnni", "amx")))
                     break
     except OSError:
         pass
