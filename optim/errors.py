@@ -27,6 +27,7 @@ __all__ = [
     "RendezvousError",
     "SparkSetupError",
     "StageRetryError",
+    "StorageError",
     "WorkerError",
     "error_class",
 ]
@@ -88,6 +89,13 @@ class CheckpointError(TFNetError, ValueError):
 
 class CheckpointWarning(UserWarning):
     """A checkpoint was skipped because it is truncated or corrupt."""
+
+
+class StorageError(TFNetError, OSError):
+    """A file could not be written or read for a reason a rerun cannot mend: a full disk or quota,
+    a read-only file system, no permission. The message holds the path and the system's reason."""
+
+    retryable = False
 
 
 class KerasMappingError(TFNetError, ValueError):

@@ -10,8 +10,10 @@ Imports no Spark at module level.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import sys
 import tempfile
 
@@ -71,18 +73,31 @@ logger.tasks.level = fatal
 """
 
 
+_LOG4J2_PATH: str | None = None
+
+
+def _log4j2_file() -> str:
+    """The log4j2 configuration, written once per process into a private folder of its own
+    (``mkdtemp``: mode 0700, a fresh name): a file someone else made is never trusted."""
+    global _LOG4J2_PATH
+    if _LOG4J2_PATH is None or not os.path.isfile(_LOG4J2_PATH):
+        folder = tempfile.mkdtemp(prefix="tfnet-log4j2-")
+        path = os.path.join(folder, "log4j2.properties")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(_LOG4J2.format(level="error"))
+        atexit.register(shutil.rmtree, folder, True)
+        _LOG4J2_PATH = path
+    return _LOG4J2_PATH
+
+
 def spark_log_conf(verbose: int = 1) -> dict[str, str]:
     """Spark settings that keep the JVM's start-up warnings (``NativeCodeLoader``, ...) and the
     executors' TensorFlow notices out of the console at ``verbose < 2``: a log4j2 configuration
     at level ERROR for the driver, and ``TF_CPP_MIN_LOG_LEVEL=2`` for the executors."""
     if verbose >= 2 or noisy():
         return {}
-    path = os.path.join(tempfile.gettempdir(), "tfnet-log4j2-error-v4.properties")
-    if not os.path.exists(path):
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tfnet-log4j2-")
-        with os.fdopen(fd, "w") as f:
-            f.write(_LOG4J2.format(level="error"))
-        os.replace(tmp, path)
+    path = _log4j2_file()
     return {
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{path}",
         "spark.executor.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{path}",

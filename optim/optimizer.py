@@ -7,6 +7,7 @@ on every task of one Spark barrier stage (``optim.spark.driver.launcher``).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 
@@ -14,14 +15,17 @@ import numpy as np
 
 from optim import losses as L
 from optim import metrics as M
+from optim.training.checkpoint import new_run_id, resolve_resume
 from optim.training.datasets import as_dataset
 from optim.training.loop import TrainConfig, evaluate, metrics_copy, train
-from optim.training.reporting import MultiReporter, ProgressBar, StepRecorder, TensorBoardWriter
+from optim.training.reporting import MultiReporter, ProgressBar, StepRecorder, TensorBoardWriter, tensorboard_dir
 from optim.transforms import assign_groups, partition
 from tfnet import TFNet
 from tfnet.errors import TFNetError
 
 __all__ = ["TFOptimizer"]
+
+log = logging.getLogger("tfnet.optimizer")
 
 
 class TFOptimizer:
@@ -35,8 +39,10 @@ class TFOptimizer:
             transformation, or a dict from a weight-name prefix or compiled regex to a method (as
             Analytics Zoo's ``optim_method`` dict). With a dict, only weights in a group train.
         metrics: Metric names, ``optim.metrics.Metric`` objects or callables. Default: none.
-        model_dir: Where checkpoints (``checkpoints/``) and TensorBoard events (``tensorboard/``)
-            go. Default: neither is written.
+        model_dir: Where checkpoints (``checkpoints/<run id>/``) and TensorBoard events
+            (``tensorboard/<run id>/``) go; every ``optimize()`` call is a run with an id of its
+            own, so runs sharing a ``model_dir`` never load or prune each other's files. Default:
+            neither is written.
     """
 
     def __init__(self, net: TFNet, loss, optim_method, metrics: Sequence | None = None, model_dir: str | None = None):
@@ -108,7 +114,7 @@ class TFOptimizer:
         epochs: int = 1,
         batch_size: int = 32,
         validation_data=None,
-        resume: bool = False,
+        resume: bool | str = False,
         *,
         shuffle: bool = True,
         seed: int = 0,
@@ -131,7 +137,11 @@ class TFOptimizer:
                 Ignored for a ``tf.data.Dataset``, which is batched already.
             validation_data: Same forms as ``data``; evaluated at every epoch end (and every
                 ``validate_every`` steps). Default: none.
-            resume: Continue from the newest valid checkpoint in ``model_dir``. Default False.
+            resume: ``True`` continues the newest run in ``model_dir`` from its newest valid
+                checkpoint; a run id (``last_run["run_id"]`` of an earlier call) continues that run;
+                a checkpoint path continues from that file. ``epochs`` counts from the start of the
+                resumed run: a run checkpointed after epoch 1 and resumed with ``epochs=3`` trains
+                2 more. Default False. ``last_run["resumed_from"]`` names the checkpoint used.
             shuffle: Shuffle numpy data each epoch, with ``seed``. Default True.
             seed: The same seed gives the same weights, bit for bit. Default 0.
             validate_every: Also validate every N steps. Default: at epoch ends only.
@@ -146,9 +156,10 @@ class TFOptimizer:
         config = TrainConfig(
             epochs=epochs, batch_size=batch_size, shuffle=shuffle, seed=seed, validate_every=validate_every,
             checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints, model_dir=self.model_dir,
-            resume=resume, on_nonfinite=on_nonfinite,
+            resume=resume, on_nonfinite=on_nonfinite, run_id=new_run_id(),
         )
         config.check()
+        config.resume = self._resume_source(config)
         dataset = as_dataset(data, batch_size)
         val = as_dataset(validation_data, batch_size) if validation_data is not None else None
         if getattr(dataset, "distributed", False) or num_workers is not None:
@@ -158,25 +169,36 @@ class TFOptimizer:
                                           **distributed_options)
             self.net.set_weights(result.weights)
             self.state, self.global_step = result.state, result.step
-            self.last_run = result.run
+            self.last_run = {**result.run, "resumed_from": result.run.get("resumed_from")}
             return result.history
         if distributed_options:
             raise TypeError(f"Unknown arguments {sorted(distributed_options)} for local training.")
         recorder = StepRecorder()
-        reporter = MultiReporter([self._reporter(verbose), recorder])
+        reporter = MultiReporter([self._reporter(verbose, config.run_id), recorder])
         outcome = train(self.net, self.loss, self.method, self.metrics, dataset, config, reporter=reporter,
                         validation_data=val, initial_state=self.state, start_step=self.global_step,
                         lr_source=self._lr_source)
         self.state, self.global_step = outcome.state, outcome.step
         self.last_run = {
-            "num_workers": 1, "attempts": 1, "failures": [],
+            "num_workers": 1, "attempts": 1, "failures": [], "run_id": config.run_id,
+            "start_step": outcome.start_step, "resumed_from": outcome.resumed_from,
             "startup_s": (recorder.first_step_at - recorder.started) if recorder.first_step_at else None,
             "step_times": recorder.step_times, "allreduce_seconds": recorder.allreduce_seconds,
         }
         return outcome.history
 
-    def _reporter(self, verbose: int):
-        writer = TensorBoardWriter(os.path.join(self.model_dir, "tensorboard")) if self.model_dir else None
+    def _resume_source(self, config: TrainConfig):
+        """What to resume from, chosen once on the driver (a run id or a checkpoint path, or
+        False), so that every retry of the stage agrees: ``resume=True`` becomes the newest run."""
+        if config.resume is False or not config.model_dir:
+            return config.resume
+        source, why = resolve_resume(os.path.join(config.model_dir, "checkpoints"), config.resume)
+        if source is not None:
+            log.info("Run %s resumes %s.", config.run_id, why)
+        return source if source is not None else False
+
+    def _reporter(self, verbose: int, run_id: str | None):
+        writer = TensorBoardWriter(tensorboard_dir(self.model_dir, run_id)) if self.model_dir else None
         return MultiReporter([ProgressBar(verbose) if verbose else None, writer])
 
     def evaluate(self, data, batch_size: int = 32) -> dict[str, float]:

@@ -8,6 +8,7 @@ error (:func:`to_exception`) instead of parsing Py4J text.
 
 from __future__ import annotations
 
+import errno
 import json
 import time
 import traceback
@@ -24,6 +25,8 @@ _BUILTIN_NOT_RETRYABLE = {"ValueError": ValueError, "TypeError": TypeError, "Key
 # Horovod's shutdown in an op error of its own, so the class alone does not tell.
 _PEER_GONE = ("Horovod has been shut down", "HorovodInternalError", "Connection reset by peer",
               "Connection closed by peer", "Broken pipe")
+# OSErrors that a rerun meets again: a full disk or quota, a read-only file system, no permission.
+_HOPELESS_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
 # Exceptions that mean a peer or the network went away: a rerun can succeed.
 _RETRYABLE_NAMES = {"HorovodInternalError", "ConnectionError", "ConnectionResetError", "BrokenPipeError",
                     "TimeoutError", "OSError", "EOFError", "RendezvousError", "StageRetryError",
@@ -53,12 +56,27 @@ def from_exception(exc: BaseException, rank: int = -1) -> WorkerFailure:
     """``exc`` as data. ``retryable`` comes from the exception's class attribute when it has
     one (every optim error does), else from its name and whether it says a peer went away
     (network and Horovod errors retry; the rest, programming errors included, do not)."""
-    name = type(exc).__name__
+    name, message = type(exc).__name__, str(exc)
     retryable = getattr(exc, "retryable", None)
+    hopeless = _hopeless_os_error(exc)
+    if hopeless is not None and not isinstance(retryable, bool):
+        name, retryable = "StorageError", False
+        message = (f"{message} (a rerun would fail the same way: errno {errno.errorcode.get(hopeless, hopeless)}; "
+                   "free space or fix the permissions, then run again)")
     if not isinstance(retryable, bool):
-        retryable = name in _RETRYABLE_NAMES or any(s in str(exc) for s in _PEER_GONE)
+        retryable = name in _RETRYABLE_NAMES or any(s in message for s in _PEER_GONE)
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return WorkerFailure(name, str(exc), retryable, text, rank, time.time())
+    return WorkerFailure(name, message, retryable, text, rank, time.time())
+
+
+def _hopeless_os_error(exc: BaseException) -> int | None:
+    """The errno of an OSError (in ``exc`` or its causes) that a rerun meets again, or None."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno in _HOPELESS_ERRNOS:
+            return exc.errno
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 def to_exception(failure: WorkerFailure) -> Exception:

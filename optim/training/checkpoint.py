@@ -1,18 +1,26 @@
 """Checkpoints: weights, optimiser state, step, epoch and RNG state in one ``.npz`` file.
 
+* Named by run: every ``optimize()`` call makes a run id (:func:`new_run_id`, kept across the
+  retries of its stage) and writes only under ``checkpoints/<run id>/``. A run never prunes or
+  loads another run's files unless the user asks for it (:func:`resolve_resume`); two runs side by
+  side in one ``model_dir`` each keep their own. Old runs' folders stay until the user deletes them.
 * Not a pickle: arrays and a JSON header only, read with ``allow_pickle=False``, so loading one
   cannot run code.
 * Written atomically (:func:`tfnet.graph_io.write_bytes_atomic`).
 * Checked: tfnet's container (:mod:`tfnet.container`) holds a SHA-256 of every array; a truncated
   or corrupt file is detected, skipped with a warning, and never loaded.
-* Only the newest ``keep`` are kept.
+* Only the newest ``keep`` of the run are kept; temporary files of a killed writer are swept at
+  the run's next write (:func:`tfnet.graph_io.sweep_stale_temporaries`).
 """
 
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import re
+import secrets
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,11 +29,28 @@ import numpy as np
 
 from optim.errors import CheckpointError, CheckpointWarning
 
-__all__ = ["Checkpoint", "CheckpointManager", "CheckpointWarning", "CheckpointError"]
+__all__ = ["Checkpoint", "CheckpointManager", "CheckpointWarning", "CheckpointError", "new_run_id", "list_runs",
+           "resolve_resume"]
 
 FORMAT = "tfnet-checkpoint-1"
 _NAME = re.compile(r"^ckpt-(\d{9})\.npz$")
+#: A run id: the UTC start time, then 6 random hex digits (sorts in start order).
+RUN_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
+log = logging.getLogger("tfnet.training.checkpoint")
 
+
+def new_run_id() -> str:
+    """A fresh run id, ``YYYYmmdd-HHMMSS-xxxxxx`` (UTC start time and 24 random bits)."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def list_runs(root: str) -> list[str]:
+    """The run ids under ``root`` (``model_dir/checkpoints``) that hold at least one checkpoint
+    file, oldest first (run ids sort in start order)."""
+    if not os.path.isdir(root):
+        return []
+    runs = [d for d in os.listdir(root) if RUN_ID.match(d) and os.path.isdir(os.path.join(root, d))]
+    return sorted(r for r in runs if CheckpointManager(root, run_id=r).all_steps())
 
 
 
@@ -41,17 +66,23 @@ class Checkpoint:
 
 
 class CheckpointManager:
-    """Writes and finds checkpoints in ``directory``.
+    """Writes and finds one run's checkpoints.
 
     Args:
-        directory: Where ``ckpt-<step>.npz`` files go (created if needed).
-        keep: How many of the newest to keep. Default: 3.
+        root: The checkpoint folder (``model_dir/checkpoints``).
+        keep: How many of the run's newest to keep. Default: 3.
+        run_id: The run; its files go to ``root/<run_id>/ckpt-<step>.npz``. Default: none, the
+            files directly in ``root`` (the layout before run ids, read-only in practice).
     """
 
-    def __init__(self, directory: str, keep: int = 3):
+    def __init__(self, root: str, keep: int = 3, run_id: str | None = None):
         if not isinstance(keep, int) or keep < 1:
             raise ValueError(f"`keep_checkpoints` must be a positive integer. Received: {keep!r}")
-        self.directory = directory
+        if run_id is not None and not RUN_ID.match(run_id):
+            raise ValueError(f"Not a run id: {run_id!r}; expected YYYYmmdd-HHMMSS-xxxxxx.")
+        self.root = root
+        self.run_id = run_id
+        self.directory = os.path.join(root, run_id) if run_id else root
         self.keep = keep
 
     def path_for(self, step: int) -> str:
@@ -72,14 +103,25 @@ class CheckpointManager:
             "batch": int(ckpt.batch),
             "weight_names": list(ckpt.weights),
             "state_leaves": len(ckpt.state),
+            "run_id": self.run_id,
             "extra": ckpt.extra,
         }
         try:
             data = pack(FORMAT, header, arrays)
         except ContainerError as exc:
             raise CheckpointError(f"Checkpoint at step {ckpt.step}: {exc}") from None
+        from tfnet.graph_io import sweep_stale_temporaries
+
         path = self.path_for(ckpt.step)
-        write_bytes_atomic(path, data)
+        sweep_stale_temporaries(self.directory)
+        try:
+            write_bytes_atomic(path, data)
+        except OSError as exc:
+            # a full disk, a read-only or vanished folder: a retry would fail the same way
+            raise CheckpointError(
+                f"Cannot write the checkpoint {path} ({type(exc).__name__}: {exc}); training stopped so that "
+                "no progress is lost silently. Free space or give model_dir another place."
+            ) from exc
         self._prune()
         return path
 
@@ -118,8 +160,9 @@ class CheckpointManager:
         names = header["weight_names"]
         weights = {name: arrays[f"w{i:05d}"] for i, name in enumerate(names)}
         state = [arrays[f"s{i:05d}"] for i in range(header["state_leaves"])]
-        return Checkpoint(header["step"], header["epoch"], header["batch"], weights, state,
-                          header.get("extra", {}), path)
+        extra = dict(header.get("extra", {}))
+        extra.setdefault("run_id", header.get("run_id"))
+        return Checkpoint(header["step"], header["epoch"], header["batch"], weights, state, extra, path)
 
     def latest_valid(self) -> Checkpoint | None:
         """The newest checkpoint that loads and verifies; corrupt ones are skipped with a warning."""
@@ -130,3 +173,50 @@ class CheckpointManager:
             except CheckpointError as exc:
                 warnings.warn(f"Skipping checkpoint {exc}", CheckpointWarning, stacklevel=2)
         return None
+
+
+def resolve_resume(root: str, resume, own_run: str | None = None) -> tuple[str | None, str]:
+    """What a run resumes from, as ``(source, description)``: ``source`` is a run id (its newest
+    valid checkpoint), a checkpoint path, or None (a fresh start).
+
+    * The run's own checkpoints come first (a retried stage continues where it stopped).
+    * ``resume=True``: the newest other run in ``root`` that has a checkpoint.
+    * ``resume="<run id>"`` or a checkpoint path: that one.
+    * ``resume=False``: nothing.
+
+    Raises:
+        CheckpointError: the named run or file does not exist.
+    """
+    if own_run and own_run in list_runs(root):
+        return own_run, f"this run's ({own_run}) newest checkpoint"
+    if resume is False or resume is None:
+        return None, "a fresh start"
+    if resume is True:
+        others = [r for r in list_runs(root) if r != own_run]
+        if not others:
+            return None, f"a fresh start (resume=True, but {root} holds no run's checkpoint)"
+        return others[-1], f"the newest run in {root}, {others[-1]}"
+    if not isinstance(resume, str):
+        raise TypeError(f"`resume` must be a bool, a run id or a checkpoint path. Received: {resume!r}")
+    if RUN_ID.match(resume):
+        if resume not in list_runs(root):
+            raise CheckpointError(
+                f"resume={resume!r}: no checkpoint of that run in {root}. Runs there: {list_runs(root) or 'none'}"
+            )
+        return resume, f"run {resume}"
+    if not os.path.isfile(resume):
+        raise CheckpointError(
+            f"resume={resume!r} is neither a run id (YYYYmmdd-HHMMSS-xxxxxx) nor a checkpoint file. Runs in "
+            f"{root}: {list_runs(root) or 'none'}"
+        )
+    return resume, f"the checkpoint {resume}"
+
+
+def load_resume(root: str, source: str | None, keep: int = 3) -> Checkpoint | None:
+    """The checkpoint named by :func:`resolve_resume`'s ``source``: a run's newest valid one (None
+    when all of that run's files are corrupt, each skipped with a warning), or the given file."""
+    if source is None:
+        return None
+    if RUN_ID.match(source) and not os.path.isfile(source):
+        return CheckpointManager(root, keep, run_id=source).latest_valid()
+    return CheckpointManager.load(source)

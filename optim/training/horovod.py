@@ -131,9 +131,6 @@ class HorovodCollective(Collective):
                 pos += n
         return out  # type: ignore[return-value]
 
-    def broadcast_object(self, obj, root: int = 0):
-        return self.hvd.broadcast_object(obj, root_rank=root, name="tfnet_bcast_obj")
-
 
 class HorovodSession:
     """Horovod initialised in this process with ``env``, until :meth:`close`.

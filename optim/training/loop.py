@@ -13,7 +13,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -23,9 +23,10 @@ import tensorflow as tf
 from optim import losses as L
 from optim import metrics as M
 from optim.errors import CheckpointError, NonFiniteLossError
-from optim.training.checkpoint import Checkpoint, CheckpointManager
+from optim.training.checkpoint import RUN_ID, Checkpoint, CheckpointManager, load_resume, new_run_id, resolve_resume
 from optim.training.collective import Collective, LocalCollective
 from optim.training.datasets import TFDataset
+from optim.training.liveness import Liveness
 from optim.training.reporting import Reporter
 
 __all__ = ["TrainConfig", "TrainOutcome", "train", "evaluate", "NonFiniteLossError"]
@@ -40,6 +41,8 @@ class TrainOutcome(NamedTuple):
     history: dict
     step: int
     state: list
+    start_step: int = 0
+    resumed_from: str | None = None
 
 
 
@@ -53,7 +56,10 @@ class TrainConfig:
     checkpoint_every: int | None = None
     keep_checkpoints: int = 3
     model_dir: str | None = None
-    resume: bool = False
+    #: False, True (the newest run in model_dir), a run id, or a checkpoint path
+    resume: bool | str = False
+    #: this run's id (``optimize()`` makes one per call; its retries keep it)
+    run_id: str | None = None
     on_nonfinite: str = "raise"
     drop_remainder: bool = False
     validation_batch_size: int | None = None
@@ -69,8 +75,12 @@ class TrainConfig:
                 raise ValueError(f"`{name}` must be a positive integer or None. Received: {name}={v!r}")
         if self.on_nonfinite not in ("raise", "skip"):
             raise ValueError(f"`on_nonfinite` must be 'raise' or 'skip'. Received: {self.on_nonfinite!r}")
-        if self.resume and not self.model_dir:
+        if not isinstance(self.resume, (bool, str)):
+            raise TypeError(f"`resume` must be a bool, a run id or a checkpoint path. Received: resume={self.resume!r}")
+        if self.resume is True and not self.model_dir:
             raise ValueError("`resume=True` needs a `model_dir` to find checkpoints in.")
+        if isinstance(self.resume, str) and RUN_ID.match(self.resume) and not self.model_dir:
+            raise ValueError(f"`resume={self.resume!r}` names a run; it needs the `model_dir` the run wrote to.")
 
 
 def _checkpoint_dir(model_dir: str) -> str:
@@ -127,9 +137,10 @@ class _Epoch:
 
 
 def evaluate(net, loss: L.Loss, metrics: Sequence[M.Metric], data: TFDataset, batch_size: int,
-             collective: Collective | None = None, prefix: str = "") -> dict[str, float]:
+             collective: Collective | None = None, prefix: str = "", liveness: Liveness | None = None) -> dict[str, float]:
     """Loss and metrics over ``data`` (this rank's shard, summed over ranks)."""
     collective = collective or LocalCollective()
+    alive = liveness or Liveness()
     acc = _Epoch(metrics)
     for features, labels in data.batches(batch_size, shuffle=False, rank=collective.rank, size=collective.size):
         n = _batch_len(features)
@@ -140,7 +151,9 @@ def evaluate(net, loss: L.Loss, metrics: Sequence[M.Metric], data: TFDataset, ba
         acc.loss.update_value(float(loss(labels_t, outputs)), n)
         for m in acc.metrics:
             m.update(labels, _first(outputs))
-    acc.reduce(collective)
+        alive.kick("validation")
+    with alive.phase("waiting for the other ranks' validation"):
+        acc.reduce(collective)
     return acc.logs(prefix)
 
 
@@ -159,7 +172,7 @@ def train(
     initial_state: Sequence[np.ndarray] | None = None,
     start_step: int = 0,
     lr_source=None,
-    heartbeat: Callable[[], None] | None = None,
+    liveness: Liveness | None = None,
 ) -> TrainOutcome:
     """Trains ``net`` in place.
 
@@ -172,14 +185,15 @@ def train(
         start_step: The global step count to continue from. Default: 0.
         lr_source: What has ``learning_rate_at(step)`` for the logged learning rate. Default:
             ``method``.
-        heartbeat: Called after every step on every rank (the distributed watchdog). Default: none.
+        liveness: Told of every step and validation batch, and of the long phases (the distributed
+            watchdog). Default: none.
 
     Returns:
         The history (per-epoch lists), the global step and the final optimiser state.
     """
     config.check()
     run = _Run(net, L.get(loss), method, metrics, config, collective or LocalCollective(), reporter or Reporter(),
-               validation_data, lr_source if lr_source is not None else method, heartbeat)
+               validation_data, lr_source if lr_source is not None else method, liveness or Liveness())
     start = run.start(initial_state, start_step)
     steps = steps_per_epoch if steps_per_epoch is not None else run.batches_per_epoch(data)
     run.reporter.begin(config.epochs, steps, run.global_step, start.epoch)
@@ -231,15 +245,19 @@ class _Run:
 
     def __init__(self, net, loss: L.Loss, method, metrics: Sequence[M.Metric], config: TrainConfig,
                  collective: Collective, reporter: Reporter, validation_data: TFDataset | None, lr_source,
-                 heartbeat: Callable[[], None] | None):
+                 liveness: Liveness):
         self.net, self.loss, self.metrics, self.config = net, loss, metrics, config
         self.collective, self.reporter, self.validation_data = collective, reporter, validation_data
-        self.lr_source, self.heartbeat = lr_source, heartbeat
+        self.lr_source, self.alive = lr_source, liveness
         self.chief = collective.is_chief
         self.step_fn = net.train_step(loss, method, reducer=collective.reducer())
         self.template = self.step_fn.state_spec()
-        self.manager = (CheckpointManager(_checkpoint_dir(config.model_dir), config.keep_checkpoints)
+        self.run_id = config.run_id or new_run_id()
+        self.manager = (CheckpointManager(_checkpoint_dir(config.model_dir), config.keep_checkpoints, self.run_id)
                         if config.model_dir else None)
+        self.start_step = 0
+        self.resumed_from: str | None = None
+        self.compiled = False
         self.val_batch = config.validation_batch_size or config.batch_size
         self.history: dict[str, list] = {}
         self.global_step = self.skipped = 0
@@ -263,12 +281,12 @@ class _Run:
         """Fresh, or from the newest valid checkpoint; rank 0 is the source of weights and state."""
         self._load_initial_state(initial_state)
         collective, net = self.collective, self.net
-        ckpt = self.manager.latest_valid() if (self.config.resume and self.chief and self.manager) else None
+        ckpt = self._resume_checkpoint() if self.chief else None
         start = _Start(start_step)
         if ckpt is not None:
             start = _Start(ckpt.step, ckpt.epoch, ckpt.batch, ckpt.extra.get("history", {}),
                            ckpt.extra.get("epoch_states"), ckpt.extra.get("skipped", 0))
-        start = _Start(**collective.broadcast_object(start._asdict()))
+        start = _Start(**collective.broadcast_json(start._asdict()))
         if ckpt is not None:
             _check_checkpoint(ckpt, net, self.template)
             weights, leaves = [ckpt.weights[n] for n in net.weight_names], ckpt.state
@@ -281,7 +299,26 @@ class _Run:
             _load_state(self.step_fn, leaves, self.template)
         self.history = {k: list(v) for k, v in (start.history or {}).items()}
         self.global_step, self.skipped = start.step, start.skipped
+        self.start_step = start.step
         return start
+
+    def _resume_checkpoint(self) -> Checkpoint | None:
+        """The checkpoint to start from (rank 0): this run's own newest (a retried stage), else
+        what ``resume`` names (:func:`~optim.training.checkpoint.resolve_resume`)."""
+        if self.manager is None:
+            if self.config.resume not in (False, None) and not isinstance(self.config.resume, bool):
+                ckpt = load_resume("", self.config.resume)  # a checkpoint path without model_dir
+                self.resumed_from = ckpt.path if ckpt else None
+                return ckpt
+            return None
+        source, why = resolve_resume(self.manager.root, self.config.resume, self.run_id)
+        ckpt = load_resume(self.manager.root, source, self.config.keep_checkpoints)
+        if ckpt is not None:
+            self.resumed_from = ckpt.path
+            log.info("Run %s resumes from %s: %s (step %d).", self.run_id, why, ckpt.path, ckpt.step)
+        elif source is not None:
+            log.warning("Run %s found no valid checkpoint in %s; it starts afresh.", self.run_id, why)
+        return ckpt
 
     def batches_per_epoch(self, data: TFDataset) -> int | None:
         """This rank's batches per epoch, when the data knows it."""
@@ -311,12 +348,16 @@ class _Run:
             if not self.checked:
                 _check_labels(self.loss, labels, self.net, n)
                 self.checked = True
-            result = self.step_fn.run(features, labels)
+            if self.compiled:
+                result = self.step_fn.run(features, labels)
+            else:  # the first step compiles: a phase of its own, with the long bound
+                with self.alive.phase("compiling the first step"):
+                    result = self.step_fn.run(features, labels)
+                self.compiled = True
             b += 1
             self.global_step += 1
             step_time = clock.tick()
-            if self.heartbeat is not None:
-                self.heartbeat()
+            self.alive.kick("training")
             if not bool(result.finite):
                 self._nonfinite(result, epoch, b)
                 continue
@@ -370,7 +411,7 @@ class _Run:
 
     def _validate(self) -> dict[str, float]:
         return evaluate(self.net, self.loss, metrics_copy(self.metrics), self.validation_data, self.val_batch,
-                        self.collective, prefix="val_")
+                        self.collective, prefix="val_", liveness=self.alive)
 
     def end_epoch(self, epoch: int) -> None:
         """Sums the epoch's loss and metrics over the ranks, validates, extends the history, writes
@@ -388,9 +429,17 @@ class _Run:
         self.reporter.epoch_end(epoch, self.global_step, logs)
 
     def save_checkpoint(self, epoch: int, batch: int) -> None:
-        """Rank 0 writes a checkpoint (with ``model_dir``): weights, optimiser state, counters, history."""
-        if not (self.chief and self.manager):
+        """Rank 0 writes a checkpoint (with ``model_dir``): weights, optimiser state, counters, history.
+        Every rank waits for the write in a phase of the long bound (a slow write is not a dead rank)."""
+        if self.manager is None:
             return
+        with self.alive.phase("writing a checkpoint"):
+            if self.chief:
+                self._write_checkpoint(epoch, batch)
+            if self.collective.size > 1:
+                self.collective.allreduce_sum(np.zeros(1))  # the others wait here, not in the next step
+
+    def _write_checkpoint(self, epoch: int, batch: int) -> None:
         seed = self.config.seed
         extra = {
             "history": self.history,
@@ -405,7 +454,8 @@ class _Run:
     def outcome(self) -> TrainOutcome:
         if self.skipped:
             self.history["skipped_steps"] = [self.skipped]
-        return TrainOutcome(self.history, self.global_step, _state_arrays(self.step_fn))
+        return TrainOutcome(self.history, self.global_step, _state_arrays(self.step_fn), self.start_step,
+                            self.resumed_from)
 
 
 def metrics_copy(metrics: Sequence[M.Metric]) -> list[M.Metric]:

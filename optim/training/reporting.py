@@ -136,6 +136,12 @@ class ProgressBar(Reporter):
             self.bar = None
 
 
+def tensorboard_dir(model_dir: str, run_id: str | None) -> str:
+    """Where a run's TensorBoard events go: ``model_dir/tensorboard/<run id>`` (TensorBoard shows
+    each run as its own line)."""
+    return os.path.join(model_dir, "tensorboard", run_id or "")
+
+
 class TensorBoardWriter(Reporter):
     """Scalars under ``logdir/train`` (loss, metrics, learning rate, samples per second, every
     step) and ``logdir/validation``."""

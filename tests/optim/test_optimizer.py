@@ -94,9 +94,9 @@ def test_resume_mid_epoch(tmp_path):
     TFOptimizer(straight, SCE, optim.SGD(0.05, momentum=0.9), metrics=["accuracy"]).optimize(
         (x, y), epochs=2, batch_size=32, verbose=0)
     net = small_net()
-    TFOptimizer(net, SCE, optim.SGD(0.05, momentum=0.9), metrics=["accuracy"], model_dir=str(tmp_path)).optimize(
-        (x, y), epochs=1, batch_size=32, checkpoint_every=4, keep_checkpoints=5, verbose=0)
-    manager = CheckpointManager(str(tmp_path / "checkpoints"))
+    first = TFOptimizer(net, SCE, optim.SGD(0.05, momentum=0.9), metrics=["accuracy"], model_dir=str(tmp_path))
+    first.optimize((x, y), epochs=1, batch_size=32, checkpoint_every=4, keep_checkpoints=5, verbose=0)
+    manager = CheckpointManager(str(tmp_path / "checkpoints"), run_id=first.last_run["run_id"])
     assert manager.all_steps() == [4, 8, 10]
     os.unlink(manager.path_for(10))  # as if the run died after step 8 of 10
     again = small_net()
@@ -123,9 +123,9 @@ def test_corrupt_checkpoint_is_skipped(tmp_path):
     net = small_net()
     opt = TFOptimizer(net, SCE, optim.SGD(0.05), model_dir=str(tmp_path))
     opt.optimize((x, y), epochs=3, batch_size=32, verbose=0)
-    manager = CheckpointManager(str(tmp_path / "checkpoints"))
+    manager = CheckpointManager(str(tmp_path / "checkpoints"), run_id=opt.last_run["run_id"])
     assert manager.all_steps() == [4, 8, 12]
-    assert not glob.glob(str(tmp_path / "checkpoints" / ".*")), "no temporary files are left behind"
+    assert not glob.glob(str(tmp_path / "checkpoints" / "*" / ".*")), "no temporary files are left behind"
     newest = manager.path_for(12)
     data_bytes = open(newest, "rb").read()
     open(newest, "wb").write(data_bytes[: len(data_bytes) // 2])  # truncated
@@ -178,13 +178,14 @@ def test_tensorboard_events_are_readable(tmp_path):
     opt = TFOptimizer(small_net(), SCE, optim.SGD(optim.schedules.cosine(0.1, 8)), metrics=["accuracy"],
                       model_dir=str(tmp_path))
     opt.optimize((x, y), epochs=2, batch_size=32, validation_data=(x[:64], y[:64]), validate_every=2, verbose=0)
-    train = EventAccumulator(str(tmp_path / "tensorboard" / "train"), size_guidance={"tensors": 0})
+    run = tmp_path / "tensorboard" / opt.last_run["run_id"]
+    train = EventAccumulator(str(run / "train"), size_guidance={"tensors": 0})
     train.Reload()
     tags = set(train.Tags()["tensors"])
     assert {"loss", "accuracy", "learning_rate", "samples_per_sec", "epoch_loss"} <= tags
     lrs = [float(tf.make_ndarray(e.tensor_proto)) for e in train.Tensors("learning_rate")]
     assert len(lrs) == 8 and lrs[0] == pytest.approx(0.1) and lrs[-1] < lrs[0]
-    val = EventAccumulator(str(tmp_path / "tensorboard" / "validation"), size_guidance={"tensors": 0})
+    val = EventAccumulator(str(run / "validation"), size_guidance={"tensors": 0})
     val.Reload()
     assert [e.step for e in val.Tensors("loss")] == [2, 4, 4, 6, 8, 8]
 
@@ -287,7 +288,8 @@ def test_state_carries_over_between_local_calls_and_per_group_rate_is_logged(tmp
     grouped = TFOptimizer(net, SCE, {head[0].split("/")[0]: optim.SGD(optim.schedules.cosine(0.1, 4))},
                           model_dir=str(tmp_path))
     grouped.optimize((x, y), epochs=1, batch_size=32, verbose=0)
-    events = EventAccumulator(str(tmp_path / "tensorboard" / "train"), size_guidance={"tensors": 0})
+    events = EventAccumulator(str(tmp_path / "tensorboard" / grouped.last_run["run_id"] / "train"),
+                              size_guidance={"tensors": 0})
     events.Reload()
     lrs = [float(tf.make_ndarray(e.tensor_proto)) for e in events.Tensors("learning_rate")]
     assert len(lrs) == 4 and all(np.isfinite(lrs)) and lrs[0] == pytest.approx(0.1) and lrs[-1] < lrs[0]

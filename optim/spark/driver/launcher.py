@@ -2,8 +2,10 @@
 
 ``optimize_distributed`` checks the cluster (:mod:`~optim.spark.driver.preflight`), balances the
 data, ships the net once, hosts the secured rendezvous and progress channel (a fresh secret per
-call), runs the stage, and retries it from the newest checkpoint when the failure allows it
-(:mod:`~optim.spark.driver.retry`). It returns a :class:`DistributedResult`; the optimiser applies
+call, a key per channel derived from it), runs the stage, watches the ranks' heartbeats, and
+retries it from the run's own newest checkpoint when the failure allows it
+(:mod:`~optim.spark.driver.retry`). Whatever happens, it destroys its broadcasts and removes its
+exchange folder before it returns. It returns a :class:`DistributedResult`; the optimiser applies
 it. The ranks run :func:`optim.spark.worker.rank.run_rank`.
 """
 
@@ -25,12 +27,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from optim.errors import DistributedTrainingError, NonFiniteLossError, SparkSetupError  # noqa: F401 (re-exported)
-from optim.spark.driver.preflight import check_driver_horovod, probe_workers, task_slots, wait_for_slots, warm_up_workers
+from optim.spark.auth import derive_key
+from optim.spark.driver.preflight import (
+    bounded_job,
+    check_driver_horovod,
+    probe_workers,
+    task_slots,
+    wait_for_slots,
+    warm_up_workers,
+)
 from optim.spark.driver.rendezvous import SecureRendezvous
 from optim.spark.driver.retry import RetryPolicy, stage_error
 from optim.spark.progress import ProgressServer
 from optim.spark.session import get_spark
 from optim.spark.worker.rank import RankJob, read_payload, run_rank
+from optim.training.checkpoint import new_run_id
 from optim.training.datasets import ArrayDataset, TFDataDataset, TFDataset
 from optim.training.loop import TrainConfig
 from optim.training.reporting import MultiReporter, ProgressBar
@@ -82,14 +93,16 @@ def scale_learning_rate(learning_rate: float, num_workers: int, rule: str = "lin
 # ---------------------------------------------------------------- data
 
 
-def balance_dataframe(df, n: int, per_rank_batch: int):
+def balance_dataframe(df, n: int, per_rank_batch: int, timeout_s: float = 600.0):
     """The DataFrame with ``n`` partitions. Left as it is when it has ``n`` non-empty partitions
     whose sizes differ by at most one batch; otherwise repartitioned (round robin).
 
     Returns ``(df, rows per partition before, repartitioned)``."""
     from pyspark.sql import functions as F
 
-    counts = {r["p"]: r["count"] for r in df.groupBy(F.spark_partition_id().alias("p")).count().collect()}
+    grouped = df.groupBy(F.spark_partition_id().alias("p")).count()
+    counts = {r["p"]: r["count"] for r in bounded_job(df.sparkSession.sparkContext, "counting the training rows",
+                                                      grouped.collect, timeout_s)}
     parts = df.rdd.getNumPartitions()
     sizes = [counts.get(i, 0) for i in range(parts)]
     total = sum(sizes)
@@ -100,8 +113,9 @@ def balance_dataframe(df, n: int, per_rank_batch: int):
     return df.repartition(n), sizes, True
 
 
-def balance_rdd(rdd, n: int, per_rank_batch: int):
-    sizes = rdd.mapPartitions(lambda it: [sum(1 for _ in it)]).collect()
+def balance_rdd(rdd, n: int, per_rank_batch: int, timeout_s: float = 600.0):
+    sizes = bounded_job(rdd.context, "counting the training rows",
+                        rdd.mapPartitions(lambda it: [sum(1 for _ in it)]).collect, timeout_s)
     total = sum(sizes)
     if total < n:
         raise ValueError(f"The training data has {total} rows, fewer than the {n} workers; each rank needs rows.")
@@ -135,32 +149,72 @@ def optimize_distributed(opt, dataset: TFDataset, config: TrainConfig, validatio
 
     Args:
         num_workers: Ranks. Default: Spark's default parallelism.
-        max_retries: Times to rerun the stage after a failure (a dead task, a lost executor, a
-            timeout), resuming from the newest checkpoint in ``model_dir``. Default 2.
-        timeout: Seconds without a training step (or a collective) before a rank gives up, and the
-            driver cancels the stage. Default 300.
-        startup_timeout: Seconds allowed from launch to the first step. Default 600.
+        max_retries: Times to rerun the stage after a failure a rerun can mend (a dead task, a lost
+            executor, a timeout), resuming from this run's newest checkpoint in ``model_dir``.
+            Default 2.
+        timeout: Seconds a rank may go without progress (a training step, a validation batch)
+            before it gives up and the driver cancels the stage. Default 300.
+        startup_timeout: Seconds allowed from launch to the first step, and the bound of the long
+            phases (the first step's compile, a checkpoint write, waiting for the other ranks'
+            validation). Default 600.
         slot_wait: Seconds to wait for enough task slots (executors still registering). Default 30.
         steps_per_epoch: Steps per epoch for tf.data input of unknown length. Default: agreed from
             the data.
     """
     t_call = time.monotonic()
+    config = copy.copy(config)
+    config.run_id = config.run_id or new_run_id()
     sc, n, per_rank = _check_cluster(dataset, config, num_workers, slot_wait, startup_timeout)
-    stage = _prepare_stage(sc, opt, dataset, validation, config, n, per_rank)
-    secret = secrets.token_bytes(32)  # this call's secret: the ranks get it with the job
-    server = ProgressServer(MultiReporter([ProgressBar(verbose) if verbose else None]), host=stage.driver_host,
-                            authkey=secret)
-    failures: list[str] = []
+    secret = secrets.token_bytes(32)  # this call's secret: it stays here; the ranks get derived keys
+    cleanup = _Cleanup()
     try:
-        result = _run_attempts(sc, opt, stage, server, secret.hex(), RetryPolicy(max_retries), failures,
+        stage = _prepare_stage(sc, opt, dataset, validation, config, n, per_rank, cleanup, startup_timeout)
+        server = ProgressServer(MultiReporter([ProgressBar(verbose) if verbose else None]), host=stage.bind_host,
+                                authkey=derive_key(secret, "progress"), port=_pinned_port(sc, "progress"),
+                                advertise=stage.driver_host)
+        cleanup.add(server.close)
+        failures: list[str] = []
+        attempts: list[dict] = []
+        result = _run_attempts(sc, opt, stage, server, secret, RetryPolicy(max_retries), failures, attempts,
                                timeout=timeout, startup_timeout=startup_timeout, slot_wait=slot_wait,
                                steps_per_epoch=steps_per_epoch, verbose=verbose)
     finally:
-        server.close()
-        if stage.exchange and stage.exchange.startswith(tempfile.gettempdir()):
-            shutil.rmtree(stage.exchange, ignore_errors=True)
-    result.run = _run_summary(server, n, failures, t_call)
+        cleanup.run()
+    result.run = {**_run_summary(server, n, failures, t_call), **result.run, "attempt_log": attempts,
+                  "run_id": config.run_id}
     return result
+
+
+class _Cleanup:
+    """What a call made and must take away on every way out: broadcasts, the exchange folder, the
+    progress server. Each step runs once, in reverse order; one that fails does not stop the rest."""
+
+    def __init__(self):
+        self._steps: list = []
+
+    def add(self, fn, *args) -> None:
+        self._steps.append((fn, args))
+
+    def broadcast(self, bc):
+        if bc is not None and hasattr(bc, "destroy"):
+            self.add(_destroy, bc)
+        return bc
+
+    def run(self) -> None:
+        while self._steps:
+            fn, args = self._steps.pop()
+            try:
+                fn(*args)
+            except Exception as exc:  # noqa: BLE001 - clean-up goes on; the run's own error wins
+                log.warning("Clean-up step %s failed: %s", getattr(fn, "__name__", fn), exc)
+
+
+def _destroy(bc) -> None:
+    """Destroys a broadcast on the executors and removes its file from the driver's disk."""
+    path = getattr(bc, "_path", None)
+    bc.destroy()
+    if path and os.path.exists(path):
+        os.unlink(path)
 
 
 @dataclass
@@ -179,6 +233,7 @@ class _Stage:
     hooks: bytes | None
     config: TrainConfig
     driver_host: str
+    bind_host: str
 
 
 def _check_cluster(dataset: TFDataset, config: TrainConfig, num_workers: int | None, slot_wait: float,
@@ -207,44 +262,67 @@ def _check_cluster(dataset: TFDataset, config: TrainConfig, num_workers: int | N
 
 
 def _prepare_stage(sc, opt, dataset: TFDataset, validation: TFDataset | None, config: TrainConfig, n: int,
-                   per_rank: int) -> _Stage:
-    """The data, one partition per rank; the validation data; the net, shipped once."""
-    kind, reader, data_bc, source = _prepare_data(sc, dataset, n, per_rank)
+                   per_rank: int, cleanup: _Cleanup, timeout_s: float) -> _Stage:
+    """The data, one partition per rank; the validation data; the net, shipped once. Everything it
+    makes is registered with ``cleanup``."""
+    kind, reader, data_bc, source = _prepare_data(sc, dataset, n, per_rank, cleanup, timeout_s)
     val = _local_validation(validation)
-    val_bc = sc.broadcast(val) if val is not None else None
+    val_bc = cleanup.broadcast(sc.broadcast(val)) if val is not None else None
     exchange = _exchange_dir(sc, config.model_dir)
-    net_bc = _ship(sc, net_to_bytes(opt.net), exchange)
+    if exchange is not None:
+        cleanup.add(shutil.rmtree, exchange, True)
+    net_bc = _ship(sc, net_to_bytes(opt.net), exchange, cleanup)
     worker_config = copy.copy(config)
     worker_config.batch_size = per_rank
+    conf = sc.getConf()
+    host = conf.get("spark.driver.host", "127.0.0.1")
     return _Stage(n, kind, reader, data_bc, source, val_bc, exchange, net_bc, _pickle_hooks(opt.net), worker_config,
-                  sc.getConf().get("spark.driver.host", "127.0.0.1"))
+                  host, conf.get("spark.driver.bindAddress", host))
 
 
-def _run_attempts(sc, opt, stage: _Stage, server, token: str, policy: RetryPolicy, failures: list[str], *,
-                  timeout: float, startup_timeout: float, slot_wait: float, steps_per_epoch: int | None,
-                  verbose: int) -> DistributedResult:
+def _pinned_port(sc, channel: str) -> int:
+    """The port pinned for ``channel`` (``spark.tfnet.rendezvous.port`` / ``spark.tfnet.progress.port``,
+    for a firewalled cluster), or 0 for one the OS picks."""
+    key = f"spark.tfnet.{channel}.port"
+    value = sc.getConf().get(key, "0")
+    try:
+        port = int(value)
+    except ValueError:
+        port = -1
+    if not 0 <= port < 65536:
+        raise ValueError(f"`{key}` must be a port number (0 for any). Received: {value!r}")
+    return port
+
+
+def _run_attempts(sc, opt, stage: _Stage, server, secret: bytes, policy: RetryPolicy, failures: list[str],
+                  attempts: list[dict], *, timeout: float, startup_timeout: float, slot_wait: float,
+                  steps_per_epoch: int | None, verbose: int) -> DistributedResult:
     """Runs the stage until it succeeds, or fails in a way a retry cannot help, or the retries
-    run out. A retry resumes from the newest checkpoint (with ``model_dir``)."""
-    worker_config = stage.config
+    run out. Every attempt runs under the same run id, so a retry resumes from this run's own
+    newest checkpoint (with ``model_dir``) and never from another run's."""
+    rendezvous_key = derive_key(secret, "rendezvous")
     for attempt in range(policy.max_retries + 1):
         if attempt:
-            worker_config = copy.copy(worker_config)
-            worker_config.resume = bool(worker_config.model_dir)
             wait_for_slots(sc, stage.n, max(slot_wait, 60.0))
-        with SecureRendezvous(stage.driver_host, stage.n, token) as rendezvous:
+        with SecureRendezvous(stage.bind_host, stage.n, rendezvous_key, port=_pinned_port(sc, "rendezvous")) as rdv:
             job = RankJob(
                 exchange=stage.exchange, net=stage.net, hooks=stage.hooks, loss=opt.loss, method=opt.method,
-                metrics=opt.metrics, config=worker_config, size=stage.n, kind=stage.kind, reader=stage.reader,
-                data=stage.data, validation=stage.validation, rendezvous=rendezvous.address, progress=server.address,
-                token=token, timeout_s=timeout, startup_timeout_s=startup_timeout, state=opt.state,
+                metrics=opt.metrics, config=stage.config, size=stage.n, kind=stage.kind, reader=stage.reader,
+                data=stage.data, validation=stage.validation,
+                rendezvous=(stage.driver_host, rdv.address[1]), progress=(stage.driver_host, server.port),
+                rendezvous_key=rendezvous_key, progress_key=derive_key(secret, "progress"),
+                timeout_s=timeout, startup_timeout_s=startup_timeout, state=opt.state,
                 start_step=opt.global_step, steps_per_epoch=steps_per_epoch, attempt=attempt,
                 extra_env=horovod_tuning(opt.net), lr_source=getattr(opt, "_lr_source", None),
                 log_level=_worker_log_level(verbose),
             )
             try:
-                return _read_result(_run_stage(sc, stage.source, stage.kind, job, server, timeout, startup_timeout))
+                result = _read_result(_run_stage(sc, stage.source, stage.kind, job, rdv, timeout, startup_timeout))
+                attempts.append({"attempt": attempt, "ok": True, **result.run})
+                return result
             except Exception as exc:  # noqa: BLE001 - turned into the ranks' own error below
-                _after_failure(sc, exc, rendezvous.failures(), policy, attempt, failures, bool(stage.config.model_dir))
+                attempts.append({"attempt": attempt, "ok": False, "error": str(exc)[:300]})
+                _after_failure(sc, exc, rdv.failures(), policy, attempt, failures, bool(stage.config.model_dir))
     raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
 
 
@@ -265,10 +343,13 @@ def _after_failure(sc, exc: Exception, reports: list, policy: RetryPolicy, attem
             f"Distributed training failed {len(failures)} time(s), the last time with: {failures[-1]}"
         ) from exc
     message = (f"Training stage attempt {attempt + 1} failed ({str(err)[:300]}); retrying "
-               f"{'from the newest checkpoint' if has_model_dir else 'from the start (no model_dir)'}.")
+               f"{_RETRY_FROM[has_model_dir]}.")
     log.warning(message)
-    # stacklevel 4: the warning points at optimize_distributed()'s caller (through _run_attempts).
-    warnings.warn(message, RuntimeWarning, stacklevel=4)
+    # stacklevel 5: the warning points at optimize()'s caller (through optimize_distributed and _run_attempts).
+    warnings.warn(message, RuntimeWarning, stacklevel=5)
+
+
+_RETRY_FROM = {True: "from this run's newest checkpoint", False: "from the start (no model_dir)"}
 
 
 def _run_summary(server, n: int, failures: list[str], t_call: float) -> dict:
@@ -308,9 +389,9 @@ def horovod_tuning(net) -> dict[str, str]:
 
 def _exchange_dir(sc, model_dir: str | None) -> str | None:
     """A folder the driver and every rank can read and write, to move the net and the results
-    without passing them through Spark's JVM heap: a temporary folder when the master is local,
-    ``model_dir/.exchange`` otherwise (``model_dir`` must be shared storage on a cluster). None:
-    use a broadcast and the job result instead."""
+    without passing them through Spark's JVM heap: a private temporary folder when the master is
+    local, ``model_dir/.exchange/<id>`` otherwise (``model_dir`` must be shared storage on a
+    cluster). None: use a broadcast and the job result instead. The caller removes it."""
     if sc.master.startswith("local"):
         return tempfile.mkdtemp(prefix="tfnet-exchange-")
     if model_dir:
@@ -320,10 +401,10 @@ def _exchange_dir(sc, model_dir: str | None) -> str | None:
     return None
 
 
-def _ship(sc, data: bytes, exchange: str | None):
+def _ship(sc, data: bytes, exchange: str | None, cleanup: _Cleanup):
     """The serialized net, as a file path in ``exchange`` or as a broadcast."""
     if exchange is None:
-        return sc.broadcast(data)
+        return cleanup.broadcast(sc.broadcast(data))
     from tfnet.graph_io import write_bytes_atomic
 
     path = os.path.join(exchange, "net.npz")
@@ -338,26 +419,51 @@ def _spark_stopped(sc) -> bool:
         return True
 
 
-def _prepare_data(sc, dataset: TFDataset, n: int, per_rank: int):
+def _prepare_data(sc, dataset: TFDataset, n: int, per_rank: int, cleanup: _Cleanup, timeout_s: float):
     from optim.spark.datasets import DataFrameDataset, RDDDataset
 
     if isinstance(dataset, DataFrameDataset):
-        df, _, _ = balance_dataframe(dataset.df.select(*dataset.columns()), n, per_rank)
+        df, _, _ = balance_dataframe(dataset.df.select(*dataset.columns()), n, per_rank, timeout_s)
         return "arrow", dataset.shard_reader(), None, df
     if isinstance(dataset, RDDDataset):
-        rdd, _, _ = balance_rdd(dataset.rdd, n, per_rank)
+        rdd, _, _ = balance_rdd(dataset.rdd, n, per_rank, timeout_s)
         return "records", dataset.shard_reader(), None, rdd
     if isinstance(dataset, ArrayDataset):
         if len(dataset) < n:
             raise ValueError(f"The training data has {len(dataset)} rows, fewer than the {n} workers.")
-        return "arrays", None, sc.broadcast(dataset), sc.parallelize(range(n), n)
+        return "arrays", None, cleanup.broadcast(sc.broadcast(dataset)), sc.parallelize(range(n), n)
     if isinstance(dataset, TFDataDataset):
         return "tf_data", None, dataset, sc.parallelize(range(n), n)
     raise TypeError(f"Cannot train on {type(dataset).__name__} over Spark.")
 
 
-def _run_stage(sc, source, kind: str, job, server, timeout: float, startup_timeout: float) -> list[bytes]:
-    """Runs the barrier stage in a thread; cancels it when progress stops."""
+#: Seconds added to a rank's own bound before the driver calls it stuck (the rank's watchdog
+#: should end it first) and how long a rank's heartbeat may stay unchanged (a frozen process or a
+#: cut network: the watchdog cannot act).
+STUCK_GRACE_S = 30.0
+
+
+def stuck_rank(beats: dict[int, dict], n: int, now: float, started: float, startup_timeout: float) -> str | None:
+    """Why the stage is stuck, from the ranks' heartbeats (``SecureRendezvous.heartbeats()``), or
+    None. A rank is stuck when its own report says it has been idle past its bound, when its
+    heartbeat has not changed for :data:`STUCK_GRACE_S` plus its bound, or when it has sent none
+    within ``startup_timeout`` of the launch. Pure (tested without Spark)."""
+    for rank in range(n):
+        beat = beats.get(rank)
+        if beat is None:
+            if now - started > startup_timeout + STUCK_GRACE_S:
+                return f"rank {rank} sent no heartbeat within {startup_timeout:.0f} s of the launch (startup_timeout)"
+            continue
+        bound = float(beat.get("bound", startup_timeout))
+        idle = float(beat.get("idle", 0.0)) + (now - beat["received"])
+        if idle > bound + STUCK_GRACE_S:
+            return (f"rank {rank} made no progress for {idle:.0f} s while {beat.get('phase', '?')} "
+                    f"(its bound: {bound:.0f} s)")
+    return None
+
+
+def _run_stage(sc, source, kind: str, job, rendezvous, timeout: float, startup_timeout: float) -> list[bytes]:
+    """Runs the barrier stage in a thread; cancels it when a rank's heartbeat says it is stuck."""
     group = f"tfnet-train-{uuid.uuid4().hex[:8]}"
     out: list = []
     error: list = []
@@ -386,21 +492,15 @@ def _run_stage(sc, source, kind: str, job, server, timeout: float, startup_timeo
             error.append(exc)
 
     started = time.monotonic()
-    server.last_event = started
-    server.first_step_at = None
     thread = threading.Thread(target=run, name="tfnet-stage", daemon=True)
     thread.start()
     while thread.is_alive():
         thread.join(1.0)
-        now = time.monotonic()
-        waited = now - (server.last_event if server.first_step_at else started)
-        limit = timeout if server.first_step_at else startup_timeout
-        if thread.is_alive() and waited > limit + 30:
+        why = stuck_rank(rendezvous.heartbeats(), job.size, time.monotonic(), started, startup_timeout)
+        if thread.is_alive() and why:
             sc.cancelJobGroup(group)
             thread.join(60)
-            raise DistributedTrainingError(
-                f"No progress from the ranks for {waited:.0f} s (limit {limit:.0f} s); the stage was cancelled."
-            )
+            raise DistributedTrainingError(f"The stage was cancelled: {why}.")
     if error:
         raise error[0]
     if len(out) != 1:
@@ -415,7 +515,9 @@ def _read_result(payloads: list) -> DistributedResult:
             data = f.read()
         os.unlink(payloads[0])
     weights, state, meta = read_payload(data)
-    return DistributedResult(weights, state, meta["step"], meta["history"])
+    run = {k: meta.get(k) for k in ("start_step", "resumed_from", "rows", "steps_per_epoch")}
+    run["end_step"] = meta["step"]
+    return DistributedResult(weights, state, meta["step"], meta["history"], run)
 
 
 def _pickle_hooks(net) -> bytes | None:

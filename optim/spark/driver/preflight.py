@@ -14,7 +14,7 @@ from optim.errors import DistributedTrainingError, SparkSetupError
 from optim.spark.driver.retry import stage_error
 from optim.spark.session import get_spark
 
-__all__ = ["WarmUp", "check_driver_horovod", "probe_workers", "task_slots", "wait_for_slots", "warm_up_workers"]
+__all__ = ["WarmUp", "bounded_job", "check_driver_horovod", "probe_workers", "task_slots", "wait_for_slots", "warm_up_workers"]
 
 
 def task_slots(sc) -> int:
@@ -101,7 +101,8 @@ class WarmUp:
     def done(self) -> bool:
         return not self._thread.is_alive()
 
-    def wait(self, timeout: float | None = None) -> list[dict] | None:
+    def wait(self, timeout: float = 600.0) -> list[dict] | None:
+        """The reports, or None when the job is still running after ``timeout`` seconds (default 600)."""
         self._thread.join(timeout)
         return None if self._thread.is_alive() else self.reports
 
@@ -128,31 +129,42 @@ def warm_up_workers(spark=None, num_workers: int | None = None) -> WarmUp:
     return WarmUp(sc, num_workers or task_slots(sc))
 
 
-def probe_workers(sc, n: int, timeout_s: float) -> None:
-    """Runs one small task per slot that imports what the ranks need; turns failures into clear
-    errors. Also warms the Python workers (TensorFlow gets imported once)."""
-    probe = _import_report_fn()
-
-    group = f"tfnet-probe-{uuid.uuid4().hex[:8]}"
+def bounded_job(sc, description: str, action, timeout_s: float):
+    """Runs the Spark action ``action()`` (a ``collect``) in a job group of its own; cancels it and
+    raises DistributedTrainingError when it takes longer than ``timeout_s`` seconds."""
+    group = f"tfnet-{uuid.uuid4().hex[:8]}"
     results: list = []
     error: list = []
 
     def run():
         try:
-            sc.setJobGroup(group, "tfnet: checking the workers' Python", interruptOnCancel=True)
-            results.extend(sc.parallelize(range(n), n).mapPartitions(probe).collect())
-        except Exception as exc:  # noqa: BLE001
+            sc.setJobGroup(group, f"tfnet: {description}", interruptOnCancel=True)
+            results.append(action())
+        except Exception as exc:  # noqa: BLE001 - raised in the caller's thread
             error.append(exc)
 
-    thread = threading.Thread(target=run, daemon=True)
+    thread = threading.Thread(target=run, name="tfnet-job", daemon=True)
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
         sc.cancelJobGroup(group)
         thread.join(10)
-        raise DistributedTrainingError(f"The Spark workers did not answer within {timeout_s:.0f} s.")
+        raise DistributedTrainingError(f"Spark did not finish {description} within {timeout_s:.0f} s; cancelled.")
     if error:
-        raise stage_error(error[0], [], prefix="Checking the Spark workers failed") from error[0]
+        raise error[0]
+    return results[0]
+
+
+def probe_workers(sc, n: int, timeout_s: float) -> None:
+    """Runs one small task per slot that imports what the ranks need; turns failures into clear
+    errors. Also warms the Python workers (TensorFlow gets imported once)."""
+    job = sc.parallelize(range(n), n).mapPartitions(_import_report_fn())
+    try:
+        results = bounded_job(sc, "checking the workers' Python", job.collect, timeout_s)
+    except DistributedTrainingError:
+        raise DistributedTrainingError(f"The Spark workers did not answer within {timeout_s:.0f} s.") from None
+    except Exception as exc:  # noqa: BLE001 - a Py4J error, turned into tfnet's
+        raise stage_error(exc, [], prefix="Checking the Spark workers failed") from exc
     for report in results:
         bad = {k: v for k, v in report.items() if k != "python"}
         if bad:

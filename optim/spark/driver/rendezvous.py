@@ -1,90 +1,159 @@
-"""The driver's rendezvous store for one training stage, secured with the job's secret. Driver side.
+"""The driver's rendezvous store for one training stage, secured with the job's rendezvous key.
+Driver side.
 
 It is Horovod's own HTTP key-value server (``horovod.runner.http``), which Gloo's rendezvous uses,
 with two changes:
 
-* it listens on the driver's address only, not on every interface;
-* tfnet's keys (scopes starting ``tfnet_``: rank claims, step counts, failure reports) need the
-  header ``X-Tfnet-Token`` with the job's secret, or get 403. Gloo's own requests (made by
-  Horovod's C++ code, which cannot send a header) go through a proxy in each rank that adds the
-  header (:mod:`optim.spark.worker.rendezvous`), so every request must present the secret.
+* it listens on one address (the driver's bind address), on a port the OS picks or the one the
+  configuration pins (``spark.tfnet.rendezvous.port``);
+* every request must carry ``X-Tfnet-Auth``, an HMAC of its method, path and body under the
+  rendezvous key (:mod:`optim.spark.auth`), or gets 403. The ranks sign their own requests; Gloo's
+  (made by Horovod's C++ code, which cannot sign) go through a proxy in each rank
+  (:mod:`optim.spark.worker.rendezvous`) that signs only the requests Gloo's rendezvous makes.
 """
 
 from __future__ import annotations
 
-import hmac
+import json
 import logging
+import threading
+import time
 
+from optim.spark.auth import AUTH_HEADER, verify_request
 from optim.spark.failures import WorkerFailure
 
-__all__ = ["SecureRendezvous", "TOKEN_HEADER"]
+__all__ = ["SecureRendezvous", "FAILURE_SCOPE", "HEARTBEAT_SCOPE"]
 
-TOKEN_HEADER = "X-Tfnet-Token"
 FAILURE_SCOPE = "tfnet_failures"
+HEARTBEAT_SCOPE = "tfnet_heartbeat"
+STOP_TIMEOUT_S = 10.0
 log = logging.getLogger("tfnet.spark.rendezvous")
 
 
-def _handler_class(token: str):
+def _handler_class(key: bytes):
     from horovod.runner.http.http_server import RendezvousHandler
 
     class SecuredHandler(RendezvousHandler):
-        def _allowed(self) -> bool:
-            got = self.headers.get(TOKEN_HEADER, "")
-            if hmac.compare_digest(got.encode(), token.encode()):
+        def _allowed(self, body: bytes | None) -> bool:
+            if verify_request(key, self.headers.get(AUTH_HEADER), self.command, self.path, body):
                 return True
-            log.warning("Refused a rendezvous request without the job's secret from %s: %s %s",
-                        self.client_address[0], self.command, self.path)
+            self.server.refused += 1
+            log.warning("Refused a rendezvous request not signed with the job's key from %s: %s %s",
+                        self.client_address[0], self.command, self.path[:100])
             self.send_status_code(403)
             return False
 
         def do_GET(self):  # noqa: N802 (http.server names)
-            if self._allowed():
+            if self._allowed(None):
                 super().do_GET()
 
         def do_PUT(self):  # noqa: N802
-            if self._allowed():
-                super().do_PUT()
+            parts = self.path.split("/")
+            try:
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else b""
+            except (ValueError, OSError):
+                self.send_status_code(400)
+                return
+            if not self._allowed(body):
+                return
+            if len(parts) != 3:
+                self.send_status_code(400)
+                return
+            self._put_value(parts[1], parts[2], body)
+            self.send_status_code(200)
 
         def do_DELETE(self):  # noqa: N802
-            if self._allowed():
+            if self._allowed(None):
                 super().do_DELETE()
 
     return SecuredHandler
 
 
 class SecureRendezvous:
-    """Horovod's rendezvous server on ``host`` (port chosen by the OS), for ``size`` ranks, that
-    answers only requests carrying ``token``. Use as a context manager, or call :meth:`stop`."""
+    """Horovod's rendezvous server on ``host``, for ``size`` ranks, that answers only requests
+    signed with ``key``. Use as a context manager, or call :meth:`stop`.
 
-    def __init__(self, host: str, size: int, token: str):
+    Args:
+        host: The address to listen on.
+        size: The number of ranks.
+        key: The rendezvous key (:func:`optim.spark.auth.derive_key`).
+        port: 0 (default) for a port the OS picks; another number pins it.
+
+    Attributes:
+        address: ``(host, port)`` it listens on.
+        refused: How many requests were refused.
+    """
+
+    def __init__(self, host: str, size: int, key: bytes, port: int = 0):
         from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
         from horovod.runner.http.http_server import RendezvousHTTPServer
-        from horovod.runner.util.threads import in_thread
 
-        self._httpd = RendezvousHTTPServer((host, 0), _handler_class(token), 0)
+        try:
+            self._httpd = RendezvousHTTPServer((host, int(port)), _handler_class(key), 0)
+        except OSError as exc:
+            raise OSError(f"The rendezvous server cannot listen on {host}:{port} ({exc}); pin another port with "
+                          "spark.tfnet.rendezvous.port, or leave it 0.") from exc
+        self._httpd.refused = 0
+        self._httpd.daemon_threads = True
         self._httpd.init(get_host_assignments(parse_hosts(",".join(f"rank{r}:1" for r in range(size))), size))
         self.address: tuple[str, int] = (host, self._httpd.server_address[1])
-        self._thread = in_thread(target=self._httpd.serve_forever)
+        self._seen: dict[str, tuple[bytes, float]] = {}
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="tfnet-rendezvous", daemon=True)
+        self._thread.start()
+
+    @property
+    def refused(self) -> int:
+        return self._httpd.refused
+
+    def _scope(self, scope: str) -> dict[str, bytes]:
+        with self._httpd.cache_lock:
+            return dict(self._httpd.cache.get(scope, {}))
 
     def failures(self) -> list[WorkerFailure]:
         """The failure reports the ranks posted, in the order they came."""
-        with self._httpd.cache_lock:
-            values = list(self._httpd.cache.get(FAILURE_SCOPE, {}).values())
         out = []
-        for v in values:
+        for v in self._scope(FAILURE_SCOPE).values():
             try:
                 out.append(WorkerFailure.from_json(v))
             except (ValueError, TypeError, KeyError) as exc:
                 log.warning("Ignored an unreadable failure report from a rank (%s).", exc)
         return sorted(out, key=lambda f: f.time)
 
+    def heartbeats(self) -> dict[int, dict]:
+        """Each rank's newest heartbeat (:class:`optim.spark.worker.watchdog.Watchdog` sends one
+        every few seconds), with ``received``: when (``time.monotonic()`` on the driver) it last
+        changed."""
+        now = time.monotonic()
+        out = {}
+        for key, value in self._scope(HEARTBEAT_SCOPE).items():
+            old = self._seen.get(key)
+            if old is None or old[0] != value:
+                self._seen[key] = (value, now)
+            try:
+                beat = json.loads(value)
+                rank = int(key.removeprefix("rank"))
+            except (ValueError, TypeError):
+                continue
+            if isinstance(beat, dict):
+                beat["received"] = self._seen[key][1]
+                out[rank] = beat
+        return out
+
     def stop(self) -> None:
-        self._httpd.shutdown()
+        """Stops serving and closes the socket, within :data:`STOP_TIMEOUT_S`."""
+        stopper = threading.Thread(target=self._httpd.shutdown, name="tfnet-rendezvous-stop", daemon=True)
+        stopper.start()
+        stopper.join(STOP_TIMEOUT_S)
         self._httpd.server_close()
-        self._thread.join(10)
+        self._thread.join(STOP_TIMEOUT_S)
+        if self._thread.is_alive() or stopper.is_alive():
+            log.warning("The rendezvous server did not stop within %.0f s; its socket is closed.", STOP_TIMEOUT_S)
 
     def __enter__(self) -> SecureRendezvous:
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
+

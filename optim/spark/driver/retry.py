@@ -1,8 +1,9 @@
 """The retry policy of the distributed training stage. Driver side, pure.
 
-A failed stage is retried (from the newest checkpoint) when the failure is one a rerun can fix: a
-lost task or executor, a timeout, a peer that went away. Errors in the data, the model or the code
-are raised at once, with the worker's traceback.
+A failed stage is retried (from the run's own newest checkpoint) when the failure is one a rerun
+can fix: a lost task or executor, a timeout, a peer that went away. Errors in the data, the model or
+the code, a full disk or a read-only folder, a checkpoint that cannot be written and a result too
+large for the driver are raised at once, with the worker's traceback.
 """
 
 from __future__ import annotations
@@ -26,6 +27,14 @@ def stage_error(exc: BaseException, failures: list[WorkerFailure], prefix: str =
     if isinstance(exc, TFNetError) and hasattr(exc, "retryable"):
         return exc  # type: ignore[return-value]
     text = str(exc)
+    if "spark.driver.maxResultSize" in text or "bigger than local result size limit" in text:
+        err = DistributedTrainingError(
+            f"{prefix}: rank 0's result is larger than the driver accepts (spark.driver.maxResultSize); a rerun "
+            "would fail the same way. Give model_dir shared storage (the result then moves as a file), or raise "
+            "spark.driver.maxResultSize (set before the session starts)."
+        )
+        err.retryable = False  # type: ignore[attr-defined]
+        return err
     if "OutOfMemoryError" in text:
         where = "driver" if "executor driver" in text or "awaitResult" in text else "executor"
         err = DistributedTrainingError(

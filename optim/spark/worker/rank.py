@@ -5,8 +5,8 @@ epoch (through the driver's rendezvous store, before Horovod starts), joins the 
 Gloo through that store, and runs the same training loop as a local run, from the optimiser state
 the driver sent. Rank 0 sends progress to the driver, writes checkpoints and TensorBoard events,
 and returns the final weights, optimiser state and history. A rank that fails posts its error as
-data (:mod:`optim.spark.failures`) before its task fails. Every call to the driver presents the
-job's secret.
+data (:mod:`optim.spark.failures`) before its task fails. Every call to the driver is signed with
+the job's rendezvous key; the progress channel has a key of its own (:mod:`optim.spark.auth`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ class RankJob:
     attempt: int = 0
     extra_env: dict = field(default_factory=dict)
     exchange: str | None = None  # a folder shared by the driver and the ranks, or None
-    token: str = ""  # the job's secret (hex), presented to the rendezvous store and the progress channel
+    rendezvous_key: bytes = b""  # signs every request to the driver's rendezvous store
+    progress_key: bytes = b""  # authenticates rank 0 on the progress channel
     lr_source: Any = None  # what gives the logged learning rate (``learning_rate_at``)
     log_level: int = logging.WARNING  # tfnet's and TensorFlow's log level in the ranks
 
@@ -75,13 +76,15 @@ def agree_steps(rows: list[int], per_rank_batch: int) -> int:
     return max(1, math.ceil(max(rows) / per_rank_batch))
 
 
-def _write_rank_info(model_dir: str | None, rank: int, attempt: int) -> None:
-    if not model_dir:
+def _write_rank_info(config, rank: int, attempt: int) -> None:
+    """``model_dir/ranks/<run id>/rank-<N>.json``: where this rank runs (for operators and tests)."""
+    if not config.model_dir:
         return
     from tfnet.graph_io import write_json_atomic
 
-    info = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(), "attempt": attempt, "time": time.time()}
-    write_json_atomic(os.path.join(model_dir, "ranks", f"rank-{rank}.json"), info)
+    info = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(), "attempt": attempt, "time": time.time(),
+            "run_id": config.run_id}
+    write_json_atomic(os.path.join(config.model_dir, "ranks", config.run_id or "", f"rank-{rank}.json"), info)
 
 
 def run_rank(job: RankJob, partition: Iterable) -> Iterator[bytes | str]:
@@ -99,7 +102,7 @@ def run_rank(job: RankJob, partition: Iterable) -> Iterator[bytes | str]:
         from optim.spark.failures import from_exception
         from optim.spark.worker import rendezvous
 
-        rendezvous.report_failure(job.rendezvous, rank, from_exception(exc, rank).to_json(), job.token)
+        rendezvous.report_failure(job.rendezvous, rank, from_exception(exc, rank).to_json(), job.rendezvous_key)
         raise
 
 
@@ -111,7 +114,8 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
 
     ctx = BarrierTaskContext.get()
     _claim(job, rank)
-    dog = Watchdog(job.startup_timeout_s, f"tfnet rank {rank}").start()
+    dog = Watchdog(job.startup_timeout_s, f"tfnet rank {rank}", long_timeout_s=_long_bound(job),
+                   beat=_heartbeat_sender(job, rank)).start()
     hvd = None
     try:
         cpus = max(1, int(ctx.cpus()))
@@ -121,6 +125,7 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
         shard = _shard(job, partition, rank)
         dog.kick("agreeing on steps")
         steps = job.steps_per_epoch
+        rows = None
         if job.kind == "tf_data":
             counts = _gather(job, rank, _tf_data_count(shard, rank, job.size))
             if steps is None:
@@ -131,9 +136,9 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
                     )
                 steps = max(counts)
         else:
-            rows = len(shard.shard_indices(rank, job.size))
-            steps = steps or agree_steps(_gather(job, rank, rows), job.config.batch_size)
-        _write_rank_info(job.config.model_dir, rank, job.attempt)
+            rows = _gather(job, rank, len(shard.shard_indices(rank, job.size)))
+            steps = steps or agree_steps(rows, job.config.batch_size)
+        _write_rank_info(job.config, rank, job.attempt)
         dog.kick("connecting the Horovod ranks")
         hvd = _horovod(job, ctx, rank)
         collective = hvd.collective
@@ -147,9 +152,10 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
         outcome = train(net, job.loss, job.method, job.metrics, shard, job.config, collective=collective,
                         reporter=reporter, validation_data=job.validation.value if job.validation else None,
                         steps_per_epoch=steps, initial_state=job.state, start_step=job.start_step,
-                        lr_source=job.lr_source, heartbeat=lambda: dog.kick("training"))
+                        lr_source=job.lr_source, liveness=dog)
         if rank == 0:
-            payload = _payload(net, outcome)
+            payload = _payload(net, outcome, {"rows": rows,
+                                              "steps_per_epoch": steps, "attempt": job.attempt})
             if job.exchange:
                 from tfnet.graph_io import write_bytes_atomic
 
@@ -171,16 +177,32 @@ def _claim(job: RankJob, rank: int) -> None:
     let the driver retry with a fresh rendezvous."""
     from optim.spark.worker import rendezvous as kv
 
-    if kv.get(job.rendezvous, "tfnet_claims", f"rank{rank}", token=job.token) is not None:
+    if kv.get(job.rendezvous, "tfnet_claims", f"rank{rank}", token=job.rendezvous_key) is not None:
         raise StageRetryError("Spark resubmitted the training stage by itself; tfnet retries it from the driver.")
-    kv.put(job.rendezvous, "tfnet_claims", f"rank{rank}", b"1", token=job.token)
+    kv.put(job.rendezvous, "tfnet_claims", f"rank{rank}", b"1", token=job.rendezvous_key)
+
+
+def _long_bound(job: RankJob) -> float:
+    """The bound of the long phases (compiles, checkpoint writes, waiting for the others'
+    validation) and of Gloo's own waits: the start-up bound, or ``timeout`` when that is longer."""
+    return max(float(job.startup_timeout_s), float(job.timeout_s))
+
+
+def _heartbeat_sender(job: RankJob, rank: int):
+    from optim.spark.driver.rendezvous import HEARTBEAT_SCOPE
+    from optim.spark.worker import rendezvous as kv
+
+    def send(beat: bytes) -> None:
+        kv.put(job.rendezvous, HEARTBEAT_SCOPE, f"rank{rank}", beat, timeout_s=5.0, token=job.rendezvous_key)
+
+    return send
 
 
 def _gather(job: RankJob, rank: int, value: int) -> list[int]:
     from optim.spark.worker import rendezvous as kv
 
     return [int(v) for v in kv.all_gather(job.rendezvous, "tfnet_counts", rank, job.size, str(int(value)),
-                                          job.startup_timeout_s, token=job.token)]
+                                          job.startup_timeout_s, token=job.rendezvous_key)]
 
 
 def _shard(job: RankJob, partition: Iterable, rank: int):
@@ -205,8 +227,8 @@ def _horovod(job: RankJob, ctx, rank: int):
 
     infos = ctx.getTaskInfos()
     host = infos[rank].address.split(":")[0] if infos else "127.0.0.1"
-    proxy = GlooProxy(job.rendezvous, job.token, timeout_s=job.timeout_s)
-    env = horovod_env(rank, job.size, proxy.address[0], proxy.address[1], iface_for(host), int(job.timeout_s))
+    proxy = GlooProxy(job.rendezvous, job.rendezvous_key, timeout_s=job.timeout_s)
+    env = horovod_env(rank, job.size, proxy.address[0], proxy.address[1], iface_for(host), int(_long_bound(job)))
     env.update(job.extra_env)
     try:
         return HorovodSession(env, on_close=proxy.stop)
@@ -237,7 +259,7 @@ def _build_net(job: RankJob):
 
 
 def _reporter(job: RankJob, rank: int):
-    from optim.training.reporting import MultiReporter, Reporter, TensorBoardWriter
+    from optim.training.reporting import MultiReporter, Reporter, TensorBoardWriter, tensorboard_dir
 
     if rank != 0:
         return Reporter()
@@ -245,19 +267,22 @@ def _reporter(job: RankJob, rank: int):
 
     parts = []
     if job.progress is not None:
-        parts.append(RemoteReporter(*job.progress, authkey=bytes.fromhex(job.token)))
+        parts.append(RemoteReporter(*job.progress, authkey=job.progress_key))
     if job.config.model_dir:
-        parts.append(TensorBoardWriter(os.path.join(job.config.model_dir, "tensorboard")))
+        parts.append(TensorBoardWriter(tensorboard_dir(job.config.model_dir, job.config.run_id)))
     return MultiReporter(parts)
 
 
-def _payload(net, outcome) -> bytes:
+def _payload(net, outcome, plan: dict) -> bytes:
+    """Rank 0's result: the weights and optimiser state as arrays, and what the run did (the step
+    it started from and the checkpoint that was, the rows per rank and steps per epoch)."""
     from tfnet.container import pack
 
     arrays = {f"w{i:05d}": v for i, v in enumerate(net.get_weights().values())}
     arrays.update({f"s{i:05d}": np.asarray(leaf) for i, leaf in enumerate(outcome.state)})
     header = {"history": outcome.history, "step": outcome.step, "weights": net.weight_names,
-              "state_leaves": len(outcome.state)}
+              "state_leaves": len(outcome.state), "start_step": outcome.start_step,
+              "resumed_from": outcome.resumed_from, **plan}
     return pack(RESULT_FORMAT, header, arrays)
 
 

@@ -1,5 +1,6 @@
-"""The driver's channels accept only clients that present the job's secret: the rendezvous store
-(tfnet's keys and, through each rank's proxy, Gloo's) and the progress channel."""
+"""The driver's channels accept only clients that hold the job's keys: the rendezvous store
+(requests signed with its key; Gloo's through each rank's proxy, which forwards Gloo's paths only)
+and the progress channel (its own key)."""
 
 import socket
 import time
@@ -9,6 +10,7 @@ from urllib.request import Request, urlopen
 import pytest
 
 from optim.errors import RendezvousError
+from optim.spark.auth import derive_key, sign_request, verify_request
 from optim.spark.driver.rendezvous import SecureRendezvous
 from optim.spark.progress import ProgressServer, RemoteReporter
 from optim.spark.worker import rendezvous as kv
@@ -24,32 +26,86 @@ class Steps(Reporter):
         self.steps.append(step)
 
 
-def test_rendezvous_refuses_requests_without_the_secret():
-    with SecureRendezvous("127.0.0.1", 2, "right") as server:
+KEY = derive_key(b"job secret " * 3, "rendezvous")
+OTHER = derive_key(b"job secret " * 3, "progress")
+REPORT = (b'{"cls": "ValueError", "message": "m", "retryable": false, "traceback": "t", "rank": 1, "time": 1.0}')
+
+
+def test_keys_are_derived_per_purpose_and_requests_are_signed_not_keyed():
+    secret = b"x" * 32
+    keys = {p: derive_key(secret, p) for p in ("rendezvous", "progress")}
+    assert len(set(keys.values())) == 2 and secret not in keys.values()
+    sig = sign_request(keys["rendezvous"], "PUT", "/global/rank0", b"addr")
+    assert verify_request(keys["rendezvous"], sig, "PUT", "/global/rank0", b"addr")
+    assert not verify_request(keys["rendezvous"], sig, "PUT", "/global/rank1", b"addr"), "the path is signed"
+    assert not verify_request(keys["rendezvous"], sig, "PUT", "/global/rank0", b"other"), "the body is signed"
+    assert not verify_request(keys["progress"], sig, "PUT", "/global/rank0", b"addr"), "one key per purpose"
+    assert keys["rendezvous"].hex() not in sig
+    with pytest.raises(ValueError, match=r"Unknown key purpose 'gloo'"):
+        derive_key(secret, "gloo")
+
+
+def test_rendezvous_refuses_requests_not_signed_with_the_key():
+    with SecureRendezvous("127.0.0.1", 2, KEY) as server:
         addr = server.address
-        with pytest.raises(RendezvousError, match=r"refused this rank: it did not present the job's secret \(403\)"):
+        with pytest.raises(RendezvousError, match=r"refused this rank: its request was not signed with the job's key \(403\)"):
             kv.put(addr, "tfnet_claims", "rank0", b"1")
         with pytest.raises(RendezvousError, match=r"refused this rank"):
-            kv.get(addr, "tfnet_claims", "rank0", token="wrong")
+            kv.get(addr, "tfnet_claims", "rank0", token=OTHER)
         with pytest.raises(HTTPError, match="403"):  # a Gloo-style request straight to the store
             urlopen(Request(f"http://{addr[0]}:{addr[1]}/global/rank0", data=b"x", method="PUT"), timeout=5)
-        kv.put(addr, "tfnet_claims", "rank0", b"1", token="right")
-        assert kv.get(addr, "tfnet_claims", "rank0", token="right") == b"1"
-        proxy = GlooProxy(addr, "right")  # Gloo's requests go through the rank's proxy, which adds the secret
-        try:
-            urlopen(Request(f"http://{proxy.address[0]}:{proxy.address[1]}/global/rank0", data=b"x", method="PUT"),
-                    timeout=5).read()
-            assert kv.get(addr, "global", "rank0", token="right") == b"x"
-        finally:
-            proxy.stop()
-        kv.report_failure(addr, 1, b'{"cls": "ValueError", "message": "m", "retryable": false, "traceback": "t", '
-                          b'"rank": 1, "time": 1.0}', "right")
+        kv.put(addr, "tfnet_claims", "rank0", b"1", token=KEY)
+        assert kv.get(addr, "tfnet_claims", "rank0", token=KEY) == b"1"
+        assert server.refused == 3
+
+
+def test_a_forged_failure_report_is_refused():
+    """Without the key, a failure report is refused (straight to the store, or replayed with a
+    stolen signature on another body); with it, it is recorded."""
+    with SecureRendezvous("127.0.0.1", 2, KEY) as server:
+        addr = server.address
+        assert not kv.report_failure(addr, 1, REPORT, token=OTHER)
+        forged = Request(f"http://{addr[0]}:{addr[1]}/tfnet_failures/rank1", data=REPORT.replace(b"m", b"x"),
+                         method="PUT")
+        forged.add_header("X-Tfnet-Auth", sign_request(KEY, "PUT", "/tfnet_failures/rank1", REPORT))
+        with pytest.raises(HTTPError, match="403"):
+            urlopen(forged, timeout=5)
+        assert server.failures() == []
+        assert kv.report_failure(addr, 1, REPORT, token=KEY)
         assert [(f.cls, f.rank) for f in server.failures()] == [("ValueError", 1)]
 
 
-def test_rendezvous_listens_on_the_given_address_only():
-    with SecureRendezvous("127.0.0.1", 1, "t") as server:
-        assert server.address[0] == "127.0.0.1"
+def test_gloo_proxy_forwards_gloo_requests_only():
+    """The rank's proxy signs what Gloo's rendezvous sends and refuses the rest: tfnet's own
+    scopes (a local process cannot post a failure report or a claim through it), other paths and
+    other methods."""
+    with SecureRendezvous("127.0.0.1", 2, KEY) as server:
+        addr = server.address
+        proxy = GlooProxy(addr, KEY)
+        base = f"http://{proxy.address[0]}:{proxy.address[1]}"
+        try:
+            for path in ("/global/rank0", "/local_rank1/1", "/cross_0/0", "/global_process_set_hash_ab12/rank0", "/cross_0_process_set_hash_7d48/rank_0"):
+                urlopen(Request(base + path, data=b"x", method="PUT"), timeout=5).read()
+                assert kv.get(addr, *path[1:].split("/"), token=KEY) == b"x"
+            for method, path in [("PUT", "/tfnet_failures/rank1"), ("PUT", "/tfnet_claims/rank0"),
+                                 ("GET", "/tfnet_counts/rank0"), ("PUT", "/global/../tfnet_claims/rank0"),
+                                 ("PUT", "/anything/else"), ("POST", "/global/rank0"), ("GET", "/global")]:
+                with pytest.raises(HTTPError, match="403"):
+                    urlopen(Request(base + path, data=REPORT if method != "GET" else None, method=method), timeout=5)
+            assert proxy.refused == 7
+        finally:
+            proxy.stop()
+        assert server.failures() == [] and kv.get(addr, "tfnet_claims", "rank0", token=KEY) is None
+
+
+def test_rendezvous_listens_on_the_given_address_and_a_pinned_port():
+    with SecureRendezvous("127.0.0.1", 1, KEY) as server:
+        assert server.address[0] == "127.0.0.1" and server.address[1] > 0
+        port = server.address[1]
+    with SecureRendezvous("127.0.0.1", 1, KEY, port=port) as again:  # pinned: the same port, rebound at once
+        assert again.address == ("127.0.0.1", port)
+        with pytest.raises(OSError, match=r"cannot listen on 127.0.0.1:\d+ .*spark.tfnet.rendezvous.port"):
+            SecureRendezvous("127.0.0.1", 1, KEY, port=port)
 
 
 def test_progress_channel_refuses_clients_without_the_secret():

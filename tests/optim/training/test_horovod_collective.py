@@ -1,5 +1,5 @@
 """The Horovod collective without Spark: two real ranks (processes) over Gloo on loopback, meeting
-through tfnet's secured rendezvous store (each rank through its token-adding proxy)."""
+through tfnet's secured rendezvous store (each rank through its request-signing proxy)."""
 
 import json
 import os
@@ -17,15 +17,15 @@ RANK = textwrap.dedent("""
     from optim.spark.worker.rendezvous import GlooProxy
     from optim.training.horovod import HorovodSession, horovod_env
 
-    rank, port, token = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    rank, port, key = int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3])
     os.environ.pop("HOROVOD_RANK", None)
-    proxy = GlooProxy(("127.0.0.1", port), token, timeout_s=30)
+    proxy = GlooProxy(("127.0.0.1", port), key, timeout_s=30)
     env = horovod_env(rank, 2, proxy.address[0], proxy.address[1], "lo", 30)
     with HorovodSession(env, on_close=proxy.stop) as session:
         c = session.collective
         summed = c.allreduce_sum(np.array([1.0, 2.0]) * (rank + 1))
         bcast = c.broadcast([np.full(3, rank, np.float32), np.array([rank], np.int64)], root=1)
-        obj = c.broadcast_object({"from": rank}, root=0)
+        obj = c.broadcast_json({"from": rank, "values": [rank, 0.5]}, root=0)
         import tensorflow as tf
         grads, loss = c.reducer()({"w": tf.constant([float(rank), 2.0 * rank])}, tf.constant(float(rank)))
         out = {"rank": c.rank, "size": c.size, "sum": summed.tolist(), "bcast": [b.tolist() for b in bcast],
@@ -41,8 +41,9 @@ def test_two_ranks_over_gloo_without_spark(tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(RANK)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
-    with SecureRendezvous("127.0.0.1", 2, "s3cret") as rendezvous:
-        procs = [subprocess.Popen([sys.executable, str(script), str(r), str(rendezvous.address[1]), "s3cret"],
+    key = os.urandom(32)
+    with SecureRendezvous("127.0.0.1", 2, key) as rendezvous:
+        procs = [subprocess.Popen([sys.executable, str(script), str(r), str(rendezvous.address[1]), key.hex()],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]
         outs = []
         for p in procs:
@@ -58,7 +59,7 @@ def test_two_ranks_over_gloo_without_spark(tmp_path):
         assert out["rank"] == r and out["size"] == 2
         assert out["sum"] == [3.0, 6.0]                      # 1*[1,2] + 2*[1,2]
         assert out["bcast"] == [[1.0, 1.0, 1.0], [1]]        # rank 1's arrays everywhere
-        assert out["obj"] == {"from": 0}
+        assert out["obj"] == {"from": 0, "values": [0, 0.5]}  # sent as bytes, never unpickled
         assert out["avg"] == [0.5, 1.0] and out["loss"] == 0.5  # gradients and loss averaged
         assert out["max"] == 1
         assert out["env_restored"], "Horovod's variables are removed after the rank ends"
