@@ -40,6 +40,13 @@ _EXPORTS = {
     "CheckpointWarning": "optim.errors",
     "DistributedTrainingError": "optim.errors",
     "SparkSetupError": "optim.errors",
+    "BadRowError": "optim.errors",
+    "ColumnError": "optim.errors",
+    "DataError": "optim.errors",
+    "StorageError": "optim.errors",
+    "WorkerError": "optim.errors",
+    "from_spark_error": "optim.errors",
+    "raise_tfnet_errors": "optim.errors",
 }
 _SUBMODULES = ("losses", "metrics", "schedules", "transforms", "methods", "errors")
 

@@ -8,6 +8,10 @@ whether rerunning the distributed training stage can help (see :mod:`optim.spark
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from tfnet.errors import TFNetError
 
 __all__ = [
@@ -30,6 +34,8 @@ __all__ = [
     "StorageError",
     "WorkerError",
     "error_class",
+    "from_spark_error",
+    "raise_tfnet_errors",
 ]
 
 
@@ -168,3 +174,53 @@ def error_class(name: str) -> type[Exception] | None:
         if isinstance(cls, type) and issubclass(cls, TFNetError):
             return cls
     return None
+
+
+_ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Za-z_]\w*(?:Error|Exception)): (.*)$")
+
+
+def from_spark_error(exc: BaseException) -> BaseException:
+    """The tfnet error inside a Spark exception, or ``exc`` itself.
+
+    tfnet's own calls (``optimize``, ``evaluate``, ``TFPredictor.predict`` on numpy) raise tfnet's
+    errors directly. But a lazy result (the DataFrame or RDD that ``TFPredictor.predict`` returns)
+    fails later, in the user's own Spark action, and Spark wraps the worker's error in its own
+    exception (``PythonException``, ``Py4JJavaError``). This finds the last tfnet error named in that
+    exception's text and rebuilds it, with the same class and message, ``exc`` as its cause and the
+    worker's text as ``worker_traceback``.
+
+    Example:
+        >>> try:                                                     # doctest: +SKIP
+        ...     scored = predictor.predict(df).collect()
+        ... except Exception as exc:
+        ...     raise optim.errors.from_spark_error(exc) from exc
+    """
+    found = None
+    for line in str(exc).splitlines():
+        m = _ERROR_LINE.match(line.strip())
+        if m and error_class(m.group(1)) is not None:
+            found = m
+    if found is None:
+        return exc
+    err = error_class(found.group(1))(found.group(2))
+    err.__cause__ = exc
+    err.worker_traceback = str(exc)  # type: ignore[attr-defined]
+    return err
+
+
+@contextmanager
+def raise_tfnet_errors() -> Iterator[None]:
+    """Inside it, a Spark action that fails with a tfnet error raises that error (see
+    :func:`from_spark_error`); other exceptions pass unchanged.
+
+    Example:
+        >>> with optim.errors.raise_tfnet_errors():                  # doctest: +SKIP
+        ...     predictor.predict(df).write.parquet(path)
+    """
+    try:
+        yield
+    except Exception as exc:
+        err = from_spark_error(exc)
+        if err is exc:
+            raise
+        raise err from exc

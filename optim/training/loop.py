@@ -192,9 +192,11 @@ def train(
         The history (per-epoch lists), the global step and the final optimiser state.
     """
     config.check()
-    run = _Run(net, L.get(loss), method, metrics, config, collective or LocalCollective(), reporter or Reporter(),
-               validation_data, lr_source if lr_source is not None else method, liveness or Liveness())
-    start = run.start(initial_state, start_step)
+    alive = liveness or Liveness()
+    with alive.phase("preparing the step and the start state"):
+        run = _Run(net, L.get(loss), method, metrics, config, collective or LocalCollective(),
+                   reporter or Reporter(), validation_data, lr_source if lr_source is not None else method, alive)
+        start = run.start(initial_state, start_step)
     steps = steps_per_epoch if steps_per_epoch is not None else run.batches_per_epoch(data)
     run.reporter.begin(config.epochs, steps, run.global_step, start.epoch)
     for epoch in range(start.epoch, config.epochs):

@@ -143,9 +143,9 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
         hvd = _horovod(job, ctx, rank)
         collective = hvd.collective
         dog.timeout_s = job.timeout_s
-        dog.kick("building the model")
-        net = _build_net(job)
-        reporter = _reporter(job, rank)
+        with dog.phase("building the model"):
+            net = _build_net(job)
+            reporter = _reporter(job, rank)
         from optim.training.loop import train
 
         dog.kick("training")
@@ -154,6 +154,7 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
                         steps_per_epoch=steps, initial_state=job.state, start_step=job.start_step,
                         lr_source=job.lr_source, liveness=dog)
         if rank == 0:
+            dog.kick("sending the result")
             payload = _payload(net, outcome, {"rows": rows,
                                               "steps_per_epoch": steps, "attempt": job.attempt})
             if job.exchange:

@@ -17,8 +17,9 @@ import optim
 from optim import TFDataset, TFOptimizer
 from optim.spark.driver.launcher import DistributedTrainingError, scale_learning_rate
 from optim.spark.worker.rank import agree_steps
+from optim.training.checkpoint import CheckpointManager
 from tests import digits
-from tfnet import TFNet
+from tfnet import TFNet, TFNetError
 
 pytestmark = [pytest.mark.spark, pytest.mark.parallel]
 
@@ -78,15 +79,20 @@ def test_uneven_and_empty_partitions(spark, partitions):
     opt = TFOptimizer(cnn_net(), SCE, optim.Adam(0.01))
     history = opt.optimize(data, epochs=2, batch_size=32, num_workers=2, verbose=0, timeout=120)
     assert len(history["loss"]) == 2 and np.isfinite(history["loss"]).all()
+    rows = opt.last_run["rows"]
     total = sum(partitions)
-    # equal steps: ceil(largest shard / 16) steps per epoch, the same on both ranks
-    assert opt.global_step >= 2 * -(-total // 2 // 16)
+    # the plan: the rows rebalanced over the 2 ranks (round robin: sizes differ by at most one),
+    # and every rank takes ceil(largest shard / 16) steps per epoch
+    assert sum(rows) == total and len(rows) == 2 and max(rows) - min(rows) <= 1
+    expected = {97: 4, 95: 3, 19: 1}[total]  # ceil(ceil(total / 2) / 16)
+    assert opt.last_run["steps_per_epoch"] == expected
+    assert opt.global_step == 2 * expected
 
 
 def test_agree_steps_rule():
     assert agree_steps([100, 37], 10) == 10
     assert agree_steps([3, 5], 16) == 1
-    with pytest.raises(Exception, match=r"Ranks \[1\] have no rows"):
+    with pytest.raises(TFNetError, match=r"Ranks \[1\] have no rows"):
         agree_steps([4, 0], 2)
 
 
@@ -101,10 +107,10 @@ def test_kill_one_rank_retries_and_finishes(spark, tmp_path):
     def killer():
         deadline = time.time() + 240
         while time.time() < deadline and "pid" not in killed:
-            ckpts = glob.glob(str(model_dir / "checkpoints" / "ckpt-*.npz"))
-            info = model_dir / "ranks" / "rank-1.json"
-            if ckpts and info.exists():
-                pid = json.loads(info.read_text())["pid"]
+            ckpts = glob.glob(str(model_dir / "checkpoints" / "*" / "ckpt-*.npz"))
+            infos = glob.glob(str(model_dir / "ranks" / "*" / "rank-1.json"))
+            if len(ckpts) >= 3 and infos:  # mid-training: after step 12 of 64
+                pid = json.loads(open(infos[0]).read())["pid"]
                 os.kill(pid, signal.SIGKILL)  # the Python process of rank 1, mid-training
                 killed["pid"] = pid
                 killed["after"] = sorted(ckpts)[-1]
@@ -112,15 +118,28 @@ def test_kill_one_rank_retries_and_finishes(spark, tmp_path):
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
-    with pytest.warns(RuntimeWarning, match="Training stage attempt 1 failed"):
+    with pytest.warns(RuntimeWarning, match="Training stage attempt 1 failed.*retrying from this run's newest checkpoint"):
         history = opt.optimize((x, y), epochs=4, batch_size=32, num_workers=2, checkpoint_every=4,
-                               verbose=0, timeout=60, max_retries=2)
+                               keep_checkpoints=100, verbose=0, timeout=60, max_retries=2)
     thread.join(5)
     assert "pid" in killed, "rank 1 was killed"
-    assert opt.last_run["attempts"] == 2
+    run = opt.last_run
+    assert run["attempts"] == 2
     assert opt.global_step == 4 * 16, "the run finishes with the planned number of steps"
     assert len(history["loss"]) == 4
-    assert all(np.isfinite(v).all() for v in net.get_weights().values())
+    # the retry resumed from this run's own checkpoint, not from step 0: it ran fewer steps than the
+    # 64 a restart would, and started exactly where that checkpoint stood
+    resumed = run["resumed_from"]
+    assert resumed and os.path.dirname(resumed) == str(model_dir / "checkpoints" / run["run_id"])
+    start = CheckpointManager.load(resumed).step
+    assert run["attempt_log"][-1]["start_step"] == start >= 12
+    assert run["attempt_log"][-1]["end_step"] - start < 64
+    # and from there on it equals an uninterrupted run from that checkpoint, bit for bit
+    again = cnn_net(seed=5)
+    TFOptimizer(again, SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(tmp_path / "other")).optimize(
+        (x, y), epochs=4, batch_size=32, num_workers=2, checkpoint_every=4, verbose=0, resume=resumed)
+    for name, w in again.get_weights().items():
+        assert np.array_equal(net.get_weights()[name], w), name
 
 
 def test_distributed_transfer_learning_on_digits(spark, tmp_path):
@@ -147,7 +166,7 @@ def test_distributed_transfer_learning_on_digits(spark, tmp_path):
     history = opt.optimize(data, epochs=8, batch_size=32, validation_data=(xte, yte), num_workers=2, verbose=0)
     assert opt.evaluate((xte, yte))["accuracy"] >= 0.95, history
     assert history["val_accuracy"][-1] >= 0.95
-    assert os.listdir(tmp_path / "tensorboard" / "train"), "rank 0 writes TensorBoard events"
+    assert os.listdir(tmp_path / "tensorboard" / opt.last_run["run_id"] / "train"), "rank 0 writes TensorBoard events"
     assert opt.last_run["startup_s"] > 0
 
 
@@ -177,7 +196,7 @@ def test_clear_errors(spark):
     with pytest.raises(ValueError, match=r"must split evenly over the 2 workers. Received: batch_size=31"):
         opt.optimize((x[:64], y[:64]), batch_size=31, num_workers=2, verbose=0)
     df = spark.createDataFrame([([0.0] * 64, 1)], "pixels array<float>, label long")
-    with pytest.raises(Exception, match=r"Column 'pixel' is not in the DataFrame"):
+    with pytest.raises(optim.ColumnError, match=r"Column 'pixel' is not in the DataFrame"):
         TFDataset.from_dataframe(df, "pixel", "label")
     bad = spark.createDataFrame([([0.0] * 64, 1), ([0.0] * 63, 2)] * 4, "pixels array<float>, label long")
     data = TFDataset.from_dataframe(bad.repartition(2), "pixels", "label", feature_shapes={"pixels": (8, 8, 1)})
@@ -210,7 +229,7 @@ def test_workers_without_tfnet_get_a_clear_error(tmp_path):
         os.environ["PYSPARK_PYTHON"] = "/usr/bin/python3.11"
         import optim, numpy as np
         from optim.spark.session import SparkSetupError
-        from tfnet import TFNet
+        from tfnet import TFNet, TFNetError
         from tests import digits
         from pyspark.sql import SparkSession
         spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
