@@ -34,14 +34,15 @@ __all__ = ["Checkpoint", "CheckpointManager", "CheckpointWarning", "CheckpointEr
 
 FORMAT = "tfnet-checkpoint-1"
 _NAME = re.compile(r"^ckpt-(\d{9})\.npz$")
-#: A run id: the UTC start time, then 6 random hex digits (sorts in start order).
-RUN_ID = re.compile(r"^\d{8}-\d{6}-[0-9a-f]{6}$")
+#: A run id: the UTC start time to the microsecond, then 4 random hex digits (sorts in start order).
+RUN_ID = re.compile(r"^\d{8}-\d{6}-\d{6}-[0-9a-f]{4}$")
 log = logging.getLogger("tfnet.training.checkpoint")
 
 
 def new_run_id() -> str:
-    """A fresh run id, ``YYYYmmdd-HHMMSS-xxxxxx`` (UTC start time and 24 random bits)."""
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+    """A fresh run id, ``YYYYmmdd-HHMMSS-ffffff-xxxx`` (UTC start time and 16 random bits)."""
+    now = time.time()
+    return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{int(now % 1 * 1e6):06d}-{secrets.token_hex(2)}"
 
 
 def list_runs(root: str) -> list[str]:
@@ -79,7 +80,7 @@ class CheckpointManager:
         if not isinstance(keep, int) or keep < 1:
             raise ValueError(f"`keep_checkpoints` must be a positive integer. Received: {keep!r}")
         if run_id is not None and not RUN_ID.match(run_id):
-            raise ValueError(f"Not a run id: {run_id!r}; expected YYYYmmdd-HHMMSS-xxxxxx.")
+            raise ValueError(f"Not a run id: {run_id!r}; expected YYYYmmdd-HHMMSS-ffffff-xxxx.")
         self.root = root
         self.run_id = run_id
         self.directory = os.path.join(root, run_id) if run_id else root
@@ -206,7 +207,7 @@ def resolve_resume(root: str, resume, own_run: str | None = None) -> tuple[str |
         return resume, f"run {resume}"
     if not os.path.isfile(resume):
         raise CheckpointError(
-            f"resume={resume!r} is neither a run id (YYYYmmdd-HHMMSS-xxxxxx) nor a checkpoint file. Runs in "
+            f"resume={resume!r} is neither a run id (YYYYmmdd-HHMMSS-ffffff-xxxx) nor a checkpoint file. Runs in "
             f"{root}: {list_runs(root) or 'none'}"
         )
     return resume, f"the checkpoint {resume}"

@@ -78,7 +78,7 @@ def test_fine_tuning_survives_a_killed_worker_container(cluster, tmp_path):
         deadline = time.time() + 420
         while time.time() < deadline:
             assert driver.poll() is None, driver.communicate()[1][-4000:]
-            ls = cluster.exec_master("sh", "-c", "ls /shared/kill/run/checkpoints/ 2>/dev/null", check=False).stdout
+            ls = cluster.exec_master("sh", "-c", "ls /shared/kill/run/checkpoints/*/ 2>/dev/null", check=False).stdout
             if re.search(r"ckpt-\d+\.npz", ls):
                 break
             time.sleep(1)
@@ -101,14 +101,15 @@ def test_fine_tuning_survives_a_killed_worker_container(cluster, tmp_path):
           f"from the kill to the end; attempts {res['last_run']['attempts']}")
     # the stage lost a task, and the launcher retried it from the newest checkpoint
     assert res["last_run"]["attempts"] >= 2, res["last_run"]
-    assert "retrying from the newest checkpoint" in err, err[-3000:]
+    assert "retrying from this run's newest checkpoint" in err, err[-3000:]
+    assert res["last_run"]["attempt_log"][-1]["start_step"] > 0, "the retry resumed, not restarted from step 0"
     assert res["step"] == EPOCHS * STEPS_PER_EPOCH
     assert len(res["history"]["loss"]) == EPOCHS
     assert res["history"]["accuracy"][-1] > 0.8, res["history"]
 
     # every checkpoint left on the shared volume loads and passes its SHA-256 check
     cluster.copy_out("/shared/kill/run/checkpoints", str(tmp_path))
-    paths = sorted(glob.glob(str(tmp_path / "checkpoints" / "ckpt-*.npz")))
+    paths = sorted(glob.glob(str(tmp_path / "checkpoints" / res["last_run"]["run_id"] / "ckpt-*.npz")))
     assert paths
     steps = [CheckpointManager.load(p).step for p in paths]
     assert max(steps) == EPOCHS * STEPS_PER_EPOCH, steps

@@ -182,3 +182,57 @@ def test_job_finishes_while_a_client_without_the_secret_attacks(spark):
     assert 200 not in answers.values(), answers
     assert opt.last_run["attempts"] == 1 and opt.global_step == 16 and len(history["loss"]) == 2
     assert opt.last_run["refused_progress_clients"] >= 1
+
+
+def test_progress_reporter_reconnects_after_a_lost_connection(monkeypatch):
+    from optim.spark import progress
+
+    monkeypatch.setattr(progress, "RECONNECT_S", 0.0)
+    rec = Steps()
+    server = ProgressServer(rec, host="127.0.0.1", authkey=b"k" * 16)
+    try:
+        reporter = RemoteReporter("127.0.0.1", server.port, authkey=b"k" * 16)
+        reporter.step(1, 0, {})
+        reporter._conn.close()  # the connection drops (a driver-side reset, a network blip)
+        reporter._conn = None
+        reporter.step(2, 0, {})
+        deadline = time.time() + 10
+        while rec.steps != [1, 2] and time.time() < deadline:
+            time.sleep(0.05)
+        assert rec.steps == [1, 2] and reporter.reconnects == 1
+        reporter.end()
+    finally:
+        server.close()
+
+
+def test_progress_server_pins_its_port_and_says_so_when_taken():
+    server = ProgressServer(Steps(), host="127.0.0.1", authkey=b"k" * 16, advertise="driver.example")
+    try:
+        assert server.address == ("driver.example", server.port)
+        with pytest.raises(OSError, match=r"cannot listen on 127.0.0.1:\d+ .*spark.tfnet.progress.port"):
+            ProgressServer(Steps(), host="127.0.0.1", authkey=b"k" * 16, port=server.port)
+    finally:
+        server.close()
+
+
+def test_log4j2_configuration_is_private_and_fresh(tmp_path):
+    import os
+    import stat
+    import subprocess
+    import sys
+    import tempfile
+
+    planted = os.path.join(tempfile.gettempdir(), "tfnet-log4j2-error-v4.properties")  # the old predictable name
+    code = ("from optim.logs import spark_log_conf; import json; "
+            "print(json.dumps(spark_log_conf(1)['spark.driver.extraJavaOptions']))")
+    env = {k: v for k, v in os.environ.items() if k != "TFNET_VERBOSE"}
+    paths = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+        paths.append(out.stdout.strip().strip('"').split("file:", 1)[1])
+    assert paths[0] != paths[1] and planted not in paths, "a fresh file per process, never a predictable one"
+    from optim.logs import _log4j2_file
+
+    path = _log4j2_file()
+    assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+    assert "rootLogger.level = error" in open(path).read()

@@ -49,10 +49,10 @@ def test_standalone_cluster_survives_a_killed_worker(tmp_path):
                                   text=True, cwd=ROOT)
         try:
             deadline = time.time() + 300
-            while time.time() < deadline and not glob.glob(os.path.join(model_dir, "checkpoints", "ckpt-*.npz")):
+            while time.time() < deadline and not glob.glob(os.path.join(model_dir, "checkpoints", "*", "ckpt-*.npz")):
                 assert driver.poll() is None, driver.communicate()[1][-3000:]
                 time.sleep(0.2)
-            assert glob.glob(os.path.join(model_dir, "checkpoints", "ckpt-*.npz")), "training started"
+            assert glob.glob(os.path.join(model_dir, "checkpoints", "*", "ckpt-*.npz")), "training started"
             cluster.kill_worker(1)  # the worker JVM, its executor and its Python workers
             cluster.add_worker()  # what a cluster manager would do
             out, err = driver.communicate(timeout=600)
@@ -64,6 +64,9 @@ def test_standalone_cluster_survives_a_killed_worker(tmp_path):
     res = json.loads(result[0][len("RESULT "):])
     assert res["last_run"]["attempts"] == 2, res
     assert res["step"] == 6 * 32  # 1024 rows, 16 per rank per step: 32 steps per epoch
+    # the retry resumed from a checkpoint of this run (a restart from step 0 would start at 0)
+    assert res["last_run"]["attempt_log"][-1]["start_step"] >= 8, res["last_run"]["attempt_log"]
+    assert res["last_run"]["run_id"] in res["last_run"]["resumed_from"]
     assert len(res["history"]["loss"]) == 6
     assert res["history"]["accuracy"][-1] > 0.8
 

@@ -1,4 +1,7 @@
-"""Errors cross the Spark boundary as data, and the retry policy decides from that data."""
+"""Errors cross the Spark boundary as data, and the retry policy decides from that data; the
+driver's stuck-rank rule and the ranks' watchdog."""
+
+import os
 
 import pytest
 
@@ -8,6 +11,7 @@ from optim.errors import (
     NonFiniteLossError,
     RendezvousError,
     SparkSetupError,
+    StorageError,
     WorkerError,
 )
 from optim.spark.driver.retry import RetryPolicy, stage_error
@@ -80,3 +84,88 @@ def test_retry_policy():
     assert not policy.should_retry(ValueError("x"), 0)
     with pytest.raises(ValueError, match=r"`max_retries` must be a non-negative integer. Received: max_retries=-1"):
         RetryPolicy(-1)
+
+
+def test_a_full_disk_or_read_only_folder_is_not_retried():
+    import errno
+
+    for code in (errno.ENOSPC, errno.EROFS, errno.EACCES):
+        err = to_exception(from_exception(raised(OSError(code, os.strerror(code), "/data/run/ckpt.npz")), rank=0))
+        assert type(err) is StorageError and not err.retryable and isinstance(err, OSError)
+        assert "a rerun would fail the same way" in str(err) and "/data/run/ckpt.npz" in str(err)
+        assert not RetryPolicy(2).should_retry(err, attempt=0)
+    # the same through a cause (a checkpoint write wraps it)
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as inner:
+            raise RuntimeError("writing failed") from inner
+    except RuntimeError as outer:
+        assert from_exception(outer).cls == "StorageError"
+    # a connection reset still retries
+    assert from_exception(raised(ConnectionResetError(errno.ECONNRESET, "reset"))).retryable
+
+
+def test_a_result_too_large_for_the_driver_is_not_retried():
+    text = ("Job aborted due to stage failure: Total size of serialized results of 1 tasks (1100.0 MiB) is bigger "
+            "than spark.driver.maxResultSize (1024.0 MiB)")
+    err = stage_error(RuntimeError(text), [])
+    assert type(err) is DistributedTrainingError and not err.retryable
+    assert "spark.driver.maxResultSize" in str(err) and "model_dir" in str(err)
+
+
+def test_stuck_rank_reads_the_heartbeats():
+    from optim.spark.driver.launcher import STUCK_GRACE_S, stuck_rank
+
+    now = 1000.0
+    assert stuck_rank({}, 2, now, started=now - 10, startup_timeout=60) is None
+    assert "rank 0 sent no heartbeat within 60 s" in stuck_rank({}, 2, now, now - 100, 60)
+    fresh = {"phase": "training", "idle": 1.0, "bound": 5.0, "received": now - 1}
+    assert stuck_rank({0: fresh, 1: fresh}, 2, now, now - 500, 60) is None
+    # a long validation: idle between kicks is short, the heartbeat keeps changing
+    assert stuck_rank({0: fresh, 1: dict(fresh, phase="validation")}, 2, now, now - 500, 60) is None
+    # a checkpoint write in the long phase: idle 100 s, bound 600 s
+    assert stuck_rank({0: fresh, 1: dict(fresh, idle=100.0, bound=600.0)}, 2, now, now - 500, 60) is None
+    # a frozen process: its heartbeat stopped changing
+    frozen = dict(fresh, received=now - 5.0 - STUCK_GRACE_S - 1)
+    why = stuck_rank({0: fresh, 1: frozen}, 2, now, now - 500, 60)
+    assert why.startswith("rank 1 made no progress for") and "while training (its bound: 5 s)" in why
+
+
+WATCHDOG = """
+import sys, time
+from optim.spark.worker.watchdog import Watchdog
+dog = Watchdog(1.0, "test", long_timeout_s=6.0).start()
+with dog.phase("a long phase"):
+    time.sleep(2.5)          # past the short bound, inside the long one
+dog.kick("short")
+for _ in range(5):
+    time.sleep(0.3); dog.kick()
+print("alive", flush=True)
+if sys.argv[1] == "stall":
+    time.sleep(3)
+print("done", flush=True)
+"""
+
+
+def test_watchdog_phases_have_their_own_bound():
+    import subprocess
+    import sys
+
+    ok = subprocess.run([sys.executable, "-c", WATCHDOG, "ok"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and ok.stdout.split() == ["alive", "done"], ok.stderr[-2000:]
+    stall = subprocess.run([sys.executable, "-c", WATCHDOG, "stall"], capture_output=True, text=True, timeout=60)
+    assert stall.returncode == 70 and stall.stdout.split() == ["alive"]
+
+
+def test_watchdog_heartbeat_says_phase_and_bound():
+    import json
+
+    from optim.spark.worker.watchdog import Watchdog
+
+    dog = Watchdog(5.0, long_timeout_s=50.0)
+    with dog.phase("writing a checkpoint"):
+        beat = json.loads(dog.heartbeat())
+    assert beat["phase"] == "writing a checkpoint" and beat["bound"] == 50.0 and beat["seq"] == 1
+    after = json.loads(dog.heartbeat())
+    assert after["bound"] == 5.0 and after["seq"] == 2
