@@ -195,6 +195,8 @@ class TFOptimizer:
         source, why = resolve_resume(os.path.join(config.model_dir, "checkpoints"), config.resume)
         if source is not None:
             log.info("Run %s resumes %s.", config.run_id, why)
+        else:
+            log.warning("Run %s: %s.", config.run_id, why)
         return source if source is not None else False
 
     def _reporter(self, verbose: int, run_id: str | None):

@@ -4,8 +4,8 @@ script the cluster image runs), for tests."""
 from __future__ import annotations
 
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,12 +16,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENTRYPOINT = os.path.join(ROOT, "docker", "entrypoint.sh")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class StandaloneCluster:
     """``with StandaloneCluster(workers=2) as c: c.url`` starts a master and workers of one core
     each, and stops them (and their executors) on exit."""
@@ -30,9 +24,10 @@ class StandaloneCluster:
         self.n_workers = workers
         self.cores = cores
         self.memory = memory
-        self.port = free_port()
-        self.webui = free_port()
-        self.url = f"spark://127.0.0.1:{self.port}"
+        # the master and the workers bind port 0; the master's ports are read back from its log
+        self.port: int | None = None
+        self.webui: int | None = None
+        self.url = ""
         self.dir = tempfile.mkdtemp(prefix="tfnet-cluster-")
         self.master: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen] = []
@@ -41,7 +36,7 @@ class StandaloneCluster:
         env = dict(os.environ)
         env.update(
             PYTHON=sys.executable, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1",
-            SPARK_MASTER_HOST="127.0.0.1", SPARK_MASTER_PORT=str(self.port), SPARK_MASTER_WEBUI_PORT=str(self.webui),
+            SPARK_MASTER_HOST="127.0.0.1", SPARK_MASTER_PORT="0", SPARK_MASTER_WEBUI_PORT="0",
             SPARK_MASTER_URL=self.url, SPARK_WORKER_CORES=str(self.cores), SPARK_WORKER_MEMORY=self.memory,
             SPARK_WORKER_HOST="127.0.0.1", SPARK_LOG_DIR=self.dir, SPARK_NO_DAEMONIZE="1",
         )
@@ -55,6 +50,7 @@ class StandaloneCluster:
 
     def start(self) -> StandaloneCluster:
         self.master = self._spawn("master", "master.log")
+        self._wait(self._read_master_ports, 90, "the master's ports")
         self._wait(lambda: self._alive_workers() is not None, 90, "the master")
         for _ in range(self.n_workers):
             self.add_worker()
@@ -63,7 +59,7 @@ class StandaloneCluster:
 
     def add_worker(self) -> subprocess.Popen:
         i = len(self.workers)
-        proc = self._spawn("worker", f"worker-{i}.log", SPARK_WORKER_WEBUI_PORT=str(free_port()),
+        proc = self._spawn("worker", f"worker-{i}.log", SPARK_WORKER_WEBUI_PORT="0", SPARK_MASTER_URL=self.url,
                            SPARK_WORKER_DIR=os.path.join(self.dir, f"work-{i}"))
         self.workers.append(proc)
         return proc
@@ -74,6 +70,18 @@ class StandaloneCluster:
     def kill_worker(self, index: int) -> None:
         """SIGKILLs a worker, its executor and its Python workers (its whole process group)."""
         os.killpg(self.workers[index].pid, signal.SIGKILL)
+
+    def _read_master_ports(self) -> bool:
+        """The ports the master bound, from its log: ``Starting Spark master at spark://HOST:PORT``
+        and ``Bound MasterWebUI to HOST, and started at http://...:PORT``."""
+        with open(os.path.join(self.dir, "master.log"), errors="replace") as f:
+            text = f.read()
+        master = re.search(r"Starting Spark master at (spark://[\w.]+:(\d+))", text)
+        webui = re.search(r"Bound MasterWebUI to .*, and started at http://[\w.]+:(\d+)", text)
+        if not (master and webui):
+            return False
+        self.url, self.port, self.webui = master.group(1), int(master.group(2)), int(webui.group(1))
+        return True
 
     def _alive_workers(self) -> int | None:
         try:

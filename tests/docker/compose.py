@@ -65,7 +65,7 @@ class Compose:
     def __init__(self, image: str, worker_cores: int = 1, worker_memory: str = "3g"):
         self.project = f"tfnettest{uuid.uuid4().hex[:8]}"
         self.env = dict(os.environ, TFNET_IMAGE=image, WORKER_CORES=str(worker_cores), WORKER_MEMORY=worker_memory,
-                        TFNET_MASTER_UI_PORT=str(_free_port()), COMPOSE_PROJECT_NAME=self.project)
+                        TFNET_MASTER_UI_PORT="", COMPOSE_PROJECT_NAME=self.project)  # "": a port the host picks
         self.env.pop("SPARK_LOCAL_IP", None)  # the host's setting must not leak into the containers
 
     def __call__(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
@@ -125,11 +125,3 @@ class Compose:
 
     def down(self) -> None:
         self("down", "-v", "--remove-orphans", "--timeout", "10", timeout=180, check=False)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -148,7 +148,12 @@ def test_job_finishes_while_a_client_without_the_secret_attacks(spark):
     me = psutil.Process()
 
     def listening() -> set[int]:
-        return {c.laddr.port for c in me.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+        for _ in range(20):  # /proc/net can change under psutil while it reads: read again
+            try:
+                return {c.laddr.port for c in me.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+            except (OSError, psutil.Error):
+                time.sleep(0.01)
+        return set()
 
     before = listening()
     answers: dict[int, object] = {}
