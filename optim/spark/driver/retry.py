@@ -28,27 +28,22 @@ def stage_error(exc: BaseException, failures: list[WorkerFailure], prefix: str =
         return exc  # type: ignore[return-value]
     text = str(exc)
     if "spark.driver.maxResultSize" in text or "bigger than local result size limit" in text:
-        err = DistributedTrainingError(
-            f"{prefix}: rank 0's result is larger than the driver accepts (spark.driver.maxResultSize); a rerun "
-            "would fail the same way. Give model_dir shared storage (the result then moves as a file), or raise "
-            "spark.driver.maxResultSize (set before the session starts)."
-        )
-        err.retryable = False  # type: ignore[attr-defined]
-        return err
+        return _error(f"{prefix}: rank 0's result is larger than the driver accepts (spark.driver.maxResultSize); a "
+                      "rerun would fail the same way. Give model_dir shared storage (the result then moves as a file), "
+                      "or raise spark.driver.maxResultSize (set before the session starts).", retryable=False)
     if "OutOfMemoryError" in text:
         where = "driver" if "executor driver" in text or "awaitResult" in text else "executor"
-        err = DistributedTrainingError(
-            f"{prefix}: a Spark JVM ran out of heap (java.lang.OutOfMemoryError, {where}). Give Spark room for a "
-            "few copies of the model: e.g. spark.driver.memory=4g (set before the session starts), "
-            "spark.executor.memory and spark.driver.maxResultSize."
-        )
-        err.retryable = False  # type: ignore[attr-defined]
-        return err
+        return _error(f"{prefix}: a Spark JVM ran out of heap (java.lang.OutOfMemoryError, {where}). Give Spark room "
+                      "for a few copies of the model: e.g. spark.driver.memory=4g (set before the session starts), "
+                      "spark.executor.memory and spark.driver.maxResultSize.", retryable=False)
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    err = DistributedTrainingError(f"{prefix}: the stage failed with no report from a rank ({first[:500]})")
-    err.retryable = True  # type: ignore[attr-defined]
-    return err
+    return _error(f"{prefix}: the stage failed with no report from a rank ({first[:500]})", retryable=True)
 
+
+def _error(message: str, retryable: bool) -> DistributedTrainingError:
+    err = DistributedTrainingError(message)
+    err.retryable = retryable  # type: ignore[attr-defined]
+    return err
 
 @dataclass
 class RetryPolicy:
