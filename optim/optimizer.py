@@ -20,7 +20,7 @@ from optim.training.datasets import as_dataset
 from optim.training.loop import TrainConfig, evaluate, metrics_copy, train
 from optim.training.reporting import MultiReporter, ProgressBar, StepRecorder, TensorBoardWriter, tensorboard_dir
 from optim.transforms import assign_groups, partition
-from tfnet import TFNet
+from tfnet import TFNet, storage
 from tfnet.errors import TFNetError
 
 __all__ = ["TFOptimizer"]
@@ -42,16 +42,22 @@ class TFOptimizer:
         model_dir: Where checkpoints (``checkpoints/<run id>/``) and TensorBoard events
             (``tensorboard/<run id>/``) go; every ``optimize()`` call is a run with an id of its
             own, so runs sharing a ``model_dir`` never load or prune each other's files. Default:
-            neither is written.
+            neither is written. A local path or a URI fsspec understands (``s3://bucket/run``,
+            ``gs://``, ``abfs://``, ``hdfs://``; ``pip install tfnet[s3]`` and so on): on a
+            cluster without a shared disk, that is where the ranks meet.
+        storage_options: fsspec's options for a URI ``model_dir`` (an endpoint, a profile);
+            credentials are best left to the environment or an instance profile. Default: none.
     """
 
-    def __init__(self, net: TFNet, loss, optim_method, metrics: Sequence | None = None, model_dir: str | None = None):
+    def __init__(self, net: TFNet, loss, optim_method, metrics: Sequence | None = None, model_dir: str | None = None,
+                 storage_options: Mapping | None = None):
         if not isinstance(net, TFNet):
             raise TypeError(f"TFOptimizer trains a tfnet.TFNet. Received: {type(net).__name__}")
         self.net = net
         self.loss = L.get(loss)
         self.metrics = [M.get(m) for m in (metrics or [])]
         self.model_dir = os.fspath(model_dir) if model_dir is not None else None
+        self.storage_options = dict(storage_options) if storage_options else None
         self._lr_source = None
         self.method = self._method(optim_method)
         if self._lr_source is None and hasattr(self.method, "learning_rate_at"):
@@ -156,7 +162,7 @@ class TFOptimizer:
         config = TrainConfig(
             epochs=epochs, batch_size=batch_size, shuffle=shuffle, seed=seed, validate_every=validate_every,
             checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints, model_dir=self.model_dir,
-            resume=resume, on_nonfinite=on_nonfinite, run_id=new_run_id(),
+            resume=resume, on_nonfinite=on_nonfinite, run_id=new_run_id(), storage_options=self.storage_options,
         )
         config.check()
         config.resume = self._resume_source(config)
@@ -192,7 +198,8 @@ class TFOptimizer:
         False), so that every retry of the stage agrees: ``resume=True`` becomes the newest run."""
         if config.resume is False or not config.model_dir:
             return config.resume
-        source, why = resolve_resume(os.path.join(config.model_dir, "checkpoints"), config.resume)
+        source, why = resolve_resume(storage.join(config.model_dir, "checkpoints"), config.resume,
+                                     storage_options=config.storage_options)
         if source is not None:
             log.info("Run %s resumes %s.", config.run_id, why)
         else:
@@ -200,7 +207,8 @@ class TFOptimizer:
         return source if source is not None else False
 
     def _reporter(self, verbose: int, run_id: str | None):
-        writer = TensorBoardWriter(tensorboard_dir(self.model_dir, run_id)) if self.model_dir else None
+        writer = (TensorBoardWriter(tensorboard_dir(self.model_dir, run_id), self.storage_options)
+                  if self.model_dir else None)
         return MultiReporter([ProgressBar(verbose) if verbose else None, writer])
 
     def evaluate(self, data, batch_size: int = 32) -> dict[str, float]:

@@ -7,7 +7,7 @@ import os
 import socket
 import tempfile
 import threading
-from typing import Any, Union
+from typing import Union
 
 from google.protobuf import message, text_format
 from tensorflow.core.framework import graph_pb2
@@ -199,20 +199,18 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
         raise
 
 
-def write_json_atomic(path: str, obj: Any) -> None:
-    write_bytes_atomic(path, json.dumps(obj, indent=2, sort_keys=False).encode("utf-8"))
+def read_meta(folder: str, storage_options=None) -> dict:
+    """Reads ``graph_meta.json`` of an export folder (a path or a URI), checking the keys
+    Analytics Zoo wrote."""
+    from tfnet import storage
 
-
-def read_meta(folder: str) -> dict:
-    """Reads ``graph_meta.json`` of an export folder, checking the keys Analytics Zoo wrote."""
-    path = os.path.join(folder, META_FILE)
-    if not os.path.exists(path):
+    path = storage.join(folder, META_FILE)
+    if not storage.exists(path, storage_options):
         raise FileNotFoundError(
             f"{path!r} not found; an export folder holds {FROZEN_GRAPH_FILE} and {META_FILE}."
         )
     try:
-        with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
+        meta = json.loads(storage.read_bytes(path, storage_options).decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise GraphLoadError(f"{path!r} is not valid JSON: {exc}") from None
     if not isinstance(meta, dict):

@@ -236,13 +236,14 @@ class TFNet(tf.Module):
         return cls._from_frozen(load_saved_model_signature(path, signature), **kwargs)
 
     @classmethod
-    def from_export_folder(cls, folder: PathLike, **kwargs) -> TFNet:
+    def from_export_folder(cls, folder: PathLike, *, storage_options=None, **kwargs) -> TFNet:
         """Loads the Analytics Zoo export layout: ``frozen_inference_graph.pb`` plus
         ``graph_meta.json`` with ``input_names`` and ``output_names``. Folders written by
-        :meth:`save` also restore the weight list and the trainable selection."""
+        :meth:`save` also restore the weight list and the trainable selection. ``folder`` may be a
+        URI fsspec understands (``s3://bucket/run/export``), with its ``storage_options``."""
         from tfnet.saving import read_export_folder
 
-        graph_def, meta = read_export_folder(folder)
+        graph_def, meta = read_export_folder(folder, storage_options)
         extra = meta.get("tfnet", {})
         if "weight_names" in extra:
             kwargs.setdefault("weights", extra["weight_names"])
@@ -770,13 +771,14 @@ class TFNet(tf.Module):
             self._compiled[key] = step
         return step
 
-    def save(self, path: PathLike) -> None:
+    def save(self, path: PathLike, *, storage_options=None) -> None:
         """Writes ``path/frozen_inference_graph.pb`` (a frozen graph with the current weights) and
-        ``path/graph_meta.json``. Plain TensorFlow can import the graph; :meth:`from_export_folder`
-        loads it back as an identical layer."""
+        ``path/graph_meta.json``, each atomically. Plain TensorFlow can import the graph;
+        :meth:`load` reads it back as an identical layer. ``path`` may be a URI fsspec understands
+        (``s3://bucket/run/export``; ``pip install tfnet[s3]``), with its ``storage_options``."""
         from tfnet.saving import write_export_folder
 
-        write_export_folder(self, path)
+        write_export_folder(self, path, storage_options)
 
     def save_onnx(self, path: PathLike) -> None:
         """Writes the ONNX model this net was made from (:meth:`from_onnx`; the whole graph, even if

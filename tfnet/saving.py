@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -10,27 +11,20 @@ import tempfile
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
+from tfnet import storage
 from tfnet.errors import GraphLoadError, TensorNameError, unknown_name_message
-from tfnet.graph_io import (
-    FROZEN_GRAPH_FILE,
-    META_FILE,
-    PathLike,
-    read_graph_def,
-    read_meta,
-    write_bytes_atomic,
-    write_json_atomic,
-)
+from tfnet.graph_io import FROZEN_GRAPH_FILE, META_FILE, PathLike, read_graph_def, read_meta
 
 FORMAT_VERSION = 1
 
 
-def write_export_folder(net, path: PathLike) -> None:
-    """Writes ``net`` as an export folder (see :func:`write_export_files`)."""
+def write_export_folder(net, path: PathLike, storage_options=None) -> None:
+    """Writes ``net`` as an export folder (see :func:`write_export_files`); ``path`` may be a URI."""
     folder = os.fspath(path)
-    if os.path.isfile(folder):
+    if storage.exists(folder, storage_options) and not storage.isdir(folder, storage_options):
         raise FileExistsError(f"{folder!r} is a file; TFNet.save writes a folder.")
     data = net.frozen_graph_def().SerializeToString(deterministic=True)
-    write_export_files(folder, data, net.input_names, net.output_names, tfnet_meta={
+    write_export_files(folder, data, net.input_names, net.output_names, storage_options=storage_options, tfnet_meta={
         "format_version": FORMAT_VERSION,
         "weight_names": net.weight_names,
         "trainable": net.trainable,
@@ -40,7 +34,7 @@ def write_export_folder(net, path: PathLike) -> None:
 
 
 def write_export_files(folder: PathLike, graph: bytes, input_names, output_names, *, tfnet_meta: dict | None = None,
-                       extra: dict | None = None) -> None:
+                       extra: dict | None = None, storage_options=None) -> None:
     """The one export-folder writer (``TFNet.save`` and TFPredictor's model snapshots use it):
     ``frozen_inference_graph.pb`` then ``graph_meta.json`` with the graph's SHA-256 under
     ``"tfnet"``, each atomically. A reader that finds a checksum mismatch knows the pair is
@@ -53,30 +47,34 @@ def write_export_files(folder: PathLike, graph: bytes, input_names, output_names
         output_names: Output tensor names.
         tfnet_meta: More entries for the ``"tfnet"`` section. Default: none.
         extra: More top-level entries. Default: none.
+        storage_options: fsspec's options when ``folder`` is a URI. Default: none.
     """
     folder = os.fspath(folder)
-    write_bytes_atomic(os.path.join(folder, FROZEN_GRAPH_FILE), graph)
+    storage.makedirs(folder, storage_options)
+    storage.write_bytes_atomic(storage.join(folder, FROZEN_GRAPH_FILE), graph, storage_options)
     meta = {"input_names": list(input_names), "output_names": list(output_names),
             "tfnet": {**(tfnet_meta or {}), "graph_sha256": hashlib.sha256(graph).hexdigest()}}
     meta.update(extra or {})
-    write_json_atomic(os.path.join(folder, META_FILE), meta)
+    storage.write_bytes_atomic(storage.join(folder, META_FILE), json.dumps(meta, indent=2).encode("utf-8"),
+                               storage_options)
 
 
-def read_export_folder(folder: PathLike) -> tuple[graph_pb2.GraphDef, dict]:
+def read_export_folder(folder: PathLike, storage_options=None) -> tuple[graph_pb2.GraphDef, dict]:
+    """The frozen graph and ``graph_meta.json`` of an export folder (a path or a URI), checked
+    against the checksum the writer recorded."""
     folder = os.fspath(folder)
-    if not os.path.exists(folder):
+    if not storage.exists(folder, storage_options):
         raise FileNotFoundError(f"Export folder not found: {folder!r}")
-    if not os.path.isdir(folder):
+    if not storage.isdir(folder, storage_options):
         raise GraphLoadError(
             f"{folder!r} is a file; an export folder holds {FROZEN_GRAPH_FILE} and {META_FILE}. "
             "For a single .pb file use TFNet.from_frozen_graph."
         )
-    meta = read_meta(folder)
-    pb = os.path.join(folder, FROZEN_GRAPH_FILE)
-    if not os.path.exists(pb):
+    meta = read_meta(folder, storage_options)
+    pb = storage.join(folder, FROZEN_GRAPH_FILE)
+    if not storage.exists(pb, storage_options):
         raise FileNotFoundError(f"{pb!r} not found in the export folder.")
-    with open(pb, "rb") as f:
-        data = f.read()
+    data = storage.read_bytes(pb, storage_options)
     want = meta.get("tfnet", {}).get("graph_sha256")
     if want and hashlib.sha256(data).hexdigest() != want:
         raise GraphLoadError(

@@ -14,6 +14,7 @@ from typing import Union
 
 from tensorflow.core.framework import graph_pb2
 
+from tfnet import storage
 from tfnet.errors import TensorNameError
 from tfnet.graph_io import META_FILE, PathLike
 
@@ -149,6 +150,8 @@ def load_net(source: ModelSource, inputs=None, outputs=None):
         return source
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
+        if storage.is_remote(path):  # an export folder on an object store (what TFNet.save wrote there)
+            return TFNet.load(path)
         if os.path.isdir(path) and os.path.exists(os.path.join(path, META_FILE)):
             return TFNet.load(path)
         if os.path.isdir(path) and os.path.exists(os.path.join(path, "saved_model.pb")):

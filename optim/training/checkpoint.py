@@ -6,7 +6,8 @@
   side in one ``model_dir`` each keep their own. Old runs' folders stay until the user deletes them.
 * Not a pickle: arrays and a JSON header only, read with ``allow_pickle=False``, so loading one
   cannot run code.
-* Written atomically (:func:`tfnet.graph_io.write_bytes_atomic`).
+* Written atomically (:func:`tfnet.storage.write_bytes_atomic`), to a local folder or any URI
+  fsspec understands (``s3://...``).
 * Checked: tfnet's container (:mod:`tfnet.container`) holds a SHA-256 of every array; a truncated
   or corrupt file is detected, skipped with a warning, and never loaded.
 * Only the newest ``keep`` of the run are kept; temporary files of a killed writer are swept at
@@ -15,9 +16,7 @@
 
 from __future__ import annotations
 
-import glob
 import logging
-import os
 import re
 import secrets
 import time
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from optim.errors import CheckpointError, CheckpointWarning
+from tfnet import storage
 
 __all__ = ["Checkpoint", "CheckpointManager", "CheckpointWarning", "CheckpointError", "new_run_id", "list_runs",
            "resolve_resume"]
@@ -45,13 +45,11 @@ def new_run_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{int(now % 1 * 1e6):06d}-{secrets.token_hex(2)}"
 
 
-def list_runs(root: str) -> list[str]:
-    """The run ids under ``root`` (``model_dir/checkpoints``) that hold at least one checkpoint
-    file, oldest first (run ids sort in start order)."""
-    if not os.path.isdir(root):
-        return []
-    runs = [d for d in os.listdir(root) if RUN_ID.match(d) and os.path.isdir(os.path.join(root, d))]
-    return sorted(r for r in runs if CheckpointManager(root, run_id=r).all_steps())
+def list_runs(root: str, storage_options=None) -> list[str]:
+    """The run ids under ``root`` (``model_dir/checkpoints``, a path or a URI) that hold at least
+    one checkpoint file, oldest first (run ids sort in start order)."""
+    runs = [d for d in storage.listdir(root, storage_options) if RUN_ID.match(d)]
+    return sorted(r for r in runs if CheckpointManager(root, run_id=r, storage_options=storage_options).all_steps())
 
 
 
@@ -74,24 +72,25 @@ class CheckpointManager:
         keep: How many of the run's newest to keep. Default: 3.
         run_id: The run; its files go to ``root/<run_id>/ckpt-<step>.npz``. Default: none, the
             files directly in ``root`` (the layout before run ids, read-only in practice).
+        storage_options: For a URI ``root``: fsspec's options (endpoint, credentials). Default: none.
     """
 
-    def __init__(self, root: str, keep: int = 3, run_id: str | None = None):
+    def __init__(self, root: str, keep: int = 3, run_id: str | None = None, storage_options=None):
         if not isinstance(keep, int) or keep < 1:
             raise ValueError(f"`keep_checkpoints` must be a positive integer. Received: {keep!r}")
         if run_id is not None and not RUN_ID.match(run_id):
             raise ValueError(f"Not a run id: {run_id!r}; expected YYYYmmdd-HHMMSS-ffffff-xxxx.")
         self.root = root
         self.run_id = run_id
-        self.directory = os.path.join(root, run_id) if run_id else root
+        self.storage_options = storage_options
+        self.directory = storage.join(root, run_id) if run_id else root
         self.keep = keep
 
     def path_for(self, step: int) -> str:
-        return os.path.join(self.directory, f"ckpt-{step:09d}.npz")
+        return storage.join(self.directory, f"ckpt-{step:09d}.npz")
 
     def save(self, ckpt: Checkpoint) -> str:
         from tfnet.container import ContainerError, pack
-        from tfnet.graph_io import write_bytes_atomic
 
         arrays: dict[str, np.ndarray] = {}
         for i, name in enumerate(ckpt.weights):
@@ -114,9 +113,10 @@ class CheckpointManager:
         from tfnet.graph_io import sweep_stale_temporaries
 
         path = self.path_for(ckpt.step)
-        sweep_stale_temporaries(self.directory)
+        if not storage.is_remote(self.directory):
+            sweep_stale_temporaries(self.directory)
         try:
-            write_bytes_atomic(path, data)
+            storage.write_bytes_atomic(path, data, self.storage_options)
         except OSError as exc:
             # a full disk, a read-only or vanished folder: a retry would fail the same way
             raise CheckpointError(
@@ -127,22 +127,15 @@ class CheckpointManager:
         return path
 
     def all_steps(self) -> list[int]:
-        steps = []
-        for p in glob.glob(os.path.join(self.directory, "ckpt-*.npz")):
-            m = _NAME.match(os.path.basename(p))
-            if m:
-                steps.append(int(m.group(1)))
-        return sorted(steps)
+        names = storage.listdir(self.directory, self.storage_options)
+        return sorted(int(m.group(1)) for m in map(_NAME.match, names) if m)
 
     def _prune(self) -> None:
         for step in self.all_steps()[: -self.keep]:
-            try:
-                os.unlink(self.path_for(step))
-            except FileNotFoundError:
-                pass
+            storage.remove(self.path_for(step), self.storage_options)
 
     @staticmethod
-    def load(path: str) -> Checkpoint:
+    def load(path: str, storage_options=None) -> Checkpoint:
         """Loads and verifies one checkpoint.
 
         Raises:
@@ -151,8 +144,7 @@ class CheckpointManager:
         from tfnet.container import ContainerError, unpack
 
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            data = storage.read_bytes(path, storage_options)
             header, arrays = unpack(data, FORMAT, what=path)
         except OSError as exc:
             raise CheckpointError(f"{path}: unreadable ({type(exc).__name__}: {exc})") from None
@@ -170,13 +162,13 @@ class CheckpointManager:
         for step in reversed(self.all_steps()):
             path = self.path_for(step)
             try:
-                return self.load(path)
+                return self.load(path, self.storage_options)
             except CheckpointError as exc:
                 warnings.warn(f"Skipping checkpoint {exc}", CheckpointWarning, stacklevel=2)
         return None
 
 
-def resolve_resume(root: str, resume, own_run: str | None = None) -> tuple[str | None, str]:
+def resolve_resume(root: str, resume, own_run: str | None = None, storage_options=None) -> tuple[str | None, str]:
     """What a run resumes from, as ``(source, description)``: ``source`` is a run id (its newest
     valid checkpoint), a checkpoint path, or None (a fresh start).
 
@@ -188,36 +180,35 @@ def resolve_resume(root: str, resume, own_run: str | None = None) -> tuple[str |
     Raises:
         CheckpointError: the named run or file does not exist.
     """
-    if own_run and own_run in list_runs(root):
+    runs = list_runs(root, storage_options)
+    if own_run and own_run in runs:
         return own_run, f"this run's ({own_run}) newest checkpoint"
     if resume is False or resume is None:
         return None, "a fresh start"
     if resume is True:
-        others = [r for r in list_runs(root) if r != own_run]
+        others = [r for r in runs if r != own_run]
         if not others:
             return None, f"a fresh start (resume=True, but {root} holds no run's checkpoint)"
         return others[-1], f"the newest run in {root}, {others[-1]}"
     if not isinstance(resume, str):
         raise TypeError(f"`resume` must be a bool, a run id or a checkpoint path. Received: {resume!r}")
     if RUN_ID.match(resume):
-        if resume not in list_runs(root):
-            raise CheckpointError(
-                f"resume={resume!r}: no checkpoint of that run in {root}. Runs there: {list_runs(root) or 'none'}"
-            )
+        if resume not in runs:
+            raise CheckpointError(f"resume={resume!r}: no checkpoint of that run in {root}. Runs there: {runs or 'none'}")
         return resume, f"run {resume}"
-    if not os.path.isfile(resume):
+    if not storage.exists(resume, storage_options) or storage.isdir(resume, storage_options):
         raise CheckpointError(
             f"resume={resume!r} is neither a run id (YYYYmmdd-HHMMSS-ffffff-xxxx) nor a checkpoint file. Runs in "
-            f"{root}: {list_runs(root) or 'none'}"
+            f"{root}: {runs or 'none'}"
         )
     return resume, f"the checkpoint {resume}"
 
 
-def load_resume(root: str, source: str | None, keep: int = 3) -> Checkpoint | None:
+def load_resume(root: str, source: str | None, keep: int = 3, storage_options=None) -> Checkpoint | None:
     """The checkpoint named by :func:`resolve_resume`'s ``source``: a run's newest valid one (None
     when all of that run's files are corrupt, each skipped with a warning), or the given file."""
     if source is None:
         return None
-    if RUN_ID.match(source) and not os.path.isfile(source):
-        return CheckpointManager(root, keep, run_id=source).latest_valid()
-    return CheckpointManager.load(source)
+    if RUN_ID.match(source):
+        return CheckpointManager(root, keep, run_id=source, storage_options=storage_options).latest_valid()
+    return CheckpointManager.load(source, storage_options)

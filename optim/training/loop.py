@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 import warnings
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ from optim.training.collective import Collective, LocalCollective
 from optim.training.datasets import TFDataset
 from optim.training.liveness import Liveness
 from optim.training.reporting import Reporter
+from tfnet import storage
 
 __all__ = ["TrainConfig", "TrainOutcome", "train", "evaluate", "NonFiniteLossError"]
 
@@ -60,6 +60,8 @@ class TrainConfig:
     resume: bool | str = False
     #: this run's id (``optimize()`` makes one per call; its retries keep it)
     run_id: str | None = None
+    #: fsspec options for a URI model_dir (endpoint, credentials); None for the library's defaults
+    storage_options: dict | None = None
     on_nonfinite: str = "raise"
     drop_remainder: bool = False
     validation_batch_size: int | None = None
@@ -84,7 +86,7 @@ class TrainConfig:
 
 
 def _checkpoint_dir(model_dir: str) -> str:
-    return os.path.join(model_dir, "checkpoints")
+    return storage.join(model_dir, "checkpoints")
 
 
 def _first(outputs):
@@ -255,8 +257,8 @@ class _Run:
         self.step_fn = net.train_step(loss, method, reducer=collective.reducer())
         self.template = self.step_fn.state_spec()
         self.run_id = config.run_id or new_run_id()
-        self.manager = (CheckpointManager(_checkpoint_dir(config.model_dir), config.keep_checkpoints, self.run_id)
-                        if config.model_dir else None)
+        self.manager = (CheckpointManager(_checkpoint_dir(config.model_dir), config.keep_checkpoints, self.run_id,
+                                          config.storage_options) if config.model_dir else None)
         self.start_step = 0
         self.resumed_from: str | None = None
         self.compiled = False
@@ -309,12 +311,13 @@ class _Run:
         what ``resume`` names (:func:`~optim.training.checkpoint.resolve_resume`)."""
         if self.manager is None:
             if self.config.resume not in (False, None) and not isinstance(self.config.resume, bool):
-                ckpt = load_resume("", self.config.resume)  # a checkpoint path without model_dir
+                ckpt = load_resume("", self.config.resume, storage_options=self.config.storage_options)
                 self.resumed_from = ckpt.path if ckpt else None
                 return ckpt
             return None
-        source, why = resolve_resume(self.manager.root, self.config.resume, self.run_id)
-        ckpt = load_resume(self.manager.root, source, self.config.keep_checkpoints)
+        options = self.config.storage_options
+        source, why = resolve_resume(self.manager.root, self.config.resume, self.run_id, options)
+        ckpt = load_resume(self.manager.root, source, self.config.keep_checkpoints, options)
         if ckpt is not None:
             self.resumed_from = ckpt.path
             log.info("Run %s resumes from %s: %s (step %d).", self.run_id, why, ckpt.path, ckpt.step)

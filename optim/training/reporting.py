@@ -139,27 +139,55 @@ class ProgressBar(Reporter):
 def tensorboard_dir(model_dir: str, run_id: str | None) -> str:
     """Where a run's TensorBoard events go: ``model_dir/tensorboard/<run id>`` (TensorBoard shows
     each run as its own line)."""
-    return os.path.join(model_dir, "tensorboard", run_id or "")
+    from tfnet import storage
+
+    return storage.join(model_dir, "tensorboard", run_id or "")
 
 
 class TensorBoardWriter(Reporter):
     """Scalars under ``logdir/train`` (loss, metrics, learning rate, samples per second, every
-    step) and ``logdir/validation``."""
+    step) and ``logdir/validation``.
 
-    def __init__(self, logdir: str):
+    ``logdir`` may be a URI (``s3://...``): TensorFlow's own writers cannot open one, so the events
+    are written to a local temporary folder and uploaded at every epoch end and at the end (each
+    event file whole, atomically), where TensorBoard reads them (``tensorboard --logdir s3://...``
+    with the scheme's file system installed).
+    """
+
+    def __init__(self, logdir: str, storage_options=None):
         import tensorflow as tf
+
+        from tfnet import storage
 
         self._tf = tf
         self.logdir = logdir
-        os.makedirs(logdir, exist_ok=True)
-        self.train = tf.summary.create_file_writer(os.path.join(logdir, "train"))
-        self.val = tf.summary.create_file_writer(os.path.join(logdir, "validation"))
+        self._options = storage_options
+        self._remote = storage.is_remote(logdir)
+        if self._remote:
+            import tempfile
+
+            self._local = tempfile.mkdtemp(prefix="tfnet-tensorboard-")
+        else:
+            self._local = logdir
+            os.makedirs(logdir, exist_ok=True)
+        self.train = tf.summary.create_file_writer(os.path.join(self._local, "train"))
+        self.val = tf.summary.create_file_writer(os.path.join(self._local, "validation"))
 
     def _write(self, writer, step, logs: dict[str, Any]):
         with writer.as_default(step=step):
             for k, v in logs.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     self._tf.summary.scalar(k, float(v))
+
+    def _upload(self) -> None:
+        if not self._remote:
+            return
+        from tfnet import storage
+
+        for sub in ("train", "validation"):
+            folder = os.path.join(self._local, sub)
+            for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+                storage.upload_file(os.path.join(folder, name), storage.join(self.logdir, sub, name), self._options)
 
     def step(self, step, epoch, logs):
         self._write(self.train, step, logs)
@@ -171,9 +199,15 @@ class TensorBoardWriter(Reporter):
         self._write(self.train, step, {f"epoch_{k}": v for k, v in logs.items() if not k.startswith("val_")})
         self.train.flush()
         self.val.flush()
+        self._upload()
 
     def end(self):
         self.train.flush()
         self.val.flush()
         self.train.close()
         self.val.close()
+        self._upload()
+        if self._remote:
+            import shutil
+
+            shutil.rmtree(self._local, ignore_errors=True)

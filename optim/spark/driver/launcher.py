@@ -16,7 +16,6 @@ import logging
 import math
 import os
 import secrets
-import shutil
 import tempfile
 import threading
 import time
@@ -31,6 +30,7 @@ from optim.spark.auth import derive_key
 from optim.spark.driver.preflight import (
     bounded_job,
     check_driver_horovod,
+    check_model_dir,
     probe_workers,
     task_slots,
     wait_for_slots,
@@ -45,6 +45,7 @@ from optim.training.checkpoint import new_run_id
 from optim.training.datasets import ArrayDataset, TFDataDataset, TFDataset
 from optim.training.loop import TrainConfig
 from optim.training.reporting import MultiReporter, ProgressBar
+from tfnet import storage
 from tfnet.serialize import net_to_bytes
 
 __all__ = [
@@ -257,7 +258,12 @@ def _check_cluster(dataset: TFDataset, config: TrainConfig, num_workers: int | N
             f"Received: batch_size={config.batch_size}"
         )
     per_rank = config.batch_size // n if not isinstance(dataset, TFDataDataset) else config.batch_size
-    probe_workers(sc, n, startup_timeout)
+    marker = check_model_dir(config.model_dir, config.storage_options) if config.model_dir else None
+    try:
+        probe_workers(sc, n, startup_timeout, (marker, config.storage_options) if marker else None)
+    finally:
+        if marker:
+            storage.remove(marker, config.storage_options)
     return sc, n, per_rank
 
 
@@ -268,10 +274,13 @@ def _prepare_stage(sc, opt, dataset: TFDataset, validation: TFDataset | None, co
     kind, reader, data_bc, source = _prepare_data(sc, dataset, n, per_rank, cleanup, timeout_s)
     val = _local_validation(validation)
     val_bc = cleanup.broadcast(sc.broadcast(val)) if val is not None else None
-    exchange = _exchange_dir(sc, config.model_dir)
+    exchange = _exchange_dir(sc, config.model_dir, config.storage_options)
     if exchange is not None:
-        cleanup.add(shutil.rmtree, exchange, True)
-    net_bc = _ship(sc, net_to_bytes(opt.net), exchange, cleanup)
+        cleanup.add(storage.rmtree, exchange, config.storage_options)
+    net_bytes = net_to_bytes(opt.net)
+    if exchange is None:
+        check_driver_memory(sc, len(net_bytes), _result_bytes(opt))
+    net_bc = _ship(sc, net_bytes, exchange, cleanup, config.storage_options)
     worker_config = copy.copy(config)
     worker_config.batch_size = per_rank
     conf = sc.getConf()
@@ -317,7 +326,8 @@ def _run_attempts(sc, opt, stage: _Stage, server, secret: bytes, policy: RetryPo
                 log_level=_worker_log_level(verbose),
             )
             try:
-                result = _read_result(_run_stage(sc, stage.source, stage.kind, job, rdv, timeout, startup_timeout))
+                result = _read_result(_run_stage(sc, stage.source, stage.kind, job, rdv, timeout, startup_timeout),
+                                      stage.config.storage_options)
                 attempts.append({"attempt": attempt, "ok": True, **result.run})
                 return result
             except Exception as exc:  # noqa: BLE001 - turned into the ranks' own error below
@@ -387,29 +397,84 @@ def horovod_tuning(net) -> dict[str, str]:
     return {"HOROVOD_CYCLE_TIME": LARGE_MODEL_CYCLE_MS} if values >= LARGE_MODEL_VALUES else {}
 
 
-def _exchange_dir(sc, model_dir: str | None) -> str | None:
+def _exchange_dir(sc, model_dir: str | None, storage_options=None) -> str | None:
     """A folder the driver and every rank can read and write, to move the net and the results
     without passing them through Spark's JVM heap: a private temporary folder when the master is
-    local, ``model_dir/.exchange/<id>`` otherwise (``model_dir`` must be shared storage on a
-    cluster). None: use a broadcast and the job result instead. The caller removes it."""
+    local, ``model_dir/.exchange/<id>`` otherwise (a URI, or a path every host sees: checked by
+    :func:`~optim.spark.driver.preflight.check_model_dir`). None: use a broadcast and the job result
+    instead. The caller removes it."""
     if sc.master.startswith("local"):
         return tempfile.mkdtemp(prefix="tfnet-exchange-")
     if model_dir:
-        path = os.path.join(model_dir, ".exchange", uuid.uuid4().hex[:12])
-        os.makedirs(path, exist_ok=True)
+        path = storage.join(model_dir, ".exchange", uuid.uuid4().hex[:12])
+        storage.makedirs(path, storage_options)
         return path
     return None
 
 
-def _ship(sc, data: bytes, exchange: str | None, cleanup: _Cleanup):
+def _ship(sc, data: bytes, exchange: str | None, cleanup: _Cleanup, storage_options=None):
     """The serialized net, as a file path in ``exchange`` or as a broadcast."""
     if exchange is None:
         return cleanup.broadcast(sc.broadcast(data))
-    from tfnet.graph_io import write_bytes_atomic
-
-    path = os.path.join(exchange, "net.npz")
-    write_bytes_atomic(path, data)
+    path = storage.join(exchange, "net.npz")
+    storage.write_bytes_atomic(path, data, storage_options)
     return path
+
+
+def _result_bytes(opt) -> int:
+    """What rank 0's result holds: every weight, and the optimiser state (its slots are sized like
+    the trainable weights; estimated from the method's own state)."""
+    weights = sum(int(v.shape.num_elements() or 0) * v.dtype.size for v in opt.net.weight_variables.values())
+    trainable = sum(int(v.shape.num_elements() or 0) * v.dtype.size for v in opt.net.trainable_variables)
+    if opt.state is not None:
+        return weights + sum(int(np.asarray(a).nbytes) for a in opt.state)
+    return weights + 2 * trainable  # Adam's two slots: the largest of tfnet's methods'
+
+
+#: The driver's JVM holds the broadcast net and the collected result while the stage runs; this
+#: much more stays free for Spark itself.
+DRIVER_HEADROOM_BYTES = 256 << 20
+
+
+def check_driver_memory(sc, net_bytes: int, result_bytes: int) -> None:
+    """Without shared storage the net goes out as a broadcast and rank 0's result comes back as the
+    job's result, both through the driver's JVM heap: ``net_bytes + result_bytes`` plus
+    :data:`DRIVER_HEADROOM_BYTES` must fit in it, and the result in ``spark.driver.maxResultSize``.
+    For a net of N float32 parameters trained with Adam that is about 4N + 12N bytes (16N: 1.6 GB
+    for 100M parameters). Raises DistributedTrainingError (not retried) before the stage starts."""
+    heap = _driver_heap(sc)
+    limit = _size_setting(sc.getConf().get("spark.driver.maxResultSize", "1g"))
+    need = net_bytes + result_bytes + DRIVER_HEADROOM_BYTES
+    too_big = (heap and need > heap) or (limit and result_bytes > limit)
+    if too_big:
+        err = DistributedTrainingError(
+            f"Without shared storage the net ({net_bytes / 2**20:.0f} MiB) and rank 0's result "
+            f"({result_bytes / 2**20:.0f} MiB) move through the driver, which has a heap of "
+            f"{(heap or 0) / 2**20:.0f} MiB and spark.driver.maxResultSize={limit / 2**20 if limit else 0:.0f} MiB; "
+            f"this needs about {need / 2**20:.0f} MiB. Give TFOptimizer a model_dir on shared storage (a URI such "
+            "as s3://bucket/run, or a mount every host sees), or raise spark.driver.memory and "
+            "spark.driver.maxResultSize before the session starts."
+        )
+        err.retryable = False  # type: ignore[attr-defined]
+        raise err
+
+
+def _driver_heap(sc) -> int | None:
+    try:
+        return int(sc._jvm.java.lang.Runtime.getRuntime().maxMemory())
+    except Exception:  # noqa: BLE001 - no JVM view (a Connect client): the result-size check remains
+        return None
+
+
+def _size_setting(text: str) -> int | None:
+    """Bytes of a Spark size setting (``1g``, ``512m``, ``0`` for unlimited -> None)."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    text = str(text).strip().lower().rstrip("b")
+    try:
+        value = int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
+    except (ValueError, IndexError):
+        return None
+    return value or None
 
 
 def _spark_stopped(sc) -> bool:
@@ -508,12 +573,11 @@ def _run_stage(sc, source, kind: str, job, rendezvous, timeout: float, startup_t
     return out
 
 
-def _read_result(payloads: list) -> DistributedResult:
+def _read_result(payloads: list, options=None) -> DistributedResult:
     data = payloads[0]
     if isinstance(data, str):  # a file in the exchange folder
-        with open(data, "rb") as f:
-            data = f.read()
-        os.unlink(payloads[0])
+        data = storage.read_bytes(payloads[0], options)
+        storage.remove(payloads[0], options)
     weights, state, meta = read_payload(data)
     run = {k: meta.get(k) for k in ("start_step", "resumed_from", "rows", "steps_per_epoch")}
     run["end_step"] = meta["step"]

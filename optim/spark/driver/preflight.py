@@ -14,7 +14,8 @@ from optim.errors import DistributedTrainingError, SparkSetupError
 from optim.spark.driver.retry import stage_error
 from optim.spark.session import get_spark
 
-__all__ = ["WarmUp", "bounded_job", "check_driver_horovod", "probe_workers", "task_slots", "wait_for_slots", "warm_up_workers"]
+__all__ = ["WarmUp", "bounded_job", "check_driver_horovod", "check_model_dir", "probe_workers", "task_slots",
+           "wait_for_slots", "warm_up_workers"]
 
 
 def task_slots(sc) -> int:
@@ -48,15 +49,17 @@ def check_driver_horovod() -> None:
         ) from None
 
 
-def _import_report_fn():
-    """The probe task: imports what the ranks need in a Python worker and reports what failed.
-    Made here, not at module level, so that cloudpickle ships it by value: a worker whose Python
-    lacks tfnet must still run it and say so, not fail to unpickle it."""
+def _import_report_fn(probe: tuple | None = None):
+    """The probe task: imports what the ranks need in a Python worker and reports what failed,
+    and, given ``probe = (path, storage_options)``, whether the worker can read that file (the
+    driver's marker in ``model_dir``). Made here, not at module level, so that cloudpickle ships it
+    by value: a worker whose Python lacks tfnet must still run it and say so, not fail to unpickle it."""
 
     def import_report(_) -> list[dict]:
+        import socket
         import sys
 
-        report = {"python": sys.executable}
+        report = {"python": sys.executable, "host": socket.gethostname()}
         try:  # TensorFlow first, with its start-up banner kept out of the executor's stderr
             from optim.logs import import_tensorflow
 
@@ -73,6 +76,14 @@ def _import_report_fn():
 
             if not hvd.gloo_built():
                 report["horovod.tensorflow"] = "built without Gloo"
+        if probe is not None and "tfnet" not in report:
+            try:
+                from tfnet import storage
+
+                if not storage.exists(probe[0], probe[1]):
+                    report["model_dir"] = f"{probe[0]} is not there (not the driver's storage)"
+            except Exception as exc:  # noqa: BLE001 - reported back to the driver
+                report["model_dir"] = f"{type(exc).__name__}: {exc}"
         return [report]
 
     return import_report
@@ -155,10 +166,38 @@ def bounded_job(sc, description: str, action, timeout_s: float):
     return results[0]
 
 
-def probe_workers(sc, n: int, timeout_s: float) -> None:
-    """Runs one small task per slot that imports what the ranks need; turns failures into clear
-    errors. Also warms the Python workers (TensorFlow gets imported once)."""
-    job = sc.parallelize(range(n), n).mapPartitions(_import_report_fn())
+def check_model_dir(model_dir: str, storage_options=None) -> str:
+    """Writes a small marker file into ``model_dir`` from the driver and returns its path, so that
+    a full, read-only or unreachable ``model_dir`` (a wrong bucket, no credentials) fails before the
+    stage starts; :func:`probe_workers` then checks that the workers see the marker.
+
+    Raises:
+        StorageError: the driver cannot write to ``model_dir`` (the message names it).
+    """
+    import secrets
+
+    from optim.errors import StorageError
+    from tfnet import storage
+
+    path = storage.join(model_dir, f".tfnet-probe-{secrets.token_hex(6)}")
+    try:
+        storage.makedirs(model_dir, storage_options)
+        storage.write_bytes_atomic(path, b"tfnet", storage_options)
+    except (OSError, ImportError, ValueError) as exc:
+        raise StorageError(
+            f"model_dir {model_dir!r} cannot be written ({type(exc).__name__}: {exc}). Check the path or bucket, "
+            "the credentials (the environment or an instance profile) and the permissions."
+        ) from exc
+    except Exception as exc:  # noqa: BLE001 - a file system library's own error (botocore, ...)
+        raise StorageError(f"model_dir {model_dir!r} cannot be written ({type(exc).__name__}: {exc}).") from exc
+    return path
+
+
+def probe_workers(sc, n: int, timeout_s: float, probe: tuple | None = None) -> None:
+    """Runs one small task per slot that imports what the ranks need (and reads ``probe``, the
+    driver's marker in ``model_dir``, when given); turns failures into clear errors. Also warms the
+    Python workers (TensorFlow gets imported once)."""
+    job = sc.parallelize(range(n), n).mapPartitions(_import_report_fn(probe))
     try:
         results = bounded_job(sc, "checking the workers' Python", job.collect, timeout_s)
     except DistributedTrainingError:
@@ -166,7 +205,7 @@ def probe_workers(sc, n: int, timeout_s: float) -> None:
     except Exception as exc:  # noqa: BLE001 - a Py4J error, turned into tfnet's
         raise stage_error(exc, [], prefix="Checking the Spark workers failed") from exc
     for report in results:
-        bad = {k: v for k, v in report.items() if k != "python"}
+        bad = {k: v for k, v in report.items() if k not in ("python", "host")}
         if bad:
             module, why = next(iter(bad.items()))
             if module in ("tfnet", "optim"):
@@ -174,6 +213,14 @@ def probe_workers(sc, n: int, timeout_s: float) -> None:
                     f"The Spark workers' Python ({report['python']}) cannot import {module}: {why}. Install "
                     "tfnet there (pip install tfnet, or the same .venv) or point PYSPARK_PYTHON at a Python "
                     "that has it."
+                )
+            if module == "model_dir":
+                from optim.errors import StorageError
+
+                raise StorageError(
+                    f"The Spark workers on {report['host']} cannot read model_dir: {why}. On a cluster, model_dir "
+                    "must be storage every host reaches: a URI (s3://bucket/run, hdfs://..., with tfnet[s3] and so "
+                    "on installed on the workers) or a mount every host shares."
                 )
             if module.startswith("horovod"):
                 raise SparkSetupError(

@@ -80,11 +80,14 @@ def _write_rank_info(config, rank: int, attempt: int) -> None:
     """``model_dir/ranks/<run id>/rank-<N>.json``: where this rank runs (for operators and tests)."""
     if not config.model_dir:
         return
-    from tfnet.graph_io import write_json_atomic
+    import json
+
+    from tfnet import storage
 
     info = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(), "attempt": attempt, "time": time.time(),
             "run_id": config.run_id}
-    write_json_atomic(os.path.join(config.model_dir, "ranks", config.run_id or "", f"rank-{rank}.json"), info)
+    storage.write_bytes_atomic(storage.join(config.model_dir, "ranks", config.run_id or "", f"rank-{rank}.json"),
+                               json.dumps(info).encode(), config.storage_options)
 
 
 def run_rank(job: RankJob, partition: Iterable) -> Iterator[bytes | str]:
@@ -158,10 +161,10 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
             payload = _payload(net, outcome, {"rows": rows,
                                               "steps_per_epoch": steps, "attempt": job.attempt})
             if job.exchange:
-                from tfnet.graph_io import write_bytes_atomic
+                from tfnet import storage
 
-                path = os.path.join(job.exchange, f"result-{job.attempt}.npz")
-                write_bytes_atomic(path, payload)
+                path = storage.join(job.exchange, f"result-{job.attempt}.npz")
+                storage.write_bytes_atomic(path, payload, job.config.storage_options)
                 yield path
             else:
                 yield payload
@@ -242,8 +245,9 @@ def _build_net(job: RankJob):
     from tfnet.serialize import net_from_bytes
 
     if isinstance(job.net, str):
-        with open(job.net, "rb") as f:
-            net = net_from_bytes(f.read())
+        from tfnet import storage
+
+        net = net_from_bytes(storage.read_bytes(job.net, job.config.storage_options))
     else:
         net = net_from_bytes(job.net.value)
     if job.hooks:
@@ -270,7 +274,8 @@ def _reporter(job: RankJob, rank: int):
     if job.progress is not None:
         parts.append(RemoteReporter(*job.progress, authkey=job.progress_key))
     if job.config.model_dir:
-        parts.append(TensorBoardWriter(tensorboard_dir(job.config.model_dir, job.config.run_id)))
+        parts.append(TensorBoardWriter(tensorboard_dir(job.config.model_dir, job.config.run_id),
+                                       job.config.storage_options))
     return MultiReporter(parts)
 
 

@@ -1,0 +1,157 @@
+"""model_dir on an object store: a real S3 server (moto in server mode, a separate process on
+loopback, port chosen by the OS and read back) and a real local[2] Spark with two Horovod ranks.
+Checkpoints, resume after a killed rank, TensorBoard events and the export all go to s3://."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import optim
+from optim import TFOptimizer, TFPredictor
+from optim.errors import StorageError
+from tests import digits
+from tfnet import TFNet
+
+pytestmark = [pytest.mark.spark, pytest.mark.parallel]
+
+SCE = optim.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A moto S3 server on 127.0.0.1 (port 0, read from its banner) with a bucket ``tfnet``;
+    yields ``(endpoint, storage_options)`` and sets the driver's AWS_* variables."""
+    moto = os.path.join(os.path.dirname(sys.executable), "moto_server")
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    out = open(log, "wb")
+    proc = subprocess.Popen([moto, "-H", "127.0.0.1", "-p", "0"], stdout=out, stderr=subprocess.STDOUT)
+    endpoint = None
+    deadline = time.time() + 60
+    while time.time() < deadline and endpoint is None:
+        m = re.search(r"Running on (http://127\.0\.0\.1:\d+)", log.read_text(errors="replace"))
+        endpoint = m.group(1) if m else None
+        assert proc.poll() is None, log.read_text()
+        time.sleep(0.1)
+    assert endpoint, log.read_text()
+    saved = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                            "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                      AWS_DEFAULT_REGION="us-east-1")
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="tfnet")
+    # the ranks run in Spark's Python workers, started before these variables were set: they get the
+    # endpoint and the (dummy) keys through storage_options
+    options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
+    yield endpoint, options
+    proc.terminate()
+    proc.wait(10)
+    out.close()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _fs(options):
+    import s3fs
+
+    return s3fs.S3FileSystem(client_kwargs={"endpoint_url": options["endpoint_url"]}, key="testing", secret="testing",
+                             skip_instance_cache=True)
+
+
+def test_a_run_on_s3_checkpoints_resumes_after_a_kill_and_exports(spark, s3):
+    endpoint, options = s3
+    fs = _fs(options)
+    model_dir = "s3://tfnet/run"
+    x, y = digits.load()
+    x, y = x[:512], y[:512]
+    net = TFNet.from_keras(digits.cnn(classes=10, seed=0))
+    opt = TFOptimizer(net, SCE, optim.SGD(0.05, momentum=0.9), metrics=["accuracy"], model_dir=model_dir,
+                      storage_options=options)
+    killed: dict = {}
+
+    def killer():
+        deadline = time.time() + 240
+        while time.time() < deadline and "pid" not in killed:
+            try:
+                ckpts = fs.glob("tfnet/run/checkpoints/*/ckpt-*.npz", refresh=True)
+                infos = fs.glob("tfnet/run/ranks/*/rank-1.json", refresh=True)
+            except OSError:
+                ckpts, infos = [], []
+            if len(ckpts) >= 2 and infos:
+                killed["pid"] = json.loads(fs.cat_file(infos[0]))["pid"]
+                os.kill(killed["pid"], signal.SIGKILL)
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    with pytest.warns(RuntimeWarning, match="retrying from this run's newest checkpoint"):
+        history = opt.optimize((x, y), epochs=3, batch_size=32, num_workers=2, checkpoint_every=4,
+                               keep_checkpoints=50, verbose=0, timeout=60)
+    thread.join(5)
+    assert "pid" in killed, "rank 1 was killed"
+    run = opt.last_run
+    assert run["attempts"] == 2 and opt.global_step == 3 * 16 and len(history["loss"]) == 3
+    # resumed from this run's checkpoint in the bucket, not from step 0
+    assert run["resumed_from"].startswith(f"s3://tfnet/run/checkpoints/{run['run_id']}/ckpt-")
+    assert run["attempt_log"][-1]["start_step"] >= 8
+    fs.invalidate_cache()
+    steps = sorted(int(p[-13:-4]) for p in fs.glob(f"tfnet/run/checkpoints/{run['run_id']}/ckpt-*.npz"))
+    assert steps[-1] == 48 and not fs.glob("tfnet/run/checkpoints/**/.tmp-*")
+    # TensorBoard events in the bucket, readable
+    events = fs.glob(f"tfnet/run/tensorboard/{run['run_id']}/train/events.out.tfevents.*")
+    assert events
+    import tensorflow as tf
+
+    local = os.path.join(str(opt.model_dir).replace("s3://", "/tmp/tfnet-test-"), "ev")
+    os.makedirs(os.path.dirname(local), exist_ok=True)
+    fs.get(events[-1], local)
+    tags = {v.tag for e in tf.compat.v1.train.summary_iterator(local) for v in e.summary.value}
+    assert {"loss", "accuracy", "epoch_loss"} <= tags
+    assert not fs.glob("tfnet/run/.exchange/*") and not fs.glob("tfnet/run/.tfnet-probe-*")
+    # the export, and reading it back
+    net.save("s3://tfnet/run/export", storage_options=options)
+    back = TFNet.load("s3://tfnet/run/export")  # credentials and endpoint from the environment
+    for k, w in net.get_weights().items():
+        np.testing.assert_array_equal(back.get_weights()[k], w)
+    expected = net.forward(x[:64])
+    np.testing.assert_allclose(TFPredictor("s3://tfnet/run/export").predict(x[:64]), expected, rtol=1e-6, atol=1e-6)
+    df = spark.createDataFrame([(x[i].ravel().tolist(),) for i in range(64)], "pixels array<float>")
+    scored = TFPredictor(back).predict(df, feature_cols="pixels").collect()
+    np.testing.assert_allclose(np.array([r["prediction"] for r in scored]), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_dir_that_cannot_be_written_fails_before_the_stage(spark, s3, tmp_path):
+    endpoint, options = s3
+    x, y = digits.load()
+    net = TFNet.from_keras(digits.cnn(classes=10, seed=0))
+    for model_dir in ("s3://no-such-bucket/run", str(tmp_path / "file" / "run")):
+        (tmp_path / "file").write_text("a file, not a folder")
+        opt = TFOptimizer(net, SCE, optim.SGD(0.05), model_dir=model_dir, storage_options=options
+                          if model_dir.startswith("s3") else None)
+        t0 = time.monotonic()
+        with pytest.raises(StorageError, match=rf"model_dir '{re.escape(model_dir)}' cannot be written"):
+            opt.optimize((x[:64], y[:64]), batch_size=32, num_workers=2, verbose=0)
+        assert time.monotonic() - t0 < 20, "checked before the stage"
+    assert isinstance(StorageError("x"), OSError) and not StorageError.retryable
+
+
+def test_driver_memory_is_checked_when_the_model_moves_through_spark(spark):
+    from optim.errors import DistributedTrainingError
+    from optim.spark.driver.launcher import _size_setting, check_driver_memory
+
+    assert _size_setting("1g") == 1 << 30 and _size_setting("512m") == 512 << 20 and _size_setting("0") is None
+    sc = spark.sparkContext
+    check_driver_memory(sc, 50 << 20, 100 << 20)  # 150 MB fits a 3 GB driver and a 1 GB result limit
+    with pytest.raises(DistributedTrainingError, match=r"rank 0's result \(2048 MiB\) move through the driver.*model_dir"):
+        check_driver_memory(sc, 50 << 20, 2 << 30)
