@@ -16,16 +16,26 @@ INSTALL_REQUIRES = [
     "tqdm>=4.60",
     # TFOptimizer(model_dir=...) writes TensorBoard events
     "tensorboard",
+    # model_dir, exports and TFPredictor paths as URIs (tfnet.storage); each scheme's file system is an extra
+    "fsspec>=2024.6",
 ]
 
 EXTRAS = {
-    "test": ["pytest>=8", "pytest-timeout>=2.3", "scikit-learn>=1.4", "ruff>=0.6"],
+    # a real S3 server for the object-store tests (moto_server lands in .venv/bin) and its client
+    "test": ["pytest>=8", "pytest-timeout>=2.3", "scikit-learn>=1.4", "ruff>=0.6", "moto[server]>=5", "s3fs>=2024.6",
+             "boto3"],
+    # model_dir on object stores and HDFS (fsspec's implementations; credentials from the usual places)
+    "s3": ["s3fs>=2024.6"],
+    "gcs": ["gcsfs>=2024.6"],
+    "azure": ["adlfs>=2024.4"],
+    "hdfs": [],  # fsspec's hdfs:// runs on pyarrow's HadoopFileSystem (needs libhdfs and a Hadoop client)
     "openvino": ["openvino>=2025.0"],
     # ONNX import and export (TFNet.from_onnx / save_onnx); onnxruntime is the tests' oracle
     "onnx": ["onnx>=1.16", "onnxruntime>=1.18"],
     "examples": ["matplotlib>=3.8"],
 }
-EXTRAS["all"] = sorted({r for reqs in EXTRAS.values() for r in reqs})
+# what `make` installs: everything but the cloud file systems the tests do not use
+EXTRAS["all"] = sorted({r for name, reqs in EXTRAS.items() if name not in ("gcs", "azure") for r in reqs})
 
 setup(
     name="tfnet",
