@@ -16,7 +16,7 @@ import numpy as np
 from optim import losses as L
 from optim import metrics as M
 from optim.training.checkpoint import new_run_id, resolve_resume
-from optim.training.datasets import as_dataset
+from optim.training.datasets import as_dataset, resolve_batch_size
 from optim.training.loop import TrainConfig, evaluate, metrics_copy, train
 from optim.training.reporting import MultiReporter, ProgressBar, StepRecorder, TensorBoardWriter, tensorboard_dir
 from optim.transforms import assign_groups, partition
@@ -117,11 +117,12 @@ class TFOptimizer:
     def optimize(
         self,
         data,
-        epochs: int = 1,
-        batch_size: int = 32,
+        epochs: int | None = None,
+        batch_size: int | None = None,
         validation_data=None,
         resume: bool | str = False,
         *,
+        max_steps: int | None = None,
         shuffle: bool = True,
         seed: int = 0,
         validate_every: int | None = None,
@@ -138,9 +139,13 @@ class TFOptimizer:
         Args:
             data: A tuple of numpy arrays ``(features, labels)``, a batched ``tf.data.Dataset`` of
                 ``(features, labels)``, or a ``TFDataset``. Distributed data trains on Spark.
-            epochs: Default 1.
-            batch_size: Examples per step (the global batch when distributed). Default 32.
+            epochs: Default 1, or as many as ``max_steps`` needs when that is given.
+            batch_size: Examples per step (the global batch when distributed). Default: the batch
+                size the ``TFDataset`` was made with, else 32; giving both, different, is an error.
                 Ignored for a ``tf.data.Dataset``, which is batched already.
+            max_steps: Stop when the global step reaches this (Analytics Zoo's ``MaxIteration``; it
+                counts the steps of a resumed run too, as TensorFlow Estimator's ``max_steps``).
+                A stop in the middle of an epoch writes a checkpoint there. Default: none.
             validation_data: Same forms as ``data``; evaluated at every epoch end (and every
                 ``validate_every`` steps). Default: none.
             resume: ``True`` continues the newest run in ``model_dir`` from its newest valid
@@ -159,15 +164,19 @@ class TFOptimizer:
             num_workers: Ranks for distributed training. Default: Spark's default parallelism
                 when the data is distributed.
         """
+        dataset = as_dataset(data, batch_size)
+        batch_size = resolve_batch_size(dataset, batch_size)
+        val = as_dataset(validation_data, batch_size) if validation_data is not None else None
+        if epochs is None:
+            epochs = 1 if max_steps is None else 1 << 30  # bounded by max_steps
         config = TrainConfig(
             epochs=epochs, batch_size=batch_size, shuffle=shuffle, seed=seed, validate_every=validate_every,
             checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints, model_dir=self.model_dir,
             resume=resume, on_nonfinite=on_nonfinite, run_id=new_run_id(), storage_options=self.storage_options,
+            max_steps=max_steps,
         )
         config.check()
         config.resume = self._resume_source(config)
-        dataset = as_dataset(data, batch_size)
-        val = as_dataset(validation_data, batch_size) if validation_data is not None else None
         if getattr(dataset, "distributed", False) or num_workers is not None:
             from optim.spark.driver.launcher import optimize_distributed
 
@@ -211,15 +220,31 @@ class TFOptimizer:
                   if self.model_dir else None)
         return MultiReporter([ProgressBar(verbose) if verbose else None, writer])
 
-    def evaluate(self, data, batch_size: int = 32) -> dict[str, float]:
-        """Loss and metrics over ``data`` (same forms as ``optimize``)."""
+    def evaluate(self, data, batch_size: int | None = None, num_workers: int | None = None) -> dict[str, float]:
+        """Loss and metrics over ``data`` (same forms as ``optimize``). Distributed data (a
+        DataFrame, an RDD; ``from_tf_data`` with ``num_workers``) is evaluated over Spark, one task
+        per partition, and the sums merged: the same result as on the collected data. Default batch
+        size: the ``TFDataset``'s, else 32."""
         dataset = as_dataset(data, batch_size)
+        batch_size = resolve_batch_size(dataset, batch_size)
+        if getattr(dataset, "distributed", False) or num_workers is not None:
+            from optim.spark.driver.evaluate import evaluate_distributed
+
+            return evaluate_distributed(self, dataset, batch_size, num_workers)
         return evaluate(self.net, self.loss, metrics_copy(self.metrics), dataset, batch_size)
 
-    def predict(self, data, batch_size: int = 32):
+    def predict(self, data, batch_size: int | None = None):
         """The net's outputs for ``data``: features as arrays (one, or a list), a tuple
-        ``(features, labels)`` (labels ignored), a ``tf.data.Dataset`` or a ``TFDataset``."""
+        ``(features, labels)`` (labels ignored), a ``tf.data.Dataset`` or a ``TFDataset``. For a
+        DataFrame dataset: the DataFrame with the outputs added (``prediction``, or one column per
+        output), lazily, rows in their order; for an RDD dataset: an RDD of outputs, aligned with
+        the records (both through :class:`~optim.TFPredictor`)."""
         dataset = as_dataset(data, batch_size, need_labels=False)
+        batch_size = resolve_batch_size(dataset, batch_size)
+        if getattr(dataset, "distributed", False):
+            from optim.spark.driver.evaluate import predict_distributed
+
+            return predict_distributed(self.net, dataset, batch_size)
         chunks = []
         for features, _ in dataset.batches(batch_size, shuffle=False):
             out = self.net.forward(features)

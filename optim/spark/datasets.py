@@ -18,6 +18,24 @@ from optim.training.shard import TensorColumns, arrow_to_arrays, records_to_arra
 from tfnet.errors import closest_names
 
 
+def _shapes_by_column(cols, shapes) -> dict:
+    """``feature_shapes`` as ``{column: shape}``: given as a dict, or as a list of shapes in the
+    order of ``feature_cols`` (None for a column that needs none)."""
+    if shapes is None:
+        return {}
+    if isinstance(shapes, Mapping):
+        return dict(shapes)
+    names = [cols] if isinstance(cols, str) else list(cols or [])
+    if isinstance(shapes, (list, tuple)) and len(shapes) == len(names) and all(
+        s is None or (isinstance(s, (list, tuple)) and all(isinstance(d, (int, np.integer)) for d in s)) for s in shapes
+    ):
+        return {n: s for n, s in zip(names, shapes) if isinstance(n, str) and s is not None}
+    raise TypeError(
+        "`feature_shapes` must be a dict {column: per-row shape} or a list of per-row shapes in the order of "
+        f"`feature_cols` ({len(names)} of them, e.g. [(8, 8, 1)]). Received: feature_shapes={shapes!r}"
+    )
+
+
 def _specs(cols, shapes: Mapping[str, Sequence[int]] | None, what: str) -> list[TensorColumns]:
     if cols is None:
         return []
@@ -48,15 +66,19 @@ class DataFrameDataset(TFDataset):
             of numbers reshaped to ``feature_shapes[col]`` per row), or a list of scalar columns
             stacked into one vector.
         label_cols: The label column (or a list, for several labels). None for prediction.
-        feature_shapes: ``{column: per-row shape}`` for array columns. Default: 1-D, as stored.
+        feature_shapes: ``{column: per-row shape}`` for array columns, or a list of shapes in the
+            order of ``feature_cols``. Default: 1-D, as stored.
+        batch_size: The global batch ``optimize`` uses by default. Default: none (32).
     """
 
     distributed = True
 
-    def __init__(self, df, feature_cols, label_cols=None, feature_shapes=None):
+    def __init__(self, df, feature_cols, label_cols=None, feature_shapes=None, batch_size: int | None = None):
         self.df = df
-        self.features = _specs(feature_cols, feature_shapes, "feature_cols")
-        self.labels = _specs(label_cols, feature_shapes, "label_cols")
+        self.batch_size = batch_size
+        shapes = _shapes_by_column(feature_cols, feature_shapes)
+        self.features = _specs(feature_cols, shapes, "feature_cols")
+        self.labels = _specs(label_cols, shapes, "label_cols")
         self.has_labels = bool(self.labels)
         if not self.features:
             raise ValueError("`feature_cols` must name at least one column.")
@@ -109,8 +131,9 @@ class RDDDataset(TFDataset):
 
     distributed = True
 
-    def __init__(self, rdd):
+    def __init__(self, rdd, batch_size: int | None = None):
         self.rdd = rdd
+        self.batch_size = batch_size
         self.has_labels = True
 
     def shard_reader(self):

@@ -48,14 +48,15 @@ class TFDataset:
         return TFDataDataset(dataset_or_fn)
 
     @staticmethod
-    def from_dataframe(df, feature_cols, label_cols=None, feature_shapes=None):
-        """A Spark DataFrame; see :class:`optim.spark.datasets.DataFrameDataset`."""
-        return _spark_datasets().DataFrameDataset(df, feature_cols, label_cols, feature_shapes)
+    def from_dataframe(df, feature_cols, label_cols=None, feature_shapes=None, batch_size: int | None = None):
+        """A Spark DataFrame; see :class:`optim.spark.datasets.DataFrameDataset`. ``batch_size``, as
+        Analytics Zoo's TFDataset took it, is the global batch ``optimize`` uses by default."""
+        return _spark_datasets().DataFrameDataset(df, feature_cols, label_cols, feature_shapes, batch_size)
 
     @staticmethod
-    def from_rdd(rdd):
+    def from_rdd(rdd, batch_size: int | None = None):
         """A Spark RDD of ``(features, label)`` records; see :class:`optim.spark.datasets.RDDDataset`."""
-        return _spark_datasets().RDDDataset(rdd)
+        return _spark_datasets().RDDDataset(rdd, batch_size)
 
     def batches(self, batch_size: int, *, epoch: int = 0, seed: int = 0, shuffle: bool = True,
                 skip: int = 0, rank: int = 0, size: int = 1) -> Iterator[Batch]:
@@ -218,6 +219,24 @@ def _split_element(element) -> Batch:
         features = list(features.values())
     features = list(features) if isinstance(features, (tuple, list)) else [features]
     return features, labels
+
+
+DEFAULT_BATCH_SIZE = 32
+
+
+def resolve_batch_size(dataset: TFDataset, batch_size: int | None) -> int:
+    """The batch size to use: the one given, else the one the TFDataset was made with, else 32.
+
+    Raises:
+        ValueError: both are given and differ.
+    """
+    own = getattr(dataset, "batch_size", None)
+    if batch_size is not None and own is not None and int(batch_size) != int(own):
+        raise ValueError(
+            f"The TFDataset was made with batch_size={own}, and batch_size={batch_size} was given too; pass only one "
+            "(they are the same setting)."
+        )
+    return int(batch_size if batch_size is not None else own if own is not None else DEFAULT_BATCH_SIZE)
 
 
 def as_dataset(data, batch_size: int | None = None, *, need_labels: bool = True) -> TFDataset:

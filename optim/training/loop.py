@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from optim import losses as L
 from optim import metrics as M
-from optim.errors import CheckpointError, NonFiniteLossError
+from optim.errors import CheckpointError, CheckpointWarning, NonFiniteLossError
 from optim.training.checkpoint import RUN_ID, Checkpoint, CheckpointManager, load_resume, new_run_id, resolve_resume
 from optim.training.collective import Collective, LocalCollective
 from optim.training.datasets import TFDataset
@@ -29,7 +29,7 @@ from optim.training.liveness import Liveness
 from optim.training.reporting import Reporter
 from tfnet import storage
 
-__all__ = ["TrainConfig", "TrainOutcome", "train", "evaluate", "NonFiniteLossError"]
+__all__ = ["TrainConfig", "TrainOutcome", "accumulate", "evaluate", "logs_from_states", "train", "NonFiniteLossError"]
 
 log = logging.getLogger("tfnet.training")
 
@@ -62,6 +62,8 @@ class TrainConfig:
     run_id: str | None = None
     #: fsspec options for a URI model_dir (endpoint, credentials); None for the library's defaults
     storage_options: dict | None = None
+    #: stop when the global step reaches this (Analytics Zoo's MaxIteration); None: run every epoch
+    max_steps: int | None = None
     on_nonfinite: str = "raise"
     drop_remainder: bool = False
     validation_batch_size: int | None = None
@@ -71,7 +73,7 @@ class TrainConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"`{name}` must be a positive integer. Received: {name}={v!r}")
-        for name in ("validate_every", "checkpoint_every", "validation_batch_size"):
+        for name in ("validate_every", "checkpoint_every", "validation_batch_size", "max_steps"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ValueError(f"`{name}` must be a positive integer or None. Received: {name}={v!r}")
@@ -138,13 +140,13 @@ class _Epoch:
         self.load(out)
 
 
-def evaluate(net, loss: L.Loss, metrics: Sequence[M.Metric], data: TFDataset, batch_size: int,
-             collective: Collective | None = None, prefix: str = "", liveness: Liveness | None = None) -> dict[str, float]:
-    """Loss and metrics over ``data`` (this rank's shard, summed over ranks)."""
-    collective = collective or LocalCollective()
+def accumulate(net, loss: L.Loss, metrics: Sequence[M.Metric], data: TFDataset, batch_size: int, *, rank: int = 0,
+               size: int = 1, liveness: Liveness | None = None) -> _Epoch:
+    """The loss and metric accumulators over this shard of ``data`` (sums: mergeable across
+    ranks or partitions)."""
     alive = liveness or Liveness()
     acc = _Epoch(metrics)
-    for features, labels in data.batches(batch_size, shuffle=False, rank=collective.rank, size=collective.size):
+    for features, labels in data.batches(batch_size, shuffle=False, rank=rank, size=size):
         n = _batch_len(features)
         if n == 0:
             continue
@@ -154,8 +156,24 @@ def evaluate(net, loss: L.Loss, metrics: Sequence[M.Metric], data: TFDataset, ba
         for m in acc.metrics:
             m.update(labels, _first(outputs))
         alive.kick("validation")
+    return acc
+
+
+def evaluate(net, loss: L.Loss, metrics: Sequence[M.Metric], data: TFDataset, batch_size: int,
+             collective: Collective | None = None, prefix: str = "", liveness: Liveness | None = None) -> dict[str, float]:
+    """Loss and metrics over ``data`` (this rank's shard, summed over ranks)."""
+    collective = collective or LocalCollective()
+    alive = liveness or Liveness()
+    acc = accumulate(net, loss, metrics, data, batch_size, rank=collective.rank, size=collective.size, liveness=alive)
     with alive.phase("waiting for the other ranks' validation"):
         acc.reduce(collective)
+    return acc.logs(prefix)
+
+
+def logs_from_states(metrics: Sequence[M.Metric], states: Sequence[np.ndarray], prefix: str = "") -> dict[str, float]:
+    """``evaluate``'s result from accumulator states summed elsewhere (over Spark partitions)."""
+    acc = _Epoch(metrics_copy(metrics))
+    acc.load(states)
     return acc.logs(prefix)
 
 
@@ -202,9 +220,16 @@ def train(
     steps = steps_per_epoch if steps_per_epoch is not None else run.batches_per_epoch(data)
     run.reporter.begin(config.epochs, steps, run.global_step, start.epoch)
     for epoch in range(start.epoch, config.epochs):
+        if run.done():
+            break
         skip = start.batch if epoch == start.epoch else 0
         run.epoch(data, epoch, skip, start.epoch_states if skip else None, steps, fixed_steps=steps_per_epoch)
-        run.end_epoch(epoch)
+        if run.done() and steps is not None and run.batch < steps:
+            # max_steps stopped mid-epoch: the checkpoint says so, and a resume continues this epoch
+            run.save_checkpoint(epoch, run.batch)
+            run.end_epoch(epoch, checkpoint=False)
+        else:
+            run.end_epoch(epoch)
     run.reporter.end()
     return run.outcome()
 
@@ -259,7 +284,7 @@ class _Run:
         self.run_id = config.run_id or new_run_id()
         self.manager = (CheckpointManager(_checkpoint_dir(config.model_dir), config.keep_checkpoints, self.run_id,
                                           config.storage_options) if config.model_dir else None)
-        self.start_step = 0
+        self.start_step = self.batch = 0
         self.resumed_from: str | None = None
         self.compiled = False
         self.val_batch = config.validation_batch_size or config.batch_size
@@ -292,8 +317,9 @@ class _Run:
                            ckpt.extra.get("epoch_states"), ckpt.extra.get("skipped", 0))
         start = _Start(**collective.broadcast_json(start._asdict()))
         if ckpt is not None:
+            weights = _match_weights(ckpt, net)
             _check_checkpoint(ckpt, net, self.template)
-            weights, leaves = [ckpt.weights[n] for n in net.weight_names], ckpt.state
+            leaves = ckpt.state
         else:
             weights, leaves = list(net.get_weights().values()), _state_arrays(self.step_fn)
         if collective.size > 1 or ckpt is not None:
@@ -347,7 +373,7 @@ class _Run:
                                drop_remainder=config.drop_remainder, steps=fixed_steps)
         b = skip
         for features, labels in batches:
-            if steps is not None and b >= steps:
+            if (steps is not None and b >= steps) or self.done():
                 break
             n = _batch_len(features)
             if not self.checked:
@@ -368,6 +394,11 @@ class _Run:
                 continue
             self._record(result, labels, n, epoch, step_time, clock)
             self._every_n_steps(epoch, b)
+        self.batch = b
+
+    def done(self) -> bool:
+        """True once the global step has reached ``max_steps`` (every rank agrees: equal steps)."""
+        return self.config.max_steps is not None and self.global_step >= self.config.max_steps
 
     def _nonfinite(self, result, epoch: int, batch: int) -> None:
         """A step whose loss or gradients are not finite: raise, or count it as skipped."""
@@ -418,7 +449,7 @@ class _Run:
         return evaluate(self.net, self.loss, metrics_copy(self.metrics), self.validation_data, self.val_batch,
                         self.collective, prefix="val_", liveness=self.alive)
 
-    def end_epoch(self, epoch: int) -> None:
+    def end_epoch(self, epoch: int, checkpoint: bool = True) -> None:
         """Sums the epoch's loss and metrics over the ranks, validates, extends the history, writes
         the epoch-boundary checkpoint and reports the epoch."""
         self.acc.reduce(self.collective)
@@ -430,7 +461,8 @@ class _Run:
         for k, v in logs.items():
             self.history.setdefault(k, []).append(v)
         self.acc = _Epoch(self.metrics)  # a checkpoint at an epoch boundary holds fresh accumulators
-        self.save_checkpoint(epoch + 1, 0)
+        if checkpoint:
+            self.save_checkpoint(epoch + 1, 0)
         self.reporter.epoch_end(epoch, self.global_step, logs)
 
     def save_checkpoint(self, epoch: int, batch: int) -> None:
@@ -499,13 +531,35 @@ def _learning_rate(method, step: int) -> float:
         return float("nan")
 
 
+def _match_weights(ckpt: Checkpoint, net) -> list[np.ndarray]:
+    """The checkpoint's weights in the net's order: by name, or, when the names differ (a Keras
+    model rebuilt in the same process is named ``sequential_5/...`` instead of ``sequential_4/...``),
+    by order and shape, as Keras's ``load_weights`` matches, with a warning that says so.
+
+    Raises:
+        CheckpointError: neither the names nor the structure (count, order and shapes) match.
+    """
+    names = net.weight_names
+    if all(n in ckpt.weights for n in names):
+        return [ckpt.weights[n] for n in names]
+    theirs = list(ckpt.weights)
+    shapes = [tuple(v.shape) for v in net.weight_variables.values()]
+    if len(theirs) == len(names) and all(tuple(np.shape(ckpt.weights[t])) == s for t, s in zip(theirs, shapes)):
+        renamed = [(t, n) for t, n in zip(theirs, names) if t != n]
+        warnings.warn(
+            f"Checkpoint {ckpt.path} names {len(renamed)} of its {len(names)} weights differently from this net "
+            f"(e.g. {renamed[0][0]!r} for {renamed[0][1]!r}); they were matched by order and shape, as Keras's "
+            "load_weights does.", CheckpointWarning, stacklevel=4)
+        return [ckpt.weights[t] for t in theirs]
+    missing = [n for n in names if n not in ckpt.weights]
+    raise CheckpointError(
+        f"Checkpoint {ckpt.path} does not hold weights {missing[:5]} of this net, and its structure differs too "
+        f"({len(theirs)} weights, this net has {len(names)}; or their shapes differ); it was written for another "
+        "model. Use another model_dir or resume=False."
+    )
+
+
 def _check_checkpoint(ckpt: Checkpoint, net, template) -> None:
-    missing = [n for n in net.weight_names if n not in ckpt.weights]
-    if missing:
-        raise CheckpointError(
-            f"Checkpoint {ckpt.path} does not hold weights {missing[:5]} of this net; it was written for "
-            "another model. Use another model_dir or resume=False."
-        )
     leaves = tf.nest.flatten(template)
     if len(leaves) != len(ckpt.state) or any(
         tuple(np.shape(a)) != tuple(t.shape) for a, t in zip(ckpt.state, leaves)

@@ -1,0 +1,85 @@
+"""``TFOptimizer.evaluate`` and ``predict`` on distributed data (a DataFrame, an RDD, or
+``from_tf_data``). Driver side.
+
+Evaluation runs one Spark task per partition (:mod:`optim.spark.worker.evaluate`) and sums the
+loss and metric accumulators here: metric states are sums, so the result equals an evaluation of
+the collected data (counts exactly; the loss to float64 rounding). Prediction is TFPredictor's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from optim.spark.worker.evaluate import EvalJob, evaluate_partition
+from optim.training.datasets import TFDataDataset
+from optim.training.loop import logs_from_states, metrics_copy
+from tfnet.serialize import net_to_bytes
+
+__all__ = ["evaluate_distributed", "predict_distributed"]
+
+
+def evaluate_distributed(opt, dataset, batch_size: int, num_partitions: int | None = None) -> dict[str, float]:
+    """Loss and metrics of ``opt.net`` over a distributed ``dataset``."""
+    from optim.spark.datasets import DataFrameDataset, RDDDataset
+    from optim.spark.session import get_spark
+
+    sc = get_spark().sparkContext
+    net_bc = sc.broadcast(net_to_bytes(opt.net))
+    try:
+        job = EvalJob(net_bc, opt.loss, metrics_copy(opt.metrics), batch_size)
+        if isinstance(dataset, DataFrameDataset):
+            job.reader = dataset.shard_reader()
+            df = dataset.df.select(*dataset.columns())
+
+            def per_partition(batches, job=job):
+                import pyarrow as pa
+                from pyspark import TaskContext
+
+                out = evaluate_partition(job, TaskContext.get().partitionId(), batches)
+                yield pa.RecordBatch.from_pydict({"states": [out]})
+
+            rows = [r["states"] for r in df.mapInArrow(per_partition, "states string").collect()]
+        elif isinstance(dataset, RDDDataset):
+            job.reader = dataset.shard_reader()
+            rows = dataset.rdd.mapPartitionsWithIndex(lambda i, it, job=job: [evaluate_partition(job, i, it)]).collect()
+        elif isinstance(dataset, TFDataDataset):
+            n = int(num_partitions or sc.defaultParallelism)
+            job.data, job.size = dataset, n
+            rows = sc.parallelize(range(n), n).mapPartitionsWithIndex(
+                lambda i, it, job=job: [evaluate_partition(job, i, it)]).collect()
+        else:
+            raise TypeError(f"Cannot evaluate {type(dataset).__name__} over Spark.")
+    finally:
+        net_bc.destroy()
+    parts = [[np.asarray(s, np.float64) for s in json.loads(r)] for r in rows]
+    shapes = [np.shape(s.state) for s in [_mean()] + metrics_copy(opt.metrics)]
+    total = [sum(p[i] for p in parts).reshape(shapes[i]) for i in range(len(shapes))]
+    return logs_from_states(opt.metrics, total)
+
+
+def _mean():
+    from optim.metrics import Mean
+
+    return Mean()
+
+
+def predict_distributed(net, dataset, batch_size: int):
+    """The net's outputs for a distributed dataset, aligned with it: the DataFrame with a
+    ``prediction`` column (one per output) added, or an RDD of outputs."""
+    from optim.predict.predictor import TFPredictor
+    from optim.spark.datasets import DataFrameDataset, RDDDataset
+
+    predictor = TFPredictor(net, batch_per_thread=batch_size)
+    if isinstance(dataset, DataFrameDataset):
+        cols = []
+        for spec in dataset.features:
+            if len(spec.columns) != 1:
+                raise TypeError(f"predict() over a DataFrame takes one column per input; {list(spec.columns)} is a "
+                                "stack of scalar columns: assemble it into an array column first.")
+            cols.append(spec.columns[0])
+        return predictor.predict(dataset.df, feature_cols=cols if len(cols) > 1 else cols[0])
+    if isinstance(dataset, RDDDataset):
+        return predictor.predict(dataset.rdd.map(lambda record: record[0] if isinstance(record, tuple) else record))
+    raise TypeError(f"Cannot predict on {type(dataset).__name__} over Spark.")

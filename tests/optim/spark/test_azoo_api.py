@@ -1,0 +1,112 @@
+"""What users coming from Analytics Zoo's TFPark write, over a real local[2] Spark: evaluate and
+predict on distributed datasets, a TFDataset's own batch size, MaxIteration-style stopping,
+resuming into a rebuilt Keras model, and feature_shapes as a list."""
+
+import re
+
+import keras
+import numpy as np
+import pytest
+
+import optim
+from optim import TFDataset, TFOptimizer
+from tests import digits
+from tfnet import TFNet
+
+SCE = optim.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def _df(spark, x, y, partitions=3):
+    return spark.createDataFrame([(x[i].ravel().tolist(), int(y[i])) for i in range(len(x))],
+                                 "pixels array<float>, label long").repartition(partitions)
+
+
+@pytest.mark.spark
+def test_evaluate_and_predict_over_spark_equal_the_collected_data(spark):
+    x, y = digits.load()
+    x, y = x[:301], y[:301]
+    opt = TFOptimizer(TFNet.from_keras(digits.cnn(classes=10, seed=0)), SCE, optim.Adam(0.01), metrics=["accuracy"])
+    opt.optimize((x, y), epochs=1, batch_size=32, verbose=0)
+    local = opt.evaluate((x, y))
+    df = _df(spark, x, y)
+    data = TFDataset.from_dataframe(df, "pixels", "label", feature_shapes=[(8, 8, 1)])
+    spread = opt.evaluate(data)
+    assert spread["accuracy"] == local["accuracy"] and spread["loss"] == pytest.approx(local["loss"], rel=1e-6)  # float32 batch means
+    rdd = spark.sparkContext.parallelize([(x[i], int(y[i])) for i in range(len(x))], 3)
+    assert opt.evaluate(TFDataset.from_rdd(rdd))["accuracy"] == local["accuracy"]
+    # predict: the DataFrame with the outputs, aligned row by row; an RDD of outputs
+    rows = opt.predict(data).collect()
+    got = np.array([r["prediction"] for r in rows])
+    want = opt.net.forward(np.array([r["pixels"] for r in rows], np.float32).reshape(-1, 8, 8, 1))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    outs = np.array(opt.predict(TFDataset.from_rdd(rdd)).collect())
+    np.testing.assert_allclose(outs, opt.net.forward(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.spark
+@pytest.mark.parallel
+def test_a_tfdatasets_batch_size_is_used(spark):
+    x, y = digits.load()
+    opt = TFOptimizer(TFNet.from_keras(digits.cnn(classes=10, seed=0)), SCE, optim.SGD(0.05))
+    opt.optimize(TFDataset.from_ndarrays((x[:64], y[:64]), batch_size=4), verbose=0)
+    assert opt.global_step == 16, "64 rows in batches of 4"
+    with pytest.raises(ValueError, match=r"made with batch_size=4, and batch_size=8 was given too"):
+        opt.optimize(TFDataset.from_ndarrays((x[:64], y[:64]), batch_size=4), batch_size=8, verbose=0)
+    df = _df(spark, x[:128], y[:128], 2)
+    data = TFDataset.from_dataframe(df, "pixels", "label", feature_shapes={"pixels": (8, 8, 1)}, batch_size=16)
+    opt.optimize(data, num_workers=2, verbose=0)
+    assert opt.last_run["steps_per_epoch"] == 8, "16 a step over 2 ranks: 8 rows a rank, 64 rows a rank"
+
+
+@pytest.mark.spark
+def test_feature_shapes_as_a_list_and_bad_forms(spark):
+    x, y = digits.load()
+    df = _df(spark, x[:8], y[:8], 1)
+    assert TFDataset.from_dataframe(df, ["pixels"], "label", feature_shapes=[(8, 8, 1)]).features[0].shape == (8, 8, 1)
+    for bad in ([(8, 8, 1), (64,)], "8x8", [8, 8, 1]):
+        with pytest.raises(TypeError, match=r"`feature_shapes` must be a dict \{column: per-row shape\} or a list"):
+            TFDataset.from_dataframe(df, ["pixels"], "label", feature_shapes=bad)
+
+
+def test_max_steps_stops_mid_epoch_and_a_resume_goes_on(tmp_path):
+    x, y = digits.load()
+    x, y = x[:256], y[:256]
+    straight = TFOptimizer(TFNet.from_keras(digits.cnn(classes=10, seed=0)), SCE, optim.SGD(0.05, momentum=0.9))
+    straight.optimize((x, y), epochs=2, batch_size=32, verbose=0)
+    opt = TFOptimizer(TFNet.from_keras(digits.cnn(classes=10, seed=0)), SCE, optim.SGD(0.05, momentum=0.9),
+                      model_dir=str(tmp_path))
+    opt.optimize((x, y), batch_size=32, max_steps=11, verbose=0)
+    assert opt.global_step == 11
+    again = TFOptimizer(TFNet.from_keras(digits.cnn(classes=10, seed=3)), SCE, optim.SGD(0.05, momentum=0.9),
+                        model_dir=str(tmp_path))
+    again.optimize((x, y), batch_size=32, max_steps=16, resume=True, verbose=0)
+    assert again.last_run["start_step"] == 11 and again.global_step == 16
+    for k, w in straight.net.get_weights().items():
+        np.testing.assert_array_equal(again.net.get_weights()[k], w)
+    with pytest.raises(ValueError, match=r"`max_steps` must be a positive integer or None. Received: max_steps=0"):
+        opt.optimize((x, y), max_steps=0, verbose=0)
+
+
+def test_resume_into_a_rebuilt_keras_model_matches_by_structure(tmp_path):
+    """Keras names a model rebuilt in the same process sequential_5/... instead of sequential_4/...;
+    the checkpoint still resumes (matched by order and shape, with a warning); another model does not."""
+    x, y = digits.load()
+    x, y = x[:128], y[:128]
+
+    def build(width=16):
+        model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(width, 3, activation="relu"),
+                                  keras.layers.Flatten(), keras.layers.Dense(10)])
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    first = TFOptimizer.from_keras(build(), model_dir=str(tmp_path))
+    first.optimize((x, y), epochs=1, batch_size=32, verbose=0)
+    rebuilt = TFOptimizer.from_keras(build(), model_dir=str(tmp_path))
+    assert rebuilt.net.weight_names != first.net.weight_names, "Keras gave the rebuilt model other names"
+    with pytest.warns(optim.CheckpointWarning, match=r"matched by order and shape, as Keras's load_weights does"):
+        rebuilt.optimize((x, y), epochs=1, batch_size=32, resume=True, verbose=0)
+    for a, b in zip(rebuilt.net.get_weights().values(), first.net.get_weights().values()):
+        np.testing.assert_array_equal(a, b)  # epochs=1 already done: the weights are the checkpoint's
+    other = TFOptimizer.from_keras(build(width=8), model_dir=str(tmp_path))
+    with pytest.raises(optim.CheckpointError, match=re.escape("and its structure differs too")):
+        other.optimize((x, y), epochs=2, batch_size=32, resume=True, verbose=0)
