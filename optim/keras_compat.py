@@ -76,21 +76,26 @@ def map_metric(metric) -> M.Metric:
 
 
 def from_compiled_keras(model):
-    """``(net, loss, method, metrics)`` for a compiled Keras model."""
+    """``(net, loss, method, metrics, loss_weights)`` for a compiled Keras model: one loss, a list
+    or a dict of them (by output name), with the model's ``loss_weights``."""
     config = getattr(model, "_compile_config", None)
     if getattr(model, "optimizer", None) is None or config is None:
         raise KerasMappingError("The Keras model is not compiled; call model.compile(optimizer, loss, metrics) first.")
     cfg = config.config
-    if cfg.get("loss_weights") or cfg.get("weighted_metrics"):
-        raise KerasMappingError("Loss weights and weighted metrics are not mapped; use TFOptimizer.from_loss.")
+    if cfg.get("weighted_metrics"):
+        raise KerasMappingError("Weighted metrics are not mapped; use TFOptimizer.from_loss.")
     loss = cfg.get("loss")
     if loss is None:
         raise KerasMappingError("The Keras model was compiled without a loss.")
-    if isinstance(loss, (list, dict)):
-        raise KerasMappingError("Models with one loss per output are not mapped; use TFOptimizer.from_loss.")
+    if isinstance(loss, dict):
+        loss = {k: None if v is None else L.get(v) for k, v in loss.items()}
+    elif isinstance(loss, (list, tuple)):
+        loss = [None if v is None else L.get(v) for v in loss]
+    else:
+        loss = L.get(loss)
     metrics = cfg.get("metrics") or []
     if isinstance(metrics, dict):
         raise KerasMappingError("Per-output metrics dicts are not mapped; pass a list of metrics.")
     net = TFNet.from_keras(model)
     net.trainable = [v.path for v in model.trainable_variables if v.path in net.weight_names]
-    return net, L.get(loss), map_optimizer(model.optimizer), [map_metric(m) for m in metrics]
+    return net, loss, map_optimizer(model.optimizer), [map_metric(m) for m in metrics], cfg.get("loss_weights")

@@ -19,6 +19,8 @@ __all__ = [
     "MeanAbsoluteError",
     "Huber",
     "FunctionLoss",
+    "MultiOutputLoss",
+    "for_outputs",
     "get",
     "LabelShapeError",
 ]
@@ -260,3 +262,100 @@ def _from_keras(loss) -> Loss | None:
         if type(loss) is cls:
             return make(loss.get_config())
     return None
+
+
+class MultiOutputLoss(Loss):
+    """One loss per output of a multi-output net, weighted and summed, as Keras's
+    ``compile(loss=[...] or {...}, loss_weights=...)`` does; an output without a loss (None) adds
+    nothing. Labels are a list in output order.
+
+    Args:
+        losses: One Loss (or None) per output, in output order.
+        weights: One weight per output. Default: 1.0 each.
+        names: The outputs' names, for messages.
+    """
+
+    name = "loss"
+
+    def __init__(self, losses: list, weights: list[float] | None = None, names: list[str] | None = None):
+        self.losses = [None if x is None else get(x) for x in losses]
+        self.weights = [1.0] * len(self.losses) if weights is None else [float(w) for w in weights]
+        self.names = list(names or [f"output {i}" for i in range(len(self.losses))])
+        if not any(x is not None for x in self.losses):
+            raise ValueError(f"No output has a loss. Outputs: {self.names}")
+        if len(self.weights) != len(self.losses):
+            raise ValueError(f"`loss_weights` must have one weight per output ({len(self.losses)}). "
+                             f"Received: {len(self.weights)} weights")
+
+    def __call__(self, y_true, y_pred) -> tf.Tensor:
+        if not isinstance(y_true, (list, tuple)) or len(y_true) != len(self.losses):
+            got = len(y_true) if isinstance(y_true, (list, tuple)) else 1
+            raise LabelShapeError(
+                f"The net has {len(self.losses)} outputs {self.names}; it needs one label array per output, a list "
+                f"in that order. Received: {got} label array(s)."
+            )
+        total = None
+        for loss, weight, t, p in zip(self.losses, self.weights, y_true, y_pred):
+            if loss is None:
+                continue
+            term = tf.cast(loss(t, p), tf.float32) * weight
+            total = term if total is None else total + term
+        return total
+
+    def check_shapes(self, y_true_shapes, y_pred_shapes) -> None:
+        if len(y_true_shapes) != len(self.losses):
+            raise LabelShapeError(
+                f"The net has {len(self.losses)} outputs {self.names}; it needs one label array per output, a list "
+                f"in that order. Received: {len(y_true_shapes)} label array(s)."
+            )
+        for loss, name, t, p in zip(self.losses, self.names, y_true_shapes, y_pred_shapes):
+            if loss is not None and p is not None:
+                try:
+                    loss.check_shapes(t, p)
+                except LabelShapeError as exc:
+                    raise LabelShapeError(f"Output {name}: {exc}") from None
+
+    def __repr__(self) -> str:
+        return f"MultiOutputLoss({self.losses!r}, weights={self.weights})"
+
+
+def _output_index(key: str, names: list[str]) -> int:
+    """The output ``key`` names: its tensor name, the name without ``:0``, or the layer it comes
+    from (``head/logits:0`` for ``logits``)."""
+    for i, n in enumerate(names):
+        base = n.split(":")[0]
+        if key in (n, base) or base.split("/")[-1] == key or base.split("/")[0] == key:
+            return i
+    raise ValueError(f"Unknown output {key!r} in the loss or loss_weights dict. Outputs: {names}")
+
+
+def for_outputs(loss, output_names: list[str], loss_weights=None) -> Loss:
+    """The loss for a net with these outputs: a list (one per output) or a dict by output name
+    becomes a :class:`MultiOutputLoss`; one loss on a net of several outputs is applied to each
+    output, as Keras does. ``loss_weights`` is a list or a dict by output name.
+
+    Raises:
+        ValueError: a list of the wrong length, an unknown output name, weights without outputs.
+    """
+    k = len(output_names)
+    if isinstance(loss, dict):
+        losses: list = [None] * k
+        for key, value in loss.items():
+            losses[_output_index(key, output_names)] = value
+    elif isinstance(loss, (list, tuple)):
+        if len(loss) != k:
+            raise ValueError(f"The loss list must have one loss per output ({k}: {output_names}). "
+                             f"Received: {len(loss)} losses")
+        losses = list(loss)
+    elif k > 1 or loss_weights is not None:
+        losses = [loss] * k
+    else:
+        return get(loss)
+    weights = None
+    if isinstance(loss_weights, dict):
+        weights = [1.0] * k
+        for key, value in loss_weights.items():
+            weights[_output_index(key, output_names)] = float(value)
+    elif loss_weights is not None:
+        weights = list(loss_weights)
+    return MultiOutputLoss(losses, weights, output_names)

@@ -34,7 +34,10 @@ class TFOptimizer:
     Args:
         net: The TFNet to train.
         loss: A loss name (``"sparse_categorical_crossentropy"``, ``"mse"``, ...), an
-            ``optim.losses.Loss``, or any callable ``(y_true, y_pred) -> scalar``.
+            ``optim.losses.Loss``, or any callable ``(y_true, y_pred) -> scalar``. For a net with
+            several outputs: a list (one per output) or a dict by output name, or one loss that
+            applies to each output, as in Keras; labels are then a list in output order, and the
+            metrics follow the first output.
         optim_method: An ``optim`` method (``optim.SGD(...)``), any ``init`` / ``update``
             transformation, or a dict from a weight-name prefix or compiled regex to a method (as
             Analytics Zoo's ``optim_method`` dict). With a dict, only weights in a group train.
@@ -47,14 +50,16 @@ class TFOptimizer:
             cluster without a shared disk, that is where the ranks meet.
         storage_options: fsspec's options for a URI ``model_dir`` (an endpoint, a profile);
             credentials are best left to the environment or an instance profile. Default: none.
+        loss_weights: For several outputs: a weight per output (a list, or a dict by output name);
+            the loss is their weighted sum. Default: 1.0 each.
     """
 
     def __init__(self, net: TFNet, loss, optim_method, metrics: Sequence | None = None, model_dir: str | None = None,
-                 storage_options: Mapping | None = None):
+                 storage_options: Mapping | None = None, loss_weights=None):
         if not isinstance(net, TFNet):
             raise TypeError(f"TFOptimizer trains a tfnet.TFNet. Received: {type(net).__name__}")
         self.net = net
-        self.loss = L.get(loss)
+        self.loss = L.for_outputs(loss, list(net.output_names), loss_weights)
         self.metrics = [M.get(m) for m in (metrics or [])]
         self.model_dir = os.fspath(model_dir) if model_dir is not None else None
         self.storage_options = dict(storage_options) if storage_options else None
@@ -109,8 +114,8 @@ class TFOptimizer:
         metrics to tfnet's. Trainable weights are the model's trainable variables."""
         from optim.keras_compat import from_compiled_keras
 
-        net, loss, method, metrics = from_compiled_keras(keras_model)
-        return cls(net, loss, method, metrics=metrics, model_dir=model_dir)
+        net, loss, method, metrics, loss_weights = from_compiled_keras(keras_model)
+        return cls(net, loss, method, metrics=metrics, model_dir=model_dir, loss_weights=loss_weights)
 
     # ------------------------------------------------------------------ training
 

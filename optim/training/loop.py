@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from optim import losses as L
 from optim import metrics as M
-from optim.errors import CheckpointError, CheckpointWarning, NonFiniteLossError
+from optim.errors import CheckpointError, CheckpointWarning, LabelShapeError, NonFiniteLossError
 from optim.training.checkpoint import RUN_ID, Checkpoint, CheckpointManager, load_resume, new_run_id, resolve_resume
 from optim.training.collective import Collective, LocalCollective
 from optim.training.datasets import TFDataset
@@ -96,12 +96,30 @@ def _first(outputs):
 
 
 def _check_labels(loss: L.Loss, labels, net, batch: int) -> None:
-    if labels is None or isinstance(labels, (list, tuple)) or len(net.output_specs) != 1:
+    """Checks the labels against the outputs before the first step: their number (one array per
+    output of a multi-output net) and, where the loss knows them, their shapes."""
+    outs = net.output_specs
+    shapes = [(batch,) + tuple(o.shape.as_list()[1:]) if o.shape.rank is not None else None for o in outs]
+    if isinstance(loss, L.MultiOutputLoss):
+        got = [tuple(np.shape(t)) for t in labels] if isinstance(labels, (list, tuple)) else [tuple(np.shape(labels))]
+        loss.check_shapes(got, shapes)
         return
-    out = net.output_specs[0].shape
-    if out.rank is None:
+    if len(outs) != 1:
         return
-    loss.check_shapes(tuple(np.shape(labels)), (batch,) + tuple(out.as_list()[1:]))
+    if isinstance(labels, (list, tuple)):
+        if len(labels) != 1:
+            raise LabelShapeError(f"The net has one output {net.output_names}; received {len(labels)} label arrays.")
+        labels = labels[0]
+    if labels is None or shapes[0] is None:
+        return
+    loss.check_shapes(tuple(np.shape(labels)), shapes[0])
+
+
+def _first_labels(labels, outputs):
+    """The labels of the first output (the metrics follow the first output)."""
+    if isinstance(outputs, (list, tuple)) and isinstance(labels, (list, tuple)):
+        return labels[0]
+    return labels
 
 
 def _batch_len(features) -> int:
@@ -154,7 +172,7 @@ def accumulate(net, loss: L.Loss, metrics: Sequence[M.Metric], data: TFDataset, 
         labels_t = tf.nest.map_structure(tf.convert_to_tensor, labels)
         acc.loss.update_value(float(loss(labels_t, outputs)), n)
         for m in acc.metrics:
-            m.update(labels, _first(outputs))
+            m.update(_first_labels(labels, outputs), _first(outputs))
         alive.kick("validation")
     return acc
 
@@ -420,7 +438,7 @@ class _Run:
         clock.seen += n
         self.acc.loss.update_value(float(result.loss), n)
         for m in self.acc.metrics:
-            m.update(labels, _first(result.outputs))
+            m.update(_first_labels(labels, result.outputs), _first(result.outputs))
         if not self.chief:
             return
         size = self.collective.size
