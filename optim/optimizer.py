@@ -16,7 +16,7 @@ import numpy as np
 from optim import losses as L
 from optim import metrics as M
 from optim.training.checkpoint import new_run_id, resolve_resume
-from optim.training.datasets import as_dataset, resolve_batch_size
+from optim.training.datasets import as_dataset, in_input_order, resolve_batch_size
 from optim.training.loop import TrainConfig, evaluate, metrics_copy, train
 from optim.training.reporting import MultiReporter, ProgressBar, StepRecorder, TensorBoardWriter, tensorboard_dir
 from optim.transforms import assign_groups, partition
@@ -169,9 +169,9 @@ class TFOptimizer:
             num_workers: Ranks for distributed training. Default: Spark's default parallelism
                 when the data is distributed.
         """
-        dataset = as_dataset(data, batch_size)
+        dataset = self._dataset(data, batch_size)
         batch_size = resolve_batch_size(dataset, batch_size)
-        val = as_dataset(validation_data, batch_size) if validation_data is not None else None
+        val = self._dataset(validation_data, batch_size) if validation_data is not None else None
         if epochs is None:
             epochs = 1 if max_steps is None else 1 << 30  # bounded by max_steps
         config = TrainConfig(
@@ -207,6 +207,18 @@ class TFOptimizer:
         }
         return outcome.history
 
+    def _dataset(self, data, batch_size, need_labels: bool = True):
+        """``as_dataset``, with features given as a dict by input name put in the net's input order."""
+        names = list(self.net.input_names)
+        if isinstance(data, Mapping):
+            data = in_input_order(data, names)
+        elif isinstance(data, tuple) and len(data) == 2 and isinstance(data[0], Mapping):
+            data = (in_input_order(data[0], names), data[1])
+        dataset = as_dataset(data, batch_size, need_labels=need_labels)
+        if hasattr(dataset, "arrange_inputs"):
+            dataset.arrange_inputs(names)
+        return dataset
+
     def _resume_source(self, config: TrainConfig):
         """What to resume from, chosen once on the driver (a run id or a checkpoint path, or
         False), so that every retry of the stage agrees: ``resume=True`` becomes the newest run."""
@@ -230,7 +242,7 @@ class TFOptimizer:
         DataFrame, an RDD; ``from_tf_data`` with ``num_workers``) is evaluated over Spark, one task
         per partition, and the sums merged: the same result as on the collected data. Default batch
         size: the ``TFDataset``'s, else 32."""
-        dataset = as_dataset(data, batch_size)
+        dataset = self._dataset(data, batch_size)
         batch_size = resolve_batch_size(dataset, batch_size)
         if getattr(dataset, "distributed", False) or num_workers is not None:
             from optim.spark.driver.evaluate import evaluate_distributed
@@ -244,7 +256,7 @@ class TFOptimizer:
         DataFrame dataset: the DataFrame with the outputs added (``prediction``, or one column per
         output), lazily, rows in their order; for an RDD dataset: an RDD of outputs, aligned with
         the records (both through :class:`~optim.TFPredictor`)."""
-        dataset = as_dataset(data, batch_size, need_labels=False)
+        dataset = self._dataset(data, batch_size, need_labels=False)
         batch_size = resolve_batch_size(dataset, batch_size)
         if getattr(dataset, "distributed", False):
             from optim.spark.driver.evaluate import predict_distributed

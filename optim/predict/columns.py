@@ -94,6 +94,16 @@ def default_column(tensor: TensorInfo) -> str:
     return re.sub(r"[^0-9A-Za-z_]", "_", tensor.short_name)
 
 
+def input_columns(inputs, feature_cols: ColumnSpec) -> list[str]:
+    """The column of each input, in input order (``feature_cols`` given, or the default names);
+    names that are not strings are returned as they are, for :func:`plan_columns` to refuse."""
+    cols = feature_cols if feature_cols is not None else [default_column(t) for t in inputs]
+    try:
+        return [c for c in _arrange(cols, inputs, "feature_cols") if isinstance(c, str)]
+    except (TypeError, ValueError, KeyError):
+        return []
+
+
 def plan_columns(schema, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo],
                  feature_cols: ColumnSpec = None, output_cols: ColumnSpec = None,
                  error_col: str | None = None) -> ColumnPlan:

@@ -13,7 +13,7 @@ import numpy as np
 
 from optim.errors import BackendError, ColumnError
 from optim.predict.backends import check_backend, make_payload
-from optim.predict.columns import ColumnSpec, plan_columns
+from optim.predict.columns import ColumnSpec, input_columns, plan_columns
 from optim.predict.snapshot import ModelSnapshot, ModelSource
 from optim.predict.worker import StatsParam, WorkerJob, get_engine, merge_stats, predict_arrow, predict_rdd_partition
 
@@ -156,6 +156,17 @@ class TFPredictor:
         return WorkerJob(model_id, broadcast, plan, self.batch_per_thread, self.on_error, stats)
 
     def _predict_dataframe(self, df, feature_cols, output_cols):
+
+        from optim.spark.vectors import vectors_as_arrays
+
+        # Spark ML Vector columns are read through hidden array columns, dropped from the result
+        df, vectors = vectors_as_arrays(df, input_columns(self._snapshot.inputs, feature_cols))
+        if vectors:
+            feature_cols = [vectors.get(c, c) for c in input_columns(self._snapshot.inputs, feature_cols)]
+        out = self._predict_arrays(df, feature_cols, output_cols)
+        return out.drop(*vectors.values()) if vectors else out
+
+    def _predict_arrays(self, df, feature_cols, output_cols):
         from pyspark.sql.types import StructType
 
         plan = plan_columns(df.schema, self._snapshot.inputs, self._snapshot.outputs, feature_cols, output_cols,

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from optim.errors import ColumnError
+from optim.spark.vectors import vectors_as_arrays
 from optim.training.datasets import ArrayDataset, TFDataset
 from optim.training.shard import TensorColumns, arrow_to_arrays, records_to_arrays
 from tfnet.errors import closest_names
@@ -57,6 +58,12 @@ def _specs(cols, shapes: Mapping[str, Sequence[int]] | None, what: str) -> list[
     return out
 
 
+def _through(spec: TensorColumns, mapping: dict[str, str]) -> TensorColumns:
+    import dataclasses
+
+    return dataclasses.replace(spec, columns=tuple(mapping.get(c, c) for c in spec.columns))
+
+
 class DataFrameDataset(TFDataset):
     """``TFDataset.from_dataframe(df, feature_cols, label_cols, feature_shapes)``.
 
@@ -74,16 +81,25 @@ class DataFrameDataset(TFDataset):
     distributed = True
 
     def __init__(self, df, feature_cols, label_cols=None, feature_shapes=None, batch_size: int | None = None):
-        self.df = df
+        self.user_df = df
         self.batch_size = batch_size
+        #: input names, when feature_cols is a dict by input name (TFOptimizer puts them in the net's order)
+        self.input_keys = list(feature_cols) if isinstance(feature_cols, Mapping) else None
+        if isinstance(feature_cols, Mapping):
+            feature_cols = list(feature_cols.values())
         shapes = _shapes_by_column(feature_cols, feature_shapes)
         self.features = _specs(feature_cols, shapes, "feature_cols")
         self.labels = _specs(label_cols, shapes, "label_cols")
+        # Spark ML Vector columns are read through a hidden array column (vector_to_array)
+        self.df, self.vectors = vectors_as_arrays(df, [c for s in self.features + self.labels for c in s.columns])
+        if self.vectors:
+            self.features = [_through(s, self.vectors) for s in self.features]
+            self.labels = [_through(s, self.vectors) for s in self.labels]
         self.has_labels = bool(self.labels)
         if not self.features:
             raise ValueError("`feature_cols` must name at least one column.")
         self.single_label = isinstance(label_cols, str) or len(self.labels) == 1
-        existing = list(df.columns)
+        existing = list(self.df.columns)
         for spec in self.features + self.labels:
             for c in spec.columns:
                 if c not in existing:
@@ -92,6 +108,29 @@ class DataFrameDataset(TFDataset):
                         f"Column {c!r} is not in the DataFrame. Columns: {existing}"
                         + (f"; closest: {close}" if close else "")
                     )
+
+    def arrange_inputs(self, input_names: list[str]) -> None:
+        """Puts the feature columns in the net's input order, when they were given as a dict by
+        input name (with or without ``:0``).
+
+        Raises:
+            ColumnError: a key that names no input, or an input without a column.
+        """
+        if self.input_keys is None:
+            return
+        by_input = {}
+        for key, spec in zip(self.input_keys, self.features):
+            full = key if ":" in key else f"{key}:0"
+            if full not in input_names:
+                close = closest_names(full, input_names)
+                raise ColumnError(f"feature_cols names input {key!r}, which the net does not have. Inputs: "
+                                  f"{input_names}" + (f"; closest: {close}" if close else ""))
+            by_input[full] = spec
+        missing = [n for n in input_names if n not in by_input]
+        if missing:
+            raise ColumnError(f"feature_cols has no column for the net's inputs {missing}. Inputs: {input_names}")
+        self.features = [by_input[n] for n in input_names]
+        self.input_keys = None
 
     def columns(self) -> list[str]:
         seen = []

@@ -224,6 +224,24 @@ def _split_element(element) -> Batch:
 DEFAULT_BATCH_SIZE = 32
 
 
+def in_input_order(features: dict, input_names: list[str]) -> list:
+    """Features given as a dict by input name (with or without ``:0``), as a list in input order.
+
+    Raises:
+        DataError: a key that names no input, or an input without an array.
+    """
+    by_input = {}
+    for key, value in features.items():
+        full = key if ":" in str(key) else f"{key}:0"
+        if full not in input_names:
+            raise DataError(f"The features name input {key!r}, which the net does not have. Inputs: {input_names}")
+        by_input[full] = value
+    missing = [n for n in input_names if n not in by_input]
+    if missing:
+        raise DataError(f"The features dict has no array for the net's inputs {missing}. Inputs: {input_names}")
+    return [by_input[n] for n in input_names]
+
+
 def resolve_batch_size(dataset: TFDataset, batch_size: int | None) -> int:
     """The batch size to use: the one given, else the one the TFDataset was made with, else 32.
 

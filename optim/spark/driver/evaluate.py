@@ -79,7 +79,8 @@ def predict_distributed(net, dataset, batch_size: int):
                 raise TypeError(f"predict() over a DataFrame takes one column per input; {list(spec.columns)} is a "
                                 "stack of scalar columns: assemble it into an array column first.")
             cols.append(spec.columns[0])
-        return predictor.predict(dataset.df, feature_cols=cols if len(cols) > 1 else cols[0])
+        out = predictor.predict(dataset.df, feature_cols=cols if len(cols) > 1 else cols[0])
+        return out.drop(*dataset.vectors.values()) if dataset.vectors else out
     if isinstance(dataset, RDDDataset):
         return predictor.predict(dataset.rdd.map(lambda record: record[0] if isinstance(record, tuple) else record))
     raise TypeError(f"Cannot predict on {type(dataset).__name__} over Spark.")

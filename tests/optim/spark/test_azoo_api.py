@@ -110,3 +110,48 @@ def test_resume_into_a_rebuilt_keras_model_matches_by_structure(tmp_path):
     other = TFOptimizer.from_keras(build(width=8), model_dir=str(tmp_path))
     with pytest.raises(optim.CheckpointError, match=re.escape("and its structure differs too")):
         other.optimize((x, y), epochs=2, batch_size=32, resume=True, verbose=0)
+
+
+@pytest.mark.spark
+@pytest.mark.parallel
+def test_spark_ml_vector_columns_train_evaluate_and_predict(spark):
+    """What a Spark ML feature pipeline produces (VectorAssembler: dense and sparse vectors) trains,
+    evaluates and predicts like an array column; the user's vector column stays a vector."""
+    from pyspark.ml.feature import VectorAssembler
+
+    x, y = digits.load()
+    x, y = x[:256], y[:256]
+    wide = spark.createDataFrame([tuple(float(v) for v in x[i].ravel()) + (int(y[i]),) for i in range(len(x))],
+                                 [f"p{i}" for i in range(64)] + ["label"])
+    df = VectorAssembler(inputCols=[f"p{i}" for i in range(64)], outputCol="features").transform(wide)
+    df = df.select("features", "label").repartition(2)  # a mix of dense and sparse vectors (zeros are common)
+    kinds = {type(r["features"]).__name__ for r in df.collect()}
+    assert "SparseVector" in kinds, kinds
+    data = TFDataset.from_dataframe(df, "features", "label", feature_shapes=[(8, 8, 1)])
+    opt = TFOptimizer(TFNet.from_keras(digits.cnn(classes=10, seed=0)), SCE, optim.Adam(0.01), metrics=["accuracy"])
+    opt.optimize(data, epochs=2, batch_size=32, num_workers=2, verbose=0)
+    assert opt.evaluate(data)["accuracy"] == opt.evaluate((x, y))["accuracy"]
+    rows = opt.predict(data).collect()
+    assert type(df.schema["features"].dataType).__name__ == "VectorUDT" and rows[0].__fields__ == ["features", "label",
+                                                                                                    "prediction"]
+    feats = np.array([r["features"].toArray() for r in rows], np.float32).reshape(-1, 8, 8, 1)
+    np.testing.assert_allclose(np.array([r["prediction"] for r in rows]), opt.net.forward(feats), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.spark
+def test_features_as_a_dict_by_input_name(spark):
+    x, y = digits.load()
+    x, y = x[:128], y[:128]
+    by_list = TFOptimizer(TFNet.from_keras(digits.cnn(classes=10, seed=0)), SCE, optim.SGD(0.05))
+    by_list.optimize((x, y), epochs=1, batch_size=32, verbose=0)
+    by_dict = TFOptimizer(TFNet.from_keras(digits.cnn(classes=10, seed=0)), SCE, optim.SGD(0.05))
+    name = by_dict.net.input_names[0].split(":")[0]
+    by_dict.optimize(({name: x}, y), epochs=1, batch_size=32, verbose=0)
+    for k, w in by_list.net.get_weights().items():
+        np.testing.assert_array_equal(by_dict.net.get_weights()[k], w)
+    np.testing.assert_array_equal(by_dict.predict({name: x[:5]}), by_dict.net.forward(x[:5]))
+    with pytest.raises(optim.DataError, match=r"name input 'pixels', which the net does not have. Inputs: "):
+        by_dict.optimize(({"pixels": x}, y), verbose=0)
+    df = _df(spark, x, y, 2)
+    data = TFDataset.from_dataframe(df, {name: "pixels"}, "label", feature_shapes={"pixels": (8, 8, 1)})
+    assert by_dict.evaluate(data)["loss"] == pytest.approx(by_dict.evaluate((x, y))["loss"], rel=1e-6)
