@@ -23,6 +23,7 @@ _EXPORTS = {
     "TFDataset": "optim.training.datasets",
     "TFPredictor": "optim.predict.predictor",
     "TFNetTransformer": "optim.predict.transformer",
+    "TFNetEstimator": "optim.spark.estimator",
     "warm_up_workers": "optim.spark.driver.preflight",
     "SGD": "optim.methods",
     "Adam": "optim.methods",

@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 
 from pyspark.ml import Transformer
 from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import HasInputCols, HasOutputCols
+from pyspark.ml.param.shared import HasInputCols, HasOutputCols, HasPredictionCol
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
 from optim.predict.predictor import TFPredictor
@@ -23,7 +23,7 @@ __all__ = ["TFNetTransformer"]
 MODEL_FOLDER = "model"
 
 
-class TFNetTransformer(Transformer, HasInputCols, HasOutputCols, MLReadable, MLWritable):
+class TFNetTransformer(Transformer, HasInputCols, HasOutputCols, HasPredictionCol, MLReadable, MLWritable):
     """Adds a model's outputs to a DataFrame, as :meth:`TFPredictor.predict` does.
 
     Args:
@@ -39,6 +39,9 @@ class TFNetTransformer(Transformer, HasInputCols, HasOutputCols, MLReadable, MLW
         errorCol: The error column with ``onError="null"``. Default: ``"prediction_error"``.
         inputs: Input tensor names, for a frozen graph file only.
         outputs: Output tensor names, for a frozen graph file only.
+        predictionCol: Also add this column: the index of the first output's largest value, as a
+            double, as Spark ML classifiers give it (for ``MulticlassClassificationEvaluator``).
+            Default: "" (not added).
 
     Example:
         >>> from pyspark.ml import Pipeline, PipelineModel                      # doctest: +SKIP
@@ -56,10 +59,13 @@ class TFNetTransformer(Transformer, HasInputCols, HasOutputCols, MLReadable, MLW
 
     def __init__(self, net: ModelSource | None = None, inputCols: list[str] | None = None,  # noqa: N803 (Spark ML names)
                  outputCols: list[str] | None = None, batchPerThread: int = 32, backend: str = "tensorflow",
-                 onError: str = "raise", errorCol: str = "prediction_error", *, inputs=None, outputs=None):
+                 onError: str = "raise", errorCol: str = "prediction_error", *, inputs=None, outputs=None,
+                 predictionCol: str = ""):
         super().__init__()
-        self._setDefault(batchPerThread=32, backend="tensorflow", onError="raise", errorCol="prediction_error")
-        self._set(batchPerThread=batchPerThread, backend=backend, onError=onError, errorCol=errorCol)
+        self._setDefault(batchPerThread=32, backend="tensorflow", onError="raise", errorCol="prediction_error",
+                         predictionCol="")
+        self._set(batchPerThread=batchPerThread, backend=backend, onError=onError, errorCol=errorCol,
+                  predictionCol=predictionCol)
         if inputCols is not None:
             self._set(inputCols=inputCols)
         if outputCols is not None:
@@ -87,7 +93,15 @@ class TFNetTransformer(Transformer, HasInputCols, HasOutputCols, MLReadable, MLW
     def _transform(self, dataset):
         inputs = self.getOrDefault(self.inputCols) if self.isDefined(self.inputCols) else None
         outputs = self.getOrDefault(self.outputCols) if self.isDefined(self.outputCols) else None
-        return self._predictor().predict(dataset, feature_cols=inputs, output_cols=outputs)
+        out = self._predictor().predict(dataset, feature_cols=inputs, output_cols=outputs)
+        label = self.getOrDefault(self.predictionCol)
+        if not label:
+            return out
+        from pyspark.sql import functions as F
+
+        first = [c for c in out.columns if c not in dataset.columns][0]
+        # the class index in Spark SQL (no Python UDF): the position of the largest value, 0-based
+        return out.withColumn(label, (F.array_position(F.col(first), F.array_max(F.col(first))) - 1).cast("double"))
 
     def copy(self, extra=None) -> TFNetTransformer:
         that = super().copy(extra)

@@ -1,0 +1,187 @@
+"""TFNetEstimator: fine-tuning as a Spark ML ``Estimator``, for ``Pipeline``, ``CrossValidator`` and
+``TrainValidationSplit``. Driver side.
+
+``fit(df)`` copies the net, trains it over Spark exactly as ``TFOptimizer.optimize`` does with a
+DataFrame, and returns a :class:`~optim.predict.transformer.TFNetTransformer` holding the fine-tuned
+weights. Every setting is a ``Param`` (so ``copy(extra)`` and ``ParamGridBuilder`` reach all of
+them), and both save and load with the pipeline (``MLWritable`` / ``MLReadable``): the params as
+JSON, the initial net in the export-folder layout.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pyspark.ml import Estimator
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import HasLabelCol, HasPredictionCol, HasSeed
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
+
+__all__ = ["TFNetEstimator"]
+
+MODEL_FOLDER = "initial_model"
+_METHODS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop", "adagrad": "Adagrad"}
+
+
+def _shapes(value):
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not all(
+            s is None or (isinstance(s, (list, tuple)) and all(isinstance(d, int) for d in s)) for s in value):
+        raise TypeError(f"featureShapes must be a list of per-row shapes, one per feature column (e.g. [[8, 8, 1]]). "
+                        f"Received: {value!r}")
+    return [None if s is None else list(s) for s in value]
+
+
+class TFNetEstimator(Estimator, HasLabelCol, HasPredictionCol, HasSeed, MLReadable, MLWritable):
+    """Fine-tunes a TFNet over Spark; ``fit`` returns a :class:`TFNetTransformer`.
+
+    Args:
+        net: The TFNet to fine-tune (copied at each ``fit``: the estimator is never changed).
+        featureCols: One column per net input, in input order (array or Spark ML Vector columns).
+        labelCol: The label column. Default ``"label"``.
+        featureShapes: Per-row shapes of the feature columns, one per column (``[[8, 8, 1]]``).
+            Default: as stored.
+        outputCols: The fitted model's columns, one per net output. Default: ``["output"]`` (or the
+            output names for several outputs).
+        predictionCol: The fitted model's class column (the index of the first output's largest
+            value, a double, as Spark ML classifiers give it), for Spark ML's evaluators. Default
+            ``"prediction"``; "" for none.
+        loss: A loss name (``optim.losses``). Default ``"sparse_categorical_crossentropy"``.
+        fromLogits: The outputs are logits. Default True.
+        method: ``"sgd"``, ``"adam"``, ``"adamw"``, ``"rmsprop"`` or ``"adagrad"``. Default ``"adam"``.
+        learningRate: Default 0.001.
+        epochs: Default 1. batchSize: The global batch. Default 32.
+        numWorkers: Ranks. Default: Spark's default parallelism.
+        modelDir: Checkpoints and TensorBoard events. Default: none.
+        seed: The shuffling seed. Default 0.
+        verbose: As ``optimize``'s. Default 0.
+    """
+
+    featureCols = Param(Params._dummy(), "featureCols", "one column per net input", TypeConverters.toListString)
+    featureShapes = Param(Params._dummy(), "featureShapes", "per-row shapes of the feature columns", _shapes)
+    outputCols = Param(Params._dummy(), "outputCols", "the fitted model's output columns", TypeConverters.toListString)
+    loss = Param(Params._dummy(), "loss", "a loss name", TypeConverters.toString)
+    fromLogits = Param(Params._dummy(), "fromLogits", "the outputs are logits", TypeConverters.toBoolean)
+    method = Param(Params._dummy(), "method", "the optimisation method", TypeConverters.toString)
+    learningRate = Param(Params._dummy(), "learningRate", "the learning rate", TypeConverters.toFloat)
+    epochs = Param(Params._dummy(), "epochs", "epochs", TypeConverters.toInt)
+    batchSize = Param(Params._dummy(), "batchSize", "the global batch", TypeConverters.toInt)
+    numWorkers = Param(Params._dummy(), "numWorkers", "ranks (0: Spark's default parallelism)", TypeConverters.toInt)
+    modelDir = Param(Params._dummy(), "modelDir", "checkpoints and TensorBoard events", TypeConverters.toString)
+    verbose = Param(Params._dummy(), "verbose", "0 quiet, 1 progress bar, 2 a line per epoch", TypeConverters.toInt)
+
+    def __init__(self, net=None, *, featureCols=None, labelCol="label", featureShapes=None, outputCols=None,  # noqa: N803
+                 predictionCol="prediction", loss="sparse_categorical_crossentropy", fromLogits=True, method="adam",
+                 learningRate=0.001, epochs=1, batchSize=32, numWorkers=0, modelDir="", seed=0, verbose=0):
+        super().__init__()
+        self._setDefault(labelCol="label", predictionCol="prediction", loss="sparse_categorical_crossentropy",
+                         fromLogits=True, method="adam", learningRate=0.001, epochs=1, batchSize=32, numWorkers=0,
+                         modelDir="", seed=0, verbose=0)
+        self._set(labelCol=labelCol, predictionCol=predictionCol, loss=loss, fromLogits=fromLogits, method=method,
+                  learningRate=learningRate, epochs=epochs, batchSize=batchSize, numWorkers=numWorkers,
+                  modelDir=modelDir, seed=seed, verbose=verbose)
+        for name, value in (("featureCols", featureCols), ("featureShapes", featureShapes), ("outputCols", outputCols)):
+            if value is not None:
+                self._set(**{name: value})
+        if method.lower() not in _METHODS:
+            raise ValueError(f"Unknown method {method!r}. Methods: {sorted(_METHODS)}")
+        self._net_bytes = None if net is None else _net_bytes(net)
+
+    def setLearningRate(self, value: float) -> TFNetEstimator:  # noqa: N802 (Spark ML names)
+        return self._set(learningRate=value)
+
+    def getLearningRate(self) -> float:  # noqa: N802
+        return self.getOrDefault(self.learningRate)
+
+    def setEpochs(self, value: int) -> TFNetEstimator:  # noqa: N802
+        return self._set(epochs=value)
+
+    def _get(self, param):
+        return self.getOrDefault(param) if self.isDefined(param) else None
+
+    def _fit(self, dataset):
+        import optim
+        from optim.optimizer import TFOptimizer
+        from optim.predict.transformer import TFNetTransformer
+        from optim.training.datasets import TFDataset
+        from tfnet.serialize import net_from_bytes
+
+        if self._net_bytes is None:
+            raise ValueError("This TFNetEstimator has no net: pass `net`, or load a saved estimator.")
+        cols = self._get(self.featureCols)
+        if not cols:
+            raise ValueError("TFNetEstimator needs featureCols: one column per net input, in input order.")
+        net = net_from_bytes(self._net_bytes)  # a copy: the estimator's net is never changed
+        method = getattr(optim, _METHODS[self.getOrDefault(self.method).lower()])(self.getOrDefault(self.learningRate))
+        loss = optim.losses.get(self.getOrDefault(self.loss))
+        if hasattr(loss, "from_logits"):
+            loss.from_logits = self.getOrDefault(self.fromLogits)
+        opt = TFOptimizer(net, loss, method, model_dir=self.getOrDefault(self.modelDir) or None)
+        data = TFDataset.from_dataframe(dataset, cols, self.getOrDefault(self.labelCol),
+                                        feature_shapes=self._get(self.featureShapes))
+        workers = self.getOrDefault(self.numWorkers) or None
+        opt.optimize(data, epochs=self.getOrDefault(self.epochs), batch_size=self.getOrDefault(self.batchSize),
+                     seed=self.getOrDefault(self.seed), verbose=self.getOrDefault(self.verbose), num_workers=workers)
+        outputs = self._get(self.outputCols) or (["output"] if len(net.output_names) == 1 else None)
+        model = TFNetTransformer(net, inputCols=cols, outputCols=outputs,
+                                 predictionCol=self.getOrDefault(self.predictionCol))
+        model.history = opt.last_run  # what the fit measured (not saved)
+        return model
+
+    def copy(self, extra=None) -> TFNetEstimator:
+        that = super().copy(extra)
+        that._net_bytes = self._net_bytes  # the same initial net: immutable bytes, shared
+        return that
+
+    def write(self) -> MLWriter:
+        return _Writer(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return _Reader(cls)
+
+
+class _Writer(MLWriter):
+    def __init__(self, instance: TFNetEstimator):
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:  # noqa: N802 (Spark's name)
+        from optim.predict.transformer import _local_path
+
+        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession,
+                                         extraMetadata={"modelFolder": MODEL_FOLDER})
+        if self.instance._net_bytes is not None:
+            from tfnet.serialize import net_from_bytes
+
+            net_from_bytes(self.instance._net_bytes).save(os.path.join(_local_path(path), MODEL_FOLDER))
+
+
+class _Reader(MLReader):
+    def __init__(self, cls):
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path: str) -> TFNetEstimator:
+        from optim.predict.transformer import _local_path
+
+        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        instance = self.cls()
+        instance._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(instance, metadata)
+        folder = os.path.join(_local_path(path), metadata.get("modelFolder", MODEL_FOLDER))
+        if os.path.isdir(folder):
+            from tfnet import TFNet
+
+            instance._net_bytes = _net_bytes(TFNet.load(folder))
+        return instance
+
+
+def _net_bytes(net) -> bytes:
+    from tfnet import TFNet
+    from tfnet.serialize import net_to_bytes
+
+    if not isinstance(net, TFNet):
+        raise TypeError(f"TFNetEstimator fine-tunes a tfnet.TFNet. Received: {type(net).__name__}")
+    return net_to_bytes(net)
