@@ -76,13 +76,17 @@ class DataFrameDataset(TFDataset):
         feature_shapes: ``{column: per-row shape}`` for array columns, or a list of shapes in the
             order of ``feature_cols``. Default: 1-D, as stored.
         batch_size: The global batch ``optimize`` uses by default. Default: none (32).
+        augment: ``fn(features, rng) -> features`` applied on the ranks to training batches only,
+            e.g. :class:`optim.training.augment.RandomCropFlip`. Default: none.
     """
 
     distributed = True
 
-    def __init__(self, df, feature_cols, label_cols=None, feature_shapes=None, batch_size: int | None = None):
+    def __init__(self, df, feature_cols, label_cols=None, feature_shapes=None, batch_size: int | None = None,
+                 augment=None):
         self.user_df = df
         self.batch_size = batch_size
+        self.augment = augment
         #: input names, when feature_cols is a dict by input name (TFOptimizer puts them in the net's order)
         self.input_keys = list(feature_cols) if isinstance(feature_cols, Mapping) else None
         if isinstance(feature_cols, Mapping):
@@ -142,7 +146,7 @@ class DataFrameDataset(TFDataset):
 
     def shard_reader(self):
         """A picklable function ``(arrow_batches, partition) -> ArrayDataset`` for the workers."""
-        return _ArrowShard(tuple(self.features), tuple(self.labels), self.single_label)
+        return _ArrowShard(tuple(self.features), tuple(self.labels), self.single_label, self.augment)
 
     def to_local(self) -> ArrayDataset:
         """Collects the whole DataFrame to the driver (for validation data)."""
@@ -154,14 +158,14 @@ class DataFrameDataset(TFDataset):
 
 
 class _ArrowShard:
-    def __init__(self, features, labels, single_label):
-        self.features, self.labels, self.single_label = features, labels, single_label
+    def __init__(self, features, labels, single_label, augment=None):
+        self.features, self.labels, self.single_label, self.augment = features, labels, single_label, augment
 
     def __call__(self, batches, partition: int, presharded: bool = True) -> ArrayDataset:
         batches = list(batches)
         arrays = arrow_to_arrays(batches, list(self.features) + list(self.labels), partition)
         feats, labels = arrays[: len(self.features)], arrays[len(self.features):]
-        return ArrayDataset(feats, labels or None, self.single_label, presharded=presharded)
+        return ArrayDataset(feats, labels or None, self.single_label, presharded=presharded, augment=self.augment)
 
 
 class RDDDataset(TFDataset):

@@ -48,10 +48,12 @@ class TFDataset:
         return TFDataDataset(dataset_or_fn)
 
     @staticmethod
-    def from_dataframe(df, feature_cols, label_cols=None, feature_shapes=None, batch_size: int | None = None):
+    def from_dataframe(df, feature_cols, label_cols=None, feature_shapes=None, batch_size: int | None = None,
+                       augment=None):
         """A Spark DataFrame; see :class:`optim.spark.datasets.DataFrameDataset`. ``batch_size``, as
-        Analytics Zoo's TFDataset took it, is the global batch ``optimize`` uses by default."""
-        return _spark_datasets().DataFrameDataset(df, feature_cols, label_cols, feature_shapes, batch_size)
+        Analytics Zoo's TFDataset took it, is the global batch ``optimize`` uses by default;
+        ``augment`` runs on the ranks, on training batches only."""
+        return _spark_datasets().DataFrameDataset(df, feature_cols, label_cols, feature_shapes, batch_size, augment)
 
     @staticmethod
     def from_rdd(rdd, batch_size: int | None = None):
@@ -88,8 +90,10 @@ class ArrayDataset(TFDataset):
     """In-memory arrays."""
 
     def __init__(self, features: Sequence[np.ndarray], labels: Sequence[np.ndarray] | None,
-                 single_label: bool = True, batch_size: int | None = None, presharded: bool = False):
+                 single_label: bool = True, batch_size: int | None = None, presharded: bool = False,
+                 augment: Callable | None = None):
         self.presharded = presharded  # the rows are this rank's already (a Spark partition)
+        self.augment = augment  # fn(features, rng) -> features, for training batches only
         self.features = list(features)
         self.labels = None if labels is None else list(labels)
         self.single_label = single_label
@@ -108,6 +112,9 @@ class ArrayDataset(TFDataset):
     @classmethod
     def from_tensors(cls, tensors, batch_size=None) -> ArrayDataset:
         """A 2-tuple is ``(features, labels)``; an array or a list of arrays is features only."""
+        if isinstance(tensors, tuple) and len(tensors) == 3:
+            raise DataError("Received (features, labels, sample_weights); tfnet does not weight samples yet, and would "
+                            "otherwise ignore the weights silently. Pass (features, labels) to train unweighted.")
         if isinstance(tensors, tuple) and len(tensors) == 2:
             features, labels = tensors
             single = not isinstance(labels, (list, tuple))
@@ -127,22 +134,27 @@ class ArrayDataset(TFDataset):
         return n // batch_size if drop_remainder else -(-n // batch_size)
 
     def batches(self, batch_size, *, epoch=0, seed=0, shuffle=True, skip=0, rank=0, size=1,
-                drop_remainder=False, steps=None) -> Iterator[Batch]:
+                drop_remainder=False, steps=None, training=False) -> Iterator[Batch]:
         """This rank's batches for one epoch, shuffled with ``[seed, epoch, rank]``.
 
         With ``steps``, exactly that many full batches: a shard that runs out of rows continues
-        with a fresh shuffle of its rows (the distributed equal-steps rule)."""
+        with a fresh shuffle of its rows (the distributed equal-steps rule). With ``training`` and
+        an ``augment`` function, each batch's features go through it (seeded by ``[seed, epoch,
+        rank, batch]``)."""
         idx = self.shard_indices(rank, size)
         if steps is not None:
-            yield from self._fixed_steps(idx, batch_size, steps, epoch, seed, shuffle, skip, rank)
+            batches = self._fixed_steps(idx, batch_size, steps, epoch, seed, shuffle, skip, rank)
+        else:
+            if shuffle:
+                rng = np.random.default_rng([seed, epoch, rank])
+                idx = idx[rng.permutation(len(idx))]
+            stop = (len(idx) // batch_size) * batch_size if drop_remainder else len(idx)
+            batches = (self._take(idx[start:start + batch_size]) for start in range(skip * batch_size, stop, batch_size))
+        if not (training and self.augment is not None):
+            yield from batches
             return
-        if shuffle:
-            rng = np.random.default_rng([seed, epoch, rank])
-            idx = idx[rng.permutation(len(idx))]
-        stop = (len(idx) // batch_size) * batch_size if drop_remainder else len(idx)
-        for start in range(skip * batch_size, stop, batch_size):
-            take = idx[start:start + batch_size]
-            yield self._take(take)
+        for b, (features, labels) in enumerate(batches, start=skip):
+            yield self.augment(features, np.random.default_rng([seed, epoch, rank, b, 7])), labels
 
     def _fixed_steps(self, idx, batch_size, steps, epoch, seed, shuffle, skip, rank):
         if len(idx) == 0:
@@ -212,7 +224,10 @@ def _split_element(element) -> Batch:
     if isinstance(element, (tuple, list)) and len(element) == 2:
         features, labels = element
     elif isinstance(element, (tuple, list)) and len(element) == 3:
-        features, labels = element[0], element[1]  # (x, y, sample_weight): weights are not used
+        raise DataError(
+            "The tf.data elements are (features, labels, sample_weights); tfnet does not weight samples yet, and "
+            "would otherwise ignore the weights silently. Map the dataset to (features, labels) to train unweighted."
+        )
     else:
         features, labels = element, None
     if isinstance(features, dict):

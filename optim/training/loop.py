@@ -122,6 +122,11 @@ def _first_labels(labels, outputs):
     return labels
 
 
+def _training(data: TFDataset) -> dict:
+    """``training=True`` for datasets that augment their training batches (ArrayDataset)."""
+    return {"training": True} if getattr(data, "augment", None) is not None else {}
+
+
 def _batch_len(features) -> int:
     return int(np.shape(features[0])[0]) if features else 0
 
@@ -388,7 +393,7 @@ class _Run:
         clock = _Clock.start()
         batches = data.batches(config.batch_size, epoch=epoch, seed=config.seed, shuffle=config.shuffle,
                                skip=skip, rank=collective.rank, size=collective.size,
-                               drop_remainder=config.drop_remainder, steps=fixed_steps)
+                               drop_remainder=config.drop_remainder, steps=fixed_steps, **_training(data))
         b = skip
         for features, labels in batches:
             if (steps is not None and b >= steps) or self.done():
