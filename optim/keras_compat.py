@@ -72,18 +72,19 @@ def map_metric(metric) -> M.Metric:
             f"tfnet cannot map the Keras metric {type(metric).__name__}; supported: "
             f"{sorted(c.__name__ for c in table)}, metric names, or callables."
         )
-    return make(metric)
+    mapped = make(metric)
+    if getattr(metric, "name", None):  # the name the user gave it, as Keras reports it
+        mapped.name = metric.name
+    return mapped
 
 
 def from_compiled_keras(model):
-    """``(net, loss, method, metrics, loss_weights)`` for a compiled Keras model: one loss, a list
-    or a dict of them (by output name), with the model's ``loss_weights``."""
+    """``(net, loss, method, metrics, loss_weights, weighted_metrics)`` for a compiled Keras model:
+    one loss, a list or a dict of them (by output name), with the model's ``loss_weights``."""
     config = getattr(model, "_compile_config", None)
     if getattr(model, "optimizer", None) is None or config is None:
         raise KerasMappingError("The Keras model is not compiled; call model.compile(optimizer, loss, metrics) first.")
     cfg = config.config
-    if cfg.get("weighted_metrics"):
-        raise KerasMappingError("Weighted metrics are not mapped; use TFOptimizer.from_loss.")
     loss = cfg.get("loss")
     if loss is None:
         raise KerasMappingError("The Keras model was compiled without a loss.")
@@ -98,4 +99,8 @@ def from_compiled_keras(model):
         raise KerasMappingError("Per-output metrics dicts are not mapped; pass a list of metrics.")
     net = TFNet.from_keras(model)
     net.trainable = [v.path for v in model.trainable_variables if v.path in net.weight_names]
-    return net, loss, map_optimizer(model.optimizer), [map_metric(m) for m in metrics], cfg.get("loss_weights")
+    weighted = cfg.get("weighted_metrics") or []
+    if isinstance(weighted, dict):
+        raise KerasMappingError("Per-output weighted metrics dicts are not mapped; pass a list.")
+    return (net, loss, map_optimizer(model.optimizer), [map_metric(m) for m in metrics], cfg.get("loss_weights"),
+            [map_metric(m) for m in weighted])

@@ -7,6 +7,7 @@ Each built-in loss also checks label and prediction shapes before training start
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
@@ -20,6 +21,7 @@ __all__ = [
     "Huber",
     "FunctionLoss",
     "MultiOutputLoss",
+    "SampleWeighted",
     "for_outputs",
     "get",
     "LabelShapeError",
@@ -31,8 +33,25 @@ _EPS = 1e-7
 
 
 
+class SampleWeighted(NamedTuple):
+    """Labels with one weight per example: what a loss receives when the data carries sample
+    weights (``(x, y, w)``, or ``optimize(..., sample_weight=w)``)."""
+
+    labels: Any
+    weights: Any
+
+
 def _tensors(y_true, y_pred):
     return tf.convert_to_tensor(y_true), tf.convert_to_tensor(y_pred)
+
+
+def weighted_mean(per_example: tf.Tensor, weights) -> tf.Tensor:
+    """Keras's ``sum_over_batch_size`` reduction of weighted losses: ``sum(w * loss) / n``, a
+    weight spread over an example's elements, ``n`` the number of loss elements."""
+    w = tf.cast(tf.convert_to_tensor(weights), per_example.dtype)
+    w = tf.reshape(w, tf.concat([[-1], tf.ones([tf.rank(per_example) - 1], tf.int32)], 0))
+    total = tf.reduce_sum(per_example * w)
+    return total / tf.cast(tf.size(per_example), per_example.dtype)
 
 
 class Loss:
@@ -41,6 +60,9 @@ class Loss:
     name = "loss"
 
     def __call__(self, y_true, y_pred) -> tf.Tensor:
+        if isinstance(y_true, SampleWeighted):
+            labels, y_pred = _tensors(y_true.labels, y_pred)
+            return weighted_mean(self.call(labels, y_pred), y_true.weights)
         y_true, y_pred = _tensors(y_true, y_pred)
         return tf.reduce_mean(self.call(y_true, y_pred))
 
@@ -199,6 +221,9 @@ class FunctionLoss(Loss):
         self.name = getattr(fn, "__name__", None) or getattr(fn, "name", None) or "loss"
 
     def __call__(self, y_true, y_pred):
+        if isinstance(y_true, SampleWeighted):
+            raise TypeError(f"The loss {self.name!r} is a function of a whole batch and cannot weight examples; give an "
+                            "optim.losses.Loss (a name such as 'mse'), or train without sample weights.")
         return self.fn(y_true, y_pred)
 
     def check_shapes(self, y_true_shape, y_pred_shape):
@@ -288,6 +313,11 @@ class MultiOutputLoss(Loss):
                              f"Received: {len(self.weights)} weights")
 
     def __call__(self, y_true, y_pred) -> tf.Tensor:
+        if isinstance(y_true, SampleWeighted):  # the same weights for every output
+            return self._sum([SampleWeighted(t, y_true.weights) for t in y_true.labels], y_pred)
+        return self._sum(y_true, y_pred)
+
+    def _sum(self, y_true, y_pred) -> tf.Tensor:
         if not isinstance(y_true, (list, tuple)) or len(y_true) != len(self.losses):
             got = len(y_true) if isinstance(y_true, (list, tuple)) else 1
             raise LabelShapeError(

@@ -34,7 +34,10 @@ class Metric:
     def _state_size(self) -> int:
         return 2
 
-    def update(self, y_true, y_pred) -> None:  # pragma: no cover - abstract
+    #: whether ``update`` takes ``sample_weight`` (every built-in metric but FunctionMetric)
+    supports_weights = True
+
+    def update(self, y_true, y_pred, sample_weight=None) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def merge(self, state: np.ndarray) -> None:
@@ -56,7 +59,7 @@ class Mean(Metric):
     def update_value(self, value: float, weight: float = 1.0) -> None:
         self.state = self.state + np.array([float(value) * weight, weight])
 
-    def update(self, y_true, y_pred) -> None:
+    def update(self, y_true, y_pred, sample_weight=None) -> None:
         raise TypeError("Mean is fed with update_value(value, weight).")
 
 
@@ -68,7 +71,7 @@ class Accuracy(Metric):
 
     name = "accuracy"
 
-    def update(self, y_true, y_pred) -> None:
+    def update(self, y_true, y_pred, sample_weight=None) -> None:
         y_true, y_pred = _np(y_true), _np(y_pred)
         if y_pred.ndim >= 2 and y_pred.shape[-1] > 1:
             pred = y_pred.argmax(-1)
@@ -79,8 +82,8 @@ class Accuracy(Metric):
         else:
             pred = (y_pred.reshape(-1) > 0.5).astype(np.int64)
             true = y_true.reshape(-1)
-        correct = (pred.reshape(-1) == true.reshape(-1).astype(pred.dtype)).sum()
-        self.state = self.state + np.array([correct, pred.size])
+        correct = pred.reshape(-1) == true.reshape(-1).astype(pred.dtype)
+        self.state = self.state + _weighted(correct, len(y_pred), sample_weight)
 
 
 class TopKAccuracy(Metric):
@@ -92,33 +95,33 @@ class TopKAccuracy(Metric):
         self.k = k
         super().__init__(name or f"top{k}_accuracy")
 
-    def update(self, y_true, y_pred) -> None:
+    def update(self, y_true, y_pred, sample_weight=None) -> None:
         y_true, y_pred = _np(y_true), _np(y_pred)
         if y_true.shape == y_pred.shape:
             y_true = y_true.argmax(-1)
         y_true = y_true.reshape(-1).astype(np.int64)
         k = min(self.k, y_pred.shape[-1])
         top = np.argpartition(-y_pred, k - 1, axis=-1)[:, :k]
-        hits = (top == y_true[:, None]).any(axis=1).sum()
-        self.state = self.state + np.array([hits, y_true.size])
+        hits = (top == y_true[:, None]).any(axis=1)
+        self.state = self.state + _weighted(hits, len(y_true), sample_weight)
 
 
 class MeanAbsoluteError(Metric):
     name = "mae"
 
-    def update(self, y_true, y_pred) -> None:
+    def update(self, y_true, y_pred, sample_weight=None) -> None:
         y_true, y_pred = _np(y_true).astype(np.float64), _np(y_pred).astype(np.float64)
         y_true = y_true.reshape(y_pred.shape) if y_true.size == y_pred.size else y_true
-        self.state = self.state + np.array([np.abs(y_pred - y_true).sum(), y_pred.size])
+        self.state = self.state + _weighted(np.abs(y_pred - y_true), len(y_pred), sample_weight)
 
 
 class MeanSquaredError(Metric):
     name = "mse"
 
-    def update(self, y_true, y_pred) -> None:
+    def update(self, y_true, y_pred, sample_weight=None) -> None:
         y_true, y_pred = _np(y_true).astype(np.float64), _np(y_pred).astype(np.float64)
         y_true = y_true.reshape(y_pred.shape) if y_true.size == y_pred.size else y_true
-        self.state = self.state + np.array([np.square(y_pred - y_true).sum(), y_pred.size])
+        self.state = self.state + _weighted(np.square(y_pred - y_true), len(y_pred), sample_weight)
 
 
 class AUC(Metric):
@@ -138,16 +141,18 @@ class AUC(Metric):
     def _state_size(self) -> int:
         return 2 * self.num_thresholds
 
-    def update(self, y_true, y_pred) -> None:
+    def update(self, y_true, y_pred, sample_weight=None) -> None:
         y_true = _np(y_true).reshape(-1)
         score = _np(y_pred).astype(np.float64).reshape(-1)
+        w = np.ones_like(score) if sample_weight is None else np.repeat(
+            _np(sample_weight).astype(np.float64).reshape(-1), score.size // max(len(_np(sample_weight).reshape(-1)), 1))
         if self.from_logits:
             score = 1.0 / (1.0 + np.exp(-score))
         if not np.isin(y_true, (0, 1)).all():
             raise ValueError("AUC needs binary labels (0 or 1).")
         bins = np.clip((score * self.num_thresholds).astype(np.int64), 0, self.num_thresholds - 1)
-        pos = np.bincount(bins[y_true == 1], minlength=self.num_thresholds)
-        neg = np.bincount(bins[y_true == 0], minlength=self.num_thresholds)
+        pos = np.bincount(bins[y_true == 1], weights=w[y_true == 1], minlength=self.num_thresholds)
+        neg = np.bincount(bins[y_true == 0], weights=w[y_true == 0], minlength=self.num_thresholds)
         self.state = self.state + np.concatenate([pos, neg])
 
     def result(self) -> float:
@@ -163,14 +168,29 @@ class AUC(Metric):
 class FunctionMetric(Metric):
     """Any ``(y_true, y_pred) -> scalar`` callable, averaged over examples (batch-size weighted)."""
 
+    supports_weights = False  # the callable gives a batch's value, not one per example
+
     def __init__(self, fn: Callable, name: str | None = None):
         self.fn = fn
         super().__init__(name or getattr(fn, "__name__", "metric"))
 
-    def update(self, y_true, y_pred) -> None:
+    def update(self, y_true, y_pred, sample_weight=None) -> None:
+        if sample_weight is not None:
+            raise TypeError(f"The metric {self.name!r} is a function of a whole batch and cannot weight examples; "
+                            "give an optim.metrics.Metric, or train without sample weights.")
         value = float(_np(self.fn(y_true, y_pred)))
         n = len(_np(y_pred))
         self.state = self.state + np.array([value * n, n])
+
+
+def _weighted(values: np.ndarray, n: int, sample_weight) -> np.ndarray:
+    """``[sum of the values, their count]``, each example's values weighted by its sample weight
+    (Keras's weighted metrics: sum(w * v) / sum(w), a weight spread over an example's elements)."""
+    values = np.asarray(values, np.float64).reshape(n, -1)
+    if sample_weight is None:
+        return np.array([values.sum(), values.size])
+    w = _np(sample_weight).astype(np.float64).reshape(n, 1)
+    return np.array([(w * values).sum(), w.sum() * values.shape[1]])
 
 
 _NAMES = {

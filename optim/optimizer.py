@@ -25,6 +25,14 @@ from tfnet.errors import TFNetError
 
 __all__ = ["TFOptimizer"]
 
+
+def _weighted(metric):
+    import copy
+
+    metric = copy.copy(metric)
+    metric.weighted = True
+    return metric
+
 log = logging.getLogger("tfnet.optimizer")
 
 
@@ -52,15 +60,17 @@ class TFOptimizer:
             credentials are best left to the environment or an instance profile. Default: none.
         loss_weights: For several outputs: a weight per output (a list, or a dict by output name);
             the loss is their weighted sum. Default: 1.0 each.
+        weighted_metrics: Metrics weighted by the data's sample weights; those in ``metrics`` are
+            not, as in Keras's ``compile``. Default: none.
     """
 
     def __init__(self, net: TFNet, loss, optim_method, metrics: Sequence | None = None, model_dir: str | None = None,
-                 storage_options: Mapping | None = None, loss_weights=None):
+                 storage_options: Mapping | None = None, loss_weights=None, weighted_metrics: Sequence | None = None):
         if not isinstance(net, TFNet):
             raise TypeError(f"TFOptimizer trains a tfnet.TFNet. Received: {type(net).__name__}")
         self.net = net
         self.loss = L.for_outputs(loss, list(net.output_names), loss_weights)
-        self.metrics = [M.get(m) for m in (metrics or [])]
+        self.metrics = [M.get(m) for m in (metrics or [])] + [_weighted(M.get(m)) for m in (weighted_metrics or [])]
         self.model_dir = os.fspath(model_dir) if model_dir is not None else None
         self.storage_options = dict(storage_options) if storage_options else None
         self._lr_source = None
@@ -114,8 +124,9 @@ class TFOptimizer:
         metrics to tfnet's. Trainable weights are the model's trainable variables."""
         from optim.keras_compat import from_compiled_keras
 
-        net, loss, method, metrics, loss_weights = from_compiled_keras(keras_model)
-        return cls(net, loss, method, metrics=metrics, model_dir=model_dir, loss_weights=loss_weights)
+        net, loss, method, metrics, loss_weights, weighted = from_compiled_keras(keras_model)
+        return cls(net, loss, method, metrics=metrics, model_dir=model_dir, loss_weights=loss_weights,
+                   weighted_metrics=weighted)
 
     # ------------------------------------------------------------------ training
 
@@ -127,6 +138,7 @@ class TFOptimizer:
         validation_data=None,
         resume: bool | str = False,
         *,
+        sample_weight=None,
         max_steps: int | None = None,
         shuffle: bool = True,
         seed: int = 0,
@@ -148,6 +160,9 @@ class TFOptimizer:
             batch_size: Examples per step (the global batch when distributed). Default: the batch
                 size the ``TFDataset`` was made with, else 32; giving both, different, is an error.
                 Ignored for a ``tf.data.Dataset``, which is batched already.
+            sample_weight: One weight per example of numpy ``data`` (or give ``(x, y, w)``, or a
+                ``tf.data.Dataset`` of ``(x, y, w)``): losses and metrics weight examples as
+                Keras's do. Default: none.
             max_steps: Stop when the global step reaches this (Analytics Zoo's ``MaxIteration``; it
                 counts the steps of a resumed run too, as TensorFlow Estimator's ``max_steps``).
                 A stop in the middle of an epoch writes a checkpoint there. Default: none.
@@ -169,6 +184,11 @@ class TFOptimizer:
             num_workers: Ranks for distributed training. Default: Spark's default parallelism
                 when the data is distributed.
         """
+        if sample_weight is not None:
+            if not (isinstance(data, tuple) and len(data) == 2):
+                raise TypeError("`sample_weight` goes with numpy data given as (features, labels); for a TFDataset or "
+                                "a tf.data.Dataset, put the weights in the data (a third element).")
+            data = (*data, sample_weight)
         dataset = self._dataset(data, batch_size)
         batch_size = resolve_batch_size(dataset, batch_size)
         val = self._dataset(validation_data, batch_size) if validation_data is not None else None
@@ -212,8 +232,8 @@ class TFOptimizer:
         names = list(self.net.input_names)
         if isinstance(data, Mapping):
             data = in_input_order(data, names)
-        elif isinstance(data, tuple) and len(data) == 2 and isinstance(data[0], Mapping):
-            data = (in_input_order(data[0], names), data[1])
+        elif isinstance(data, tuple) and len(data) in (2, 3) and isinstance(data[0], Mapping):
+            data = (in_input_order(data[0], names), *data[1:])
         dataset = as_dataset(data, batch_size, need_labels=need_labels)
         if hasattr(dataset, "arrange_inputs"):
             dataset.arrange_inputs(names)

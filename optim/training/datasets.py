@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from optim.errors import DataError
+from optim.losses import SampleWeighted
 
 __all__ = ["TFDataset", "ArrayDataset", "TFDataDataset", "as_dataset"]
 
@@ -78,6 +79,14 @@ def _spark_datasets():
     return datasets
 
 
+def _weights(w) -> np.ndarray:
+    w = np.asarray(w, np.float32)
+    if w.ndim > 2 or (w.ndim == 2 and w.shape[1] != 1) or not np.isfinite(w).all() or (w < 0).any():
+        raise DataError(f"Sample weights must be one finite, non-negative number per example. Received: an array of "
+                        f"shape {w.shape}" + (" with negative or non-finite values" if w.ndim <= 2 else ""))
+    return w.reshape(-1)
+
+
 def _as_list(x) -> list[np.ndarray]:
     if isinstance(x, (list, tuple)):
         return [np.asarray(a) for a in x]
@@ -91,15 +100,16 @@ class ArrayDataset(TFDataset):
 
     def __init__(self, features: Sequence[np.ndarray], labels: Sequence[np.ndarray] | None,
                  single_label: bool = True, batch_size: int | None = None, presharded: bool = False,
-                 augment: Callable | None = None):
+                 augment: Callable | None = None, weights: np.ndarray | None = None):
         self.presharded = presharded  # the rows are this rank's already (a Spark partition)
         self.augment = augment  # fn(features, rng) -> features, for training batches only
+        self.weights = None if weights is None else np.asarray(weights, np.float32).reshape(-1)  # one per example
         self.features = list(features)
         self.labels = None if labels is None else list(labels)
         self.single_label = single_label
         self.batch_size = batch_size
         self.has_labels = labels is not None
-        sizes = {len(a) for a in self.features + (self.labels or [])}
+        sizes = {len(a) for a in self.features + (self.labels or []) + ([self.weights] if self.weights is not None else [])}
         if any(a.ndim == 0 for a in self.features + (self.labels or [])):
             raise DataError("Every feature and label array needs a first (example) dimension; received a scalar.")
         if len(sizes) != 1:
@@ -112,9 +122,10 @@ class ArrayDataset(TFDataset):
     @classmethod
     def from_tensors(cls, tensors, batch_size=None) -> ArrayDataset:
         """A 2-tuple is ``(features, labels)``; an array or a list of arrays is features only."""
-        if isinstance(tensors, tuple) and len(tensors) == 3:
-            raise DataError("Received (features, labels, sample_weights); tfnet does not weight samples yet, and would "
-                            "otherwise ignore the weights silently. Pass (features, labels) to train unweighted.")
+        if isinstance(tensors, tuple) and len(tensors) == 3:  # (features, labels, sample weights), as Keras takes
+            features, labels, weights = tensors
+            single = not isinstance(labels, (list, tuple))
+            return cls(_as_list(features), _as_list(labels), single, batch_size, weights=_weights(weights))
         if isinstance(tensors, tuple) and len(tensors) == 2:
             features, labels = tensors
             single = not isinstance(labels, (list, tuple))
@@ -175,7 +186,8 @@ class ArrayDataset(TFDataset):
         if self.labels is None:
             return feats, None
         labels = [a[take] for a in self.labels]
-        return feats, labels[0] if self.single_label else labels
+        labels = labels[0] if self.single_label else labels
+        return feats, labels if self.weights is None else SampleWeighted(labels, self.weights[take])
 
 
 class TFDataDataset(TFDataset):
@@ -223,11 +235,8 @@ class TFDataDataset(TFDataset):
 def _split_element(element) -> Batch:
     if isinstance(element, (tuple, list)) and len(element) == 2:
         features, labels = element
-    elif isinstance(element, (tuple, list)) and len(element) == 3:
-        raise DataError(
-            "The tf.data elements are (features, labels, sample_weights); tfnet does not weight samples yet, and "
-            "would otherwise ignore the weights silently. Map the dataset to (features, labels) to train unweighted."
-        )
+    elif isinstance(element, (tuple, list)) and len(element) == 3:  # (x, y, sample_weight), as Keras takes it
+        features, labels = element[0], SampleWeighted(element[1], element[2])
     else:
         features, labels = element, None
     if isinstance(features, dict):

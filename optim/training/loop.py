@@ -95,9 +95,22 @@ def _first(outputs):
     return outputs[0] if isinstance(outputs, (list, tuple)) else outputs
 
 
-def _check_labels(loss: L.Loss, labels, net, batch: int) -> None:
+def _check_labels(loss: L.Loss, labels, net, batch: int, metrics: Sequence[M.Metric] = ()) -> None:
     """Checks the labels against the outputs before the first step: their number (one array per
-    output of a multi-output net) and, where the loss knows them, their shapes."""
+    output of a multi-output net) and, where the loss knows them, their shapes; sample weights,
+    one per example, need a loss and metrics that can weight examples."""
+    if isinstance(labels, L.SampleWeighted):
+        if len(np.reshape(labels.weights, [-1])) != batch:
+            raise LabelShapeError(f"Sample weights need one weight per example: {batch} in this batch. Received: "
+                                  f"{len(np.reshape(labels.weights, [-1]))} weights")
+        for m in metrics:
+            if getattr(m, "weighted", False) and not m.supports_weights:
+                raise TypeError(f"The metric {m.name!r} cannot weight examples (a function of a whole batch); give an "
+                                "optim.metrics.Metric, or train without sample weights.")
+        if isinstance(loss, L.FunctionLoss):
+            raise TypeError(f"The loss {loss.name!r} cannot weight examples (a function of a whole batch); give an "
+                            "optim.losses.Loss (a name such as 'mse'), or train without sample weights.")
+        labels = labels.labels
     outs = net.output_specs
     shapes = [(batch,) + tuple(o.shape.as_list()[1:]) if o.shape.rank is not None else None for o in outs]
     if isinstance(loss, L.MultiOutputLoss):
@@ -115,11 +128,21 @@ def _check_labels(loss: L.Loss, labels, net, batch: int) -> None:
     loss.check_shapes(tuple(np.shape(labels)), shapes[0])
 
 
-def _first_labels(labels, outputs):
-    """The labels of the first output (the metrics follow the first output)."""
+def _update_metrics(metrics: Sequence[M.Metric], labels, outputs) -> None:
+    """Updates each metric with the first output and its labels (the metrics follow the first
+    output); the weighted metrics (``weighted_metrics``, as Keras's) by the sample weights when the
+    data has them, the others unweighted, as Keras does."""
+    weights = None
+    if isinstance(labels, L.SampleWeighted):
+        labels, weights = labels.labels, np.asarray(labels.weights)
     if isinstance(outputs, (list, tuple)) and isinstance(labels, (list, tuple)):
-        return labels[0]
-    return labels
+        labels = labels[0]
+    out = _first(outputs)
+    for m in metrics:
+        if weights is None or not getattr(m, "weighted", False):
+            m.update(labels, out)
+        else:
+            m.update(labels, out, sample_weight=weights)
 
 
 def _training(data: TFDataset) -> dict:
@@ -176,8 +199,7 @@ def accumulate(net, loss: L.Loss, metrics: Sequence[M.Metric], data: TFDataset, 
         outputs = net.forward(features, as_tensors=True)
         labels_t = tf.nest.map_structure(tf.convert_to_tensor, labels)
         acc.loss.update_value(float(loss(labels_t, outputs)), n)
-        for m in acc.metrics:
-            m.update(_first_labels(labels, outputs), _first(outputs))
+        _update_metrics(acc.metrics, labels, outputs)
         alive.kick("validation")
     return acc
 
@@ -400,7 +422,7 @@ class _Run:
                 break
             n = _batch_len(features)
             if not self.checked:
-                _check_labels(self.loss, labels, self.net, n)
+                _check_labels(self.loss, labels, self.net, n, self.metrics)
                 self.checked = True
             if self.compiled:
                 result = self.step_fn.run(features, labels)
@@ -442,8 +464,7 @@ class _Run:
         """Adds a good step to the epoch's loss and metrics; rank 0 reports it."""
         clock.seen += n
         self.acc.loss.update_value(float(result.loss), n)
-        for m in self.acc.metrics:
-            m.update(_first_labels(labels, result.outputs), _first(result.outputs))
+        _update_metrics(self.acc.metrics, labels, result.outputs)
         if not self.chief:
             return
         size = self.collective.size
