@@ -168,6 +168,55 @@ class _ArrowShard:
         return ArrayDataset(feats, labels or None, self.single_label, presharded=presharded, augment=self.augment)
 
 
+#: The column that marks validation rows in a stage that carries both (see :func:`with_validation`).
+SPLIT_COLUMN = "__tfnet_validation"
+
+
+def with_validation(train: DataFrameDataset, validation: DataFrameDataset, n: int):
+    """One DataFrame of the training and the validation rows, marked by :data:`SPLIT_COLUMN` and
+    spread round robin over ``n`` partitions, and the reader that splits a partition back into
+    ``(training shard, validation shard)``: validation then runs on the ranks, each on its own
+    rows, with no row collected to the driver. The validation columns pair with the training
+    columns in order (their names may differ).
+
+    Raises:
+        ColumnError: the validation data has another number of feature or label columns.
+    """
+    from pyspark.sql import functions as F
+
+    t_cols, v_cols = train.columns(), validation.columns()
+    if len(train.features) != len(validation.features) or len(train.labels) != len(validation.labels) or \
+            len(t_cols) != len(v_cols):
+        raise ColumnError(f"The validation DataFrame's columns {v_cols} do not pair with the training columns {t_cols} "
+                          "(the same number of feature and label columns, in the same order).")
+    t_df = train.df.select(*t_cols, F.lit(False).alias(SPLIT_COLUMN))
+    v_df = validation.df.select(*[F.col(v).alias(t) for v, t in zip(v_cols, t_cols)], F.lit(True).alias(SPLIT_COLUMN))
+    return t_df.unionByName(v_df).repartition(n), _SplitShard(train.shard_reader())
+
+
+class _SplitShard:
+    """``(batches, partition) -> (training ArrayDataset, validation ArrayDataset or None)``, split by
+    :data:`SPLIT_COLUMN`; only the training shard is augmented."""
+
+    def __init__(self, reader: _ArrowShard):
+        self.reader = reader
+
+    def __call__(self, batches, partition: int, presharded: bool = True):
+        import pyarrow.compute as pc
+
+        train, val = [], []
+        for batch in batches:
+            mask = batch.column(batch.schema.get_field_index(SPLIT_COLUMN))
+            train.append(batch.filter(pc.invert(mask)))
+            val.append(batch.filter(mask))
+        shard = self.reader(train, partition, presharded)
+        if not sum(b.num_rows for b in val):  # no validation rows here: an empty shard (the others' sums still meet)
+            labels = None if shard.labels is None else [a[:0] for a in shard.labels]
+            return shard, ArrayDataset([a[:0] for a in shard.features], labels, shard.single_label, presharded=True)
+        plain = _ArrowShard(self.reader.features, self.reader.labels, self.reader.single_label)
+        return shard, plain(val, partition, presharded)
+
+
 class RDDDataset(TFDataset):
     """``TFDataset.from_rdd(rdd)``: an RDD of ``(features, label)`` records, ``features`` an array
     (or a tuple of arrays, one per model input)."""
@@ -181,6 +230,10 @@ class RDDDataset(TFDataset):
 
     def shard_reader(self):
         return _RecordShard()
+
+    def to_local(self) -> ArrayDataset:
+        """Collects the records to the driver (validation data of a distributed run)."""
+        return _RecordShard()(self.rdd.collect(), 0, presharded=False)
 
     def num_batches(self, batch_size, **kw):
         return None

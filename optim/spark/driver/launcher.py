@@ -125,17 +125,18 @@ def balance_rdd(rdd, n: int, per_rank_batch: int, timeout_s: float = 600.0):
     return rdd.repartition(n), sizes, True
 
 
-def _local_validation(val: TFDataset | None):
-    if val is None:
-        return None
-    if isinstance(val, ArrayDataset):
+def _validation_for_ranks(val: TFDataset | None):
+    """Validation data the ranks read themselves: arrays (broadcast), a tf.data input (each rank
+    builds its shard), or an RDD's records (collected to the driver first). A DataFrame goes into
+    the stage itself (:func:`optim.spark.datasets.with_validation`) instead."""
+    if val is None or isinstance(val, (ArrayDataset, TFDataDataset)):
         return val
     to_local = getattr(val, "to_local", None)
     if to_local is not None:
         return to_local()
     raise TypeError(
-        "Distributed validation data must be numpy arrays, TFDataset.from_ndarrays or a DataFrame "
-        f"(collected to the driver). Received: {type(val).__name__}"
+        "Distributed validation data must be numpy arrays, a TFDataset (from_ndarrays, from_tf_data, from_dataframe, "
+        f"from_rdd). Received: {type(val).__name__}"
     )
 
 
@@ -271,9 +272,16 @@ def _prepare_stage(sc, opt, dataset: TFDataset, validation: TFDataset | None, co
                    per_rank: int, cleanup: _Cleanup, timeout_s: float) -> _Stage:
     """The data, one partition per rank; the validation data; the net, shipped once. Everything it
     makes is registered with ``cleanup``."""
-    kind, reader, data_bc, source = _prepare_data(sc, dataset, n, per_rank, cleanup, timeout_s)
-    val = _local_validation(validation)
-    val_bc = cleanup.broadcast(sc.broadcast(val)) if val is not None else None
+    from optim.spark.datasets import DataFrameDataset, with_validation
+
+    if isinstance(dataset, DataFrameDataset) and isinstance(validation, DataFrameDataset):
+        # both DataFrames: one stage reads both; each rank validates on its own rows
+        source, reader = with_validation(dataset, validation, n)
+        kind, data_bc, val_bc = "arrow", None, None
+    else:
+        kind, reader, data_bc, source = _prepare_data(sc, dataset, n, per_rank, cleanup, timeout_s)
+        val = _validation_for_ranks(validation)
+        val_bc = _ship_validation(sc, val, cleanup)
     exchange = _exchange_dir(sc, config.model_dir, config.storage_options)
     if exchange is not None:
         cleanup.add(storage.rmtree, exchange, config.storage_options)
@@ -287,6 +295,23 @@ def _prepare_stage(sc, opt, dataset: TFDataset, validation: TFDataset | None, co
     host = conf.get("spark.driver.host", "127.0.0.1")
     return _Stage(n, kind, reader, data_bc, source, val_bc, exchange, net_bc, _pickle_hooks(opt.net), worker_config,
                   host, conf.get("spark.driver.bindAddress", host))
+
+
+def _ship_validation(sc, val, cleanup: _Cleanup):
+    """Arrays go as a broadcast; a tf.data input goes with the job (its function builds each rank's
+    shard there)."""
+    if val is None:
+        return None
+    if isinstance(val, TFDataDataset):
+        import cloudpickle
+
+        try:
+            cloudpickle.dumps(val)
+        except Exception as exc:  # noqa: BLE001 - a tf.data.Dataset object cannot be pickled
+            raise TypeError("Distributed validation from tf.data needs TFDataset.from_tf_data(fn), with fn(rank, size) "
+                            f"building each rank's dataset; a Dataset object cannot be sent to the ranks ({exc}).") from None
+        return val
+    return cleanup.broadcast(sc.broadcast(val))
 
 
 def _pinned_port(sc, channel: str) -> int:

@@ -43,7 +43,7 @@ class RankJob:
     kind: str  # "arrow", "records", "arrays" or "tf_data"
     reader: Callable | None = None  # arrow/records shard reader
     data: Any = None  # broadcast ArrayDataset for "arrays", a TFDataDataset for "tf_data"
-    validation: Any = None  # broadcast ArrayDataset or None
+    validation: Any = None  # a broadcast ArrayDataset, a TFDataDataset, or None (or read with the data)
     rendezvous: tuple[str, int] = ("127.0.0.1", 0)
     progress: tuple[str, int] | None = None
     timeout_s: float = 300.0
@@ -126,6 +126,9 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
             log.info("Rank %d: TensorFlow already runs in this reused Python worker; its thread pools stay.", rank)
         dog.kick("reading the partition")
         shard = _shard(job, partition, rank)
+        validation = _validation(job)
+        if isinstance(shard, tuple):  # the stage carries the validation rows too: this rank's own
+            shard, validation = shard
         dog.kick("agreeing on steps")
         steps = job.steps_per_epoch
         rows = None
@@ -153,7 +156,7 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
 
         dog.kick("training")
         outcome = train(net, job.loss, job.method, job.metrics, shard, job.config, collective=collective,
-                        reporter=reporter, validation_data=job.validation.value if job.validation else None,
+                        reporter=reporter, validation_data=validation,
                         steps_per_epoch=steps, initial_state=job.state, start_step=job.start_step,
                         lr_source=job.lr_source, liveness=dog)
         if rank == 0:
@@ -217,6 +220,12 @@ def _shard(job: RankJob, partition: Iterable, rank: int):
     if job.kind == "arrays":
         return job.data.value
     return job.data
+
+
+def _validation(job: RankJob):
+    if job.validation is None:
+        return None
+    return job.validation.value if hasattr(job.validation, "value") else job.validation
 
 
 def _tf_data_count(data, rank: int, size: int) -> int:

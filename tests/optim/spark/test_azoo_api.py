@@ -155,3 +155,32 @@ def test_features_as_a_dict_by_input_name(spark):
     df = _df(spark, x, y, 2)
     data = TFDataset.from_dataframe(df, {name: "pixels"}, "label", feature_shapes={"pixels": (8, 8, 1)})
     assert by_dict.evaluate(data)["loss"] == pytest.approx(by_dict.evaluate((x, y))["loss"], rel=1e-6)
+
+
+@pytest.mark.spark
+@pytest.mark.parallel
+def test_validation_runs_on_the_ranks_for_dataframes_and_tf_data(spark):
+    """A validation DataFrame travels in the training stage (each rank validates its own rows; none
+    is collected to the driver) and equals a local evaluation with the final weights; a tf.data
+    validation input is built on each rank from its function."""
+    import tensorflow as tf
+
+    x, y = digits.load()
+    xt, yt, xv, yv = x[:256], y[:256], x[1000:1301], y[1000:1301]
+    train = TFDataset.from_dataframe(_df(spark, xt, yt, 2), "pixels", "label", feature_shapes=[(8, 8, 1)])
+    val_df = spark.createDataFrame([(xv[i].ravel().tolist(), int(yv[i])) for i in range(len(xv))],
+                                   "image_pixels array<float>, digit long")
+    val = TFDataset.from_dataframe(val_df, "image_pixels", "digit", feature_shapes=[(8, 8, 1)])
+    opt = TFOptimizer(TFNet.from_keras(digits.cnn(classes=10, seed=0)), SCE, optim.Adam(0.01), metrics=["accuracy"])
+    history = opt.optimize(train, epochs=2, batch_size=32, validation_data=val, num_workers=2, verbose=0)
+    local = opt.evaluate((xv, yv))
+    assert history["val_accuracy"][-1] == local["accuracy"]
+    assert history["val_loss"][-1] == pytest.approx(local["loss"], rel=1e-6)
+    assert sum(opt.last_run["rows"]) == 256, "the validation rows are not counted as training rows"
+
+    def val_fn(rank, size, xv=xv, yv=yv):
+        return tf.data.Dataset.from_tensor_slices((xv[rank::size], yv[rank::size])).batch(16)
+
+    history = opt.optimize((xt, yt), epochs=1, batch_size=32, validation_data=TFDataset.from_tf_data(val_fn),
+                           num_workers=2, verbose=0)
+    assert history["val_accuracy"][-1] == opt.evaluate((xv, yv))["accuracy"]
