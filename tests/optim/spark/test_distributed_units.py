@@ -113,7 +113,7 @@ def test_warm_up_workers_imports_in_every_slot(spark):
     reports = warm.wait(300)
     assert warm.done() and warm.error is None
     assert len(reports) == 2
-    assert all(set(r) == {"python"} for r in reports), reports  # nothing failed to import
+    assert all(set(r) == {"python", "host"} for r in reports), reports  # nothing failed to import
 
 
 def test_horovod_cycle_time_follows_model_size(monkeypatch):
