@@ -16,8 +16,11 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-__all__ = ["VERBOSE_ENV", "configure", "import_tensorflow", "noisy", "quiet_worker", "spark_log_conf"]
+__all__ = ["VERBOSE_ENV", "configure", "import_tensorflow", "noisy", "quiet_task_failures", "quiet_worker",
+           "spark_log_conf"]
 
 from tfnet.quiet import VERBOSE_ENV, import_tensorflow, noisy  # noqa: F401 (part of this module's API)
 
@@ -103,3 +106,35 @@ def spark_log_conf(verbose: int = 1) -> dict[str, str]:
         "spark.executor.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{path}",
         "spark.executorEnv.TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
     }
+
+
+#: The JVM loggers that print a failed task's whole Python and Java traceback (about 45 lines each,
+#: per task): tfnet raises the rank's own error, with that traceback attached, instead.
+TASK_FAILURE_LOGGERS = ("org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager")
+
+
+@contextmanager
+def quiet_task_failures(sc, verbose: int = 1) -> Iterator[None]:
+    """While tfnet's own Spark jobs run, in any session (one the user built too), the executor's and
+    the scheduler's task-failure lines stay out of the console; the levels they had are put back
+    afterwards. Nothing changes at ``verbose >= 2`` or with ``TFNET_VERBOSE=1``."""
+    if verbose >= 2 or noisy():
+        yield
+        return
+    saved = {}
+    try:
+        log4j = sc._jvm.org.apache.logging.log4j
+        configurator = log4j.core.config.Configurator
+        for name in TASK_FAILURE_LOGGERS:
+            saved[name] = log4j.LogManager.getLogger(name).getLevel()
+            configurator.setLevel(name, log4j.Level.OFF)
+    except Exception:  # noqa: BLE001 - no JVM view (a Connect client): nothing to quiet
+        saved = {}
+    try:
+        yield
+    finally:
+        for name, level in saved.items():
+            try:
+                configurator.setLevel(name, level)
+            except Exception:  # noqa: BLE001 - the JVM is gone
+                break

@@ -22,10 +22,17 @@ __all__ = ["evaluate_distributed", "predict_distributed"]
 
 def evaluate_distributed(opt, dataset, batch_size: int, num_partitions: int | None = None) -> dict[str, float]:
     """Loss and metrics of ``opt.net`` over a distributed ``dataset``."""
-    from optim.spark.datasets import DataFrameDataset, RDDDataset
+    from optim.logs import quiet_task_failures
     from optim.spark.session import get_spark
 
     sc = get_spark().sparkContext
+    with quiet_task_failures(sc):
+        return _evaluate(sc, opt, dataset, batch_size, num_partitions)
+
+
+def _evaluate(sc, opt, dataset, batch_size: int, num_partitions: int | None) -> dict[str, float]:
+    from optim.spark.datasets import DataFrameDataset, RDDDataset
+
     net_bc = sc.broadcast(net_to_bytes(opt.net))
     try:
         job = EvalJob(net_bc, opt.loss, metrics_copy(opt.metrics), batch_size)

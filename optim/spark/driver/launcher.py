@@ -163,6 +163,17 @@ def optimize_distributed(opt, dataset: TFDataset, config: TrainConfig, validatio
         steps_per_epoch: Steps per epoch for tf.data input of unknown length. Default: agreed from
             the data.
     """
+    from optim.logs import quiet_task_failures
+
+    with quiet_task_failures(get_spark().sparkContext, verbose):
+        return _optimize_distributed(opt, dataset, config, validation, num_workers=num_workers, verbose=verbose,
+                                     max_retries=max_retries, timeout=timeout, startup_timeout=startup_timeout,
+                                     slot_wait=slot_wait, steps_per_epoch=steps_per_epoch)
+
+
+def _optimize_distributed(opt, dataset: TFDataset, config: TrainConfig, validation: TFDataset | None, *,
+                          num_workers, verbose, max_retries, timeout, startup_timeout, slot_wait,
+                          steps_per_epoch) -> DistributedResult:
     t_call = time.monotonic()
     config = copy.copy(config)
     config.run_id = config.run_id or new_run_id()
@@ -380,8 +391,8 @@ def _after_failure(sc, exc: Exception, reports: list, policy: RetryPolicy, attem
     message = (f"Training stage attempt {attempt + 1} failed ({str(err)[:300]}); retrying "
                f"{_RETRY_FROM[has_model_dir]}.")
     log.warning(message)
-    # stacklevel 5: the warning points at optimize()'s caller (through optimize_distributed and _run_attempts).
-    warnings.warn(message, RuntimeWarning, stacklevel=5)
+    # stacklevel 6: the warning points at optimize()'s caller (through optimize_distributed and _run_attempts).
+    warnings.warn(message, RuntimeWarning, stacklevel=6)
 
 
 _RETRY_FROM = {True: "from this run's newest checkpoint", False: "from the start (no model_dir)"}

@@ -46,3 +46,42 @@ def test_default_verbosity_shows_no_start_up_noise():
     assert noisy == [], noisy
     assert "ERROR test: TFNET-JVM-ERROR-LINE" in proc.stderr, proc.stderr[-3000:]
     assert "java.lang.IllegalStateException: tfnet-jvm-boom" in proc.stderr, proc.stderr[-3000:]
+
+
+PLAIN = textwrap.dedent("""
+    from pyspark.sql import SparkSession
+    spark = SparkSession.builder.master("local[2]").appName("plain").config("spark.ui.enabled", "false").getOrCreate()
+    import optim
+    from optim import TFDataset, TFOptimizer
+    from tests import digits
+    from tfnet import TFNet
+    bad = spark.createDataFrame([([0.0] * 64, 1), ([0.0] * 63, 2)] * 8, "pixels array<float>, label long").repartition(2)
+    data = TFDataset.from_dataframe(bad, "pixels", "label", feature_shapes={"pixels": (8, 8, 1)})
+    opt = TFOptimizer(TFNet.from_keras(digits.cnn(10)), optim.losses.SparseCategoricalCrossentropy(True), optim.SGD(0.05))
+    log4j = spark._jvm.org.apache.logging.log4j.LogManager
+    levels = lambda: [log4j.getLogger("org.apache.spark." + n).getLevel().toString()  # noqa: E731
+                      for n in ("executor.Executor", "scheduler.TaskSetManager")]
+    before = levels()
+    try:
+        opt.optimize(data, batch_size=2, num_workers=2, verbose=0)
+    except optim.BadRowError as exc:
+        print("\\nCAUGHT", type(exc).__name__, "traceback attached:", "_run_rank" in exc.worker_traceback)
+    print("LEVELS RESTORED", levels() == before, before)
+    spark.stop()
+""")
+
+
+def test_a_failure_under_a_plainly_built_session_shows_one_clean_error():
+    """A SparkSession the user built (not tfnet's): a bad row fails the stage on both ranks. The
+    console shows the session's own start-up lines and tfnet's typed error, not the executors'
+    task-failure tracebacks (about 95 lines before); the loggers' levels are put back after."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    env.pop("TFNET_VERBOSE", None)
+    env["PYSPARK_PYTHON"] = sys.executable  # the user's own setting, as for any PySpark job with a venv
+    proc = subprocess.run([sys.executable, "-c", PLAIN], capture_output=True, text=True, timeout=400, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "CAUGHT BadRowError traceback attached: True" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert "LEVELS RESTORED True" in proc.stdout
+    lines = (proc.stdout + proc.stderr).strip().split("\n")  # as a terminal shows them: "\r" redraws a line
+    assert len(lines) <= 25, "\n".join(lines)
+    assert not any("ERROR Executor" in line or "WARN TaskSetManager" in line for line in lines)
