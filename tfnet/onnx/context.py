@@ -37,6 +37,7 @@ class Ctx:
     values: dict[str, Value] = field(default_factory=dict)
     statistics: list[str] = field(default_factory=list)  # TF names of batch-norm mean/variance weights
     weight_tf_names: dict[str, str] = field(default_factory=dict)  # ONNX initializer name -> TF node name
+    onnx_of: dict[str, tuple[str, bool]] = field(default_factory=dict)  # TF tensor -> (ONNX value, NHWC?)
     _session: tf.compat.v1.Session | None = None
     _const_ops: dict[str, bool] = field(default_factory=dict)
 
@@ -50,6 +51,7 @@ class Ctx:
             return v.tensor
         if v.other is None:
             v.other = tf.transpose(v.tensor, TO_NCHW)
+            self.onnx_of.setdefault(v.other.name, (name, False))
         return v.other
 
     def nhwc(self, name: str) -> tf.Tensor:
@@ -61,6 +63,7 @@ class Ctx:
             raise OnnxConversionError(f"Value {name!r} should be 4-D (NCHW); it has shape {v.tensor.shape}.")
         if v.other is None:
             v.other = tf.transpose(v.tensor, TO_NHWC)
+            self.onnx_of.setdefault(v.other.name, (name, True))
         return v.other
 
     def is_nhwc(self, name: str) -> bool:
@@ -118,6 +121,7 @@ class Ctx:
         if nhwc and not self.propagate:
             tensor, nhwc = tf.transpose(tensor, TO_NCHW), False
         self.values[name] = Value(tensor, nhwc)
+        self.onnx_of.setdefault(tensor.name, (name, nhwc))
 
     def _get(self, name: str) -> Value:
         try:

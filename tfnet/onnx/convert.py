@@ -37,6 +37,7 @@ class Converted:
     values: dict[str, np.ndarray]  # TF weight name -> value
     statistics: list[str]
     onnx_weight_names: dict[str, str]  # TF weight name -> ONNX initializer name
+    onnx_values: dict[str, tuple[str, bool]]  # TF tensor name -> (ONNX value name, held in NHWC?)
 
 
 def check_operators(model) -> None:
@@ -137,6 +138,7 @@ def convert(
         for name in output_names:
             out = tf.identity(ctx.plain(name), name=tf_name(name))
             tf_outputs.append(out.name)
+            ctx.onnx_of.setdefault(out.name, (name, False))
     template = graph.as_graph_def()
     inputs_sorted = [n for _, n in sorted(tf_inputs)]
     template = gu.subgraph(template, tf_outputs, feeds=inputs_sorted)
@@ -144,7 +146,7 @@ def convert(
     values = {k: v for k, v in values.items() if k in kept}
     stats = [s for s in dict.fromkeys(ctx.statistics) if s in values]
     return Converted(template, inputs_sorted, tf_outputs, values, stats,
-                     {k: v for k, v in onnx_weight_names.items() if k in values})
+                     {k: v for k, v in onnx_weight_names.items() if k in values}, dict(ctx.onnx_of))
 
 
 def _convert_nodes(ctx: Ctx, nodes) -> None:
