@@ -184,7 +184,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=OUT)
     parser.add_argument("--full-resnet18", default=None, help="also write torchvision's full ResNet-18 here")
+    parser.add_argument("--only", nargs="*", default=None, help="export only these fixtures (issue 23's by name)")
     args = parser.parse_args()
+    if args.only is not None:
+        return export_some(args.out, args.only)
     os.makedirs(args.out, exist_ok=True)
     out = lambda name: os.path.join(args.out, name + ".onnx")  # noqa: E731
     rng = np.random.default_rng(0)
@@ -233,6 +236,19 @@ def main() -> None:
         print(f"full ResNet-18: {args.full_resnet18} ({os.path.getsize(args.full_resnet18) / 1e6:.1f} MB)")
 
 
+def export_some(folder: str, names) -> None:
+    """The issue-23 fixtures (scripts/onnx_fixture_models.py), each from its own seed."""
+    from onnx_fixture_models import fixtures
+
+    table = fixtures(np.random.default_rng(23))
+    for name in names or sorted(table):
+        factory, inputs, outputs, opset, dynamic = table[name]
+        torch.manual_seed(0)
+        model = factory()
+        _randomise_bn(model)
+        export(_jitter(model), inputs, outputs, os.path.join(folder, name + ".onnx"), opset, dynamic)
+
+
 def _jitter(model: nn.Module) -> nn.Module:
     """Small noise on every parameter. The exporter merges initializers with equal values (LayerNorm's
     ones, zero biases) into one, which would tie weights that PyTorch trains apart."""
@@ -247,7 +263,7 @@ def _randomise_bn(model: nn.Module) -> None:
     """Non-trivial batch-norm statistics and affine parameters, so the tests see them used."""
     g = torch.Generator().manual_seed(0)
     for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
+        if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
             with torch.no_grad():
                 m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
                 m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)

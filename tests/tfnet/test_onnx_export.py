@@ -41,7 +41,8 @@ def test_fine_tuned_body_and_head_written_as_onnx(tmp_path):
     body = TFNet.from_onnx(CNN, outputs=["logits", flat])
     keras.utils.set_random_seed(0)
     net = body.cut(body.output_names[1]).add_head(
-        [keras.layers.Dense(8, activation="relu"), keras.layers.Dropout(0.5), keras.layers.Dense(3)], name="head")
+        [keras.layers.Dense(8, activation="relu", name="hidden"), keras.layers.Dropout(0.5),
+         keras.layers.Dense(3, name="scores")], name="head")
     original = net.get_weights(["features.0.weight"])["features.0.weight"]
     step = net.train_step(sce, 0.1)
     state = step.init_state()
@@ -58,11 +59,11 @@ def test_fine_tuned_body_and_head_written_as_onnx(tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     written = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer}
     np.testing.assert_array_equal(written["features.0.weight"], tuned["features.0.weight"])
-    np.testing.assert_array_equal(written["head/dense/kernel"], tuned["head/dense/kernel"])
+    np.testing.assert_array_equal(written["head/hidden/kernel"], tuned["head/hidden/kernel"])
     assert "classifier.weight" not in written, "the cut-off classifier is not written"
     again = TFNet.from_onnx(path)
     np.testing.assert_allclose(again.forward(X), want, rtol=1e-5, atol=1e-6)
-    assert again.output_names == ["head/dense_1:0"]
+    assert again.output_names == ["head/scores:0"]
 
 
 _HEADS = {

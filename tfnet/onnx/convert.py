@@ -40,20 +40,42 @@ class Converted:
     onnx_values: dict[str, tuple[str, bool]]  # TF tensor name -> (ONNX value name, held in NHWC?)
 
 
+# float inputs that set the computation rather than feed it: constants, never weights
+_STATIC_INPUTS = {"Resize": (1, 2)}
+
+
 def check_operators(model) -> None:
     """Raises :class:`UnsupportedOperatorError` listing every unsupported operator and its count."""
     supported = set(supported_operators())
     counts: Counter = Counter()
-    for node in model.graph.node:
+    for node in _all_nodes(model.graph):
         domain = node.domain if node.domain not in ("", "ai.onnx") else ""
         if domain or node.op_type not in supported:
             counts[f"{domain}::{node.op_type}" if domain else node.op_type] += 1
     if counts:
         listed = ", ".join(f"{op} (x{n})" for op, n in sorted(counts.items()))
+        loops = sorted({"Loop", "Scan"} & set(counts))
+        hint = (f" {' and '.join(loops)} run a body a number of times known only at run time; tfnet converts "
+                "graphs without data-dependent loops (export recurrent nets with their ONNX LSTM/GRU/RNN "
+                "operators and a fixed sequence length)." if loops else "")
         raise UnsupportedOperatorError(
-            f"The ONNX model uses {sum(counts.values())} node(s) of operators tfnet cannot convert: {listed}. "
+            f"The ONNX model uses {sum(counts.values())} node(s) of operators tfnet cannot convert: {listed}.{hint} "
             f"Supported operators (default domain, opsets {MIN_OPSET}-{MAX_OPSET}): {', '.join(sorted(supported))}."
         )
+
+
+def _all_nodes(graph):
+    """The nodes of ``graph`` and of the subgraphs (``If`` branches) inside it."""
+    from onnx import AttributeProto
+
+    for node in graph.node:
+        yield node
+        for a in node.attribute:
+            if a.type == AttributeProto.GRAPH:
+                yield from _all_nodes(a.g)
+            elif a.type == AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    yield from _all_nodes(g)
 
 
 def convert(
@@ -102,6 +124,7 @@ def convert(
         taken.add(name)
         return name
 
+    static_inputs = {n.input[i] for n in g.node for i in _STATIC_INPUTS.get(n.op_type, ()) if i < len(n.input)}
     ctx = Ctx(opset=opset, propagate=propagate_layout)
     graph = tf.Graph()
     values: dict[str, np.ndarray] = {}
@@ -110,7 +133,7 @@ def convert(
     with graph.as_default():
         for t in g.initializer:
             value = numpy_helper.to_array(t)
-            if value.dtype.kind == "f" and value.ndim >= 1:
+            if value.dtype.kind == "f" and value.ndim >= 1 and t.name not in static_inputs:
                 name = tf_name(t.name)
                 ph = tf.compat.v1.placeholder(tf.as_dtype(value.dtype), value.shape, name=name)
                 values[name] = value
@@ -131,7 +154,7 @@ def convert(
             if name in input_names:
                 tf_inputs.append((input_names.index(name), ph_name + ":0"))
         try:
-            _convert_nodes(ctx, g.node)
+            convert_nodes(ctx, g.node)
         finally:
             ctx.close()
         tf_outputs = []
@@ -149,7 +172,8 @@ def convert(
                      {k: v for k, v in onnx_weight_names.items() if k in values}, dict(ctx.onnx_of))
 
 
-def _convert_nodes(ctx: Ctx, nodes) -> None:
+def convert_nodes(ctx: Ctx, nodes) -> None:
+    """Converts ``nodes`` in order into ``ctx`` (also the nodes of an inlined ``If`` branch)."""
     from onnx import helper
 
     for i, node in enumerate(nodes):

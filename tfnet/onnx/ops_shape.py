@@ -83,7 +83,9 @@ def _reshape(ctx, node, attrs):
             here = tf.shape(x, out_type=tf.int64)
             if n is not None and x.shape.rank is not None and n <= x.shape.rank:
                 target = tf.where(tf.equal(target, 0), here[:n], target)
-        ctx.set(node.output[0], tf.reshape(x, target))
+        y = tf.reshape(x, target)
+        y.set_shape(y.shape.merge_with(_partial_shape(ctx.plain(node.input[1]), y.shape.rank)))
+        ctx.set(node.output[0], y)
         return
     if not attrs.get("allowzero", 0) and 0 in shape:
         dims = x.shape.as_list()
@@ -94,6 +96,20 @@ def _reshape(ctx, node, attrs):
             return
         shape = parts
     ctx.set(node.output[0], tf.reshape(x, shape))
+
+
+def _partial_shape(target: tf.Tensor, rank: int | None) -> tf.TensorShape:
+    """What TensorFlow can tell of a shape tensor built from ``Shape`` slices and constants, such as
+    ``Concat(Shape(x)[:1], [-1], Shape(x)[3:])`` (unknown entries, 0 and -1 as None)."""
+    from tensorflow.python.framework import tensor_util
+
+    try:
+        shape = tensor_util.constant_value_as_shape(target)
+    except (TypeError, ValueError):
+        return tf.TensorShape(None)
+    if shape.rank is None or (rank is not None and shape.rank != rank):
+        return tf.TensorShape(None)
+    return tf.TensorShape([d if d not in (None, 0, -1) else None for d in shape.as_list()])
 
 
 @register("Flatten")
@@ -234,7 +250,11 @@ def _range(ctx, node, attrs):
 
 _REDUCE = {
     "ReduceMean": tf.reduce_mean, "ReduceSum": tf.reduce_sum, "ReduceMax": tf.reduce_max,
-    "ReduceMin": tf.reduce_min, "ReduceProd": tf.reduce_prod,
+    "ReduceMin": tf.reduce_min, "ReduceProd": tf.reduce_prod, "ReduceLogSumExp": tf.reduce_logsumexp,
+    "ReduceL2": lambda x, **kw: tf.sqrt(tf.reduce_sum(tf.square(x), **kw)),
+    "ReduceL1": lambda x, **kw: tf.reduce_sum(tf.abs(x), **kw),
+    "ReduceSumSquare": lambda x, **kw: tf.reduce_sum(tf.square(x), **kw),
+    "ReduceLogSum": lambda x, **kw: tf.math.log(tf.reduce_sum(x, **kw)),
 }
 
 
