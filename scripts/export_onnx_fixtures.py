@@ -174,10 +174,30 @@ def export(model: nn.Module, inputs: dict, outputs: list, path: str, opset: int,
     for name, p in params.items():
         if p.grad is not None:
             data[f"grad_w/{name}"] = p.grad.numpy()
+    for target, names in merged_parameters(proto, model, params).items():
+        # the exporter merged parameters of equal value into one initializer: its gradient is their sum
+        grads = [p.grad for n, p in model.named_parameters() if n in names and p.grad is not None]
+        data[f"grad_w/{target}"] = sum(g.numpy() for g in grads)
+        data[f"merged/{target}"] = np.asarray(sorted(names))
     np.savez(path[: -len(".onnx")] + ".npz", **data)
     size = os.path.getsize(path) / 1e6
     print(f"{os.path.basename(path)}: opset {opset}, {size:.2f} MB, {len(params)} named parameters, "
           f"{sum(k.startswith('grad_w/') for k in data)} weight gradients")
+
+
+def merged_parameters(proto, model: nn.Module, params: dict) -> dict[str, list[str]]:
+    """Initializer name -> the parameters of equal value the exporter merged into it (at least two)."""
+    from onnx import numpy_helper
+
+    inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    groups: dict[str, list[str]] = {}
+    for name, p in model.named_parameters():
+        value = p.detach().numpy()
+        same = [name] if name in inits else [k for k, v in inits.items() if v.shape == value.shape and
+                                             v.dtype == value.dtype and np.array_equal(v, value)]
+        if same:
+            groups.setdefault(same[0], []).append(name)
+    return {k: v for k, v in groups.items() if len(v) > 1 or k not in params}
 
 
 def main() -> None:
@@ -237,16 +257,24 @@ def main() -> None:
 
 
 def export_some(folder: str, names) -> None:
-    """The issue-23 fixtures (scripts/onnx_fixture_models.py), each from its own seed."""
+    """The issue-23 fixtures: hand-made models (scripts/onnx_fixture_models.py, parameters jittered
+    apart) and torchvision's classes (scripts/onnx_fixture_vision.py, their own initialisation, so
+    the exporter merges equal parameters), each from its own seed."""
     from onnx_fixture_models import fixtures
+    from onnx_fixture_vision import vision_fixtures
 
     table = fixtures(np.random.default_rng(23))
-    for name in names or sorted(table):
-        factory, inputs, outputs, opset, dynamic = table[name]
+    vision, dyn = vision_fixtures(np.random.default_rng(24))
+    for name in names or sorted(table) + sorted(vision):
         torch.manual_seed(0)
-        model = factory()
+        if name in table:
+            factory, inputs, outputs, opset, dynamic = table[name]
+            model = _jitter(factory())
+        else:
+            factory, inputs, opset = vision[name]
+            model, outputs, dynamic = factory(), ["logits"], dyn
         _randomise_bn(model)
-        export(_jitter(model), inputs, outputs, os.path.join(folder, name + ".onnx"), opset, dynamic)
+        export(model, inputs, outputs, os.path.join(folder, name + ".onnx"), opset, dynamic)
 
 
 def _jitter(model: nn.Module) -> nn.Module:

@@ -1,5 +1,5 @@
-"""ONNX ``Einsum``, ``CumSum``, ``TopK``, ``InstanceNormalization`` and ``If`` (with a condition known
-while converting) as TensorFlow ops.
+"""ONNX reductions, ``ArgMax``/``ArgMin``, ``Einsum``, ``CumSum``, ``TopK``, ``InstanceNormalization``
+and ``If`` (with a condition known while converting) as TensorFlow ops.
 
 PyTorch exports ``GroupNorm`` as ``Reshape -> InstanceNormalization -> Reshape -> Mul -> Add``
 (opsets 13 to 18), which these ops convert. The opset-18 ``GroupNormalization`` operator itself is
@@ -14,6 +14,7 @@ import tensorflow as tf
 from tfnet.onnx.context import Ctx
 from tfnet.onnx.errors import OnnxConversionError
 from tfnet.onnx.ops import register
+from tfnet.onnx.ops_shape import int_list
 
 
 @register("Einsum")
@@ -94,3 +95,39 @@ def _if(ctx: Ctx, node, attrs):
         if out:
             value = ctx.values[inner.name]
             ctx.set(out, value.tensor, value.nhwc)
+
+
+_REDUCE = {
+    "ReduceMean": tf.reduce_mean, "ReduceSum": tf.reduce_sum, "ReduceMax": tf.reduce_max,
+    "ReduceMin": tf.reduce_min, "ReduceProd": tf.reduce_prod, "ReduceLogSumExp": tf.reduce_logsumexp,
+    "ReduceL2": lambda x, **kw: tf.sqrt(tf.reduce_sum(tf.square(x), **kw)),
+    "ReduceL1": lambda x, **kw: tf.reduce_sum(tf.abs(x), **kw),
+    "ReduceSumSquare": lambda x, **kw: tf.reduce_sum(tf.square(x), **kw),
+    "ReduceLogSum": lambda x, **kw: tf.math.log(tf.reduce_sum(x, **kw)),
+}
+
+
+@register(*_REDUCE)
+def _reduce(ctx, node, attrs):
+    x = ctx.plain(node.input[0])
+    axes = int_list(ctx, node, 1, "axes", attrs)
+    keep = bool(attrs.get("keepdims", 1))
+    if not axes:
+        if attrs.get("noop_with_empty_axes", 0):
+            ctx.set(node.output[0], tf.identity(x))
+            return
+        axes = None
+    ctx.set(node.output[0], _REDUCE[node.op_type](x, axis=axes, keepdims=keep))
+
+
+@register("ArgMax", "ArgMin")
+def _argmax(ctx, node, attrs):
+    x = ctx.plain(node.input[0])
+    axis = attrs.get("axis", 0)
+    fn = tf.argmax if node.op_type == "ArgMax" else tf.argmin
+    y = fn(x, axis=axis, output_type=tf.int64)
+    if attrs.get("keepdims", 1):
+        y = tf.expand_dims(y, axis)
+    ctx.set(node.output[0], y)
+
+
