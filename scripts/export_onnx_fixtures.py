@@ -23,6 +23,12 @@ Models (seeded init, eval mode, dynamic batch dimension):
 * ``lstm``: ``nn.LSTM`` (batch first, two layers) + linear head, two outputs, opset 14.
 * ``digits_cnn``: a small CNN trained (15 epochs of Adam) on all of scikit-learn's digits 0-4 (8x8,
   901 images), for the transfer test, which fine-tunes it on digits 5-9; opset 15.
+
+Issue 23's fixtures (``--only`` with no names writes them all, ``--only unet vit`` some): hand-made
+models in scripts/onnx_fixture_models.py (``gru_text``, ``lstm_text``, ``rnn_state``, ``tcn``,
+``unet``, ``tensor_ops``) and torchvision's classes at tiny widths in scripts/onnx_fixture_vision.py.
+Where the exporter merged parameters of equal value into one initializer, ``grad_w/<initializer>``
+holds the sum of their gradients and ``merged/<initializer>`` their names.
 """
 
 from __future__ import annotations
@@ -174,6 +180,8 @@ def export(model: nn.Module, inputs: dict, outputs: list, path: str, opset: int,
     for name, p in params.items():
         if p.grad is not None:
             data[f"grad_w/{name}"] = p.grad.numpy()
+    from onnx_fixture_models import merged_parameters
+
     for target, names in merged_parameters(proto, model, params).items():
         # the exporter merged parameters of equal value into one initializer: its gradient is their sum
         grads = [p.grad for n, p in model.named_parameters() if n in names and p.grad is not None]
@@ -183,21 +191,6 @@ def export(model: nn.Module, inputs: dict, outputs: list, path: str, opset: int,
     size = os.path.getsize(path) / 1e6
     print(f"{os.path.basename(path)}: opset {opset}, {size:.2f} MB, {len(params)} named parameters, "
           f"{sum(k.startswith('grad_w/') for k in data)} weight gradients")
-
-
-def merged_parameters(proto, model: nn.Module, params: dict) -> dict[str, list[str]]:
-    """Initializer name -> the parameters of equal value the exporter merged into it (at least two)."""
-    from onnx import numpy_helper
-
-    inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
-    groups: dict[str, list[str]] = {}
-    for name, p in model.named_parameters():
-        value = p.detach().numpy()
-        same = [name] if name in inits else [k for k, v in inits.items() if v.shape == value.shape and
-                                             v.dtype == value.dtype and np.array_equal(v, value)]
-        if same:
-            groups.setdefault(same[0], []).append(name)
-    return {k: v for k, v in groups.items() if len(v) > 1 or k not in params}
 
 
 def main() -> None:

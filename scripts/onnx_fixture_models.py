@@ -5,6 +5,7 @@ Each is narrow and takes a small input, so that its ``.onnx`` and ``.npz`` stay 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -120,6 +121,21 @@ class TensorOps(nn.Module):
         vv = F.avg_pool3d(self.conv3d_s(vv), (2, 1, 1))  # (batch, 2, 2, 2, 2)
         r = F.interpolate(vv.flatten(1, 2), size=(5, 3), mode="bilinear", align_corners=True)
         return top, r.sum((2, 3)) + t.mean(1)[:, :4]
+
+
+def merged_parameters(proto, model: nn.Module, params: dict) -> dict[str, list[str]]:
+    """Initializer name -> the parameters of equal value the exporter merged into it (at least two)."""
+    from onnx import numpy_helper
+
+    inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    groups: dict[str, list[str]] = {}
+    for name, p in model.named_parameters():
+        value = p.detach().numpy()
+        same = [name] if name in inits else [k for k, v in inits.items() if v.shape == value.shape and
+                                             v.dtype == value.dtype and np.array_equal(v, value)]
+        if same:
+            groups.setdefault(same[0], []).append(name)
+    return {k: v for k, v in groups.items() if len(v) > 1 or k not in params}
 
 
 def fixtures(rng) -> dict:
