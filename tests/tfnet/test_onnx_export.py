@@ -117,3 +117,24 @@ def test_nets_from_keras_and_unsupported_head_ops_are_refused(tmp_path):
     with pytest.raises(OnnxExportError, match=r"cannot write TensorFlow op Conv2D .*Heads of these ops are supported"):
         net.save_onnx(str(tmp_path / "c.onnx"))
     assert not os.path.exists(tmp_path / "c.onnx")
+
+
+def test_sequence_heads_on_a_two_input_transformer(tmp_path):
+    """Dense on a sequence (Keras's Tensordot: shapes computed at run time), LayerNormalization,
+    Flatten and 1-D global pooling, after a body with integer ids and a float mask."""
+    path = os.path.join(FIXTURES, "transformer.onnx")
+    data = dict(np.load(os.path.join(FIXTURES, "transformer.npz")))
+    inputs = [data["in_0"], data["in_1"]]
+    body = TFNet.from_onnx(path, outputs="hidden")
+    keras.utils.set_random_seed(3)
+    heads = [[keras.layers.Dense(4, activation="softmax"), keras.layers.Flatten(), keras.layers.Dense(2)],
+             [keras.layers.LayerNormalization(), keras.layers.GlobalMaxPooling1D(), keras.layers.Dense(3)],
+             [keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(3, activation="selu")]]
+    for k, head in enumerate(heads):
+        net = body.add_head(head)
+        out = str(tmp_path / f"seq{k}.onnx")
+        net.save_onnx(out)
+        session = ort.InferenceSession(out, providers=["CPUExecutionProvider"])
+        assert [i.name for i in session.get_inputs()] == ["ids", "mask"]
+        got = session.run(None, dict(zip(["ids", "mask"], inputs)))[0]
+        np.testing.assert_allclose(got, net.forward(inputs), rtol=1e-5, atol=1e-5)
