@@ -180,13 +180,20 @@ def export(model: nn.Module, inputs: dict, outputs: list, path: str, opset: int,
     for name, p in params.items():
         if p.grad is not None:
             data[f"grad_w/{name}"] = p.grad.numpy()
-    from onnx_fixture_models import merged_parameters
+    from onnx_fixture_models import merged_parameters, unique_copy
 
-    for target, names in merged_parameters(proto, model, params).items():
+    probe_path = path[: -len(".onnx")] + ".probe.onnx"
+    torch.onnx.export(
+        unique_copy(model), args, probe_path, input_names=names, output_names=outputs, opset_version=opset,
+        dynamic_axes=dynamic, training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False, dynamo=False,
+    )
+    probe = onnx.load(probe_path)
+    os.remove(probe_path)
+    for target, group in merged_parameters(proto, probe, model, params).items():
         # the exporter merged parameters of equal value into one initializer: its gradient is their sum
-        grads = [p.grad for n, p in model.named_parameters() if n in names and p.grad is not None]
+        grads = [p.grad for n, p in model.named_parameters() if n in group and p.grad is not None]
         data[f"grad_w/{target}"] = sum(g.numpy() for g in grads)
-        data[f"merged/{target}"] = np.asarray(sorted(names))
+        data[f"merged/{target}"] = np.asarray(sorted(group))
     np.savez(path[: -len(".onnx")] + ".npz", **data)
     size = os.path.getsize(path) / 1e6
     print(f"{os.path.basename(path)}: opset {opset}, {size:.2f} MB, {len(params)} named parameters, "
@@ -266,7 +273,7 @@ def export_some(folder: str, names) -> None:
         else:
             factory, inputs, opset = vision[name]
             model, outputs, dynamic = factory(), ["logits"], dyn
-        _randomise_bn(model)
+        _randomise_bn(model)  # see docs/onnx.md: at their initial values the exporter merges BN biases with means
         export(model, inputs, outputs, os.path.join(folder, name + ".onnx"), opset, dynamic)
 
 

@@ -5,7 +5,8 @@ Each is narrow and takes a small input, so that its ``.onnx`` and ``.npz`` stay 
 
 from __future__ import annotations
 
-import numpy as np
+import copy
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -123,18 +124,47 @@ class TensorOps(nn.Module):
         return top, r.sum((2, 3)) + t.mean(1)[:, :4]
 
 
-def merged_parameters(proto, model: nn.Module, params: dict) -> dict[str, list[str]]:
-    """Initializer name -> the parameters of equal value the exporter merged into it (at least two)."""
-    from onnx import numpy_helper
+def unique_copy(model: nn.Module) -> nn.Module:
+    """A copy whose parameters and buffers all differ (small positive offsets), so that its export
+    merges no initializers: the probe that tells which parameters the real export merged."""
+    probe = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for t in list(probe.parameters()) + list(probe.buffers()):
+            if t.is_floating_point():
+                t.add_(torch.rand(t.shape, generator=g) * 1e-3 + 1e-4)
+    return probe
 
-    inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+
+def _initializer_uses(graph):
+    """The graph's nodes other than ``Identity`` of an initializer, and what each such alias stands
+    for (the exporter writes a merged parameter as an ``Identity`` of the one initializer kept)."""
+    alias = {t.name: t.name for t in graph.initializer}
+    nodes = []
+    for n in graph.node:
+        if n.op_type == "Identity" and n.input[0] in alias:
+            alias[n.output[0]] = alias[n.input[0]]
+        else:
+            nodes.append(n)
+    return nodes, alias
+
+
+def merged_parameters(proto, probe, model: nn.Module, params: dict) -> dict[str, list[str]]:
+    """Initializer name -> the parameters the exporter merged into it (at least two, or one under
+    another name), read by walking ``proto`` beside the export of :func:`unique_copy` (``probe``,
+    the same trace with every parameter its own initializer)."""
+    real_nodes, real = _initializer_uses(proto.graph)
+    probe_nodes, mine = _initializer_uses(probe.graph)
+    assert [n.op_type for n in probe_nodes] == [n.op_type for n in real_nodes], "traces differ"
+    to_real: dict[str, str] = {}
+    for a, b in zip(probe_nodes, real_nodes):
+        for x, y in zip(a.input, b.input):
+            if x in mine and y in real:
+                to_real.setdefault(mine[x], real[y])
     groups: dict[str, list[str]] = {}
-    for name, p in model.named_parameters():
-        value = p.detach().numpy()
-        same = [name] if name in inits else [k for k, v in inits.items() if v.shape == value.shape and
-                                             v.dtype == value.dtype and np.array_equal(v, value)]
-        if same:
-            groups.setdefault(same[0], []).append(name)
+    for name, _ in model.named_parameters():
+        if name in to_real:
+            groups.setdefault(to_real[name], []).append(name)
     return {k: v for k, v in groups.items() if len(v) > 1 or k not in params}
 
 
