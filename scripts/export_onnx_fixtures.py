@@ -273,7 +273,8 @@ def export_some(folder: str, names) -> None:
         else:
             factory, inputs, opset = vision[name]
             model, outputs, dynamic = factory(), ["logits"], dyn
-        _randomise_bn(model)  # see docs/onnx.md: at their initial values the exporter merges BN biases with means
+        if name != "googlenet":  # GoogLeNet keeps torchvision's initialisation, at which the exporter
+            _randomise_bn(model)  # merges batch-norm biases with running means (tfnet.onnx.shared_stats)
         export(model, inputs, outputs, os.path.join(folder, name + ".onnx"), opset, dynamic)
 
 

@@ -138,3 +138,30 @@ def test_sequence_heads_on_a_two_input_transformer(tmp_path):
         assert [i.name for i in session.get_inputs()] == ["ids", "mask"]
         got = session.run(None, dict(zip(["ids", "mask"], inputs)))[0]
         np.testing.assert_allclose(got, net.forward(inputs), rtol=1e-5, atol=1e-5)
+
+
+def test_batch_norm_biases_merged_with_running_means_are_untied(tmp_path):
+    """At torchvision's initial values the exporter stores batch-norm biases and running means (all
+    zeros) as one initializer. The bias trains, the mean stays, and the file written back holds both."""
+    from tfnet.onnx.shared_stats import shared_statistics
+
+    path = os.path.join(FIXTURES, "googlenet.onnx")
+    shared = shared_statistics(onnx.load(path).graph)
+    assert shared, "the fixture has initializers that are both a bias and a running mean"
+    net = TFNet.from_onnx(path)
+    assert all(n in net.trainable and n + "_statistic" in net.statistic_names for n in shared)
+    x = dict(np.load(os.path.join(FIXTURES, "googlenet.npz")))["in_0"]
+    step = net.train_step(lambda y, o: tf.reduce_mean(tf.square(o - 1.0)), 0.5)
+    step(tf.constant(x), tf.zeros([2]), step.init_state())
+    tuned = net.get_weights()
+    original = {t.name: onnx.numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer}
+    name = max(shared, key=lambda n: np.abs(tuned[n] - original[n]).max())
+    assert np.abs(tuned[name] - original[name]).max() > 1e-3, "the bias (or weight) trained"
+    for n in shared:
+        np.testing.assert_array_equal(tuned[n + "_statistic"], original[n])  # the statistic did not
+    out = str(tmp_path / "tuned.onnx")
+    net.save_onnx(out)
+    np.testing.assert_allclose(run_ort(out, x)[0], net.forward(x), rtol=1e-5, atol=1e-6)
+    written = onnx.load(out)
+    stats = {i for n in written.graph.node if n.op_type == "BatchNormalization" for i in n.input[3:5]}
+    assert name + "_statistic" in stats and not shared & stats

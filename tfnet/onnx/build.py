@@ -48,5 +48,6 @@ def net_from_onnx(
     )
     if trainable is not None:
         net.trainable = trainable
-    net._onnx_source = OnnxSource(model, converted.onnx_weight_names, converted.onnx_values, tuple(net.output_names))
+    net._onnx_source = OnnxSource(model, converted.onnx_weight_names, converted.onnx_values, tuple(net.output_names),
+                                  converted.statistic_copies)
     return net

@@ -39,6 +39,8 @@ class Ctx:
     weight_tf_names: dict[str, str] = field(default_factory=dict)  # ONNX initializer name -> TF node name
     onnx_of: dict[str, tuple[str, bool]] = field(default_factory=dict)  # TF tensor -> (ONNX value, NHWC?)
     shapes: dict[str, list] = field(default_factory=dict)  # a Shape output -> its entries, None where dynamic
+    aliases: dict[str, str] = field(default_factory=dict)  # value -> the initializer it is (through Identity)
+    stat_copies: dict[str, tf.Tensor] = field(default_factory=dict)  # shared initializer -> its statistic copy
     _session: tf.compat.v1.Session | None = None
     _const_ops: dict[str, bool] = field(default_factory=dict)
 

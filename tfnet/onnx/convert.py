@@ -24,6 +24,7 @@ from tfnet.onnx.context import Ctx
 from tfnet.onnx.errors import OnnxConversionError, UnsupportedOperatorError
 from tfnet.onnx.load import MAX_OPSET, MIN_OPSET, check_opset
 from tfnet.onnx.ops import HANDLERS, supported_operators
+from tfnet.onnx.shared_stats import initializer_aliases, shared_statistics
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Converted:
     statistics: list[str]
     onnx_weight_names: dict[str, str]  # TF weight name -> ONNX initializer name
     onnx_values: dict[str, tuple[str, bool]]  # TF tensor name -> (ONNX value name, held in NHWC?)
+    statistic_copies: dict[str, str]  # TF weight name -> the shared ONNX initializer it is a statistic copy of
 
 
 # float inputs that set the computation rather than feed it: constants, never weights
@@ -125,7 +127,8 @@ def convert(
         return name
 
     static_inputs = {n.input[i] for n in g.node for i in _STATIC_INPUTS.get(n.op_type, ()) if i < len(n.input)}
-    ctx = Ctx(opset=opset, propagate=propagate_layout)
+    shared = shared_statistics(g)
+    ctx = Ctx(opset=opset, propagate=propagate_layout, aliases=initializer_aliases(g))
     graph = tf.Graph()
     values: dict[str, np.ndarray] = {}
     onnx_weight_names: dict[str, str] = {}
@@ -140,6 +143,10 @@ def convert(
                 onnx_weight_names[name] = t.name
                 ctx.weight_tf_names[t.name] = name
                 ctx.set(t.name, ph)
+                if t.name in shared:  # a batch-norm statistic elsewhere: that use reads its own frozen copy
+                    copy = tf_name(t.name + "_statistic")
+                    ctx.stat_copies[t.name] = tf.compat.v1.placeholder(tf.as_dtype(value.dtype), value.shape, name=copy)
+                    values[copy] = value.copy()
             else:
                 ctx.set(t.name, tf.constant(value, name=tf_name(t.name)))
         for name in by_input:
@@ -168,8 +175,9 @@ def convert(
     kept = gu.nodes_by_name(template)
     values = {k: v for k, v in values.items() if k in kept}
     stats = [s for s in dict.fromkeys(ctx.statistics) if s in values]
+    copies = {ph.op.name: name for name, ph in ctx.stat_copies.items() if ph.op.name in values}
     return Converted(template, inputs_sorted, tf_outputs, values, stats,
-                     {k: v for k, v in onnx_weight_names.items() if k in values}, dict(ctx.onnx_of))
+                     {k: v for k, v in onnx_weight_names.items() if k in values}, dict(ctx.onnx_of), copies)
 
 
 def convert_nodes(ctx: Ctx, nodes) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 from tfnet import graph_utils as gu
 from tfnet.graph_io import PathLike, write_bytes_atomic
 from tfnet.onnx.errors import NotOnnxNetError
+from tfnet.onnx.shared_stats import split_statistics
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class OnnxSource:
     weight_names: Mapping[str, str]  # TF weight name -> ONNX initializer name
     values: Mapping[str, tuple[str, bool]]  # TF tensor name -> (ONNX value name, held in NHWC?)
     outputs: tuple[str, ...]  # the outputs of the net from_onnx made
+    statistic_copies: Mapping[str, str]  # TF weight -> shared ONNX initializer (tfnet.onnx.shared_stats)
 
 
 def updated_model(model, weights: Mapping[str, np.ndarray], onnx_names: Mapping[str, str]):
@@ -74,6 +76,7 @@ def write_onnx(net, path: PathLike) -> None:
         out = updated_model(source.model, net.get_weights(), source.weight_names)
     else:
         out = extended_model(net, source)
+    split_statistics(out, net.get_weights(), source.statistic_copies)
     onnx.checker.check_model(out, full_check=True)
     write_bytes_atomic(path, out.SerializeToString())
 

@@ -122,10 +122,17 @@ def _batch_norm(ctx: Ctx, node, attrs):
         )
     eps = attrs.get("epsilon", 1e-5)
     x_name, scale, bias, mean, var = node.input[:5]
+    stats = []
     for stat in (mean, var):
-        if stat in ctx.weight_tf_names:
-            ctx.statistics.append(ctx.weight_tf_names[stat])
-    params = [ctx.plain(n) for n in (scale, bias, mean, var)]
+        source = ctx.aliases.get(stat, stat)  # the initializer, also through the exporter's Identity nodes
+        if source in ctx.stat_copies:  # shared with a trainable use: this use reads its frozen copy
+            stats.append(ctx.stat_copies[source])
+            ctx.statistics.append(stats[-1].op.name)
+            continue
+        if source in ctx.weight_tf_names:
+            ctx.statistics.append(ctx.weight_tf_names[source])
+        stats.append(ctx.plain(stat))
+    params = [ctx.plain(scale), ctx.plain(bias), *stats]
     rank = (ctx.nhwc(x_name) if ctx.is_nhwc(x_name) else ctx.plain(x_name)).shape.rank
     if rank == 4:
         y = tf.raw_ops.FusedBatchNormV3(
