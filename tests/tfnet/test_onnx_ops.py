@@ -150,3 +150,21 @@ def test_a_data_dependent_loop_is_refused_by_name():
     with pytest.raises(UnsupportedOperatorError, match=r"Loop \(x1\)\. Loop run a body a number of times known only "
                                                        r"at run time"):
         TFNet.from_onnx(model)
+
+
+@pytest.mark.parametrize("rank,attrs", [
+    (1, {"strides": [2], "pads": [1, 0], "output_padding": [1], "group": 2}),
+    (2, {"strides": [2, 3], "output_shape": [9, 10]}),
+    (2, {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    (2, {"strides": [1, 2], "auto_pad": "VALID", "group": 2}),
+])
+def test_conv_transpose_variants_equal_onnxruntime(rank, attrs):
+    rng = np.random.default_rng(4)
+    spatial = [5] if rank == 1 else [4, 3]
+    w = _tensor("w", rng.standard_normal([4, 3 if attrs.get("group", 1) == 2 else 6, *([3] * rank)]) * 0.3)
+    b = _tensor("b", rng.standard_normal([6]) * 0.3)  # 6 output channels either way
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], **attrs)
+    model = _model([node], [_info("x", [None, 4, *spatial])], [_info("y", rank + 2)], [w, b])
+    x = rng.standard_normal([2, 4, *spatial]).astype(np.float32)
+    got, want = TFNet.from_onnx(model).forward(x), run_ort(model, [x])[0]
+    assert got.shape == want.shape and rel(got, want) < 1e-5

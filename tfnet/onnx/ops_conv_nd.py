@@ -162,4 +162,8 @@ def _conv_transpose_nhwc(node, attrs, x, w):
     parts = [tf.nn.conv2d_transpose(a, tf.transpose(k, [2, 3, 1, 0]), shape, [1, *strides, 1], "VALID")
              for a, k in zip(tf.split(x, group, axis=3), tf.split(w, group, axis=0))]
     y = parts[0] if group == 1 else tf.concat(parts, axis=3)
+    if min(begin + end) < 0:  # an output_shape past the full output: positions no input reaches are zeros
+        y = tf.pad(y, [[0, 0], *[[max(-b, 0), max(-e, 0)] for b, e in zip(begin, end)], [0, 0]])
+        full = [f + max(-b, 0) + max(-e, 0) for f, b, e in zip(full, begin, end)]
+        begin, end = [max(b, 0) for b in begin], [max(e, 0) for e in end]
     return y[:, begin[0]: full[0] - end[0], begin[1]: full[1] - end[1], :]
