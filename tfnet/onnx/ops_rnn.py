@@ -132,9 +132,9 @@ def _recurrent(ctx: Ctx, node, attrs):
         args = (r[d], rb) if op == "GRU" else (r[d],)
         step = make(acts[d], hidden, attrs.get("linear_before_reset", 0), *args)
         state = tuple(s[d] if s is not None else tf.zeros(tf.stack([batch, hidden]), x.dtype) for s in states0)
-        outs = [None] * steps
+        outs, per_step = [None] * steps, tf.unstack(proj, steps, axis=0)  # one Unpack: one gradient op
         for t in (range(steps) if way == "forward" else range(steps - 1, -1, -1)):
-            state = step(proj[t], state)
+            state = step(per_step[t], state)
             outs[t] = state[0]
         ys.append(tf.stack(outs, 0))
         finals.append(state)
