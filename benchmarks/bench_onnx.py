@@ -67,7 +67,7 @@ def bench_model(path: str, args) -> dict:
         sides["tfnet_nchw_transposes"] = lambda: nchw.forward(xs, as_tensors=True)
     fwd = {k: args.batch / median(v) for k, v in interleaved(sides, rounds=args.rounds).items()}
     cpu = {}  # CPU seconds per item: less sensitive than wall time to other processes on a shared machine
-    for name in [k for k in sides if k.startswith("tfnet")]:
+    for name in sides:  # (onnxruntime's threads spin while they wait, which counts here too)
         t0 = time.process_time()
         for _ in range(args.rounds):
             sides[name]()
@@ -123,6 +123,7 @@ def main(argv=None) -> dict:
             print(f"  forward {k:24s} {v:9.1f} items/s  ({v / fwd['onnxruntime']:.2f}x onnxruntime)")
         if "nhwc_over_nchw_transposes" in r:
             print(f"  NHWC kept / NCHW transposes: {r['nhwc_over_nchw_transposes']:.2f}x wall")
+        print("  CPU ms per item: " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in r["cpu_s_per_item"].items()))
         print(f"  fine-tuning step {r['train_step_per_s']:.1f} items/s ({r['train_over_forward']:.2f}x of tfnet's "
               f"forward, {r['train_over_onnxruntime_forward']:.2f}x of onnxruntime's); max rel error vs onnxruntime "
               f"{r['max_rel_error_vs_onnxruntime']}")
