@@ -168,3 +168,12 @@ def test_conv_transpose_variants_equal_onnxruntime(rank, attrs):
     x = rng.standard_normal([2, 4, *spatial]).astype(np.float32)
     got, want = TFNet.from_onnx(model).forward(x), run_ort(model, [x])[0]
     assert got.shape == want.shape and rel(got, want) < 1e-5
+
+
+def test_a_sequence_first_input_names_relax_batch():
+    """A recurrent op fed straight from a graph input of shape (seq, batch, features): relaxing
+    dimension 0 (the default) makes the sequence length dynamic, and the error says what to pass."""
+    model = _recurrent_model("GRU", "forward", 0, np.random.default_rng(5))
+    with pytest.raises(OnnxConversionError, match=r"GRU .* dynamic sequence length .*pass relax_batch=False"):
+        TFNet.from_onnx(model)
+    assert TFNet.from_onnx(model, relax_batch=False).input_specs[0].shape.as_list() == [5, None, 4]

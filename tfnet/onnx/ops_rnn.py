@@ -103,7 +103,8 @@ def _recurrent(ctx: Ctx, node, attrs):
     if steps is None:
         raise OnnxConversionError(
             f"{op} {node.name!r} has a dynamic sequence length (input shape {x.shape}); tfnet unrolls {op}s and "
-            "needs a fixed one. Export with a fixed sequence dimension (dynamic batch is fine)."
+            "needs a fixed one. Export with a fixed sequence dimension (dynamic batch is fine); if the sequence is "
+            "dimension 0 of a graph input (layout 0), pass relax_batch=False."
         )
     if lens_name:
         lens = ctx.static(lens_name)
