@@ -121,7 +121,8 @@ def test_nets_from_keras_and_unsupported_head_ops_are_refused(tmp_path):
 
 def test_sequence_heads_on_a_two_input_transformer(tmp_path):
     """Dense on a sequence (Keras's Tensordot: shapes computed at run time), LayerNormalization,
-    Flatten and 1-D global pooling, after a body with integer ids and a float mask."""
+    Flatten, Reshape, 1-D pooling (ExpandDims, pool, Squeeze) and global pooling, after a body with
+    integer ids and a float mask."""
     path = os.path.join(FIXTURES, "transformer.onnx")
     data = dict(np.load(os.path.join(FIXTURES, "transformer.npz")))
     inputs = [data["in_0"], data["in_1"]]
@@ -129,7 +130,11 @@ def test_sequence_heads_on_a_two_input_transformer(tmp_path):
     keras.utils.set_random_seed(3)
     heads = [[keras.layers.Dense(4, activation="softmax"), keras.layers.Flatten(), keras.layers.Dense(2)],
              [keras.layers.LayerNormalization(), keras.layers.GlobalMaxPooling1D(), keras.layers.Dense(3)],
-             [keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(3, activation="selu")]]
+             [keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(3, activation="selu")],
+             [keras.layers.MaxPooling1D(2), keras.layers.AveragePooling1D(2, padding="same"),
+              keras.layers.Reshape((-1,)), keras.layers.Dense(3)],
+             [keras.layers.Reshape((8, 4, 8)), keras.layers.AveragePooling2D(2), keras.layers.Flatten(),
+              keras.layers.Dense(2, activation="softplus")]]
     for k, head in enumerate(heads):
         net = body.add_head(head)
         out = str(tmp_path / f"seq{k}.onnx")
