@@ -177,3 +177,32 @@ def test_a_sequence_first_input_names_relax_batch():
     with pytest.raises(OnnxConversionError, match=r"GRU .* dynamic sequence length .*pass relax_batch=False"):
         TFNet.from_onnx(model)
     assert TFNet.from_onnx(model, relax_batch=False).input_specs[0].shape.as_list() == [5, None, 4]
+
+
+def _refused(op, inputs, attrs, shapes, inits=()):
+    node = helper.make_node(op, [i for i, _ in inputs], ["y"], **attrs)
+    infos = [_info(name, shape) for name, shape in inputs if name and name not in {t.name for t in inits}]
+    return _model([node], infos, [_info("y", shapes)], list(inits))
+
+
+@pytest.mark.parametrize("model,message", [
+    (lambda: _refused("Resize", [("x", [None, 2, 4, 4]), ("", None), ("s", None)], {"mode": "cubic"}, 4,
+                      [onnx.numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "s")]),
+     r"Resize '.*': mode 'cubic' is not supported \(nearest, linear are\)"),
+    (lambda: _refused("Conv", [("x", [None, 1, 4, 4, 4]), ("w", None)], {"dilations": [2, 2, 2]}, 5,
+                      [_tensor("w", np.ones((2, 1, 2, 2, 2)))]),
+     r"Conv '.*': dilated 3-D convolutions are not supported"),
+    (lambda: _refused("ConvTranspose", [("x", [None, 2, 3, 3]), ("w", None)], {"dilations": [2, 2]}, 4,
+                      [_tensor("w", np.ones((2, 2, 2, 2)))]),
+     r"ConvTranspose '.*': dilations are not supported"),
+    (lambda: _refused("RNN", [("x", [4, None, 3]), ("W", None), ("R", None)], {"hidden_size": 2, "clip": 1.0}, 4,
+                      [_tensor("W", np.ones((1, 2, 3))), _tensor("R", np.ones((1, 2, 2)))]),
+     r"RNN '.*': clip and input_forget are not supported"),
+    (lambda: _refused("GRU", [("x", [4, None, 3]), ("W", None), ("R", None)],
+                      {"hidden_size": 2, "activations": ["HardSigmoid", "Tanh"]}, 4,
+                      [_tensor("W", np.ones((1, 6, 3))), _tensor("R", np.ones((1, 6, 2)))]),
+     r"GRU '.*': activations \['HardSigmoid'\] with alpha/beta are not supported \(supported: Relu, Sigmoid, Tanh\)"),
+])
+def test_what_does_not_convert_is_refused_by_name(model, message):
+    with pytest.raises(OnnxConversionError, match=message):
+        TFNet.from_onnx(model(), relax_batch=False)
