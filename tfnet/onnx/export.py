@@ -66,8 +66,10 @@ def write_onnx(net, path: PathLike) -> None:
         raise NotOnnxNetError(
             "save_onnx writes nets whose body came from TFNet.from_onnx (cut and add_head on such a net are "
             "fine); this net was built from a TensorFlow graph, a SavedModel or Keras, and tfnet does not convert "
-            "TensorFlow graphs to ONNX. Use net.save(folder) for a frozen TensorFlow graph (OpenVINO and "
-            "TensorFlow Serving read it; tf2onnx converts it), or net.save_saved_model(path)."
+            "TensorFlow graphs to ONNX. Use net.save(folder) for a frozen TensorFlow graph (TensorFlow, OpenVINO "
+            "and TensorFlow Serving read it) and convert that with tf2onnx: python -m tf2onnx.convert --graphdef "
+            "folder/frozen_inference_graph.pb --inputs <net.input_names> --outputs <net.output_names> --output "
+            "model.onnx (see docs/onnx.md)."
         )
     path = os.fspath(path)
     if os.path.isdir(path):
