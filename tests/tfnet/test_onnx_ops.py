@@ -157,10 +157,11 @@ def test_a_data_dependent_loop_is_refused_by_name():
     (2, {"strides": [2, 3], "output_shape": [9, 10]}),
     (2, {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
     (2, {"strides": [1, 2], "auto_pad": "VALID", "group": 2}),
+    (3, {"strides": [2, 1, 2], "pads": [1, 0, 0, 0, 1, 1], "output_padding": [1, 0, 0], "group": 2}),
 ])
 def test_conv_transpose_variants_equal_onnxruntime(rank, attrs):
     rng = np.random.default_rng(4)
-    spatial = [5] if rank == 1 else [4, 3]
+    spatial = {1: [5], 2: [4, 3], 3: [3, 4, 3]}[rank]
     w = _tensor("w", rng.standard_normal([4, 3 if attrs.get("group", 1) == 2 else 6, *([3] * rank)]) * 0.3)
     b = _tensor("b", rng.standard_normal([6]) * 0.3)  # 6 output channels either way
     node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], **attrs)

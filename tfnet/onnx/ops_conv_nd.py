@@ -1,8 +1,9 @@
-"""ONNX 1-D and 3-D convolutions and pools, and ``ConvTranspose`` (1-D and 2-D), as TensorFlow ops.
+"""ONNX 1-D and 3-D convolutions and pools, and ``ConvTranspose`` (1-D, 2-D, 3-D), as TensorFlow ops.
 
 A 1-D op runs as the 2-D one on a height-1 NHWC image (``(N, C, L) -> (N, 1, L, C)``), so it shares
 the 2-D code's padding, grouping and ``ceil_mode``. A 3-D op runs in NDHWC with explicit padding.
-``ConvTranspose`` is TensorFlow's ``conv2d_transpose`` without padding, cropped by ONNX's ``pads``.
+``ConvTranspose`` is TensorFlow's ``conv2d_transpose`` or ``conv3d_transpose`` without padding,
+cropped by ONNX's ``pads``.
 """
 
 from __future__ import annotations
@@ -123,47 +124,54 @@ def pool_nd(ctx: Ctx, node, attrs, kind: str) -> None:
 def _conv_transpose(ctx: Ctx, node, attrs):
     w, b = ctx.plain(node.input[1]), _bias(ctx, node)
     if w.shape.rank == 3:
-        y = _conv_transpose_nhwc(node, _as_2d(attrs), _to_image(ctx.plain(node.input[0])), w[:, :, None, :])
+        y = _conv_transpose_channels_last(node, _as_2d(attrs), _to_image(ctx.plain(node.input[0])), w[:, :, None, :])
         ctx.set(node.output[0], _from_image(y if b is None else tf.nn.bias_add(y, b)))
         return
+    if w.shape.rank == 5:
+        x = tf.transpose(ctx.plain(node.input[0]), _TO_NDHWC)
+        y = _conv_transpose_channels_last(node, attrs, x, w)
+        ctx.set(node.output[0], tf.transpose(y if b is None else tf.nn.bias_add(y, b), _TO_NCDHW))
+        return
     if w.shape.rank != 4:
-        raise OnnxConversionError(f"ConvTranspose {node.name!r}: a {w.shape.rank - 2}-D kernel is not supported (1-D, 2-D are).")
-    y = _conv_transpose_nhwc(node, attrs, ctx.nhwc(node.input[0]), w)
+        raise OnnxConversionError(f"ConvTranspose {node.name!r}: a {w.shape.rank - 2}-D kernel is not supported.")
+    y = _conv_transpose_channels_last(node, attrs, ctx.nhwc(node.input[0]), w)
     ctx.set(node.output[0], y if b is None else tf.nn.bias_add(y, b), nhwc=True)
 
 
-def _conv_transpose_nhwc(node, attrs, x, w):
-    """ONNX ``ConvTranspose`` of NHWC ``x`` with kernel ``w`` (``C_in, C_out / group, kh, kw``)."""
-    dims = x.shape.as_list()[1:3]
+def _conv_transpose_channels_last(node, attrs, x, w):
+    """ONNX ``ConvTranspose`` of channels-last ``x`` (NHWC or NDHWC) with kernel ``w``
+    (``C_in, C_out / group, *window``)."""
+    n = x.shape.rank - 2
+    dims = x.shape.as_list()[1:-1]
     if any(d is None for d in dims):
         raise OnnxConversionError(f"ConvTranspose {node.name!r} needs static spatial dimensions; input has shape {x.shape}.")
     kernel = list(attrs.get("kernel_shape", w.shape.as_list()[2:]))
-    strides = list(attrs.get("strides", [1, 1]))
-    if list(attrs.get("dilations", [1, 1])) != [1, 1]:
+    strides = list(attrs.get("strides", [1] * n))
+    if list(attrs.get("dilations", [1] * n)) != [1] * n:
         raise OnnxConversionError(f"ConvTranspose {node.name!r}: dilations are not supported.")
-    extra = list(attrs.get("output_padding", [0, 0]))
-    full = [(n - 1) * s + k + e for n, s, k, e in zip(dims, strides, kernel, extra)]
+    extra = list(attrs.get("output_padding", [0] * n))
+    full = [(d - 1) * s + k + e for d, s, k, e in zip(dims, strides, kernel, extra)]
     auto_pad = attrs.get("auto_pad", b"NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
     if "output_shape" in attrs or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        want = list(attrs["output_shape"])[-2:] if "output_shape" in attrs else [n * s for n, s in zip(dims, strides)]
+        want = list(attrs["output_shape"])[-n:] if "output_shape" in attrs else [d * s for d, s in zip(dims, strides)]
         totals = [f - o for f, o in zip(full, want)]
         upper = auto_pad == "SAME_UPPER"
         begin = [t // 2 if upper else t - t // 2 for t in totals]
         end = [t - bg for t, bg in zip(totals, begin)]
     elif auto_pad == "VALID":
-        begin, end = [0, 0], [0, 0]
+        begin, end = [0] * n, [0] * n
     else:
-        pads = list(attrs.get("pads", [0, 0, 0, 0]))
-        begin, end = pads[:2], pads[2:]
+        pads = list(attrs.get("pads", [0] * 2 * n))
+        begin, end = pads[:n], pads[n:]
     group = attrs.get("group", 1)
-    c_out = w.shape[1]
-    shape = tf.stack([tf.shape(x)[0], full[0], full[1], c_out])
-    parts = [tf.nn.conv2d_transpose(a, tf.transpose(k, [2, 3, 1, 0]), shape, [1, *strides, 1], "VALID")
-             for a, k in zip(tf.split(x, group, axis=3), tf.split(w, group, axis=0))]
-    y = parts[0] if group == 1 else tf.concat(parts, axis=3)
+    shape = tf.stack([tf.shape(x)[0], *full, w.shape[1]])
+    conv, perm = (tf.nn.conv2d_transpose, [2, 3, 1, 0]) if n == 2 else (tf.nn.conv3d_transpose, [2, 3, 4, 1, 0])
+    parts = [conv(a, tf.transpose(k, perm), shape, [1, *strides, 1], "VALID")
+             for a, k in zip(tf.split(x, group, axis=n + 1), tf.split(w, group, axis=0))]
+    y = parts[0] if group == 1 else tf.concat(parts, axis=n + 1)
     if min(begin + end) < 0:  # an output_shape past the full output: positions no input reaches are zeros
         y = tf.pad(y, [[0, 0], *[[max(-b, 0), max(-e, 0)] for b, e in zip(begin, end)], [0, 0]])
         full = [f + max(-b, 0) + max(-e, 0) for f, b, e in zip(full, begin, end)]
         begin, end = [max(b, 0) for b in begin], [max(e, 0) for e in end]
-    return y[:, begin[0]: full[0] - end[0], begin[1]: full[1] - end[1], :]
+    return y[(slice(None), *[slice(b, f - e) for b, f, e in zip(begin, full, end)], slice(None))]
