@@ -94,13 +94,15 @@ def test_recurrences_pytorch_does_not_export(op, direction, layout):
     ("nearest", "asymmetric", "floor"), ("nearest", "half_pixel", "round_prefer_floor"),
     ("nearest", "tf_half_pixel_for_nn", "ceil"), ("nearest", "align_corners", "round_prefer_ceil"),
     ("linear", "pytorch_half_pixel", "floor"), ("linear", "half_pixel", "floor"), ("linear", "align_corners", "floor"),
-    ("linear", "asymmetric", "floor"),
+    ("linear", "asymmetric", "floor"), ("cubic", "pytorch_half_pixel", "floor"), ("cubic", "align_corners", "floor"),
+    ("cubic", "half_pixel", "exclude_outside"),
 ])
 def test_resize_modes_equal_onnxruntime(mode, coord, nearest):
     x = np.random.default_rng(1).standard_normal((2, 3, 5, 4)).astype(np.float32)
     scales = onnx.numpy_helper.from_array(np.array([1, 1, 1.6, 0.75], np.float32), "scales")
+    extra = {"exclude_outside": 1, "cubic_coeff_a": -0.5} if nearest == "exclude_outside" else {"nearest_mode": nearest}
     node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode=mode, coordinate_transformation_mode=coord,
-                            nearest_mode=nearest)
+                            **extra)
     model = _model([node], [_info("x", [None, 3, 5, 4])], [_info("y", 4)], [scales])
     got = TFNet.from_onnx(model).forward(x)
     want = run_ort(model, [x])[0]
@@ -180,16 +182,16 @@ def test_a_sequence_first_input_names_relax_batch():
     assert TFNet.from_onnx(model, relax_batch=False).input_specs[0].shape.as_list() == [5, None, 4]
 
 
-def _refused(op, inputs, attrs, shapes, inits=()):
+def _refused(op, inputs, attrs, shapes, inits=(), opset=17):
     node = helper.make_node(op, [i for i, _ in inputs], ["y"], **attrs)
     infos = [_info(name, shape) for name, shape in inputs if name and name not in {t.name for t in inits}]
-    return _model([node], infos, [_info("y", shapes)], list(inits))
+    return _model([node], infos, [_info("y", shapes)], list(inits), opset=opset)
 
 
 @pytest.mark.parametrize("model,message", [
-    (lambda: _refused("Resize", [("x", [None, 2, 4, 4]), ("", None), ("s", None)], {"mode": "cubic"}, 4,
-                      [onnx.numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "s")]),
-     r"Resize '.*': mode 'cubic' is not supported \(nearest, linear are\)"),
+    (lambda: _refused("Resize", [("x", [None, 2, 4, 4]), ("", None), ("s", None)], {"antialias": 1}, 4,
+                      [onnx.numpy_helper.from_array(np.array([1, 1, 0.5, 0.5], np.float32), "s")], opset=18),
+     r"Resize '.*': antialias and keep_aspect_ratio_policy are not supported"),
     (lambda: _refused("Conv", [("x", [None, 1, 4, 4, 4]), ("w", None)], {"dilations": [2, 2, 2]}, 5,
                       [_tensor("w", np.ones((2, 1, 2, 2, 2)))]),
      r"Conv '.*': dilated 3-D convolutions are not supported"),

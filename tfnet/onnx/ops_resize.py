@@ -1,8 +1,8 @@
 """ONNX ``Pad`` and ``Resize`` as TensorFlow ops, in the layout their input is held in.
 
 ``Pad``: constant, reflect and edge modes (edge as a gather of clipped indices), negative pads as
-crops, the opset-18 ``axes`` input. ``Resize``: nearest and linear modes, separable along each resized
-axis, as gathers with weights computed while converting from ONNX's coordinate transformations
+crops, the opset-18 ``axes`` input. ``Resize``: nearest, linear and cubic modes, separable along each
+resized axis, as gathers with weights computed while converting from ONNX's coordinate transformations
 (``half_pixel``, ``pytorch_half_pixel``, ``align_corners``, ``asymmetric``, ``tf_half_pixel_for_nn``)
 and nearest modes, so results and gradients equal onnxruntime's and PyTorch's; it needs static sizes.
 """
@@ -118,8 +118,8 @@ def _resize(ctx: Ctx, node, attrs):
     mode = _text(attrs.get("mode", b"nearest"))
     coord = _text(attrs.get("coordinate_transformation_mode", b"half_pixel"))
     nearest_mode = _text(attrs.get("nearest_mode", b"round_prefer_floor"))
-    if mode not in ("nearest", "linear"):
-        raise OnnxConversionError(f"Resize {node.name!r}: mode {mode!r} is not supported (nearest, linear are).")
+    if mode not in ("nearest", "linear", "cubic"):
+        raise OnnxConversionError(f"Resize {node.name!r}: mode {mode!r} is not supported (nearest, linear, cubic are).")
     if attrs.get("antialias", 0) or _text(attrs.get("keep_aspect_ratio_policy", b"stretch")) != "stretch":
         raise OnnxConversionError(f"Resize {node.name!r}: antialias and keep_aspect_ratio_policy are not supported.")
     x, nhwc = _layout(ctx, node.input[0])
@@ -152,11 +152,33 @@ def _resize(ctx: Ctx, node, attrs):
             idx = np.clip(_nearest(coords, nearest_mode), 0, size - 1).astype(np.int64)
             y = tf.gather(y, tf.constant(idx), axis=axis)
             continue
-        coords = np.clip(coords, 0, size - 1)
-        lo = np.floor(coords).astype(np.int64)
-        hi = np.minimum(lo + 1, size - 1)
         shape = [1] * rank
         shape[axis] = out
-        frac = tf.constant((coords - lo).reshape(shape), y.dtype)
-        y = tf.gather(y, tf.constant(lo), axis=axis) * (1.0 - frac) + tf.gather(y, tf.constant(hi), axis=axis) * frac
+        taps = _taps(mode, coords, size, attrs.get("cubic_coeff_a", -0.75), attrs.get("exclude_outside", 0))
+        y = tf.add_n([tf.gather(y, tf.constant(idx), axis=axis) * tf.constant(wt.reshape(shape), y.dtype)
+                      for idx, wt in taps])
     ctx.set(node.output[0], tf.identity(y), nhwc)
+
+
+def _taps(mode: str, coords: np.ndarray, size: int, a: float, exclude_outside: int) -> list:
+    """(source indices, weights) per tap of a linear (2 taps, coordinates clamped, as onnxruntime
+    does) or cubic (4 taps, Keys' kernel with coefficient ``a``, indices clamped to the edge) resize."""
+    if mode == "linear":
+        coords = np.clip(coords, 0, size - 1)
+        lo = np.floor(coords).astype(np.int64)
+        frac = coords - lo
+        return [(lo, 1.0 - frac), (np.minimum(lo + 1, size - 1), frac)]
+    base = np.floor(coords).astype(np.int64)
+    frac = coords - base
+    taps = []
+    for offset in (-1, 0, 1, 2):
+        d = np.abs(frac - offset)
+        w = np.where(d <= 1, ((a + 2) * d - (a + 3)) * d * d + 1, ((a * d - 5 * a) * d + 8 * a) * d - 4 * a)
+        idx = base + offset
+        if exclude_outside:
+            w = np.where((idx < 0) | (idx >= size), 0.0, w)
+        taps.append((np.clip(idx, 0, size - 1), w))
+    if exclude_outside:
+        total = sum(w for _, w in taps)
+        taps = [(i, w / total) for i, w in taps]
+    return taps
