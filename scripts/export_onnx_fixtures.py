@@ -23,6 +23,12 @@ Models (seeded init, eval mode, dynamic batch dimension):
 * ``lstm``: ``nn.LSTM`` (batch first, two layers) + linear head, two outputs, opset 14.
 * ``digits_cnn``: a small CNN trained (15 epochs of Adam) on all of scikit-learn's digits 0-4 (8x8,
   901 images), for the transfer test, which fine-tunes it on digits 5-9; opset 15.
+
+Issue 23's fixtures (``--only`` with no names writes them all, ``--only unet vit`` some): hand-made
+models in scripts/onnx_fixture_models.py (``gru_text``, ``lstm_text``, ``rnn_state``, ``tcn``,
+``unet``, ``tensor_ops``) and torchvision's classes at tiny widths in scripts/onnx_fixture_vision.py.
+Where the exporter merged parameters of equal value into one initializer, ``grad_w/<initializer>``
+holds the sum of their gradients and ``merged/<initializer>`` their names.
 """
 
 from __future__ import annotations
@@ -174,6 +180,20 @@ def export(model: nn.Module, inputs: dict, outputs: list, path: str, opset: int,
     for name, p in params.items():
         if p.grad is not None:
             data[f"grad_w/{name}"] = p.grad.numpy()
+    from onnx_fixture_models import merged_parameters, unique_copy
+
+    probe_path = path[: -len(".onnx")] + ".probe.onnx"
+    torch.onnx.export(
+        unique_copy(model), args, probe_path, input_names=names, output_names=outputs, opset_version=opset,
+        dynamic_axes=dynamic, training=torch.onnx.TrainingMode.PRESERVE, do_constant_folding=False, dynamo=False,
+    )
+    probe = onnx.load(probe_path)
+    os.remove(probe_path)
+    for target, group in merged_parameters(proto, probe, model, params).items():
+        # the exporter merged parameters of equal value into one initializer: its gradient is their sum
+        grads = [p.grad for n, p in model.named_parameters() if n in group and p.grad is not None]
+        data[f"grad_w/{target}"] = sum(g.numpy() for g in grads)
+        data[f"merged/{target}"] = np.asarray(sorted(group))
     np.savez(path[: -len(".onnx")] + ".npz", **data)
     size = os.path.getsize(path) / 1e6
     print(f"{os.path.basename(path)}: opset {opset}, {size:.2f} MB, {len(params)} named parameters, "
@@ -184,7 +204,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=OUT)
     parser.add_argument("--full-resnet18", default=None, help="also write torchvision's full ResNet-18 here")
+    parser.add_argument("--only", nargs="*", default=None, help="export only these fixtures (issue 23's by name)")
     args = parser.parse_args()
+    if args.only is not None:
+        return export_some(args.out, args.only)
     os.makedirs(args.out, exist_ok=True)
     out = lambda name: os.path.join(args.out, name + ".onnx")  # noqa: E731
     rng = np.random.default_rng(0)
@@ -233,6 +256,28 @@ def main() -> None:
         print(f"full ResNet-18: {args.full_resnet18} ({os.path.getsize(args.full_resnet18) / 1e6:.1f} MB)")
 
 
+def export_some(folder: str, names) -> None:
+    """The issue-23 fixtures: hand-made models (scripts/onnx_fixture_models.py, parameters jittered
+    apart) and torchvision's classes (scripts/onnx_fixture_vision.py, their own initialisation, so
+    the exporter merges equal parameters), each from its own seed."""
+    from onnx_fixture_models import fixtures
+    from onnx_fixture_vision import vision_fixtures
+
+    table = fixtures(np.random.default_rng(23))
+    vision, dyn = vision_fixtures(np.random.default_rng(24))
+    for name in names or sorted(table) + sorted(vision):
+        torch.manual_seed(0)
+        if name in table:
+            factory, inputs, outputs, opset, dynamic = table[name]
+            model = _jitter(factory())
+        else:
+            factory, inputs, opset = vision[name]
+            model, outputs, dynamic = factory(), ["logits"], dyn
+        if name != "googlenet":  # GoogLeNet keeps torchvision's initialisation, at which the exporter
+            _randomise_bn(model)  # merges batch-norm biases with running means (tfnet.onnx.shared_stats)
+        export(model, inputs, outputs, os.path.join(folder, name + ".onnx"), opset, dynamic)
+
+
 def _jitter(model: nn.Module) -> nn.Module:
     """Small noise on every parameter. The exporter merges initializers with equal values (LayerNorm's
     ones, zero biases) into one, which would tie weights that PyTorch trains apart."""
@@ -247,7 +292,7 @@ def _randomise_bn(model: nn.Module) -> None:
     """Non-trivial batch-norm statistics and affine parameters, so the tests see them used."""
     g = torch.Generator().manual_seed(0)
     for m in model.modules():
-        if isinstance(m, nn.BatchNorm2d):
+        if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
             with torch.no_grad():
                 m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
                 m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)

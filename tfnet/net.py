@@ -713,10 +713,12 @@ class TFNet(tf.Module):
         used = used_tensors(template) | set(outputs)
         inputs = [n for n in self.input_names if n in used]
         values = {w: _copy(v) for w, v in self._vars.items() if w in kept}
-        return TFNet._from_template(
+        net = TFNet._from_template(
             template, inputs, outputs, values, self.statistics, self._trainable, name=self.name,
             fold=self._graph.fold, phase_values=self._used_phase_values(template),
         )
+        net._onnx_source = getattr(self, "_onnx_source", None)  # for save_onnx
+        return net
 
     def add_head(self, head, name: str = "head") -> TFNet:
         """Attaches a Keras head (a layer, a list of layers, or a model) to this net's single output
@@ -745,10 +747,12 @@ class TFNet(tf.Module):
         stats = {**self.statistics, **{f"{name}/{s}": role for s, role in head_stats.items()}}
         trainable = self._trainable + [f"{name}/{w}" for w in head_weights if w not in head_stats]
         outputs = [f"{name}/{o}" for o in head_outputs]
-        return TFNet._from_template(
+        net = TFNet._from_template(
             merged, self.input_names, outputs, values, stats, trainable, name=self.name, fold=self._graph.fold,
             phase_values=self.phase_values,
         )
+        net._onnx_source = getattr(self, "_onnx_source", None)  # for save_onnx
+        return net
 
     def _used_phase_values(self, template) -> dict[str, tuple]:
         kept = gu.nodes_by_name(template)
@@ -781,12 +785,17 @@ class TFNet(tf.Module):
         write_export_folder(self, path, storage_options)
 
     def save_onnx(self, path: PathLike) -> None:
-        """Writes the ONNX model this net was made from (:meth:`from_onnx`; the whole graph, even if
-        ``outputs`` chose other values) with the current weights, atomically, checked by ``onnx.checker``.
+        """Writes the net as ONNX with the current weights, atomically, checked by ``onnx.checker``.
+
+        A net made by :meth:`from_onnx` is written as the whole ONNX graph it came from (even if
+        ``outputs`` chose other values). After :meth:`cut` and :meth:`add_head` it is written as the
+        part of that graph the outputs need, followed by the Keras head as ONNX nodes (Dense,
+        activations, Dropout, Flatten, pooling, BatchNormalization). See ``docs/onnx.md``.
 
         Raises:
-            tfnet.onnx.NotOnnxNetError: the net was not made by ``from_onnx`` (or by ``cut`` or
-                ``add_head`` from one).
+            tfnet.onnx.NotOnnxNetError: the net's body did not come from ``from_onnx`` (a frozen
+                graph, SavedModel or Keras model: use :meth:`save`).
+            tfnet.onnx.OnnxExportError: the head holds an op with no ONNX mapping.
         """
         from tfnet.onnx.export import write_onnx
 

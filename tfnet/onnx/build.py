@@ -31,6 +31,7 @@ def net_from_onnx(
     back to NCHW at once instead of keeping NHWC through element-wise ops (for comparison)."""
     require_onnx()
     from tfnet.onnx.convert import convert
+    from tfnet.onnx.export import OnnxSource
     from tfnet.onnx.load import read_model
 
     model = read_model(source)
@@ -47,5 +48,6 @@ def net_from_onnx(
     )
     if trainable is not None:
         net.trainable = trainable
-    net._onnx_source = (model, converted.onnx_weight_names)
+    net._onnx_source = OnnxSource(model, converted.onnx_weight_names, converted.onnx_values, tuple(net.output_names),
+                                  converted.statistic_copies)
     return net

@@ -37,6 +37,10 @@ class Ctx:
     values: dict[str, Value] = field(default_factory=dict)
     statistics: list[str] = field(default_factory=list)  # TF names of batch-norm mean/variance weights
     weight_tf_names: dict[str, str] = field(default_factory=dict)  # ONNX initializer name -> TF node name
+    onnx_of: dict[str, tuple[str, bool]] = field(default_factory=dict)  # TF tensor -> (ONNX value, NHWC?)
+    shapes: dict[str, list] = field(default_factory=dict)  # a Shape output -> its entries, None where dynamic
+    aliases: dict[str, str] = field(default_factory=dict)  # value -> the initializer it is (through Identity)
+    stat_copies: dict[str, tf.Tensor] = field(default_factory=dict)  # shared initializer -> its statistic copy
     _session: tf.compat.v1.Session | None = None
     _const_ops: dict[str, bool] = field(default_factory=dict)
 
@@ -50,6 +54,7 @@ class Ctx:
             return v.tensor
         if v.other is None:
             v.other = tf.transpose(v.tensor, TO_NCHW)
+            self.onnx_of.setdefault(v.other.name, (name, False))
         return v.other
 
     def nhwc(self, name: str) -> tf.Tensor:
@@ -61,6 +66,7 @@ class Ctx:
             raise OnnxConversionError(f"Value {name!r} should be 4-D (NCHW); it has shape {v.tensor.shape}.")
         if v.other is None:
             v.other = tf.transpose(v.tensor, TO_NHWC)
+            self.onnx_of.setdefault(v.other.name, (name, True))
         return v.other
 
     def is_nhwc(self, name: str) -> bool:
@@ -85,23 +91,22 @@ class Ctx:
         return value
 
     def _constant(self, op: tf.Operation) -> bool:
-        """Whether ``op`` depends on constants only (no placeholder, no stateful op)."""
-        stack, seen = [op], []
+        """Whether ``op`` depends on constants only (no placeholder, no stateful op); memoised per op."""
+        stack = [(op, False)]
         while stack:
-            cur = stack.pop()
-            known = self._const_ops.get(cur.name)
-            if known is False or cur.type == "Placeholder" or cur.op_def.is_stateful:
-                for o in [*seen, cur]:
-                    self._const_ops[o.name] = False
-                return False
-            if known:
+            cur, expanded = stack.pop()
+            if cur.name in self._const_ops:
                 continue
-            seen.append(cur)
-            stack.extend(t.op for t in cur.inputs)
-            stack.extend(cur.control_inputs)
-        for o in seen:
-            self._const_ops[o.name] = True
-        return True
+            if cur.type == "Placeholder" or cur.op_def.is_stateful:
+                self._const_ops[cur.name] = False
+                continue
+            deps = [t.op for t in cur.inputs] + list(cur.control_inputs)
+            if expanded:
+                self._const_ops[cur.name] = all(self._const_ops[d.name] for d in deps)
+                continue
+            stack.append((cur, True))
+            stack.extend((d, False) for d in deps if d.name not in self._const_ops)
+        return self._const_ops[op.name]
 
     def close(self) -> None:
         if self._session is not None:
@@ -118,6 +123,7 @@ class Ctx:
         if nhwc and not self.propagate:
             tensor, nhwc = tf.transpose(tensor, TO_NCHW), False
         self.values[name] = Value(tensor, nhwc)
+        self.onnx_of.setdefault(tensor.name, (name, nhwc))
 
     def _get(self, name: str) -> Value:
         try:

@@ -24,6 +24,7 @@ from tfnet.onnx.context import Ctx
 from tfnet.onnx.errors import OnnxConversionError, UnsupportedOperatorError
 from tfnet.onnx.load import MAX_OPSET, MIN_OPSET, check_opset
 from tfnet.onnx.ops import HANDLERS, supported_operators
+from tfnet.onnx.shared_stats import initializer_aliases, shared_statistics
 
 
 @dataclass
@@ -37,22 +38,46 @@ class Converted:
     values: dict[str, np.ndarray]  # TF weight name -> value
     statistics: list[str]
     onnx_weight_names: dict[str, str]  # TF weight name -> ONNX initializer name
+    onnx_values: dict[str, tuple[str, bool]]  # TF tensor name -> (ONNX value name, held in NHWC?)
+    statistic_copies: dict[str, str]  # TF weight name -> the shared ONNX initializer it is a statistic copy of
+
+
+# float inputs that set the computation rather than feed it: constants, never weights
+_STATIC_INPUTS = {"Resize": (1, 2)}
 
 
 def check_operators(model) -> None:
     """Raises :class:`UnsupportedOperatorError` listing every unsupported operator and its count."""
     supported = set(supported_operators())
     counts: Counter = Counter()
-    for node in model.graph.node:
+    for node in _all_nodes(model.graph):
         domain = node.domain if node.domain not in ("", "ai.onnx") else ""
         if domain or node.op_type not in supported:
             counts[f"{domain}::{node.op_type}" if domain else node.op_type] += 1
     if counts:
         listed = ", ".join(f"{op} (x{n})" for op, n in sorted(counts.items()))
+        loops = sorted({"Loop", "Scan"} & set(counts))
+        hint = (f" {' and '.join(loops)} run a body a number of times known only at run time; tfnet converts "
+                "graphs without data-dependent loops (export recurrent nets with their ONNX LSTM/GRU/RNN "
+                "operators and a fixed sequence length)." if loops else "")
         raise UnsupportedOperatorError(
-            f"The ONNX model uses {sum(counts.values())} node(s) of operators tfnet cannot convert: {listed}. "
+            f"The ONNX model uses {sum(counts.values())} node(s) of operators tfnet cannot convert: {listed}.{hint} "
             f"Supported operators (default domain, opsets {MIN_OPSET}-{MAX_OPSET}): {', '.join(sorted(supported))}."
         )
+
+
+def _all_nodes(graph):
+    """The nodes of ``graph`` and of the subgraphs (``If`` branches) inside it."""
+    from onnx import AttributeProto
+
+    for node in graph.node:
+        yield node
+        for a in node.attribute:
+            if a.type == AttributeProto.GRAPH:
+                yield from _all_nodes(a.g)
+            elif a.type == AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    yield from _all_nodes(g)
 
 
 def convert(
@@ -101,7 +126,9 @@ def convert(
         taken.add(name)
         return name
 
-    ctx = Ctx(opset=opset, propagate=propagate_layout)
+    static_inputs = {n.input[i] for n in g.node for i in _STATIC_INPUTS.get(n.op_type, ()) if i < len(n.input)}
+    shared = shared_statistics(g)
+    ctx = Ctx(opset=opset, propagate=propagate_layout, aliases=initializer_aliases(g))
     graph = tf.Graph()
     values: dict[str, np.ndarray] = {}
     onnx_weight_names: dict[str, str] = {}
@@ -109,13 +136,17 @@ def convert(
     with graph.as_default():
         for t in g.initializer:
             value = numpy_helper.to_array(t)
-            if value.dtype.kind == "f" and value.ndim >= 1:
+            if value.dtype.kind == "f" and value.ndim >= 1 and t.name not in static_inputs:
                 name = tf_name(t.name)
                 ph = tf.compat.v1.placeholder(tf.as_dtype(value.dtype), value.shape, name=name)
                 values[name] = value
                 onnx_weight_names[name] = t.name
                 ctx.weight_tf_names[t.name] = name
                 ctx.set(t.name, ph)
+                if t.name in shared:  # a batch-norm statistic elsewhere: that use reads its own frozen copy
+                    copy = tf_name(t.name + "_statistic")
+                    ctx.stat_copies[t.name] = tf.compat.v1.placeholder(tf.as_dtype(value.dtype), value.shape, name=copy)
+                    values[copy] = value.copy()
             else:
                 ctx.set(t.name, tf.constant(value, name=tf_name(t.name)))
         for name in by_input:
@@ -130,24 +161,27 @@ def convert(
             if name in input_names:
                 tf_inputs.append((input_names.index(name), ph_name + ":0"))
         try:
-            _convert_nodes(ctx, g.node)
+            convert_nodes(ctx, g.node)
         finally:
             ctx.close()
         tf_outputs = []
         for name in output_names:
             out = tf.identity(ctx.plain(name), name=tf_name(name))
             tf_outputs.append(out.name)
+            ctx.onnx_of.setdefault(out.name, (name, False))
     template = graph.as_graph_def()
     inputs_sorted = [n for _, n in sorted(tf_inputs)]
     template = gu.subgraph(template, tf_outputs, feeds=inputs_sorted)
     kept = gu.nodes_by_name(template)
     values = {k: v for k, v in values.items() if k in kept}
     stats = [s for s in dict.fromkeys(ctx.statistics) if s in values]
+    copies = {ph.op.name: name for name, ph in ctx.stat_copies.items() if ph.op.name in values}
     return Converted(template, inputs_sorted, tf_outputs, values, stats,
-                     {k: v for k, v in onnx_weight_names.items() if k in values})
+                     {k: v for k, v in onnx_weight_names.items() if k in values}, dict(ctx.onnx_of), copies)
 
 
-def _convert_nodes(ctx: Ctx, nodes) -> None:
+def convert_nodes(ctx: Ctx, nodes) -> None:
+    """Converts ``nodes`` in order into ``ctx`` (also the nodes of an inlined ``If`` branch)."""
     from onnx import helper
 
     for i, node in enumerate(nodes):

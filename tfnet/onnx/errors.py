@@ -3,7 +3,7 @@ except a missing external-data file, which is also a ``FileNotFoundError``."""
 
 from __future__ import annotations
 
-from tfnet.errors import GraphLoadError
+from tfnet.errors import GraphLoadError, TFNetError
 
 __all__ = [
     "OnnxLoadError",
@@ -12,6 +12,7 @@ __all__ = [
     "ExternalDataError",
     "OnnxConversionError",
     "NotOnnxNetError",
+    "OnnxExportError",
 ]
 
 
@@ -37,4 +38,10 @@ class OnnxConversionError(GraphLoadError):
 
 
 class NotOnnxNetError(GraphLoadError):
-    """``save_onnx`` was called on a net that was not made by ``from_onnx`` (or was cut or extended)."""
+    """``save_onnx`` was called on a net with no ONNX model behind it (one made from a frozen graph, a
+    SavedModel or Keras, or loaded from an export folder)."""
+
+
+class OnnxExportError(TFNetError, ValueError):
+    """``save_onnx`` met a part of the net it cannot write as ONNX (a head op with no ONNX mapping, a
+    cut at a tensor that is no ONNX value)."""

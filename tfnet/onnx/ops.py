@@ -1,9 +1,11 @@
 """ONNX operators as TensorFlow ops: element-wise, shape, tensor and normalisation ops.
 
 Each handler takes ``(ctx, node, attrs)``, reads its inputs from ``ctx`` and stores its outputs with
-``ctx.set``. :data:`HANDLERS` maps operator names to handlers; the convolution, pooling, batch-norm
-and recurrent operators live in :mod:`tfnet.onnx.ops_nn`, the shape and indexing ones in
-:mod:`tfnet.onnx.ops_shape`; they register themselves here.
+``ctx.set``. :data:`HANDLERS` maps operator names to handlers. The other modules register
+themselves here: :mod:`~tfnet.onnx.ops_nn` (2-D convolution, pooling, batch norm),
+:mod:`~tfnet.onnx.ops_conv_nd` (1-D and 3-D, ConvTranspose), :mod:`~tfnet.onnx.ops_rnn` (LSTM, GRU,
+RNN), :mod:`~tfnet.onnx.ops_resize` (Pad, Resize), :mod:`~tfnet.onnx.ops_tensor` (Einsum, CumSum,
+TopK, instance and group norm, If) and :mod:`~tfnet.onnx.ops_shape` (shapes, indexing, reductions).
 """
 
 from __future__ import annotations
@@ -269,6 +271,13 @@ def _layer_norm(ctx, node, attrs):
 
 
 def supported_operators() -> list[str]:
-    from tfnet.onnx import ops_nn, ops_shape  # noqa: F401  (they register their handlers)
+    from tfnet.onnx import (  # noqa: F401  (they register their handlers)
+        ops_conv_nd,
+        ops_nn,
+        ops_resize,
+        ops_rnn,
+        ops_shape,
+        ops_tensor,
+    )
 
     return sorted(HANDLERS)

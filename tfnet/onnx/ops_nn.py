@@ -1,4 +1,4 @@
-"""ONNX convolution, pooling, batch-norm and LSTM operators as TensorFlow ops, in NHWC.
+"""ONNX convolution, pooling and batch-norm operators as TensorFlow ops, in NHWC.
 
 Kernels stay in ONNX layout (``OIHW``) as weights, so weight names, shapes and gradients are
 PyTorch's; the graph transposes them to TensorFlow's ``HWIO`` (a weight-sized op). Batch norm
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import tensorflow as tf
 
 from tfnet.onnx.context import Ctx
@@ -75,8 +74,19 @@ def _explicit(padding):
 
 @register("Conv")
 def _conv(ctx: Ctx, node, attrs):
-    x = ctx.nhwc(node.input[0])
     w = ctx.plain(node.input[1])
+    if w.shape.rank != 4:  # 1-D and 3-D convolutions
+        from tfnet.onnx.ops_conv_nd import conv_nd
+
+        return conv_nd(ctx, node, attrs)
+    y = conv_nhwc(node, attrs, ctx.nhwc(node.input[0]), w)
+    if len(node.input) > 2 and node.input[2]:
+        y = tf.nn.bias_add(y, ctx.plain(node.input[2]))
+    ctx.set(node.output[0], y, nhwc=True)
+
+
+def conv_nhwc(node, attrs, x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
+    """A 2-D ONNX convolution (kernel ``w`` in OIHW) of NHWC ``x``, without bias, in NHWC."""
     kernel = list(attrs.get("kernel_shape", w.shape.as_list()[2:]))
     strides, dilations, padding = _spatial_attrs(node, attrs, x, kernel)
     group = attrs.get("group", 1)
@@ -95,9 +105,7 @@ def _conv(ctx: Ctx, node, attrs):
         xs = tf.split(x, group, axis=3)
         ws = tf.split(w, group, axis=0)
         y = tf.concat([_conv2d(a, tf.transpose(b, [2, 3, 1, 0]), s4, d4, padding) for a, b in zip(xs, ws)], axis=3)
-    if len(node.input) > 2 and node.input[2]:
-        y = tf.nn.bias_add(y, ctx.plain(node.input[2]))
-    ctx.set(node.output[0], y, nhwc=True)
+    return y
 
 
 def _conv2d(x, kernel, strides, dilations, padding):
@@ -114,10 +122,17 @@ def _batch_norm(ctx: Ctx, node, attrs):
         )
     eps = attrs.get("epsilon", 1e-5)
     x_name, scale, bias, mean, var = node.input[:5]
+    stats = []
     for stat in (mean, var):
-        if stat in ctx.weight_tf_names:
-            ctx.statistics.append(ctx.weight_tf_names[stat])
-    params = [ctx.plain(n) for n in (scale, bias, mean, var)]
+        source = ctx.aliases.get(stat, stat)  # the initializer, also through the exporter's Identity nodes
+        if source in ctx.stat_copies:  # shared with a trainable use: this use reads its frozen copy
+            stats.append(ctx.stat_copies[source])
+            ctx.statistics.append(stats[-1].op.name)
+            continue
+        if source in ctx.weight_tf_names:
+            ctx.statistics.append(ctx.weight_tf_names[source])
+        stats.append(ctx.plain(stat))
+    params = [ctx.plain(scale), ctx.plain(bias), *stats]
     rank = (ctx.nhwc(x_name) if ctx.is_nhwc(x_name) else ctx.plain(x_name)).shape.rank
     if rank == 4:
         y = tf.raw_ops.FusedBatchNormV3(
@@ -132,8 +147,8 @@ def _batch_norm(ctx: Ctx, node, attrs):
     ctx.set(node.output[0], (x - m) * (s * tf.math.rsqrt(v + eps)) + b)
 
 
-def _pool_nhwc(ctx: Ctx, node, attrs, kind: str):
-    x = ctx.nhwc(node.input[0])
+def pool_nhwc(node, attrs, x: tf.Tensor, kind: str) -> tf.Tensor:
+    """A 2-D ONNX max or average pool of NHWC ``x``, in NHWC."""
     kernel = list(attrs["kernel_shape"])
     strides, dilations, padding = _spatial_attrs(node, attrs, x, kernel)
     if dilations != [1, 1]:
@@ -163,12 +178,20 @@ def _pairs(pads):
 def _max_pool(ctx, node, attrs):
     if len([o for o in node.output if o]) > 1:
         raise OnnxConversionError(f"MaxPool {node.name!r}: the Indices output is not supported.")
-    ctx.set(node.output[0], _pool_nhwc(ctx, node, attrs, "max"), nhwc=True)
+    _pool(ctx, node, attrs, "max")
 
 
 @register("AveragePool")
 def _avg_pool(ctx, node, attrs):
-    ctx.set(node.output[0], _pool_nhwc(ctx, node, attrs, "avg"), nhwc=True)
+    _pool(ctx, node, attrs, "avg")
+
+
+def _pool(ctx, node, attrs, kind):
+    if len(attrs["kernel_shape"]) != 2:  # 1-D and 3-D pools
+        from tfnet.onnx.ops_conv_nd import pool_nd
+
+        return pool_nd(ctx, node, attrs, kind)
+    ctx.set(node.output[0], pool_nhwc(node, attrs, ctx.nhwc(node.input[0]), kind), nhwc=True)
 
 
 @register("GlobalAveragePool", "GlobalMaxPool")
@@ -180,71 +203,3 @@ def _global_pool(ctx, node, attrs):
         return
     x = ctx.plain(name)
     ctx.set(node.output[0], fn(x, axis=list(range(2, x.shape.rank)), keepdims=True))
-
-
-# ------------------------------------------------------------------ LSTM
-
-
-@register("LSTM")
-def _lstm(ctx: Ctx, node, attrs):
-    """Unrolled over the (static) sequence length: gates ``i, o, f, c`` as ONNX orders them."""
-    names = list(node.input) + [""] * (8 - len(node.input))
-    x_name, w_name, r_name, b_name, lens_name, h0_name, c0_name, p_name = names[:8]
-    if p_name:
-        raise OnnxConversionError(f"LSTM {node.name!r}: peephole weights (input P) are not supported.")
-    if attrs.get("clip") is not None or attrs.get("input_forget", 0):
-        raise OnnxConversionError(f"LSTM {node.name!r}: clip and input_forget are not supported.")
-    acts = [a.decode() if isinstance(a, bytes) else a for a in attrs.get("activations", [])]
-    if acts and any(a != d for a, d in zip(acts, ["Sigmoid", "Tanh", "Tanh"] * 2)):
-        raise OnnxConversionError(f"LSTM {node.name!r}: activations {acts} are not supported (Sigmoid, Tanh, Tanh are).")
-    direction = attrs.get("direction", b"forward")
-    direction = direction.decode() if isinstance(direction, bytes) else direction
-    layout = attrs.get("layout", 0)
-    x = ctx.plain(x_name)
-    if layout:
-        x = tf.transpose(x, [1, 0, 2])
-    steps = x.shape[0]
-    if steps is None:
-        raise OnnxConversionError(
-            f"LSTM {node.name!r} has a dynamic sequence length (input shape {x.shape}); tfnet unrolls LSTMs and "
-            "needs a fixed one. Export with a fixed sequence dimension (dynamic batch is fine)."
-        )
-    if lens_name:
-        lens = ctx.static(lens_name)
-        if lens is None or not np.all(np.asarray(lens) == steps):
-            raise OnnxConversionError(f"LSTM {node.name!r}: sequence_lens other than the full length are not supported.")
-    hidden = attrs["hidden_size"]
-    w, r = ctx.plain(w_name), ctx.plain(r_name)
-    dirs = ["forward", "reverse"] if direction == "bidirectional" else [direction]
-    batch = tf.shape(x)[1]
-    ys, hs, cs = [], [], []
-    for d, way in enumerate(dirs):
-        wd, rd = w[d], r[d]
-        bias = 0.0
-        if b_name:
-            b = ctx.plain(b_name)[d]
-            bias = b[: 4 * hidden] + b[4 * hidden:]
-        # every step's input projection in one matmul
-        proj = tf.reshape(tf.linalg.matmul(tf.reshape(x, [-1, x.shape[-1]]), wd, transpose_b=True) + bias,
-                          [steps, -1, 4 * hidden])
-        h = ctx.plain(h0_name)[d] if h0_name else tf.zeros(tf.stack([batch, hidden]), x.dtype)
-        c = ctx.plain(c0_name)[d] if c0_name else tf.zeros(tf.stack([batch, hidden]), x.dtype)
-        order = range(steps) if way == "forward" else range(steps - 1, -1, -1)
-        outs = [None] * steps
-        for t in order:
-            gates = proj[t] + tf.linalg.matmul(h, rd, transpose_b=True)
-            i, o, f, g = tf.split(gates, 4, axis=1)
-            c = tf.sigmoid(f) * c + tf.sigmoid(i) * tf.tanh(g)
-            h = tf.sigmoid(o) * tf.tanh(c)
-            outs[t] = h
-        ys.append(tf.stack(outs, 0))
-        hs.append(h)
-        cs.append(c)
-    y = tf.stack(ys, 1)  # (seq, num_directions, batch, hidden)
-    y_h, y_c = tf.stack(hs, 0), tf.stack(cs, 0)
-    if layout:
-        y = tf.transpose(y, [2, 0, 1, 3])
-        y_h, y_c = tf.transpose(y_h, [1, 0, 2]), tf.transpose(y_c, [1, 0, 2])
-    outputs = list(node.output) + [""] * (3 - len(node.output))
-    for name, value in zip(outputs, (y, y_h, y_c)):
-        ctx.set(name, value)

@@ -1,4 +1,4 @@
-"""ONNX shape, indexing and reduction operators as TensorFlow ops.
+"""ONNX shape and indexing operators as TensorFlow ops.
 
 Shapes known while converting (constants, static dimensions) are used as Python values; the rest
 (a dynamic batch dimension) become TensorFlow shape ops, so the batch stays dynamic.
@@ -16,7 +16,7 @@ from tfnet.onnx.ops import plain_inputs, register
 _INT64_BIG = 2**62
 
 
-def _int_list(ctx: Ctx, node, index: int, attr: str, attrs) -> list[int] | None:
+def int_list(ctx: Ctx, node, index: int, attr: str, attrs) -> list[int] | None:
     """An int list given as an attribute (older opsets) or a constant input (newer ones)."""
     if len(node.input) > index and node.input[index]:
         value = ctx.static_ints(node.input[index])
@@ -65,6 +65,8 @@ def _shape(ctx, node, attrs):
         ctx.set(node.output[0], tf.constant(np.asarray(static[start:end], np.int64)))
     else:
         ctx.set(node.output[0], tf.shape(x, out_type=tf.int64)[start:end])
+        if static is not None:  # Gather and Slice of the static entries give constants
+            ctx.shapes[node.output[0]] = static[start:end]
 
 
 @register("Size")
@@ -83,7 +85,9 @@ def _reshape(ctx, node, attrs):
             here = tf.shape(x, out_type=tf.int64)
             if n is not None and x.shape.rank is not None and n <= x.shape.rank:
                 target = tf.where(tf.equal(target, 0), here[:n], target)
-        ctx.set(node.output[0], tf.reshape(x, target))
+        y = tf.reshape(x, target)
+        y.set_shape(y.shape.merge_with(_partial_shape(ctx.plain(node.input[1]), y.shape.rank)))
+        ctx.set(node.output[0], y)
         return
     if not attrs.get("allowzero", 0) and 0 in shape:
         dims = x.shape.as_list()
@@ -94,6 +98,20 @@ def _reshape(ctx, node, attrs):
             return
         shape = parts
     ctx.set(node.output[0], tf.reshape(x, shape))
+
+
+def _partial_shape(target: tf.Tensor, rank: int | None) -> tf.TensorShape:
+    """What TensorFlow can tell of a shape tensor built from ``Shape`` slices and constants, such as
+    ``Concat(Shape(x)[:1], [-1], Shape(x)[3:])`` (unknown entries, 0 and -1 as None)."""
+    from tensorflow.python.framework import tensor_util
+
+    try:
+        shape = tensor_util.constant_value_as_shape(target)
+    except (TypeError, ValueError):
+        return tf.TensorShape(None)
+    if shape.rank is None or (rank is not None and shape.rank != rank):
+        return tf.TensorShape(None)
+    return tf.TensorShape([d if d not in (None, 0, -1) else None for d in shape.as_list()])
 
 
 @register("Flatten")
@@ -130,7 +148,7 @@ def _axes(axes: list[int], rank: int) -> list[int]:
 @register("Unsqueeze")
 def _unsqueeze(ctx, node, attrs):
     x = ctx.plain(node.input[0])
-    axes = _int_list(ctx, node, 1, "axes", attrs)
+    axes = int_list(ctx, node, 1, "axes", attrs)
     for a in _axes(axes, x.shape.rank + len(axes)):
         x = tf.expand_dims(x, a)
     ctx.set(node.output[0], x)
@@ -139,7 +157,7 @@ def _unsqueeze(ctx, node, attrs):
 @register("Squeeze")
 def _squeeze(ctx, node, attrs):
     x = ctx.plain(node.input[0])
-    axes = _int_list(ctx, node, 1, "axes", attrs)
+    axes = int_list(ctx, node, 1, "axes", attrs)
     ctx.set(node.output[0], tf.squeeze(x, axis=None if axes is None else _axes(axes, x.shape.rank)))
 
 
@@ -158,11 +176,23 @@ def _concat(ctx, node, attrs):
 def _split(ctx, node, attrs):
     x = ctx.plain(node.input[0])
     axis = attrs.get("axis", 0)
-    sizes = _int_list(ctx, node, 1, "split", attrs)
+    sizes = int_list(ctx, node, 1, "split", attrs)
     outs = [o for o in node.output]
     parts = tf.split(x, sizes if sizes is not None else len(outs), axis=axis)
     for name, part in zip(outs, parts):
         ctx.set(name, part)
+
+
+def _static_part(ctx: Ctx, node, picked) -> bool:
+    """Sets the output to a constant when it takes only static entries of a ``Shape`` output."""
+    known = ctx.shapes.get(node.input[0])
+    if known is None or picked is None:
+        return False
+    values = np.asarray(known, dtype=object)[picked]
+    if any(v is None for v in np.asarray(values).reshape(-1)):
+        return False
+    ctx.set(node.output[0], tf.constant(np.asarray(values, np.int64)))
+    return True
 
 
 @register("Gather")
@@ -170,6 +200,8 @@ def _gather(ctx, node, attrs):
     params = ctx.plain(node.input[0])
     axis = attrs.get("axis", 0)
     static = ctx.static(node.input[1])
+    if static is not None and _static_part(ctx, node, np.asarray(static)):
+        return
     if static is not None:
         static = np.asarray(static)
         dim = params.shape[axis]
@@ -202,12 +234,15 @@ def _slice(ctx, node, attrs):
     rank = x.shape.rank
     starts, ends = node.input[1], node.input[2]
     n = len(ctx.static_ints(starts)) if ctx.static(starts) is not None else ctx.plain(starts).shape[0]
-    axes = _int_list(ctx, node, 3, "axes", {}) if len(node.input) > 3 and node.input[3] else list(range(n))
-    steps = _int_list(ctx, node, 4, "steps", {}) if len(node.input) > 4 and node.input[4] else [1] * n
+    axes = int_list(ctx, node, 3, "axes", {}) if len(node.input) > 3 and node.input[3] else list(range(n))
+    steps = int_list(ctx, node, 4, "steps", {}) if len(node.input) > 4 and node.input[4] else [1] * n
     index = [slice(None)] * rank
     for i, (axis, step) in enumerate(zip(axes, steps)):
         axis = axis + rank if axis < 0 else axis
         index[axis] = slice(_bound(ctx, starts, i), _bound(ctx, ends, i), step)
+    if rank == 1 and all(isinstance(b, (int, type(None))) for b in (index[0].start, index[0].stop)) and \
+            _static_part(ctx, node, index[0]):
+        return
     ctx.set(node.output[0], x[tuple(index)])
 
 
@@ -230,35 +265,3 @@ def _tile(ctx, node, attrs):
 def _range(ctx, node, attrs):
     start, limit, delta = plain_inputs(ctx, node)
     ctx.set(node.output[0], tf.range(start, limit, delta))
-
-
-_REDUCE = {
-    "ReduceMean": tf.reduce_mean, "ReduceSum": tf.reduce_sum, "ReduceMax": tf.reduce_max,
-    "ReduceMin": tf.reduce_min, "ReduceProd": tf.reduce_prod,
-}
-
-
-@register(*_REDUCE)
-def _reduce(ctx, node, attrs):
-    x = ctx.plain(node.input[0])
-    axes = _int_list(ctx, node, 1, "axes", attrs)
-    keep = bool(attrs.get("keepdims", 1))
-    if not axes:
-        if attrs.get("noop_with_empty_axes", 0):
-            ctx.set(node.output[0], tf.identity(x))
-            return
-        axes = None
-    ctx.set(node.output[0], _REDUCE[node.op_type](x, axis=axes, keepdims=keep))
-
-
-@register("ArgMax", "ArgMin")
-def _argmax(ctx, node, attrs):
-    x = ctx.plain(node.input[0])
-    axis = attrs.get("axis", 0)
-    fn = tf.argmax if node.op_type == "ArgMax" else tf.argmin
-    y = fn(x, axis=axis, output_type=tf.int64)
-    if attrs.get("keepdims", 1):
-        y = tf.expand_dims(y, axis)
-    ctx.set(node.output[0], y)
-
-

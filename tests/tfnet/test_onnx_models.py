@@ -1,0 +1,41 @@
+"""torchvision's model classes at tiny widths (scripts/onnx_fixture_vision.py), exported by real
+PyTorch at opsets 13 to 18: forward against onnxruntime and PyTorch, input and weight gradients
+against PyTorch's. Parameters the exporter merged into one initializer (equal initial values, such as
+LayerNorm's ones) are compared as the sum of their gradients; GoogLeNet keeps torchvision's own
+initialisation, where the exporter also merges batch-norm biases with running means."""
+
+import numpy as np
+import onnx
+import pytest
+
+pytest.importorskip("onnxruntime")
+
+from tests.tfnet.onnx_fixtures import check_backward, check_forward, path_of, stored  # noqa: E402
+from tfnet import TFNet  # noqa: E402
+
+# name -> (opset, parameters merged by the exporter into shared initializers)
+MODELS = {
+    "mobilenet_v3": (17, True), "efficientnet": (15, True), "regnet": (14, False), "densenet": (13, False),
+    "shufflenet": (16, False), "squeezenet": (13, False), "mnasnet": (18, False), "googlenet": (17, True),
+    "vit": (17, True), "swin": (17, True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_torchvision_models_forward_and_gradients(name):
+    opset, merged = MODELS[name]
+    model = onnx.load(path_of(name))
+    assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [opset]
+    net = TFNet.from_onnx(path_of(name))
+    check_forward(net, name)
+    check_backward(net, name)
+    groups = {k[len("merged/"):]: list(v) for k, v in stored(name).items() if k.startswith("merged/")}
+    assert bool(groups) == merged
+    for init, params in groups.items():  # one weight of the net stands for several PyTorch parameters
+        assert init in net.weight_names and len(params) >= 2
+        assert not set(params) - {init} & set(net.weight_names)
+    if name == "vit":  # LayerNorm's initial ones: one initializer for five parameters
+        assert max(len(p) for p in groups.values()) >= 5
+    if name == "googlenet":  # torchvision's own initialisation: the input's gradient vanishes (about 1e-20)
+        assert np.abs(stored(name)["grad_in_0"]).max() < 1e-12
+    assert np.isfinite(net.forward(stored(name)["in_0"])).all()

@@ -1,0 +1,211 @@
+"""Issue 23's operators: models exported by real PyTorch (scripts/onnx_fixture_models.py) checked
+against onnxruntime and PyTorch's gradients, and hand-made ONNX graphs for what PyTorch does not
+export (reverse-only recurrences, ``layout=1``, resize modes, ``If``, ``Loop``)."""
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from onnx import TensorProto, helper  # noqa: E402
+
+from tests.tfnet.onnx_fixtures import check_backward, check_forward, path_of, rel, run_ort  # noqa: E402
+from tfnet import TFNet  # noqa: E402
+from tfnet.onnx import OnnxConversionError, UnsupportedOperatorError  # noqa: E402
+
+# name -> operators it exercises
+FIXTURE_OPS = {
+    "gru_text": "GRU bidirectional, two layers, no initial state",
+    "lstm_text": "LSTM bidirectional, two layers",
+    "rnn_state": "RNN tanh bidirectional two layers; GRU and RNN (ReLU) from an initial state",
+    "tcn": "Conv 1-D (dilated, grouped, strided), Pad constant, BatchNorm1d, GroupNorm, MaxPool/AveragePool 1-D",
+    "unet": "Pad reflect/edge/constant, InstanceNormalization, ConvTranspose (groups, output padding), Resize",
+    "tensor_ops": "Einsum, ReduceL2, ReduceLogSumExp, CumSum, Where, Expand, Tile, TopK, Conv/pools 3-D, Resize",
+}
+_NETS = {}
+
+
+def net_of(name):
+    if name not in _NETS:
+        _NETS[name] = TFNet.from_onnx(path_of(name))
+    return _NETS[name]
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURE_OPS))
+def test_pytorch_exports_forward_and_gradients(name):
+    net = net_of(name)
+    check_forward(net, name)
+    check_backward(net, name)
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=17):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _info(name, shape, dtype=TensorProto.FLOAT):
+    """A value's type; an int shape is a rank of unknown dimensions."""
+    if isinstance(shape, int):
+        shape = [f"{name}{i}" for i in range(shape)]
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+def _tensor(name, value):
+    return onnx.numpy_helper.from_array(np.asarray(value, np.float32), name)
+
+
+def _recurrent_model(op, direction, layout, rng):
+    dirs, hidden, feat, gates = (2 if direction == "bidirectional" else 1), 3, 4, {"GRU": 3, "RNN": 1, "LSTM": 4}[op]
+    inits = [_tensor("W", rng.standard_normal((dirs, gates * hidden, feat)) * 0.5),
+             _tensor("R", rng.standard_normal((dirs, gates * hidden, hidden)) * 0.5),
+             _tensor("B", rng.standard_normal((dirs, 2 * gates * hidden)) * 0.5)]
+    state = (2, dirs, hidden) if layout else (dirs, 2, hidden)  # initial states as weights (batch 2)
+    inits += [_tensor(n, rng.standard_normal(state)) for n in (["h0", "c0"] if op == "LSTM" else ["h0"])]
+    names = ["x", "W", "R", "B", "", "h0"] + (["c0"] if op == "LSTM" else [])
+    node = helper.make_node(op, names, ["y", "y_h"], hidden_size=hidden, direction=direction, layout=layout)
+    x = _info("x", ["batch", 5, feat] if layout else [5, "batch", feat])
+    return _model([node], [x], [_info("y", 4), _info("y_h", 3)], inits, opset=14)
+
+
+@pytest.mark.parametrize("op,direction,layout", [
+    ("GRU", "reverse", 0), ("GRU", "bidirectional", 1), ("RNN", "reverse", 1), ("RNN", "bidirectional", 0),
+    ("LSTM", "bidirectional", 1),
+])
+def test_recurrences_pytorch_does_not_export(op, direction, layout):
+    """Reverse-only directions, batch-major ``layout=1`` (onnxruntime runs only ``layout=0``: its
+    reference is the same model in ``layout=0`` on transposed data), GRU with ``linear_before_reset=0``."""
+    model = _recurrent_model(op, direction, layout, np.random.default_rng(0))
+    reference = _recurrent_model(op, direction, 0, np.random.default_rng(0))
+    if layout:  # the same states, moved to layout 0
+        for t in reference.graph.initializer:
+            if t.name in ("h0", "c0"):
+                value = onnx.numpy_helper.to_array([i for i in model.graph.initializer if i.name == t.name][0])
+                t.CopyFrom(onnx.numpy_helper.from_array(value.transpose(1, 0, 2), t.name))
+    x = np.random.default_rng(1).standard_normal((5, 2, 4)).astype(np.float32)  # (seq, batch, features)
+    y, y_h = run_ort(reference, [x])
+    if layout:
+        x, y, y_h = x.transpose(1, 0, 2), y.transpose(2, 0, 1, 3), y_h.transpose(1, 0, 2)
+    got = TFNet.from_onnx(model, relax_batch=False).forward(x)
+    assert rel(got[0], y) < 1e-5 and rel(got[1], y_h) < 1e-5
+
+
+@pytest.mark.parametrize("mode,coord,nearest", [
+    ("nearest", "asymmetric", "floor"), ("nearest", "half_pixel", "round_prefer_floor"),
+    ("nearest", "tf_half_pixel_for_nn", "ceil"), ("nearest", "align_corners", "round_prefer_ceil"),
+    ("linear", "pytorch_half_pixel", "floor"), ("linear", "half_pixel", "floor"), ("linear", "align_corners", "floor"),
+    ("linear", "asymmetric", "floor"), ("cubic", "pytorch_half_pixel", "floor"), ("cubic", "align_corners", "floor"),
+    ("cubic", "half_pixel", "exclude_outside"),
+])
+def test_resize_modes_equal_onnxruntime(mode, coord, nearest):
+    x = np.random.default_rng(1).standard_normal((2, 3, 5, 4)).astype(np.float32)
+    scales = onnx.numpy_helper.from_array(np.array([1, 1, 1.6, 0.75], np.float32), "scales")
+    extra = {"exclude_outside": 1, "cubic_coeff_a": -0.5} if nearest == "exclude_outside" else {"nearest_mode": nearest}
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode=mode, coordinate_transformation_mode=coord,
+                            **extra)
+    model = _model([node], [_info("x", [None, 3, 5, 4])], [_info("y", 4)], [scales])
+    got = TFNet.from_onnx(model).forward(x)
+    want = run_ort(model, [x])[0]
+    assert got.shape == want.shape == (2, 3, 8, 3) and rel(got, want) < 1e-6
+
+
+@pytest.mark.parametrize("mode", ["edge", "reflect", "constant"])
+def test_pad_axes_and_negative_pads_equal_onnxruntime(mode):
+    """Opset 18's ``axes`` input, a negative pad (a crop), a constant value."""
+    x = np.random.default_rng(2).standard_normal((2, 4, 5, 3)).astype(np.float32)
+    pads = onnx.numpy_helper.from_array(np.array([2, -1, 1, 1], np.int64), "pads")
+    axes = onnx.numpy_helper.from_array(np.array([2, -1], np.int64), "axes")
+    value = onnx.numpy_helper.from_array(np.array(0.5, np.float32), "value")
+    nodes = [helper.make_node("Pad", ["x", "pads", "value", "axes"], ["y"], mode=mode)]
+    model = _model(nodes, [_info("x", [None, 4, 5, 3])], [_info("y", 4)], [pads, axes, value], opset=18)
+    got = TFNet.from_onnx(model).forward(x)
+    want = run_ort(model, [x])[0]
+    assert got.shape == want.shape == (2, 4, 8, 3) and rel(got, want) < 1e-6
+
+
+def _if_model(cond_node):
+    then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [], [_info("t", 2)])
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [], [_info("e", 2)])
+    nodes = [cond_node, helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)]
+    return _model(nodes, [_info("x", [None, 3])], [_info("y", 2)])
+
+
+def test_if_with_a_constant_condition_is_folded_and_a_data_dependent_one_refused():
+    x = np.array([[-1.0, 2.0, -3.0]], np.float32)
+    for flag, want in ((True, [[0, 2, 0]]), (False, [[1, -2, 3]])):
+        model = _if_model(helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.BOOL, [], [flag])))
+        net = TFNet.from_onnx(model)
+        assert net.forward(x).tolist() == want == run_ort(model, [x])[0].tolist()
+    model = _if_model(helper.make_node("ReduceMax", ["x"], ["m"], keepdims=0))
+    model.graph.node.insert(1, helper.make_node("Cast", ["m"], ["c"], to=TensorProto.BOOL))
+    with pytest.raises(OnnxConversionError, match=r"If '.*' has a condition computed from the inputs"):
+        TFNet.from_onnx(model)
+
+
+def test_a_data_dependent_loop_is_refused_by_name():
+    body = helper.make_graph(
+        [helper.make_node("Add", ["acc_in", "x"], ["acc_out"]), helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body", [_info("i", [], TensorProto.INT64), _info("cond_in", [], TensorProto.BOOL), _info("acc_in", 2)],
+        [_info("cond_out", [], TensorProto.BOOL), _info("acc_out", 2)])
+    nodes = [helper.make_node("Loop", ["n", "", "x"], ["y"], body=body)]
+    model = _model(nodes, [_info("x", [None, 3]), _info("n", [], TensorProto.INT64)], [_info("y", 2)])
+    with pytest.raises(UnsupportedOperatorError, match=r"Loop \(x1\)\. Loop run a body a number of times known only "
+                                                       r"at run time"):
+        TFNet.from_onnx(model)
+
+
+@pytest.mark.parametrize("rank,attrs", [
+    (1, {"strides": [2], "pads": [1, 0], "output_padding": [1], "group": 2}),
+    (2, {"strides": [2, 3], "output_shape": [9, 10]}),
+    (2, {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    (2, {"strides": [1, 2], "auto_pad": "VALID", "group": 2}),
+    (3, {"strides": [2, 1, 2], "pads": [1, 0, 0, 0, 1, 1], "output_padding": [1, 0, 0], "group": 2}),
+])
+def test_conv_transpose_variants_equal_onnxruntime(rank, attrs):
+    rng = np.random.default_rng(4)
+    spatial = {1: [5], 2: [4, 3], 3: [3, 4, 3]}[rank]
+    w = _tensor("w", rng.standard_normal([4, 3 if attrs.get("group", 1) == 2 else 6, *([3] * rank)]) * 0.3)
+    b = _tensor("b", rng.standard_normal([6]) * 0.3)  # 6 output channels either way
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], **attrs)
+    model = _model([node], [_info("x", [None, 4, *spatial])], [_info("y", rank + 2)], [w, b])
+    x = rng.standard_normal([2, 4, *spatial]).astype(np.float32)
+    got, want = TFNet.from_onnx(model).forward(x), run_ort(model, [x])[0]
+    assert got.shape == want.shape and rel(got, want) < 1e-5
+
+
+def test_a_sequence_first_input_names_relax_batch():
+    """A recurrent op fed straight from a graph input of shape (seq, batch, features): relaxing
+    dimension 0 (the default) makes the sequence length dynamic, and the error says what to pass."""
+    model = _recurrent_model("GRU", "forward", 0, np.random.default_rng(5))
+    with pytest.raises(OnnxConversionError, match=r"GRU .* dynamic sequence length .*pass relax_batch=False"):
+        TFNet.from_onnx(model)
+    assert TFNet.from_onnx(model, relax_batch=False).input_specs[0].shape.as_list() == [5, None, 4]
+
+
+def _refused(op, inputs, attrs, shapes, inits=(), opset=17):
+    node = helper.make_node(op, [i for i, _ in inputs], ["y"], **attrs)
+    infos = [_info(name, shape) for name, shape in inputs if name and name not in {t.name for t in inits}]
+    return _model([node], infos, [_info("y", shapes)], list(inits), opset=opset)
+
+
+@pytest.mark.parametrize("model,message", [
+    (lambda: _refused("Resize", [("x", [None, 2, 4, 4]), ("", None), ("s", None)], {"antialias": 1}, 4,
+                      [onnx.numpy_helper.from_array(np.array([1, 1, 0.5, 0.5], np.float32), "s")], opset=18),
+     r"Resize '.*': antialias and keep_aspect_ratio_policy are not supported"),
+    (lambda: _refused("Conv", [("x", [None, 1, 4, 4, 4]), ("w", None)], {"dilations": [2, 2, 2]}, 5,
+                      [_tensor("w", np.ones((2, 1, 2, 2, 2)))]),
+     r"Conv '.*': dilated 3-D convolutions are not supported"),
+    (lambda: _refused("ConvTranspose", [("x", [None, 2, 3, 3]), ("w", None)], {"dilations": [2, 2]}, 4,
+                      [_tensor("w", np.ones((2, 2, 2, 2)))]),
+     r"ConvTranspose '.*': dilations are not supported"),
+    (lambda: _refused("RNN", [("x", [4, None, 3]), ("W", None), ("R", None)], {"hidden_size": 2, "clip": 1.0}, 4,
+                      [_tensor("W", np.ones((1, 2, 3))), _tensor("R", np.ones((1, 2, 2)))]),
+     r"RNN '.*': clip and input_forget are not supported"),
+    (lambda: _refused("GRU", [("x", [4, None, 3]), ("W", None), ("R", None)],
+                      {"hidden_size": 2, "activations": ["HardSigmoid", "Tanh"]}, 4,
+                      [_tensor("W", np.ones((1, 6, 3))), _tensor("R", np.ones((1, 6, 2)))]),
+     r"GRU '.*': activations \['HardSigmoid'\] with alpha/beta are not supported \(supported: Relu, Sigmoid, Tanh\)"),
+])
+def test_what_does_not_convert_is_refused_by_name(model, message):
+    with pytest.raises(OnnxConversionError, match=message):
+        TFNet.from_onnx(model(), relax_batch=False)

@@ -1,0 +1,133 @@
+"""ONNX reductions, ``ArgMax``/``ArgMin``, ``Einsum``, ``CumSum``, ``TopK``, ``InstanceNormalization``
+and ``If`` (with a condition known while converting) as TensorFlow ops.
+
+PyTorch exports ``GroupNorm`` as ``Reshape -> InstanceNormalization -> Reshape -> Mul -> Add``
+(opsets 13 to 18), which these ops convert. The opset-18 ``GroupNormalization`` operator itself is
+deprecated by onnx's checker in every opset tfnet reads, so no valid model in range holds it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tfnet.onnx.context import Ctx
+from tfnet.onnx.errors import OnnxConversionError
+from tfnet.onnx.ops import register
+from tfnet.onnx.ops_shape import int_list
+
+
+@register("Einsum")
+def _einsum(ctx: Ctx, node, attrs):
+    equation = attrs["equation"]
+    equation = (equation.decode() if isinstance(equation, bytes) else equation).replace(" ", "")
+    ctx.set(node.output[0], tf.einsum(equation, *[ctx.plain(n) for n in node.input]))
+
+
+@register("CumSum")
+def _cumsum(ctx: Ctx, node, attrs):
+    x = ctx.plain(node.input[0])
+    axis = ctx.static_ints(node.input[1])
+    if axis is None:
+        raise OnnxConversionError(f"CumSum {node.name!r}: the axis must be known while converting (a constant).")
+    y = tf.math.cumsum(x, axis=axis[0], exclusive=bool(attrs.get("exclusive", 0)), reverse=bool(attrs.get("reverse", 0)))
+    ctx.set(node.output[0], y)
+
+
+@register("TopK")
+def _top_k(ctx: Ctx, node, attrs):
+    x = ctx.plain(node.input[0])
+    k = ctx.static_ints(node.input[1])
+    k = ctx.plain(node.input[1])[0] if k is None else k[0]
+    rank = x.shape.rank
+    axis = attrs.get("axis", -1)
+    axis = axis + rank if axis < 0 else axis
+    perm = [i for i in range(rank) if i != axis] + [axis]
+    moved = x if axis == rank - 1 else tf.transpose(x, perm)
+    largest = attrs.get("largest", 1)
+    values, indices = tf.math.top_k(moved if largest else -moved, k=k, sorted=True)
+    if not largest:
+        values = -values
+    if axis != rank - 1:
+        back = list(np.argsort(perm))
+        values, indices = tf.transpose(values, back), tf.transpose(indices, back)
+    ctx.set(node.output[0], values)
+    if len(node.output) > 1:
+        ctx.set(node.output[1], tf.cast(indices, tf.int64))
+
+
+@register("InstanceNormalization")
+def _instance_norm(ctx: Ctx, node, attrs):
+    eps = attrs.get("epsilon", 1e-5)
+    name = node.input[0]
+    scale, bias = ctx.plain(node.input[1]), ctx.plain(node.input[2])
+    if ctx.is_nhwc(name):
+        x = ctx.nhwc(name)
+        mean, var = tf.nn.moments(x, [1, 2], keepdims=True)
+        ctx.set(node.output[0], (x - mean) * tf.math.rsqrt(var + eps) * scale + bias, nhwc=True)
+        return
+    x = ctx.plain(name)
+    mean, var = tf.nn.moments(x, list(range(2, x.shape.rank)), keepdims=True)
+    shape = [-1] + [1] * (x.shape.rank - 2)
+    y = (x - mean) * tf.math.rsqrt(var + eps) * tf.reshape(scale, shape) + tf.reshape(bias, shape)
+    ctx.set(node.output[0], y)
+
+
+@register("If")
+def _if(ctx: Ctx, node, attrs):
+    """Inlines the branch a constant condition picks; a condition computed from the data is refused."""
+    from onnx import numpy_helper
+
+    from tfnet.onnx.convert import convert_nodes
+
+    cond = ctx.static(node.input[0])
+    if cond is None:
+        raise OnnxConversionError(
+            f"If {node.name!r} has a condition computed from the inputs; tfnet converts an If only when its "
+            "condition is known while converting (a constant, or computed from static shapes). Export with "
+            "tracing (torch.onnx.export(..., dynamo=False)) so Python control flow is resolved."
+        )
+    branch = attrs["then_branch"] if bool(np.asarray(cond).reshape(-1)[0]) else attrs["else_branch"]
+    for t in branch.initializer:
+        ctx.set(t.name, tf.constant(numpy_helper.to_array(t)))
+    convert_nodes(ctx, branch.node)
+    for out, inner in zip(node.output, branch.output):
+        if out:
+            value = ctx.values[inner.name]
+            ctx.set(out, value.tensor, value.nhwc)
+
+
+_REDUCE = {
+    "ReduceMean": tf.reduce_mean, "ReduceSum": tf.reduce_sum, "ReduceMax": tf.reduce_max,
+    "ReduceMin": tf.reduce_min, "ReduceProd": tf.reduce_prod, "ReduceLogSumExp": tf.reduce_logsumexp,
+    "ReduceL2": lambda x, **kw: tf.sqrt(tf.reduce_sum(tf.square(x), **kw)),
+    "ReduceL1": lambda x, **kw: tf.reduce_sum(tf.abs(x), **kw),
+    "ReduceSumSquare": lambda x, **kw: tf.reduce_sum(tf.square(x), **kw),
+    "ReduceLogSum": lambda x, **kw: tf.math.log(tf.reduce_sum(x, **kw)),
+}
+
+
+@register(*_REDUCE)
+def _reduce(ctx, node, attrs):
+    x = ctx.plain(node.input[0])
+    axes = int_list(ctx, node, 1, "axes", attrs)
+    keep = bool(attrs.get("keepdims", 1))
+    if not axes:
+        if attrs.get("noop_with_empty_axes", 0):
+            ctx.set(node.output[0], tf.identity(x))
+            return
+        axes = None
+    ctx.set(node.output[0], _REDUCE[node.op_type](x, axis=axes, keepdims=keep))
+
+
+@register("ArgMax", "ArgMin")
+def _argmax(ctx, node, attrs):
+    x = ctx.plain(node.input[0])
+    axis = attrs.get("axis", 0)
+    fn = tf.argmax if node.op_type == "ArgMax" else tf.argmin
+    y = fn(x, axis=axis, output_type=tf.int64)
+    if attrs.get("keepdims", 1):
+        y = tf.expand_dims(y, axis)
+    ctx.set(node.output[0], y)
+
+
