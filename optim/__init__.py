@@ -49,7 +49,8 @@ _EXPORTS = {
     "from_spark_error": "optim.errors",
     "raise_tfnet_errors": "optim.errors",
 }
-_SUBMODULES = ("losses", "metrics", "schedules", "transforms", "methods", "errors")
+_SUBMODULES = ("losses", "metrics", "schedules", "transforms", "methods", "errors", "logs", "arrow", "keras_compat",
+               "optimizer", "training", "spark", "predict")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 

@@ -60,3 +60,14 @@ def test_one_class_per_error_concept():
         obj = getattr(E, name)
         if isinstance(obj, type) and issubclass(obj, Exception) and not issubclass(obj, Warning):
             assert issubclass(obj, tfnet.TFNetError), name
+
+
+def test_import_optim_reaches_every_module_the_readme_names():
+    """`import optim` then `optim.logs.configure(...)`, as the README writes it, in a fresh interpreter."""
+    code = ("import optim; optim.logs.configure(1); "
+            "print(optim.training.loop.__name__, optim.spark.session.__name__, optim.predict.predictor.__name__, "
+            "optim.arrow.__name__, optim.keras_compat.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["optim.training.loop", "optim.spark.session", "optim.predict.predictor",
+                                  "optim.arrow", "optim.keras_compat"]

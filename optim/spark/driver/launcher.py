@@ -258,7 +258,8 @@ def _check_cluster(dataset: TFDataset, config: TrainConfig, num_workers: int | N
     n = int(num_workers or sc.defaultParallelism)
     if n < 1:
         raise ValueError(f"`num_workers` must be positive. Received: {num_workers}")
-    slots = wait_for_slots(sc, n, slot_wait)
+    # a local master cannot grow: its slots are what it has now, so there is nothing to wait for
+    slots = wait_for_slots(sc, n, 0.0 if sc.master.startswith("local") else slot_wait)
     if slots < n:
         raise DistributedTrainingError(
             f"num_workers={n}, but the cluster has {slots} task slot(s): a barrier stage must run all its "
