@@ -775,6 +775,22 @@ class TFNet(tf.Module):
             self._compiled[key] = step
         return step
 
+    def summary(self, print_fn=print, line_length: int = 100) -> str:
+        """A Keras-style table: inputs and outputs (names, shapes, dtypes), every weight (shape,
+        values, trainable, frozen or a statistic), the totals, and the graph's ops. Printed with
+        ``print_fn`` (None: only returned)."""
+        from tfnet.summary import summary
+
+        return summary(self, print_fn, line_length)
+
+    def tensor_names(self, op_types=None, contains: str | None = None, include_plumbing: bool = False) -> list[str]:
+        """The graph's tensor names in graph order: where :meth:`cut` can end the net. Filter by op
+        type (``op_types=["Relu"]``) or by text (``contains="block5"``); plumbing ops (constants,
+        identities, reshapes, shape arithmetic) are left out unless ``include_plumbing``."""
+        from tfnet.summary import tensor_names
+
+        return tensor_names(self, op_types, contains, include_plumbing)
+
     def save(self, path: PathLike, *, storage_options=None) -> None:
         """Writes ``path/frozen_inference_graph.pb`` (a frozen graph with the current weights) and
         ``path/graph_meta.json``, each atomically. Plain TensorFlow can import the graph;
