@@ -35,6 +35,7 @@ _EXPORTS = {
     "chain": "optim.transforms",
     "partition": "optim.transforms",
     "NonFiniteLossError": "optim.errors",
+    "NonFiniteInputError": "optim.errors",
     "LabelShapeError": "optim.errors",
     "CheckpointError": "optim.errors",
     "OptimizerStateError": "optim.errors",

@@ -26,6 +26,7 @@ __all__ = [
     "DistributedTrainingError",
     "KerasMappingError",
     "LabelShapeError",
+    "NonFiniteInputError",
     "NonFiniteLossError",
     "OptimizerStateError",
     "RendezvousError",
@@ -72,6 +73,13 @@ class LabelShapeError(TFNetError, ValueError):
 
 
 # ---------------------------------------------------------------- training
+
+
+class NonFiniteInputError(DataError):
+    """Features with NaN or Inf: the message names the row (and the partition, over Spark). Pass
+    ``on_nonfinite="skip"`` to leave such rows out instead."""
+
+    retryable = False
 
 
 class NonFiniteLossError(TFNetError, FloatingPointError):

@@ -16,7 +16,8 @@ import numpy as np
 from optim import losses as L
 from optim import metrics as M
 from optim.training.checkpoint import new_run_id, resolve_resume
-from optim.training.datasets import as_dataset, in_input_order, resolve_batch_size
+from optim.training.checks import check_labels, finite_rows_only
+from optim.training.datasets import ArrayDataset, as_dataset, in_input_order, resolve_batch_size
 from optim.training.loop import TrainConfig, evaluate, metrics_copy, train
 from optim.training.reporting import MultiReporter, ProgressBar, StepRecorder, TensorBoardWriter, tensorboard_dir
 from optim.transforms import assign_groups, partition
@@ -192,6 +193,8 @@ class TFOptimizer:
         dataset = self._dataset(data, batch_size)
         batch_size = resolve_batch_size(dataset, batch_size)
         val = self._dataset(validation_data, batch_size) if validation_data is not None else None
+        dataset = self._checked(dataset, on_nonfinite, "the training data")
+        val = self._checked(val, on_nonfinite, "the validation data")
         if epochs is None:
             epochs = 1 if max_steps is None else 1 << 30  # bounded by max_steps
         config = TrainConfig(
@@ -238,6 +241,16 @@ class TFOptimizer:
         if hasattr(dataset, "arrange_inputs"):
             dataset.arrange_inputs(names)
         return dataset
+
+    def _checked(self, dataset, on_nonfinite: str, where: str):
+        """Numpy data is checked here, on the driver, before any step: class-id labels against the
+        loss, and NaN or Inf features (an error, or the rows left out with on_nonfinite='skip').
+        Distributed data is checked the same way on each rank."""
+        if not isinstance(dataset, ArrayDataset):
+            return dataset
+        if dataset.labels is not None:
+            check_labels(dataset.labels[0] if dataset.single_label else dataset.labels, self.loss, self.net, where)
+        return finite_rows_only(dataset, on_nonfinite, where)
 
     def _resume_source(self, config: TrainConfig):
         """What to resume from, chosen once on the driver (a run id or a checkpoint path, or

@@ -135,6 +135,12 @@ class ArrayDataset(TFDataset):
     def __len__(self) -> int:
         return self.n
 
+    def subset(self, rows: np.ndarray) -> ArrayDataset:
+        """These rows only (features, labels and weights alike)."""
+        return ArrayDataset([a[rows] for a in self.features], None if self.labels is None else [a[rows] for a in self.labels],
+                            self.single_label, self.batch_size, self.presharded, self.augment,
+                            None if self.weights is None else self.weights[rows])
+
     def shard_indices(self, rank: int, size: int) -> np.ndarray:
         if self.presharded:
             return np.arange(self.n)

@@ -360,7 +360,7 @@ def _run_attempts(sc, opt, stage: _Stage, server, secret: bytes, policy: RetryPo
                 timeout_s=timeout, startup_timeout_s=startup_timeout, state=opt.state,
                 start_step=opt.global_step, steps_per_epoch=steps_per_epoch, attempt=attempt,
                 extra_env=horovod_tuning(opt.net), lr_source=getattr(opt, "_lr_source", None),
-                log_level=_worker_log_level(verbose),
+                log_level=_worker_log_level(verbose), outputs=(opt.net.output_names, opt.net.output_specs),
             )
             try:
                 result = _read_result(_run_stage(sc, stage.source, stage.kind, job, rdv, timeout, startup_timeout),

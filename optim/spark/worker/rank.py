@@ -58,6 +58,7 @@ class RankJob:
     progress_key: bytes = b""  # authenticates rank 0 on the progress channel
     lr_source: Any = None  # what gives the logged learning rate (``learning_rate_at``)
     log_level: int = logging.WARNING  # tfnet's and TensorFlow's log level in the ranks
+    outputs: tuple = ((), ())  # the net's output names and TensorSpecs (for the label checks)
 
 
 def agree_steps(rows: list[int], per_rank_batch: int) -> int:
@@ -129,6 +130,8 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
         validation = _validation(job)
         if isinstance(shard, tuple):  # the stage carries the validation rows too: this rank's own
             shard, validation = shard
+        if job.kind in ("arrow", "records"):  # the driver checked numpy data; a partition is checked here
+            shard = _checked(job, shard, rank)
         dog.kick("agreeing on steps")
         steps = job.steps_per_epoch
         rows = None
@@ -220,6 +223,19 @@ def _shard(job: RankJob, partition: Iterable, rank: int):
     if job.kind == "arrays":
         return job.data.value
     return job.data
+
+
+def _checked(job: RankJob, shard, rank: int):
+    """Class-id labels against the loss, and NaN or Inf features, in this rank's partition."""
+    from types import SimpleNamespace
+
+    from optim.training.checks import check_labels, finite_rows_only
+
+    where = f"partition {rank}"
+    if shard.labels is not None:
+        outputs = SimpleNamespace(output_names=job.outputs[0], output_specs=job.outputs[1])
+        check_labels(shard.labels[0] if shard.single_label else shard.labels, job.loss, outputs, f"the labels of {where}")
+    return finite_rows_only(shard, job.config.on_nonfinite, f"the features of {where}")
 
 
 def _validation(job: RankJob):

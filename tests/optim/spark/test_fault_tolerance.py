@@ -163,16 +163,19 @@ def test_five_calls_leave_nothing_behind(spark, tmp_path):
     threads and open sockets come back to where they were."""
     x, y = digits.load()
     x, y = x[:128], y[:128]
-    nan_x = np.full_like(x, np.nan)
+    import tensorflow as tf
+
     net = cnn_net()
     opt = TFOptimizer(net, SCE, optim.SGD(0.05), model_dir=str(tmp_path))
+    nan_opt = TFOptimizer(net, lambda t, o: SCE(t, o) * tf.constant(float("nan")), optim.SGD(0.05),
+                          model_dir=str(tmp_path))
     opt.optimize((x, y), epochs=1, batch_size=32, num_workers=2, verbose=0)  # warm: Py4J's pool, workers
     sc = spark.sparkContext
     before = _driver_resources(sc)
     for i in range(5):
         if i == 2:
             with pytest.raises(optim.NonFiniteLossError):
-                opt.optimize((nan_x, y), epochs=1, batch_size=32, num_workers=2, verbose=0)
+                nan_opt.optimize((x, y), epochs=1, batch_size=32, num_workers=2, verbose=0)
         elif i == 3:
             with pytest.raises(ValueError, match="must split evenly"):
                 opt.optimize((x, y), epochs=1, batch_size=33, num_workers=2, verbose=0)

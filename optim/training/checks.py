@@ -1,0 +1,88 @@
+"""Checks of training data before any step, on whichever side holds the data: the driver for
+numpy arrays, each rank for its partition. Pure: numpy and tfnet only.
+
+* Labels against the loss: class-id losses need integer class ids (not strings, not fractions)
+  within ``[0, classes)``.
+* Features with NaN or Inf: a typed error naming the row, or, with ``on_nonfinite="skip"``, the
+  rows left out (whatever oneDNN would do with them: with its kernels on, a NaN input can vanish
+  inside a ReLU or a max pool and leave the loss finite, so the step's own NaN guard never fires).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from optim import losses as L
+from optim.errors import DataError, NonFiniteInputError
+
+__all__ = ["check_labels", "finite_rows_only"]
+
+log = logging.getLogger("tfnet.training")
+
+
+def _class_losses(loss) -> list[tuple[int, L.Loss]]:
+    parts = list(enumerate(loss.losses)) if isinstance(loss, L.MultiOutputLoss) else [(0, loss)]
+    return [(i, part) for i, part in parts if isinstance(part, L.SparseCategoricalCrossentropy)]
+
+
+def check_labels(labels, loss, net, where: str = "the labels") -> None:
+    """Class-id labels for sparse cross-entropy: integer-valued numbers in ``[0, classes)``.
+
+    Raises:
+        DataError: strings, fractions or ids out of range; the message names the first bad row.
+    """
+    if labels is None:
+        return
+    if isinstance(labels, L.SampleWeighted):
+        labels = labels.labels
+    per_output = list(labels) if isinstance(labels, (list, tuple)) else [labels]
+    for i, part in _class_losses(loss):
+        if i >= len(per_output):
+            continue
+        y = np.asarray(per_output[i])
+        name = net.output_names[i]
+        if y.dtype.kind in "USO":
+            raise DataError(
+                f"{where} for output {name} are {'objects' if y.dtype.kind == 'O' else 'strings'} (e.g. "
+                f"{str(y.ravel()[0])!r}); "
+                f"{type(part).__name__} needs integer class ids 0..classes-1. Map them first, e.g. "
+                "`classes, ids = np.unique(labels, return_inverse=True)`."
+            )
+        flat = y.reshape(-1).astype(np.float64)
+        bad = np.flatnonzero(flat != np.round(flat))
+        if bad.size:
+            raise DataError(f"{where} for output {name}: row {bad[0]} holds {float(flat[bad[0]])!r}, not a class id; "
+                            f"{type(part).__name__} needs integer class ids.")
+        classes = net.output_specs[i].shape[-1]
+        if classes is not None:
+            bad = np.flatnonzero((flat < 0) | (flat >= classes))
+            if bad.size:
+                raise DataError(f"{where} for output {name}: row {bad[0]} holds class {int(flat[bad[0]])}, outside "
+                                f"0..{classes - 1} (the output has {classes} classes); {bad.size} row(s) are out of range.")
+
+
+def finite_rows_only(dataset, policy: str, where: str = "the training data"):
+    """``dataset`` (an ArrayDataset) when every feature is finite; otherwise a NonFiniteInputError
+    naming the first bad row (``policy="raise"``), or the dataset without those rows and a warning
+    (``policy="skip"``)."""
+    bad = np.zeros(len(dataset), bool)
+    first = None
+    for k, features in enumerate(dataset.features):
+        a = np.asarray(features)
+        if a.dtype.kind != "f":
+            continue
+        rows = ~np.isfinite(a.reshape(len(a), -1)).all(axis=1)
+        if rows.any() and first is None:
+            first = (k, int(np.flatnonzero(rows)[0]))
+        bad |= rows
+    if first is None:
+        return dataset
+    if policy != "skip":
+        raise NonFiniteInputError(
+            f"{where}: row {first[1]} has NaN or Inf in input {first[0]} ({int(bad.sum())} row(s) in all). Clean the "
+            "data, or pass on_nonfinite='skip' to leave such rows out."
+        )
+    log.warning("%s: %d row(s) with NaN or Inf features left out (on_nonfinite='skip').", where, int(bad.sum()))
+    return dataset.subset(np.flatnonzero(~bad))
