@@ -16,7 +16,7 @@ import numpy as np
 from optim import losses as L
 from optim import metrics as M
 from optim.training.checkpoint import new_run_id, resolve_resume
-from optim.training.checks import check_labels, finite_rows_only
+from optim.training.checks import check_labels, finite_rows_only, warn_if_logits_to_probability_loss
 from optim.training.datasets import ArrayDataset, as_dataset, in_input_order, resolve_batch_size
 from optim.training.loop import TrainConfig, evaluate, metrics_copy, train
 from optim.training.reporting import MultiReporter, ProgressBar, StepRecorder, TensorBoardWriter, tensorboard_dir
@@ -71,6 +71,7 @@ class TFOptimizer:
             raise TypeError(f"TFOptimizer trains a tfnet.TFNet. Received: {type(net).__name__}")
         self.net = net
         self.loss = L.for_outputs(loss, list(net.output_names), loss_weights)
+        warn_if_logits_to_probability_loss(loss, net)
         self.metrics = [M.get(m) for m in (metrics or [])] + [_weighted(M.get(m)) for m in (weighted_metrics or [])]
         self.model_dir = os.fspath(model_dir) if model_dir is not None else None
         self.storage_options = dict(storage_options) if storage_options else None

@@ -17,7 +17,7 @@ import numpy as np
 from optim import losses as L
 from optim.errors import DataError, NonFiniteInputError
 
-__all__ = ["check_labels", "finite_rows_only"]
+__all__ = ["check_labels", "finite_rows_only", "warn_if_logits_to_probability_loss"]
 
 log = logging.getLogger("tfnet.training")
 
@@ -86,3 +86,47 @@ def finite_rows_only(dataset, policy: str, where: str = "the training data"):
         )
     log.warning("%s: %d row(s) with NaN or Inf features left out (on_nonfinite='skip').", where, int(bad.sum()))
     return dataset.subset(np.flatnonzero(~bad))
+
+
+#: Losses that, given by name, expect probabilities (Keras's default ``from_logits=False``).
+PROBABILITY_LOSSES = {"sparse_categorical_crossentropy", "categorical_crossentropy", "binary_crossentropy"}
+_PROBABILITY_OPS = {"Softmax", "Sigmoid"}
+_PASS_THROUGH = {"Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient"}
+
+
+def output_op(net, index: int = 0) -> str | None:
+    """The op that makes output ``index`` (through identities and reshapes), or None."""
+    nodes = {n.name: n for n in net.frozen_graph_def().node}
+    name = net.output_names[index].split(":")[0]
+    for _ in range(20):
+        node = nodes.get(name)
+        if node is None:
+            return None
+        if node.op not in _PASS_THROUGH or not node.input:
+            return node.op
+        name = node.input[0].split(":")[0].lstrip("^")
+    return None
+
+
+def warn_if_logits_to_probability_loss(loss_name, net) -> None:
+    """A loss given by name that expects probabilities, on an output no Softmax or Sigmoid makes,
+    trains on logits as if they were probabilities and silently does not learn: warn, once."""
+    import warnings
+
+    if not isinstance(loss_name, str) or loss_name.lower() not in PROBABILITY_LOSSES:
+        return
+    op = output_op(net)
+    if op is None or op in _PROBABILITY_OPS:
+        return
+    warnings.warn(
+        f"The loss {loss_name!r} expects probabilities (from_logits=False, as in Keras), but the net's output "
+        f"{net.output_names[0]} comes from a {op} op, not a softmax or sigmoid: it looks like logits, and training "
+        f"would not learn. Pass optim.losses.{_class_name(loss_name)}(from_logits=True) instead.",
+        UserWarning, stacklevel=4,
+    )
+
+
+def _class_name(loss_name: str) -> str:
+    return {"sparse_categorical_crossentropy": "SparseCategoricalCrossentropy",
+            "categorical_crossentropy": "CategoricalCrossentropy",
+            "binary_crossentropy": "BinaryCrossentropy"}[loss_name.lower()]

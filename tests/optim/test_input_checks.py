@@ -57,3 +57,21 @@ def test_a_partition_is_checked_on_its_rank(spark):
     with pytest.raises(optim.DataError, match=r"the labels of partition \d for output .*: row \d+ holds class 11, "
                                               r"outside 0..9"):
         opt_().optimize(data, batch_size=16, num_workers=2, verbose=0)
+
+
+def test_a_probability_loss_on_logits_warns_once_and_names_the_fix():
+    import warnings
+
+    import keras
+
+    logits = TFNet.from_keras(digits.cnn(classes=10, seed=0))  # a linear head: logits
+    with pytest.warns(UserWarning, match=r"'sparse_categorical_crossentropy' expects probabilities .* comes from a "
+                                         r"\w+ op, not a softmax or sigmoid.*SparseCategoricalCrossentropy\(from_logits=True\)"):
+        TFOptimizer(logits, "sparse_categorical_crossentropy", optim.SGD(0.1))
+    keras.utils.set_random_seed(0)
+    probs = TFNet.from_keras(keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
+                                               keras.layers.Dense(10, activation="softmax")]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TFOptimizer(probs, "sparse_categorical_crossentropy", optim.SGD(0.1))  # softmax output: no warning
+        TFOptimizer(logits, SCE, optim.SGD(0.1))  # from_logits given: no warning
