@@ -157,13 +157,17 @@ def _driver_resources(sc):
             "sockets": len(me.net_connections(kind="inet"))}
 
 
-def test_five_calls_leave_nothing_behind(spark, tmp_path):
+def test_five_calls_leave_nothing_behind(spark, tmp_path, monkeypatch):
     """optimize() five times in one process, one of them failing in its stage (NaN loss) and one
     before it (a bad batch size): the driver's temporary files (broadcasts, exchange folders),
     threads and open sockets come back to where they were."""
     x, y = digits.load()
     x, y = x[:128], y[:128]
     import tensorflow as tf
+
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))  # this process's temporary files only
 
     net = cnn_net()
     opt = TFOptimizer(net, SCE, optim.SGD(0.05), model_dir=str(tmp_path))
