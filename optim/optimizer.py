@@ -241,6 +241,7 @@ class TFOptimizer:
         dataset = as_dataset(data, batch_size, need_labels=need_labels)
         if hasattr(dataset, "arrange_inputs"):
             dataset.arrange_inputs(names)
+            dataset.check_inputs(names, self.net.input_specs)
         return dataset
 
     def _checked(self, dataset, on_nonfinite: str, where: str):

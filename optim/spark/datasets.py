@@ -136,6 +136,36 @@ class DataFrameDataset(TFDataset):
         self.features = [by_input[n] for n in input_names]
         self.input_keys = None
 
+    def check_inputs(self, input_names: list[str], input_specs) -> None:
+        """Before any Spark job: a flat array column, or a column of encoded images, feeding an input
+        of rank 3 or more needs its per-row shape in ``feature_shapes``.
+
+        Raises:
+            InputSpecError: the column, the input's shape, and the ``feature_shapes`` to pass.
+        """
+        from pyspark.sql.types import ArrayType, BinaryType
+
+        from tfnet.errors import InputSpecError
+
+        types = {f.name: f.dataType for f in self.df.schema.fields}
+        for spec, name, tensor in zip(self.features, input_names, input_specs):
+            if spec.shape is not None or len(spec.columns) != 1 or tensor.shape.rank is None or tensor.shape.rank < 3:
+                continue
+            column = spec.columns[0]
+            kind = types.get(column)
+            flat = isinstance(kind, ArrayType) and not isinstance(kind.elementType, ArrayType)
+            if flat or isinstance(kind, BinaryType):
+                row = tuple(tensor.shape.as_list()[1:])
+                shown = self.vectors_inverse().get(column, column)
+                raise InputSpecError(
+                    f"Column {shown!r} holds {'flat arrays' if flat else 'encoded images'}, and input {name!r} takes "
+                    f"rows of shape {row}: pass feature_shapes={{{shown!r}: {tuple(d or 0 for d in row)}}} (the per-row "
+                    "shape), so that the ranks can reshape or decode it."
+                )
+
+    def vectors_inverse(self) -> dict[str, str]:
+        return {hidden: c for c, hidden in self.vectors.items()}
+
     def columns(self) -> list[str]:
         seen = []
         for spec in self.features + self.labels:
