@@ -186,6 +186,15 @@ def _via_constants(fn, by_handle):
     return template, values, names
 
 
+def _input_name(tensor) -> str | None:
+    """The name of the InputLayer that makes ``tensor`` (what ``model.summary()`` shows and what
+    ``keras.Input(name=...)`` sets; Keras 3 names an unnamed input's tensor ``keras_tensor_N``), else
+    the tensor's own name."""
+    history = getattr(tensor, "_keras_history", None)
+    layer = getattr(history, "operation", None) if history is not None else None
+    return getattr(layer, "name", None) or getattr(tensor, "name", None)
+
+
 def keras_input_specs(model) -> list[tf.TensorSpec]:
     inputs = getattr(model, "inputs", None)
     if not inputs:
@@ -197,7 +206,7 @@ def keras_input_specs(model) -> list[tf.TensorSpec]:
     specs = []
     taken: set[str] = set()
     for i, t in enumerate(inputs):
-        name = unique_name(clean_node_name(getattr(t, "name", None) or f"input_{i}"), taken)
+        name = unique_name(clean_node_name(_input_name(t) or f"input_{i}"), taken)
         taken.add(name)
         specs.append(tf.TensorSpec(tuple(t.shape), tf.as_dtype(t.dtype), name=name))
     return specs

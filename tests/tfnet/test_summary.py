@@ -45,3 +45,13 @@ def test_tensor_names_are_the_cut_points():
     assert net.tensor_names(contains="features") == [n for n in names if "features" in n]
     body = net.cut("features:0")
     assert body.output_specs[0].shape.as_list() == [None, 16]
+
+
+def test_from_keras_names_inputs_by_their_input_layer():
+    """Keras 3 names an unnamed input's tensor keras_tensor_N; tfnet uses the InputLayer's name,
+    the one model.summary() shows (and keras.Input(name=...) sets)."""
+    model = keras.applications.MobileNetV2(input_shape=(32, 32, 3), weights=None, alpha=0.35, classes=4)
+    assert model.inputs[0].name.startswith("keras_tensor")
+    net = TFNet.from_keras(model)
+    assert net.input_names == [model.layers[0].name + ":0"] == ["input_layer:0"]
+    assert small().input_names == ["image:0"]
