@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from optim.errors import BackendError, CalibrationError, ColumnError, PrecisionWarning
-from optim.predict.backends import check_backend, make_payload
+from optim.predict.backends import _import_openvino, check_backend, make_payload
 from optim.predict.columns import ColumnSpec, plan_columns
 from optim.predict.quantize import (
     calibration_arrays,
@@ -113,7 +113,8 @@ class TFPredictor:
         self._local_stats: dict = {}
         int8 = None
         if precision == "int8":
-            import_nncf()  # before any work: a missing package fails first
+            _import_openvino()  # before any work: a missing package fails first
+            import_nncf()
             arrays = calibration_arrays(calibration, self._snapshot.inputs, calibration_size, calibration_cols)
 
             def int8(ir):
