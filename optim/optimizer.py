@@ -22,6 +22,7 @@ from optim.training.reporting import MultiReporter, ProgressBar, StepRecorder, T
 from optim.transforms import assign_groups, partition
 from tfnet import TFNet
 from tfnet.errors import TFNetError
+from tfnet.precision import check_precision
 
 __all__ = ["TFOptimizer"]
 
@@ -124,6 +125,7 @@ class TFOptimizer:
         on_nonfinite: str = "raise",
         verbose: int = 1,
         num_workers: int | None = None,
+        precision: str = "fp32",
         **distributed_options,
     ) -> dict[str, list]:
         """Trains and returns the history: per-epoch lists of ``loss``, each metric, and their
@@ -152,11 +154,14 @@ class TFOptimizer:
             verbose: 0 quiet, 1 progress bar, 2 one line per epoch. Default 1.
             num_workers: Ranks for distributed training. Default: Spark's default parallelism
                 when the data is distributed.
+            precision: ``"fp32"`` (default) or ``"bf16"``: forward and backward in bfloat16 with
+                float32 weights, optimiser state and loss, on every rank (``tfnet.precision``).
+                On a CPU without native bfloat16: a ``PrecisionWarning`` and fp32.
         """
         config = TrainConfig(
             epochs=epochs, batch_size=batch_size, shuffle=shuffle, seed=seed, validate_every=validate_every,
             checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints, model_dir=self.model_dir,
-            resume=resume, on_nonfinite=on_nonfinite, run_id=new_run_id(),
+            resume=resume, on_nonfinite=on_nonfinite, run_id=new_run_id(), precision=check_precision(precision),
         )
         config.check()
         config.resume = self._resume_source(config)
