@@ -20,7 +20,7 @@ INSTALL_REQUIRES = [
 
 EXTRAS = {
     "test": ["pytest>=8", "pytest-timeout>=2.3", "scikit-learn>=1.4", "ruff>=0.6"],
-    "openvino": ["openvino>=2025.0"],
+    "openvino": ["openvino>=2025.0", "nncf>=3.4"],  # nncf: INT8 post-training quantisation (TFPredictor)
     # ONNX import and export (TFNet.from_onnx / save_onnx); onnxruntime is the tests' oracle
     "onnx": ["onnx>=1.16", "onnxruntime>=1.18"],
     "examples": ["matplotlib>=3.8"],
