@@ -120,3 +120,16 @@ def net_inputs(net):
     from optim.predict.snapshot import ModelSnapshot
 
     return ModelSnapshot.from_net(net).inputs
+
+
+def test_accuracy_controlled_int8(tuned):
+    net, xtr, xte, yte = tuned
+    p = TFPredictor(net, backend="openvino", precision="int8", calibration=xtr[:100], validation=(xte[:120], yte[:120]),
+                    metric=lambda labels, outputs: transfer.accuracy(outputs, labels), max_drop=0.005)
+    assert p.precision == "int8" and p.stats()["quantizations"] == 1
+    assert transfer.accuracy(p.predict(xte), yte) >= transfer.accuracy(net.forward(xte), yte) - 0.005
+    with pytest.raises(CalibrationError, match="needs `metric"):
+        TFPredictor(net, backend="openvino", precision="int8", calibration=xtr[:20], validation=(xte, yte))
+    with pytest.raises(CalibrationError, match="268 input rows but 3 labels"):
+        TFPredictor(net, backend="openvino", precision="int8", calibration=xtr[:20], validation=(xte, yte[:3]),
+                    metric=transfer.accuracy)
