@@ -61,7 +61,8 @@ def make_payload(snapshot: ModelSnapshot, backend: str, num_threads: int | None 
     """Prepares ``snapshot`` for ``backend`` on the driver.
 
     ``precision="int8"`` calls ``int8(ir) -> (quantised ir, calibration tag)`` once, on the fp32 IR
-    (see :mod:`optim.predict.quantize`). The TensorFlow backend runs fp32.
+    (see :mod:`optim.predict.quantize`). ``precision="bf16"``: OpenVINO's precision hint, or
+    TensorFlow's oneDNN bf16 rewrite.
 
     Raises:
         BackendError: an unknown backend.
@@ -91,8 +92,9 @@ def make_payload(snapshot: ModelSnapshot, backend: str, num_threads: int | None 
             elif precision == "bf16":
                 model_id += "-bf16"
             return Payload(model_id, "openvino", snapshot.inputs, snapshot.outputs, ir, num_threads, precision)
-    return Payload(snapshot.model_id + "-tf", "tensorflow", snapshot.inputs, snapshot.outputs, snapshot.graph,
-                   num_threads)
+    tf_precision = "bf16" if precision == "bf16" else "fp32"  # int8 after a fallback: fp32
+    return Payload(snapshot.model_id + "-tf" + ("-bf16" if tf_precision == "bf16" else ""), "tensorflow",
+                   snapshot.inputs, snapshot.outputs, snapshot.graph, num_threads, tf_precision)
 
 
 class _ConversionFailed(Exception):
@@ -168,7 +170,8 @@ def _summary(message: str) -> str:
 
 def _ov_config(num_threads: int | None, precision: str = "fp32") -> dict:
     # int8: the quantised operations run in int8 (VNNI), the rest in f32
-    config = {"INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32", "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
+    config = {"INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32", "PERFORMANCE_HINT": "LATENCY",
+              "NUM_STREAMS": 1}
     if num_threads:
         # Several worker processes share the machine: pinning could put them on the same cores.
         config.update({"INFERENCE_NUM_THREADS": int(num_threads), "ENABLE_CPU_PINNING": False})
@@ -176,7 +179,8 @@ def _ov_config(num_threads: int | None, precision: str = "fp32") -> dict:
 
 
 class TFEngine:
-    """Runs the frozen graph with TensorFlow, through a TFNet (batch norm folded)."""
+    """Runs the frozen graph with TensorFlow, through a TFNet (batch norm folded); with
+    ``precision="bf16"`` under oneDNN's bf16 auto-mixed-precision rewrite (:mod:`tfnet.precision`)."""
 
     backend = "tensorflow"
 
@@ -185,9 +189,13 @@ class TFEngine:
 
         self.net = TFNet.from_frozen_graph(payload.model, [t.name for t in payload.inputs],
                                            [t.name for t in payload.outputs])
+        self.bf16 = payload.precision == "bf16"
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-        outs = self.net.forward(list(arrays))
+        from tfnet.precision import bf16_rewrite
+
+        with bf16_rewrite(self.bf16):
+            outs = self.net.forward(list(arrays))
         return list(outs) if isinstance(outs, list) else [outs]
 
 

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import warnings
 from typing import Any
 
 import numpy as np
 
-from optim.errors import BackendError, CalibrationError, ColumnError, PrecisionWarning
+from optim.errors import BackendError, CalibrationError, ColumnError
 from optim.predict.backends import _import_openvino, check_backend, make_payload
 from optim.predict.columns import ColumnSpec, plan_columns
 from optim.predict.quantize import (
@@ -54,9 +53,9 @@ class TFPredictor:
         num_threads: Threads per model in each Spark worker. Default: ``spark.task.cpus`` (1
             unless set), since each concurrent task has its own Python worker. Locally: the
             library's default.
-        precision: ``"fp32"`` (default); ``"bf16"``: OpenVINO's bfloat16 inference precision hint
-            (a :class:`PrecisionWarning` and fp32 on a CPU without native bfloat16, or with the
-            TensorFlow backend); ``"int8"`` (``backend="openvino"`` only): NNCF post-training
+        precision: ``"fp32"`` (default); ``"bf16"``: OpenVINO's bfloat16 inference precision hint,
+            or TensorFlow's oneDNN bf16 rewrite (a :class:`PrecisionWarning` and fp32 on a CPU
+            without native bfloat16, or TensorFlow with oneDNN off); ``"int8"`` (``backend="openvino"`` only): NNCF post-training
             quantisation, once, here on the driver; the workers get the quantised model.
         calibration: For ``"int8"``: a sample of typical inputs, as numpy (one array, a list in
             input order or a dict by input name) or a DataFrame (sampled here on the driver).
@@ -122,11 +121,7 @@ class TFPredictor:
                                         max_drop=max_drop)
                 self._local_stats["quantizations"] = self._local_stats.get("quantizations", 0) + 1
                 return quantized, fingerprint(arrays)
-        run_precision = effective_precision(precision)
-        if run_precision == "bf16" and backend == "tensorflow":
-            warnings.warn("precision='bf16' for inference uses OpenVINO's bf16 precision hint; the TensorFlow "
-                          "backend runs fp32. Pass backend='openvino'.", PrecisionWarning, stacklevel=2)
-            run_precision = "fp32"
+        run_precision = effective_precision(precision, backend)
         self._payload = make_payload(self._snapshot, backend, num_threads, run_precision, int8)
 
     # ------------------------------------------------------------------ description

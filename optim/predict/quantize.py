@@ -50,15 +50,23 @@ def check_precision(precision: str, backend: str) -> str:
     return precision
 
 
-def effective_precision(precision: str) -> str:
-    """``precision``, or ``"fp32"`` with a :class:`PrecisionWarning` for bf16 on a CPU without it."""
-    if precision == "bf16" and not _precision.cpu_has_bf16():
-        import warnings
+def effective_precision(precision: str, backend: str = "openvino") -> str:
+    """``precision``, or ``"fp32"`` with a :class:`PrecisionWarning` for bf16 on a CPU without native
+    bfloat16 (or, for the TensorFlow backend, with oneDNN off)."""
+    if precision != "bf16":
+        return precision
+    missing = None
+    if not _precision.cpu_has_bf16():
+        missing = "this CPU has no native bfloat16 (avx512_bf16 or amx_bf16)"
+    elif backend == "tensorflow" and not _precision.onednn_enabled():
+        missing = "TensorFlow's oneDNN kernels are off (TF_ENABLE_ONEDNN_OPTS=0)"
+    if missing is None:
+        return "bf16"
+    import warnings
 
-        warnings.warn("precision='bf16' was asked for, but this CPU has no native bfloat16 (avx512_bf16 or "
-                      "amx_bf16); running in fp32.", PrecisionWarning, stacklevel=3)
-        return "fp32"
-    return precision
+    warnings.warn(f"precision='bf16' was asked for, but {missing}; running in fp32.", PrecisionWarning,
+                  stacklevel=3)
+    return "fp32"
 
 
 # ---------------------------------------------------------------------------- calibration data

@@ -66,12 +66,19 @@ def test_cpu_without_bf16_warns_and_runs_fp32(tuned, monkeypatch):
     np.testing.assert_allclose(p.predict(xte), net.forward(xte), rtol=1e-4, atol=1e-4)
 
 
-def test_bf16_on_tensorflow_warns_and_runs_fp32(tuned, monkeypatch):
-    net, _, xte, _ = tuned
-    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)
-    with pytest.warns(PrecisionWarning, match="TensorFlow backend runs fp32"):
-        p = TFPredictor(net, precision="bf16")
-    assert (p.backend, p.precision) == ("tensorflow", "fp32")
+@pytest.mark.skipif(not precision.cpu_has_bf16(), reason="this CPU has no native bfloat16")
+def test_bf16_on_tensorflow_uses_the_onednn_rewrite(tuned, monkeypatch):
+    net, _, xte, yte = tuned
+    p = TFPredictor(net, precision="bf16")
+    assert (p.backend, p.precision) == ("tensorflow", "bf16")
+    got, fp32 = p.predict(xte), net.forward(xte)
+    assert not np.allclose(got, fp32, rtol=1e-5, atol=1e-5)  # computed in bf16
+    assert np.max(np.abs(got - fp32)) < 0.05 * np.max(np.abs(fp32))
+    assert abs(transfer.accuracy(got, yte) - transfer.accuracy(fp32, yte)) <= 0.01
+    np.testing.assert_array_equal(net.forward(xte), fp32)  # the rewrite stays inside the predictor
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    with pytest.warns(PrecisionWarning, match="oneDNN kernels are off"):
+        assert TFPredictor(net, precision="bf16").precision == "fp32"
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
