@@ -7,7 +7,7 @@ one process, timed in alternation after a warm-up (median per round gives the ra
     native bf16: bf16 >= 1.6x TFNet fp32, and ahead of Keras bf16.
 (b) Inference, locally through TFPredictor (this process, 2 threads): OpenVINO INT8 (NNCF,
     calibrated on ``--calibration`` random images) and OpenVINO bf16 (precision hint) against
-    OpenVINO fp32 and TensorFlow fp32. Targets: INT8 >= 3.5x OpenVINO fp32 (AVX-512 VNNI),
+    OpenVINO fp32 and TensorFlow fp32 (and TensorFlow bf16, oneDNN's rewrite). Targets: INT8 >= 3.5x OpenVINO fp32 (AVX-512 VNNI),
     bf16 >= 1.8x (native bf16).
 (c) Inference through TFPredictor over Spark local[2] (two Python workers, one thread each):
     OpenVINO INT8 and bf16 against TensorFlow fp32 and OpenVINO fp32. Target: INT8 >= 4x
@@ -76,10 +76,11 @@ def fine_tuning(args, x, y) -> dict:
 
 
 def predictors(net, x, args, threads):
-    """TF fp32, OpenVINO fp32, bf16 and INT8 TFPredictors; the INT8 one quantised here (timed)."""
+    """TF fp32 and bf16, OpenVINO fp32, bf16 and INT8 TFPredictors; the INT8 one quantised here (timed)."""
     from optim import TFPredictor
 
     made = {"tensorflow_fp32": TFPredictor(net, batch_per_thread=args.batch, num_threads=threads),
+            "tensorflow_bf16": TFPredictor(net, batch_per_thread=args.batch, num_threads=threads, precision="bf16"),
             "openvino_fp32": TFPredictor(net, batch_per_thread=args.batch, backend="openvino", num_threads=threads),
             "openvino_bf16": TFPredictor(net, batch_per_thread=args.batch, backend="openvino", precision="bf16",
                                          num_threads=threads)}
@@ -103,11 +104,13 @@ def local_inference(args, net, x) -> dict:
            "int8_vs_ov_fp32": img_s["openvino_int8"] / img_s["openvino_fp32"],
            "bf16_vs_ov_fp32": img_s["openvino_bf16"] / img_s["openvino_fp32"],
            "int8_vs_tf_fp32": img_s["openvino_int8"] / img_s["tensorflow_fp32"],
-           "ov_fp32_vs_tf_fp32": img_s["openvino_fp32"] / img_s["tensorflow_fp32"], "times": times}
+           "ov_fp32_vs_tf_fp32": img_s["openvino_fp32"] / img_s["tensorflow_fp32"],
+           "tf_bf16_vs_tf_fp32": img_s["tensorflow_bf16"] / img_s["tensorflow_fp32"], "times": times}
     print("(b) local TFPredictor, img/s: " + "   ".join(f"{k} {v:6.2f}" for k, v in img_s.items()))
     print(f"    INT8 / OV fp32 {out['int8_vs_ov_fp32']:.2f} (target >= 3.5)   bf16 / OV fp32 {out['bf16_vs_ov_fp32']:.2f} "
           f"(target >= 1.8)   INT8 / TF fp32 {out['int8_vs_tf_fp32']:.2f}   OV fp32 / TF fp32 "
-          f"{out['ov_fp32_vs_tf_fp32']:.2f}; quantising took {quantise_s:.1f} s ({args.calibration} images)")
+          f"{out['ov_fp32_vs_tf_fp32']:.2f}   TF bf16 / TF fp32 {out['tf_bf16_vs_tf_fp32']:.2f}; "
+          f"quantising took {quantise_s:.1f} s ({args.calibration} images)")
     print(f"    max |out - TF fp32| on random weights: {', '.join(f'{k} {v:.2e}' for k, v in diffs.items())}")
     for p in made.values():
         p.close()

@@ -69,7 +69,7 @@ def load_predictor(cls, folder, overrides: dict):
         model = snapshot.graph
     precision = settings["precision"]
     if precision == "bf16":
-        precision = effective_precision(precision)
+        precision = effective_precision(precision, settings["backend"])
     predictor = cls.__new__(cls)
     predictor.requested_backend = settings.get("requested_backend", settings["backend"])
     predictor.requested_precision = settings.get("requested_precision", precision)
