@@ -164,6 +164,10 @@ def _sample_dataframe(df, inputs, size: int, columns, seed: int) -> list[np.ndar
     arrays = []
     for spec in plan.inputs:
         values, bad = read_column(table.column(spec.column), spec.reading, column=spec.column)
+        if bad and len(bad) == len(values):
+            first = min(bad)
+            raise CalibrationError(f"No sampled row of calibration column {spec.column!r} fits input "
+                                   f"{spec.input.describe()}: row {first}: {bad[first].text}.")
         if bad:
             keep = np.ones(len(values), bool)
             keep[list(bad)] = False

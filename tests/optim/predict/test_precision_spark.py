@@ -38,3 +38,15 @@ def test_int8_over_spark_keeps_accuracy_quantised_once_loaded_once_per_worker(sp
     assert stats["quantizations"] == 1 and quantize.quantization_count() == before + 1
     assert stats["rows"] == 2 * len(xte)
     assert stats["loads"] and set(stats["loads"].values()) == {1}, stats["loads"]  # once per Python worker
+
+
+def test_bad_calibration_dataframes(spark):
+    from optim.errors import CalibrationError
+
+    net = transfer.new_net()
+    short = spark.createDataFrame([([0.5] * 10,) for _ in range(6)], "pixels array<float>")
+    with pytest.raises(CalibrationError, match=r"No sampled row of calibration column 'pixels' fits input .*row 0"):
+        TFPredictor(net, backend="openvino", precision="int8", calibration=short, calibration_cols="pixels")
+    empty = short.limit(0)
+    with pytest.raises(CalibrationError, match=r"calibration DataFrame is empty \(0 rows\)"):
+        TFPredictor(net, backend="openvino", precision="int8", calibration=empty, calibration_cols="pixels")
