@@ -29,7 +29,7 @@ EXTRAS = {
     "gcs": ["gcsfs>=2024.6"],
     "azure": ["adlfs>=2024.4"],
     "hdfs": [],  # fsspec's hdfs:// runs on pyarrow's HadoopFileSystem (needs libhdfs and a Hadoop client)
-    "openvino": ["openvino>=2025.0"],
+    "openvino": ["openvino>=2025.0", "nncf>=3.4"],  # nncf: INT8 post-training quantisation (TFPredictor)
     # ONNX import and export (TFNet.from_onnx / save_onnx); onnxruntime is the tests' oracle
     "onnx": ["onnx>=1.16", "onnxruntime>=1.18"],
     "examples": ["matplotlib>=3.8"],

@@ -19,6 +19,7 @@ __all__ = [
     "BackendFallbackWarning",
     "BackendUnavailableError",
     "BadRowError",
+    "CalibrationError",
     "CheckpointError",
     "CheckpointWarning",
     "ColumnError",
@@ -29,6 +30,8 @@ __all__ = [
     "NonFiniteInputError",
     "NonFiniteLossError",
     "OptimizerStateError",
+    "PrecisionError",
+    "PrecisionWarning",
     "RendezvousError",
     "SparkSetupError",
     "StageRetryError",
@@ -171,6 +174,18 @@ class BackendUnavailableError(TFNetError, ImportError):
 class BackendFallbackWarning(UserWarning):
     """OpenVINO could not convert or compile the graph; TensorFlow runs it instead. The message
     names the operations OpenVINO could not convert."""
+
+
+class CalibrationError(TFNetError, ValueError):
+    """INT8 calibration data that cannot calibrate this model: empty, or of the wrong shape, dtype
+    or number of inputs."""
+
+    retryable = False
+
+
+# PrecisionError (an unknown precision, or int8 without OpenVINO) and PrecisionWarning (bf16 on a CPU
+# without it: fp32 runs) live with the training step in tfnet.precision; listed here for callers.
+from tfnet.precision import PrecisionError, PrecisionWarning  # noqa: E402
 
 
 def error_class(name: str) -> type[Exception] | None:

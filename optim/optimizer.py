@@ -23,6 +23,7 @@ from optim.training.reporting import MultiReporter, ProgressBar, StepRecorder, T
 from optim.transforms import assign_groups, partition
 from tfnet import TFNet, storage
 from tfnet.errors import TFNetError
+from tfnet.precision import check_precision
 
 __all__ = ["TFOptimizer"]
 
@@ -150,6 +151,7 @@ class TFOptimizer:
         on_nonfinite: str = "raise",
         verbose: int = 1,
         num_workers: int | None = None,
+        precision: str = "fp32",
         **distributed_options,
     ) -> dict[str, list]:
         """Trains and returns the history: per-epoch lists of ``loss``, each metric, and their
@@ -185,6 +187,9 @@ class TFOptimizer:
             verbose: 0 quiet, 1 progress bar, 2 one line per epoch. Default 1.
             num_workers: Ranks for distributed training. Default: Spark's default parallelism
                 when the data is distributed.
+            precision: ``"fp32"`` (default) or ``"bf16"``: forward and backward in bfloat16 with
+                float32 weights, optimiser state and loss, on every rank (``tfnet.precision``).
+                On a CPU without native bfloat16: a ``PrecisionWarning`` and fp32.
         """
         if sample_weight is not None:
             if not (isinstance(data, tuple) and len(data) == 2):
@@ -202,7 +207,7 @@ class TFOptimizer:
             epochs=epochs, batch_size=batch_size, shuffle=shuffle, seed=seed, validate_every=validate_every,
             checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints, model_dir=self.model_dir,
             resume=resume, on_nonfinite=on_nonfinite, run_id=new_run_id(), storage_options=self.storage_options,
-            max_steps=max_steps,
+            max_steps=max_steps, precision=check_precision(precision),
         )
         config.check()
         config.resume = self._resume_source(config)

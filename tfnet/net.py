@@ -760,18 +760,21 @@ class TFNet(tf.Module):
 
     # ------------------------------------------------------------------ training and saving
 
-    def train_step(self, loss_fn: Callable, transform, *, reducer: Callable | None = None):
+    def train_step(self, loss_fn: Callable, transform, *, reducer: Callable | None = None, precision: str = "fp32"):
         """Compiles forward, loss, backward, gradient hooks, update and update hooks into one
         ``tf.function``. See :class:`tfnet.step.TrainStep`.
 
-        The step is cached: the same ``loss_fn``, ``transform`` and ``reducer`` give the same
-        compiled step until the trainable set or the hooks change."""
+        ``precision="bf16"`` computes forward and backward in bfloat16 with float32 master weights,
+        optimiser state and loss (:mod:`tfnet.precision`); default ``"fp32"``.
+
+        The step is cached: the same ``loss_fn``, ``transform``, ``reducer`` and ``precision`` give
+        the same compiled step until the trainable set or the hooks change."""
         from tfnet.step import TrainStep
 
-        key = ("train_step", id(loss_fn), id(transform), id(reducer))
+        key = ("train_step", id(loss_fn), id(transform), id(reducer), precision)
         step = self._compiled.get(key)
         if step is None:
-            step = TrainStep(self, loss_fn, transform, reducer=reducer)
+            step = TrainStep(self, loss_fn, transform, reducer=reducer, precision=precision)
             self._compiled[key] = step
         return step
 

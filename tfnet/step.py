@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfnet.errors import NoWeightsError, TFNetError
+from tfnet.precision import bf16_rewrite, check_precision, training_precision
 
 
 class SGDState(NamedTuple):
@@ -57,12 +58,17 @@ class TrainStep:
         transform: An optax-style ``init`` / ``update`` pair, or a float learning rate (plain SGD).
         reducer: ``reducer(grads, loss) -> (grads, loss)``, run after the backward pass (Horovod
             allreduce when distributed). Default: none.
+        precision: ``"fp32"`` (default) or ``"bf16"``: forward and backward in bfloat16, with
+            float32 weights, optimiser state and loss (see :mod:`tfnet.precision`). On a CPU
+            without native bfloat16 a :class:`~tfnet.precision.PrecisionWarning` (once) and fp32.
 
     When the loss or any gradient is NaN or infinite, the step leaves the weights and the state as
     they were and returns ``finite=False``; the caller decides whether to stop or skip.
     """
 
-    def __init__(self, net, loss_fn: Callable, transform, *, reducer: Callable | None = None):
+    def __init__(self, net, loss_fn: Callable, transform, *, reducer: Callable | None = None,
+                 precision: str = "fp32"):
+        check_precision(precision)
         if not net.trainable:
             raise NoWeightsError(
                 "Nothing to train: no weight is trainable. Set net.trainable first "
@@ -81,6 +87,9 @@ class TrainStep:
         self.loss_fn = loss_fn
         self.transform = transform
         self.reducer = reducer
+        #: The precision asked for, and the one that runs (``"fp32"`` where the CPU lacks bf16).
+        self.requested_precision = precision
+        self.precision = training_precision(precision)
         self.names = list(net.trainable)
         self._fns: dict[bool, Callable] = {}
         self._fn_version = net._version
@@ -189,7 +198,8 @@ class TrainStep:
         self._check_current()
         tensors = self.net.prepare_inputs(inputs)
         targets = tf.nest.map_structure(tf.convert_to_tensor, targets)
-        loss, outs, state, finite, reduce_seconds = self._compiled(False)(tensors, targets, state)
+        with bf16_rewrite(self.precision == "bf16"):
+            loss, outs, state, finite, reduce_seconds = self._compiled(False)(tensors, targets, state)
         return StepResult(loss, outs, state, finite, reduce_seconds)
 
     # ------------------------------------------------------------------ held state
@@ -203,7 +213,8 @@ class TrainStep:
             self.set_state(self.init_state())
         tensors = self.net.prepare_inputs(inputs)
         targets = tf.nest.map_structure(tf.convert_to_tensor, targets)
-        loss, outs, _, finite, reduce_seconds = self._compiled(True)(tensors, targets)
+        with bf16_rewrite(self.precision == "bf16"):
+            loss, outs, _, finite, reduce_seconds = self._compiled(True)(tensors, targets)
         return StepResult(loss, outs, None, finite, reduce_seconds)
 
     def set_state(self, state) -> None:

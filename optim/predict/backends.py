@@ -13,7 +13,7 @@ import re
 import shutil
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +37,8 @@ class Payload:
         outputs: Output descriptions, in graph order.
         model: The serialized frozen GraphDef (TensorFlow), or ``(xml, weights)`` of OpenVINO IR.
         num_threads: Threads per worker for the engine; None leaves the library default.
+        precision: ``"fp32"``, ``"bf16"`` (OpenVINO's inference precision hint) or ``"int8"`` (the
+            model is NNCF-quantised IR). Default ``"fp32"``.
     """
 
     model_id: str
@@ -45,6 +47,7 @@ class Payload:
     outputs: tuple[TensorInfo, ...]
     model: bytes | tuple[bytes, bytes]
     num_threads: int | None
+    precision: str = "fp32"
 
 
 def check_backend(backend: str) -> str:
@@ -53,8 +56,13 @@ def check_backend(backend: str) -> str:
     return backend
 
 
-def make_payload(snapshot: ModelSnapshot, backend: str, num_threads: int | None = None) -> Payload:
+def make_payload(snapshot: ModelSnapshot, backend: str, num_threads: int | None = None, precision: str = "fp32",
+                 int8: Callable[[tuple[bytes, bytes]], tuple[tuple[bytes, bytes], str]] | None = None) -> Payload:
     """Prepares ``snapshot`` for ``backend`` on the driver.
+
+    ``precision="int8"`` calls ``int8(ir) -> (quantised ir, calibration tag)`` once, on the fp32 IR
+    (see :mod:`optim.predict.quantize`). ``precision="bf16"``: OpenVINO's precision hint, or
+    TensorFlow's oneDNN bf16 rewrite.
 
     Raises:
         BackendError: an unknown backend.
@@ -77,10 +85,16 @@ def make_payload(snapshot: ModelSnapshot, backend: str, num_threads: int | None 
                 stacklevel=3,
             )
         else:
-            return Payload(snapshot.model_id + "-ov", "openvino", snapshot.inputs, snapshot.outputs, ir,
-                           num_threads)
-    return Payload(snapshot.model_id + "-tf", "tensorflow", snapshot.inputs, snapshot.outputs, snapshot.graph,
-                   num_threads)
+            model_id = snapshot.model_id + "-ov"
+            if precision == "int8":
+                ir, tag = int8(ir)
+                model_id += f"-int8-{tag}"
+            elif precision == "bf16":
+                model_id += "-bf16"
+            return Payload(model_id, "openvino", snapshot.inputs, snapshot.outputs, ir, num_threads, precision)
+    tf_precision = "bf16" if precision == "bf16" else "fp32"  # int8 after a fallback: fp32
+    return Payload(snapshot.model_id + "-tf" + ("-bf16" if tf_precision == "bf16" else ""), "tensorflow",
+                   snapshot.inputs, snapshot.outputs, snapshot.graph, num_threads, tf_precision)
 
 
 class _ConversionFailed(Exception):
@@ -154,8 +168,10 @@ def _summary(message: str) -> str:
     return " ".join(keep)[:500]
 
 
-def _ov_config(num_threads: int | None) -> dict:
-    config = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
+def _ov_config(num_threads: int | None, precision: str = "fp32") -> dict:
+    # int8: the quantised operations run in int8 (VNNI), the rest in f32
+    config = {"INFERENCE_PRECISION_HINT": "bf16" if precision == "bf16" else "f32", "PERFORMANCE_HINT": "LATENCY",
+              "NUM_STREAMS": 1}
     if num_threads:
         # Several worker processes share the machine: pinning could put them on the same cores.
         config.update({"INFERENCE_NUM_THREADS": int(num_threads), "ENABLE_CPU_PINNING": False})
@@ -163,7 +179,8 @@ def _ov_config(num_threads: int | None) -> dict:
 
 
 class TFEngine:
-    """Runs the frozen graph with TensorFlow, through a TFNet (batch norm folded)."""
+    """Runs the frozen graph with TensorFlow, through a TFNet (batch norm folded); with
+    ``precision="bf16"`` under oneDNN's bf16 auto-mixed-precision rewrite (:mod:`tfnet.precision`)."""
 
     backend = "tensorflow"
 
@@ -172,14 +189,19 @@ class TFEngine:
 
         self.net = TFNet.from_frozen_graph(payload.model, [t.name for t in payload.inputs],
                                            [t.name for t in payload.outputs])
+        self.bf16 = payload.precision == "bf16"
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-        outs = self.net.forward(list(arrays))
+        from tfnet.precision import bf16_rewrite
+
+        with bf16_rewrite(self.bf16):
+            outs = self.net.forward(list(arrays))
         return list(outs) if isinstance(outs, list) else [outs]
 
 
 class OVEngine:
-    """Runs OpenVINO IR on the CPU in fp32, with one reused infer request."""
+    """Runs OpenVINO IR on the CPU (fp32, bf16 by the precision hint, or quantised int8), with one
+    reused infer request."""
 
     backend = "openvino"
 
@@ -188,7 +210,7 @@ class OVEngine:
         xml, weights = payload.model
         core = ov.Core()
         model = core.read_model(model=xml, weights=ov.Tensor(np.frombuffer(weights, np.uint8)))
-        self.compiled = core.compile_model(model, "CPU", _ov_config(payload.num_threads))
+        self.compiled = core.compile_model(model, "CPU", _ov_config(payload.num_threads, payload.precision))
         self._inputs = [self.compiled.input(t.name) for t in payload.inputs]
         self._outputs = [self.compiled.output(t.name) for t in payload.outputs]
         self._dtypes = [np.dtype(t.dtype) for t in payload.inputs]

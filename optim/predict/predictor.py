@@ -11,9 +11,17 @@ from typing import Any
 
 import numpy as np
 
-from optim.errors import BackendError, ColumnError
-from optim.predict.backends import check_backend, make_payload
+from optim.errors import BackendError, CalibrationError, ColumnError
+from optim.predict.backends import _import_openvino, check_backend, make_payload
 from optim.predict.columns import ColumnSpec, input_columns, plan_columns
+from optim.predict.quantize import (
+    calibration_arrays,
+    check_precision,
+    effective_precision,
+    fingerprint,
+    import_nncf,
+    quantize_ir,
+)
 from optim.predict.snapshot import ModelSnapshot, ModelSource
 from optim.predict.worker import StatsParam, WorkerJob, get_engine, merge_stats, predict_arrow, predict_rdd_partition
 
@@ -45,6 +53,19 @@ class TFPredictor:
         num_threads: Threads per model in each Spark worker. Default: ``spark.task.cpus`` (1
             unless set), since each concurrent task has its own Python worker. Locally: the
             library's default.
+        precision: ``"fp32"`` (default); ``"bf16"``: OpenVINO's bfloat16 inference precision hint,
+            or TensorFlow's oneDNN bf16 rewrite (a :class:`PrecisionWarning` and fp32 on a CPU
+            without native bfloat16, or TensorFlow with oneDNN off); ``"int8"`` (``backend="openvino"`` only): NNCF post-training
+            quantisation, once, here on the driver; the workers get the quantised model.
+        calibration: For ``"int8"``: a sample of typical inputs, as numpy (one array, a list in
+            input order or a dict by input name) or a DataFrame (sampled here on the driver).
+        calibration_size: Calibration rows used. Default: 300.
+        calibration_cols: For a calibration DataFrame: the column per input, as ``feature_cols``
+            of :meth:`predict`. Default: the columns named like the inputs.
+        validation: For ``"int8"``, NNCF's accuracy-controlled mode: ``(inputs, labels)``. Default:
+            None (plain post-training quantisation).
+        metric: With ``validation``: ``metric(labels, outputs) -> float``, higher is better.
+        max_drop: With ``validation``: the largest metric drop allowed against fp32. Default 0.01.
 
     Example:
         >>> predictor = TFPredictor(net, batch_per_thread=16)            # doctest: +SKIP
@@ -55,11 +76,17 @@ class TFPredictor:
         BackendError: an unknown backend.
         BackendUnavailableError: ``backend="openvino"`` without the ``openvino`` package.
         ValueError: ``batch_per_thread`` below 1 or an unknown ``on_error``.
+        PrecisionError: an unknown precision, or ``"int8"`` without ``backend="openvino"``.
+        CalibrationError: ``"int8"`` calibration data that is missing, empty or of the wrong shape.
+        BackendUnavailableError: ``"int8"`` without the ``nncf`` package.
     """
 
     def __init__(self, net_or_path: ModelSource, batch_per_thread: int = 32, backend: str = "tensorflow", *,
                  inputs: str | list[str] | None = None, outputs: str | list[str] | None = None,
-                 on_error: str = "raise", error_col: str = "prediction_error", num_threads: int | None = None):
+                 on_error: str = "raise", error_col: str = "prediction_error", num_threads: int | None = None,
+                 precision: str = "fp32", calibration: Any = None, calibration_size: int = 300,
+                 calibration_cols: ColumnSpec = None, validation: tuple | None = None, metric=None,
+                 max_drop: float = 0.01):
         if not _positive_int(batch_per_thread):
             raise ValueError(
                 f"`batch_per_thread` must be a positive integer. Received: batch_per_thread={batch_per_thread!r}")
@@ -70,15 +97,32 @@ class TFPredictor:
         if not isinstance(error_col, str) or not error_col:
             raise ValueError(f"`error_col` must be a non-empty column name. Received: error_col={error_col!r}")
         check_backend(backend)
+        check_precision(precision, backend)
+        if precision != "int8" and (calibration is not None or validation is not None):
+            raise CalibrationError(f"`calibration` and `validation` apply to precision='int8'. Received: "
+                                   f"precision={precision!r}")
         self.batch_per_thread = batch_per_thread
         self.on_error = on_error
         self.error_col = error_col
         self.num_threads = num_threads
         self.requested_backend = backend
+        self.requested_precision = precision
         self._snapshot = ModelSnapshot.from_source(net_or_path, inputs, outputs)
-        self._payload = make_payload(self._snapshot, backend, num_threads)
         self._spark: tuple | None = None  # (SparkContext, broadcast, stats accumulator, model id)
         self._local_stats: dict = {}
+        int8 = None
+        if precision == "int8":
+            _import_openvino()  # before any work: a missing package fails first
+            import_nncf()
+            arrays = calibration_arrays(calibration, self._snapshot.inputs, calibration_size, calibration_cols)
+
+            def int8(ir):
+                quantized = quantize_ir(ir, self._snapshot, arrays, validation=validation, metric=metric,
+                                        max_drop=max_drop)
+                self._local_stats["quantizations"] = self._local_stats.get("quantizations", 0) + 1
+                return quantized, fingerprint(arrays)
+        run_precision = effective_precision(precision, backend)
+        self._payload = make_payload(self._snapshot, backend, num_threads, run_precision, int8)
 
     # ------------------------------------------------------------------ description
 
@@ -86,6 +130,11 @@ class TFPredictor:
     def backend(self) -> str:
         """The backend that runs the model: ``"openvino"`` only if the conversion worked."""
         return self._payload.backend
+
+    @property
+    def precision(self) -> str:
+        """The precision that runs: ``"int8"``, ``"bf16"`` or ``"fp32"`` (after any fallback)."""
+        return self._payload.precision
 
     @property
     def input_names(self) -> list[str]:
@@ -102,7 +151,7 @@ class TFPredictor:
 
     def __repr__(self) -> str:
         return (f"TFPredictor(inputs={self.input_names}, outputs={self.output_names}, backend={self.backend!r}, "
-                f"batch_per_thread={self.batch_per_thread}, on_error={self.on_error!r})")
+                f"precision={self.precision!r}, batch_per_thread={self.batch_per_thread}, on_error={self.on_error!r})")
 
     # ------------------------------------------------------------------ prediction
 
@@ -156,7 +205,6 @@ class TFPredictor:
         return WorkerJob(model_id, broadcast, plan, self.batch_per_thread, self.on_error, stats)
 
     def _predict_dataframe(self, df, feature_cols, output_cols):
-
         from optim.spark.vectors import vectors_as_arrays
 
         # Spark ML Vector columns are read through hidden array columns, dropped from the result
@@ -207,16 +255,39 @@ class TFPredictor:
 
     def stats(self) -> dict:
         """What the workers reported for this predictor's finished tasks, plus local calls:
-        ``calls`` (model calls), ``rows`` (rows predicted), ``max_rows`` (largest batch) and
-        ``loads`` (``{"host:pid": model loads}``, one entry per Python worker that loaded it)."""
+        ``calls`` (model calls), ``rows`` (rows predicted), ``max_rows`` (largest batch),
+        ``loads`` (``{"host:pid": model loads}``, one entry per Python worker that loaded it) and
+        ``quantizations`` (INT8 quantisations done for this predictor, on the driver: 1 or 0)."""
         merged: dict = {}
         if self._spark is not None:
             merge_stats(merged, dict(self._spark[2].value))
         merge_stats(merged, self._local_stats)
         loads = {k.split("@", 1)[1]: v for k, v in merged.items() if k.startswith("loads@")}
-        out = {k: merged.get(k, 0) for k in ("calls", "rows", "max_rows")}
+        out = {k: merged.get(k, 0) for k in ("calls", "rows", "max_rows", "quantizations")}
         out["loads"] = loads
         return out
+
+    # ------------------------------------------------------------------ saving
+
+    def save(self, folder) -> None:
+        """Writes the model as it runs (the frozen graph, and the OpenVINO IR, INT8 quantised or
+        not) and the settings to ``folder``; :meth:`load` reads it back without converting or
+        quantising again."""
+        from optim.predict.saving import save_predictor
+
+        save_predictor(self, folder)
+
+    @classmethod
+    def load(cls, folder, **overrides) -> TFPredictor:
+        """A predictor from a folder :meth:`save` wrote. ``overrides`` replace the saved settings
+        ``batch_per_thread``, ``on_error``, ``error_col`` and ``num_threads``.
+
+        Raises:
+            FileNotFoundError: no saved predictor in ``folder``.
+        """
+        from optim.predict.saving import load_predictor
+
+        return load_predictor(cls, folder, overrides)
 
     def close(self) -> None:
         """Removes the broadcast model from the executors. DataFrames and RDDs returned by

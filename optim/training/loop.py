@@ -67,6 +67,8 @@ class TrainConfig:
     on_nonfinite: str = "raise"
     drop_remainder: bool = False
     validation_batch_size: int | None = None
+    #: the training step's precision: "fp32" or "bf16" (tfnet.precision)
+    precision: str = "fp32"
 
     def check(self) -> None:
         for name in ("epochs", "batch_size"):
@@ -324,7 +326,7 @@ class _Run:
         self.collective, self.reporter, self.validation_data = collective, reporter, validation_data
         self.lr_source, self.alive = lr_source, liveness
         self.chief = collective.is_chief
-        self.step_fn = net.train_step(loss, method, reducer=collective.reducer())
+        self.step_fn = net.train_step(loss, method, reducer=collective.reducer(), precision=config.precision)
         self.template = self.step_fn.state_spec()
         self.run_id = config.run_id or new_run_id()
         self.manager = (CheckpointManager(_checkpoint_dir(config.model_dir), config.keep_checkpoints, self.run_id,

@@ -1,0 +1,189 @@
+"""Lower precision on ResNet-50 (224x224, batch 16, oneDNN on), every comparison side by side in this
+one process, timed in alternation after a warm-up (median per round gives the ratio).
+
+(a) Fine-tuning step: TFNet bf16 (``precision="bf16"``, oneDNN's auto-mixed-precision rewrite)
+    against TFNet fp32, and against Keras ``train_on_batch`` under its own ``mixed_bfloat16``
+    policy (and Keras fp32). Every weight trains, batch norm frozen, SGD. Targets on a CPU with
+    native bf16: bf16 >= 1.6x TFNet fp32, and ahead of Keras bf16.
+(b) Inference, locally through TFPredictor (this process, 2 threads): OpenVINO INT8 (NNCF,
+    calibrated on ``--calibration`` random images) and OpenVINO bf16 (precision hint) against
+    OpenVINO fp32 and TensorFlow fp32 (and TensorFlow bf16, oneDNN's rewrite). Targets: INT8 >= 3.5x OpenVINO fp32 (AVX-512 VNNI),
+    bf16 >= 1.8x (native bf16).
+(c) Inference through TFPredictor over Spark local[2] (two Python workers, one thread each):
+    OpenVINO INT8 and bf16 against TensorFlow fp32 and OpenVINO fp32. Target: INT8 >= 4x
+    TensorFlow fp32.
+
+    python benchmarks/bench_precision.py [--images 64] [--rounds 3] [--only train|local|spark] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import banner, interleaved, machine, median, setup_env, write_json  # noqa: E402
+
+
+def fine_tuning(args, x, y) -> dict:
+    import keras
+    import tensorflow as tf
+
+    from tfnet import TFNet
+
+    def resnet(policy: str):
+        keras.mixed_precision.set_global_policy(policy)
+        try:
+            keras.utils.set_random_seed(0)
+            model = keras.applications.ResNet50(weights=None, input_shape=(args.size, args.size, 3))
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+        for layer in model.layers:  # BN frozen, as on the TFNet side
+            if isinstance(layer, keras.layers.BatchNormalization):
+                layer.trainable = False
+        model.compile(optimizer=keras.optimizers.SGD(1e-3), loss="sparse_categorical_crossentropy")
+        return model
+
+    keras_fp32, keras_bf16 = resnet("float32"), resnet("mixed_bfloat16")
+    net = TFNet.from_keras(keras_fp32)
+    net.trainable = [v.path for v in keras_fp32.trainable_variables]
+    sce = keras.losses.SparseCategoricalCrossentropy()
+
+    def loss(t, o):
+        return sce(t, o)
+
+    fp32, bf16 = net.train_step(loss, 1e-3), net.train_step(loss, 1e-3, precision="bf16")
+    s32, s16 = fp32.init_state(), bf16.init_state()
+    xt, yt = tf.constant(x[:args.batch]), tf.constant(y[:args.batch])
+    sides = {
+        "tfnet_bf16": lambda: bf16(xt, yt, s16).loss.numpy(),
+        "tfnet_fp32": lambda: fp32(xt, yt, s32).loss.numpy(),
+        "keras_mixed_bfloat16": lambda: keras_bf16.train_on_batch(x[:args.batch], y[:args.batch]),
+        "keras_fp32": lambda: keras_fp32.train_on_batch(x[:args.batch], y[:args.batch]),
+    }
+    times = interleaved(sides, args.rounds)
+    img_s = {k: args.batch / median(t) for k, t in times.items()}
+    out = {"img_s": img_s, "bf16_vs_fp32": img_s["tfnet_bf16"] / img_s["tfnet_fp32"],
+           "bf16_vs_keras_bf16": img_s["tfnet_bf16"] / img_s["keras_mixed_bfloat16"],
+           "keras_bf16_vs_keras_fp32": img_s["keras_mixed_bfloat16"] / img_s["keras_fp32"],
+           "bf16_step_precision": bf16.precision, "times": times}
+    print("(a) fine-tuning step, img/s: " + "   ".join(f"{k} {v:6.2f}" for k, v in img_s.items()))
+    print(f"    TFNet bf16 / TFNet fp32 {out['bf16_vs_fp32']:.2f} (target >= 1.6)   TFNet bf16 / Keras mixed_bfloat16 "
+          f"{out['bf16_vs_keras_bf16']:.2f} (target > 1)   Keras bf16 / Keras fp32 {out['keras_bf16_vs_keras_fp32']:.2f}")
+    return out
+
+
+def predictors(net, x, args, threads):
+    """TF fp32 and bf16, OpenVINO fp32, bf16 and INT8 TFPredictors; the INT8 one quantised here (timed)."""
+    from optim import TFPredictor
+
+    made = {"tensorflow_fp32": TFPredictor(net, batch_per_thread=args.batch, num_threads=threads),
+            "tensorflow_bf16": TFPredictor(net, batch_per_thread=args.batch, num_threads=threads, precision="bf16"),
+            "openvino_fp32": TFPredictor(net, batch_per_thread=args.batch, backend="openvino", num_threads=threads),
+            "openvino_bf16": TFPredictor(net, batch_per_thread=args.batch, backend="openvino", precision="bf16",
+                                         num_threads=threads)}
+    t0 = time.perf_counter()
+    made["openvino_int8"] = TFPredictor(net, batch_per_thread=args.batch, backend="openvino", precision="int8",
+                                        calibration=x[:args.calibration], num_threads=threads)
+    return made, time.perf_counter() - t0
+
+
+def local_inference(args, net, x) -> dict:
+    import numpy as np
+
+    made, quantise_s = predictors(net, x, args, args.cores)
+    ref = made["tensorflow_fp32"].predict(x[:args.batch])
+    diffs = {k: float(np.abs(p.predict(x[:args.batch]) - ref).max()) for k, p in made.items()}
+    top1 = {k: float(np.mean(p.predict(x[:args.batch]).argmax(1) == ref.argmax(1))) for k, p in made.items()}
+    times = interleaved({k: (lambda p=p: p.predict(x)) for k, p in made.items()}, args.rounds)
+    img_s = {k: args.images / median(t) for k, t in times.items()}
+    out = {"img_s": img_s, "quantise_s": quantise_s, "max_abs_diff_vs_tf": diffs, "top1_agreement_vs_tf": top1,
+           "precision": {k: p.precision for k, p in made.items()},
+           "int8_vs_ov_fp32": img_s["openvino_int8"] / img_s["openvino_fp32"],
+           "bf16_vs_ov_fp32": img_s["openvino_bf16"] / img_s["openvino_fp32"],
+           "int8_vs_tf_fp32": img_s["openvino_int8"] / img_s["tensorflow_fp32"],
+           "ov_fp32_vs_tf_fp32": img_s["openvino_fp32"] / img_s["tensorflow_fp32"],
+           "tf_bf16_vs_tf_fp32": img_s["tensorflow_bf16"] / img_s["tensorflow_fp32"], "times": times}
+    print("(b) local TFPredictor, img/s: " + "   ".join(f"{k} {v:6.2f}" for k, v in img_s.items()))
+    print(f"    INT8 / OV fp32 {out['int8_vs_ov_fp32']:.2f} (target >= 3.5)   bf16 / OV fp32 {out['bf16_vs_ov_fp32']:.2f} "
+          f"(target >= 1.8)   INT8 / TF fp32 {out['int8_vs_tf_fp32']:.2f}   OV fp32 / TF fp32 "
+          f"{out['ov_fp32_vs_tf_fp32']:.2f}   TF bf16 / TF fp32 {out['tf_bf16_vs_tf_fp32']:.2f}; "
+          f"quantising took {quantise_s:.1f} s ({args.calibration} images)")
+    print(f"    max |out - TF fp32| on random weights: {', '.join(f'{k} {v:.2e}' for k, v in diffs.items())}")
+    for p in made.values():
+        p.close()
+    return out
+
+
+def spark_inference(args, net, x) -> dict:
+    from bench_predictor import image_frame, spark_session
+
+    # five models side by side: every Python worker keeps all of them (the default cache holds 4)
+    os.environ["TFNET_PREDICTOR_CACHE_SIZE"] = "8"
+    spark = spark_session(args.cores)
+    df = image_frame(spark, x, args.cores)
+    made, quantise_s = predictors(net, x, args, 1)
+
+    def run(p):
+        p.predict(df, feature_cols="image").write.format("noop").mode("overwrite").save()
+
+    times = interleaved({k: (lambda p=p: run(p)) for k, p in made.items()}, args.rounds)
+    img_s = {k: args.images / median(t) for k, t in times.items()}
+    loads = {k: p.stats()["loads"] for k, p in made.items()}
+    out = {"img_s": img_s, "quantise_s": quantise_s, "loads_per_worker": loads,
+           "quantizations": {k: p.stats()["quantizations"] for k, p in made.items()},
+           "int8_vs_tf_fp32": img_s["openvino_int8"] / img_s["tensorflow_fp32"],
+           "int8_vs_ov_fp32": img_s["openvino_int8"] / img_s["openvino_fp32"],
+           "bf16_vs_ov_fp32": img_s["openvino_bf16"] / img_s["openvino_fp32"], "times": times}
+    print(f"(c) TFPredictor over Spark local[{args.cores}], img/s: "
+          + "   ".join(f"{k} {v:6.2f}" for k, v in img_s.items()))
+    print(f"    INT8 / TF fp32 {out['int8_vs_tf_fp32']:.2f} (target >= 4)   INT8 / OV fp32 {out['int8_vs_ov_fp32']:.2f}   "
+          f"bf16 / OV fp32 {out['bf16_vs_ov_fp32']:.2f}; INT8 model loads per worker: {loads['openvino_int8']}")
+    for p in made.values():
+        p.close()
+    spark.stop()
+    return out
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--images", type=int, default=64, help="images per inference round (a multiple of 2 x batch)")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--calibration", type=int, default=64, help="INT8 calibration images (random)")
+    p.add_argument("--cores", type=int, default=2, help="Spark local[N], and threads for (b)")
+    p.add_argument("--only", choices=["train", "local", "spark"], default=None)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    setup_env(onednn=True)
+
+    import keras
+    import numpy as np
+
+    from tfnet import TFNet
+
+    print(banner(), flush=True)
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (args.images, args.size, args.size, 3)).astype("float32")
+    y = rng.integers(0, 1000, args.images).astype("int64")
+    results = {"machine": machine(), "batch": args.batch, "size": args.size, "images": args.images,
+               "rounds": args.rounds, "calibration_images": args.calibration,
+               "command": "python benchmarks/bench_precision.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    if args.only in (None, "train"):
+        results["train"] = fine_tuning(args, x, y)
+    if args.only in (None, "local", "spark"):
+        keras.utils.set_random_seed(0)
+        net = TFNet.from_keras(keras.applications.ResNet50(weights=None, input_shape=(args.size, args.size, 3)))
+        if args.only in (None, "local"):
+            results["local"] = local_inference(args, net, x)
+        if args.only in (None, "spark"):
+            results["spark"] = spark_inference(args, net, x)
+    write_json(args.json, results)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""bf16 fine-tuning: forward and backward in bfloat16 with float32 master weights, optimiser state
+and loss; the digits transfer task reaches fp32's held-out accuracy; a CPU without bf16 warns and
+runs fp32; unknown precisions are typed errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import optim
+from optim.errors import PrecisionError, PrecisionWarning
+from tests import models
+from tests.tfnet import transfer
+from tfnet import TFNet, precision
+
+pytestmark = pytest.mark.timeout(300)
+
+needs_bf16 = pytest.mark.skipif(not (precision.cpu_has_bf16() and precision.onednn_enabled()),
+                                reason="this CPU has no native bfloat16, or oneDNN is off")
+
+
+def _step_pair(net, lr=0.05):
+    sce = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def loss(t, o):
+        return sce(t, o)
+
+    return net.train_step(loss, lr), net.train_step(loss, lr, precision="bf16")
+
+
+@needs_bf16
+def test_bf16_step_computes_in_bf16_and_keeps_float32_master_weights():
+    net = TFNet.from_keras(models.small_cnn(classes=3))
+    x = models.random_images(16, 8, seed=1)
+    y = np.arange(16) % 3
+    fp32, bf16 = _step_pair(net)
+    assert bf16.precision == "bf16" and fp32.precision == "fp32"
+    before = net.get_weights()
+    r32 = fp32(x, y, fp32.init_state())
+    after32 = net.get_weights()
+    net.set_weights(before)
+    r16 = bf16.run(x, y)
+    after16 = net.get_weights()
+    assert r16.loss.dtype == tf.float32
+    # bfloat16 keeps 8 bits of mantissa: the loss is close to fp32's, and not equal to it
+    assert float(r16.loss) != float(r32.loss)
+    assert abs(float(r16.loss) - float(r32.loss)) < 0.02 * abs(float(r32.loss))
+    assert all(v.dtype == tf.float32 for v in net.weight_variables.values())
+    assert all(a.dtype == np.float32 for a in after16.values())
+    moved = [n for n in net.trainable if not np.array_equal(after16[n], before[n])]
+    assert moved == list(net.trainable)  # every weight took the bf16 update, in float32
+    for n in net.trainable:  # SGD: the update is -lr * gradient; bf16's is close to fp32's
+        d16, d32 = after16[n] - before[n], after32[n] - before[n]
+        assert np.linalg.norm(d16 - d32) < 0.1 * np.linalg.norm(d32), n
+    # the rewrite is only on while the bf16 step runs: fp32 functions stay fp32, bit for bit
+    assert not tf.config.optimizer.get_experimental_options().get("auto_mixed_precision_onednn_bfloat16", False)
+    net.set_weights(before)
+    np.testing.assert_array_equal(fp32(x, y, fp32.init_state()).loss.numpy(), r32.loss.numpy())
+
+
+@needs_bf16
+def test_bf16_fine_tuning_of_digits_reaches_fp32_accuracy():
+    _, (xte, yte) = transfer.data()
+    fp32 = transfer.fine_tune()
+    bf16 = transfer.fine_tune(precision="bf16")
+    acc32 = transfer.accuracy(fp32.net.forward(xte), yte)
+    acc16 = transfer.accuracy(bf16.net.forward(xte), yte)
+    assert acc32 >= 0.95 and abs(acc16 - acc32) <= 0.01, (acc32, acc16)
+    assert all(v.dtype == tf.float32 for v in bf16.net.weight_variables.values())
+    assert bf16.state and all(np.asarray(s).dtype in (np.float32, np.int64, np.int32) for s in bf16.state)
+    assert any(np.asarray(s).dtype == np.float32 and np.asarray(s).size > 1 for s in bf16.state)  # Adam moments
+    assert not np.array_equal(bf16.net.forward(xte), fp32.net.forward(xte))  # trained differently: in bf16
+
+
+def test_cpu_without_bf16_warns_once_and_runs_fp32(monkeypatch):
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(precision, "_warned", set())
+    net = TFNet.from_keras(models.small_cnn(classes=3))
+    x, y = models.random_images(8, 8, seed=2), np.arange(8) % 3
+    with pytest.warns(PrecisionWarning, match="no native bfloat16.*training runs in fp32"):
+        fp32, bf16 = _step_pair(net)
+    assert bf16.precision == "fp32" and bf16.requested_precision == "bf16"
+    before = net.get_weights()
+    loss16 = bf16(x, y, bf16.init_state()).loss.numpy()
+    net.set_weights(before)
+    np.testing.assert_array_equal(loss16, fp32(x, y, fp32.init_state()).loss.numpy())
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once per process, not per step
+        net.train_step(lambda t, o: tf.reduce_mean(o), 0.1, precision="bf16")
+
+
+def test_onednn_off_warns_and_runs_fp32(monkeypatch):
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(precision, "_warned", set())
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    with pytest.warns(PrecisionWarning, match="oneDNN kernels are off"):
+        assert precision.training_precision("bf16") == "fp32"
+
+
+def test_unknown_precision_is_a_typed_error():
+    net = TFNet.from_keras(models.small_cnn(classes=3))
+    with pytest.raises(PrecisionError, match=r"one of \['fp32', 'bf16'\]. Received: precision='fp16'") as info:
+        net.train_step(lambda t, o: tf.reduce_mean(o), 0.1, precision="fp16")
+    assert isinstance(info.value, ValueError)
+    opt = optim.TFOptimizer(net, "mse", optim.SGD(0.1))
+    with pytest.raises(PrecisionError, match="Received: precision='int8'"):
+        opt.optimize((np.zeros((4, 8, 8, 3), np.float32), np.zeros((4, 3), np.float32)), precision="int8", verbose=0)
