@@ -29,7 +29,10 @@ EXTRAS = {
     "gcs": ["gcsfs>=2024.6"],
     "azure": ["adlfs>=2024.4"],
     "hdfs": [],  # fsspec's hdfs:// runs on pyarrow's HadoopFileSystem (needs libhdfs and a Hadoop client)
-    "openvino": ["openvino>=2025.0", "nncf>=3.4"],  # nncf: INT8 post-training quantisation (TFPredictor)
+    "openvino": ["openvino>=2025.0"],
+    # INT8 post-training quantisation for TFPredictor (precision="int8"); apart from `openvino` so that
+    # the cluster image stays within its size bound (docker/README.md)
+    "quantize": ["openvino>=2025.0", "nncf>=3.4"],
     # ONNX import and export (TFNet.from_onnx / save_onnx); onnxruntime is the tests' oracle
     "onnx": ["onnx>=1.16", "onnxruntime>=1.18"],
     "examples": ["matplotlib>=3.8"],

@@ -221,7 +221,7 @@ def _int8_line(net, train_df, test_df, fp32_accuracy: float, fp32_rows_s: float)
         quantise_s = time.time() - t0
     except BackendUnavailableError as exc:  # openvino or nncf not installed
         print(f"      INT8 skipped: {exc}")
-        return "INT8 skipped (pip install tfnet[openvino])"
+        return "INT8 skipped (pip install tfnet[quantize])"
     with predictor:
         t0 = time.time()
         rows = predictor.predict(test_df, feature_cols="pixels", output_cols="logits").select("label", "logits").collect()

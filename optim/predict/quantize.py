@@ -195,7 +195,7 @@ def import_nncf():
     except ImportError as exc:
         raise BackendUnavailableError(
             f"precision='int8' needs the `nncf` package (OpenVINO's post-training quantisation), which is not "
-            f"installed ({exc}). Install it with `pip install tfnet[openvino]` (or `pip install nncf`), or use "
+            f"installed ({exc}). Install it with `pip install tfnet[quantize]` (or `pip install nncf`), or use "
             "precision='fp32' or 'bf16'."
         ) from None
     return nncf
