@@ -199,6 +199,10 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
         raise
 
 
+def write_json_atomic(path: str, obj: object) -> None:
+    write_bytes_atomic(path, json.dumps(obj, indent=2, sort_keys=False).encode("utf-8"))
+
+
 def read_meta(folder: str, storage_options=None) -> dict:
     """Reads ``graph_meta.json`` of an export folder (a path or a URI), checking the keys
     Analytics Zoo wrote."""
