@@ -133,8 +133,26 @@ def quiet_task_failures(sc, verbose: int = 1) -> Iterator[None]:
     try:
         yield
     finally:
+        if saved:
+            _wait_for_running_tasks(sc)
         for name, level in saved.items():
             try:
                 configurator.setLevel(name, level)
             except Exception:  # noqa: BLE001 - the JVM is gone
                 break
+
+
+def _wait_for_running_tasks(sc, timeout_s: float = 15.0) -> None:
+    """Waits (bounded) until no executor runs a task: a failed barrier stage's other tasks are
+    killed after the job has failed, and the executor logs each kill; the levels go back after."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            infos = sc._jsc.sc().statusTracker().getExecutorInfos()
+            if sum(int(info.numRunningTasks()) for info in infos) == 0:
+                return
+        except Exception:  # noqa: BLE001 - no JVM view: nothing to wait for
+            return
+        time.sleep(0.1)
