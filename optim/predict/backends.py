@@ -131,6 +131,12 @@ def to_openvino_ir(snapshot: ModelSnapshot) -> tuple[bytes, bytes]:
     except Exception as exc:  # OpenVINO raises its own OpConversionFailure / RuntimeError types
         message = str(exc)
         raise _ConversionFailed(unsupported_ops(message), _summary(message)) from None
+    return ir_bytes(ov, model)
+
+
+def ir_bytes(ov, model) -> tuple[bytes, bytes]:
+    """An OpenVINO model as its IR, ``(model.xml, model.bin)`` bytes (no fp16 compression), written
+    through a temporary folder that is removed."""
     folder = tempfile.mkdtemp(prefix="tfnet-ov-")
     try:
         path = os.path.join(folder, "model.xml")

@@ -12,9 +12,6 @@ import contextlib
 import hashlib
 import io
 import logging
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 
@@ -214,7 +211,7 @@ def quantize_ir(ir: tuple[bytes, bytes], snapshot: ModelSnapshot, arrays: Sequen
         BackendError: NNCF failed on this model.
     """
     nncf = import_nncf()
-    from optim.predict.backends import _import_openvino
+    from optim.predict.backends import _import_openvino, ir_bytes
 
     ov = _import_openvino()
     xml, weights = ir
@@ -238,17 +235,7 @@ def quantize_ir(ir: tuple[bytes, bytes], snapshot: ModelSnapshot, arrays: Sequen
         log.debug("NNCF: %s", progress.getvalue().strip())
     _QUANTIZATIONS["count"] += 1
     log.info("INT8 quantisation with %d calibration rows took %.1f s.", n, time.perf_counter() - t0)
-    folder = tempfile.mkdtemp(prefix="tfnet-int8-")
-    try:
-        path = os.path.join(folder, "model.xml")
-        ov.save_model(quantized, path, compress_to_fp16=False)
-        with open(path, "rb") as f:
-            xml = f.read()
-        with open(os.path.join(folder, "model.bin"), "rb") as f:
-            weights = f.read()
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    return xml, weights
+    return ir_bytes(ov, quantized)
 
 
 def _with_accuracy_control(nncf, model, dataset, snapshot, validation, metric, max_drop, n):
