@@ -7,14 +7,12 @@ pipeline loads back without the original net. Driver side.
 
 from __future__ import annotations
 
-import os
-from urllib.parse import urlparse
-
 from pyspark.ml import Transformer
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasInputCols, HasOutputCols, HasPredictionCol
-from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
+from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 
+from optim.predict.ml_io import ModelFolderReader, ModelFolderWriter
 from optim.predict.predictor import TFPredictor
 from optim.predict.snapshot import ModelSnapshot, ModelSource
 
@@ -109,46 +107,12 @@ class TFNetTransformer(Transformer, HasInputCols, HasOutputCols, HasPredictionCo
         return that
 
     def write(self) -> MLWriter:
-        return _Writer(self)
+        return ModelFolderWriter(self, MODEL_FOLDER, self.snapshot.save)  # no model: the error comes now
 
     @classmethod
     def read(cls) -> MLReader:
-        return _Reader(cls)
+        return ModelFolderReader(cls, MODEL_FOLDER, _load_snapshot)
 
 
-def _local_path(path: str) -> str:
-    parsed = urlparse(path)
-    if parsed.scheme in ("", "file"):
-        return parsed.path if parsed.scheme else path
-    raise ValueError(
-        f"TFNetTransformer saves its model with local file I/O; {path!r} is on {parsed.scheme!r}. Save to a "
-        "local (or mounted) path, then copy the folder."
-    )
-
-
-class _Writer(MLWriter):
-    def __init__(self, instance: TFNetTransformer):
-        super().__init__()
-        self.instance = instance
-
-    def saveImpl(self, path: str) -> None:  # noqa: N802 (Spark's name)
-        snapshot = self.instance.snapshot
-        folder = _local_path(path)
-        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession,
-                                         extraMetadata={"modelFolder": MODEL_FOLDER})
-        snapshot.save(os.path.join(folder, MODEL_FOLDER))
-
-
-class _Reader(MLReader):
-    def __init__(self, cls):
-        super().__init__()
-        self.cls = cls
-
-    def load(self, path: str) -> TFNetTransformer:
-        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
-        instance = self.cls()
-        instance._resetUid(metadata["uid"])
-        DefaultParamsReader.getAndSetParams(instance, metadata)
-        folder = os.path.join(_local_path(path), metadata.get("modelFolder", MODEL_FOLDER))
-        instance._snapshot = ModelSnapshot.load(folder)
-        return instance
+def _load_snapshot(instance, folder: str) -> None:
+    instance._snapshot = ModelSnapshot.load(folder)

@@ -15,7 +15,9 @@ import os
 from pyspark.ml import Estimator
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasLabelCol, HasPredictionCol, HasSeed
-from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
+from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
+
+from optim.predict.ml_io import ModelFolderReader, ModelFolderWriter
 
 __all__ = ["TFNetEstimator"]
 
@@ -135,47 +137,27 @@ class TFNetEstimator(Estimator, HasLabelCol, HasPredictionCol, HasSeed, MLReadab
         return that
 
     def write(self) -> MLWriter:
-        return _Writer(self)
+        return ModelFolderWriter(self, MODEL_FOLDER, _save_net(self._net_bytes) if self._net_bytes is not None else None)
 
     @classmethod
     def read(cls) -> MLReader:
-        return _Reader(cls)
+        return ModelFolderReader(cls, MODEL_FOLDER, _load_net)
 
 
-class _Writer(MLWriter):
-    def __init__(self, instance: TFNetEstimator):
-        super().__init__()
-        self.instance = instance
+def _save_net(net_bytes: bytes):
+    def save(folder: str) -> None:
+        from tfnet.serialize import net_from_bytes
 
-    def saveImpl(self, path: str) -> None:  # noqa: N802 (Spark's name)
-        from optim.predict.transformer import _local_path
+        net_from_bytes(net_bytes).save(folder)
 
-        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession,
-                                         extraMetadata={"modelFolder": MODEL_FOLDER})
-        if self.instance._net_bytes is not None:
-            from tfnet.serialize import net_from_bytes
-
-            net_from_bytes(self.instance._net_bytes).save(os.path.join(_local_path(path), MODEL_FOLDER))
+    return save
 
 
-class _Reader(MLReader):
-    def __init__(self, cls):
-        super().__init__()
-        self.cls = cls
+def _load_net(instance, folder: str) -> None:
+    if os.path.isdir(folder):  # an estimator saved without a net has no folder
+        from tfnet import TFNet
 
-    def load(self, path: str) -> TFNetEstimator:
-        from optim.predict.transformer import _local_path
-
-        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
-        instance = self.cls()
-        instance._resetUid(metadata["uid"])
-        DefaultParamsReader.getAndSetParams(instance, metadata)
-        folder = os.path.join(_local_path(path), metadata.get("modelFolder", MODEL_FOLDER))
-        if os.path.isdir(folder):
-            from tfnet import TFNet
-
-            instance._net_bytes = _net_bytes(TFNet.load(folder))
-        return instance
+        instance._net_bytes = _net_bytes(TFNet.load(folder))
 
 
 def _net_bytes(net) -> bytes:
