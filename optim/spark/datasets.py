@@ -84,7 +84,6 @@ class DataFrameDataset(TFDataset):
 
     def __init__(self, df, feature_cols, label_cols=None, feature_shapes=None, batch_size: int | None = None,
                  augment=None):
-        self.user_df = df
         self.batch_size = batch_size
         self.augment = augment
         #: input names, when feature_cols is a dict by input name (TFOptimizer puts them in the net's order)
@@ -156,15 +155,12 @@ class DataFrameDataset(TFDataset):
             flat = isinstance(kind, ArrayType) and not isinstance(kind.elementType, ArrayType)
             if flat or isinstance(kind, BinaryType):
                 row = tuple(tensor.shape.as_list()[1:])
-                shown = self.vectors_inverse().get(column, column)
+                shown = {hidden: c for c, hidden in self.vectors.items()}.get(column, column)
                 raise InputSpecError(
                     f"Column {shown!r} holds {'flat arrays' if flat else 'encoded images'}, and input {name!r} takes "
                     f"rows of shape {row}: pass feature_shapes={{{shown!r}: {tuple(d or 0 for d in row)}}} (the per-row "
                     "shape), so that the ranks can reshape or decode it."
                 )
-
-    def vectors_inverse(self) -> dict[str, str]:
-        return {hidden: c for c, hidden in self.vectors.items()}
 
     def columns(self) -> list[str]:
         seen = []
