@@ -389,11 +389,21 @@ def _after_failure(sc, exc: Exception, reports: list, policy: RetryPolicy, attem
         raise DistributedTrainingError(
             f"Distributed training failed {len(failures)} time(s), the last time with: {failures[-1]}"
         ) from exc
-    message = (f"Training stage attempt {attempt + 1} failed ({str(err)[:300]}); retrying "
+    message = (f"Training stage attempt {attempt + 1} failed ({one_line(str(err))}); retrying "
                f"{_RETRY_FROM[has_model_dir]}.")
     log.warning(message)
     # stacklevel 6: the warning points at optimize()'s caller (through optimize_distributed and _run_attempts).
     warnings.warn(message, RuntimeWarning, stacklevel=6)
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """An error in one line for a warning: its first line, and its last when they differ (a TF
+    graph error's first line says where, its last says what), cut to ``limit`` characters."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    short = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    return short if len(short) <= limit else short[:limit - 3] + "..."
 
 
 _RETRY_FROM = {True: "from this run's newest checkpoint", False: "from the start (no model_dir)"}

@@ -110,7 +110,8 @@ def test_kill_one_rank_retries_and_finishes(spark, tmp_path):
             ckpts = glob.glob(str(model_dir / "checkpoints" / "*" / "ckpt-*.npz"))
             infos = glob.glob(str(model_dir / "ranks" / "*" / "rank-1.json"))
             if len(ckpts) >= 3 and infos:  # mid-training: after step 12 of 64
-                pid = json.loads(open(infos[0]).read())["pid"]
+                with open(infos[0]) as f:
+                    pid = json.load(f)["pid"]
                 os.kill(pid, signal.SIGKILL)  # the Python process of rank 1, mid-training
                 killed["pid"] = pid
                 killed["after"] = sorted(ckpts)[-1]

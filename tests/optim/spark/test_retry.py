@@ -169,3 +169,14 @@ def test_watchdog_heartbeat_says_phase_and_bound():
     assert beat["phase"] == "writing a checkpoint" and beat["bound"] == 50.0 and beat["seq"] == 1
     after = json.loads(dog.heartbeat())
     assert after["bound"] == 5.0 and after["seq"] == 2
+
+
+def test_retry_warning_keeps_a_graph_error_on_one_line():
+    from optim.spark.driver.launcher import one_line
+
+    graph_error = ("Rank 0 failed with UnknownError: Graph execution error:\n\nDetected at node tfnet_loss defined at"
+                   " (most recent call last):\n  File \"<frozen runpy>\", line 198\n\nHorovod has been shut down.")
+    assert one_line(graph_error) == ("Rank 0 failed with UnknownError: Graph execution error: ... "
+                                     "Horovod has been shut down.")
+    assert one_line("x" * 400, limit=20) == "x" * 17 + "..."
+    assert one_line("  only line \n") == "only line"
