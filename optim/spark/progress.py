@@ -23,7 +23,7 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 
 from optim.training.reporting import Reporter
 
-__all__ = ["ProgressServer", "RemoteReporter"]
+__all__ = ["EventReporter", "EventSink", "ProgressServer", "RemoteReporter"]
 
 log = logging.getLogger("tfnet.spark.progress")
 AUTH_TIMEOUT_S = 10.0
@@ -60,7 +60,35 @@ def _authenticated(sock: socket.socket, authkey: bytes, server: bool) -> Connect
     return conn
 
 
-class ProgressServer:
+class EventSink:
+    """Hands rank 0's reporter events to ``reporter`` and keeps them (``events``), with when the
+    first step arrived (``first_step_at``). The progress server and, under Spark Connect, the
+    progress poller (:mod:`optim.spark.progress_store`) are both one."""
+
+    def __init__(self, reporter: Reporter):
+        self.reporter = reporter
+        self.last_event = time.monotonic()
+        self.first_step_at: float | None = None
+        self.events: list[dict] = []
+        self.refused = 0
+
+    def dispatch(self, event: dict) -> None:
+        self.last_event = time.monotonic()
+        kind = event.get("event")
+        self.events.append(event)
+        if kind == "begin":
+            self.reporter.begin(event["epochs"], event["steps_per_epoch"], event["initial_step"], event["initial_epoch"])
+        elif kind == "step":
+            if self.first_step_at is None:
+                self.first_step_at = time.monotonic()
+            self.reporter.step(event["step"], event["epoch"], event["logs"])
+        elif kind == "validation":
+            self.reporter.validation(event["step"], event["logs"])
+        elif kind == "epoch_end":
+            self.reporter.epoch_end(event["epoch"], event["step"], event["logs"])
+
+
+class ProgressServer(EventSink):
     """Listens on ``host`` for clients that know ``authkey``; dispatches their events to
     ``reporter``.
 
@@ -73,11 +101,7 @@ class ProgressServer:
     """
 
     def __init__(self, reporter: Reporter, host: str, authkey: bytes, port: int = 0, advertise: str | None = None):
-        self.reporter = reporter
-        self.last_event = time.monotonic()
-        self.first_step_at: float | None = None
-        self.events: list[dict] = []
-        self.refused = 0
+        super().__init__(reporter)
         self._authkey = authkey
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -126,24 +150,9 @@ class ProgressServer:
                 except (EOFError, OSError):  # closed, or silent past IO_TIMEOUT_S mid-message
                     return
                 try:
-                    self._dispatch(json.loads(line))
+                    self.dispatch(json.loads(line))
                 except (ValueError, TypeError, KeyError) as exc:  # a bad message must not stop the run
                     log.warning("Ignored a progress message (%s).", exc)
-
-    def _dispatch(self, event: dict) -> None:
-        self.last_event = time.monotonic()
-        kind = event.get("event")
-        self.events.append(event)
-        if kind == "begin":
-            self.reporter.begin(event["epochs"], event["steps_per_epoch"], event["initial_step"], event["initial_epoch"])
-        elif kind == "step":
-            if self.first_step_at is None:
-                self.first_step_at = time.monotonic()
-            self.reporter.step(event["step"], event["epoch"], event["logs"])
-        elif kind == "validation":
-            self.reporter.validation(event["step"], event["logs"])
-        elif kind == "epoch_end":
-            self.reporter.epoch_end(event["epoch"], event["step"], event["logs"])
 
     def close(self) -> None:
         self._stop.set()
@@ -157,7 +166,28 @@ class ProgressServer:
         self.reporter.end()
 
 
-class RemoteReporter(Reporter):
+class EventReporter(Reporter):
+    """A reporter that turns each event into a JSON-able dict (the form :meth:`EventSink.dispatch`
+    reads) and hands it to ``_send``."""
+
+    def _send(self, event: dict) -> None:
+        raise NotImplementedError
+
+    def begin(self, epochs, steps_per_epoch, initial_step, initial_epoch):
+        self._send({"event": "begin", "epochs": epochs, "steps_per_epoch": steps_per_epoch,
+                    "initial_step": initial_step, "initial_epoch": initial_epoch})
+
+    def step(self, step, epoch, logs):
+        self._send({"event": "step", "step": step, "epoch": epoch, "logs": logs})
+
+    def validation(self, step, logs):
+        self._send({"event": "validation", "step": step, "logs": logs})
+
+    def epoch_end(self, epoch, step, logs):
+        self._send({"event": "epoch_end", "epoch": epoch, "step": step, "logs": logs})
+
+
+class RemoteReporter(EventReporter):
     """Sends reporter events to a :class:`ProgressServer`, authenticating with ``authkey``. A
     lost connection is made again at the next event (at most every :data:`RECONNECT_S` seconds);
     events in between are dropped."""
@@ -191,19 +221,6 @@ class RemoteReporter(Reporter):
             except OSError:
                 pass
             self._conn = None
-
-    def begin(self, epochs, steps_per_epoch, initial_step, initial_epoch):
-        self._send({"event": "begin", "epochs": epochs, "steps_per_epoch": steps_per_epoch,
-                    "initial_step": initial_step, "initial_epoch": initial_epoch})
-
-    def step(self, step, epoch, logs):
-        self._send({"event": "step", "step": step, "epoch": epoch, "logs": logs})
-
-    def validation(self, step, logs):
-        self._send({"event": "validation", "step": step, "logs": logs})
-
-    def epoch_end(self, epoch, step, logs):
-        self._send({"event": "epoch_end", "epoch": epoch, "step": step, "logs": logs})
 
     def end(self):
         if self._conn is not None:

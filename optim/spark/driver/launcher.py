@@ -36,9 +36,9 @@ from optim.spark.driver.preflight import (
     wait_for_slots,
     warm_up_workers,
 )
-from optim.spark.driver.rendezvous import SecureRendezvous
 from optim.spark.driver.retry import RetryPolicy, stage_error
 from optim.spark.progress import ProgressServer
+from optim.spark.rendezvous_store import STUCK_GRACE_S, SecureRendezvous, stuck_rank  # noqa: F401 (re-exported)
 from optim.spark.session import get_spark
 from optim.spark.worker.rank import RankJob, read_payload, run_rank
 from optim.training.checkpoint import new_run_id
@@ -164,8 +164,16 @@ def optimize_distributed(opt, dataset: TFDataset, config: TrainConfig, validatio
             the data.
     """
     from optim.logs import quiet_task_failures
+    from optim.spark.connect import is_connect, session_of
 
-    with quiet_task_failures(get_spark().sparkContext, verbose):
+    spark = session_of(dataset) or get_spark()
+    if is_connect(spark):
+        from optim.spark.driver.connect_launcher import optimize_connect
+
+        return optimize_connect(opt, dataset, config, validation, spark, num_workers=num_workers, verbose=verbose,
+                                max_retries=max_retries, timeout=timeout, startup_timeout=startup_timeout,
+                                steps_per_epoch=steps_per_epoch)
+    with quiet_task_failures(spark.sparkContext, verbose):
         return _optimize_distributed(opt, dataset, config, validation, num_workers=num_workers, verbose=verbose,
                                      max_retries=max_retries, timeout=timeout, startup_timeout=startup_timeout,
                                      slot_wait=slot_wait, steps_per_epoch=steps_per_epoch)
@@ -369,18 +377,19 @@ def _run_attempts(sc, opt, stage: _Stage, server, secret: bytes, policy: RetryPo
                 return result
             except Exception as exc:  # noqa: BLE001 - turned into the ranks' own error below
                 attempts.append({"attempt": attempt, "ok": False, "error": str(exc)[:300]})
-                _after_failure(sc, exc, rdv.failures(), policy, attempt, failures, bool(stage.config.model_dir))
+                _after_failure(lambda: _spark_stopped(sc), exc, rdv.failures(), policy, attempt, failures,
+                               bool(stage.config.model_dir))
     raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
 
 
-def _after_failure(sc, exc: Exception, reports: list, policy: RetryPolicy, attempt: int, failures: list[str],
+def _after_failure(stopped, exc: Exception, reports: list, policy: RetryPolicy, attempt: int, failures: list[str],
                    has_model_dir: bool) -> None:
     """Raises the ranks' own error (or a DistributedTrainingError) unless the stage is retried;
-    otherwise records the failure and warns."""
+    otherwise records the failure and warns. ``stopped()`` says whether the session is gone."""
     err = stage_error(exc, reports)
     if not getattr(err, "retryable", False):
         raise err from exc
-    if _spark_stopped(sc):
+    if stopped():
         raise DistributedTrainingError(
             f"The SparkContext stopped during training, so the stage cannot be retried: {err}"
         ) from exc
@@ -392,7 +401,8 @@ def _after_failure(sc, exc: Exception, reports: list, policy: RetryPolicy, attem
     message = (f"Training stage attempt {attempt + 1} failed ({one_line(str(err))}); retrying "
                f"{_RETRY_FROM[has_model_dir]}.")
     log.warning(message)
-    # stacklevel 6: the warning points at optimize()'s caller (through optimize_distributed and _run_attempts).
+    # stacklevel 6: the warning points at optimize()'s caller (through optimize_distributed, _optimize_distributed
+    # or optimize_connect, and _run_attempts).
     warnings.warn(message, RuntimeWarning, stacklevel=6)
 
 
@@ -547,31 +557,6 @@ def _prepare_data(sc, dataset: TFDataset, n: int, per_rank: int, cleanup: _Clean
     if isinstance(dataset, TFDataDataset):
         return "tf_data", None, dataset, sc.parallelize(range(n), n)
     raise TypeError(f"Cannot train on {type(dataset).__name__} over Spark.")
-
-
-#: Seconds added to a rank's own bound before the driver calls it stuck (the rank's watchdog
-#: should end it first) and how long a rank's heartbeat may stay unchanged (a frozen process or a
-#: cut network: the watchdog cannot act).
-STUCK_GRACE_S = 30.0
-
-
-def stuck_rank(beats: dict[int, dict], n: int, now: float, started: float, startup_timeout: float) -> str | None:
-    """Why the stage is stuck, from the ranks' heartbeats (``SecureRendezvous.heartbeats()``), or
-    None. A rank is stuck when its own report says it has been idle past its bound, when its
-    heartbeat has not changed for :data:`STUCK_GRACE_S` plus its bound, or when it has sent none
-    within ``startup_timeout`` of the launch. Pure (tested without Spark)."""
-    for rank in range(n):
-        beat = beats.get(rank)
-        if beat is None:
-            if now - started > startup_timeout + STUCK_GRACE_S:
-                return f"rank {rank} sent no heartbeat within {startup_timeout:.0f} s of the launch (startup_timeout)"
-            continue
-        bound = float(beat.get("bound", startup_timeout))
-        idle = float(beat.get("idle", 0.0)) + (now - beat["received"])
-        if idle > bound + STUCK_GRACE_S:
-            return (f"rank {rank} made no progress for {idle:.0f} s while {beat.get('phase', '?')} "
-                    f"(its bound: {bound:.0f} s)")
-    return None
 
 
 def _run_stage(sc, source, kind: str, job, rendezvous, timeout: float, startup_timeout: float) -> list[bytes]:

@@ -141,24 +141,37 @@ def warm_up_workers(spark=None, num_workers: int | None = None) -> WarmUp:
 
 
 def bounded_job(sc, description: str, action, timeout_s: float):
-    """Runs the Spark action ``action()`` (a ``collect``) in a job group of its own; cancels it and
+    """Runs the Spark action ``action()`` (a ``collect``) in a job group of its own (``sc`` a
+    SparkContext), or under a tag of its own (``sc`` a Spark Connect session); cancels it and
     raises DistributedTrainingError when it takes longer than ``timeout_s`` seconds."""
+    from optim.spark.connect import is_connect
+
     group = f"tfnet-{uuid.uuid4().hex[:8]}"
+    connect = is_connect(sc)
     results: list = []
     error: list = []
 
     def run():
         try:
-            sc.setJobGroup(group, f"tfnet: {description}", interruptOnCancel=True)
+            if connect:
+                sc.addTag(group)
+            else:
+                sc.setJobGroup(group, f"tfnet: {description}", interruptOnCancel=True)
             results.append(action())
         except Exception as exc:  # noqa: BLE001 - raised in the caller's thread
             error.append(exc)
+        finally:
+            if connect:
+                sc.removeTag(group)
 
     thread = threading.Thread(target=run, name="tfnet-job", daemon=True)
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        sc.cancelJobGroup(group)
+        if connect:
+            sc.interruptTag(group)
+        else:
+            sc.cancelJobGroup(group)
         thread.join(10)
         raise DistributedTrainingError(f"Spark did not finish {description} within {timeout_s:.0f} s; cancelled.")
     if error:
@@ -196,8 +209,14 @@ def check_model_dir(model_dir: str, storage_options=None) -> str:
 def probe_workers(sc, n: int, timeout_s: float, probe: tuple | None = None) -> None:
     """Runs one small task per slot that imports what the ranks need (and reads ``probe``, the
     driver's marker in ``model_dir``, when given); turns failures into clear errors. Also warms the
-    Python workers (TensorFlow gets imported once)."""
-    job = sc.parallelize(range(n), n).mapPartitions(_import_report_fn(probe))
+    Python workers (TensorFlow gets imported once). ``sc``: a SparkContext, or a Spark Connect
+    session (the tasks then run as ``mapInArrow`` over ``range(n)``)."""
+    from optim.spark.connect import is_connect
+
+    if is_connect(sc):
+        job = _connect_probe(sc, n, _import_report_fn(probe))
+    else:
+        job = sc.parallelize(range(n), n).mapPartitions(_import_report_fn(probe))
     try:
         results = bounded_job(sc, "checking the workers' Python", job.collect, timeout_s)
     except DistributedTrainingError:
@@ -205,6 +224,10 @@ def probe_workers(sc, n: int, timeout_s: float, probe: tuple | None = None) -> N
     except Exception as exc:  # noqa: BLE001 - a Py4J error, turned into tfnet's
         raise stage_error(exc, [], prefix="Checking the Spark workers failed") from exc
     for report in results:
+        if not isinstance(report, dict):  # a Row of JSON, from the Connect probe
+            import json
+
+            report = json.loads(report["report"])
         bad = {k: v for k, v in report.items() if k not in ("python", "host")}
         if bad:
             module, why = next(iter(bad.items()))
@@ -228,3 +251,17 @@ def probe_workers(sc, n: int, timeout_s: float, probe: tuple | None = None) -> N
                     "there with scripts/build_horovod.sh."
                 )
             raise SparkSetupError(f"The Spark workers' Python ({report['python']}) cannot import {module}: {why}.")
+
+
+def _connect_probe(spark, n: int, report_fn):
+    """The probe as a DataFrame of one JSON report per task (Connect has no RDDs)."""
+
+    def fn(batches):
+        import json
+
+        import pyarrow as pa
+
+        for report in report_fn(batches):
+            yield pa.RecordBatch.from_pydict({"report": [json.dumps(report)]})
+
+    return spark.range(n, numPartitions=n).mapInArrow(fn, "report string")

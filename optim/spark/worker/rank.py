@@ -33,7 +33,7 @@ log = logging.getLogger("tfnet.spark.worker")
 class RankJob:
     """Everything a rank needs, built on the driver (picklable)."""
 
-    net: Any  # tfnet.serialize.net_to_bytes(net): a path in ``exchange``, or a Spark broadcast
+    net: Any  # tfnet.serialize.net_to_bytes(net): a path in ``exchange``, a Spark broadcast, or the bytes (Connect)
     hooks: bytes | None
     loss: Any
     method: Any
@@ -44,7 +44,7 @@ class RankJob:
     reader: Callable | None = None  # arrow/records shard reader
     data: Any = None  # broadcast ArrayDataset for "arrays", a TFDataDataset for "tf_data"
     validation: Any = None  # a broadcast ArrayDataset, a TFDataDataset, or None (or read with the data)
-    rendezvous: tuple[str, int] = ("127.0.0.1", 0)
+    rendezvous: tuple[str, int] | None = ("127.0.0.1", 0)  # None: rank 0 hosts it (Spark Connect)
     progress: tuple[str, int] | None = None
     timeout_s: float = 300.0
     startup_timeout_s: float = 600.0
@@ -59,6 +59,7 @@ class RankJob:
     lr_source: Any = None  # what gives the logged learning rate (``learning_rate_at``)
     log_level: int = logging.WARNING  # tfnet's and TensorFlow's log level in the ranks
     outputs: tuple = ((), ())  # the net's output names and TensorSpecs (for the label checks)
+    progress_path: str | None = None  # under Spark Connect: where rank 0 publishes its progress (model_dir)
 
 
 def agree_steps(rows: list[int], per_rank_batch: int) -> int:
@@ -199,7 +200,7 @@ def _long_bound(job: RankJob) -> float:
 
 
 def _heartbeat_sender(job: RankJob, rank: int):
-    from optim.spark.driver.rendezvous import HEARTBEAT_SCOPE
+    from optim.spark.rendezvous_store import HEARTBEAT_SCOPE
     from optim.spark.worker import rendezvous as kv
 
     def send(beat: bytes) -> None:
@@ -220,9 +221,14 @@ def _shard(job: RankJob, partition: Iterable, rank: int):
         return job.reader(partition, rank)
     for _ in partition:  # the placeholder partition of parallelize(range(size)) carries nothing
         pass
-    if job.kind == "arrays":
-        return job.data.value
-    return job.data
+    return _value(job.data)
+
+
+def _value(shipped):
+    """What a broadcast holds, or the object itself when it came in the plan (Spark Connect)."""
+    from pyspark import Broadcast
+
+    return shipped.value if isinstance(shipped, Broadcast) else shipped
 
 
 def _checked(job: RankJob, shard, rank: int):
@@ -239,9 +245,7 @@ def _checked(job: RankJob, shard, rank: int):
 
 
 def _validation(job: RankJob):
-    if job.validation is None:
-        return None
-    return job.validation.value if hasattr(job.validation, "value") else job.validation
+    return None if job.validation is None else _value(job.validation)
 
 
 def _tf_data_count(data, rank: int, size: int) -> int:
@@ -274,7 +278,7 @@ def _build_net(job: RankJob):
 
         net = net_from_bytes(storage.read_bytes(job.net, job.config.storage_options))
     else:
-        net = net_from_bytes(job.net.value)
+        net = net_from_bytes(_value(job.net))
     if job.hooks:
         import cloudpickle
 
@@ -298,6 +302,10 @@ def _reporter(job: RankJob, rank: int):
     parts = []
     if job.progress is not None:
         parts.append(RemoteReporter(*job.progress, authkey=job.progress_key))
+    elif job.progress_path:
+        from optim.spark.progress_store import StoredReporter
+
+        parts.append(StoredReporter(job.progress_path, job.config.storage_options))
     if job.config.model_dir:
         parts.append(TensorBoardWriter(tensorboard_dir(job.config.model_dir, job.config.run_id),
                                        job.config.storage_options))

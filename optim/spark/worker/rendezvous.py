@@ -1,5 +1,5 @@
 """Calls to the driver's rendezvous store (Horovod's HTTP key-value server, secured with the job's
-rendezvous key: :mod:`optim.spark.driver.rendezvous`). Worker side. Every call has a timeout and
+rendezvous key: :mod:`optim.spark.rendezvous_store`). Worker side. Every call has a timeout and
 is signed (:func:`optim.spark.auth.sign_request`).
 
 The ranks use it before Horovod starts (claiming a rank once per launch; exchanging small values

@@ -1,10 +1,11 @@
-"""The driver's rendezvous store for one training stage, secured with the job's rendezvous key.
-Driver side.
+"""The rendezvous store for one training stage, secured with the job's rendezvous key. It runs
+where the stage's channels are hosted: on the driver in a classic session, on rank 0 under Spark
+Connect (whose client the executors may not reach; :mod:`optim.spark.worker.connect`).
 
 It is Horovod's own HTTP key-value server (``horovod.runner.http``), which Gloo's rendezvous uses,
 with two changes:
 
-* it listens on one address (the driver's bind address), on a port the OS picks or the one the
+* it listens on one address (the driver's bind address, or rank 0's host), on a port the OS picks or the one the
   configuration pins (``spark.tfnet.rendezvous.port``);
 * every request must carry ``X-Tfnet-Auth``, an HMAC of its method, path and body under the
   rendezvous key (:mod:`optim.spark.auth`), or gets 403. The ranks sign their own requests; Gloo's
@@ -22,7 +23,7 @@ import time
 from optim.spark.auth import AUTH_HEADER, verify_request
 from optim.spark.failures import WorkerFailure
 
-__all__ = ["SecureRendezvous", "FAILURE_SCOPE", "HEARTBEAT_SCOPE"]
+__all__ = ["SecureRendezvous", "FAILURE_SCOPE", "HEARTBEAT_SCOPE", "stuck_rank"]
 
 FAILURE_SCOPE = "tfnet_failures"
 HEARTBEAT_SCOPE = "tfnet_heartbeat"
@@ -157,3 +158,27 @@ class SecureRendezvous:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+
+#: Seconds added to a rank's own bound before the store's host (the driver, or rank 0 under
+#: Connect) calls it stuck (the rank's watchdog should end it first) and how long a rank's
+#: heartbeat may stay unchanged (a frozen process or a cut network: the watchdog cannot act).
+STUCK_GRACE_S = 30.0
+
+
+def stuck_rank(beats: dict[int, dict], n: int, now: float, started: float, startup_timeout: float) -> str | None:
+    """Why the stage is stuck, from the ranks' heartbeats (``SecureRendezvous.heartbeats()``), or
+    None. A rank is stuck when its own report says it has been idle past its bound, when its
+    heartbeat has not changed for :data:`STUCK_GRACE_S` plus its bound, or when it has sent none
+    within ``startup_timeout`` of the launch. Pure (tested without Spark)."""
+    for rank in range(n):
+        beat = beats.get(rank)
+        if beat is None:
+            if now - started > startup_timeout + STUCK_GRACE_S:
+                return f"rank {rank} sent no heartbeat within {startup_timeout:.0f} s of the launch (startup_timeout)"
+            continue
+        bound = float(beat.get("bound", startup_timeout))
+        idle = float(beat.get("idle", 0.0)) + (now - beat["received"])
+        if idle > bound + STUCK_GRACE_S:
+            return (f"rank {rank} made no progress for {idle:.0f} s while {beat.get('phase', '?')} "
+                    f"(its bound: {bound:.0f} s)")
+    return None
