@@ -220,15 +220,30 @@ class TFPredictor:
         plan = plan_columns(df.schema, self._snapshot.inputs, self._snapshot.outputs, feature_cols, output_cols,
                             self.error_col if self.on_error == "null" else None)
         schema = StructType(list(df.schema.fields) + plan.output_fields())
-        try:
-            sc = df.sparkSession.sparkContext
-        except Exception:  # Spark Connect sessions have no SparkContext, so no broadcasts
-            raise BackendError(
-                "TFPredictor needs a classic SparkSession (it broadcasts the model through the SparkContext); "
-                "this DataFrame's session has no SparkContext (Spark Connect is not supported)."
-            ) from None
-        job = self._job(sc, plan)
+        from optim.spark.connect import is_connect
+
+        job = self._connect_job(df.sparkSession, plan) if is_connect(df) else self._job(df.sparkSession.sparkContext, plan)
         return df.mapInArrow(functools.partial(predict_arrow, job=job), schema)
+
+    def _connect_job(self, spark, plan) -> WorkerJob:
+        """Under Spark Connect (no SparkContext, no broadcast) the model travels in the plan itself,
+        up to :func:`optim.spark.connect.plan_limit` bytes; the workers still load it once per
+        Python worker (the cache is keyed by the model's checksum). No statistics come back."""
+        import cloudpickle
+
+        from optim.spark.connect import plan_limit
+
+        threads = self.num_threads or int(spark.conf.get("spark.task.cpus", "1") or 1)
+        payload = dataclasses.replace(self._payload, num_threads=threads,
+                                      model_id=f"{self._payload.model_id}-t{threads}")
+        size, limit = len(cloudpickle.dumps(payload)), plan_limit(spark)
+        if size > limit:
+            raise BackendError(
+                f"The model ({size / 2**20:.0f} MiB as it runs) exceeds what a Spark Connect plan carries "
+                f"({limit / 2**20:.0f} MiB, spark.tfnet.connect.maxPlanBytes). Raise that setting if the Connect "
+                "server's spark.connect.grpc.maxInboundMessageSize and the executors' heap allow it, or predict "
+                "from a classic SparkSession, which broadcasts the model.")
+        return WorkerJob(payload.model_id, payload, plan, self.batch_per_thread, self.on_error, None)
 
     def _predict_local(self, data):
         import tensorflow as tf

@@ -285,7 +285,9 @@ def _print_history(result: DistributedResult, verbose: int) -> None:
     lines come from the history at the end."""
     history = result.history
     epochs = max((len(v) for v in history.values()), default=0)
+    per_epoch, start = result.run.get("steps_per_epoch"), result.run.get("start_step") or 0
     bar = ProgressBar(2)
-    bar.begin(epochs, None, 0, 0)
+    bar.begin(epochs, per_epoch, start, 0)
     for e in range(epochs):
-        bar.epoch_end(e, result.step if e == epochs - 1 else "?", {k: v[e] for k, v in history.items() if e < len(v)})
+        step = min(result.step, start + (e + 1) * per_epoch) if per_epoch else result.step
+        bar.epoch_end(e, step, {k: v[e] for k, v in history.items() if e < len(v)})

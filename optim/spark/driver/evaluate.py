@@ -21,49 +21,83 @@ __all__ = ["evaluate_distributed", "predict_distributed"]
 
 
 def evaluate_distributed(opt, dataset, batch_size: int, num_partitions: int | None = None) -> dict[str, float]:
-    """Loss and metrics of ``opt.net`` over a distributed ``dataset``."""
+    """Loss and metrics of ``opt.net`` over a distributed ``dataset``. Under Spark Connect the net
+    travels in the plan (up to :func:`optim.spark.connect.plan_limit` bytes)."""
     from optim.logs import quiet_task_failures
+    from optim.spark.connect import is_connect, session_of
     from optim.spark.session import get_spark
 
-    sc = get_spark().sparkContext
+    spark = session_of(dataset) or get_spark()
+    if is_connect(spark):
+        return _evaluate(spark, None, opt, dataset, batch_size, num_partitions)
+    sc = spark.sparkContext
     with quiet_task_failures(sc):
-        return _evaluate(sc, opt, dataset, batch_size, num_partitions)
+        return _evaluate(spark, sc, opt, dataset, batch_size, num_partitions)
 
 
-def _evaluate(sc, opt, dataset, batch_size: int, num_partitions: int | None) -> dict[str, float]:
+def _evaluate(spark, sc, opt, dataset, batch_size: int, num_partitions: int | None) -> dict[str, float]:
+    """``sc`` is None under Spark Connect."""
     from optim.spark.datasets import DataFrameDataset, RDDDataset
 
-    net_bc = sc.broadcast(net_to_bytes(opt.net))
+    net = _ship_net(spark, sc, net_to_bytes(opt.net))
     try:
-        job = EvalJob(net_bc, opt.loss, metrics_copy(opt.metrics), batch_size)
+        job = EvalJob(net, opt.loss, metrics_copy(opt.metrics), batch_size)
         if isinstance(dataset, DataFrameDataset):
             job.reader = dataset.shard_reader()
-            df = dataset.df.select(*dataset.columns())
-
-            def per_partition(batches, job=job):
-                import pyarrow as pa
-                from pyspark import TaskContext
-
-                out = evaluate_partition(job, TaskContext.get().partitionId(), batches)
-                yield pa.RecordBatch.from_pydict({"states": [out]})
-
-            rows = [r["states"] for r in df.mapInArrow(per_partition, "states string").collect()]
-        elif isinstance(dataset, RDDDataset):
+            rows = _arrow_states(dataset.df.select(*dataset.columns()), job)
+        elif isinstance(dataset, RDDDataset) and sc is not None:
             job.reader = dataset.shard_reader()
             rows = dataset.rdd.mapPartitionsWithIndex(lambda i, it, job=job: [evaluate_partition(job, i, it)]).collect()
         elif isinstance(dataset, TFDataDataset):
-            n = int(num_partitions or sc.defaultParallelism)
-            job.data, job.size = dataset, n
-            rows = sc.parallelize(range(n), n).mapPartitionsWithIndex(
-                lambda i, it, job=job: [evaluate_partition(job, i, it)]).collect()
+            if sc is None:
+                from optim.spark.driver.connect_launcher import _num_workers
+
+                n = _num_workers(spark, num_partitions)
+                job.data, job.size = dataset, n
+                rows = _arrow_states(spark.range(n, numPartitions=n), job)
+            else:
+                n = int(num_partitions or sc.defaultParallelism)
+                job.data, job.size = dataset, n
+                rows = sc.parallelize(range(n), n).mapPartitionsWithIndex(
+                    lambda i, it, job=job: [evaluate_partition(job, i, it)]).collect()
         else:
-            raise TypeError(f"Cannot evaluate {type(dataset).__name__} over Spark.")
+            raise TypeError(f"Cannot evaluate {type(dataset).__name__} over Spark"
+                            + (" Connect (it has no RDDs: pass a DataFrame)." if sc is None else "."))
     finally:
-        net_bc.destroy()
+        if hasattr(net, "destroy"):
+            net.destroy()
     parts = [[np.asarray(s, np.float64) for s in json.loads(r)] for r in rows]
     shapes = [np.shape(s.state) for s in [_mean()] + metrics_copy(opt.metrics)]
     total = [sum(p[i] for p in parts).reshape(shapes[i]) for i in range(len(shapes))]
     return logs_from_states(opt.metrics, total)
+
+
+def _ship_net(spark, sc, data: bytes):
+    """A broadcast of the net's bytes, or (Spark Connect) the bytes themselves, in the plan."""
+    if sc is not None:
+        return sc.broadcast(data)
+    from optim.errors import DistributedTrainingError
+    from optim.spark.connect import plan_limit
+
+    limit = plan_limit(spark)
+    if len(data) > limit:
+        raise DistributedTrainingError(
+            f"The net ({len(data) / 2**20:.0f} MiB) exceeds what a Spark Connect plan carries ({limit / 2**20:.0f} MiB, "
+            "spark.tfnet.connect.maxPlanBytes); evaluate it from a classic SparkSession, or raise that setting.")
+    return data
+
+
+def _arrow_states(df, job: EvalJob) -> list[str]:
+    """Each partition's accumulator states (JSON), through ``mapInArrow``."""
+
+    def per_partition(batches, job=job):
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        out = evaluate_partition(job, TaskContext.get().partitionId(), batches)
+        yield pa.RecordBatch.from_pydict({"states": [out]})
+
+    return [r["states"] for r in df.mapInArrow(per_partition, "states string").collect()]
 
 
 def _mean():

@@ -15,8 +15,8 @@ _NETS: dict[str, Any] = {}  # this Python worker's nets, by the SHA-256 of their
 
 @dataclass
 class EvalJob:
-    """What every partition needs (picklable): the net's bytes (a broadcast), the loss, the
-    metrics, the batch size and how a partition becomes arrays."""
+    """What every partition needs (picklable): the net's bytes (a broadcast, or the bytes under
+    Spark Connect), the loss, the metrics, the batch size and how a partition becomes arrays."""
 
     net: Any
     loss: Any
@@ -30,7 +30,7 @@ class EvalJob:
 def _net(job: EvalJob):
     from tfnet.serialize import net_from_bytes
 
-    data = job.net.value
+    data = job.net if isinstance(job.net, (bytes, bytearray)) else job.net.value  # in the plan under Connect
     key = hashlib.sha256(data).hexdigest()
     if key not in _NETS:
         _NETS.clear()  # one net per worker at a time

@@ -11,8 +11,8 @@ import pytest
 
 from optim.errors import RendezvousError
 from optim.spark.auth import derive_key, sign_request, verify_request
-from optim.spark.driver.rendezvous import SecureRendezvous
 from optim.spark.progress import ProgressServer, RemoteReporter
+from optim.spark.rendezvous_store import SecureRendezvous
 from optim.spark.worker import rendezvous as kv
 from optim.spark.worker.rendezvous import GlooProxy
 from optim.training.reporting import Reporter

@@ -36,7 +36,7 @@ RANK = textwrap.dedent("""
 
 
 def test_two_ranks_over_gloo_without_spark(tmp_path):
-    from optim.spark.driver.rendezvous import SecureRendezvous
+    from optim.spark.rendezvous_store import SecureRendezvous
 
     script = tmp_path / "rank.py"
     script.write_text(RANK)

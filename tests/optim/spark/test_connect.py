@@ -1,0 +1,182 @@
+"""Training and inference from a Spark Connect client: a real Connect server (pyspark's own
+SparkConnectServer, local[2], in a process of its own) and a client session to it, side by side
+with the classic local[2] session of the suite. Nothing in tfnet may touch ``sparkContext`` here."""
+
+import glob
+import json
+import os
+import signal
+import threading
+import time
+import traceback
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import optim
+from optim import TFDataset, TFOptimizer, TFPredictor
+from optim.errors import DistributedTrainingError
+from optim.training.checkpoint import CheckpointManager
+from tests import digits
+from tests.connect_server import ConnectServer, close_session
+from tfnet import TFNet
+
+pytestmark = [pytest.mark.spark, pytest.mark.parallel, pytest.mark.slow]
+
+SCE = optim.losses.SparseCategoricalCrossentropy(from_logits=True)
+ROWS = 256
+
+
+def cnn_net(seed=0):
+    return TFNet.from_keras(digits.cnn(classes=10, seed=seed))
+
+
+def train_numpy(net):
+    x, y = digits.load()
+    opt = TFOptimizer(net, SCE, optim.SGD(0.05, momentum=0.9), metrics=["accuracy"])
+    history = opt.optimize((x[:ROWS], y[:ROWS]), epochs=2, batch_size=32, shuffle=False, num_workers=2, verbose=0)
+    return opt, history
+
+
+@pytest.fixture(scope="module")
+def classic(spark):
+    """The classic session's run, made before the Connect client exists (pyspark switches a whole
+    process to Connect while a Connect session is open)."""
+    net = cnn_net()
+    opt, history = train_numpy(net)
+    return {"weights": net.get_weights(), "history": history, "step": opt.global_step}
+
+
+@pytest.fixture(scope="module")
+def connect(classic):
+    """``(client session, touches)``: every access to the client's ``sparkContext`` is recorded."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    server = ConnectServer(cores=2).start()
+    session = server.session()
+    touches: list[str] = []
+    original = ConnectSession.__getattr__  # where a Connect session refuses sparkContext and the JVM handles
+
+    def recorded(self, name):
+        if name in ("sparkContext", "_jsc", "_jvm", "_jsparkSession", "_jconf"):
+            touches.append(f"{name}:\n" + "".join(traceback.format_stack(limit=8)))
+        return original(self, name)
+
+    ConnectSession.__getattr__ = recorded
+    try:
+        yield session, touches
+    finally:
+        ConnectSession.__getattr__ = original
+        close_session(session)
+        server.stop()
+
+
+def digits_df(session, x, y):
+    frame = pd.DataFrame({"id": np.arange(len(x)), "image": list(x.reshape(len(x), -1).astype(np.float32)),
+                          "label": y.astype(np.int64)})
+    return session.createDataFrame(frame)
+
+
+def test_numpy_training_from_connect_equals_classic(classic, connect):
+    session, touches = connect
+    from optim.spark.connect import is_connect
+
+    assert is_connect(session)
+    net = cnn_net()
+    opt, history = train_numpy(net)
+    assert opt.last_run["mode"] == "connect"
+    assert opt.global_step == classic["step"] == 16
+    np.testing.assert_allclose(history["loss"], classic["history"]["loss"], rtol=1e-5)
+    for name, w in classic["weights"].items():
+        np.testing.assert_allclose(net.get_weights()[name], w, rtol=1e-5, atol=1e-6, err_msg=name)
+    assert not touches, touches[0]
+
+
+def test_dataframe_fine_tuning_with_model_dir_and_evaluation(connect, tmp_path, capsys):
+    session, touches = connect
+    x, y = digits.load()
+    train, held = digits_df(session, x[:1400], y[:1400]), digits_df(session, x[1400:], y[1400:])
+    net = cnn_net(seed=1)
+    opt = TFOptimizer(net, SCE, optim.Adam(0.01), metrics=["accuracy"], model_dir=str(tmp_path / "run"))
+    before = opt.evaluate(TFDataset.from_dataframe(held, "image", "label", feature_shapes=[(8, 8, 1)]), batch_size=64)
+    data = TFDataset.from_dataframe(train, "image", "label", feature_shapes=[(8, 8, 1)])
+    val = TFDataset.from_dataframe(held, "image", "label", feature_shapes=[(8, 8, 1)])
+    history = opt.optimize(data, validation_data=val, epochs=3, batch_size=64, num_workers=2, verbose=2,
+                           checkpoint_every=10)
+    after = opt.evaluate(TFDataset.from_dataframe(held, "image", "label", feature_shapes=[(8, 8, 1)]), batch_size=64)
+    # the held-out accuracy a classic run of this net and data reaches (0.95 and more)
+    assert before["accuracy"] < 0.3 and after["accuracy"] >= 0.93, (before, after)
+    assert abs(history["val_accuracy"][-1] - after["accuracy"]) < 1e-6
+    # progress came through model_dir while the stage ran: the per-epoch lines and the first step
+    run = opt.last_run
+    assert run["startup_s"] is not None and len(run["step_times"]) == opt.global_step
+    err = capsys.readouterr().err
+    assert f"epoch 3/3 (step {opt.global_step})" in err, err[-2000:]
+    events = json.loads((tmp_path / "run" / "progress" / run["run_id"] / "attempt-0.json").read_text())
+    assert [e["epoch"] for e in events if e["event"] == "epoch_end"] == [0, 1, 2]
+    ckpts = sorted(glob.glob(str(tmp_path / "run" / "checkpoints" / run["run_id"] / "ckpt-*.npz")))
+    assert CheckpointManager.load(ckpts[-1]).step == opt.global_step
+    assert not touches, touches[0]
+
+
+def test_predictor_over_connect_equals_forward(connect):
+    session, touches = connect
+    x, y = digits.load()
+    net = cnn_net(seed=2)
+    df = digits_df(session, x[:300], y[:300]).repartition(3)
+    out = TFPredictor(net, batch_per_thread=64).predict(df, feature_cols="image").toPandas().sort_values("id")
+    assert out["id"].tolist() == list(range(300))
+    np.testing.assert_allclose(np.stack(out["prediction"].to_numpy()), net.forward(x[:300]), rtol=1e-5, atol=1e-5)
+    assert not touches, touches[0]
+
+
+def test_a_net_too_large_for_the_plan_fails_before_the_stage(connect):
+    session, _ = connect
+    x, y = digits.load()
+    session.conf.set("spark.tfnet.connect.maxPlanBytes", "1k")
+    try:
+        opt = TFOptimizer(cnn_net(), SCE, optim.SGD(0.05))
+        t0 = time.monotonic()
+        with pytest.raises(DistributedTrainingError, match="Give TFOptimizer a model_dir"):
+            opt.optimize(TFDataset.from_dataframe(digits_df(session, x[:64], y[:64]), "image", "label",
+                                                  feature_shapes=[(8, 8, 1)]), batch_size=32, num_workers=2, verbose=0)
+        assert opt.global_step == 0
+    finally:
+        session.conf.unset("spark.tfnet.connect.maxPlanBytes")
+    assert time.monotonic() - t0 < 120
+
+
+def test_killed_rank_is_retried_from_its_own_checkpoint(connect, tmp_path):
+    session, touches = connect
+    x, y = digits.load()
+    x, y = x[:512], y[:512]
+    model_dir = tmp_path / "run"
+    opt = TFOptimizer(cnn_net(seed=5), SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(model_dir))
+    killed = {}
+
+    def killer():
+        deadline = time.time() + 240
+        while time.time() < deadline and "pid" not in killed:
+            ckpts = glob.glob(str(model_dir / "checkpoints" / "*" / "ckpt-*.npz"))
+            infos = glob.glob(str(model_dir / "ranks" / "*" / "rank-1.json"))
+            if len(ckpts) >= 3 and infos:
+                with open(infos[0]) as f:
+                    killed["pid"] = json.load(f)["pid"]
+                os.kill(killed["pid"], signal.SIGKILL)  # rank 1's Python worker, mid-training
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    with pytest.warns(RuntimeWarning, match="Training stage attempt 1 failed.*retrying from this run's newest checkpoint"):
+        opt.optimize((x, y), epochs=4, batch_size=32, num_workers=2, checkpoint_every=4, keep_checkpoints=100,
+                     verbose=0, timeout=60, max_retries=2)
+    thread.join(5)
+    assert "pid" in killed
+    run = opt.last_run
+    assert run["attempts"] == 2 and opt.global_step == 4 * 16
+    resumed = run["resumed_from"]
+    assert resumed and os.path.dirname(resumed) == str(model_dir / "checkpoints" / run["run_id"])
+    start = CheckpointManager.load(resumed).step
+    assert run["attempt_log"][-1]["start_step"] == start >= 12, "resumed, not restarted from step 0"
+    assert not touches, touches[0]
