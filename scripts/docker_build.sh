@@ -7,10 +7,10 @@
 #
 # 1. scripts/docker_env.sh: a running engine, Compose, and the base image (pulled or made locally).
 # 2. The wheelhouse, on the host, outside git: $TFNET_WHEELHOUSE (default ~/.cache/tfnet/wheelhouse/py311):
-#    every wheel that `tfnet[openvino]` (not the `examples` extra: matplotlib only draws the ResNet-50
+#    every wheel that `tfnet[openvino,s3]` (not the `examples` extra: matplotlib only draws the ResNet-50
 #    report's plot), ONNX (TFNet.from_onnx; not onnxruntime), TensorBoard (TFOptimizer writes its events
-#    when given a model_dir), scikit-learn (the digits main job reads its digits) and the build tools need, pinned in
-#    requirements.txt; plus Horovod: the wheel scripts/build_horovod.sh cached when `make` built .venv,
+#    when given a model_dir), scikit-learn (the digits main job reads its digits), the Spark Connect
+#    client and the build tools need, pinned in requirements.txt; plus Horovod: the wheel scripts/build_horovod.sh cached when `make` built .venv,
 #    and Horovod's sdist, so that the image can compile it when no wheel is cached.
 #    Made with the host's pip, which trusts the host's certificates; nothing is copied into the image
 #    but wheels. A second run reuses it and needs no network.
