@@ -7,10 +7,10 @@
 #
 # 1. scripts/docker_env.sh: a running engine, Compose, and the base image (pulled or made locally).
 # 2. The wheelhouse, on the host, outside git: $TFNET_WHEELHOUSE (default ~/.cache/tfnet/wheelhouse/py311):
-#    every wheel that `tfnet[openvino]` (not the `examples` extra: matplotlib only draws the ResNet-50
+#    every wheel that `tfnet[openvino,s3]` (not the `examples` extra: matplotlib only draws the ResNet-50
 #    report's plot), ONNX (TFNet.from_onnx; not onnxruntime), TensorBoard (TFOptimizer writes its events
-#    when given a model_dir), scikit-learn (the digits main job reads its digits) and the build tools need, pinned in
-#    requirements.txt; plus Horovod: the wheel scripts/build_horovod.sh cached when `make` built .venv,
+#    when given a model_dir), scikit-learn (the digits main job reads its digits), the Spark Connect
+#    client and the build tools need, pinned in requirements.txt; plus Horovod: the wheel scripts/build_horovod.sh cached when `make` built .venv,
 #    and Horovod's sdist, so that the image can compile it when no wheel is cached.
 #    Made with the host's pip, which trusts the host's certificates; nothing is copied into the image
 #    but wheels. A second run reuses it and needs no network.
@@ -28,9 +28,13 @@ TAG=${1:-tfnet:latest}
 ONLY_WHEELS=0
 [ "$TAG" = --wheelhouse-only ] && ONLY_WHEELS=1
 HVD_VERSION=0.28.1
-EXTRAS="openvino"
-# onnx: TFNet.from_onnx / save_onnx (the `onnx` extra without onnxruntime, the tests' oracle: 78 MB)
-EXTRA_REQS=("scikit-learn>=1.4" "tensorboard" "onnx>=1.16" "setuptools<81" "wheel")
+# s3: model_dir on an S3 store (s3fs, aiobotocore, botocore, aiohttp; slim_venv.sh trims botocore's data)
+EXTRAS="openvino,s3"
+# onnx: TFNet.from_onnx / save_onnx (the `onnx` extra without onnxruntime, the tests' oracle: 78 MB);
+# grpcio-status, googleapis-common-protos, zstandard: the Spark Connect client (pyspark[connect] less
+# grpcio, which TensorFlow already brings), so that a driver can reach a Connect server
+EXTRA_REQS=("scikit-learn>=1.4" "tensorboard" "onnx>=1.16" "grpcio-status>=1.76" "googleapis-common-protos>=1.71"
+            "zstandard>=0.25" "setuptools<81" "wheel")
 log() { echo "[docker_build] $*" >&2; }
 die() { echo "[docker_build] error: $*" >&2; exit 1; }
 

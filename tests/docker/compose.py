@@ -13,6 +13,8 @@ import uuid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMPOSE_FILE = os.path.join(ROOT, "docker", "docker-compose.yml")
+# the override for a cluster with no shared disk (each container its own /shared; AWS_* passed through)
+NO_SHARED_DISK_FILE = os.path.join(ROOT, "docker", "docker-compose.s3.yml")
 
 
 def sh(cmd: list[str], timeout: float, check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -60,16 +62,20 @@ def build_image(clone: str, tag: str, log_path: str) -> float:
 
 
 class Compose:
-    """One project of docker/docker-compose.yml under a unique name, on ``image``."""
+    """One project of docker/docker-compose.yml (and the ``overrides`` files after it) under a unique
+    name, on ``image``; ``env``: more variables for docker-compose (what the files substitute or pass on)."""
 
-    def __init__(self, image: str, worker_cores: int = 1, worker_memory: str = "3g"):
+    def __init__(self, image: str, worker_cores: int = 1, worker_memory: str = "3g", overrides: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None):
         self.project = f"tfnettest{uuid.uuid4().hex[:8]}"
         self.env = dict(os.environ, TFNET_IMAGE=image, WORKER_CORES=str(worker_cores), WORKER_MEMORY=worker_memory,
                         TFNET_MASTER_UI_PORT="", COMPOSE_PROJECT_NAME=self.project)  # "": a port the host picks
         self.env.pop("SPARK_LOCAL_IP", None)  # the host's setting must not leak into the containers
+        self.env.update(env or {})
+        self.files = [a for f in (COMPOSE_FILE, *overrides) for a in ("-f", f)]
 
     def __call__(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-        return sh(["docker-compose", "-f", COMPOSE_FILE, "-p", self.project, *args], timeout=timeout, check=check,
+        return sh(["docker-compose", *self.files, "-p", self.project, *args], timeout=timeout, check=check,
                   env=self.env)
 
     def up(self, timeout: float = 240) -> None:
@@ -88,8 +94,8 @@ class Compose:
 
     def start(self, service: str, *args: str) -> subprocess.Popen:
         """``docker-compose run --rm -T service args`` in the background (text pipes)."""
-        return subprocess.Popen(["docker-compose", "-f", COMPOSE_FILE, "-p", self.project, "run", "--rm", "-T", service,
-                                 *args], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(["docker-compose", *self.files, "-p", self.project, "run", "--rm", "-T", service, *args],
+                                env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def containers(self, service: str | None = None) -> list[str]:
         out = self("ps", "-q", *([service] if service else []), timeout=60).stdout
