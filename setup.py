@@ -29,6 +29,9 @@ EXTRAS = {
     "gcs": ["gcsfs>=2024.6"],
     "azure": ["adlfs>=2024.4"],
     "hdfs": [],  # fsspec's hdfs:// runs on pyarrow's HadoopFileSystem (needs libhdfs and a Hadoop client)
+    # a Spark Connect client (SparkSession.builder.remote(...)): pyspark[connect]'s packages beside
+    # TensorFlow's grpcio; the tests start a real Connect server
+    "connect": ["grpcio>=1.76", "grpcio-status>=1.76", "googleapis-common-protos>=1.71", "zstandard>=0.25"],
     "openvino": ["openvino>=2025.0"],
     # INT8 post-training quantisation for TFPredictor (precision="int8"); apart from `openvino` so that
     # the cluster image stays within its size bound (docker/README.md)

@@ -16,6 +16,7 @@ import pytest
 
 import optim
 from optim import TFDataset, TFOptimizer, TFPredictor
+from optim.predict.transformer import TFNetTransformer
 from optim.errors import DistributedTrainingError
 from optim.training.checkpoint import CheckpointManager
 from tests import digits
@@ -128,6 +129,10 @@ def test_predictor_over_connect_equals_forward(connect):
     out = TFPredictor(net, batch_per_thread=64).predict(df, feature_cols="image").toPandas().sort_values("id")
     assert out["id"].tolist() == list(range(300))
     np.testing.assert_allclose(np.stack(out["prediction"].to_numpy()), net.forward(x[:300]), rtol=1e-5, atol=1e-5)
+    # the Spark ML stage, the way a pipeline runs it
+    stage = TFNetTransformer(net, inputCols=["image"], outputCols=["logits"], batchPerThread=32)
+    ml = stage.transform(df).select("id", "logits").toPandas().sort_values("id")
+    np.testing.assert_allclose(np.stack(ml["logits"].to_numpy()), net.forward(x[:300]), rtol=1e-5, atol=1e-5)
     assert not touches, touches[0]
 
 
