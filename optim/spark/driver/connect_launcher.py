@@ -189,8 +189,8 @@ def _through_model_dir(net: bytes, config: TrainConfig, cleanup: _Cleanup, shipp
     if not config.model_dir:
         err = DistributedTrainingError(
             f"The net and what goes with it ({shipped / 2**20:.0f} MiB) exceed what a Spark Connect plan carries "
-            f"({limit / 2**20:.0f} MiB, spark.tfnet.connect.maxPlanBytes; a net of about {limit // 16 / 1e6:.0f}M "
-            "float32 parameters with Adam's state). Give TFOptimizer a model_dir on storage the cluster reaches "
+            f"({limit / 2**20:.0f} MiB, spark.tfnet.connect.maxPlanBytes; a net of about {limit / 4 / 1e6:.0f}M "
+            "float32 parameters, a third of that with Adam's state). Give TFOptimizer a model_dir on storage the cluster reaches "
             "(s3://bucket/run, hdfs://..., a shared mount): the net then goes through it.")
         err.retryable = False  # type: ignore[attr-defined]
         raise err
