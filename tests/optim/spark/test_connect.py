@@ -16,8 +16,8 @@ import pytest
 
 import optim
 from optim import TFDataset, TFOptimizer, TFPredictor
-from optim.predict.transformer import TFNetTransformer
 from optim.errors import DistributedTrainingError
+from optim.predict.transformer import TFNetTransformer
 from optim.training.checkpoint import CheckpointManager
 from tests import digits
 from tests.connect_server import ConnectServer, close_session
