@@ -9,6 +9,7 @@ import signal
 import threading
 import time
 import traceback
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -150,6 +151,25 @@ def test_a_net_too_large_for_the_plan_fails_before_the_stage(connect):
     finally:
         session.conf.unset("spark.tfnet.connect.maxPlanBytes")
     assert time.monotonic() - t0 < 120
+
+
+def test_a_rank_error_reaches_the_client_typed(connect):
+    """A label outside the classes, found by the ranks in their partitions, fails the call with the
+    same typed error as in a classic session, the rank's message intact, and is not retried."""
+    from optim.errors import DataError
+
+    session, _ = connect
+    x, y = digits.load()
+    y = y[:128].copy()
+    y[70] = 12
+    opt = TFOptimizer(cnn_net(), SCE, optim.SGD(0.05))
+    data = TFDataset.from_dataframe(digits_df(session, x[:128], y), "image", "label", feature_shapes=[(8, 8, 1)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(DataError, match=r"holds class 12, outside"):
+            opt.optimize(data, batch_size=32, num_workers=2, verbose=0, max_retries=2)
+    assert not [w for w in caught if "retrying" in str(w.message)], "a data error is not retried"
+    assert opt.global_step == 0
 
 
 def test_killed_rank_is_retried_from_its_own_checkpoint(connect, tmp_path):
