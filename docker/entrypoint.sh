@@ -7,6 +7,7 @@
 #   entrypoint.sh resnet50 [ARGS...]  the ResNet-50 job (tfnet-resnet50) against the master
 #   entrypoint.sh submit [ARGS...]    the same as resnet50 (the name older set-ups use)
 #   entrypoint.sh predict [ARGS...]   TFPredictor over a DataFrame (docker/predict_job.py)
+#   entrypoint.sh connect [ARGS...]   a Spark Connect server, an application of the master (foreground; ARGS: spark-submit options)
 #   entrypoint.sh run CMD [ARGS...]   any command, with the same environment (a driver of your own)
 #
 # Settings (environment): SPARK_MASTER_HOST (0.0.0.0), SPARK_MASTER_PORT (7077),
@@ -14,6 +15,7 @@
 # SPARK_WORKER_CORES (1), SPARK_WORKER_MEMORY (2g), SPARK_WORKER_WEBUI_PORT (8081),
 # SPARK_WORKER_HOST (this host's name), SPARK_WORKER_DIR (/tmp/spark-work),
 # SPARK_LOCAL_IP (in a container: its own address, which the drivers advertise to the executors),
+# SPARK_CONNECT_PORT (15002; the Connect server listens on every address of its host),
 # PYTHON (python3): the Python with tfnet installed, also used by the workers.
 set -euo pipefail
 
@@ -73,14 +75,25 @@ case "$role" in
         [ -f "$job" ] || job=/usr/local/share/tfnet/predict_job.py
         exec "$PYTHON" "$job" --master "$MASTER_URL" "$@"
         ;;
+    connect)
+        # the Connect server is the application's driver: its executors run on the workers, with the
+        # image's Python (PYSPARK_PYTHON); clients reach it on SPARK_CONNECT_PORT
+        args=(--master "$MASTER_URL" --conf spark.connect.grpc.binding.address=0.0.0.0
+              --conf "spark.connect.grpc.binding.port=${SPARK_CONNECT_PORT:-15002}")
+        if [ -n "${SPARK_LOCAL_IP:-}" ]; then
+            args+=(--conf "spark.driver.host=$SPARK_LOCAL_IP")
+        fi
+        exec "$SPARK_HOME/bin/spark-submit" "${args[@]}" "$@" \
+            --class org.apache.spark.sql.connect.service.SparkConnectServer spark-internal
+        ;;
     run)
         exec "$@"
         ;;
     help|-h|--help)
-        sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+        sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
         ;;
     *)
-        echo "entrypoint: unknown role '$role'; expected master, worker, main, resnet50, submit, predict or run" >&2
+        echo "entrypoint: unknown role '$role'; expected master, worker, main, resnet50, submit, predict, connect or run" >&2
         exit 2
         ;;
 esac

@@ -69,7 +69,8 @@ class Compose:
                  env: dict[str, str] | None = None):
         self.project = f"tfnettest{uuid.uuid4().hex[:8]}"
         self.env = dict(os.environ, TFNET_IMAGE=image, WORKER_CORES=str(worker_cores), WORKER_MEMORY=worker_memory,
-                        TFNET_MASTER_UI_PORT="", COMPOSE_PROJECT_NAME=self.project)  # "": a port the host picks
+                        TFNET_MASTER_UI_PORT="", TFNET_CONNECT_PORT="",  # "": a port the host picks
+                        COMPOSE_PROJECT_NAME=self.project)
         self.env.pop("SPARK_LOCAL_IP", None)  # the host's setting must not leak into the containers
         self.env.update(env or {})
         self.files = [a for f in (COMPOSE_FILE, *overrides) for a in ("-f", f)]

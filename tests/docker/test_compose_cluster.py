@@ -1,7 +1,8 @@
 """The compose cluster (docker/docker-compose.yml, with its shared /shared volume) on the image: a master
 and 2 workers of 1 core. The digits main job trains on it, TFPredictor on it equals ``net.forward``, job
-exit codes reach the host, and ``down -v`` leaves nothing behind. The tests run in file order on one
-cluster; the last one removes it. (The run that survives a killed worker container is in
+exit codes reach the host, a Spark Connect client on this host (outside the cluster) fine-tunes and
+predicts on the workers through the `spark-connect` service, and ``down -v`` leaves nothing behind. The
+tests run in file order on one cluster; the last one removes it. (The run that survives a killed worker container is in
 test_no_shared_disk_cluster.py, on a cluster that shares no disk.)"""
 
 import json
@@ -9,7 +10,15 @@ import re
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
+
+import optim
+from optim import TFDataset, TFOptimizer, TFPredictor
+from tests import digits
+from tests.connect_server import close_session
+from tests.docker.compose import sh
+from tfnet import TFNet
 
 # the first test of a fresh machine also installs Docker, makes the base image, the wheelhouse and the image
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -69,6 +78,95 @@ def test_job_exit_codes_reach_the_host(cluster):
     assert "--rows must be between 1 and 1797" in proc.stderr
     proc = cluster.run("submit", "sh", "-c", "exit 7", timeout=300)
     assert proc.returncode == 7
+
+
+# Run inside the Connect server's container: for the last job tfnet tagged as training, the tasks of
+# its last stage (the barrier stage; a task's index is its rank) and the hosts they ran on, from the
+# server's own REST API (the Spark UI, which listens on the container's address).
+TRAINING_TASKS = """
+import json, socket, urllib.request as u
+get = lambda path: json.load(u.urlopen(f"http://{socket.gethostname()}:4040/api/v1/applications{path}", timeout=10))
+app = get("")[0]["id"]
+jobs = [j for j in get(f"/{app}/jobs") if any("_Tag_tfnet-train-" in t for t in j.get("jobTags", []))]
+job = max(jobs, key=lambda j: j["jobId"])
+stage = max(job["stageIds"])
+attempt = get(f"/{app}/stages/{stage}")[-1]["attemptId"]
+tasks = get(f"/{app}/stages/{stage}/{attempt}/taskList")
+print(json.dumps({"job": job["status"], "ranks": {t["index"]: t["host"] for t in tasks if t["status"] == "SUCCESS"}}))
+"""
+
+
+@pytest.fixture
+def connect_server(cluster):
+    """The cluster's `spark-connect` service, healthy (it listens, and has an executor on each worker);
+    yields ``(url for a client on this host, seconds it took to come up)``. Removed at the end."""
+    t0 = time.time()
+    try:
+        cluster("up", "-d", "spark-connect", timeout=300)
+        container = cluster.containers("spark-connect")[0]
+        deadline = time.time() + 240
+        while cluster.inspect(container)["State"].get("Health", {}).get("Status") != "healthy":
+            if time.time() > deadline:
+                raise TimeoutError(f"spark-connect was not healthy within 240 s:\n"
+                                   f"{cluster('logs', '--tail', '40', 'spark-connect').stdout}")
+            time.sleep(1)
+        address = cluster("port", "spark-connect", "15002", timeout=60).stdout.strip()  # 127.0.0.1:PORT
+        yield f"sc://{address}", time.time() - t0
+    finally:
+        cluster("rm", "-s", "-f", "spark-connect", timeout=120, check=False)
+
+
+def digits_df(session, x, y):
+    frame = pd.DataFrame({"id": np.arange(len(x)), "image": list(x.reshape(len(x), -1)), "label": y})
+    return session.createDataFrame(frame)
+
+
+def test_a_host_client_fine_tunes_and_predicts_on_the_workers(cluster, connect_server):
+    from pyspark.sql import SparkSession
+
+    url, up_seconds = connect_server
+    x, y = digits.load()
+    (x_train, y_train), (x_held, y_held) = digits.split(x, y)
+    session = SparkSession.builder.remote(url).create()
+    try:
+        net = TFNet.from_keras(digits.cnn(classes=10, seed=1))
+        opt = TFOptimizer(net, optim.losses.SparseCategoricalCrossentropy(from_logits=True), optim.Adam(0.01),
+                          metrics=["accuracy"])
+        data = TFDataset.from_dataframe(digits_df(session, x_train, y_train), "image", "label",
+                                        feature_shapes=[(8, 8, 1)])
+        t0 = time.time()
+        history = opt.optimize(data, epochs=2, batch_size=64, num_workers=2, verbose=0)
+        train_seconds = time.time() - t0
+
+        t0 = time.time()
+        out = (TFPredictor(net, batch_per_thread=64)
+               .predict(digits_df(session, x_held, y_held).repartition(2), feature_cols="image")
+               .toPandas().sort_values("id"))
+        predict_seconds = time.time() - t0
+    finally:
+        close_session(session)
+    print(f"\nConnect server up (healthy, executors on both workers): {up_seconds:.0f} s; fine-tuning from the "
+          f"host client: {train_seconds:.0f} s; TFPredictor over {len(x_held)} rows: {predict_seconds:.0f} s")
+
+    run = opt.last_run
+    assert run["mode"] == "connect" and run["num_workers"] == 2 and run["attempts"] == 1, run
+    assert opt.global_step == run["end_step"] == 2 * run["steps_per_epoch"], run
+    assert len(history["loss"]) == 2 and history["loss"][1] < history["loss"][0], history
+    # the returned weights, evaluated here on the held-out digits
+    accuracy = float(np.mean(np.argmax(net.forward(x_held), axis=1) == y_held))
+    print(f"held-out accuracy after 2 epochs on 2 ranks: {accuracy:.3f}")
+    assert accuracy >= 0.9, (accuracy, history)
+
+    assert out["id"].tolist() == list(range(len(x_held)))
+    np.testing.assert_allclose(np.stack(out["prediction"].to_numpy()), net.forward(x_held), rtol=1e-5, atol=1e-5)
+
+    # rank 0 and rank 1 ran in the two worker containers, one each
+    workers = {next(iter(cluster.inspect(c)["NetworkSettings"]["Networks"].values()))["IPAddress"]
+               for c in cluster.containers("spark-worker")}
+    container = cluster.containers("spark-connect")[0]
+    stage = json.loads(sh(["docker", "exec", container, "python", "-c", TRAINING_TASKS], timeout=60).stdout)
+    assert stage["job"] == "SUCCEEDED", stage
+    assert sorted(stage["ranks"]) == ["0", "1"] and set(stage["ranks"].values()) == workers, (stage, workers)
 
 
 def test_down_v_leaves_nothing_behind(cluster):
