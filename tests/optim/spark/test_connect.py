@@ -137,6 +137,30 @@ def test_predictor_over_connect_equals_forward(connect):
     assert not touches, touches[0]
 
 
+def test_spark_ml_estimator_fits_from_connect(connect):
+    """TFNetEstimator.fit over a Connect DataFrame (a barrier stage from the client), its model's
+    outputs equal to the fitted net's forward, and Spark ML's evaluator over its prediction column."""
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+    from pyspark.sql import functions as F
+
+    from optim import TFNetEstimator
+
+    session, touches = connect
+    x, y = digits.load()
+    df = digits_df(session, x[:640], y[:640])
+    est = TFNetEstimator(cnn_net(seed=3), featureCols=["image"], featureShapes=[[8, 8, 1]], method="adam",
+                         learningRate=0.01, epochs=3, batchSize=64, numWorkers=2, outputCols=["logits"])
+    model = est.fit(df)
+    held = digits_df(session, x[1400:], y[1400:])
+    out = model.transform(held).select("id", "logits", "prediction", "label").toPandas().sort_values("id")
+    local = model._predictor().predict(x[1400:])  # the fitted model run here, on numpy
+    np.testing.assert_allclose(np.stack(out["logits"].to_numpy()), local, rtol=1e-5, atol=1e-5)
+    accuracy = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(
+        model.transform(held).withColumn("label", F.col("label").cast("double")))
+    assert accuracy >= 0.85, accuracy
+    assert not touches, touches[0]
+
+
 def test_a_net_too_large_for_the_plan_fails_before_the_stage(connect):
     session, _ = connect
     x, y = digits.load()
