@@ -38,14 +38,16 @@ from optim.spark.driver.launcher import (
     _Cleanup,
     _pickle_hooks,
     _run_summary,
+    _Stage,
     _validation_for_ranks,
-    _worker_log_level,
-    horovod_tuning,
+    check_workers,
+    per_rank_batch,
+    rank_job,
+    result_from_payload,
 )
-from optim.spark.driver.preflight import check_model_dir, probe_workers
 from optim.spark.driver.retry import RetryPolicy
 from optim.spark.progress import EventSink
-from optim.spark.worker.rank import RankJob, read_payload
+from optim.spark.worker.rank import RankJob
 from optim.training.datasets import ArrayDataset, TFDataDataset, TFDataset
 from optim.training.loop import TrainConfig
 from optim.training.reporting import MultiReporter, ProgressBar
@@ -62,13 +64,8 @@ def optimize_connect(opt, dataset: TFDataset, config: TrainConfig, validation: T
     t_call = time.monotonic()
     config = copy.copy(config)
     n = _num_workers(spark, num_workers)
-    per_rank = _per_rank_batch(dataset, config, n)
-    marker = check_model_dir(config.model_dir, config.storage_options) if config.model_dir else None
-    try:
-        probe_workers(spark, n, startup_timeout, (marker, config.storage_options) if marker else None)
-    finally:
-        if marker:
-            storage.remove(marker, config.storage_options)
+    per_rank = per_rank_batch(dataset, config, n)
+    check_workers(spark, n, startup_timeout, config)
     secret = secrets.token_bytes(32)
     cleanup = _Cleanup()
     sink = None
@@ -119,23 +116,6 @@ def _num_workers(spark, num_workers: int | None) -> int:
                      f"(at most the slots the cluster has; master: {master or 'unknown'}).")
 
 
-def _per_rank_batch(dataset: TFDataset, config: TrainConfig, n: int) -> int:
-    if isinstance(dataset, TFDataDataset):
-        return config.batch_size
-    if config.batch_size % n:
-        raise ValueError(f"`batch_size` is the global batch and must split evenly over the {n} workers. "
-                         f"Received: batch_size={config.batch_size}")
-    return config.batch_size // n
-
-
-class _Stage:
-    """What every attempt shares: the stage's source DataFrame, how ranks read it, what goes in
-    the plan, and the ranks' config."""
-
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-
 def _prepare(spark, opt, dataset: TFDataset, validation: TFDataset | None, config: TrainConfig, n: int,
              per_rank: int, cleanup: _Cleanup) -> _Stage:
     from optim.spark.datasets import DataFrameDataset, RDDDataset, with_validation
@@ -172,7 +152,7 @@ def _prepare(spark, opt, dataset: TFDataset, validation: TFDataset | None, confi
                 f"({limit / 2**20:.0f} MiB, spark.tfnet.connect.maxPlanBytes): pass the data as a DataFrame.")
     worker_config = copy.copy(config)
     worker_config.batch_size = per_rank
-    return _Stage(n=n, kind=kind, reader=reader, source=source, data=data, validation=val, net=net,
+    return _Stage(n=n, kind=kind, reader=reader, data=data, source=source, validation=val, exchange=None, net=net,
                   hooks=_pickle_hooks(opt.net), config=worker_config, chunk=chunk_bytes(spark))
 
 
@@ -214,18 +194,11 @@ def _run_attempts(spark, opt, stage: _Stage, sink, secret: bytes, policy: RetryP
         path = progress_path(config.model_dir, config.run_id, attempt) if config.model_dir else None
         if hasattr(sink, "watch"):
             sink.watch(path)
-        job = RankJob(
-            exchange=None, net=stage.net, hooks=stage.hooks, loss=opt.loss, method=opt.method, metrics=opt.metrics,
-            config=config, size=stage.n, kind=stage.kind, reader=stage.reader, data=stage.data,
-            validation=stage.validation, rendezvous=None, progress=None, progress_path=path,
-            rendezvous_key=derive_key(secret, "rendezvous"), timeout_s=timeout,
-            startup_timeout_s=startup_timeout, state=opt.state, start_step=opt.global_step,
-            steps_per_epoch=steps_per_epoch, attempt=attempt, extra_env=horovod_tuning(opt.net),
-            lr_source=getattr(opt, "_lr_source", None), log_level=_worker_log_level(verbose),
-            outputs=(opt.net.output_names, opt.net.output_specs),
-        )
+        job = rank_job(opt, stage, attempt, timeout=timeout, startup_timeout=startup_timeout,
+                       steps_per_epoch=steps_per_epoch, verbose=verbose, rendezvous=None, progress=None,
+                       progress_path=path, rendezvous_key=derive_key(secret, "rendezvous"))
         try:
-            result = _read_result(_run_stage(spark, stage, job))
+            result = result_from_payload(join_chunks(_run_stage(spark, stage, job)))
             attempts.append({"attempt": attempt, "ok": True, **result.run})
             return result
         except Exception as exc:  # noqa: BLE001 - turned into the ranks' own error below
@@ -271,13 +244,6 @@ def _run_stage(spark, stage: _Stage, job: RankJob) -> list[tuple[int, bytes]]:
     if not out:
         raise DistributedTrainingError("Rank 0 returned no result.")
     return out
-
-
-def _read_result(pieces: list) -> DistributedResult:
-    weights, state, meta = read_payload(join_chunks(pieces))
-    run = {k: meta.get(k) for k in ("start_step", "resumed_from", "rows", "steps_per_epoch")}
-    run["end_step"] = meta["step"]
-    return DistributedResult(weights, state, meta["step"], meta["history"], run)
 
 
 def _print_history(result: DistributedResult, verbose: int) -> None:

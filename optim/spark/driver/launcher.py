@@ -241,7 +241,8 @@ def _destroy(bc) -> None:
 @dataclass
 class _Stage:
     """What every attempt of the stage shares: the data (one partition per rank), the validation
-    data, the shipped net and hooks, the ranks' config (per-rank batch) and the driver's address."""
+    data, the shipped net and hooks, the ranks' config (per-rank batch), and the driver's address
+    (classic) or the size of rank 0's result pieces (Spark Connect)."""
 
     n: int
     kind: str
@@ -253,8 +254,23 @@ class _Stage:
     net: object
     hooks: bytes | None
     config: TrainConfig
-    driver_host: str
-    bind_host: str
+    driver_host: str = ""
+    bind_host: str = ""
+    chunk: int = 0
+
+
+def rank_job(opt, stage: _Stage, attempt: int, *, timeout: float, startup_timeout: float,
+             steps_per_epoch: int | None, verbose: int, **channels) -> RankJob:
+    """The ranks' job for one attempt of ``stage``; ``channels`` say how the ranks meet and report
+    (``rendezvous``, ``progress`` or ``progress_path``, and their keys)."""
+    return RankJob(
+        exchange=stage.exchange, net=stage.net, hooks=stage.hooks, loss=opt.loss, method=opt.method,
+        metrics=opt.metrics, config=stage.config, size=stage.n, kind=stage.kind, reader=stage.reader,
+        data=stage.data, validation=stage.validation, timeout_s=timeout, startup_timeout_s=startup_timeout,
+        state=opt.state, start_step=opt.global_step, steps_per_epoch=steps_per_epoch, attempt=attempt,
+        extra_env=horovod_tuning(opt.net), lr_source=getattr(opt, "_lr_source", None),
+        log_level=_worker_log_level(verbose), outputs=(opt.net.output_names, opt.net.output_specs), **channels,
+    )
 
 
 def _check_cluster(dataset: TFDataset, config: TrainConfig, num_workers: int | None, slot_wait: float,
@@ -273,19 +289,34 @@ def _check_cluster(dataset: TFDataset, config: TrainConfig, num_workers: int | N
             f"num_workers={n}, but the cluster has {slots} task slot(s): a barrier stage must run all its "
             f"tasks at once. Use num_workers <= {slots}, or add executors or cores."
         )
-    if not isinstance(dataset, TFDataDataset) and config.batch_size % n:
+    per_rank = per_rank_batch(dataset, config, n)
+    check_workers(sc, n, startup_timeout, config)
+    return sc, n, per_rank
+
+
+def per_rank_batch(dataset: TFDataset, config: TrainConfig, n: int) -> int:
+    """Each rank's batch: the global batch split evenly over ``n`` ranks (a tf.data input batches
+    itself on each rank)."""
+    if isinstance(dataset, TFDataDataset):
+        return config.batch_size
+    if config.batch_size % n:
         raise ValueError(
             f"`batch_size` is the global batch and must split evenly over the {n} workers. "
             f"Received: batch_size={config.batch_size}"
         )
-    per_rank = config.batch_size // n if not isinstance(dataset, TFDataDataset) else config.batch_size
+    return config.batch_size // n
+
+
+def check_workers(target, n: int, timeout_s: float, config: TrainConfig) -> None:
+    """``model_dir`` writable here (a marker file, removed after) and the workers' Python, and the
+    marker readable there (:func:`~optim.spark.driver.preflight.probe_workers`); ``target`` is a
+    SparkContext or a Spark Connect session."""
     marker = check_model_dir(config.model_dir, config.storage_options) if config.model_dir else None
     try:
-        probe_workers(sc, n, startup_timeout, (marker, config.storage_options) if marker else None)
+        probe_workers(target, n, timeout_s, (marker, config.storage_options) if marker else None)
     finally:
         if marker:
             storage.remove(marker, config.storage_options)
-    return sc, n, per_rank
 
 
 def _prepare_stage(sc, opt, dataset: TFDataset, validation: TFDataset | None, config: TrainConfig, n: int,
@@ -359,17 +390,10 @@ def _run_attempts(sc, opt, stage: _Stage, server, secret: bytes, policy: RetryPo
         if attempt:
             wait_for_slots(sc, stage.n, max(slot_wait, 60.0))
         with SecureRendezvous(stage.bind_host, stage.n, rendezvous_key, port=_pinned_port(sc, "rendezvous")) as rdv:
-            job = RankJob(
-                exchange=stage.exchange, net=stage.net, hooks=stage.hooks, loss=opt.loss, method=opt.method,
-                metrics=opt.metrics, config=stage.config, size=stage.n, kind=stage.kind, reader=stage.reader,
-                data=stage.data, validation=stage.validation,
-                rendezvous=(stage.driver_host, rdv.address[1]), progress=(stage.driver_host, server.port),
-                rendezvous_key=rendezvous_key, progress_key=derive_key(secret, "progress"),
-                timeout_s=timeout, startup_timeout_s=startup_timeout, state=opt.state,
-                start_step=opt.global_step, steps_per_epoch=steps_per_epoch, attempt=attempt,
-                extra_env=horovod_tuning(opt.net), lr_source=getattr(opt, "_lr_source", None),
-                log_level=_worker_log_level(verbose), outputs=(opt.net.output_names, opt.net.output_specs),
-            )
+            job = rank_job(opt, stage, attempt, timeout=timeout, startup_timeout=startup_timeout,
+                           steps_per_epoch=steps_per_epoch, verbose=verbose,
+                           rendezvous=(stage.driver_host, rdv.address[1]), progress=(stage.driver_host, server.port),
+                           rendezvous_key=rendezvous_key, progress_key=derive_key(secret, "progress"))
             try:
                 result = _read_result(_run_stage(sc, stage.source, stage.kind, job, rdv, timeout, startup_timeout),
                                       stage.config.storage_options)
@@ -610,6 +634,11 @@ def _read_result(payloads: list, options=None) -> DistributedResult:
     if isinstance(data, str):  # a file in the exchange folder
         data = storage.read_bytes(payloads[0], options)
         storage.remove(payloads[0], options)
+    return result_from_payload(data)
+
+
+def result_from_payload(data: bytes) -> DistributedResult:
+    """Rank 0's payload (:func:`optim.spark.worker.rank.read_payload`) as the optimiser takes it."""
     weights, state, meta = read_payload(data)
     run = {k: meta.get(k) for k in ("start_step", "resumed_from", "rows", "steps_per_epoch")}
     run["end_step"] = meta["step"]

@@ -5,8 +5,6 @@ with the classic local[2] session of the suite. Nothing in tfnet may touch ``spa
 import glob
 import json
 import os
-import signal
-import threading
 import time
 import traceback
 import warnings
@@ -22,6 +20,7 @@ from optim.predict.transformer import TFNetTransformer
 from optim.training.checkpoint import CheckpointManager
 from tests import digits
 from tests.connect_server import ConnectServer, close_session
+from tests.spark_utils import kill_rank_after_checkpoints
 from tfnet import TFNet
 
 pytestmark = [pytest.mark.spark, pytest.mark.parallel, pytest.mark.slow]
@@ -202,25 +201,11 @@ def test_killed_rank_is_retried_from_its_own_checkpoint(connect, tmp_path):
     x, y = x[:512], y[:512]
     model_dir = tmp_path / "run"
     opt = TFOptimizer(cnn_net(seed=5), SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(model_dir))
-    killed = {}
-
-    def killer():
-        deadline = time.time() + 240
-        while time.time() < deadline and "pid" not in killed:
-            ckpts = glob.glob(str(model_dir / "checkpoints" / "*" / "ckpt-*.npz"))
-            infos = glob.glob(str(model_dir / "ranks" / "*" / "rank-1.json"))
-            if len(ckpts) >= 3 and infos:
-                with open(infos[0]) as f:
-                    killed["pid"] = json.load(f)["pid"]
-                os.kill(killed["pid"], signal.SIGKILL)  # rank 1's Python worker, mid-training
-            time.sleep(0.05)
-
-    thread = threading.Thread(target=killer, daemon=True)
-    thread.start()
+    killed = kill_rank_after_checkpoints(str(model_dir), checkpoints=3)  # rank 1's Python process, after step 12 of 64
     with pytest.warns(RuntimeWarning, match="Training stage attempt 1 failed.*retrying from this run's newest checkpoint"):
         opt.optimize((x, y), epochs=4, batch_size=32, num_workers=2, checkpoint_every=4, keep_checkpoints=100,
                      verbose=0, timeout=60, max_retries=2)
-    thread.join(5)
+    killed["thread"].join(5)
     assert "pid" in killed
     run = opt.last_run
     assert run["attempts"] == 2 and opt.global_step == 4 * 16

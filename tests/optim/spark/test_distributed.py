@@ -1,13 +1,9 @@
 """Distributed fine-tuning on a real local[2] Spark with two Horovod ranks over Gloo."""
 
-import glob
-import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import numpy as np
@@ -19,6 +15,7 @@ from optim.spark.driver.launcher import DistributedTrainingError, scale_learning
 from optim.spark.worker.rank import agree_steps
 from optim.training.checkpoint import CheckpointManager
 from tests import digits
+from tests.spark_utils import kill_rank_after_checkpoints
 from tfnet import TFNet, TFNetError
 
 pytestmark = [pytest.mark.spark, pytest.mark.parallel]
@@ -102,27 +99,11 @@ def test_kill_one_rank_retries_and_finishes(spark, tmp_path):
     model_dir = tmp_path / "run"
     net = cnn_net()
     opt = TFOptimizer(net, SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(model_dir))
-    killed = {}
-
-    def killer():
-        deadline = time.time() + 240
-        while time.time() < deadline and "pid" not in killed:
-            ckpts = glob.glob(str(model_dir / "checkpoints" / "*" / "ckpt-*.npz"))
-            infos = glob.glob(str(model_dir / "ranks" / "*" / "rank-1.json"))
-            if len(ckpts) >= 3 and infos:  # mid-training: after step 12 of 64
-                with open(infos[0]) as f:
-                    pid = json.load(f)["pid"]
-                os.kill(pid, signal.SIGKILL)  # the Python process of rank 1, mid-training
-                killed["pid"] = pid
-                killed["after"] = sorted(ckpts)[-1]
-            time.sleep(0.05)
-
-    thread = threading.Thread(target=killer, daemon=True)
-    thread.start()
+    killed = kill_rank_after_checkpoints(str(model_dir), checkpoints=3)  # rank 1's Python process, after step 12 of 64
     with pytest.warns(RuntimeWarning, match="Training stage attempt 1 failed.*retrying from this run's newest checkpoint"):
         history = opt.optimize((x, y), epochs=4, batch_size=32, num_workers=2, checkpoint_every=4,
                                keep_checkpoints=100, verbose=0, timeout=60, max_retries=2)
-    thread.join(5)
+    killed["thread"].join(5)
     assert "pid" in killed, "rank 1 was killed"
     run = opt.last_run
     assert run["attempts"] == 2
