@@ -32,6 +32,9 @@ _EXPORTS = {
     "Adagrad": "optim.methods",
     "LARS": "optim.methods",
     "Method": "optim.methods",
+    "EveryStep": "optim.sync",
+    "LocalSGD": "optim.sync",
+    "Asynchronous": "optim.sync",
     "chain": "optim.transforms",
     "partition": "optim.transforms",
     "NonFiniteLossError": "optim.errors",
@@ -50,7 +53,7 @@ _EXPORTS = {
     "from_spark_error": "optim.errors",
     "raise_tfnet_errors": "optim.errors",
 }
-_SUBMODULES = ("losses", "metrics", "schedules", "transforms", "methods", "errors", "logs", "arrow", "keras_compat",
+_SUBMODULES = ("losses", "metrics", "schedules", "transforms", "methods", "sync", "errors", "logs", "arrow", "keras_compat",
                "optimizer", "training", "spark", "predict")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)

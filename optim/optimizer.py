@@ -15,6 +15,7 @@ import numpy as np
 
 from optim import losses as L
 from optim import metrics as M
+from optim.sync import check_sync
 from optim.training.checkpoint import new_run_id, resolve_resume
 from optim.training.checks import check_labels, finite_rows_only, warn_if_logits_to_probability_loss
 from optim.training.datasets import ArrayDataset, as_dataset, in_input_order, resolve_batch_size
@@ -152,6 +153,7 @@ class TFOptimizer:
         verbose: int = 1,
         num_workers: int | None = None,
         precision: str = "fp32",
+        sync=None,
         **distributed_options,
     ) -> dict[str, list]:
         """Trains and returns the history: per-epoch lists of ``loss``, each metric, and their
@@ -190,6 +192,12 @@ class TFOptimizer:
             precision: ``"fp32"`` (default) or ``"bf16"``: forward and backward in bfloat16 with
                 float32 weights, optimiser state and loss, on every rank (``tfnet.precision``).
                 On a CPU without native bfloat16: a ``PrecisionWarning`` and fp32.
+            sync: How often the ranks exchange (:mod:`optim.sync`): ``None`` averages the gradients
+                every step (bucketed as the backward pass makes them); ``optim.EveryStep(...)`` sets
+                its buckets and 16-bit compression; ``optim.LocalSGD(every=K, server=method)``
+                averages the weights' moves every K local steps through a server method;
+                ``optim.Asynchronous(staleness=1)`` exchanges each step's gradients in the
+                background and applies them a step later. Default: None.
         """
         if sample_weight is not None:
             if not (isinstance(data, tuple) and len(data) == 2):
@@ -207,7 +215,7 @@ class TFOptimizer:
             epochs=epochs, batch_size=batch_size, shuffle=shuffle, seed=seed, validate_every=validate_every,
             checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints, model_dir=self.model_dir,
             resume=resume, on_nonfinite=on_nonfinite, run_id=new_run_id(), storage_options=self.storage_options,
-            max_steps=max_steps, precision=check_precision(precision),
+            max_steps=max_steps, precision=check_precision(precision), sync=check_sync(sync),
         )
         config.check()
         config.resume = self._resume_source(config)

@@ -109,22 +109,31 @@ class TrainStep:
                 "with net.train_step(...) and a new optimiser state."
             )
 
-    def _compiled(self, stateful: bool):
+    def _compiled(self, kind):
+        """The compiled function of ``kind``: False (pure step), True (held state), "grads" or
+        "apply" (the two halves of a step, for an exchange outside it)."""
         if self._fn_version != self.net._version:
             self._fns = {}
             self._fn_version = self.net._version
-        fn = self._fns.get(stateful)
+        fn = self._fns.get(kind)
         if fn is None:
-            fn = tf.function(self._stateful_step if stateful else self._step, reduce_retracing=True,
-                             autograph=False)
-            self._fns[stateful] = fn
+            body = {False: self._step, True: self._stateful_step, "grads": self._forward_backward,
+                    "apply": self._stateful_apply}[kind]
+            fn = tf.function(body, reduce_retracing=True, autograph=False)
+            self._fns[kind] = fn
         return fn
 
     def _stateful_step(self, inputs, targets):
         state = tf.nest.map_structure(lambda v: v.value(), self._state_vars)
         return self._step(inputs, targets, state, assign_to=self._state_vars)
 
-    def _step(self, inputs, targets, state, assign_to=None):
+    def _stateful_apply(self, grads, loss):
+        state = tf.nest.map_structure(lambda v: v.value(), self._state_vars)
+        _, finite = self._apply(grads, loss, state, assign_to=self._state_vars)
+        return finite
+
+    def _forward_backward(self, inputs, targets):
+        """Forward, loss and backward: ``(loss, outputs, {weight name: gradient})``."""
         net = self.net
         all_vars = net._vars
         reads = {n: v.value() for n, v in all_vars.items()}
@@ -150,18 +159,31 @@ class TrainStep:
             n: tf.zeros_like(src) if g is None else tf.convert_to_tensor(g)
             for n, src, g in zip(self.names, sources, grads)
         }
-        reduce_seconds = tf.constant(0.0, tf.float64)
-        if self.reducer is not None:
-            # Time the reducer: from every gradient being ready to every reduced one being ready
-            # (waiting for slower ranks included).
-            with tf.control_dependencies(list(grads.values()) + [loss]):
-                t0 = tf.timestamp()
+        return loss, outs, grads
+
+    def _reduce(self, grads, loss):
+        """The reducer's ``(grads, loss)`` and the seconds it took: from every gradient being ready
+        to every reduced one being ready (waiting for slower ranks included). A reducer with
+        ``overlaps = True`` starts on each bucket as soon as its gradients are ready; only its
+        exposed part (after the last gradient) is timed."""
+        if self.reducer is None:
+            return grads, loss, tf.constant(0.0, tf.float64)
+        with tf.control_dependencies(list(grads.values()) + [loss]):
+            t0 = tf.timestamp()
+        if not getattr(self.reducer, "overlaps", False):
             with tf.control_dependencies([t0]):
                 grads = {n: tf.identity(g) for n, g in grads.items()}
                 loss = tf.identity(loss)
-            grads, loss = self.reducer(grads, loss)
-            with tf.control_dependencies(list(grads.values()) + [loss]):
-                reduce_seconds = tf.timestamp() - t0
+        grads, loss = self.reducer(grads, loss)
+        with tf.control_dependencies(list(grads.values()) + [loss]):
+            reduce_seconds = tf.timestamp() - t0
+        return grads, loss, reduce_seconds
+
+    def _apply(self, grads, loss, state, assign_to=None):
+        """Gradient hooks, the finiteness check, the update and the update hooks: ``(new state,
+        finite)``. A non-finite loss or gradient leaves the weights and the state as they were."""
+        net = self.net
+        all_vars = net._vars
         grads = net._gradient_hooks.run(grads)
         finite = tf.math.is_finite(loss)
         for g in grads.values():
@@ -185,10 +207,14 @@ class TrainStep:
             return tf.constant(True)
 
         if assign_to is None:
-            new_state = tf.cond(finite, apply, lambda: state)
-        else:
-            tf.cond(finite, apply, lambda: tf.constant(False))
-            new_state = None
+            return tf.cond(finite, apply, lambda: state), finite
+        tf.cond(finite, apply, lambda: tf.constant(False))
+        return None, finite
+
+    def _step(self, inputs, targets, state, assign_to=None):
+        loss, outs, grads = self._forward_backward(inputs, targets)
+        grads, loss, reduce_seconds = self._reduce(grads, loss)
+        new_state, finite = self._apply(grads, loss, state, assign_to)
         return loss, outs, new_state, finite, reduce_seconds
 
     def __call__(self, inputs, targets, state) -> StepResult:
@@ -216,6 +242,24 @@ class TrainStep:
         with bf16_rewrite(self.precision == "bf16"):
             loss, outs, _, finite, reduce_seconds = self._compiled(True)(tensors, targets)
         return StepResult(loss, outs, None, finite, reduce_seconds)
+
+    def gradients(self, inputs, targets):
+        """The first half of a step, for an exchange outside it (asynchronous training):
+        ``(loss, outputs, {weight name: gradient})`` for this batch, nothing applied."""
+        self._check_current()
+        tensors = self.net.prepare_inputs(inputs)
+        targets = tf.nest.map_structure(tf.convert_to_tensor, targets)
+        with bf16_rewrite(self.precision == "bf16"):
+            return self._compiled("grads")(tensors, targets)
+
+    def apply_gradients(self, grads, loss) -> tf.Tensor:
+        """The second half: gradient hooks, the update of the weights and of the held state, and
+        the update hooks, unless the loss or a gradient is not finite. Returns ``finite``."""
+        self._check_current()
+        if self._state_vars is None:
+            self.set_state(self.init_state())
+        grads = {n: tf.cast(grads[n], self.net._vars[n].dtype) for n in self.names}
+        return self._compiled("apply")(grads, tf.convert_to_tensor(loss, tf.float32))
 
     def set_state(self, state) -> None:
         """Sets the held optimiser state (a state pytree, e.g. from ``init_state``)."""

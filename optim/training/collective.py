@@ -19,9 +19,14 @@ class Collective:
     def is_chief(self) -> bool:
         return self.rank == 0
 
-    def reducer(self) -> Callable | None:
-        """``(grads, loss) -> (grads, loss)`` averaged over ranks, run inside the compiled step."""
+    def reducer(self, bucket_bytes: int = 0, compression: str | None = None) -> Callable | None:
+        """``(grads, loss) -> (grads, loss)`` averaged over ranks, run inside the compiled step
+        (in buckets of ``bucket_bytes`` when not 0; in 16 bits with ``compression``)."""
         return None
+
+    def average(self, tensors: Sequence, compression: str | None = None, name: str = "tfnet_exchange") -> list:
+        """The ranks' average of each tensor, eagerly (one process: the tensors)."""
+        return list(tensors)
 
     def allreduce_sum(self, array: np.ndarray) -> np.ndarray:
         return np.asarray(array)

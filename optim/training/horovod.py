@@ -76,6 +76,63 @@ def iface_for(address: str) -> str | None:
     return None
 
 
+def buckets(tensors: Sequence, bucket_bytes: int) -> list[list[int]]:
+    """Indices of ``tensors`` grouped into buckets of about ``bucket_bytes`` each, from the last
+    tensor to the first (a backward pass makes the last layers' gradients first). ``0``: one bucket
+    in the original order (a single grouped call after the whole backward pass)."""
+    if not bucket_bytes:
+        return [list(range(len(tensors)))] if len(tensors) else []
+    out: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    for i in reversed(range(len(tensors))):
+        t = tensors[i]
+        current.append(i)
+        size += int(np.prod(t.shape.as_list() if hasattr(t.shape, "as_list") else t.shape)) * t.dtype.size
+        if size >= bucket_bytes:
+            out.append(current)
+            current, size = [], 0
+    if current:
+        out.append(current)
+    return out
+
+
+def average(hvd, tensors: list, compression: str | None, name: str) -> list:
+    """Horovod's average of float tensors over the ranks (in a compiled step or eagerly).
+
+    ``compression="fp16"`` sends float16 (Horovod's fp16 allreduce). ``"bf16"``: Horovod has no
+    bfloat16 allreduce, so each rank's bfloat16 values (as 16-bit integers) are all-gathered and
+    summed in float32 on every rank: the same sum everywhere, in float32's range."""
+    if not tensors:
+        return []
+    if compression is None:
+        return hvd.grouped_allreduce(tensors, op=hvd.Average, name=name)
+    if compression == "fp16":
+        half = [tf.cast(t, tf.float16) for t in tensors]
+        return [tf.cast(r, t.dtype) for r, t in zip(hvd.grouped_allreduce(half, op=hvd.Average, name=name), tensors)]
+    if compression != "bf16":
+        raise ValueError(f"Unknown compression {compression!r}; expected None, 'fp16' or 'bf16'.")
+    sizes = [tf.size(t) for t in tensors]
+    flat = tf.concat([tf.reshape(tf.cast(t, tf.bfloat16), [-1]) for t in tensors], 0)
+    gathered = hvd.allgather(tf.reshape(tf.bitcast(flat, tf.int16), [1, -1]), name=name)
+    total = tf.reduce_sum(tf.cast(tf.bitcast(gathered, tf.bfloat16), tf.float32), axis=0)
+    mean = total / tf.cast(tf.shape(gathered)[0], tf.float32)
+    parts = tf.split(mean, tf.stack(sizes))
+    return [tf.cast(tf.reshape(p, tf.shape(t)), t.dtype) for p, t in zip(parts, tensors)]
+
+
+def exchange_bytes(nbytes: int, size: int, compression: str | None) -> int:
+    """The bytes one rank sends to exchange ``nbytes`` of float32 values: a ring allreduce sends
+    ``2 (N - 1) / N`` times the payload (reduce-scatter, then all-gather); fp16 halves the
+    payload; bf16's all-gather sends the half-size payload ``N - 1`` times."""
+    if size <= 1:
+        return 0
+    if compression == "bf16":
+        return nbytes // 2 * (size - 1)
+    payload = nbytes // 2 if compression == "fp16" else nbytes
+    return payload * 2 * (size - 1) // size
+
+
 class HorovodCollective(Collective):
     """Collectives over an initialised Horovod (``hvd.init()`` already called)."""
 
@@ -86,20 +143,33 @@ class HorovodCollective(Collective):
         self.rank = hvd.rank()
         self.size = hvd.size()
 
-    def reducer(self):
-        """The same function on every call, so the net's compiled-step cache finds it."""
-        if getattr(self, "_reduce", None) is not None:
-            return self._reduce
+    def reducer(self, bucket_bytes: int = 0, compression: str | None = None):
+        """The step's gradient reducer: one grouped allreduce after the backward pass
+        (``bucket_bytes=0``), or one per bucket of about ``bucket_bytes``, in reverse layer order,
+        each free to start as soon as its gradients exist (``overlaps``); optionally in 16 bits.
+        The same function for the same arguments, so the net's compiled-step cache finds it."""
+        cache = self.__dict__.setdefault("_reducers", {})
+        key = (int(bucket_bytes), compression)
+        if key in cache:
+            return cache[key]
         hvd = self.hvd
 
         def reduce(grads: dict, loss):
             names = list(grads)
-            averaged = hvd.grouped_allreduce([grads[n] for n in names], op=hvd.Average, name="tfnet_grads")
+            out = {}
+            for i, bucket in enumerate(buckets([grads[n] for n in names], bucket_bytes)):
+                part = [names[j] for j in bucket]
+                out.update(zip(part, average(hvd, [grads[n] for n in part], compression, f"tfnet_grads_{i}")))
             loss = hvd.allreduce(loss, op=hvd.Average, name="tfnet_loss")
-            return dict(zip(names, averaged)), loss
+            return {n: out[n] for n in names}, loss
 
-        self._reduce = reduce
+        reduce.overlaps = bool(bucket_bytes)
+        cache[key] = reduce
         return reduce
+
+    def average(self, tensors: Sequence, compression: str | None = None, name: str = "tfnet_exchange") -> list:
+        """The ranks' average of each tensor (float), eagerly: one grouped allreduce."""
+        return average(self.hvd, list(tensors), compression, name)
 
     def allreduce_sum(self, array: np.ndarray) -> np.ndarray:
         t = tf.constant(np.asarray(array, np.float64))

@@ -14,7 +14,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -22,9 +22,11 @@ import tensorflow as tf
 from optim import losses as L
 from optim import metrics as M
 from optim.errors import CheckpointError, CheckpointWarning, LabelShapeError, NonFiniteLossError
+from optim.sync import check_sync
 from optim.training.checkpoint import RUN_ID, Checkpoint, CheckpointManager, load_resume, new_run_id, resolve_resume
 from optim.training.collective import Collective, LocalCollective
 from optim.training.datasets import TFDataset
+from optim.training.exchange import make_exchange
 from optim.training.liveness import Liveness
 from optim.training.reporting import Reporter
 from tfnet import storage
@@ -69,6 +71,8 @@ class TrainConfig:
     validation_batch_size: int | None = None
     #: the training step's precision: "fp32" or "bf16" (tfnet.precision)
     precision: str = "fp32"
+    #: how often the ranks exchange (optim.sync): None (every step), LocalSGD or Asynchronous
+    sync: Any = None
 
     def check(self) -> None:
         for name in ("epochs", "batch_size"):
@@ -87,6 +91,7 @@ class TrainConfig:
             raise ValueError("`resume=True` needs a `model_dir` to find checkpoints in.")
         if isinstance(self.resume, str) and RUN_ID.match(self.resume) and not self.model_dir:
             raise ValueError(f"`resume={self.resume!r}` names a run; it needs the `model_dir` the run wrote to.")
+        self.sync = check_sync(self.sync)
 
 
 def _checkpoint_dir(model_dir: str) -> str:
@@ -266,17 +271,21 @@ def train(
         start = run.start(initial_state, start_step)
     steps = steps_per_epoch if steps_per_epoch is not None else run.batches_per_epoch(data)
     run.reporter.begin(config.epochs, steps, run.global_step, start.epoch)
-    for epoch in range(start.epoch, config.epochs):
-        if run.done():
-            break
-        skip = start.batch if epoch == start.epoch else 0
-        run.epoch(data, epoch, skip, start.epoch_states if skip else None, steps, fixed_steps=steps_per_epoch)
-        if run.done() and steps is not None and run.batch < steps:
-            # max_steps stopped mid-epoch: the checkpoint says so, and a resume continues this epoch
-            run.save_checkpoint(epoch, run.batch)
-            run.end_epoch(epoch, checkpoint=False)
-        else:
-            run.end_epoch(epoch)
+    try:
+        for epoch in range(start.epoch, config.epochs):
+            if run.done():
+                break
+            skip = start.batch if epoch == start.epoch else 0
+            run.epoch(data, epoch, skip, start.epoch_states if skip else None, steps, fixed_steps=steps_per_epoch)
+            if run.done() and steps is not None and run.batch < steps:
+                # max_steps stopped mid-epoch: the checkpoint says so, and a resume continues this epoch
+                run.save_checkpoint(epoch, run.batch)
+                run.end_epoch(epoch, checkpoint=False)
+            else:
+                run.end_epoch(epoch)
+        run.settle()
+    finally:
+        run.exchange.close()
     run.reporter.end()
     return run.outcome()
 
@@ -326,7 +335,8 @@ class _Run:
         self.collective, self.reporter, self.validation_data = collective, reporter, validation_data
         self.lr_source, self.alive = lr_source, liveness
         self.chief = collective.is_chief
-        self.step_fn = net.train_step(loss, method, reducer=collective.reducer(), precision=config.precision)
+        self.exchange = make_exchange(config.sync, net, collective)
+        self.step_fn = net.train_step(loss, method, reducer=self.exchange.reducer(), precision=config.precision)
         self.template = self.step_fn.state_spec()
         self.run_id = config.run_id or new_run_id()
         self.manager = (CheckpointManager(_checkpoint_dir(config.model_dir), config.keep_checkpoints, self.run_id,
@@ -339,6 +349,7 @@ class _Run:
         self.global_step = self.skipped = 0
         self.acc = _Epoch(metrics)
         self.checked = False
+        self.epoch_bytes = self.epoch_steps = 0  # what this rank sent in the epoch, over its steps
 
     # ---- set-up
 
@@ -363,17 +374,26 @@ class _Run:
             start = _Start(ckpt.step, ckpt.epoch, ckpt.batch, ckpt.extra.get("history", {}),
                            ckpt.extra.get("epoch_states"), ckpt.extra.get("skipped", 0))
         start = _Start(**collective.broadcast_json(start._asdict()))
+        server: list = []
         if ckpt is not None:
             weights = _match_weights(ckpt, net)
+            ckpt, server = _split_exchange_state(ckpt)
             _check_checkpoint(ckpt, net, self.template)
             leaves = ckpt.state
         else:
             weights, leaves = list(net.get_weights().values()), _state_arrays(self.step_fn)
         if collective.size > 1 or ckpt is not None:
+            # rank 0's server-method state too (the others hold arrays of its shapes to receive it)
+            if collective.broadcast_json(bool(server)) and not self.chief:
+                server = self.exchange.fresh_state()
             weights = collective.broadcast(weights)
-            leaves = collective.broadcast(leaves)
+            both = collective.broadcast(leaves + server)
+            leaves, server = both[:len(leaves)], both[len(leaves):]
             net.set_weights(dict(zip(net.weight_names, weights)))
             _load_state(self.step_fn, leaves, self.template)
+            if server:
+                self.exchange.load_state(server)
+        self.exchange.start(self.step_fn)
         self.history = {k: list(v) for k, v in (start.history or {}).items()}
         self.global_step, self.skipped = start.step, start.skipped
         self.start_step = start.step
@@ -426,12 +446,15 @@ class _Run:
             if not self.checked:
                 _check_labels(self.loss, labels, self.net, n, self.metrics)
                 self.checked = True
+            sent = self.exchange.bytes_sent
             if self.compiled:
-                result = self.step_fn.run(features, labels)
+                result = self.exchange.step(self.step_fn, features, labels)
             else:  # the first step compiles: a phase of its own, with the long bound
                 with self.alive.phase("compiling the first step"):
-                    result = self.step_fn.run(features, labels)
+                    result = self.exchange.step(self.step_fn, features, labels)
                 self.compiled = True
+            self.epoch_bytes += self.exchange.bytes_sent - sent
+            self.epoch_steps += 1
             b += 1
             self.global_step += 1
             step_time = clock.tick()
@@ -479,6 +502,7 @@ class _Run:
             clock.comm, clock.busy = clock.comm + seconds, clock.busy + step_time
             logs["allreduce_seconds"] = seconds
             logs["allreduce_share"] = clock.comm / max(clock.busy, 1e-9)
+            logs["bytes_per_step"] = self.epoch_bytes / max(self.epoch_steps, 1)
         self.reporter.step(self.global_step, epoch, logs)
 
     def _every_n_steps(self, epoch: int, batch: int) -> None:
@@ -491,15 +515,27 @@ class _Run:
 
     # ---- the end of an epoch, and of the run
 
+    def settle(self) -> None:
+        """Every rank holds the same weights from here (the exchange sends what is pending)."""
+        sent = self.exchange.bytes_sent
+        with self.alive.phase("exchanging before a checkpoint, a validation or the end"):
+            self.exchange.settle(self.step_fn)
+        self.epoch_bytes += self.exchange.bytes_sent - sent
+
     def _validate(self) -> dict[str, float]:
+        self.settle()
         return evaluate(self.net, self.loss, metrics_copy(self.metrics), self.validation_data, self.val_batch,
                         self.collective, prefix="val_", liveness=self.alive)
 
     def end_epoch(self, epoch: int, checkpoint: bool = True) -> None:
         """Sums the epoch's loss and metrics over the ranks, validates, extends the history, writes
         the epoch-boundary checkpoint and reports the epoch."""
+        self.settle()
         self.acc.reduce(self.collective)
         logs = self.acc.logs()
+        if self.collective.size > 1:
+            logs["bytes_per_step"] = self.epoch_bytes / max(self.epoch_steps, 1)
+        self.epoch_bytes = self.epoch_steps = 0
         if self.validation_data is not None:
             val_logs = self._validate()
             self.reporter.validation(self.global_step, val_logs)
@@ -516,6 +552,7 @@ class _Run:
         Every rank waits for the write in a phase of the long bound (a slow write is not a dead rank)."""
         if self.manager is None:
             return
+        self.settle()
         with self.alive.phase("writing a checkpoint"):
             if self.chief:
                 self._write_checkpoint(epoch, batch)
@@ -531,8 +568,11 @@ class _Run:
             "seed": seed,
             "rng": {"shuffle": "numpy PCG64 seeded with [seed, epoch, rank]", "seed": seed, "epoch": epoch},
         }
+        server = self.exchange.state()
+        if server:  # the server method's state (local SGD) follows the worker method's
+            extra["exchange_state"] = len(server)
         self.manager.save(Checkpoint(self.global_step, epoch, batch, self.net.get_weights(),
-                                     _state_arrays(self.step_fn), extra))
+                                     _state_arrays(self.step_fn) + server, extra))
 
     def outcome(self) -> TrainOutcome:
         if self.skipped:
@@ -603,6 +643,17 @@ def _match_weights(ckpt: Checkpoint, net) -> list[np.ndarray]:
         f"({len(theirs)} weights, this net has {len(names)}; or their shapes differ); it was written for another "
         "model. Use another model_dir or resume=False."
     )
+
+
+def _split_exchange_state(ckpt: Checkpoint) -> tuple[Checkpoint, list]:
+    """The checkpoint with the worker method's state only, and the server method's state that
+    follows it (local SGD; ``extra["exchange_state"]`` arrays)."""
+    n = int(ckpt.extra.get("exchange_state", 0))
+    if not n:
+        return ckpt, []
+    import dataclasses
+
+    return dataclasses.replace(ckpt, state=ckpt.state[:-n]), list(ckpt.state[-n:])
 
 
 def _check_checkpoint(ckpt: Checkpoint, net, template) -> None:
