@@ -1,0 +1,141 @@
+"""How often ranks exchange (``optimize(sync=...)``): every step (bucketed, compressed), local SGD
+with a server method, asynchronous; on a real local[2] Spark with Horovod over Gloo, and on eight
+ranks of a local[8] Spark of their own (``eight_ranks_job.py``)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import optim
+from optim import TFOptimizer
+from optim.training.checkpoint import CheckpointManager
+from tests import digits
+from tests.spark_utils import kill_rank_after_checkpoints
+from tests.tfnet import transfer
+from tfnet import TFNet
+
+pytestmark = [pytest.mark.spark, pytest.mark.parallel]
+
+SCE = optim.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def _weights(net):
+    """The weights in order (nets built one after another get other Keras names)."""
+    return list(net.get_weights().values())
+
+
+def _max_diff(a, b):
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(_weights(a), _weights(b)))
+
+
+def test_modes_on_two_ranks(spark):
+    """256 rows, global batch 32: 8 steps per epoch on each of two ranks, plain SGD."""
+    x, y = digits.load()
+    x, y = x[:256], y[:256]
+
+    def run(sync):
+        net = TFNet.from_keras(digits.cnn(classes=10, seed=0))
+        opt = TFOptimizer(net, SCE, optim.SGD(0.05))
+        history = opt.optimize((x, y), epochs=2, batch_size=32, shuffle=False, num_workers=2, verbose=0, sync=sync)
+        assert opt.global_step == 16 and np.isfinite(history["loss"]).all()
+        return net, history
+
+    every, h_every = run(None)
+    one_call, _ = run(optim.EveryStep(overlap=False))
+    local1, h_local1 = run(optim.LocalSGD(every=1, server=optim.SGD(1.0)))
+    local4, h_local4 = run(optim.LocalSGD(every=4))
+    fp16, h_fp16 = run(optim.EveryStep(compression="fp16"))
+    bf16, h_bf16 = run(optim.EveryStep(compression="bf16"))
+    async0, _ = run(optim.Asynchronous(staleness=0))
+    async1, h_async1 = run(optim.Asynchronous(staleness=1))
+    # buckets reduced as the backward pass makes them: the same average, bit for bit
+    assert _max_diff(every, one_call) == 0.0
+    # local SGD with K=1 and a server SGD at rate 1.0 is every-step SGD, to float32 rounding
+    assert _max_diff(every, local1) < 1e-6
+    # asynchronous with staleness 0 applies each step's own average: every-step training
+    assert _max_diff(every, async0) == 0.0
+    # the other modes train differently, and still train
+    for net, history in ((local4, h_local4), (async1, h_async1), (fp16, h_fp16), (bf16, h_bf16)):
+        assert _max_diff(every, net) > 1e-6
+        assert history["loss"][-1] < h_every["loss"][0]
+    assert _max_diff(every, fp16) < 5e-3 and _max_diff(every, bf16) < 5e-3
+    # the bytes each rank sends per step, as the run counted them: two ranks send the payload once
+    params = sum(w.nbytes for w in _weights(every))
+    assert h_every["bytes_per_step"] == [params + 4] * 2                  # the gradients and the loss
+    assert h_local1["bytes_per_step"] == [params] * 2                     # the weights' moves
+    assert h_local4["bytes_per_step"] == [params / 4] * 2                 # ... every fourth step
+    assert h_fp16["bytes_per_step"] == h_bf16["bytes_per_step"] == [(params + 4) // 2] * 2
+
+
+def test_local_sgd_and_async_reach_the_accuracy_of_every_step(spark):
+    """The digits transfer-learning task (tests/tfnet/transfer.py) on two ranks."""
+    import re
+
+    (xtr, ytr), (xte, yte) = transfer.data()
+    for sync in (optim.LocalSGD(every=4), optim.Asynchronous(staleness=1)):
+        net = transfer.new_net()
+        opt = TFOptimizer(net, SCE, {"head/": optim.Adam(0.01), re.compile("^(?!head/)"): optim.Adam(0.002)},
+                          metrics=["accuracy"])
+        history = opt.optimize((xtr, ytr), epochs=4, batch_size=32, num_workers=2, verbose=0, sync=sync)
+        accuracy = transfer.accuracy(net.forward(xte), yte)
+        assert accuracy >= 0.95, (sync, accuracy, history)
+
+
+@pytest.mark.parametrize("sync", [optim.LocalSGD(every=3, server=optim.SGD(0.8, momentum=0.5)),
+                                  optim.Asynchronous(staleness=1)], ids=["local-sgd", "async"])
+def test_resume_after_a_killed_rank(spark, tmp_path, sync):
+    """A rank killed mid-run: the retry resumes from this run's checkpoint (the server method's
+    momentum included) and finishes with the planned steps; from there on it equals an
+    uninterrupted run from that checkpoint, bit for bit."""
+    x, y = digits.load()
+    x, y = x[:384], y[:384]
+    model_dir = tmp_path / "run"
+    net = TFNet.from_keras(digits.cnn(classes=10, seed=0))
+    opt = TFOptimizer(net, SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(model_dir))
+    killed = kill_rank_after_checkpoints(str(model_dir), checkpoints=3)  # after step 12 of 36
+    with pytest.warns(RuntimeWarning, match="Training stage attempt 1 failed"):
+        opt.optimize((x, y), epochs=3, batch_size=32, num_workers=2, checkpoint_every=4, keep_checkpoints=100,
+                     verbose=0, timeout=60, max_retries=2, sync=sync)
+    killed["thread"].join(5)
+    assert "pid" in killed
+    run = opt.last_run
+    assert run["attempts"] == 2 and opt.global_step == 36
+    start = CheckpointManager.load(run["resumed_from"]).step
+    assert run["attempt_log"][-1]["start_step"] == start >= 12
+    again = TFNet.from_keras(digits.cnn(classes=10, seed=5))
+    TFOptimizer(again, SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(tmp_path / "other")).optimize(
+        (x, y), epochs=3, batch_size=32, num_workers=2, checkpoint_every=4, verbose=0, sync=sync,
+        resume=run["resumed_from"])
+    assert _max_diff(net, again) == 0.0
+
+
+def test_eight_ranks_every_mode_with_empty_and_uneven_partitions():
+    """Eight ranks of a local[8] Spark (its own process): six of the DataFrame's eight partitions
+    are empty and one holds 12 rows against 500; every mode takes the same steps on every rank."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "tests.optim.spark.eight_ranks_job"], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(next(line[7:] for line in proc.stdout.splitlines() if line.startswith("RESULT ")))
+    assert out["partitions"] == [0, 0, 0, 500, 0, 0, 12, 0]
+    params = out["params_bytes"]
+    ring = 2 * 7 / 8  # a ring allreduce on eight ranks sends 7/4 of the payload per rank
+    for name in ("every", "local1", "local4", "async"):
+        run = out[name]
+        rows = run["rows"]
+        assert len(rows) == 8 and sum(rows) == 512 and max(rows) - min(rows) <= 2, run
+        steps = math.ceil(max(rows) / 8)  # 8 rows per rank per step
+        assert run["steps_per_epoch"] == steps and run["global_step"] == 2 * steps, run
+        assert np.isfinite(run["loss"]).all() and run["loss"][1] < run["loss"][0], run
+    assert out["local1"]["max_abs_diff"] < 1e-6            # an N-way average, not a pairwise one
+    assert out["local4"]["max_abs_diff"] > 1e-6 and out["async"]["max_abs_diff"] > 1e-6
+    assert out["every"]["bytes_per_step"][0] == pytest.approx((params + 4) * ring, abs=1)
+    assert out["local1"]["bytes_per_step"][0] == pytest.approx(params * ring, abs=1)
+    exchanges = 2 * math.ceil(out["local4"]["steps_per_epoch"] / 4)  # every fourth step, and at each epoch end
+    assert sum(out["local4"]["bytes_per_step"]) * out["local4"]["steps_per_epoch"] == pytest.approx(
+        exchanges * int(params * ring), abs=2)
