@@ -1,15 +1,19 @@
 """Scaling efficiency of distributed fine-tuning on this machine: ResNet-50 at 224x224, 2 ranks of
 1 thread each against 1 rank of 1 thread, the same per-rank batch, over Spark local[2] with
-Horovod over Gloo. Efficiency = throughput(2) / (2 x throughput(1)). Also the share of each step
-spent in the gradient allreduce (timed inside the compiled step, waiting for the other rank
-included).
+Horovod over Gloo, for each sync mode (``optimize(sync=...)``): every step with one allreduce after
+the backward pass, every step with bucketed overlap (the default), with fp16 compression, local SGD
+with K=4 and K=16, and asynchronous. Efficiency = throughput(2) / (2 x throughput(1)); a mode's
+throughput is its mean step over whole exchange cycles after 2 warm-up steps. Also the exposed
+allreduce share of each step (timed inside the compiled step, waiting for the other rank included)
+and the megabytes each rank sends per step, as the run counted them.
 
 The machine's own ceiling is measured too: the same 1-thread ResNet-50 training step in plain
 TensorFlow (no Spark, no Horovod), in two processes at once against one process alone. A 2-vCPU VM
 whose vCPUs share caches, memory bandwidth or a physical core cannot scale perfectly whatever runs
 on it; efficiency / ceiling is the part tfnet is answerable for.
 
-    python benchmarks/bench_scaling.py [--per-rank-batch 16] [--steps 8] [--rounds 1] [--json out.json]
+    python benchmarks/bench_scaling.py [--per-rank-batch 16] [--steps 8] [--rounds 1] [--modes local async]
+                                       [--json out.json]
 """
 
 from __future__ import annotations
@@ -74,6 +78,8 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--onednn", type=int, default=1)
     p.add_argument("--no-ceiling", action="store_true", help="skip the plain-TF two-process ceiling")
+    p.add_argument("--modes", nargs="*", default=None,
+                   help="run only the 2-rank modes whose names contain one of these words (e.g. local async)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     setup_env(bool(args.onednn))
@@ -96,43 +102,71 @@ def main(argv=None):
     model = keras.applications.ResNet50(weights=None, input_shape=(args.size, args.size, 3))
     b, size, steps = args.per_rank_batch, args.size, args.steps
 
-    def synthetic(rank, n_ranks):
-        rng = np.random.default_rng(rank)
-        x = rng.uniform(-1, 1, (b, size, size, 3)).astype("float32")
-        y = rng.integers(0, 1000, b).astype("int64")
-        return tf.data.Dataset.from_tensors((x, y)).repeat(steps)
+    def synthetic(n_steps):
+        def fn(rank, n_ranks):
+            rng = np.random.default_rng(rank)
+            x = rng.uniform(-1, 1, (b, size, size, 3)).astype("float32")
+            y = rng.integers(0, 1000, b).astype("int64")
+            return tf.data.Dataset.from_tensors((x, y)).repeat(n_steps)
+        return fn
+
+    modes = {
+        "every step, one call after the backward pass": optim.EveryStep(overlap=False),
+        "every step, bucketed overlap (default)": None,
+        "every step, overlap + fp16": optim.EveryStep(compression="fp16"),
+        "local SGD K=4": optim.LocalSGD(every=4),
+        "local SGD K=16": optim.LocalSGD(every=16),
+        "async (staleness 1)": optim.Asynchronous(staleness=1),
+    }
+    chosen = [m for m in modes if not args.modes or any(k in m for k in args.modes)]
+
+    def run(ranks, sync, every=1):
+        """Throughput over whole exchange cycles after 2 warm-up steps: the mean step, exchanges included."""
+        steady = max(steps - 2, every)
+        steady = -(-steady // every) * every
+        net = TFNet.from_keras(model)
+        opt = TFOptimizer(net, "sparse_categorical_crossentropy", optim.SGD(1e-3, momentum=0.9))
+        history = opt.optimize(TFDataset.from_tf_data(synthetic(steady + 2)), epochs=1, num_workers=ranks, verbose=0,
+                               timeout=900, startup_timeout=900, sync=sync)
+        times = [t for t in opt.last_run["step_times"] if t][2:]
+        comm = [c for c in opt.last_run["allreduce_seconds"] if c is not None][2:]
+        step = sum(times) / len(times)
+        return {"img_s": ranks * b / step, "step_s": step, "steps": len(times),
+                "allreduce_share": sum(comm) / sum(times) if comm else None,
+                "bytes_per_step": (history.get("bytes_per_step") or [0])[-1],
+                "startup_s": opt.last_run["startup_s"]}
 
     print(banner(), flush=True)
-    results = {1: [], 2: []}
-    shares = []
+    results = {"1 rank": []}
+    results.update({m: [] for m in chosen})
     for _ in range(args.rounds):
-        for ranks in (1, 2):
-            net = TFNet.from_keras(model)
-            opt = TFOptimizer(net, "sparse_categorical_crossentropy", optim.SGD(1e-3, momentum=0.9))
-            opt.optimize(TFDataset.from_tf_data(synthetic), epochs=1, num_workers=ranks, verbose=0,
-                         timeout=900, startup_timeout=900)
-            times = [t for t in opt.last_run["step_times"] if t][2:]
-            step = statistics.median(times)
-            results[ranks].append(ranks * b / step)
-            if ranks == 2:
-                comm = [c for c in opt.last_run["allreduce_seconds"] if c is not None][2:]
-                shares.append(sum(comm) / sum(times))
-            print(f"{ranks} rank(s): median step {step:.2f} s, {ranks * b / step:.2f} img/s "
-                  f"(startup {opt.last_run['startup_s']:.1f} s, attempts {opt.last_run.get('attempts')})", flush=True)
-    thr1, thr2 = statistics.median(results[1]), statistics.median(results[2])
-    efficiency = thr2 / (2 * thr1)
-    share = statistics.median(shares)
-    print(f"scaling efficiency {efficiency:.3f} (target >= 0.95; Horovod publishes 0.90)   "
-          f"allreduce share of a 2-rank step {share:.1%}")
-    out = {"machine": machine(), "per_rank_batch": b, "steps": steps, "throughput_1": results[1],
-           "throughput_2": results[2], "efficiency": efficiency, "allreduce_share": share}
+        results["1 rank"].append(run(1, None))
+        print(f"1 rank: {results['1 rank'][-1]}", flush=True)
+        for m in chosen:
+            sync = modes[m]
+            results[m].append(run(2, sync, getattr(sync, "every", 1)))
+            print(f"2 ranks, {m}: {results[m][-1]}", flush=True)
+    thr1 = statistics.median(r["img_s"] for r in results["1 rank"])
+    out = {"machine": machine(), "per_rank_batch": b, "size": size, "steps": steps, "runs": results,
+           "throughput_1": thr1, "modes": {}}
+    ceiling = None
     if not args.no_ceiling:
         spark.stop()
         ceiling = machine_ceiling(args.onednn, b, size, max(4, steps - 2))
         out["machine_ceiling"] = ceiling
         print(f"machine ceiling (plain TF, 1 thread, 2 processes at once vs 1 alone): {ceiling['ceiling']:.3f} "
-              f"({ceiling['alone_img_s']:.2f} img/s alone, {sum(ceiling['pair_img_s']):.2f} img/s together); "
-              f"efficiency / ceiling = {efficiency / ceiling['ceiling']:.3f}")
+              f"({ceiling['alone_img_s']:.2f} img/s alone, {sum(ceiling['pair_img_s']):.2f} img/s together)")
+    print(f"\n1 rank: {thr1:.2f} img/s")
+    print(f"{'2 ranks':48s} {'img/s':>7s} {'efficiency':>10s} {'/ ceiling':>9s} {'allreduce':>9s} {'MB sent/step':>12s}")
+    for m in chosen:
+        thr2 = statistics.median(r["img_s"] for r in results[m])
+        eff = thr2 / (2 * thr1)
+        rel = eff / ceiling["ceiling"] if ceiling else float("nan")
+        share = results[m][-1]["allreduce_share"]
+        mb = results[m][-1]["bytes_per_step"] / 1e6
+        out["modes"][m] = {"throughput_2": thr2, "efficiency": eff, "of_ceiling": rel, "mb_per_step": mb}
+        print(f"{m:48s} {thr2:7.2f} {eff:10.3f} {rel:9.3f} {share if share is not None else float('nan'):9.1%} "
+              f"{mb:12.1f}")
     write_json(args.json, out)
     spark.stop()
     return out
