@@ -16,10 +16,14 @@ _HIDDEN = ("step_time", "allreduce_seconds", "learning_rate")
 
 
 def _fmt(logs: dict[str, float]) -> dict[str, str]:
-    """What the bar shows: loss, metrics, samples per second (and the allreduce share)."""
+    """What the bar shows: loss, metrics, samples per second (and, distributed, the allreduce share
+    and the megabytes this rank sends per step)."""
     out = {}
     for k, v in logs.items():
         if k in _HIDDEN:
+            continue
+        if k == "bytes_per_step":  # what this rank sends to the others per step
+            out["sent"] = f"{v / 1e6:.3g}MB/step"
             continue
         if isinstance(v, float):
             out[k] = f"{v:.4g}" if not math.isnan(v) else "nan"

@@ -112,6 +112,14 @@ def test_resume_after_a_killed_rank(spark, tmp_path, sync):
         (x, y), epochs=3, batch_size=32, num_workers=2, checkpoint_every=4, verbose=0, sync=sync,
         resume=run["resumed_from"])
     assert _max_diff(net, again) == 0.0
+    # the bytes sent per step reach TensorBoard (rank 0's events), per step and per epoch
+    import glob
+
+    import tensorflow as tf
+
+    tags = {v.tag for f in glob.glob(str(model_dir / "tensorboard" / run["run_id"] / "train" / "*"))
+            for e in tf.compat.v1.train.summary_iterator(f) for v in e.summary.value}
+    assert {"bytes_per_step", "epoch_bytes_per_step"} <= tags, tags
 
 
 def test_eight_ranks_every_mode_with_empty_and_uneven_partitions():

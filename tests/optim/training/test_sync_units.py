@@ -76,3 +76,9 @@ def test_local_sgd_resumes_with_the_server_momentum():
         assert opt2.last_run["start_step"] == 4 and opt2.global_step == 12
         for a, b in zip(full.get_weights().values(), resumed.get_weights().values()):
             assert np.array_equal(a, b)
+
+
+def test_the_bar_shows_the_megabytes_sent_per_step():
+    from optim.training.reporting import _fmt
+
+    assert _fmt({"loss": 0.5, "bytes_per_step": 2_500_000.0}) == {"loss": "0.5", "sent": "2.5MB/step"}
