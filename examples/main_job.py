@@ -108,6 +108,10 @@ def main(argv=None) -> dict:
     def stage(k: int, text: str) -> None:
         print(f"\n[{k}/6] {text}  (+{time.time() - t_start:.0f} s)", flush=True)
 
+    # The Spark session first: its workers import TensorFlow in the background (tfnet starts that
+    # when it creates or finds a session) while this process pretrains.
+    spark, own_spark = _spark(args.master, verbose)
+
     # 1. Pretrain on digits 0-4.
     stage(1, "pretrain a small CNN on digits 0-4, in this process")
     x0, y0 = load(range(5))
@@ -126,7 +130,6 @@ def main(argv=None) -> dict:
 
     # 3. New head, distributed fine-tuning over Spark.
     stage(3, f"fine-tune on digits 5-9 with a new head: {args.workers} Horovod ranks in one Spark barrier stage")
-    spark, own_spark = _spark(args.master, verbose)
     body = TFNet.from_frozen_graph(pb, inputs="image", outputs="logits").cut("features")
     keras.utils.set_random_seed(1)
     net = body.add_head(keras.layers.Dense(5, name="digit"), name="head")

@@ -64,6 +64,14 @@ def _through(spec: TensorColumns, mapping: dict[str, str]) -> TensorColumns:
     return dataclasses.replace(spec, columns=tuple(mapping.get(c, c) for c in spec.columns))
 
 
+def _warm_up(spark) -> None:
+    """The workers start importing TensorFlow now, while the driver prepares the rest (once per
+    Spark application; :func:`~optim.spark.driver.preflight.ensure_warm_up`)."""
+    from optim.spark.driver.preflight import ensure_warm_up
+
+    ensure_warm_up(spark)
+
+
 class DataFrameDataset(TFDataset):
     """``TFDataset.from_dataframe(df, feature_cols, label_cols, feature_shapes)``.
 
@@ -111,6 +119,7 @@ class DataFrameDataset(TFDataset):
                         f"Column {c!r} is not in the DataFrame. Columns: {existing}"
                         + (f"; closest: {close}" if close else "")
                     )
+        _warm_up(getattr(df, "sparkSession", None))
 
     def arrange_inputs(self, input_names: list[str]) -> None:
         """Puts the feature columns in the net's input order, when they were given as a dict by
@@ -253,6 +262,7 @@ class RDDDataset(TFDataset):
         self.rdd = rdd
         self.batch_size = batch_size
         self.has_labels = True
+        _warm_up(getattr(rdd, "context", None))
 
     def shard_reader(self):
         return _RecordShard()

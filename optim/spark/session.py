@@ -44,7 +44,7 @@ def require_java() -> None:
 
 
 def build_session(app_name: str = "tfnet", master: str | None = None, conf: dict[str, str] | None = None,
-                  verbose: int = 1):
+                  verbose: int = 1, warm_up: bool = True):
     """The one SparkSession builder of tfnet (the examples, benchmarks and tests use it): the
     active session if there is one, else a new one on ``master`` (Spark's default when None) with
     the settings tfnet's workers need, quiet at ``verbose < 2`` (see :mod:`optim.logs`).
@@ -55,6 +55,9 @@ def build_session(app_name: str = "tfnet", master: str | None = None, conf: dict
             unless ``spark-submit`` set one).
         conf: More Spark settings; they win over tfnet's.
         verbose: 2 or more keeps Spark's own INFO/WARN lines. Default 1.
+        warm_up: Start the workers' imports of TensorFlow, Horovod and tfnet in the background at
+            once (:func:`optim.warm_up_workers`), so the first ``optimize()`` finds them warm.
+            Default True.
 
     Raises:
         SparkSetupError: Java is missing or too old.
@@ -65,7 +68,7 @@ def build_session(app_name: str = "tfnet", master: str | None = None, conf: dict
 
     active = SparkSession.getActiveSession()
     if active is not None:
-        return active
+        return _warmed(active, warm_up)
     require_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     settings = {
@@ -86,6 +89,15 @@ def build_session(app_name: str = "tfnet", master: str | None = None, conf: dict
     session = builder.getOrCreate()
     if verbose < 2:
         session.sparkContext.setLogLevel("ERROR")
+    return _warmed(session, warm_up)
+
+
+def _warmed(session, warm_up: bool):
+    """The session, with its workers' imports started (:func:`optim.warm_up_workers`) when asked."""
+    if warm_up:
+        from optim.spark.driver.preflight import ensure_warm_up
+
+        ensure_warm_up(session)
     return session
 
 

@@ -14,8 +14,8 @@ from optim.errors import DistributedTrainingError, SparkSetupError
 from optim.spark.driver.retry import stage_error
 from optim.spark.session import get_spark
 
-__all__ = ["WarmUp", "bounded_job", "check_driver_horovod", "check_model_dir", "probe_workers", "task_slots",
-           "wait_for_slots", "warm_up_workers"]
+__all__ = ["WarmUp", "bounded_job", "check_driver_horovod", "check_model_dir", "ensure_warm_up", "probe_workers",
+           "task_slots", "wait_for_slots", "warm_up_workers"]
 
 
 def task_slots(sc) -> int:
@@ -137,7 +137,43 @@ def warm_up_workers(spark=None, num_workers: int | None = None) -> WarmUp:
     """
     spark = spark or get_spark()
     sc = spark.sparkContext if hasattr(spark, "sparkContext") else spark
-    return WarmUp(sc, num_workers or task_slots(sc))
+    warm = WarmUp(sc, num_workers or task_slots(sc))
+    _STARTED[_app_key(sc)] = warm
+    return warm
+
+
+#: The warm-up started for each Spark application (by its id), so that tfnet starts one at most.
+_STARTED: dict[str, WarmUp] = {}
+
+
+def _app_key(sc) -> str:
+    try:
+        return str(sc.applicationId)
+    except Exception:  # noqa: BLE001 - a stopped context has none
+        return ""
+
+
+def ensure_warm_up(spark) -> WarmUp | None:
+    """Starts :func:`warm_up_workers` for ``spark``'s application unless it ran already: tfnet does
+    it as soon as it creates a session or finds one (``build_session``, ``TFDataset.from_dataframe``
+    and ``from_rdd``), so the workers import TensorFlow while the driver prepares the model and the
+    data. Nothing for a Spark Connect session (its server gives each job fresh Python workers), or
+    when the cluster has no task slot yet. Never raises: ``optimize()`` checks the workers itself."""
+    try:
+        from optim.spark.connect import is_connect
+
+        if spark is None or is_connect(spark):
+            return None
+        sc = spark.sparkContext if hasattr(spark, "sparkContext") else spark
+        key = _app_key(sc)
+        if not key or key in _STARTED:
+            return _STARTED.get(key)
+        slots = task_slots(sc)
+        if slots < 1:
+            return None
+        return warm_up_workers(sc, slots)
+    except Exception:  # noqa: BLE001 - warming up is an optimisation only
+        return None
 
 
 def bounded_job(sc, description: str, action, timeout_s: float):
