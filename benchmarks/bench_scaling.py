@@ -121,15 +121,17 @@ def main(argv=None):
     chosen = [m for m in modes if not args.modes or any(k in m for k in args.modes)]
 
     def run(ranks, sync, every=1):
-        """Throughput over whole exchange cycles after 2 warm-up steps: the mean step, exchanges included."""
-        steady = max(steps - 2, every)
-        steady = -(-steady // every) * every
+        """Throughput over whole exchange cycles after the warm-up (2 steps, or the first cycle of
+        local SGD, whose first exchange compiles the server update): the mean step, exchanges
+        included."""
+        warm = max(2, every)
+        steady = -(-max(steps - 2, every) // every) * every
         net = TFNet.from_keras(model)
         opt = TFOptimizer(net, "sparse_categorical_crossentropy", optim.SGD(1e-3, momentum=0.9))
-        history = opt.optimize(TFDataset.from_tf_data(synthetic(steady + 2)), epochs=1, num_workers=ranks, verbose=0,
-                               timeout=900, startup_timeout=900, sync=sync)
-        times = [t for t in opt.last_run["step_times"] if t][2:]
-        comm = [c for c in opt.last_run["allreduce_seconds"] if c is not None][2:]
+        history = opt.optimize(TFDataset.from_tf_data(synthetic(warm + steady)), epochs=1, num_workers=ranks,
+                               verbose=0, timeout=900, startup_timeout=900, sync=sync)
+        times = [t for t in opt.last_run["step_times"] if t][warm:]
+        comm = [c for c in opt.last_run["allreduce_seconds"] if c is not None][warm:]
         step = sum(times) / len(times)
         return {"img_s": ranks * b / step, "step_s": step, "steps": len(times),
                 "allreduce_share": sum(comm) / sum(times) if comm else None,
