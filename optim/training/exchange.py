@@ -100,14 +100,22 @@ class LocalSGDExchange(Exchange):
         self.stats = [n for n in net.statistic_names if n not in trainable and net._vars[n].dtype.is_floating]
         self.per_exchange = exchange_bytes(_nbytes(net, self.names + self.stats), collective.size, None)
         self.local_steps = 0
-        self.anchor: dict[str, tf.Tensor] = {}
+        self.anchor: dict[str, tf.Variable] = {}
         self.server_state = None
-        self._apply = tf.function(self._server_update, autograph=False, reduce_retracing=True)
+        # one compiled exchange: the moves, their average, the server's update, the new weights
+        self._exchange_fn = tf.function(self._exchange_graph, autograph=False, reduce_retracing=True)
 
     def start(self, step_fn) -> None:
-        self.anchor = {n: tf.identity(self.net._vars[n].value()) for n in self.names}
+        """The anchor is where the run starts (the weights every rank now holds)."""
+        for n in self.names:
+            value = self.net._vars[n].value()
+            if n in self.anchor:
+                self.anchor[n].assign(value)
+            else:
+                with tf.init_scope():
+                    self.anchor[n] = tf.Variable(value, trainable=False, name="tfnet_anchor")
         if self.server_state is None:
-            self.server_state = self.server.init(self.anchor)
+            self.server_state = self.server.init({n: v.value() for n, v in self.anchor.items()})
         self.local_steps = 0
 
     def step(self, step_fn, features, labels) -> StepResult:
@@ -121,22 +129,24 @@ class LocalSGDExchange(Exchange):
         if self.local_steps:
             self._exchange()
 
-    def _server_update(self, anchor, averaged, state):
-        updates, state = self.server.update(averaged, state, anchor)
-        return {n: anchor[n] + tf.cast(updates[n], anchor[n].dtype) for n in anchor}, state
-
-    def _exchange(self) -> None:
+    def _exchange_graph(self, state):
         net, names = self.net, self.names
-        moves = [self.anchor[n] - net._vars[n].value() for n in names]
+        anchor = {n: self.anchor[n].value() for n in names}
+        moves = [anchor[n] - net._vars[n].value() for n in names]
         stats = [net._vars[n].value() for n in self.stats]
         averaged = self.collective.average(moves + stats, name="tfnet_local_sgd")
         pseudo = dict(zip(names, averaged[:len(names)]))
-        new, self.server_state = self._apply(self.anchor, pseudo, self.server_state)
+        updates, state = self.server.update(pseudo, state, anchor)
         for n in names:
-            net._vars[n].assign(new[n])
+            new = anchor[n] + tf.cast(updates[n], anchor[n].dtype)
+            net._vars[n].assign(new)
+            self.anchor[n].assign(new)
         for n, value in zip(self.stats, averaged[len(names):]):
             net._vars[n].assign(value)
-        self.anchor = {n: tf.identity(new[n]) for n in names}
+        return state
+
+    def _exchange(self) -> None:
+        self.server_state = self._exchange_fn(self.server_state)
         self.bytes_sent += self.per_exchange
         self.local_steps = 0
 
