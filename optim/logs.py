@@ -5,6 +5,7 @@ tfnet logs through ``logging.getLogger("tfnet")`` and its children (``tfnet.trai
 logger a console handler for scripts. At the default verbosity, TensorFlow's C++ start-up lines
 (the oneDNN banner, written before its log levels apply) and Spark's JVM warnings are kept out of
 the console; ``verbose=2`` or the environment variable ``TFNET_VERBOSE=1`` brings them back.
+While tfnet trains over Spark, Spark's console progress bar is paused (:func:`paused_console_progress`).
 Imports no Spark at module level.
 """
 
@@ -17,10 +18,10 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
-__all__ = ["VERBOSE_ENV", "configure", "import_tensorflow", "noisy", "quiet_task_failures", "quiet_worker",
-           "spark_log_conf"]
+__all__ = ["VERBOSE_ENV", "configure", "import_tensorflow", "noisy", "paused_console_progress", "quiet_task_failures",
+           "quiet_worker", "spark_log_conf"]
 
 from tfnet.quiet import VERBOSE_ENV, import_tensorflow, noisy  # noqa: F401 (part of this module's API)
 
@@ -114,19 +115,71 @@ TASK_FAILURE_LOGGERS = ("org.apache.spark.executor.Executor", "org.apache.spark.
 
 
 @contextmanager
-def quiet_task_failures(sc, verbose: int = 1) -> Iterator[None]:
+def quiet_task_failures(sc, verbose: int = 1, pause_progress: bool = True) -> Iterator[None]:
     """While tfnet's own Spark jobs run, in any session (one the user built too), the executor's and
     the scheduler's task-failure lines stay out of the console; the levels they had are put back
-    afterwards. Nothing changes at ``verbose >= 2`` or with ``TFNET_VERBOSE=1``."""
+    afterwards. Nothing changes at ``verbose >= 2`` or with ``TFNET_VERBOSE=1``. With
+    ``pause_progress`` (training: tfnet shows its own bar), Spark's console progress bar is paused
+    for the duration at every verbosity (:func:`paused_console_progress`)."""
+    with paused_console_progress(sc) if pause_progress else nullcontext():
+        with _quiet_levels(sc, verbose):
+            yield
+
+
+@contextmanager
+def paused_console_progress(sc) -> Iterator[None]:
+    """Spark's console progress bar (``[Stage 3:>   (0 + 2) / 2]``, written to the driver JVM's
+    stderr every 200 ms for each stage that runs longer than 500 ms) stops for the duration and a
+    fresh one starts afterwards. Spark 4 makes one whenever ``spark.ui.showConsoleProgress`` is
+    true, which ``spark-submit`` sets for its shells, ``pyspark-shell`` among them, and PySpark
+    starts every driver JVM, a plain ``python script.py`` too, as ``pyspark-shell``: so a session
+    the user built has the bar unless they turned it off. During tfnet's training stage it would
+    say ``(0 + 2) / 2`` until the end and redraw itself over tfnet's progress bar on the same line.
+
+    Through the JVM (``SparkContext._progressBar``, a private field, set by reflection): nothing
+    happens without a bar, or without a JVM (a Spark Connect client), or when the JVM does not
+    have that field (another Spark version); the bar is put back only if the context still runs."""
+    jsc = field = None
+    try:
+        jsc = sc._jsc.sc()
+        bar = jsc.progressBar()
+        if bar.isDefined():
+            field = jsc.getClass().getDeclaredField("_progressBar")
+            field.setAccessible(True)
+            field.set(jsc, sc._jvm.scala.Option.empty())  # runJob's finishAll() finds no bar
+            bar.get().finishAll()  # clears a bar on the screen now
+            bar.get().stop()  # its timer: no more redraws
+    except Exception:  # noqa: BLE001 - no JVM view, or another Spark: leave the bar alone
+        field = None
+    try:
+        yield
+    finally:
+        if field is not None:
+            try:
+                if not jsc.isStopped():
+                    field.set(jsc, sc._jvm.scala.Some(sc._jvm.org.apache.spark.ui.ConsoleProgressBar(jsc)))
+            except Exception:  # noqa: BLE001 - the JVM is gone
+                pass
+
+
+@contextmanager
+def _quiet_levels(sc, verbose: int) -> Iterator[None]:
+    """The task-failure loggers off for the duration. Put back as they were: a level of their own
+    is set again; a logger that had none (it followed the root's) loses the one tfnet gave it,
+    because Spark's shell filter (``SparkShellLoggingFilter``, which keeps a plain session's console
+    at WARN while the root logger stays at INFO) lets through every line of a logger with a level
+    of its own: setting its old effective level back would bring Spark's INFO lines to the console."""
     if verbose >= 2 or noisy():
         yield
         return
-    saved = {}
+    saved: dict = {}
     try:
         log4j = sc._jvm.org.apache.logging.log4j
         configurator = log4j.core.config.Configurator
+        context = log4j.core.LoggerContext.getContext(False)
         for name in TASK_FAILURE_LOGGERS:
-            saved[name] = log4j.LogManager.getLogger(name).getLevel()
+            own = context.getConfiguration().getLoggerConfig(name).getName() == name
+            saved[name] = log4j.LogManager.getLogger(name).getLevel() if own else None
             configurator.setLevel(name, log4j.Level.OFF)
     except Exception:  # noqa: BLE001 - no JVM view (a Connect client): nothing to quiet
         saved = {}
@@ -137,7 +190,11 @@ def quiet_task_failures(sc, verbose: int = 1) -> Iterator[None]:
             _wait_for_running_tasks(sc)
         for name, level in saved.items():
             try:
-                configurator.setLevel(name, level)
+                if level is None:
+                    context.getConfiguration().removeLogger(name)
+                    context.updateLoggers()
+                else:
+                    configurator.setLevel(name, level)
             except Exception:  # noqa: BLE001 - the JVM is gone
                 break
 

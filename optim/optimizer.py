@@ -18,7 +18,7 @@ from optim import metrics as M
 from optim.sync import check_sync
 from optim.training.checkpoint import new_run_id, resolve_resume
 from optim.training.checks import check_labels, finite_rows_only, warn_if_logits_to_probability_loss
-from optim.training.datasets import ArrayDataset, as_dataset, in_input_order, resolve_batch_size
+from optim.training.datasets import ArrayDataset, TFDataDataset, as_dataset, in_input_order, resolve_batch_size
 from optim.training.loop import TrainConfig, evaluate, metrics_copy, train
 from optim.training.reporting import MultiReporter, ProgressBar, StepRecorder, TensorBoardWriter, tensorboard_dir
 from optim.transforms import assign_groups, partition
@@ -208,7 +208,7 @@ class TFOptimizer:
         batch_size = resolve_batch_size(dataset, batch_size)
         val = self._dataset(validation_data, batch_size) if validation_data is not None else None
         dataset = self._checked(dataset, on_nonfinite, "the training data")
-        val = self._checked(val, on_nonfinite, "the validation data")
+        val = self._checked(val, on_nonfinite, "the validation data", training=False)
         if epochs is None:
             epochs = 1 if max_steps is None else 1 << 30  # bounded by max_steps
         config = TrainConfig(
@@ -257,10 +257,13 @@ class TFOptimizer:
             dataset.check_inputs(names, self.net.input_specs)
         return dataset
 
-    def _checked(self, dataset, on_nonfinite: str, where: str):
+    def _checked(self, dataset, on_nonfinite: str, where: str, training: bool = True):
         """Numpy data is checked here, on the driver, before any step: class-id labels against the
         loss, and NaN or Inf features (an error, or the rows left out with on_nonfinite='skip').
-        Distributed data is checked the same way on each rank."""
+        A DataFrame or RDD partition is checked the same way on its rank; ``tf.data`` input batch
+        by batch as it is read, locally or on each rank (a copy of the dataset that checks)."""
+        if isinstance(dataset, TFDataDataset):
+            return dataset.checked(on_nonfinite, where, per_epoch=training)
         if not isinstance(dataset, ArrayDataset):
             return dataset
         if dataset.labels is not None:

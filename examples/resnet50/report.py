@@ -1,4 +1,10 @@
-"""The results of a run: a text table, a JSON file and a PNG of the curves."""
+"""The results of a run: a text table, a JSON file and a PNG of the curves.
+
+Two throughputs, named apart, since they differ by the first step's compile: "steady" is the global
+batch over the median step time (the first steps left out), the figure benchmarks compare; "bar" is
+what the progress bar's ``samples_per_sec`` showed at the end of an epoch, the epoch's images over
+the seconds since it began, so the first epoch's includes the compile.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +18,15 @@ def _rows(results: dict) -> list[tuple[str, str]]:
     if tr:
         rows += [
             ("ranks", str(tr["num_workers"])), ("global batch", str(tr["global_batch"])),
-            ("throughput", f"{tr['img_per_sec']:.2f} img/s"), ("step time", f"{tr['step_time_s']:.3f} s"),
+            ("throughput, steady", f"{tr['img_per_sec']:.2f} img/s (median step)"),
+            ("step time", f"{tr['step_time_s']:.3f} s (median)"),
+        ]
+        bar = tr.get("bar_img_per_sec") or []
+        if bar:
+            rows.append(("throughput, bar epoch 1", f"{bar[0]:.2f} img/s (with compile)"))
+        if len(bar) > 1:
+            rows.append((f"throughput, bar epoch {len(bar)}", f"{bar[-1]:.2f} img/s"))
+        rows += [
             ("allreduce share", f"{tr['allreduce_share']:.1%}"), ("steps", str(tr["steps"])),
             ("startup", f"{tr['startup_s']:.1f} s" if tr.get("startup_s") else "n/a"),
             ("training wall time", f"{tr['wall_s']:.1f} s"),
@@ -31,8 +45,8 @@ def _rows(results: dict) -> list[tuple[str, str]]:
         rows += [("inference (OpenVINO)", f"{ov['img_per_sec']:.2f} img/s")]
     cmp_ = results.get("compare")
     if cmp_:
-        rows += [("tfnet fine-tuning", f"{cmp_['tfnet']['img_per_sec']:.2f} img/s"),
-                 ("Keras fit", f"{cmp_['keras_fit']['img_per_sec']:.2f} img/s"),
+        rows += [("tfnet fine-tuning, steady", f"{cmp_['tfnet']['img_per_sec']:.2f} img/s (median step)"),
+                 ("Keras fit, steady", f"{cmp_['keras_fit']['img_per_sec']:.2f} img/s (median step)"),
                  ("tfnet / Keras", f"{cmp_['ratio']:.2f}")]
     rows.append(("wall time", f"{results['wall_s']:.1f} s"))
     return rows
@@ -43,6 +57,10 @@ def table(results: dict) -> str:
     width = max(len(k) for k, _ in rows)
     line = "+" + "-" * (width + 2) + "+" + "-" * 34 + "+"
     out = [line] + [f"| {k.ljust(width)} | {v[:32].ljust(32)} |" for k, v in rows] + [line]
+    if any(k.startswith("throughput, bar") for k, _ in rows):
+        out.append("steady: global batch / median step time, the first steps left out. bar: the progress bar's\n"
+                   "samples_per_sec at the epoch's end, its images / the seconds since it began (epoch 1: with the\n"
+                   "first step's compile).")
     return "\n".join(out)
 
 
@@ -90,7 +108,7 @@ def plot(results: dict, path: str) -> str | None:
         for name, times in cmp_["step_times"].items():
             ax.plot(range(1, len(times) + 1), [b / t if t else None for t in times], label=name)
     ax.set_xlabel("step")
-    ax.set_title("throughput (img/s)")
+    ax.set_title("throughput per step (img/s)")
     if ax.lines:
         ax.legend()
     fig.tight_layout()

@@ -153,10 +153,25 @@ def _steps_per_epoch(args, src, n: int, per_rank: int) -> int:
 
 
 def _throughput(step_times, batch: int) -> tuple[float, float]:
+    """The steady throughput: ``batch`` over the median step time, the first steps (the compile,
+    warm-up) left out. Returns (images per second, seconds per step)."""
     times = [t for t in step_times if t]
     steady = times[2:] if len(times) > 4 else times[1:] or times
     step = statistics.median(steady) if steady else float("nan")
     return batch / step, step
+
+
+def _bar_throughput(step_times, batch: int, steps_per_epoch: int) -> list[float]:
+    """What the progress bar's ``samples_per_sec`` shows at the end of each epoch: the epoch's
+    images over the seconds since the epoch began (each step's time runs from the end of the one
+    before, so they add up to that), the first step's compile included in the first epoch. The
+    epochs are counted from the end (a resumed run's first epoch may be a part of one)."""
+    times = [t or 0.0 for t in step_times]
+    chunks = []
+    while times:
+        chunks.insert(0, times[-steps_per_epoch:])
+        times = times[:-steps_per_epoch]
+    return [batch * len(c) / sum(c) if sum(c) else float("nan") for c in chunks]
 
 
 def train_mode(args, spark, results: dict) -> None:
@@ -184,6 +199,7 @@ def train_mode(args, spark, results: dict) -> None:
     comm = [c for c in opt.last_run.get("allreduce_seconds", []) if c]
     results["train"] = {
         "num_workers": n, "global_batch": args.batch_size, "img_per_sec": img_s, "step_time_s": step,
+        "bar_img_per_sec": _bar_throughput(opt.last_run["step_times"], args.batch_size, steps),
         "wall_s": wall, "startup_s": opt.last_run.get("startup_s"), "steps": opt.global_step,
         "allreduce_share": (sum(comm) / sum(t for t in opt.last_run["step_times"] if t)) if comm else 0.0,
         "history": history, "step_times": opt.last_run["step_times"],

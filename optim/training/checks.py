@@ -6,6 +6,8 @@ numpy arrays, each rank for its partition. Pure: numpy and tfnet only.
 * Features with NaN or Inf: a typed error naming the row, or, with ``on_nonfinite="skip"``, the
   rows left out (whatever oneDNN would do with them: with its kernels on, a NaN input can vanish
   inside a ReLU or a max pool and leave the loss finite, so the step's own NaN guard never fires).
+  Numpy arrays and Spark partitions are checked whole (:func:`finite_rows_only`); ``tf.data``
+  input batch by batch as it is read (:func:`finite_batch`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 from optim import losses as L
 from optim.errors import DataError, NonFiniteInputError
 
-__all__ = ["check_labels", "finite_rows_only", "warn_if_logits_to_probability_loss"]
+__all__ = ["all_finite", "check_labels", "finite_batch", "finite_rows_only", "warn_if_logits_to_probability_loss"]
 
 log = logging.getLogger("tfnet.training")
 
@@ -86,6 +88,63 @@ def finite_rows_only(dataset, policy: str, where: str = "the training data"):
         )
     log.warning("%s: %d row(s) with NaN or Inf features left out (on_nonfinite='skip').", where, int(bad.sum()))
     return dataset.subset(np.flatnonzero(~bad))
+
+
+def all_finite(tensor) -> bool:
+    """Whether every value of a float ``tensor`` (a ``tf.Tensor`` or an array) is finite, in one
+    vectorised pass: the float32 sum of the values is NaN or infinite when any value is (IEEE
+    arithmetic propagates both), and finite otherwise unless the sum itself overflows, which
+    :func:`nonfinite_rows` then settles exactly. About 0.65 of the time of ``is_finite`` followed
+    by ``reduce_all``: 0.55 ms for a 32x224x224x3 batch on 2 cores (docs/benchmarks.md, issue 21)."""
+    import tensorflow as tf
+
+    t = tf.convert_to_tensor(tensor)
+    if not t.dtype.is_floating:
+        return True
+    if t.dtype not in (tf.float32, tf.float64):
+        t = tf.cast(t, tf.float32)  # a float16 or bfloat16 sum overflows long before its values do
+    return bool(tf.math.is_finite(tf.reduce_sum(t)))
+
+
+def nonfinite_rows(tensor) -> np.ndarray:
+    """A boolean per row (the first dimension): True where the row holds a NaN or an Inf."""
+    a = np.asarray(tensor)
+    if a.dtype.kind != "f" and a.dtype.name != "bfloat16":
+        return np.zeros(len(a), bool)
+    return ~np.isfinite(a.reshape(len(a), -1).astype(np.float32, copy=False)).all(axis=1)
+
+
+def finite_batch(features: list, labels, policy: str, where: str):
+    """One batch of ``tf.data`` input, checked as it is read: ``(features, labels)`` unchanged when
+    every float feature is finite (the common case costs one vectorised pass per feature, see
+    :func:`all_finite`); otherwise a NonFiniteInputError naming the row within the batch
+    (``policy="raise"``), or the batch without those rows, labels and sample weights alike, and a
+    warning (``policy="skip"``). Returns None when no row is left. ``where`` names the batch
+    ("the training data: batch 3 of epoch 1 on rank 1")."""
+    import tensorflow as tf
+
+    if all(all_finite(f) for f in features):
+        return features, labels
+    bad, first = None, None
+    for k, f in enumerate(features):
+        rows = nonfinite_rows(f)
+        if rows.any() and first is None:
+            first = (k, int(np.flatnonzero(rows)[0]))
+        bad = rows if bad is None else bad | rows
+    if first is None:  # the sum overflowed; every value is finite
+        return features, labels
+    if policy != "skip":
+        raise NonFiniteInputError(
+            f"{where}: row {first[1]} of the batch has NaN or Inf in input {first[0]} ({int(bad.sum())} of its "
+            f"{len(bad)} row(s)). Clean the data, or pass on_nonfinite='skip' to leave such rows out."
+        )
+    log.warning("%s: %d of %d row(s) with NaN or Inf features left out (on_nonfinite='skip').", where,
+                int(bad.sum()), len(bad))
+    if bad.all():
+        return None
+    keep = tf.constant(~bad)
+    drop = lambda t: tf.boolean_mask(t, keep)  # noqa: E731
+    return [drop(f) for f in features], (None if labels is None else tf.nest.map_structure(drop, labels))
 
 
 #: Losses that, given by name, expect probabilities (Keras's default ``from_logits=False``).

@@ -202,7 +202,22 @@ class TFDataDataset(TFDataset):
     A plain dataset is sharded across ranks with ``Dataset.shard(size, rank)``; a function builds
     its own shard. Shuffle inside the dataset (with a seed, for reproducible runs). On resume,
     the batches already seen in the current epoch are skipped with ``Dataset.skip``.
+
+    ``optimize`` checks each batch for NaN or Inf features as it is read, on whichever process
+    reads it (:meth:`checked`, :func:`optim.training.checks.finite_batch`): a NonFiniteInputError
+    that names the batch, the row in it and the rank, or, with ``on_nonfinite="skip"``, the batch
+    without those rows. A batch left with no rows is not a step: the next batch takes its place
+    (with the equal-steps rule of distributed training, from the rank's repeated input), so every
+    rank still takes the same number of steps.
     """
+
+    #: NaN and Inf checks of each batch: None (none; evaluate and predict), "raise" or "skip"
+    on_nonfinite: str | None = None
+    #: what the data is called in a check's message ("the training data")
+    nonfinite_where: str = "the data"
+    nonfinite_per_epoch: bool = True
+    #: wholly non-finite batches in a row after which a repeated input is taken as all bad
+    MAX_EMPTY_BATCHES = 1000
 
     def __init__(self, dataset_or_fn):
         if isinstance(dataset_or_fn, tf.data.Dataset):
@@ -227,15 +242,55 @@ class TFDataDataset(TFDataset):
         n = int(self.dataset(rank, size).cardinality())
         return n if n >= 0 else None
 
+    def checked(self, policy: str, where: str, per_epoch: bool = True) -> TFDataDataset:
+        """A copy of this dataset whose batches are checked for NaN or Inf features (``policy``
+        "raise" or "skip"); the original is left as it was. ``where`` names the data in messages,
+        and ``per_epoch`` (training data) adds the epoch to the batch number. Batches count from
+        1, as the progress bar does; rows within a batch from 0, as numpy indexes them."""
+        import copy
+
+        out = copy.copy(self)
+        out.on_nonfinite, out.nonfinite_where, out.nonfinite_per_epoch = policy, where, per_epoch
+        return out
+
     def batches(self, batch_size, *, epoch=0, seed=0, shuffle=True, skip=0, rank=0, size=1,
                 drop_remainder=False, steps=None) -> Iterator[Batch]:
         ds = self.dataset(rank, size)
         if steps is not None:  # equal steps on every rank: repeat, then take
-            ds = ds.repeat().take(steps)
+            ds = ds.repeat().take(steps) if self.on_nonfinite is None else ds.repeat()
         if skip:
             ds = ds.skip(skip)
-        for element in ds:
-            yield _split_element(element)
+        if self.on_nonfinite is None:
+            for element in ds:
+                yield _split_element(element)
+            return
+        yield from self._checked_batches(ds, None if steps is None else steps - skip, epoch, skip, rank, size)
+
+    def _checked_batches(self, ds, want: int | None, epoch: int, skip: int, rank: int, size: int) -> Iterator[Batch]:
+        """``want`` batches (all, when None) with NaN and Inf checked; a batch with no row left is
+        replaced by the next one."""
+        from optim.errors import NonFiniteInputError
+        from optim.training.checks import finite_batch
+
+        given = empty = 0
+        on_rank = f" on rank {rank}" if size > 1 else ""
+        of_epoch = f" of epoch {epoch + 1}" if self.nonfinite_per_epoch else ""
+        if want is not None and want <= 0:
+            return
+        for b, element in enumerate(ds, start=skip + 1):
+            where = f"{self.nonfinite_where}: batch {b}{of_epoch}{on_rank}"
+            batch = finite_batch(*_split_element(element), self.on_nonfinite, where)
+            if batch is None:
+                empty += 1
+                if want is not None and empty >= self.MAX_EMPTY_BATCHES:
+                    raise NonFiniteInputError(f"{self.nonfinite_where}{on_rank}: {empty} batches in a row have NaN or "
+                                              "Inf in every row; there is nothing finite to train on.")
+                continue
+            empty = 0
+            given += 1
+            yield batch
+            if want is not None and given >= want:
+                return
 
 
 def _split_element(element) -> Batch:

@@ -98,12 +98,32 @@ def test_train_mode_on_local2(spark, imagenet_dirs, tmp_path, fmt):
     assert os.path.exists(tmp_path / "model" / "export" / "frozen_inference_graph.pb")
 
 
-def test_synthetic_scaling_and_compare(spark, tmp_path):
+def test_synthetic_scaling_and_the_bars_throughput_in_the_table(spark, tmp_path, capsys):
+    """The progress bar's samples_per_sec (an epoch's images over the seconds since it began, the
+    first step's compile in epoch 1) and the table's steady throughput (median step) differ many
+    times over on a short run; the table names each, and its bar figure is the one the bar showed."""
+    import re
+
     results = train.main([
         "--mode", "train", "--synthetic", "--image-size", "32", "--classes", "10", "--num-workers", "2",
-        "--batch-size", "8", "--steps-per-epoch", "4", "--scaling", "--output", str(tmp_path / "a"), "--verbose", "0",
+        "--batch-size", "8", "--steps-per-epoch", "4", "--epochs", "2", "--scaling", "--output", str(tmp_path / "a"),
+        "--verbose", "1",
     ])
-    assert results["train"]["scaling_efficiency"] > 0
+    tr = results["train"]
+    assert tr["scaling_efficiency"] > 0
+    captured = capsys.readouterr()
+    shown = [float(v) for v in re.findall(r"samples_per_sec=([0-9.e+]+)", captured.err.split("epoch 2/2")[0])]
+    assert len(tr["bar_img_per_sec"]) == 2
+    assert tr["bar_img_per_sec"][0] == pytest.approx(shown[-1], rel=0.05), (tr["bar_img_per_sec"], shown)
+    assert tr["img_per_sec"] > 2 * tr["bar_img_per_sec"][0], "steady leaves the compile out"
+    table = (tmp_path / "a" / "results.txt").read_text()
+    rows = {k.strip(): v.strip() for k, v in re.findall(r"^\| ([^|]+)\| ([^|]+) \|$", table, re.M)}
+    assert rows["throughput, steady"] == f"{tr['img_per_sec']:.2f} img/s (median step)", table
+    assert rows["throughput, bar epoch 1"] == f"{tr['bar_img_per_sec'][0]:.2f} img/s (with compile)", table
+    assert rows["throughput, bar epoch 2"] == f"{tr['bar_img_per_sec'][1]:.2f} img/s", table
+
+
+def test_synthetic_compare(spark, tmp_path):
     results = train.main([
         "--mode", "compare", "--synthetic", "--image-size", "32", "--classes", "10", "--batch-size", "4",
         "--steps-per-epoch", "4", "--output", str(tmp_path / "b"), "--verbose", "0",

@@ -85,3 +85,47 @@ def test_a_failure_under_a_plainly_built_session_shows_one_clean_error():
     lines = (proc.stdout + proc.stderr).strip().split("\n")  # as a terminal shows them: "\r" redraws a line
     assert len(lines) <= 25, "\n".join(lines)
     assert not any("ERROR Executor" in line or "WARN TaskSetManager" in line for line in lines)
+
+
+PROGRESS = textwrap.dedent("""
+    import sys, time
+    from pyspark.sql import SparkSession
+    spark = SparkSession.builder.master("local[2]").appName("plain").config("spark.ui.enabled", "false").getOrCreate()
+    sc = spark.sparkContext
+    # PySpark starts the driver JVM as "pyspark-shell", and spark-submit turns the bar on for shells
+    print("SHOW CONSOLE PROGRESS", sc.getConf().get("spark.ui.showConsoleProgress"), flush=True)
+    import optim
+    from optim import TFOptimizer
+    from tests import digits
+    from tfnet import TFNet
+    x, y = digits.load()
+    opt = TFOptimizer(TFNet.from_keras(digits.cnn(10)), optim.losses.SparseCategoricalCrossentropy(True), optim.SGD(0.05))
+    print("<<TFNET-BEGIN>>", file=sys.stderr, flush=True)
+    opt.optimize((x[:512], y[:512]), epochs=2, batch_size=32, num_workers=2, verbose=1)
+    print("<<TFNET-END>>", file=sys.stderr, flush=True)
+    print("BAR DEFINED AFTER", sc._jsc.sc().progressBar().isDefined(), flush=True)
+    sc.parallelize(range(2), 2).map(lambda i: time.sleep(2) or i).collect()  # a plain job of 2 s: Spark's bar
+    print("<<PLAIN-END>>", file=sys.stderr, flush=True)
+    spark.stop()
+""")
+
+
+def test_sparks_console_progress_bar_is_paused_while_tfnet_trains():
+    """A SparkSession built the plain way has Spark's console progress bar on (PySpark starts its JVM
+    as a shell). While tfnet trains, no ``[Stage N:>`` redraw reaches the console, where it shared a
+    line with tfnet's bar (the barrier stage, seconds long, redrew it every 200 ms); after the call
+    the bar is back and shows a plain job's progress again."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    env.pop("TFNET_VERBOSE", None)
+    env["PYSPARK_PYTHON"] = sys.executable
+    proc = subprocess.run([sys.executable, "-c", PROGRESS], capture_output=True, text=True, timeout=400, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "SHOW CONSOLE PROGRESS true" in proc.stdout, proc.stdout
+    before, rest = proc.stderr.split("<<TFNET-BEGIN>>")
+    during, after = rest.split("<<TFNET-END>>")
+    assert "epoch 2/2" in during and "16/16" in during, "tfnet's own bar was drawn"
+    assert "[Stage" not in during, [part for part in during.replace("\r", "\n").split("\n") if "[Stage" in part][:5]
+    assert "BAR DEFINED AFTER True" in proc.stdout
+    plain = after.split("<<PLAIN-END>>")[0]
+    assert "[Stage" in plain, "Spark's bar shows a plain job's progress again"
+    assert " INFO " not in plain, plain[-2000:]  # the task loggers follow the session's WARN again
