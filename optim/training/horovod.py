@@ -8,6 +8,7 @@ Only Horovod's core collective ops are used (``grouped_allreduce``, ``allreduce`
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 
@@ -15,6 +16,20 @@ import numpy as np
 import tensorflow as tf
 
 from optim.training.collective import Collective
+
+log = logging.getLogger("tfnet.training")
+
+# Settings that Horovod 0.28.1 "fixes" in its ParameterManager, which lives as long as the process
+# (hvd.shutdown() does not reset it). The next hvd.init() in the same process then writes its default
+# cycle time (1) into the slot of the tensor fusion threshold (ParameterManager::BayesianParameter::
+# SetValue looks the fixed variable up with index_[variable], which inserts 0): that process fuses
+# at 1 MiB and sizes its fusion buffer by 1 MiB while a fresh process uses 128 MiB. A reused Spark
+# Python worker then overflows its fusion buffer when rank 0 sends a larger fused response (wrong
+# averages or a segfault), or, with the response cache on, the ranks fuse differently and Gloo
+# aborts. HOROVOD_AUTOTUNE makes ranks other than 0 fix every parameter the same way
+# (Controller::SynchronizeParameters -> ParameterManager::SetParams). HorovodSession keeps both
+# from hvd.init(), wherever they come from.
+UNSAFE_ACROSS_INIT = ("HOROVOD_CYCLE_TIME", "HOROVOD_AUTOTUNE")
 
 
 def horovod_env(rank: int, size: int, rendezvous_addr: str, rendezvous_port: int, iface: str | None,
@@ -36,15 +51,13 @@ def horovod_env(rank: int, size: int, rendezvous_addr: str, rendezvous_port: int
         "HOROVOD_LOCAL_SIZE": "1",
         "HOROVOD_CROSS_RANK": str(rank),
         "HOROVOD_CROSS_SIZE": str(size),
-        # No response cache. A Spark Python worker reused from an earlier Horovod run in this
-        # process (a one-rank run, or a rank that lived through a failed attempt) made the first
-        # collective of the next multi-rank run fail on every rank with the cache on (Gloo:
-        # `op.preamble.length <= op.nbytes`; benchmarks/bench_scaling.py's two-rank run failed its
-        # first attempt every time, and passed with the cache off). Horovod keeps state across
-        # hvd.shutdown()/hvd.init(); changing the capacity at each init, which clears the cache
-        # itself, did not help. The cache only saves negotiation of repeated tensors; with it off,
-        # ResNet-50's two-rank step was within this machine's run-to-run noise.
-        # tests/optim/spark/test_horovod_reuse.py fails with the cache on.
+        # No response cache. It was turned off because a Python worker reused from an earlier
+        # Horovod run made the next run fail with it on (Gloo: `op.preamble.length <= op.nbytes`).
+        # The cause was HOROVOD_CYCLE_TIME, not the cache (UNSAFE_ACROSS_INIT above, which
+        # HorovodSession now keeps from Horovod; docs/distributed.md, "Horovod's response cache"):
+        # with the cache on each rank fuses cached tensors by its own threshold, which made the
+        # broken threshold fail loudly. The cache would be safe now; it stays off because it saved
+        # nothing measurable for 160 tensors of 100 MB on 2 ranks (docs/benchmarks.md).
         "HOROVOD_CACHE_CAPACITY": "0",
         "HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(timeout_s)),
         # A rank that stops answering makes the others shut Horovod down instead of waiting.
@@ -207,16 +220,26 @@ class HorovodSession:
 
     The variables in ``env`` are set for ``hvd.init()`` and restored to what they were (or
     removed) on close, after ``hvd.shutdown()``, so a reused Python worker starts its next task
-    with the environment it had. Use as a context manager, or call :meth:`close` once.
+    with the environment it had. :data:`UNSAFE_ACROSS_INIT`, in ``env`` or in the process
+    environment, are kept from ``hvd.init()`` with a warning (and the process environment's values
+    restored on close). Use as a context manager, or call :meth:`close` once.
 
     Attributes:
         collective: The :class:`HorovodCollective` over the ranks.
     """
 
     def __init__(self, env: dict[str, str], on_close=None):
-        self._saved = {k: os.environ.get(k) for k in env}
+        hidden = [k for k in UNSAFE_ACROSS_INIT if k in env or os.environ.get(k)]
+        if hidden:
+            log.warning("Ignoring %s for Horovod: in a process that runs Horovod again (a reused Python worker) "
+                        "it breaks the next run's tensor fusion (docs/distributed.md, \"Horovod's response cache\").",
+                        ", ".join(hidden))
+        env = {k: v for k, v in env.items() if k not in hidden}
+        self._saved = {k: os.environ.get(k) for k in [*env, *hidden]}
         self._on_close = on_close
         self._closed = False
+        for k in hidden:
+            os.environ.pop(k, None)
         os.environ.update(env)
         try:
             import horovod.tensorflow as hvd

@@ -268,7 +268,7 @@ def rank_job(opt, stage: _Stage, attempt: int, *, timeout: float, startup_timeou
         metrics=opt.metrics, config=stage.config, size=stage.n, kind=stage.kind, reader=stage.reader,
         data=stage.data, validation=stage.validation, timeout_s=timeout, startup_timeout_s=startup_timeout,
         state=opt.state, start_step=opt.global_step, steps_per_epoch=steps_per_epoch, attempt=attempt,
-        extra_env=horovod_tuning(opt.net), lr_source=getattr(opt, "_lr_source", None),
+        lr_source=getattr(opt, "_lr_source", None),
         log_level=_worker_log_level(verbose), outputs=(opt.net.output_names, opt.net.output_specs), **channels,
     )
 
@@ -459,23 +459,6 @@ def _run_summary(server, n: int, failures: list[str], t_call: float) -> dict:
 def _worker_log_level(verbose: int) -> int:
     """The ranks' log level: their warnings at the default verbosity, everything at 2+."""
     return logging.DEBUG if verbose >= 2 else logging.WARNING
-
-
-# Horovod's background thread negotiates with the other ranks every cycle (1 ms by default), even
-# while the ranks compute: measured on 2 cores, 10-13% of a core per idle rank at the default,
-# 1.3% at 20 ms. For models whose steps take far longer than a cycle, a longer cycle gives that
-# CPU back to the computation at no cost in latency that matters.
-LARGE_MODEL_VALUES = 5_000_000
-LARGE_MODEL_CYCLE_MS = "20"
-
-
-def horovod_tuning(net) -> dict[str, str]:
-    """Extra Horovod settings for the ranks: ``HOROVOD_CYCLE_TIME`` from the driver's environment
-    if set, else 20 ms for nets with 5M or more trainable values (Horovod's default otherwise)."""
-    if os.environ.get("HOROVOD_CYCLE_TIME"):
-        return {"HOROVOD_CYCLE_TIME": os.environ["HOROVOD_CYCLE_TIME"]}
-    values = sum(int(v.shape.num_elements() or 0) for v in net.trainable_variables)
-    return {"HOROVOD_CYCLE_TIME": LARGE_MODEL_CYCLE_MS} if values >= LARGE_MODEL_VALUES else {}
 
 
 def _exchange_dir(sc, model_dir: str | None, storage_options=None) -> str | None:

@@ -17,7 +17,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -52,7 +52,6 @@ class RankJob:
     start_step: int = 0
     steps_per_epoch: int | None = None
     attempt: int = 0
-    extra_env: dict = field(default_factory=dict)
     exchange: str | None = None  # a folder shared by the driver and the ranks, or None
     rendezvous_key: bytes = b""  # signs every request to the driver's rendezvous store
     progress_key: bytes = b""  # authenticates rank 0 on the progress channel
@@ -262,7 +261,6 @@ def _horovod(job: RankJob, ctx, rank: int):
     host = infos[rank].address.split(":")[0] if infos else "127.0.0.1"
     proxy = GlooProxy(job.rendezvous, job.rendezvous_key, timeout_s=job.timeout_s)
     env = horovod_env(rank, job.size, proxy.address[0], proxy.address[1], iface_for(host), int(_long_bound(job)))
-    env.update(job.extra_env)
     try:
         return HorovodSession(env, on_close=proxy.stop)
     except BaseException:

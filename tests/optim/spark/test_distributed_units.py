@@ -114,19 +114,3 @@ def test_warm_up_workers_imports_in_every_slot(spark):
     assert warm.done() and warm.error is None
     assert len(reports) == 2
     assert all(set(r) == {"python", "host"} for r in reports), reports  # nothing failed to import
-
-
-def test_horovod_cycle_time_follows_model_size(monkeypatch):
-    import types
-
-    import tensorflow as tf
-
-    from optim.spark.driver.launcher import horovod_tuning
-
-    monkeypatch.delenv("HOROVOD_CYCLE_TIME", raising=False)
-    small = types.SimpleNamespace(trainable_variables=(tf.Variable(tf.zeros((100, 100))),))
-    large = types.SimpleNamespace(trainable_variables=(tf.Variable(tf.zeros((3000, 2000))),))
-    assert horovod_tuning(small) == {}
-    assert horovod_tuning(large) == {"HOROVOD_CYCLE_TIME": "20"}
-    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "3")
-    assert horovod_tuning(small) == {"HOROVOD_CYCLE_TIME": "3"}

@@ -1,7 +1,11 @@
 """A Spark Python worker that ran Horovod before (here: a one-rank run) joins the next two-rank run
-beside a worker that did not. With Horovod's response cache on, that run's first collective failed on
-both ranks (Gloo: `op.preamble.length <= op.nbytes`), a worker died and the stage was retried, every
-time, for ResNet-50 (not for a small CNN or MobileNetV2): optim/training/horovod.py turns the cache off."""
+beside a worker that did not. With the response cache on, that run's first attempt failed on both
+ranks (Gloo: `op.preamble.length <= op.nbytes`), a worker died and the stage was retried, every
+time, for ResNet-50 (not for a small CNN or MobileNetV2). The cause was the `HOROVOD_CYCLE_TIME=20`
+tfnet then gave nets of 5M+ values: Horovod carries a fixed cycle time over to the next `hvd.init()`
+of the process and the reused worker ends up with a 1 MiB fusion threshold (docs/distributed.md,
+"Horovod's response cache"; tests/optim/training/test_horovod_reuse_process.py reproduces it without
+Spark). tfnet no longer sets it, and `HorovodSession` keeps it from Horovod."""
 
 import numpy as np
 import pytest
