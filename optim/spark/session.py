@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from optim.errors import SparkSetupError
 
@@ -161,3 +163,36 @@ def get_spark(create: bool = True):
     if active is not None or not create:
         return active
     return build_session()
+
+
+#: Spark's SQL Python runners add ``SPARK_SIMPLIFIED_TRACEBACK=1`` to their workers' environment when
+#: this is on (its default), and Spark keeps one pool of Python workers per environment.
+SIMPLIFIED_TRACEBACK = "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled"
+
+
+@contextmanager
+def shared_python_workers(spark) -> Iterator[None]:
+    """For the duration of tfnet's jobs, a DataFrame job (the training stage's ``mapInArrow``,
+    the row counts) runs in the same Python workers as an RDD job, those that
+    :func:`optim.warm_up_workers` warmed: Spark keys its worker pools by environment, and its SQL
+    runners set ``SPARK_SIMPLIFIED_TRACEBACK`` unless :data:`SIMPLIFIED_TRACEBACK` is off. Without
+    this the first DataFrame training stage of an application waited for fresh workers to import
+    TensorFlow (about 6 s on 2 cores) although the warm-up had run. The user's setting is put back
+    afterwards (tfnet reports a rank's errors itself, not through those tracebacks)."""
+    conf = getattr(spark, "conf", None)
+    try:
+        before = conf.get(SIMPLIFIED_TRACEBACK, None)
+        conf.set(SIMPLIFIED_TRACEBACK, "false")
+    except Exception:  # noqa: BLE001 - no SQL conf here: nothing to share
+        conf = None
+    try:
+        yield
+    finally:
+        if conf is not None:
+            try:
+                if before is None:
+                    conf.unset(SIMPLIFIED_TRACEBACK)
+                else:
+                    conf.set(SIMPLIFIED_TRACEBACK, before)
+            except Exception:  # noqa: BLE001 - the session stopped meanwhile
+                pass

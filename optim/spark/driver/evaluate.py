@@ -31,7 +31,9 @@ def evaluate_distributed(opt, dataset, batch_size: int, num_partitions: int | No
     if is_connect(spark):
         return _evaluate(spark, None, opt, dataset, batch_size, num_partitions)
     sc = spark.sparkContext
-    with quiet_task_failures(sc, pause_progress=False):  # no bar of tfnet's: Spark's shows the job's progress
+    from optim.spark.session import shared_python_workers
+
+    with quiet_task_failures(sc, pause_progress=False), shared_python_workers(spark):  # Spark's bar shows the job
         return _evaluate(spark, sc, opt, dataset, batch_size, num_partitions)
 
 

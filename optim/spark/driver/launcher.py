@@ -165,6 +165,7 @@ def optimize_distributed(opt, dataset: TFDataset, config: TrainConfig, validatio
     """
     from optim.logs import quiet_task_failures
     from optim.spark.connect import is_connect, session_of
+    from optim.spark.session import shared_python_workers
 
     spark = session_of(dataset) or get_spark()
     if is_connect(spark):
@@ -173,7 +174,7 @@ def optimize_distributed(opt, dataset: TFDataset, config: TrainConfig, validatio
         return optimize_connect(opt, dataset, config, validation, spark, num_workers=num_workers, verbose=verbose,
                                 max_retries=max_retries, timeout=timeout, startup_timeout=startup_timeout,
                                 steps_per_epoch=steps_per_epoch)
-    with quiet_task_failures(spark.sparkContext, verbose):
+    with quiet_task_failures(spark.sparkContext, verbose), shared_python_workers(spark):
         return _optimize_distributed(opt, dataset, config, validation, num_workers=num_workers, verbose=verbose,
                                      max_retries=max_retries, timeout=timeout, startup_timeout=startup_timeout,
                                      slot_wait=slot_wait, steps_per_epoch=steps_per_epoch)

@@ -20,3 +20,35 @@ def test_the_session_starts_one_warm_up_per_application(spark):
     data = TFDataset.from_dataframe(spark.createDataFrame([([1.0], 0)], "x array<float>, y long"), "x", "y")
     assert data.has_labels and preflight._STARTED == started
     assert preflight.ensure_warm_up(spark) is warm
+
+
+def test_dataframe_jobs_share_the_warmed_python_workers_during_tfnet_jobs(spark):
+    """Spark keeps a DataFrame job's Python workers apart from an RDD job's (SQL's runners add
+    SPARK_SIMPLIFIED_TRACEBACK to their environment): warmed through an RDD job, the training stage
+    of a DataFrame still waited for fresh workers. Within tfnet's jobs they share one pool, and the
+    user's setting is back afterwards."""
+    import os
+
+    import pyarrow as pa
+
+    from optim.spark.session import SIMPLIFIED_TRACEBACK, shared_python_workers
+
+    def pids(batches):
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict({"pid": [os.getpid()]})
+
+    def dataframe_pids():
+        return {r.pid for r in spark.range(2, numPartitions=2).mapInArrow(pids, "pid long").collect()}
+
+    rdd = set(spark.sparkContext.parallelize(range(2), 2).map(lambda _: os.getpid()).collect())
+    assert not dataframe_pids() & rdd, "outside tfnet's jobs: a pool of their own"
+    spark.conf.set(SIMPLIFIED_TRACEBACK, "true")
+    with shared_python_workers(spark):
+        assert spark.conf.get(SIMPLIFIED_TRACEBACK) == "false"
+        assert dataframe_pids() & rdd, "inside: the RDD job's (warmed) workers"
+    assert spark.conf.get(SIMPLIFIED_TRACEBACK) == "true"
+    spark.conf.unset(SIMPLIFIED_TRACEBACK)
+    with shared_python_workers(spark):
+        pass
+    assert spark.conf.get(SIMPLIFIED_TRACEBACK, None) is None
