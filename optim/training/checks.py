@@ -69,16 +69,7 @@ def finite_rows_only(dataset, policy: str, where: str = "the training data"):
     """``dataset`` (an ArrayDataset) when every feature is finite; otherwise a NonFiniteInputError
     naming the first bad row (``policy="raise"``), or the dataset without those rows and a warning
     (``policy="skip"``)."""
-    bad = np.zeros(len(dataset), bool)
-    first = None
-    for k, features in enumerate(dataset.features):
-        a = np.asarray(features)
-        if a.dtype.kind != "f":
-            continue
-        rows = ~np.isfinite(a.reshape(len(a), -1)).all(axis=1)
-        if rows.any() and first is None:
-            first = (k, int(np.flatnonzero(rows)[0]))
-        bad |= rows
+    bad, first = _nonfinite_rows_of(dataset.features)
     if first is None:
         return dataset
     if policy != "skip":
@@ -109,9 +100,23 @@ def all_finite(tensor) -> bool:
 def nonfinite_rows(tensor) -> np.ndarray:
     """A boolean per row (the first dimension): True where the row holds a NaN or an Inf."""
     a = np.asarray(tensor)
-    if a.dtype.kind != "f" and a.dtype.name != "bfloat16":
+    if a.dtype.name == "bfloat16":  # numpy's isfinite does not know it; float32 holds every value
+        a = a.astype(np.float32)
+    elif a.dtype.kind != "f":
         return np.zeros(len(a), bool)
-    return ~np.isfinite(a.reshape(len(a), -1).astype(np.float32, copy=False)).all(axis=1)
+    return ~np.isfinite(a.reshape(len(a), -1)).all(axis=1)
+
+
+def _nonfinite_rows_of(features: list) -> tuple[np.ndarray | None, tuple[int, int] | None]:
+    """Over every feature array (rows first): a boolean per row, True where any feature of the row
+    holds a NaN or an Inf, and ``(input, row)`` of the first such row (None when there is none)."""
+    bad, first = None, None
+    for k, f in enumerate(features):
+        rows = nonfinite_rows(f)
+        if rows.any() and first is None:
+            first = (k, int(np.flatnonzero(rows)[0]))
+        bad = rows if bad is None else bad | rows
+    return bad, first
 
 
 def finite_batch(features: list, labels, policy: str, where: str):
@@ -125,12 +130,7 @@ def finite_batch(features: list, labels, policy: str, where: str):
 
     if all(all_finite(f) for f in features):
         return features, labels
-    bad, first = None, None
-    for k, f in enumerate(features):
-        rows = nonfinite_rows(f)
-        if rows.any() and first is None:
-            first = (k, int(np.flatnonzero(rows)[0]))
-        bad = rows if bad is None else bad | rows
+    bad, first = _nonfinite_rows_of(features)
     if first is None:  # the sum overflowed; every value is finite
         return features, labels
     if policy != "skip":

@@ -27,6 +27,11 @@ def _nbytes(net, names: Sequence[str]) -> int:
     return sum(int(np.prod(net._vars[n].shape)) * net._vars[n].dtype.size for n in names)
 
 
+def _gradient_bytes(net, size: int, compression: str | None) -> int:
+    """What a rank sends to average one step's gradients (one per trainable weight) and its loss."""
+    return exchange_bytes(_nbytes(net, net.trainable) + 4, size, compression)
+
+
 class Exchange:
     """Every step on its own (one rank), and the interface of the modes."""
 
@@ -72,8 +77,7 @@ class EveryStepExchange(Exchange):
     def __init__(self, net, collective: Collective, mode: EveryStep):
         super().__init__(net, collective)
         self.mode = mode
-        # the gradients (one per trainable weight) and the loss, each step
-        self.per_step = exchange_bytes(_nbytes(net, net.trainable) + 4, collective.size, mode.compression)
+        self.per_step = _gradient_bytes(net, collective.size, mode.compression)
 
     def reducer(self):
         if self.collective.size == 1:
@@ -153,11 +157,15 @@ class LocalSGDExchange(Exchange):
     def state(self) -> list[np.ndarray]:
         return [np.array(t, copy=True) for t in tf.nest.flatten(self.server_state)]
 
+    def _server_init(self):
+        """The server method's state for the current weights (its structure and shapes)."""
+        return self.server.init({n: self.net._vars[n].value() for n in self.names})
+
     def fresh_state(self) -> list[np.ndarray]:
-        return [np.array(t) for t in tf.nest.flatten(self.server.init({n: self.net._vars[n].value() for n in self.names}))]
+        return [np.array(t) for t in tf.nest.flatten(self._server_init())]
 
     def load_state(self, leaves: Sequence[np.ndarray]) -> None:
-        template = self.server.init({n: self.net._vars[n].value() for n in self.names})
+        template = self._server_init()
         flat = tf.nest.flatten(template)
         if len(flat) != len(leaves):
             from optim.errors import CheckpointError
@@ -176,7 +184,7 @@ class AsyncExchange(Exchange):
     def __init__(self, net, collective: Collective, mode: Asynchronous):
         super().__init__(net, collective)
         self.staleness, self.compression = mode.staleness, mode.compression
-        self.per_step = exchange_bytes(_nbytes(net, net.trainable) + 4, collective.size, mode.compression)
+        self.per_step = _gradient_bytes(net, collective.size, mode.compression)
         self.pending: collections.deque = collections.deque()
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tfnet-exchange")
 

@@ -155,16 +155,16 @@ class HorovodCollective(Collective):
         self.hvd = hvd
         self.rank = hvd.rank()
         self.size = hvd.size()
+        self._reducers: dict = {}
 
     def reducer(self, bucket_bytes: int = 0, compression: str | None = None):
         """The step's gradient reducer: one grouped allreduce after the backward pass
         (``bucket_bytes=0``), or one per bucket of about ``bucket_bytes``, in reverse layer order,
         each free to start as soon as its gradients exist (``overlaps``); optionally in 16 bits.
         The same function for the same arguments, so the net's compiled-step cache finds it."""
-        cache = self.__dict__.setdefault("_reducers", {})
         key = (int(bucket_bytes), compression)
-        if key in cache:
-            return cache[key]
+        if key in self._reducers:
+            return self._reducers[key]
         hvd = self.hvd
 
         def reduce(grads: dict, loss):
@@ -177,7 +177,7 @@ class HorovodCollective(Collective):
             return {n: out[n] for n in names}, loss
 
         reduce.overlaps = bool(bucket_bytes)
-        cache[key] = reduce
+        self._reducers[key] = reduce
         return reduce
 
     def average(self, tensors: Sequence, compression: str | None = None, name: str = "tfnet_exchange") -> list:

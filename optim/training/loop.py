@@ -349,7 +349,7 @@ class _Run:
         self.global_step = self.skipped = 0
         self.acc = _Epoch(metrics)
         self.checked = False
-        self.epoch_bytes = self.epoch_steps = 0  # what this rank sent in the epoch, over its steps
+        self.epoch_sent_from = self.epoch_steps = 0  # the exchange's byte count at the epoch's start; its steps
 
     # ---- set-up
 
@@ -446,14 +446,12 @@ class _Run:
             if not self.checked:
                 _check_labels(self.loss, labels, self.net, n, self.metrics)
                 self.checked = True
-            sent = self.exchange.bytes_sent
             if self.compiled:
                 result = self.exchange.step(self.step_fn, features, labels)
             else:  # the first step compiles: a phase of its own, with the long bound
                 with self.alive.phase("compiling the first step"):
                     result = self.exchange.step(self.step_fn, features, labels)
                 self.compiled = True
-            self.epoch_bytes += self.exchange.bytes_sent - sent
             self.epoch_steps += 1
             b += 1
             self.global_step += 1
@@ -502,7 +500,7 @@ class _Run:
             clock.comm, clock.busy = clock.comm + seconds, clock.busy + step_time
             logs["allreduce_seconds"] = seconds
             logs["allreduce_share"] = clock.comm / max(clock.busy, 1e-9)
-            logs["bytes_per_step"] = self.epoch_bytes / max(self.epoch_steps, 1)
+            logs["bytes_per_step"] = self._bytes_per_step()
         self.reporter.step(self.global_step, epoch, logs)
 
     def _every_n_steps(self, epoch: int, batch: int) -> None:
@@ -517,10 +515,12 @@ class _Run:
 
     def settle(self) -> None:
         """Every rank holds the same weights from here (the exchange sends what is pending)."""
-        sent = self.exchange.bytes_sent
         with self.alive.phase("exchanging before a checkpoint, a validation or the end"):
             self.exchange.settle(self.step_fn)
-        self.epoch_bytes += self.exchange.bytes_sent - sent
+
+    def _bytes_per_step(self) -> float:
+        """The bytes this rank has sent in this epoch (exchanges at settling included), per step."""
+        return (self.exchange.bytes_sent - self.epoch_sent_from) / max(self.epoch_steps, 1)
 
     def _validate(self) -> dict[str, float]:
         self.settle()
@@ -534,8 +534,8 @@ class _Run:
         self.acc.reduce(self.collective)
         logs = self.acc.logs()
         if self.collective.size > 1:
-            logs["bytes_per_step"] = self.epoch_bytes / max(self.epoch_steps, 1)
-        self.epoch_bytes = self.epoch_steps = 0
+            logs["bytes_per_step"] = self._bytes_per_step()
+        self.epoch_sent_from, self.epoch_steps = self.exchange.bytes_sent, 0
         if self.validation_data is not None:
             val_logs = self._validate()
             self.reporter.validation(self.global_step, val_logs)
