@@ -1,13 +1,11 @@
 """The Horovod collective without Spark: two real ranks (processes) over Gloo on loopback, meeting
 through tfnet's secured rendezvous store (each rank through its request-signing proxy)."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from tests.horovod_utils import result_of, run_rank_pair
 
 pytestmark = pytest.mark.parallel
 
@@ -36,25 +34,10 @@ RANK = textwrap.dedent("""
 
 
 def test_two_ranks_over_gloo_without_spark(tmp_path):
-    from optim.spark.rendezvous_store import SecureRendezvous
-
-    script = tmp_path / "rank.py"
-    script.write_text(RANK)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
-    key = os.urandom(32)
-    with SecureRendezvous("127.0.0.1", 2, key) as rendezvous:
-        procs = [subprocess.Popen([sys.executable, str(script), str(r), str(rendezvous.address[1]), key.hex()],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]
-        outs = []
-        for p in procs:
-            try:
-                stdout, stderr = p.communicate(timeout=240)
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                raise
-            assert p.returncode == 0, stderr[-3000:]
-            outs.append(json.loads(next(line[7:] for line in stdout.splitlines() if line.startswith("RESULT "))))
+    outs = []
+    for rc, stdout, stderr in run_rank_pair(RANK, tmp_path):
+        assert rc == 0, stderr[-3000:]
+        outs.append(result_of(stdout))
     for r, out in enumerate(outs):
         assert out["rank"] == r and out["size"] == 2
         assert out["sum"] == [3.0, 6.0]                      # 1*[1,2] + 2*[1,2]

@@ -17,11 +17,11 @@ one uses 128 MiB. With the response cache off rank 0's 4.1 MiB responses overflo
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from tests.horovod_utils import result_of, run_rank_pair
 
 pytestmark = pytest.mark.parallel
 
@@ -62,27 +62,8 @@ RANK = textwrap.dedent("""
 
 
 def _run_pair(tmp_path, extra: dict, guard: bool) -> list[tuple[int, str, str]]:
-    from optim.spark.rendezvous_store import SecureRendezvous
-
-    script = tmp_path / "rank.py"
-    script.write_text(RANK)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", HOROVOD_CYCLE_TIME="20",
-               PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
-    key = os.urandom(32)
-    with SecureRendezvous("127.0.0.1", 2, key) as rendezvous:
-        procs = [subprocess.Popen([sys.executable, str(script), str(r), str(rendezvous.address[1]), key.hex(),
-                                   json.dumps(extra), "1" if guard else "0"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]
-        outs = []
-        for p in procs:
-            try:
-                stdout, stderr = p.communicate(timeout=180)
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                raise
-            outs.append((p.returncode, stdout, stderr))
-    return outs
+    return run_rank_pair(RANK, tmp_path, [json.dumps(extra), "1" if guard else "0"],
+                         env={"TF_CPP_MIN_LOG_LEVEL": "2", "HOROVOD_CYCLE_TIME": "20"}, timeout_s=180)
 
 
 def test_reused_process_joins_a_fresh_one(tmp_path):
@@ -90,7 +71,7 @@ def test_reused_process_joins_a_fresh_one(tmp_path):
     outs = _run_pair(tmp_path, {}, guard=True)
     for rank, (rc, stdout, stderr) in enumerate(outs):
         assert rc == 0, (rank, stderr[-3000:])
-        steps = json.loads(next(line[7:] for line in stdout.splitlines() if line.startswith("RESULT ")))
+        steps = result_of(stdout)
         assert [s["wrong"] for s in steps] == [0, 0, 0], (rank, steps)
         assert [s["loss"] for s in steps] == [0.5, 1.5, 2.5]
     assert all("Ignoring HOROVOD_CYCLE_TIME for Horovod" in stderr for _, _, stderr in outs)
