@@ -72,6 +72,32 @@ def test_modes_on_two_ranks(spark):
     assert h_fp16["bytes_per_step"] == h_bf16["bytes_per_step"] == [(params + 4) // 2] * 2
 
 
+def test_local_sgd_equals_keras_models_trained_apart_and_averaged(spark):
+    """The oracle Keras gives: each rank's shard (numpy rows r, r+2, ...) trained by its own Keras
+    model with Keras's SGD for 4 steps, the two models' weights averaged, twice. Local SGD with K=4
+    and the default server (plain averaging) must land on the same weights."""
+    import keras
+
+    x, y = digits.load()
+    x, y = x[:256], y[:256]
+    net = TFNet.from_keras(digits.cnn(classes=10, seed=0))
+    TFOptimizer(net, SCE, optim.SGD(0.05)).optimize((x, y), epochs=1, batch_size=32, shuffle=False, num_workers=2,
+                                                    verbose=0, sync=optim.LocalSGD(every=4))
+    models = [digits.cnn(classes=10, seed=0) for _ in range(2)]
+    for m in models:
+        m.compile(optimizer=keras.optimizers.SGD(0.05), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    for cycle in range(2):  # 8 steps of 16 rows per rank: two exchanges
+        for r, m in enumerate(models):
+            rows = slice(cycle * 64, (cycle + 1) * 64)
+            m.fit(x[r::2][rows], y[r::2][rows], batch_size=16, epochs=1, shuffle=False, verbose=0)
+        averaged = [(a + b) / 2 for a, b in zip(models[0].get_weights(), models[1].get_weights())]
+        for m in models:
+            m.set_weights(averaged)
+    for ours, theirs in zip(_weights(net), averaged):
+        assert np.linalg.norm(ours - theirs) / np.linalg.norm(theirs) < 1e-4
+    assert _max_diff(net, TFNet.from_keras(digits.cnn(classes=10, seed=0))) > 1e-3, "the weights moved"
+
+
 def test_local_sgd_and_async_reach_the_accuracy_of_every_step(spark):
     """The digits transfer-learning task (tests/tfnet/transfer.py) on two ranks."""
     import re
