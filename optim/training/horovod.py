@@ -224,11 +224,15 @@ class HorovodSession:
     environment, are kept from ``hvd.init()`` with a warning (and the process environment's values
     restored on close). Use as a context manager, or call :meth:`close` once.
 
+    With ``threads="idle"`` (the default), the threads that ``hvd.init()`` starts (Horovod's
+    background thread and Gloo's) run under ``SCHED_IDLE``: :mod:`optim.training.comm_threads`.
+
     Attributes:
         collective: The :class:`HorovodCollective` over the ranks.
+        idle_threads: The ids of the threads put at idle priority.
     """
 
-    def __init__(self, env: dict[str, str], on_close=None):
+    def __init__(self, env: dict[str, str], on_close=None, threads: str = "idle"):
         hidden = [k for k in UNSAFE_ACROSS_INIT if k in env or os.environ.get(k)]
         if hidden:
             log.warning("Ignoring %s for Horovod: in a process that runs Horovod again (a reused Python worker) "
@@ -244,7 +248,12 @@ class HorovodSession:
         try:
             import horovod.tensorflow as hvd
 
+            from optim.training import comm_threads
+
+            before = comm_threads.thread_ids()
             hvd.init()
+            started = comm_threads.thread_ids() - before
+            self.idle_threads = comm_threads.demote(started) if threads == "idle" else []
             self.collective = HorovodCollective()
         except BaseException:
             self._restore()

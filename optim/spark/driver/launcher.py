@@ -41,6 +41,7 @@ from optim.spark.progress import ProgressServer
 from optim.spark.rendezvous_store import STUCK_GRACE_S, SecureRendezvous, stuck_rank  # noqa: F401 (re-exported)
 from optim.spark.session import get_spark
 from optim.spark.worker.rank import RankJob, read_payload, run_rank
+from optim.training import comm_threads
 from optim.training.checkpoint import new_run_id
 from optim.training.datasets import ArrayDataset, TFDataDataset, TFDataset
 from optim.training.loop import TrainConfig
@@ -270,7 +271,8 @@ def rank_job(opt, stage: _Stage, attempt: int, *, timeout: float, startup_timeou
         data=stage.data, validation=stage.validation, timeout_s=timeout, startup_timeout_s=startup_timeout,
         state=opt.state, start_step=opt.global_step, steps_per_epoch=steps_per_epoch, attempt=attempt,
         lr_source=getattr(opt, "_lr_source", None),
-        log_level=_worker_log_level(verbose), outputs=(opt.net.output_names, opt.net.output_specs), **channels,
+        log_level=_worker_log_level(verbose), outputs=(opt.net.output_names, opt.net.output_specs),
+        horovod_threads=comm_threads.mode_from_env(), **channels,
     )
 
 

@@ -59,6 +59,7 @@ class RankJob:
     log_level: int = logging.WARNING  # tfnet's and TensorFlow's log level in the ranks
     outputs: tuple = ((), ())  # the net's output names and TensorSpecs (for the label checks)
     progress_path: str | None = None  # under Spark Connect: where rank 0 publishes its progress (model_dir)
+    horovod_threads: str = "idle"  # optim.training.comm_threads: Horovod's threads at idle priority or not
 
 
 def agree_steps(rows: list[int], per_rank_batch: int) -> int:
@@ -77,8 +78,9 @@ def agree_steps(rows: list[int], per_rank_batch: int) -> int:
     return max(1, math.ceil(max(rows) / per_rank_batch))
 
 
-def _write_rank_info(config, rank: int, attempt: int) -> None:
-    """``model_dir/ranks/<run id>/rank-<N>.json``: where this rank runs (for operators and tests)."""
+def _write_rank_info(config, rank: int, attempt: int, **extra) -> None:
+    """``model_dir/ranks/<run id>/rank-<N>.json``: where this rank runs (for operators and tests),
+    with ``extra`` (written again once Horovod runs: how many of its threads run at idle priority)."""
     if not config.model_dir:
         return
     import json
@@ -86,7 +88,7 @@ def _write_rank_info(config, rank: int, attempt: int) -> None:
     from tfnet import storage
 
     info = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname(), "attempt": attempt, "time": time.time(),
-            "run_id": config.run_id}
+            "run_id": config.run_id, **extra}
     storage.write_bytes_atomic(storage.join(config.model_dir, "ranks", config.run_id or "", f"rank-{rank}.json"),
                                json.dumps(info).encode(), config.storage_options)
 
@@ -150,6 +152,7 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
         _write_rank_info(job.config, rank, job.attempt)
         dog.kick("connecting the Horovod ranks")
         hvd = _horovod(job, ctx, rank)
+        _write_rank_info(job.config, rank, job.attempt, horovod_idle_threads=len(hvd.idle_threads))
         collective = hvd.collective
         dog.timeout_s = job.timeout_s
         with dog.phase("building the model"):
@@ -262,7 +265,7 @@ def _horovod(job: RankJob, ctx, rank: int):
     proxy = GlooProxy(job.rendezvous, job.rendezvous_key, timeout_s=job.timeout_s)
     env = horovod_env(rank, job.size, proxy.address[0], proxy.address[1], iface_for(host), int(_long_bound(job)))
     try:
-        return HorovodSession(env, on_close=proxy.stop)
+        return HorovodSession(env, on_close=proxy.stop, threads=job.horovod_threads)
     except BaseException:
         proxy.stop()
         raise

@@ -2,6 +2,7 @@
 with a server method, asynchronous; on a real local[2] Spark with Horovod over Gloo, and on eight
 ranks of a local[8] Spark of their own (``eight_ranks_job.py``)."""
 
+import glob
 import json
 import math
 import os
@@ -138,9 +139,10 @@ def test_resume_after_a_killed_rank(spark, tmp_path, sync):
         (x, y), epochs=3, batch_size=32, num_workers=2, checkpoint_every=4, verbose=0, sync=sync,
         resume=run["resumed_from"])
     assert _max_diff(net, again) == 0.0
+    # each rank ran Horovod's threads (its background thread and Gloo's) at idle priority
+    infos = [json.loads(open(f).read()) for f in glob.glob(str(tmp_path / "other" / "ranks" / "*" / "rank-*.json"))]
+    assert len(infos) == 2 and all(i["horovod_idle_threads"] >= 2 for i in infos), infos
     # the bytes sent per step reach TensorBoard (rank 0's events), per step and per epoch
-    import glob
-
     import tensorflow as tf
 
     tags = {v.tag for f in glob.glob(str(model_dir / "tensorboard" / run["run_id"] / "train" / "*"))
