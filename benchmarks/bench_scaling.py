@@ -2,7 +2,9 @@
 1 thread each against 1 rank of 1 thread, the same per-rank batch, over Spark local[2] with
 Horovod over Gloo, for each sync mode (``optimize(sync=...)``): every step with one allreduce after
 the backward pass, every step with bucketed overlap (the default), with fp16 compression, local SGD
-with K=4 and K=16, and asynchronous. Efficiency = throughput(2) / (2 x throughput(1)); a mode's
+with K=4 and K=16, and asynchronous; every step with overlap and local SGD K=16 also with
+Horovod's threads at normal priority (``TFNET_HOROVOD_THREADS=normal``, how the ranks ran before
+they were put at idle priority), side by side. Efficiency = throughput(2) / (2 x throughput(1)); a mode's
 throughput is its mean step over whole exchange cycles after 2 warm-up steps. Also the exposed
 allreduce share of each step (timed inside the compiled step, waiting for the other rank included)
 and the megabytes each rank sends per step, as the run counted them.
@@ -110,20 +112,24 @@ def main(argv=None):
             return tf.data.Dataset.from_tensors((x, y)).repeat(n_steps)
         return fn
 
+    normal = " [Horovod threads normal]"  # TFNET_HOROVOD_THREADS=normal: the ranks as before the idle priority
     modes = {
         "every step, one call after the backward pass": optim.EveryStep(overlap=False),
         "every step, bucketed overlap (default)": None,
+        "every step, bucketed overlap (default)" + normal: None,
         "every step, overlap + fp16": optim.EveryStep(compression="fp16"),
         "local SGD K=4": optim.LocalSGD(every=4),
         "local SGD K=16": optim.LocalSGD(every=16),
+        "local SGD K=16" + normal: optim.LocalSGD(every=16),
         "async (staleness 1)": optim.Asynchronous(staleness=1),
     }
     chosen = [m for m in modes if not args.modes or any(k in m for k in args.modes)]
 
-    def run(ranks, sync, every=1):
+    def run(ranks, sync, every=1, threads="idle"):
         """Throughput over whole exchange cycles after the warm-up (2 steps, or the first cycle of
         local SGD, whose first exchange compiles the server update): the mean step, exchanges
-        included."""
+        included. ``threads``: TFNET_HOROVOD_THREADS for this run (read by optimize() on the driver)."""
+        os.environ["TFNET_HOROVOD_THREADS"] = threads
         warm = max(2, every)
         steady = -(-max(steps - 2, every) // every) * every
         net = TFNet.from_keras(model)
@@ -146,7 +152,7 @@ def main(argv=None):
         print(f"1 rank: {results['1 rank'][-1]}", flush=True)
         for m in chosen:
             sync = modes[m]
-            results[m].append(run(2, sync, getattr(sync, "every", 1)))
+            results[m].append(run(2, sync, getattr(sync, "every", 1), "normal" if m.endswith(normal) else "idle"))
             print(f"2 ranks, {m}: {results[m][-1]}", flush=True)
     thr1 = statistics.median(r["img_s"] for r in results["1 rank"])
     out = {"machine": machine(), "per_rank_batch": b, "size": size, "steps": steps, "runs": results,
@@ -159,7 +165,7 @@ def main(argv=None):
         print(f"machine ceiling (plain TF, 1 thread, 2 processes at once vs 1 alone): {ceiling['ceiling']:.3f} "
               f"({ceiling['alone_img_s']:.2f} img/s alone, {sum(ceiling['pair_img_s']):.2f} img/s together)")
     print(f"\n1 rank: {thr1:.2f} img/s")
-    print(f"{'2 ranks':48s} {'img/s':>7s} {'efficiency':>10s} {'/ ceiling':>9s} {'allreduce':>9s} {'MB sent/step':>12s}")
+    print(f"{'2 ranks':70s} {'img/s':>7s} {'efficiency':>10s} {'/ ceiling':>9s} {'allreduce':>9s} {'MB sent/step':>12s}")
     for m in chosen:
         thr2 = statistics.median(r["img_s"] for r in results[m])
         eff = thr2 / (2 * thr1)
@@ -167,7 +173,7 @@ def main(argv=None):
         share = results[m][-1]["allreduce_share"]
         mb = results[m][-1]["bytes_per_step"] / 1e6
         out["modes"][m] = {"throughput_2": thr2, "efficiency": eff, "of_ceiling": rel, "mb_per_step": mb}
-        print(f"{m:48s} {thr2:7.2f} {eff:10.3f} {rel:9.3f} {share if share is not None else float('nan'):9.1%} "
+        print(f"{m:70s} {thr2:7.2f} {eff:10.3f} {rel:9.3f} {share if share is not None else float('nan'):9.1%} "
               f"{mb:12.1f}")
     write_json(args.json, out)
     spark.stop()
