@@ -86,6 +86,9 @@ class TFOptimizer:
         # loop takes it in and hands the new one back.
         #: The optimiser state's leaves (numpy arrays) after the last optimize(); None before.
         self.state: list[np.ndarray] | None = None
+        #: The server method's state (``optim.LocalSGD``) after the last optimize(), carried over the
+        #: same way; empty for the other sync modes.
+        self.exchange_state: list[np.ndarray] = []
         self.global_step = 0
         #: What the last optimize() call measured: step times, startup, attempts (distributed).
         self.last_run: dict = {}
@@ -226,6 +229,7 @@ class TFOptimizer:
                                           **distributed_options)
             self.net.set_weights(result.weights)
             self.state, self.global_step = result.state, result.step
+            self.exchange_state = list(result.exchange_state)
             self.last_run = {**result.run, "resumed_from": result.run.get("resumed_from")}
             return result.history
         if distributed_options:
@@ -234,8 +238,9 @@ class TFOptimizer:
         reporter = MultiReporter([self._reporter(verbose, config.run_id), recorder])
         outcome = train(self.net, self.loss, self.method, self.metrics, dataset, config, reporter=reporter,
                         validation_data=val, initial_state=self.state, start_step=self.global_step,
-                        lr_source=self._lr_source)
+                        lr_source=self._lr_source, initial_exchange_state=self.exchange_state)
         self.state, self.global_step = outcome.state, outcome.step
+        self.exchange_state = list(outcome.exchange_state)
         self.last_run = {
             "num_workers": 1, "attempts": 1, "failures": [], "run_id": config.run_id,
             "start_step": outcome.start_step, "resumed_from": outcome.resumed_from,

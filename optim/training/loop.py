@@ -45,6 +45,7 @@ class TrainOutcome(NamedTuple):
     state: list
     start_step: int = 0
     resumed_from: str | None = None
+    exchange_state: tuple = ()  # the server method's state (local SGD), to continue from in the next call
 
 
 
@@ -245,6 +246,7 @@ def train(
     start_step: int = 0,
     lr_source=None,
     liveness: Liveness | None = None,
+    initial_exchange_state: Sequence[np.ndarray] | None = None,
 ) -> TrainOutcome:
     """Trains ``net`` in place.
 
@@ -259,6 +261,9 @@ def train(
             ``method``.
         liveness: Told of every step and validation batch, and of the long phases (the distributed
             watchdog). Default: none.
+        initial_exchange_state: The server method's state (local SGD) that a previous call
+            returned (``TrainOutcome.exchange_state``); used when it fits this call's server
+            method. A checkpoint resumed from has its own. Default: fresh.
 
     Returns:
         The history (per-epoch lists), the global step and the final optimiser state.
@@ -268,7 +273,7 @@ def train(
     with alive.phase("preparing the step and the start state"):
         run = _Run(net, L.get(loss), method, metrics, config, collective or LocalCollective(),
                    reporter or Reporter(), validation_data, lr_source if lr_source is not None else method, alive)
-        start = run.start(initial_state, start_step)
+        start = run.start(initial_state, start_step, initial_exchange_state)
     steps = steps_per_epoch if steps_per_epoch is not None else run.batches_per_epoch(data)
     run.reporter.begin(config.epochs, steps, run.global_step, start.epoch)
     try:
@@ -364,8 +369,25 @@ class _Run:
                         "method or trainable set); starting with fresh state.")
         self.step_fn.set_state(self.step_fn.init_state())
 
-    def start(self, initial_state: Sequence[np.ndarray] | None, start_step: int) -> _Start:
-        """Fresh, or from the newest valid checkpoint; rank 0 is the source of weights and state."""
+    def _previous_server_state(self, leaves: Sequence[np.ndarray] | None) -> list:
+        """The previous call's server-method state when it fits this call's (the same arrays'
+        shapes and dtypes), else none: a fresh start, with a warning when there was one that does not
+        fit (another server method, or a net whose trainable set changed)."""
+        if not leaves:
+            return []
+        fresh = self.exchange.fresh_state()
+        if fresh and len(fresh) == len(leaves) and all(
+                np.shape(a) == np.shape(b) and np.asarray(a).dtype == np.asarray(b).dtype for a, b in zip(fresh, leaves)):
+            return [np.asarray(a) for a in leaves]
+        if fresh:
+            log.warning("The server method's state from the previous optimize() call does not fit this one; "
+                        "starting it fresh.")
+        return []
+
+    def start(self, initial_state: Sequence[np.ndarray] | None, start_step: int,
+              initial_exchange_state: Sequence[np.ndarray] | None = None) -> _Start:
+        """Fresh, or from the newest valid checkpoint; rank 0 is the source of weights and state
+        (the server method's included: a checkpoint's, or else the previous call's when it fits)."""
         self._load_initial_state(initial_state)
         collective, net = self.collective, self.net
         ckpt = self._resume_checkpoint() if self.chief else None
@@ -382,6 +404,8 @@ class _Run:
             leaves = ckpt.state
         else:
             weights, leaves = list(net.get_weights().values()), _state_arrays(self.step_fn)
+            if self.chief:
+                server = self._previous_server_state(initial_exchange_state)
         if collective.size > 1 or ckpt is not None:
             # rank 0's server-method state too (the others hold arrays of its shapes to receive it)
             if collective.broadcast_json(bool(server)) and not self.chief:
@@ -393,6 +417,8 @@ class _Run:
             _load_state(self.step_fn, leaves, self.template)
             if server:
                 self.exchange.load_state(server)
+        elif server:
+            self.exchange.load_state(server)
         self.exchange.start(self.step_fn)
         self.history = {k: list(v) for k, v in (start.history or {}).items()}
         self.global_step, self.skipped = start.step, start.skipped
@@ -578,7 +604,7 @@ class _Run:
         if self.skipped:
             self.history["skipped_steps"] = [self.skipped]
         return TrainOutcome(self.history, self.global_step, _state_arrays(self.step_fn), self.start_step,
-                            self.resumed_from)
+                            self.resumed_from, tuple(self.exchange.state()))
 
 
 def metrics_copy(metrics: Sequence[M.Metric]) -> list[M.Metric]:

@@ -142,10 +142,11 @@ def _prepare(spark, opt, dataset: TFDataset, validation: TFDataset | None, confi
             raise TypeError(f"Cannot train on {type(dataset).__name__} over Spark.")
     net: object = net_to_bytes(opt.net)
     limit = plan_limit(spark)
-    shipped = _plan_bytes(net, data, val, opt.state)
+    carried = (opt.state or []) + list(getattr(opt, "exchange_state", []))  # both go in the job
+    shipped = _plan_bytes(net, data, val, carried)
     if shipped > limit:
         net = _through_model_dir(net, config, cleanup, shipped, limit)
-        left = _plan_bytes(b"", data, val, opt.state)
+        left = _plan_bytes(b"", data, val, carried)
         if left > limit:
             raise DistributedTrainingError(
                 f"The numpy data and optimiser state ({left / 2**20:.0f} MiB) exceed what a Spark Connect plan carries "

@@ -71,6 +71,7 @@ class DistributedResult:
     step: int
     history: dict[str, list]
     run: dict = field(default_factory=dict)
+    exchange_state: list = field(default_factory=list)  # the server method's state (local SGD)
 
 
 def scale_learning_rate(learning_rate: float, num_workers: int, rule: str = "linear") -> float:
@@ -272,7 +273,8 @@ def rank_job(opt, stage: _Stage, attempt: int, *, timeout: float, startup_timeou
         state=opt.state, start_step=opt.global_step, steps_per_epoch=steps_per_epoch, attempt=attempt,
         lr_source=getattr(opt, "_lr_source", None),
         log_level=_worker_log_level(verbose), outputs=(opt.net.output_names, opt.net.output_specs),
-        horovod_threads=comm_threads.mode_from_env(), **channels,
+        horovod_threads=comm_threads.mode_from_env(), exchange_state=list(getattr(opt, "exchange_state", [])) or None,
+        **channels,
     )
 
 
@@ -628,7 +630,7 @@ def result_from_payload(data: bytes) -> DistributedResult:
     weights, state, meta = read_payload(data)
     run = {k: meta.get(k) for k in ("start_step", "resumed_from", "rows", "steps_per_epoch")}
     run["end_step"] = meta["step"]
-    return DistributedResult(weights, state, meta["step"], meta["history"], run)
+    return DistributedResult(weights, state, meta["step"], meta["history"], run, meta["exchange_state"])
 
 
 def _pickle_hooks(net) -> bytes | None:

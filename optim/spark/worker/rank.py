@@ -60,6 +60,7 @@ class RankJob:
     outputs: tuple = ((), ())  # the net's output names and TensorSpecs (for the label checks)
     progress_path: str | None = None  # under Spark Connect: where rank 0 publishes its progress (model_dir)
     horovod_threads: str = "idle"  # optim.training.comm_threads: Horovod's threads at idle priority or not
+    exchange_state: list | None = None  # the server method's state from the previous call (local SGD)
 
 
 def agree_steps(rows: list[int], per_rank_batch: int) -> int:
@@ -164,7 +165,7 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
         outcome = train(net, job.loss, job.method, job.metrics, shard, job.config, collective=collective,
                         reporter=reporter, validation_data=validation,
                         steps_per_epoch=steps, initial_state=job.state, start_step=job.start_step,
-                        lr_source=job.lr_source, liveness=dog)
+                        lr_source=job.lr_source, liveness=dog, initial_exchange_state=job.exchange_state)
         if rank == 0:
             dog.kick("sending the result")
             payload = _payload(net, outcome, {"rows": rows,
@@ -320,17 +321,21 @@ def _payload(net, outcome, plan: dict) -> bytes:
 
     arrays = {f"w{i:05d}": v for i, v in enumerate(net.get_weights().values())}
     arrays.update({f"s{i:05d}": np.asarray(leaf) for i, leaf in enumerate(outcome.state)})
+    arrays.update({f"x{i:05d}": np.asarray(leaf) for i, leaf in enumerate(outcome.exchange_state)})
     header = {"history": outcome.history, "step": outcome.step, "weights": net.weight_names,
-              "state_leaves": len(outcome.state), "start_step": outcome.start_step,
+              "state_leaves": len(outcome.state), "exchange_leaves": len(outcome.exchange_state),
+              "start_step": outcome.start_step,
               "resumed_from": outcome.resumed_from, **plan}
     return pack(RESULT_FORMAT, header, arrays)
 
 
 def read_payload(data: bytes) -> tuple[dict, list, dict]:
-    """``(weights, state_leaves, header)`` from rank 0's payload."""
+    """``(weights, state_leaves, header)`` from rank 0's payload; ``header["exchange_state"]`` is
+    the server method's state (local SGD's leaves, or empty)."""
     from tfnet.container import unpack
 
     header, arrays = unpack(data, RESULT_FORMAT, what="rank 0's result")
     weights = {n: arrays[f"w{i:05d}"] for i, n in enumerate(header["weights"])}
     state = [arrays[f"s{i:05d}"] for i in range(header["state_leaves"])]
+    header["exchange_state"] = [arrays[f"x{i:05d}"] for i in range(header.get("exchange_leaves", 0))]
     return weights, state, header

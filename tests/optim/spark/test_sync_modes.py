@@ -73,6 +73,27 @@ def test_modes_on_two_ranks(spark):
     assert h_fp16["bytes_per_step"] == h_bf16["bytes_per_step"] == [(params + 4) // 2] * 2
 
 
+def test_local_sgd_carries_the_server_momentum_to_the_next_call(spark):
+    """Two ranks: two optimize() calls of one epoch each equal one call of two epochs only if rank
+    0 hands the server method's momentum back and the next call's ranks start from it."""
+    x, y = digits.load()
+    x, y = x[:128], y[:128]
+    sync = optim.LocalSGD(every=2, server=optim.SGD(0.8, momentum=0.9))
+
+    def make():
+        net = TFNet.from_keras(digits.cnn(classes=10, seed=0))
+        return net, TFOptimizer(net, SCE, optim.SGD(0.05))
+
+    once, opt1 = make()
+    opt1.optimize((x, y), epochs=2, batch_size=32, shuffle=False, num_workers=2, verbose=0, sync=sync)
+    twice, opt2 = make()
+    for _ in range(2):
+        opt2.optimize((x, y), epochs=1, batch_size=32, shuffle=False, num_workers=2, verbose=0, sync=sync)
+        assert opt2.exchange_state and any(np.abs(a).max() > 0 for a in opt2.exchange_state)
+    assert opt1.global_step == opt2.global_step == 8
+    assert _max_diff(once, twice) == 0.0
+
+
 def test_local_sgd_equals_keras_models_trained_apart_and_averaged(spark):
     """The oracle Keras gives: each rank's shard (numpy rows r, r+2, ...) trained by its own Keras
     model with Keras's SGD for 4 steps, the two models' weights averaged, twice. Local SGD with K=4

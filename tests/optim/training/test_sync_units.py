@@ -1,5 +1,6 @@
 """The sync modes' pieces without Spark: their arguments, the buckets, the byte counts, and local
-SGD's server state across a checkpoint (one process, where the collective is the identity)."""
+SGD's server state across a checkpoint and from one optimize() call to the next (one process,
+where the collective is the identity)."""
 
 import numpy as np
 import pytest
@@ -76,6 +77,40 @@ def test_local_sgd_resumes_with_the_server_momentum():
         assert opt2.last_run["start_step"] == 4 and opt2.global_step == 12
         for a, b in zip(full.get_weights().values(), resumed.get_weights().values()):
             assert np.array_equal(a, b)
+
+
+def test_local_sgd_carries_the_server_state_to_the_next_call(caplog):
+    """Two optimize() calls of one epoch each equal one call of two epochs, bit for bit, only if the
+    second call continues with the server method's momentum (the worker method, plain SGD, has no
+    state to lose). Another server method in a later call starts fresh, with a warning."""
+    x, y = digits.load()
+    x, y = x[:160], y[:160]
+    sync = LocalSGD(every=2, server=optim.SGD(0.8, momentum=0.9))
+
+    def make():
+        net = TFNet.from_keras(digits.cnn(classes=10, seed=0))
+        return net, TFOptimizer(net, SCE, optim.SGD(0.05))
+
+    once, opt1 = make()
+    opt1.optimize((x, y), epochs=2, batch_size=32, shuffle=False, verbose=0, sync=sync)
+    twice, opt2 = make()
+    assert opt2.exchange_state == []
+    opt2.optimize((x, y), epochs=1, batch_size=32, shuffle=False, verbose=0, sync=sync)
+    momentum = [np.array(a) for a in opt2.exchange_state]
+    assert momentum and any(np.abs(a).max() > 0 for a in momentum), "the server's momentum after one call"
+    opt2.optimize((x, y), epochs=1, batch_size=32, shuffle=False, verbose=0, sync=sync)
+    assert opt1.global_step == opt2.global_step == 10
+    for a, b in zip(once.get_weights().values(), twice.get_weights().values()):
+        assert np.array_equal(a, b)
+    # a server method of other state (no momentum) cannot take it: fresh, and said
+    with caplog.at_level("WARNING", logger="tfnet.training"):
+        opt2.optimize((x, y), epochs=1, batch_size=32, shuffle=False, verbose=0,
+                      sync=LocalSGD(every=2, server=optim.Adam(0.01)))
+    assert "server method's state from the previous optimize() call does not fit" in caplog.text
+    # every-step training has no server state: the carried state is dropped without a word
+    caplog.clear()
+    opt2.optimize((x, y), epochs=1, batch_size=32, shuffle=False, verbose=0)
+    assert opt2.exchange_state == [] and "server method" not in caplog.text
 
 
 def test_the_bar_shows_the_megabytes_sent_per_step():
