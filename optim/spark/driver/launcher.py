@@ -343,7 +343,7 @@ def _prepare_stage(sc, opt, dataset: TFDataset, validation: TFDataset | None, co
         cleanup.add(storage.rmtree, exchange, config.storage_options)
     net_bytes = net_to_bytes(opt.net)
     if exchange is None:
-        check_driver_memory(sc, len(net_bytes), _result_bytes(opt))
+        check_driver_memory(sc, len(net_bytes), _result_bytes(opt, config))
     net_bc = _ship(sc, net_bytes, exchange, cleanup, config.storage_options)
     worker_config = copy.copy(config)
     worker_config.batch_size = per_rank
@@ -490,14 +490,19 @@ def _ship(sc, data: bytes, exchange: str | None, cleanup: _Cleanup, storage_opti
     return path
 
 
-def _result_bytes(opt) -> int:
-    """What rank 0's result holds: every weight, and the optimiser state (its slots are sized like
-    the trainable weights; estimated from the method's own state)."""
+def _result_bytes(opt, config: TrainConfig | None = None) -> int:
+    """What rank 0's result holds: every weight, the optimiser state (its slots are sized like
+    the trainable weights; estimated from the method's own state), and local SGD's server state."""
     weights = sum(int(v.shape.num_elements() or 0) * v.dtype.size for v in opt.net.weight_variables.values())
     trainable = sum(int(v.shape.num_elements() or 0) * v.dtype.size for v in opt.net.trainable_variables)
-    if opt.state is not None:
-        return weights + sum(int(np.asarray(a).nbytes) for a in opt.state)
-    return weights + 2 * trainable  # Adam's two slots: the largest of tfnet's methods'
+    state = sum(int(np.asarray(a).nbytes) for a in opt.state) if opt.state is not None else 2 * trainable
+    server = 0
+    from optim.sync import LocalSGD
+
+    if isinstance(getattr(config, "sync", None), LocalSGD):
+        carried = getattr(opt, "exchange_state", [])
+        server = sum(int(np.asarray(a).nbytes) for a in carried) if carried else 2 * trainable
+    return weights + state + server  # 2 x trainable: Adam's two slots, the largest of tfnet's methods'
 
 
 #: The driver's JVM holds the broadcast net and the collected result while the stage runs; this
