@@ -415,9 +415,7 @@ class _Run:
             leaves, server = both[:len(leaves)], both[len(leaves):]
             net.set_weights(dict(zip(net.weight_names, weights)))
             _load_state(self.step_fn, leaves, self.template)
-            if server:
-                self.exchange.load_state(server)
-        elif server:
+        if server:
             self.exchange.load_state(server)
         self.exchange.start(self.step_fn)
         self.history = {k: list(v) for k, v in (start.history or {}).items()}

@@ -142,7 +142,7 @@ def _prepare(spark, opt, dataset: TFDataset, validation: TFDataset | None, confi
             raise TypeError(f"Cannot train on {type(dataset).__name__} over Spark.")
     net: object = net_to_bytes(opt.net)
     limit = plan_limit(spark)
-    carried = (opt.state or []) + list(getattr(opt, "exchange_state", []))  # both go in the job
+    carried = (opt.state or []) + opt.exchange_state  # both go in the job
     shipped = _plan_bytes(net, data, val, carried)
     if shipped > limit:
         net = _through_model_dir(net, config, cleanup, shipped, limit)

@@ -41,6 +41,7 @@ from optim.spark.progress import ProgressServer
 from optim.spark.rendezvous_store import STUCK_GRACE_S, SecureRendezvous, stuck_rank  # noqa: F401 (re-exported)
 from optim.spark.session import get_spark
 from optim.spark.worker.rank import RankJob, read_payload, run_rank
+from optim.sync import LocalSGD
 from optim.training import comm_threads
 from optim.training.checkpoint import new_run_id
 from optim.training.datasets import ArrayDataset, TFDataDataset, TFDataset
@@ -273,7 +274,7 @@ def rank_job(opt, stage: _Stage, attempt: int, *, timeout: float, startup_timeou
         state=opt.state, start_step=opt.global_step, steps_per_epoch=steps_per_epoch, attempt=attempt,
         lr_source=getattr(opt, "_lr_source", None),
         log_level=_worker_log_level(verbose), outputs=(opt.net.output_names, opt.net.output_specs),
-        horovod_threads=comm_threads.mode_from_env(), exchange_state=list(getattr(opt, "exchange_state", [])) or None,
+        horovod_threads=comm_threads.mode_from_env(), exchange_state=opt.exchange_state or None,
         **channels,
     )
 
@@ -490,17 +491,15 @@ def _ship(sc, data: bytes, exchange: str | None, cleanup: _Cleanup, storage_opti
     return path
 
 
-def _result_bytes(opt, config: TrainConfig | None = None) -> int:
+def _result_bytes(opt, config: TrainConfig) -> int:
     """What rank 0's result holds: every weight, the optimiser state (its slots are sized like
     the trainable weights; estimated from the method's own state), and local SGD's server state."""
     weights = sum(int(v.shape.num_elements() or 0) * v.dtype.size for v in opt.net.weight_variables.values())
     trainable = sum(int(v.shape.num_elements() or 0) * v.dtype.size for v in opt.net.trainable_variables)
     state = sum(int(np.asarray(a).nbytes) for a in opt.state) if opt.state is not None else 2 * trainable
     server = 0
-    from optim.sync import LocalSGD
-
-    if isinstance(getattr(config, "sync", None), LocalSGD):
-        carried = getattr(opt, "exchange_state", [])
+    if isinstance(config.sync, LocalSGD):
+        carried = opt.exchange_state
         server = sum(int(np.asarray(a).nbytes) for a in carried) if carried else 2 * trainable
     return weights + state + server  # 2 x trainable: Adam's two slots, the largest of tfnet's methods'
 
