@@ -120,6 +120,39 @@ def test_local_sgd_equals_keras_models_trained_apart_and_averaged(spark):
     assert _max_diff(net, TFNet.from_keras(digits.cnn(classes=10, seed=0))) > 1e-3, "the weights moved"
 
 
+def test_local_sgd_server_momentum_over_two_calls_equals_keras(spark):
+    """The oracle Keras gives for a server method with state, across optimize() calls: each rank's
+    shard trained by its own Keras model (Keras's SGD) for 4 steps; the models' average move from
+    the anchor applied to the anchor by a Keras SGD with momentum 0.9 (the server), whose momentum
+    lives on; both models restarted from the new anchor. Four exchanges, two in each of two
+    optimize() calls: tfnet must land on the same weights, which it does only if the second call
+    continues the server's momentum."""
+    import keras
+
+    x, y = digits.load()
+    x, y = x[:256], y[:256]
+    net = TFNet.from_keras(digits.cnn(classes=10, seed=0))
+    opt = TFOptimizer(net, SCE, optim.SGD(0.05))
+    for _ in range(2):
+        opt.optimize((x, y), epochs=1, batch_size=32, shuffle=False, num_workers=2, verbose=0,
+                     sync=optim.LocalSGD(every=4, server=optim.SGD(0.8, momentum=0.9)))
+    models = [digits.cnn(classes=10, seed=0) for _ in range(2)]
+    for m in models:
+        m.compile(optimizer=keras.optimizers.SGD(0.05), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    anchor = [keras.Variable(w) for w in models[0].get_weights()]
+    server = keras.optimizers.SGD(0.8, momentum=0.9)
+    for cycle in [0, 1, 0, 1]:  # each call: 8 steps of 16 rows per rank, the same rows in the second call
+        for r, m in enumerate(models):
+            rows = slice(cycle * 64, (cycle + 1) * 64)
+            m.fit(x[r::2][rows], y[r::2][rows], batch_size=16, epochs=1, shuffle=False, verbose=0)
+        moved = [a.numpy() - (w0 + w1) / 2 for a, w0, w1 in zip(anchor, models[0].get_weights(), models[1].get_weights())]
+        server.apply_gradients(zip(moved, anchor))
+        for m in models:
+            m.set_weights([a.numpy() for a in anchor])
+    for ours, theirs in zip(_weights(net), anchor):
+        assert np.linalg.norm(ours - theirs.numpy()) / np.linalg.norm(theirs.numpy()) < 1e-4
+
+
 def test_local_sgd_and_async_reach_the_accuracy_of_every_step(spark):
     """The digits transfer-learning task (tests/tfnet/transfer.py) on two ranks."""
     import re
