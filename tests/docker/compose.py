@@ -3,9 +3,11 @@ clean clone) and a compose project of docker/docker-compose.yml. Every call has 
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +26,79 @@ def sh(cmd: list[str], timeout: float, check: bool = True, **kw) -> subprocess.C
         raise RuntimeError(f"{' '.join(cmd[:6])} ... exited with {proc.returncode}:\n"
                            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+def bridge_candidates(network: dict) -> list[tuple[str, str]]:
+    """Where the host may be reached from containers, read from ``docker network inspect bridge``'s
+    JSON, best first, as ``(address, how it was found)``: the IPAM gateway when the engine reports one;
+    else the address of the bridge's interface (``docker0`` unless the network names another); else the
+    first host of each IPAM subnet. Debian's engine 20.10 reports the subnet alone on a fresh machine."""
+    out: list[tuple[str, str]] = []
+    configs = (network.get("IPAM") or {}).get("Config") or []
+    for cfg in configs:
+        gateway = (cfg.get("Gateway") or "").split("/")[0]
+        if gateway:
+            out.append((gateway, "IPAM gateway"))
+    iface = (network.get("Options") or {}).get("com.docker.network.bridge.name") or "docker0"
+    addr = interface_ipv4(iface)
+    if addr:
+        out.append((addr, f"address of interface {iface}"))
+    for cfg in configs:
+        subnet = cfg.get("Subnet") or ""
+        try:
+            net = ipaddress.ip_network(subnet, strict=False)
+        except ValueError:
+            continue
+        if net.version == 4 and net.num_addresses > 2:
+            out.append((str(net.network_address + 1), f"first host of subnet {subnet}"))
+    seen: set[str] = set()
+    return [(a, how) for a, how in out if not (a in seen or seen.add(a))]
+
+
+def interface_ipv4(name: str) -> str | None:
+    """The IPv4 address of network interface ``name`` (``SIOCGIFADDR``), or None."""
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def bindable(address: str) -> str | None:
+    """None when a TCP socket binds to ``address`` on this host (so a server can listen there), else why not."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((address, 0))
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def host_address_for_containers(network: str = "bridge") -> str:
+    """This host's address on Docker's default bridge: the address that ``host-gateway`` (so
+    ``host.docker.internal`` in docker/docker-compose.s3.yml) names inside containers, and one a server
+    on the host can bind. Tries :func:`bridge_candidates` in order and takes the first that binds;
+    raises ``RuntimeError`` listing every candidate and why it was refused."""
+    raw = sh(["docker", "network", "inspect", network], timeout=60).stdout
+    return first_bindable(bridge_candidates(json.loads(raw)[0]), f"`docker network inspect {network}` says: {raw[:2000]}")
+
+
+def first_bindable(candidates: list[tuple[str, str]], context: str) -> str:
+    """The first address of ``candidates`` that a server can bind; else ``RuntimeError`` naming each
+    candidate and why it was refused, then ``context``."""
+    tried = []
+    for address, how in candidates:
+        why = bindable(address)
+        if why is None:
+            return address
+        tried.append(f"{address} ({how}): {why}")
+    raise RuntimeError("no address of this host on Docker's bridge network could be found and bound. Tried: "
+                       f"{'; '.join(tried) or 'nothing (no gateway, no bridge interface address, no IPv4 subnet)'}. "
+                       f"{context}")
 
 
 def in_ci() -> bool:

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.docker.compose import NO_SHARED_DISK_FILE, Compose, sh
+from tests.docker.compose import NO_SHARED_DISK_FILE, Compose, host_address_for_containers, sh
 
 # the first test of a fresh machine also installs Docker, makes the base image, the wheelhouse and the image
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -61,8 +61,7 @@ def s3_server(docker_engine, tmp_path_factory):
     """A moto S3 server on this host's Docker bridge address (what ``host-gateway`` names in the
     containers), on a port the OS picks (read from its banner), with a bucket; yields
     ``(endpoint on the host, endpoint in the containers)``."""
-    bridge = sh(["docker", "network", "inspect", "bridge", "-f", "{{(index .IPAM.Config 0).Gateway}}"],
-                timeout=60).stdout.strip()
+    bridge = host_address_for_containers()
     log = tmp_path_factory.mktemp("moto") / "moto.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", bridge, "-p", "0"],
@@ -71,11 +70,13 @@ def s3_server(docker_engine, tmp_path_factory):
         endpoint = None
         deadline = time.time() + 60
         while endpoint is None and time.time() < deadline:
-            assert proc.poll() is None, log.read_text(errors="replace")
-            m = re.search(r"Running on (http://[0-9.]+:(\d+))", log.read_text(errors="replace"))
+            banner = log.read_text(errors="replace")
+            assert proc.poll() is None, f"moto_server on {bridge} (the bridge's host address) exited:\n{banner}"
+            m = re.search(r"Running on (http://[0-9.]+:(\d+))", banner)
             endpoint = m and (m.group(1), m.group(2))
             time.sleep(0.1)
-        assert endpoint, log.read_text(errors="replace")
+        assert endpoint, (f"moto_server on {bridge} (the bridge's host address) printed no address within 60 s:\n"
+                          f"{log.read_text(errors='replace')}")
         s3_client(endpoint[0]).create_bucket(Bucket=BUCKET)
         yield endpoint[0], f"http://host.docker.internal:{endpoint[1]}"
     finally:
