@@ -24,7 +24,7 @@ _EXPORTS = {
     "TFPredictor": "optim.predict.predictor",
     "TFNetTransformer": "optim.predict.transformer",
     "TFNetEstimator": "optim.spark.estimator",
-    "warm_up_workers": "optim.spark.driver.preflight",
+    "warm_up_workers": "optim.spark.driver.warm_up",
     "SGD": "optim.methods",
     "Adam": "optim.methods",
     "AdamW": "optim.methods",

@@ -18,8 +18,10 @@ from optim import metrics as M
 from optim.sync import check_sync
 from optim.training.checkpoint import new_run_id, resolve_resume
 from optim.training.checks import check_labels, finite_rows_only, warn_if_logits_to_probability_loss
+from optim.training.config import TrainConfig
 from optim.training.datasets import ArrayDataset, TFDataDataset, as_dataset, in_input_order, resolve_batch_size
-from optim.training.loop import TrainConfig, evaluate, metrics_copy, train
+from optim.training.evaluation import evaluate, metrics_copy
+from optim.training.loop import train
 from optim.training.reporting import MultiReporter, ProgressBar, StepRecorder, TensorBoardWriter, tensorboard_dir
 from optim.transforms import assign_groups, partition
 from tfnet import TFNet, storage

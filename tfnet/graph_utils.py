@@ -76,14 +76,6 @@ def find_weights(graph_def: graph_pb2.GraphDef) -> list[str]:
     return [n.name for n in graph_def.node if is_weight_const(n)]
 
 
-def find_statistics(graph_def: graph_pb2.GraphDef, weight_names: Iterable[str]) -> list[str]:
-    """Weights that hold normalisation statistics, found by graph structure (see
-    :mod:`tfnet.statistics`), in the order of ``weight_names``."""
-    from tfnet.statistics import find_statistics as find_by_structure
-
-    return list(find_by_structure(graph_def, weight_names))
-
-
 def consts_to_placeholders(
     graph_def: graph_pb2.GraphDef, names: Iterable[str]
 ) -> tuple[graph_pb2.GraphDef, dict[str, np.ndarray]]:

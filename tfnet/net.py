@@ -681,6 +681,13 @@ class TFNet(tf.Module):
         for name, value in self._check_weight_values(changed, "update hook").items():
             self._vars[name].assign(value)
 
+    @property
+    def hooks(self) -> dict[str, tuple[Callable, ...]]:
+        """The registered hooks by kind, each in the order they run: ``{"forward": (...), "gradient":
+        (...), "update": (...)}`` (read-only; register and remove them through the methods)."""
+        return {"forward": tuple(self._forward_hooks), "gradient": tuple(self._gradient_hooks),
+                "update": tuple(self._update_hooks)}
+
     def register_forward_hook(self, fn: Callable) -> HookHandle:
         """``fn(outputs) -> outputs or None`` runs on the outputs of every forward pass (and inside
         the fused training step). ``outputs`` is a tensor, or a list for several outputs.

@@ -1,6 +1,9 @@
 """A TFNet as bytes: its weightless graph, names, weights and trainable selection, in one
-checksummed container (:mod:`tfnet.container`, no pickle). Used to ship a net to Spark workers;
-hooks are not included."""
+checksummed container (:mod:`tfnet.container`, no pickle). Used to ship a net to Spark workers.
+
+Hooks are code, so they are not in that container (loading a net from a file never runs code): they
+travel beside it, pickled with cloudpickle (:func:`hooks_to_bytes`, :func:`register_hooks`), wherever
+a net is shipped to run (training ranks, evaluation tasks)."""
 
 from __future__ import annotations
 
@@ -48,3 +51,35 @@ def net_from_bytes(data: bytes):
 def _jsonable(value):
     value = value.tolist() if hasattr(value, "tolist") else value
     return value.decode() if isinstance(value, bytes) else value
+
+
+HOOK_KINDS = ("forward", "gradient", "update")
+
+
+def hooks_to_bytes(net) -> bytes | None:
+    """The net's hooks (``net.hooks``) pickled with cloudpickle, or None when it has none.
+
+    Raises:
+        Whatever cloudpickle raises for a hook it cannot pickle.
+    """
+    hooks = net.hooks
+    if not any(hooks.values()):
+        return None
+    import cloudpickle
+
+    return cloudpickle.dumps({kind: list(hooks[kind]) for kind in HOOK_KINDS})
+
+
+def register_hooks(net, data: bytes | None):
+    """Registers the hooks :func:`hooks_to_bytes` made on ``net`` (in their order); returns ``net``."""
+    if not data:
+        return net
+    import cloudpickle
+
+    hooks = cloudpickle.loads(data)
+    register = {"forward": net.register_forward_hook, "gradient": net.register_gradient_hook,
+                "update": net.register_update_hook}
+    for kind in HOOK_KINDS:
+        for fn in hooks.get(kind, ()):
+            register[kind](fn)
+    return net

@@ -21,6 +21,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
+from tfnet.atomic import write_bytes_atomic as write_local
 from tfnet.errors import TFNetError
 
 __all__ = ["StorageUnavailableError", "exists", "filesystem", "is_remote", "isdir", "join", "listdir", "makedirs",
@@ -92,8 +93,6 @@ def read_bytes(path, storage_options=None) -> bytes:
 def write_bytes_atomic(path, data: bytes, storage_options=None) -> None:
     """Writes ``data`` to ``path`` through a temporary name in the same folder and a move."""
     if not is_remote(path):
-        from tfnet.graph_io import write_bytes_atomic as write_local
-
         write_local(_local(path), data)
         return
     fs, p = filesystem(os.fspath(path), storage_options)

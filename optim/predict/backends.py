@@ -103,7 +103,7 @@ class _ConversionFailed(Exception):
         self.ops, self.summary = ops, summary
 
 
-def _import_openvino():
+def import_openvino():
     try:
         import openvino
     except ImportError as exc:
@@ -121,7 +121,7 @@ def to_openvino_ir(snapshot: ModelSnapshot) -> tuple[bytes, bytes]:
     Raises:
         _ConversionFailed: OpenVINO cannot convert or compile the graph.
     """
-    ov = _import_openvino()
+    ov = import_openvino()
     string_io = [t.name for t in snapshot.inputs + snapshot.outputs if t.dtype == "string"]
     if string_io:
         raise _ConversionFailed([], f"string inputs or outputs {string_io} are not supported by this backend")
@@ -212,7 +212,7 @@ class OVEngine:
     backend = "openvino"
 
     def __init__(self, payload: Payload):
-        ov = _import_openvino()
+        ov = import_openvino()
         xml, weights = payload.model
         core = ov.Core()
         model = core.read_model(model=xml, weights=ov.Tensor(np.frombuffer(weights, np.uint8)))

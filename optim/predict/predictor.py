@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from optim.errors import BackendError, CalibrationError, ColumnError
-from optim.predict.backends import _import_openvino, check_backend, make_payload
+from optim.predict.backends import check_backend, import_openvino, make_payload
 from optim.predict.columns import ColumnSpec, input_columns, plan_columns
 from optim.predict.quantize import (
     calibration_arrays,
@@ -112,7 +112,7 @@ class TFPredictor:
         self._local_stats: dict = {}
         int8 = None
         if precision == "int8":
-            _import_openvino()  # before any work: a missing package fails first
+            import_openvino()  # before any work: a missing package fails first
             import_nncf()
             arrays = calibration_arrays(calibration, self._snapshot.inputs, calibration_size, calibration_cols)
 

@@ -211,9 +211,9 @@ def quantize_ir(ir: tuple[bytes, bytes], snapshot: ModelSnapshot, arrays: Sequen
         BackendError: NNCF failed on this model.
     """
     nncf = import_nncf()
-    from optim.predict.backends import _import_openvino, ir_bytes
+    from optim.predict.backends import import_openvino, ir_bytes
 
-    ov = _import_openvino()
+    ov = import_openvino()
     xml, weights = ir
     model = ov.Core().read_model(model=xml, weights=ov.Tensor(np.frombuffer(weights, np.uint8)))
     n = len(arrays[0])

@@ -15,7 +15,7 @@ import os
 
 from optim.predict.backends import Payload
 from optim.predict.snapshot import ModelSnapshot
-from tfnet.graph_io import write_bytes_atomic, write_json_atomic
+from tfnet.atomic import write_bytes_atomic, write_json_atomic
 
 __all__ = ["save_predictor", "load_predictor"]
 
@@ -57,9 +57,9 @@ def load_predictor(cls, folder, overrides: dict):
     settings.update(overrides)
     snapshot = ModelSnapshot.load(folder)
     if settings["backend"] == "openvino":
-        from optim.predict.backends import _import_openvino
+        from optim.predict.backends import import_openvino
 
-        _import_openvino()
+        import_openvino()
         with open(os.path.join(folder, _IR_DIR, "model.xml"), "rb") as f:
             xml = f.read()
         with open(os.path.join(folder, _IR_DIR, "model.bin"), "rb") as f:

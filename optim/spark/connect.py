@@ -19,10 +19,11 @@ import base64
 import re
 from collections.abc import Iterable, Iterator
 
+from optim.spark.conf import setting_bytes
 from optim.spark.failures import WorkerFailure
 
 __all__ = ["is_connect", "failure_text", "failures_in", "to_chunks", "join_chunks", "chunk_bytes", "plan_limit",
-           "session_of"]
+           "result_limit", "session_of"]
 
 FAILURE_OPEN = "[tfnet-failure:"
 FAILURE_CLOSE = ":tfnet-failure]"
@@ -35,6 +36,10 @@ TRACEBACK_CHARS = 4000
 #: becomes a task binary that every task deserialises in the executor's heap: a 120 MiB one ran a
 #: local server with the default 1 GiB heap out of memory, 48 MiB ran (measured 2026-11-23).
 DEFAULT_PLAN_LIMIT = 48 << 20
+#: What rank 0's result may bring back through ``collect()`` by default (``spark.tfnet.connect.maxResultBytes``
+#: changes it); a larger one goes through ``model_dir``. The pieces pass through the server's heap: a
+#: 177 MB result ran a local server with the default 1 GiB heap out of memory (2026-11-23).
+DEFAULT_RESULT_LIMIT = 96 << 20
 #: Spark Connect's default ``spark.connect.grpc.arrow.maxBatchSize``.
 DEFAULT_ARROW_BATCH = 4 << 20
 
@@ -92,22 +97,18 @@ def join_chunks(rows: Iterable[tuple[int, bytes]]) -> bytes:
     return b"".join(bytes(p) for _, p in pieces)
 
 
-def _conf_bytes(spark, key: str, default: int) -> int:
-    from optim.spark.driver.launcher import _size_setting
-
-    try:
-        value = spark.conf.get(key, None)
-    except Exception:  # noqa: BLE001 - a server that does not expose the key
-        value = None
-    return (_size_setting(value) if value else None) or default
-
-
 def chunk_bytes(spark) -> int:
     """Bytes per result row: a quarter of ``spark.connect.grpc.arrow.maxBatchSize`` (4 MiB by
     default), so a batch of rows stays under it with room for Arrow's framing."""
-    return max(64 << 10, _conf_bytes(spark, "spark.connect.grpc.arrow.maxBatchSize", DEFAULT_ARROW_BATCH) // 4)
+    return max(64 << 10, setting_bytes(spark, "spark.connect.grpc.arrow.maxBatchSize", DEFAULT_ARROW_BATCH) // 4)
 
 
 def plan_limit(spark) -> int:
     """Bytes the plan may carry (``spark.tfnet.connect.maxPlanBytes``, default :data:`DEFAULT_PLAN_LIMIT`)."""
-    return _conf_bytes(spark, "spark.tfnet.connect.maxPlanBytes", DEFAULT_PLAN_LIMIT)
+    return setting_bytes(spark, "spark.tfnet.connect.maxPlanBytes", DEFAULT_PLAN_LIMIT)
+
+
+def result_limit(spark) -> int:
+    """Bytes rank 0's result may bring back through ``collect()`` (``spark.tfnet.connect.maxResultBytes``,
+    default :data:`DEFAULT_RESULT_LIMIT`)."""
+    return setting_bytes(spark, "spark.tfnet.connect.maxResultBytes", DEFAULT_RESULT_LIMIT)

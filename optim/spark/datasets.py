@@ -3,7 +3,7 @@
 Each object describes how a rank turns its partition into arrays (:mod:`optim.training.shard` does
 it in the worker, through the one Arrow reader :mod:`optim.arrow`). Rows are balanced across ranks
 before training when partitions are uneven or empty (see
-:func:`optim.spark.driver.launcher.balance_dataframe`).
+:func:`optim.spark.driver.backends.classic.balance_dataframe`).
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ def _through(spec: TensorColumns, mapping: dict[str, str]) -> TensorColumns:
 
 def _warm_up(spark) -> None:
     """The workers start importing TensorFlow now, while the driver prepares the rest (once per
-    Spark application; :func:`~optim.spark.driver.preflight.ensure_warm_up`)."""
-    from optim.spark.driver.preflight import ensure_warm_up
+    Spark application or Connect session; :func:`~optim.spark.driver.warm_up.ensure_warm_up`)."""
+    from optim.spark.driver.warm_up import ensure_warm_up
 
     ensure_warm_up(spark)
 

@@ -11,7 +11,7 @@
 * Checked: tfnet's container (:mod:`tfnet.container`) holds a SHA-256 of every array; a truncated
   or corrupt file is detected, skipped with a warning, and never loaded.
 * Only the newest ``keep`` of the run are kept; temporary files of a killed writer are swept at
-  the run's next write (:func:`tfnet.graph_io.sweep_stale_temporaries`).
+  the run's next write (:func:`tfnet.atomic.sweep_stale_temporaries`).
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class CheckpointManager:
             data = pack(FORMAT, header, arrays)
         except ContainerError as exc:
             raise CheckpointError(f"Checkpoint at step {ckpt.step}: {exc}") from None
-        from tfnet.graph_io import sweep_stale_temporaries
+        from tfnet.atomic import sweep_stale_temporaries
 
         path = self.path_for(ckpt.step)
         if not storage.is_remote(self.directory):

@@ -13,11 +13,13 @@ numpy arrays, each rank for its partition. Pure: numpy and tfnet only.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 
 from optim import losses as L
-from optim.errors import DataError, NonFiniteInputError
+from optim import metrics as M
+from optim.errors import DataError, LabelShapeError, NonFiniteInputError
 
 __all__ = ["all_finite", "check_labels", "finite_batch", "finite_rows_only", "warn_if_logits_to_probability_loss"]
 
@@ -189,3 +191,36 @@ def _class_name(loss_name: str) -> str:
     return {"sparse_categorical_crossentropy": "SparseCategoricalCrossentropy",
             "categorical_crossentropy": "CategoricalCrossentropy",
             "binary_crossentropy": "BinaryCrossentropy"}[loss_name.lower()]
+
+
+def check_batch_labels(loss: L.Loss, labels, net, batch: int, metrics: Sequence[M.Metric] = ()) -> None:
+    """Checks the labels against the outputs before the first step: their number (one array per
+    output of a multi-output net) and, where the loss knows them, their shapes; sample weights,
+    one per example, need a loss and metrics that can weight examples."""
+    if isinstance(labels, L.SampleWeighted):
+        if len(np.reshape(labels.weights, [-1])) != batch:
+            raise LabelShapeError(f"Sample weights need one weight per example: {batch} in this batch. Received: "
+                                  f"{len(np.reshape(labels.weights, [-1]))} weights")
+        for m in metrics:
+            if getattr(m, "weighted", False) and not m.supports_weights:
+                raise TypeError(f"The metric {m.name!r} cannot weight examples (a function of a whole batch); give an "
+                                "optim.metrics.Metric, or train without sample weights.")
+        if isinstance(loss, L.FunctionLoss):
+            raise TypeError(f"The loss {loss.name!r} cannot weight examples (a function of a whole batch); give an "
+                            "optim.losses.Loss (a name such as 'mse'), or train without sample weights.")
+        labels = labels.labels
+    outs = net.output_specs
+    shapes = [(batch,) + tuple(o.shape.as_list()[1:]) if o.shape.rank is not None else None for o in outs]
+    if isinstance(loss, L.MultiOutputLoss):
+        got = [tuple(np.shape(t)) for t in labels] if isinstance(labels, (list, tuple)) else [tuple(np.shape(labels))]
+        loss.check_shapes(got, shapes)
+        return
+    if len(outs) != 1:
+        return
+    if isinstance(labels, (list, tuple)):
+        if len(labels) != 1:
+            raise LabelShapeError(f"The net has one output {net.output_names}; received {len(labels)} label arrays.")
+        labels = labels[0]
+    if labels is None or shapes[0] is None:
+        return
+    loss.check_shapes(tuple(np.shape(labels)), shapes[0])

@@ -24,7 +24,8 @@ __all__ = ["Exchange", "EveryStepExchange", "LocalSGDExchange", "AsyncExchange",
 
 
 def _nbytes(net, names: Sequence[str]) -> int:
-    return sum(int(np.prod(net._vars[n].shape)) * net._vars[n].dtype.size for n in names)
+    variables = net.weight_variables
+    return sum(int(np.prod(variables[n].shape)) * variables[n].dtype.size for n in names)
 
 
 def _gradient_bytes(net, size: int, compression: str | None) -> int:
@@ -99,9 +100,10 @@ class LocalSGDExchange(Exchange):
         self.every = mode.every
         self.server = mode.server_method()
         self.names = list(net.trainable)
+        self.vars = net.weight_variables  # the net's variables by weight name (assigned in place)
         trainable = set(self.names)
         # statistics (batch-norm moments) move in the forward pass: averaged as they are
-        self.stats = [n for n in net.statistic_names if n not in trainable and net._vars[n].dtype.is_floating]
+        self.stats = [n for n in net.statistic_names if n not in trainable and self.vars[n].dtype.is_floating]
         self.per_exchange = exchange_bytes(_nbytes(net, self.names + self.stats), collective.size, None)
         self.local_steps = 0
         self.anchor: dict[str, tf.Variable] = {}
@@ -112,7 +114,7 @@ class LocalSGDExchange(Exchange):
     def start(self, step_fn) -> None:
         """The anchor is where the run starts (the weights every rank now holds)."""
         for n in self.names:
-            value = self.net._vars[n].value()
+            value = self.vars[n].value()
             if n in self.anchor:
                 self.anchor[n].assign(value)
             else:
@@ -134,19 +136,19 @@ class LocalSGDExchange(Exchange):
             self._exchange()
 
     def _exchange_graph(self, state):
-        net, names = self.net, self.names
+        variables, names = self.vars, self.names
         anchor = {n: self.anchor[n].value() for n in names}
-        moves = [anchor[n] - net._vars[n].value() for n in names]
-        stats = [net._vars[n].value() for n in self.stats]
+        moves = [anchor[n] - variables[n].value() for n in names]
+        stats = [variables[n].value() for n in self.stats]
         averaged = self.collective.average(moves + stats, name="tfnet_local_sgd")
         pseudo = dict(zip(names, averaged[:len(names)]))
         updates, state = self.server.update(pseudo, state, anchor)
         for n in names:
             new = anchor[n] + tf.cast(updates[n], anchor[n].dtype)
-            net._vars[n].assign(new)
+            variables[n].assign(new)
             self.anchor[n].assign(new)
         for n, value in zip(self.stats, averaged[len(names):]):
-            net._vars[n].assign(value)
+            variables[n].assign(value)
         return state
 
     def _exchange(self) -> None:
@@ -159,7 +161,7 @@ class LocalSGDExchange(Exchange):
 
     def _server_init(self):
         """The server method's state for the current weights (its structure and shapes)."""
-        return self.server.init({n: self.net._vars[n].value() for n in self.names})
+        return self.server.init({n: self.vars[n].value() for n in self.names})
 
     def fresh_state(self) -> list[np.ndarray]:
         return [np.array(t) for t in tf.nest.flatten(self._server_init())]

@@ -41,7 +41,7 @@ def test_public_names_still_import_from_optim():
 
     assert optim.TFOptimizer.__module__ == "optim.optimizer"
     assert optim.TFNetTransformer.__module__ == "optim.predict.transformer"
-    assert optim.warm_up_workers.__module__ == "optim.spark.driver.preflight"
+    assert optim.warm_up_workers.__module__ == "optim.spark.driver.warm_up"
     assert set(optim.__all__) <= set(dir(optim))
     with pytest.raises(AttributeError, match=r"module 'optim' has no attribute 'nope'. Public names: "):
         optim.nope  # noqa: B018

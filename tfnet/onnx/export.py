@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from tfnet import graph_utils as gu
-from tfnet.graph_io import PathLike, write_bytes_atomic
+from tfnet.atomic import write_bytes_atomic
+from tfnet.graph_io import PathLike
 from tfnet.onnx.errors import NotOnnxNetError
 from tfnet.onnx.shared_stats import split_statistics
 

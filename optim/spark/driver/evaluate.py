@@ -1,9 +1,10 @@
 """``TFOptimizer.evaluate`` and ``predict`` on distributed data (a DataFrame, an RDD, or
-``from_tf_data``). Driver side.
+``from_tf_data``). Driver side (or a Spark Connect client).
 
-Evaluation runs one Spark task per partition (:mod:`optim.spark.worker.evaluate`) and sums the
-loss and metric accumulators here: metric states are sums, so the result equals an evaluation of
-the collected data (counts exactly; the loss to float64 rounding). Prediction is TFPredictor's.
+Evaluation runs one Spark task per partition (:mod:`optim.spark.worker.evaluate`), with the net and
+its hooks shipped as for training (:func:`optim.spark.driver.launcher.backend_for`), and sums the loss
+and metric accumulators here: metric states are sums, so the result equals an evaluation of the
+collected data (counts exactly; the loss to float64 rounding). Prediction is TFPredictor's.
 """
 
 from __future__ import annotations
@@ -12,84 +13,70 @@ import json
 
 import numpy as np
 
+from optim.errors import DistributedTrainingError
+from optim.spark.connect import plan_limit, session_of
+from optim.spark.driver.jobs import run_job
+from optim.spark.driver.launcher import backend_for
+from optim.spark.driver.stage import Cleanup, shipped_hooks
+from optim.spark.session import get_spark
 from optim.spark.worker.evaluate import EvalJob, evaluate_partition
 from optim.training.datasets import TFDataDataset
-from optim.training.loop import logs_from_states, metrics_copy
+from optim.training.evaluation import logs_from_states, metrics_copy
 from tfnet.serialize import net_to_bytes
 
 __all__ = ["evaluate_distributed", "predict_distributed"]
 
 
 def evaluate_distributed(opt, dataset, batch_size: int, num_partitions: int | None = None) -> dict[str, float]:
-    """Loss and metrics of ``opt.net`` over a distributed ``dataset``. Under Spark Connect the net
-    travels in the plan (up to :func:`optim.spark.connect.plan_limit` bytes)."""
-    from optim.logs import quiet_task_failures
-    from optim.spark.connect import is_connect, session_of
-    from optim.spark.session import get_spark
-
-    spark = session_of(dataset) or get_spark()
-    if is_connect(spark):
-        return _evaluate(spark, None, opt, dataset, batch_size, num_partitions)
-    sc = spark.sparkContext
-    from optim.spark.session import shared_python_workers
-
-    with quiet_task_failures(sc, pause_progress=False), shared_python_workers(spark):  # Spark's bar shows the job
-        return _evaluate(spark, sc, opt, dataset, batch_size, num_partitions)
+    """Loss and metrics of ``opt.net`` (with its hooks) over a distributed ``dataset``. Under Spark
+    Connect the net travels in the plan (up to :func:`optim.spark.connect.plan_limit` bytes)."""
+    backend = backend_for(session_of(dataset) or get_spark())
+    with backend.quiet(1, own_bar=False):  # Spark's bar shows the job: tfnet shows none of its own
+        return _evaluate(backend, opt, dataset, batch_size, num_partitions)
 
 
-def _evaluate(spark, sc, opt, dataset, batch_size: int, num_partitions: int | None) -> dict[str, float]:
-    """``sc`` is None under Spark Connect."""
+def _evaluate(backend, opt, dataset, batch_size: int, num_partitions: int | None) -> dict[str, float]:
     from optim.spark.datasets import DataFrameDataset, RDDDataset
 
-    net = _ship_net(spark, sc, net_to_bytes(opt.net))
+    cleanup = Cleanup()
     try:
-        job = EvalJob(net, opt.loss, metrics_copy(opt.metrics), batch_size)
+        net = _ship_net(backend, net_to_bytes(opt.net), cleanup)
+        job = EvalJob(net, opt.loss, metrics_copy(opt.metrics), batch_size, hooks=shipped_hooks(opt.net))
         if isinstance(dataset, DataFrameDataset):
             job.reader = dataset.shard_reader()
-            rows = _arrow_states(dataset.df.select(*dataset.columns()), job)
-        elif isinstance(dataset, RDDDataset) and sc is not None:
+            rows = _arrow_states(backend.spark, dataset.df.select(*dataset.columns()), job)
+        elif isinstance(dataset, RDDDataset) and backend.mode == "classic":
             job.reader = dataset.shard_reader()
-            rows = dataset.rdd.mapPartitionsWithIndex(lambda i, it, job=job: [evaluate_partition(job, i, it)]).collect()
+            action = dataset.rdd.mapPartitionsWithIndex(lambda i, it, job=job: [evaluate_partition(job, i, it)]).collect
+            rows = run_job(backend.spark, "evaluating", action)
         elif isinstance(dataset, TFDataDataset):
-            if sc is None:
-                from optim.spark.driver.connect_launcher import _num_workers
-
-                n = _num_workers(spark, num_partitions)
-                job.data, job.size = dataset, n
-                rows = _arrow_states(spark.range(n, numPartitions=n), job)
-            else:
-                n = int(num_partitions or sc.defaultParallelism)
-                job.data, job.size = dataset, n
-                rows = sc.parallelize(range(n), n).mapPartitionsWithIndex(
-                    lambda i, it, job=job: [evaluate_partition(job, i, it)]).collect()
+            n = backend.partitions(num_partitions)
+            job.data, job.size = dataset, n
+            rows = _arrow_states(backend.spark, backend.spark.range(n, numPartitions=n), job)
         else:
             raise TypeError(f"Cannot evaluate {type(dataset).__name__} over Spark"
-                            + (" Connect (it has no RDDs: pass a DataFrame)." if sc is None else "."))
+                            + (" Connect (it has no RDDs: pass a DataFrame)." if backend.mode == "connect" else "."))
     finally:
-        if hasattr(net, "destroy"):
-            net.destroy()
+        cleanup.run()
     parts = [[np.asarray(s, np.float64) for s in json.loads(r)] for r in rows]
     shapes = [np.shape(s.state) for s in [_mean()] + metrics_copy(opt.metrics)]
     total = [sum(p[i] for p in parts).reshape(shapes[i]) for i in range(len(shapes))]
     return logs_from_states(opt.metrics, total)
 
 
-def _ship_net(spark, sc, data: bytes):
-    """A broadcast of the net's bytes, or (Spark Connect) the bytes themselves, in the plan."""
-    if sc is not None:
-        return sc.broadcast(data)
-    from optim.errors import DistributedTrainingError
-    from optim.spark.connect import plan_limit
-
-    limit = plan_limit(spark)
-    if len(data) > limit:
-        raise DistributedTrainingError(
-            f"The net ({len(data) / 2**20:.0f} MiB) exceeds what a Spark Connect plan carries ({limit / 2**20:.0f} MiB, "
-            "spark.tfnet.connect.maxPlanBytes); evaluate it from a classic SparkSession, or raise that setting.")
-    return data
+def _ship_net(backend, data: bytes, cleanup: Cleanup):
+    """The net's bytes as the tasks get them: a broadcast, or (Spark Connect) in the plan."""
+    if backend.mode == "connect":
+        limit = plan_limit(backend.spark)
+        if len(data) > limit:
+            raise DistributedTrainingError(
+                f"The net ({len(data) / 2**20:.0f} MiB) exceeds what a Spark Connect plan carries "
+                f"({limit / 2**20:.0f} MiB, spark.tfnet.connect.maxPlanBytes); evaluate it from a classic SparkSession, "
+                "or raise that setting.")
+    return backend.ship(data, cleanup)
 
 
-def _arrow_states(df, job: EvalJob) -> list[str]:
+def _arrow_states(spark, df, job: EvalJob) -> list[str]:
     """Each partition's accumulator states (JSON), through ``mapInArrow``."""
 
     def per_partition(batches, job=job):
@@ -99,7 +86,8 @@ def _arrow_states(df, job: EvalJob) -> list[str]:
         out = evaluate_partition(job, TaskContext.get().partitionId(), batches)
         yield pa.RecordBatch.from_pydict({"states": [out]})
 
-    return [r["states"] for r in df.mapInArrow(per_partition, "states string").collect()]
+    action = df.mapInArrow(per_partition, "states string").collect
+    return [r["states"] for r in run_job(spark, "evaluating", action)]
 
 
 def _mean():

@@ -14,7 +14,7 @@ from optim.errors import DistributedTrainingError
 from optim.spark.failures import WorkerFailure, pick_root, to_exception
 from tfnet.errors import TFNetError
 
-__all__ = ["RetryPolicy", "stage_error"]
+__all__ = ["Decision", "RetryPolicy", "one_line", "stage_error"]
 
 
 def stage_error(exc: BaseException, failures: list[WorkerFailure], prefix: str = "Training failed") -> Exception:
@@ -45,6 +45,27 @@ def _error(message: str, retryable: bool) -> DistributedTrainingError:
     err.retryable = retryable  # type: ignore[attr-defined]
     return err
 
+
+def one_line(text: str, limit: int = 300) -> str:
+    """An error in one line for a warning: its first line, and its last when they differ (a TF
+    graph error's first line says where, its last says what), cut to ``limit`` characters."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    short = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    return short if len(short) <= limit else short[:limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do after a failed attempt of the stage (:meth:`RetryPolicy.decide`): ``retry`` it,
+    or raise ``error``. ``failure`` is the attempt's failure to record (None when it is not one a
+    rerun could mend)."""
+
+    retry: bool
+    error: Exception
+    failure: str | None = None
+
 @dataclass
 class RetryPolicy:
     """Whether to run the stage again.
@@ -62,3 +83,20 @@ class RetryPolicy:
     def should_retry(self, error: BaseException, attempt: int, spark_stopped: bool = False) -> bool:
         """True to rerun after ``error`` on attempt ``attempt`` (0-based)."""
         return bool(getattr(error, "retryable", False)) and not spark_stopped and attempt < self.max_retries
+
+    def decide(self, exc: BaseException, reports: list[WorkerFailure], attempt: int, *, stopped: bool,
+               failures: list[str]) -> Decision:
+        """The decision after attempt ``attempt`` (0-based) failed with ``exc``, the ranks having sent
+        ``reports``; ``stopped``: the session is gone; ``failures``: the failures recorded so far.
+        Pure: the launcher carries the decision out."""
+        err = stage_error(exc, reports)
+        if not getattr(err, "retryable", False):
+            return Decision(False, err)
+        if stopped:
+            return Decision(False, DistributedTrainingError(
+                f"The SparkContext stopped during training, so the stage cannot be retried: {err}"))
+        told = [*failures, str(err)]
+        if not self.should_retry(err, attempt):
+            return Decision(False, DistributedTrainingError(
+                f"Distributed training failed {len(told)} time(s), the last time with: {told[-1]}"), str(err))
+        return Decision(True, err, str(err))

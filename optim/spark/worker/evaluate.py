@@ -16,7 +16,8 @@ _NETS: dict[str, Any] = {}  # this Python worker's nets, by the SHA-256 of their
 @dataclass
 class EvalJob:
     """What every partition needs (picklable): the net's bytes (a broadcast, or the bytes under
-    Spark Connect), the loss, the metrics, the batch size and how a partition becomes arrays."""
+    Spark Connect) and its hooks, the loss, the metrics, the batch size and how a partition becomes
+    arrays."""
 
     net: Any
     loss: Any
@@ -25,23 +26,24 @@ class EvalJob:
     reader: Any = None  # a shard reader (DataFrame, RDD); None for tf.data
     data: Any = None  # the TFDataDataset, for tf.data
     size: int = 1
+    hooks: bytes | None = None  # tfnet.serialize.hooks_to_bytes(net)
 
 
 def _net(job: EvalJob):
-    from tfnet.serialize import net_from_bytes
+    from tfnet.serialize import net_from_bytes, register_hooks
 
     data = job.net if isinstance(job.net, (bytes, bytearray)) else job.net.value  # in the plan under Connect
-    key = hashlib.sha256(data).hexdigest()
+    key = hashlib.sha256(data + (job.hooks or b"")).hexdigest()
     if key not in _NETS:
         _NETS.clear()  # one net per worker at a time
-        _NETS[key] = net_from_bytes(data)
+        _NETS[key] = register_hooks(net_from_bytes(data), job.hooks)
     return _NETS[key]
 
 
 def evaluate_partition(job: EvalJob, partition: int, rows) -> str:
     """The accumulator states of one partition, as JSON (a list of lists of floats)."""
     from optim.logs import quiet_worker
-    from optim.training.loop import accumulate, metrics_copy
+    from optim.training.evaluation import accumulate, metrics_copy
 
     quiet_worker()
     net = _net(job)

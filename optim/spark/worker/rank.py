@@ -34,11 +34,11 @@ class RankJob:
     """Everything a rank needs, built on the driver (picklable)."""
 
     net: Any  # tfnet.serialize.net_to_bytes(net): a path in ``exchange``, a Spark broadcast, or the bytes (Connect)
-    hooks: bytes | None
+    hooks: bytes | None  # tfnet.serialize.hooks_to_bytes(net)
     loss: Any
     method: Any
     metrics: list
-    config: Any  # optim.training.loop.TrainConfig (batch_size is per rank)
+    config: Any  # optim.training.config.TrainConfig (batch_size is per rank)
     size: int
     kind: str  # "arrow", "records", "arrays" or "tf_data"
     reader: Callable | None = None  # arrow/records shard reader
@@ -273,7 +273,7 @@ def _horovod(job: RankJob, ctx, rank: int):
 
 
 def _build_net(job: RankJob):
-    from tfnet.serialize import net_from_bytes
+    from tfnet.serialize import net_from_bytes, register_hooks
 
     if isinstance(job.net, str):
         from tfnet import storage
@@ -281,17 +281,7 @@ def _build_net(job: RankJob):
         net = net_from_bytes(storage.read_bytes(job.net, job.config.storage_options))
     else:
         net = net_from_bytes(_value(job.net))
-    if job.hooks:
-        import cloudpickle
-
-        forward, gradient, update = cloudpickle.loads(job.hooks)
-        for fn in forward:
-            net.register_forward_hook(fn)
-        for fn in gradient:
-            net.register_gradient_hook(fn)
-        for fn in update:
-            net.register_update_hook(fn)
-    return net
+    return register_hooks(net, job.hooks)
 
 
 def _reporter(job: RankJob, rank: int):

@@ -148,9 +148,10 @@ def test_a_model_dir_that_cannot_be_written_fails_before_the_stage(spark, s3, tm
 
 def test_driver_memory_is_checked_when_the_model_moves_through_spark(spark):
     from optim.errors import DistributedTrainingError
-    from optim.spark.driver.launcher import _size_setting, check_driver_memory
+    from optim.spark.conf import size_setting
+    from optim.spark.driver.backends.classic import check_driver_memory
 
-    assert _size_setting("1g") == 1 << 30 and _size_setting("512m") == 512 << 20 and _size_setting("0") is None
+    assert size_setting("1g") == 1 << 30 and size_setting("512m") == 512 << 20 and size_setting("0") is None
     sc = spark.sparkContext
     check_driver_memory(sc, 50 << 20, 100 << 20)  # 150 MB fits a 3 GB driver and a 1 GB result limit
     with pytest.raises(DistributedTrainingError, match=r"rank 0's result \(2048 MiB\) move through the driver.*model_dir"):

@@ -14,7 +14,7 @@ from optim import TFOptimizer
 from optim.training.checkpoint import CheckpointManager, list_runs, new_run_id, resolve_resume
 from tests import digits
 from tfnet import TFNet
-from tfnet.graph_io import sweep_stale_temporaries, write_bytes_atomic
+from tfnet.atomic import sweep_stale_temporaries, write_bytes_atomic
 
 SCE = optim.losses.SparseCategoricalCrossentropy(from_logits=True)
 

@@ -1,12 +1,17 @@
-"""One rank of the training stage under Spark Connect. Worker side.
+"""The body of one task of the training stage, in both modes: ``mapInArrow(..., barrier=True)`` over
+the rank's partition. Worker side.
 
-The client of a Connect session may be out of the executors' reach, so the stage hosts its own
-channels: rank 0 starts the secured rendezvous store (:mod:`optim.spark.rendezvous_store`, the
-job's rendezvous key from the plan) on its host, and every rank learns its address through
-``BarrierTaskContext.allGather``. Rank 0 also watches the ranks' heartbeats there and ends the
-stage when one is stuck. The rest is the classic rank (:func:`optim.spark.worker.rank.run_rank`).
-Rank 0's result leaves as rows of ``(piece, chunk)``; a failure leaves inside the task's error
-text (:mod:`optim.spark.connect`), since no store outlives the stage.
+Around :func:`optim.spark.worker.rank.run_rank` (the rank itself), a task:
+
+* under Spark Connect, whose client the executors may not reach, hosts the stage's channels itself:
+  rank 0 starts the secured rendezvous store (:mod:`optim.spark.rendezvous_store`, the job's
+  rendezvous key) on its host, every rank learns its address through ``BarrierTaskContext.allGather``,
+  and rank 0 watches the ranks' heartbeats there and ends the stage when one is stuck (in a classic
+  session the driver hosts the store and watches);
+* sends rank 0's result as rows of :data:`RESULT_SCHEMA`: the path of the result file when the job
+  has an exchange folder, else the payload in pieces of at most ``chunk_size`` bytes;
+* fails with the rank's failure inside the error text (:mod:`optim.spark.connect`), so that the
+  driver finds it even where no store outlives the stage.
 """
 
 from __future__ import annotations
@@ -21,13 +26,12 @@ from collections.abc import Iterable, Iterator
 
 log = logging.getLogger("tfnet.spark.worker")
 
-RESULT_SCHEMA = "piece int, chunk binary"
+RESULT_SCHEMA = "piece int, chunk binary, path string"
 MONITOR_S = 1.0
 
 
-def run_connect_rank(job, batches: Iterable, chunk_size: int) -> Iterator:
-    """The body of one barrier task of ``mapInArrow(..., barrier=True)``: yields Arrow record
-    batches of rank 0's result in pieces of at most ``chunk_size`` bytes (nothing on other ranks)."""
+def run_arrow_task(job, batches: Iterable, chunk_size: int) -> Iterator:
+    """Yields Arrow record batches of rank 0's result (nothing on the other ranks); see the module."""
     import pyarrow as pa
     from pyspark import BarrierTaskContext
 
@@ -39,12 +43,15 @@ def run_connect_rank(job, batches: Iterable, chunk_size: int) -> Iterator:
     ctx = BarrierTaskContext.get()
     rank = ctx.partitionId()
     store = monitor = None
+    hosted = job.rendezvous is None  # Spark Connect: the stage hosts its own rendezvous
     try:
-        store, job = _rendezvous(job, ctx, rank)
-        if store is not None:
-            monitor = _Monitor(store, job).start()
+        if hosted:
+            store, job = _rendezvous(job, ctx, rank)
+            if store is not None:
+                monitor = _Monitor(store, job).start()
         results = list(run_rank(job, batches))
-        ctx.barrier()  # every rank is done with the store before rank 0 closes it
+        if hosted:
+            ctx.barrier()  # every rank is done with rank 0's store before rank 0 closes it
     except BaseException as exc:
         failure = from_exception(exc, rank)
         raise WorkerError(f"{failure_text(failure)} rank {rank}: {failure.cls}: {failure.message[:500]}") from exc
@@ -53,10 +60,13 @@ def run_connect_rank(job, batches: Iterable, chunk_size: int) -> Iterator:
             monitor.stop()
         if store is not None:
             store.stop()
-    schema = pa.schema([("piece", pa.int32()), ("chunk", pa.binary())])
+    schema = pa.schema([("piece", pa.int32()), ("chunk", pa.binary()), ("path", pa.string())])
     for payload in results:
+        if isinstance(payload, str):  # a file in the exchange folder
+            yield pa.RecordBatch.from_pydict({"piece": [0], "chunk": [None], "path": [payload]}, schema=schema)
+            continue
         for index, piece in to_chunks(payload, chunk_size):
-            yield pa.RecordBatch.from_pydict({"piece": [index], "chunk": [piece]}, schema=schema)
+            yield pa.RecordBatch.from_pydict({"piece": [index], "chunk": [piece], "path": [None]}, schema=schema)
 
 
 def _rendezvous(job, ctx, rank: int):

@@ -1,0 +1,100 @@
+"""The seam between the one distributed path (:mod:`optim.spark.driver.launcher`) and the two kinds of
+session it runs in. Driver side (or a Spark Connect client).
+
+The launcher makes every decision (ranks, batch split, checks, the attempts loop, retries, clean-up,
+cancellation, the run summary); a backend only says how its kind of session does the few things that
+differ (docs/distributed.md has the table):
+
+=================  ==============================================  =============================================
+                   classic (:mod:`.classic`)                        Spark Connect (:mod:`.connect`)
+=================  ==============================================  =============================================
+quiet console      task-failure loggers off, Spark's bar paused,   the bar of a server in this process paused,
+                   one Python worker pool for tfnet's jobs          the client's own bar off
+ranks              task slots counted (and waited for)              ``local[N]``, else ``num_workers`` needed
+data               balanced by a row count, else as it is           repartitioned (no count: no RDDs)
+shipping           broadcasts; the net through an exchange folder   in the plan; the net (and rank 0's result)
+                   (local disk, shared ``model_dir``)               through ``model_dir`` when too large
+rendezvous         on the driver, which watches the heartbeats      on rank 0, which watches them
+progress           an authenticated channel to the driver           polled from ``model_dir`` (else the history
+                                                                    at the end)
+=================  ==============================================  =============================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Attempt", "Backend"]
+
+
+@dataclass
+class Attempt:
+    """How the ranks of one attempt meet and report: ``job`` (the rank job's channel fields:
+    ``rendezvous``, ``progress`` or ``progress_path``, and their keys), ``reports(exc)`` (the ranks'
+    failure reports after ``exc``) and ``watch()`` (a reason to cancel the stage now, or None)."""
+
+    job: dict = field(default_factory=dict)
+    reports: Callable[[BaseException], list] = lambda exc: []
+    watch: Callable[[], str | None] | None = None
+
+
+class Backend:
+    """One kind of session. ``spark``: the session the data came from (or the active one)."""
+
+    #: ``"classic"`` or ``"connect"``; recorded in ``last_run["mode"]``.
+    mode = ""
+
+    def __init__(self, spark):
+        self.spark = spark
+
+    def quiet(self, verbose: int, own_bar: bool = True) -> AbstractContextManager:
+        """Held while tfnet's jobs run: Spark's task-failure lines stay out of the console and, when tfnet
+        shows a bar of its own (``own_bar``: training), Spark's bars do too."""
+        raise NotImplementedError
+
+    def partitions(self, requested: int | None) -> int:
+        """Tasks for a job over a placeholder (evaluation of ``from_tf_data``): ``requested`` or the default."""
+        raise NotImplementedError
+
+    def ranks(self, num_workers: int | None, slot_wait: float) -> int:
+        """The number of ranks (``num_workers`` or the session's default), checked against the slots."""
+        raise NotImplementedError
+
+    def wait_for_slots(self, n: int, wait_s: float) -> None:
+        """Before a retry: waits (bounded) for ``n`` slots to be back."""
+
+    def source(self, dataset, n: int, per_rank: int, timeout_s: float) -> tuple[str, Any, Any, Any]:
+        """``(kind, reader, data, source)``: how the ranks read ``dataset`` and what the stage runs over
+        (a DataFrame of ``n`` partitions, or an RDD in a classic session)."""
+        raise NotImplementedError
+
+    def ship(self, value, cleanup):
+        """``value`` (numpy data, validation arrays) as the ranks get it: a broadcast, or itself (the plan)."""
+        raise NotImplementedError
+
+    def ship_net(self, opt, config, net_bytes: bytes, carried: int, cleanup) -> tuple[Any, str | None]:
+        """``(net, exchange)``: the net as the ranks get it (a path, a broadcast or the bytes), and the
+        exchange folder rank 0's result goes through (None: the job's result rows). ``carried``: the
+        bytes of numpy data and state that travel with the job."""
+        raise NotImplementedError
+
+    def progress(self, reporter, config, secret: bytes, cleanup):
+        """The :class:`~optim.spark.progress.EventSink` that feeds ``reporter`` (closed by ``cleanup``)."""
+        raise NotImplementedError
+
+    def attempt(self, secret: bytes, n: int, attempt: int, sink, config,
+                startup_timeout: float) -> AbstractContextManager[Attempt]:
+        """The channels of one attempt, open while it runs (``sink``: what :meth:`progress` made)."""
+        raise NotImplementedError
+
+    def stage_defaults(self) -> dict:
+        """Fields of :class:`~optim.spark.driver.stage.Stage` this kind sets (the driver's address, the
+        size of rank 0's result pieces)."""
+        return {}
+
+    def stopped(self) -> bool:
+        """Whether the session is gone (a stopped session cannot retry)."""
+        raise NotImplementedError

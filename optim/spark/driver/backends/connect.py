@@ -1,0 +1,171 @@
+"""The training stage from a Spark Connect client. Client side.
+
+Nothing is hosted on the client, which the executors may not reach: rank 0 hosts the rendezvous store
+and watches the heartbeats (:mod:`optim.spark.worker.task`); the net, the hooks, the optimiser state
+and numpy data travel in the plan, up to :func:`optim.spark.connect.plan_limit` bytes (48 MiB by
+default); a larger net, or a rank 0 result larger than that, goes through ``model_dir``
+(``model_dir/.exchange/<id>/``), and without one the call fails before the stage, naming ``model_dir``.
+Progress is polled from ``model_dir`` (:mod:`optim.spark.progress_store`); without one, the
+per-epoch lines are printed from the history when the run ends. It never touches ``sparkContext``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from contextlib import ExitStack, contextmanager, nullcontext
+
+from optim.errors import DistributedTrainingError
+from optim.spark.auth import derive_key
+from optim.spark.connect import chunk_bytes, failures_in, plan_limit, result_limit
+from optim.spark.driver.backends.base import Attempt, Backend
+from optim.spark.driver.slots import connect_slots
+from optim.spark.driver.stage import result_bytes
+from optim.spark.progress import EventSink
+from optim.training.datasets import ArrayDataset, TFDataDataset
+from tfnet import storage
+
+__all__ = ["ConnectBackend", "num_workers", "quiet_connect_console"]
+
+
+def num_workers(spark, requested: int | None) -> int:
+    """``requested``, or the slots of the session's ``local[N]`` master.
+
+    Raises:
+        ValueError: ``requested`` is not positive, or the slots cannot be told and none was given.
+    """
+    if requested is not None:
+        n = int(requested)
+        if n < 1:
+            raise ValueError(f"`num_workers` must be positive. Received: {requested}")
+        return n
+    n = connect_slots(spark)
+    if n is None:
+        from optim.spark.conf import setting
+
+        master = setting(spark, "spark.master", "") or ""
+        raise ValueError("Under Spark Connect the client cannot count the cluster's task slots: pass num_workers=N "
+                         f"(at most the slots the cluster has; master: {master or 'unknown'}).")
+    return n
+
+
+#: pyspark's switch for a Connect client's own progress bar.
+CLIENT_BAR_ENV = "SPARK_CONNECT_PROGRESS_BAR_ENABLED"
+
+
+@contextmanager
+def quiet_connect_console():
+    """Spark's bars stay off the client's console while tfnet's jobs run: the client's own bar (when
+    :data:`CLIENT_BAR_ENV` turned it on), and the ``[Stage 0:> (0 + 2) / 2]`` bar of a Connect server
+    whose JVM runs in this process (``SparkSession.builder.remote("local[2]")``: its console is this
+    one). ``spark.ui.showConsoleProgress`` cannot be changed from a client (Spark refuses it with
+    ``CANNOT_MODIFY_CONFIG``); the server's JVM is reached through the in-process SparkContext instead.
+    A remote server's bar is on the server's console, not here."""
+    from pyspark import SparkContext
+
+    from optim.logs import paused_console_progress
+
+    saved = os.environ.get(CLIENT_BAR_ENV)
+    os.environ[CLIENT_BAR_ENV] = "0"
+    try:
+        with ExitStack() as stack:
+            local = SparkContext._active_spark_context
+            if local is not None:
+                stack.enter_context(paused_console_progress(local))
+            yield
+    finally:
+        if saved is None:
+            os.environ.pop(CLIENT_BAR_ENV, None)
+        else:
+            os.environ[CLIENT_BAR_ENV] = saved
+
+
+class ConnectBackend(Backend):
+    mode = "connect"
+
+    def quiet(self, verbose: int, own_bar: bool = True):
+        return quiet_connect_console() if own_bar else nullcontext()
+
+    def partitions(self, requested: int | None) -> int:
+        return num_workers(self.spark, requested)
+
+    def ranks(self, num_workers_: int | None, slot_wait: float) -> int:
+        return num_workers(self.spark, num_workers_)
+
+    def source(self, dataset, n: int, per_rank: int, timeout_s: float):
+        from optim.spark.datasets import DataFrameDataset
+
+        if isinstance(dataset, DataFrameDataset):
+            return "arrow", dataset.shard_reader(), None, dataset.df.select(*dataset.columns()).repartition(n)
+        if isinstance(dataset, ArrayDataset):
+            return "arrays", None, dataset, self.spark.range(n, numPartitions=n)
+        if isinstance(dataset, TFDataDataset):
+            return "tf_data", None, dataset, self.spark.range(n, numPartitions=n)
+        raise TypeError(f"Cannot train on {type(dataset).__name__} over Spark"
+                        + (" Connect: it has no RDDs; pass a DataFrame (TFDataset.from_dataframe), numpy arrays or "
+                           "TFDataset.from_tf_data." if hasattr(dataset, "rdd") else "."))
+
+    def ship(self, value, cleanup):
+        return value
+
+    def ship_net(self, opt, config, net_bytes: bytes, carried: int, cleanup):
+        limit = plan_limit(self.spark)
+        result = result_bytes(opt, config)
+        if carried > limit:
+            raise DistributedTrainingError(
+                f"The numpy data and optimiser state ({carried / 2**20:.0f} MiB) exceed what a Spark Connect plan carries "
+                f"({limit / 2**20:.0f} MiB, spark.tfnet.connect.maxPlanBytes): pass the data as a DataFrame.")
+        back = result_limit(self.spark)
+        if len(net_bytes) + carried <= limit and result <= back:
+            return net_bytes, None
+        if not config.model_dir:
+            raise _too_large(len(net_bytes) + carried, limit, result, back)
+        exchange = storage.join(config.model_dir, ".exchange", uuid.uuid4().hex[:12])
+        storage.makedirs(exchange, config.storage_options)
+        cleanup.add(storage.rmtree, exchange, config.storage_options)
+        path = storage.join(exchange, "net.npz")
+        storage.write_bytes_atomic(path, net_bytes, config.storage_options)
+        return path, exchange
+
+    def stage_defaults(self) -> dict:
+        return {"chunk": chunk_bytes(self.spark)}
+
+    def progress(self, reporter, config, secret: bytes, cleanup):
+        if config.model_dir:
+            from optim.spark.progress_store import ProgressPoller
+
+            sink = ProgressPoller(reporter, config.storage_options)
+            cleanup.add(sink.close)
+            return sink
+        return EventSink(reporter)
+
+    @contextmanager
+    def attempt(self, secret: bytes, n: int, attempt: int, sink, config, startup_timeout: float):
+        from optim.spark.progress_store import progress_path
+
+        path = progress_path(config.model_dir, config.run_id, attempt) if config.model_dir else None
+        if hasattr(sink, "watch"):
+            sink.watch(path)
+        yield Attempt(job={"rendezvous": None, "progress": None, "progress_path": path,
+                           "rendezvous_key": derive_key(secret, "rendezvous")},
+                      reports=lambda exc: failures_in(str(exc)))
+
+    def stopped(self) -> bool:
+        return bool(getattr(self.spark, "is_stopped", False))
+
+
+def _too_large(shipped: int, limit: int, result: int, back: int) -> DistributedTrainingError:
+    """The error for a net (or a result) too large for a Connect plan (or ``collect()``) without ``model_dir``."""
+    if shipped > limit:
+        what = (f"The net and what goes with it ({shipped / 2**20:.0f} MiB) exceed what a Spark Connect plan carries "
+                f"({limit / 2**20:.0f} MiB, spark.tfnet.connect.maxPlanBytes; a net of about {limit / 4 / 1e6:.0f}M "
+                "float32 parameters, a third of that with Adam's state).")
+    else:
+        what = (f"Rank 0's result (the weights and the optimiser state, about {result / 2**20:.0f} MiB) exceeds what a "
+                f"Spark Connect client takes back through collect() ({back / 2**20:.0f} MiB, "
+                "spark.tfnet.connect.maxResultBytes; the pieces pass through the server's heap).")
+    err = DistributedTrainingError(
+        f"{what} Give TFOptimizer a model_dir on storage the cluster reaches (s3://bucket/run, hdfs://..., a shared "
+        "mount): the net and the result then go through it.")
+    err.retryable = False  # type: ignore[attr-defined]
+    return err

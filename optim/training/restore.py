@@ -1,0 +1,81 @@
+"""What a run restores from a checkpoint: the weights matched to the net (by name, else by structure),
+the server method's state split from the worker method's, and the optimiser state checked against the
+step's. Beside :mod:`optim.training.checkpoint`, which reads and writes the files."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from optim.errors import CheckpointError, CheckpointWarning
+from optim.training.checkpoint import Checkpoint
+
+__all__ = ["check_state", "fits", "load_state", "match_weights", "split_exchange_state", "state_arrays"]
+
+
+def match_weights(ckpt: Checkpoint, net) -> list[np.ndarray]:
+    """The checkpoint's weights in the net's order: by name, or, when the names differ (a Keras
+    model rebuilt in the same process is named ``sequential_5/...`` instead of ``sequential_4/...``),
+    by order and shape, as Keras's ``load_weights`` matches, with a warning that says so.
+
+    Raises:
+        CheckpointError: neither the names nor the structure (count, order and shapes) match.
+    """
+    names = net.weight_names
+    if all(n in ckpt.weights for n in names):
+        return [ckpt.weights[n] for n in names]
+    theirs = list(ckpt.weights)
+    shapes = [tuple(v.shape) for v in net.weight_variables.values()]
+    if len(theirs) == len(names) and all(tuple(np.shape(ckpt.weights[t])) == s for t, s in zip(theirs, shapes)):
+        renamed = [(t, n) for t, n in zip(theirs, names) if t != n]
+        warnings.warn(
+            f"Checkpoint {ckpt.path} names {len(renamed)} of its {len(names)} weights differently from this net "
+            f"(e.g. {renamed[0][0]!r} for {renamed[0][1]!r}); they were matched by order and shape, as Keras's "
+            "load_weights does.", CheckpointWarning, stacklevel=4)
+        return [ckpt.weights[t] for t in theirs]
+    missing = [n for n in names if n not in ckpt.weights]
+    raise CheckpointError(
+        f"Checkpoint {ckpt.path} does not hold weights {missing[:5]} of this net, and its structure differs too "
+        f"({len(theirs)} weights, this net has {len(names)}; or their shapes differ); it was written for another "
+        "model. Use another model_dir or resume=False."
+    )
+
+
+def split_exchange_state(ckpt: Checkpoint) -> tuple[Checkpoint, list]:
+    """The checkpoint with the worker method's state only, and the server method's state that
+    follows it (local SGD; ``extra["exchange_state"]`` arrays)."""
+    n = int(ckpt.extra.get("exchange_state", 0))
+    if not n:
+        return ckpt, []
+    return dataclasses.replace(ckpt, state=ckpt.state[:-n]), list(ckpt.state[-n:])
+
+
+def check_state(ckpt: Checkpoint, net, template) -> None:
+    leaves = tf.nest.flatten(template)
+    if len(leaves) != len(ckpt.state) or any(
+        tuple(np.shape(a)) != tuple(t.shape) for a, t in zip(ckpt.state, leaves)
+    ):
+        raise CheckpointError(
+            f"Checkpoint {ckpt.path} holds optimiser state of another shape ({len(ckpt.state)} arrays, this "
+            f"optimiser has {len(leaves)}); it was written with another optimiser or trainable set."
+        )
+
+
+def state_arrays(step_fn) -> list[np.ndarray]:
+    """Copies of the optimiser state's leaves (the variables keep changing in place)."""
+    return [np.array(t, copy=True) for t in tf.nest.flatten(step_fn.get_state())]
+
+
+def fits(leaves: Sequence[np.ndarray], template) -> bool:
+    flat = tf.nest.flatten(template)
+    return len(leaves) == len(flat) and all(tuple(np.shape(a)) == tuple(t.shape) for a, t in zip(leaves, flat))
+
+
+def load_state(step_fn, leaves: Sequence[np.ndarray], template) -> None:
+    step_fn.set_state(tf.nest.pack_sequence_as(
+        template, [tf.constant(a, dtype=t.dtype) for a, t in zip(leaves, tf.nest.flatten(template))]
+    ))
