@@ -70,7 +70,7 @@ def quiet_connect_console():
     try:
         with ExitStack() as stack:
             local = SparkContext._active_spark_context
-            if local is not None:
+            if local is not None and _hosts_connect_server(local):
                 stack.enter_context(paused_console_progress(local))
             yield
     finally:
@@ -78,6 +78,15 @@ def quiet_connect_console():
             os.environ.pop(CLIENT_BAR_ENV, None)
         else:
             os.environ[CLIENT_BAR_ENV] = saved
+
+
+def _hosts_connect_server(sc) -> bool:
+    """Whether ``sc`` (this process's SparkContext) runs the Connect server (pyspark starts it with
+    ``SparkConnectPlugin`` for ``remote("local[...]")``), as opposed to a classic session of the user's."""
+    try:
+        return "SparkConnectPlugin" in (sc.getConf().get("spark.plugins", "") or "")
+    except Exception:  # noqa: BLE001 - a stopped context
+        return False
 
 
 class ConnectBackend(Backend):
