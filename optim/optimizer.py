@@ -203,7 +203,35 @@ class TFOptimizer:
                 averages the weights' moves every K local steps through a server method;
                 ``optim.Asynchronous(staleness=1)`` exchanges each step's gradients in the
                 background and applies them a step later. Default: None.
+            **distributed_options: For distributed data: ``min_workers`` and ``elastic_wait``
+                (elastic training: go on with fewer ranks when executors are lost, grow back when
+                they return), ``max_retries``, ``timeout``, ``startup_timeout``, ``slot_wait`` and
+                ``steps_per_epoch``; see :func:`optim.spark.driver.launcher.optimize_distributed`.
         """
+        dataset, val, batch_size = self._inputs(data, batch_size, validation_data, sample_weight, on_nonfinite)
+        config = self._config(epochs=epochs, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                              validate_every=validate_every, checkpoint_every=checkpoint_every,
+                              keep_checkpoints=keep_checkpoints, resume=resume, on_nonfinite=on_nonfinite,
+                              max_steps=max_steps, precision=precision, sync=sync)
+        if getattr(dataset, "distributed", False) or num_workers is not None:
+            return self._train_distributed(dataset, config, val, num_workers, verbose, distributed_options)
+        if distributed_options:
+            raise TypeError(f"Unknown arguments {sorted(distributed_options)} for local training.")
+        return self._train_locally(dataset, config, val, verbose)
+
+    def _config(self, epochs: int | None, max_steps: int | None, precision: str, sync, **settings) -> TrainConfig:
+        """This call's TrainConfig (a new run id), checked, with what it resumes from chosen once here."""
+        if epochs is None:
+            epochs = 1 if max_steps is None else 1 << 30  # bounded by max_steps
+        config = TrainConfig(epochs=epochs, max_steps=max_steps, precision=check_precision(precision),
+                             sync=check_sync(sync), model_dir=self.model_dir, storage_options=self.storage_options,
+                             run_id=new_run_id(), **settings)
+        config.check()
+        config.resume = self._resume_source(config)
+        return config
+
+    def _inputs(self, data, batch_size, validation_data, sample_weight, on_nonfinite: str):
+        """``(training data, validation data, batch size)`` as TFDatasets, checked on the driver."""
         if sample_weight is not None:
             if not (isinstance(data, tuple) and len(data) == 2):
                 raise TypeError("`sample_weight` goes with numpy data given as (features, labels); for a TFDataset or "
@@ -214,28 +242,22 @@ class TFOptimizer:
         val = self._dataset(validation_data, batch_size) if validation_data is not None else None
         dataset = self._checked(dataset, on_nonfinite, "the training data")
         val = self._checked(val, on_nonfinite, "the validation data", training=False)
-        if epochs is None:
-            epochs = 1 if max_steps is None else 1 << 30  # bounded by max_steps
-        config = TrainConfig(
-            epochs=epochs, batch_size=batch_size, shuffle=shuffle, seed=seed, validate_every=validate_every,
-            checkpoint_every=checkpoint_every, keep_checkpoints=keep_checkpoints, model_dir=self.model_dir,
-            resume=resume, on_nonfinite=on_nonfinite, run_id=new_run_id(), storage_options=self.storage_options,
-            max_steps=max_steps, precision=check_precision(precision), sync=check_sync(sync),
-        )
-        config.check()
-        config.resume = self._resume_source(config)
-        if getattr(dataset, "distributed", False) or num_workers is not None:
-            from optim.spark.driver.launcher import optimize_distributed
+        return dataset, val, batch_size
 
-            result = optimize_distributed(self, dataset, config, val, num_workers=num_workers, verbose=verbose,
-                                          **distributed_options)
-            self.net.set_weights(result.weights)
-            self.state, self.global_step = result.state, result.step
-            self.exchange_state = list(result.exchange_state)
-            self.last_run = {**result.run, "resumed_from": result.run.get("resumed_from")}
-            return result.history
-        if distributed_options:
-            raise TypeError(f"Unknown arguments {sorted(distributed_options)} for local training.")
+    def _train_distributed(self, dataset, config: TrainConfig, val, num_workers: int | None, verbose: int,
+                           options: dict) -> dict[str, list]:
+        """Over Spark (:func:`optim.spark.driver.launcher.optimize_distributed`); keeps what rank 0 returned."""
+        from optim.spark.driver.launcher import optimize_distributed
+
+        result = optimize_distributed(self, dataset, config, val, num_workers=num_workers, verbose=verbose, **options)
+        self.net.set_weights(result.weights)
+        self.state, self.global_step = result.state, result.step
+        self.exchange_state = list(result.exchange_state)
+        self.last_run = {**result.run, "resumed_from": result.run.get("resumed_from")}
+        return result.history
+
+    def _train_locally(self, dataset, config: TrainConfig, val, verbose: int) -> dict[str, list]:
+        """In this process, with the same loop every rank runs."""
         recorder = StepRecorder()
         reporter = MultiReporter([self._reporter(verbose, config.run_id), recorder])
         outcome = train(self.net, self.loss, self.method, self.metrics, dataset, config, reporter=reporter,

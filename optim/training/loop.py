@@ -12,8 +12,7 @@ import logging
 import math
 import time
 import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -37,7 +36,7 @@ from optim.training.evaluation import (
 )
 from optim.training.exchange import make_exchange
 from optim.training.liveness import Liveness
-from optim.training.reporting import Reporter
+from optim.training.reporting import EpochClock, Reporter
 from optim.training.restore import check_state, load_state, match_weights, split_exchange_state, state_arrays
 from optim.training.start import Start, load_initial_state, previous_server_state, resume_checkpoint
 from tfnet import storage
@@ -59,6 +58,7 @@ class TrainOutcome(NamedTuple):
     start_step: int = 0
     resumed_from: str | None = None
     exchange_state: tuple = ()  # the server method's state (local SGD), to continue from in the next call
+    stopped: bool = False  # stopped at an epoch boundary because ``stop_check`` asked (elastic training)
 
 
 
@@ -88,6 +88,7 @@ def train(
     lr_source=None,
     liveness: Liveness | None = None,
     initial_exchange_state: Sequence[np.ndarray] | None = None,
+    stop_check: Callable[[], bool] | None = None,
 ) -> TrainOutcome:
     """Trains ``net`` in place.
 
@@ -105,6 +106,9 @@ def train(
         initial_exchange_state: The server method's state (local SGD) that a previous call
             returned (``TrainOutcome.exchange_state``); used when it fits this call's server
             method. A checkpoint resumed from has its own. Default: fresh.
+        stop_check: Asked by rank 0 at every epoch boundary but the last, after that epoch's
+            checkpoint; when it says True, every rank stops there (``TrainOutcome.stopped``; the
+            launcher then goes on with another number of ranks). Default: never.
 
     Returns:
         The history (per-epoch lists), the global step and the final optimiser state.
@@ -129,34 +133,13 @@ def train(
                 run.end_epoch(epoch, checkpoint=False)
             else:
                 run.end_epoch(epoch)
+                if epoch + 1 < config.epochs and not run.done() and run.stop_requested(stop_check):
+                    break
         run.settle()
     finally:
         run.exchange.close()
     run.reporter.end()
     return run.outcome()
-
-
-@dataclass
-class _Clock:
-    """Timing of one epoch: its start, the last step's end, samples seen, and (rank 0, several
-    ranks) the seconds spent in allreduce against the seconds spent in steps."""
-
-    t0: float
-    t_step: float
-    seen: int = 0
-    comm: float = 0.0
-    busy: float = 0.0
-
-    @classmethod
-    def start(cls) -> _Clock:
-        now = time.perf_counter()
-        return cls(now, now)
-
-    def tick(self) -> float:
-        """The seconds since the previous step ended (or the epoch started)."""
-        now = time.perf_counter()
-        step_time, self.t_step = now - self.t_step, now
-        return step_time
 
 
 class _Run:
@@ -185,6 +168,7 @@ class _Run:
         self.acc = Accumulators(metrics)
         self.checked = False
         self.epoch_sent_from = self.epoch_steps = 0  # the exchange's byte count at the epoch's start; its steps
+        self.stopped = False
 
     # ---- set-up
 
@@ -241,7 +225,7 @@ class _Run:
         self.acc = Accumulators(self.metrics)
         if epoch_states:
             self.acc.load(epoch_states)
-        clock = _Clock.start()
+        clock = EpochClock.start()
         batches = data.batches(config.batch_size, epoch=epoch, seed=config.seed, shuffle=config.shuffle,
                                skip=skip, rank=collective.rank, size=collective.size,
                                drop_remainder=config.drop_remainder, steps=fixed_steps, **_training(data))
@@ -271,6 +255,13 @@ class _Run:
             self._every_n_steps(epoch, b)
         self.batch = b
 
+    def stop_requested(self, stop_check: Callable[[], bool] | None) -> bool:
+        """Rank 0 asks ``stop_check``; every rank gets its answer (all stop at the same boundary)."""
+        if stop_check is None:
+            return False
+        self.stopped = bool(self.collective.broadcast_json(bool(stop_check()) if self.chief else False))
+        return self.stopped
+
     def done(self) -> bool:
         """True once the global step has reached ``max_steps`` (every rank agrees: equal steps)."""
         return self.config.max_steps is not None and self.global_step >= self.config.max_steps
@@ -290,7 +281,7 @@ class _Run:
         # stacklevel 4: the warning points at train()'s caller (through epoch() and train()).
         warnings.warn(f"Skipped step {self.global_step}: {what}.", RuntimeWarning, stacklevel=4)
 
-    def _record(self, result, labels, n: int, epoch: int, step_time: float, clock: _Clock) -> None:
+    def _record(self, result, labels, n: int, epoch: int, step_time: float, clock: EpochClock) -> None:
         """Adds a good step to the epoch's loss and metrics; rank 0 reports it."""
         clock.seen += n
         self.acc.loss.update_value(float(result.loss), n)
@@ -385,7 +376,7 @@ class _Run:
         if self.skipped:
             self.history["skipped_steps"] = [self.skipped]
         return TrainOutcome(self.history, self.global_step, state_arrays(self.step_fn), self.start_step,
-                            self.resumed_from, tuple(self.exchange.state()))
+                            self.resumed_from, tuple(self.exchange.state()), self.stopped)
 
 
 def _learning_rate(method, step: int) -> float:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
+from dataclasses import dataclass
 from typing import Any
 
 _HIDDEN = ("step_time", "allreduce_seconds", "learning_rate")
@@ -215,3 +217,26 @@ class TensorBoardWriter(Reporter):
             import shutil
 
             shutil.rmtree(self._local, ignore_errors=True)
+
+
+@dataclass
+class EpochClock:
+    """Timing of one epoch: its start, the last step's end, samples seen, and (rank 0, several
+    ranks) the seconds spent in allreduce against the seconds spent in steps."""
+
+    t0: float
+    t_step: float
+    seen: int = 0
+    comm: float = 0.0
+    busy: float = 0.0
+
+    @classmethod
+    def start(cls) -> EpochClock:
+        now = time.perf_counter()
+        return cls(now, now)
+
+    def tick(self) -> float:
+        """The seconds since the previous step ended (or the epoch started)."""
+        now = time.perf_counter()
+        step_time, self.t_step = now - self.t_step, now
+        return step_time

@@ -196,6 +196,7 @@ def result_from_payload(data: bytes) -> DistributedResult:
     """Rank 0's payload (:func:`optim.spark.worker.rank.read_payload`) as the optimiser takes it."""
     weights, state, meta = read_payload(data)
     run = {k: meta.get(k) for k in ("start_step", "resumed_from", "rows", "steps_per_epoch")}
+    run["stopped"] = bool(meta.get("stopped", False))
     run["end_step"] = meta["step"]
     return DistributedResult(weights, state, meta["step"], meta["history"], run, meta["exchange_state"])
 

@@ -61,6 +61,7 @@ class RankJob:
     progress_path: str | None = None  # under Spark Connect: where rank 0 publishes its progress (model_dir)
     horovod_threads: str = "idle"  # optim.training.comm_threads: Horovod's threads at idle priority or not
     exchange_state: list | None = None  # the server method's state from the previous call (local SGD)
+    control: str | None = None  # elastic training: a file whose presence asks the ranks to stop at an epoch boundary
 
 
 def agree_steps(rows: list[int], per_rank_batch: int) -> int:
@@ -150,10 +151,10 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
         else:
             rows = _gather(job, rank, len(shard.shard_indices(rank, job.size)))
             steps = steps or agree_steps(rows, job.config.batch_size)
-        _write_rank_info(job.config, rank, job.attempt)
+        _write_rank_info(job.config, rank, job.attempt, size=job.size)
         dog.kick("connecting the Horovod ranks")
         hvd = _horovod(job, ctx, rank)
-        _write_rank_info(job.config, rank, job.attempt, horovod_idle_threads=len(hvd.idle_threads))
+        _write_rank_info(job.config, rank, job.attempt, size=job.size, horovod_idle_threads=len(hvd.idle_threads))
         collective = hvd.collective
         dog.timeout_s = job.timeout_s
         with dog.phase("building the model"):
@@ -165,7 +166,8 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
         outcome = train(net, job.loss, job.method, job.metrics, shard, job.config, collective=collective,
                         reporter=reporter, validation_data=validation,
                         steps_per_epoch=steps, initial_state=job.state, start_step=job.start_step,
-                        lr_source=job.lr_source, liveness=dog, initial_exchange_state=job.exchange_state)
+                        lr_source=job.lr_source, liveness=dog, initial_exchange_state=job.exchange_state,
+                        stop_check=_stop_check(job))
         if rank == 0:
             dog.kick("sending the result")
             payload = _payload(net, outcome, {"rows": rows,
@@ -183,6 +185,22 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
         if hvd is not None:
             hvd.close()
         dog.stop()
+
+
+def _stop_check(job: RankJob):
+    """Rank 0's question at an epoch boundary (elastic training): has the driver asked the ranks to stop?"""
+    if not job.control:
+        return None
+    from tfnet import storage
+
+    def asked() -> bool:
+        try:
+            return storage.exists(job.control, job.config.storage_options)
+        except Exception as exc:  # noqa: BLE001 - an unreadable store: go on as asked before
+            log.warning("Cannot read the control file %s (%s); training goes on.", job.control, exc)
+            return False
+
+    return asked
 
 
 def _claim(job: RankJob, rank: int) -> None:
@@ -314,7 +332,7 @@ def _payload(net, outcome, plan: dict) -> bytes:
     arrays.update({f"x{i:05d}": np.asarray(leaf) for i, leaf in enumerate(outcome.exchange_state)})
     header = {"history": outcome.history, "step": outcome.step, "weights": net.weight_names,
               "state_leaves": len(outcome.state), "exchange_leaves": len(outcome.exchange_state),
-              "start_step": outcome.start_step,
+              "start_step": outcome.start_step, "stopped": outcome.stopped,
               "resumed_from": outcome.resumed_from, **plan}
     return pack(RESULT_FORMAT, header, arrays)
 

@@ -100,9 +100,11 @@ def test_kill_one_rank_retries_and_finishes(spark, tmp_path):
     net = cnn_net()
     opt = TFOptimizer(net, SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(model_dir))
     killed = kill_rank_after_checkpoints(str(model_dir), checkpoints=3)  # rank 1's Python process, after step 12 of 64
-    with pytest.warns(RuntimeWarning, match="Training stage attempt 1 failed.*retrying from this run's newest checkpoint"):
+    with pytest.warns(RuntimeWarning, match="Training stage attempt 1 failed.*retrying from this run's newest checkpoint") \
+            as warned:
         history = opt.optimize((x, y), epochs=4, batch_size=32, num_workers=2, checkpoint_every=4,
                                keep_checkpoints=100, verbose=0, timeout=60, max_retries=2)
+    assert [w.filename for w in warned if "retrying" in str(w.message)] == [__file__], "it points at the caller"
     killed["thread"].join(5)
     assert "pid" in killed, "rank 1 was killed"
     run = opt.last_run

@@ -59,12 +59,22 @@ class Backend:
         """Tasks for a job over a placeholder (evaluation of ``from_tf_data``): ``requested`` or the default."""
         raise NotImplementedError
 
-    def ranks(self, num_workers: int | None, slot_wait: float) -> int:
-        """The number of ranks (``num_workers`` or the session's default), checked against the slots."""
+    #: Whether the session counts its task slots cheaply (a classic session asks its scheduler; a Connect
+    #: client measures them with a probe job, so it does only for elastic runs).
+    counts_slots = False
+
+    def ranks(self, num_workers: int | None) -> int:
+        """The number of ranks asked for: ``num_workers``, or the session's default."""
         raise NotImplementedError
 
-    def wait_for_slots(self, n: int, wait_s: float) -> None:
-        """Before a retry: waits (bounded) for ``n`` slots to be back."""
+    def wait_for_slots(self, n: int, wait_s: float) -> int:
+        """Before a retry: waits up to ``wait_s`` seconds for ``n`` task slots; returns the slots seen."""
+        raise NotImplementedError
+
+    def free_slots(self, wanted: int, running: int) -> int:
+        """Task slots free now beside a stage of ``running`` ranks (counted up to ``wanted``): whether a
+        shrunk run can grow back."""
+        raise NotImplementedError
 
     def source(self, dataset, n: int, per_rank: int, timeout_s: float) -> tuple[str, Any, Any, Any]:
         """``(kind, reader, data, source)``: how the ranks read ``dataset`` and what the stage runs over

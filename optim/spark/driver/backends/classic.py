@@ -21,7 +21,7 @@ from optim.spark.connect import failures_in
 from optim.spark.driver.backends.base import Attempt, Backend
 from optim.spark.driver.jobs import run_job
 from optim.spark.driver.preflight import check_driver_horovod
-from optim.spark.driver.slots import wait_for_slots
+from optim.spark.driver.slots import task_slots, wait_for_slots
 from optim.spark.driver.stage import result_bytes
 from optim.spark.progress import ProgressServer
 from optim.spark.rendezvous_store import SecureRendezvous, stuck_rank
@@ -37,6 +37,7 @@ DRIVER_HEADROOM_BYTES = 256 << 20
 
 class ClassicBackend(Backend):
     mode = "classic"
+    counts_slots = True
 
     def __init__(self, spark):
         super().__init__(spark)
@@ -55,22 +56,19 @@ class ClassicBackend(Backend):
     def partitions(self, requested: int | None) -> int:
         return int(requested or self.sc.defaultParallelism)
 
-    def ranks(self, num_workers: int | None, slot_wait: float) -> int:
+    def ranks(self, num_workers: int | None) -> int:
         check_driver_horovod()
         n = int(num_workers or self.sc.defaultParallelism)
         if n < 1:
             raise ValueError(f"`num_workers` must be positive. Received: {num_workers}")
-        # a local master cannot grow: its slots are what it has now, so there is nothing to wait for
-        slots = wait_for_slots(self.sc, n, 0.0 if self.sc.master.startswith("local") else slot_wait)
-        if slots < n:
-            raise DistributedTrainingError(
-                f"num_workers={n}, but the cluster has {slots} task slot(s): a barrier stage must run all its "
-                f"tasks at once. Use num_workers <= {slots}, or add executors or cores."
-            )
         return n
 
-    def wait_for_slots(self, n: int, wait_s: float) -> None:
-        wait_for_slots(self.sc, n, wait_s)
+    def wait_for_slots(self, n: int, wait_s: float) -> int:
+        # a local master cannot grow: its slots are what it has now, so there is nothing to wait for
+        return wait_for_slots(self.sc, n, 0.0 if self.sc.master.startswith("local") else wait_s)
+
+    def free_slots(self, wanted: int, running: int) -> int:
+        return max(0, task_slots(self.sc) - running)
 
     def source(self, dataset, n: int, per_rank: int, timeout_s: float):
         from optim.spark.datasets import DataFrameDataset, RDDDataset

@@ -12,6 +12,7 @@ per-epoch lines are printed from the history when the run ends. It never touches
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from contextlib import ExitStack, contextmanager, nullcontext
 
@@ -89,6 +90,43 @@ def _hosts_connect_server(sc) -> bool:
         return False
 
 
+#: Seconds each task of the slot probe holds its slot (:func:`concurrent_slots`).
+PROBE_HOLD_S = 1.0
+
+
+def concurrent_slots(spark, wanted: int, timeout_s: float = 20.0) -> int:
+    """Task slots free now, as a Connect client can know them (it cannot ask the scheduler): ``wanted``
+    small tasks each hold a slot for :data:`PROBE_HOLD_S` seconds, and the most of them that ran at once
+    is the answer (tasks beyond the free slots wait for a later wave). 0 when they did not all finish
+    within ``timeout_s`` (the job is cancelled)."""
+    from optim.spark.driver.jobs import run_job
+
+    hold = PROBE_HOLD_S
+
+    def hold_a_slot(batches):
+        import time as clock
+
+        import pyarrow as pa
+
+        for _ in batches:  # the whole input: the worker stays reusable
+            pass
+        start = clock.time()
+        clock.sleep(hold)
+        yield pa.RecordBatch.from_pydict({"start": [start], "end": [clock.time()]})
+
+    action = spark.range(wanted, numPartitions=wanted).mapInArrow(hold_a_slot, "start double, end double").collect
+    try:
+        rows = run_job(spark, "counting free task slots", action, timeout_s=timeout_s)
+    except DistributedTrainingError:
+        return 0
+    edges = sorted([(r["start"], 1) for r in rows] + [(r["end"], -1) for r in rows])
+    best = running = 0
+    for _, step in edges:
+        running += step
+        best = max(best, running)
+    return best
+
+
 class ConnectBackend(Backend):
     mode = "connect"
 
@@ -98,7 +136,7 @@ class ConnectBackend(Backend):
     def partitions(self, requested: int | None) -> int:
         return num_workers(self.spark, requested)
 
-    def ranks(self, num_workers_: int | None, slot_wait: float) -> int:
+    def ranks(self, num_workers_: int | None) -> int:
         return num_workers(self.spark, num_workers_)
 
     def source(self, dataset, n: int, per_rank: int, timeout_s: float):
@@ -116,6 +154,21 @@ class ConnectBackend(Backend):
 
     def ship(self, value, cleanup):
         return value
+
+    def wait_for_slots(self, n: int, wait_s: float) -> int:
+        local = connect_slots(self.spark)  # a local[N] master: N, always
+        if local is not None:
+            return local
+        deadline = time.monotonic() + wait_s
+        best = concurrent_slots(self.spark, n)
+        while best < n and time.monotonic() < deadline:
+            time.sleep(2.0)
+            best = max(best, concurrent_slots(self.spark, n))
+        return best
+
+    def free_slots(self, wanted: int, running: int) -> int:
+        local = connect_slots(self.spark)
+        return max(0, local - running) if local is not None else concurrent_slots(self.spark, wanted)
 
     def ship_net(self, opt, config, net_bytes: bytes, carried: int, cleanup):
         limit = plan_limit(self.spark)

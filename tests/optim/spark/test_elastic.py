@@ -1,0 +1,145 @@
+"""Elastic training (issue 31): a run goes on with fewer ranks when a worker is lost and not replaced,
+grows back when one returns, and fails with a typed error, within its bound, when fewer than
+``min_workers`` slots are left. A real Spark standalone cluster (a master and two one-core workers,
+started through docker/entrypoint.sh) and a user's driver script in a process of its own
+(:mod:`tests.optim.spark.elastic_driver`)."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from optim.errors import DistributedTrainingError
+from optim.spark.driver.elastic import ElasticPolicy, membership
+from tests.cluster import ROOT, StandaloneCluster
+
+STEPS_PER_EPOCH = 1024 // 32  # global batch 32, whatever the ranks
+
+
+def test_the_rank_count_keeps_the_global_batch_whole():
+    policy = ElasticPolicy(num_workers=4, min_workers=1)
+    assert [policy.ranks_for(s, 32) for s in (4, 3, 2, 1, 9)] == [4, 2, 2, 1, 4]
+    assert ElasticPolicy(4, 1).ranks_for(3, 48) == 3 and ElasticPolicy(4, 1).ranks_for(3, None) == 3
+    assert policy.should_grow(running=2, slots=4) and not policy.should_grow(running=2, slots=3)
+    with pytest.raises(DistributedTrainingError, match=r"offered 1 task slot\(s\) within 60 s \(elastic_wait\), "
+                                                      r"fewer than min_workers=2"):
+        ElasticPolicy(4, 2).ranks_for(1, 32)
+    with pytest.raises(DistributedTrainingError, match=r"no rank count from min_workers=3 to 3 .* batch of 32"):
+        ElasticPolicy(4, 3).ranks_for(3, 32)
+    with pytest.raises(ValueError, match=r"`min_workers` must be an integer from 1 to num_workers=2. Received: "
+                                         r"min_workers=3"):
+        ElasticPolicy(2, 3)
+    assert membership([(0, 2), (8, 2), (8, 1), (96, 2)]) == [{"step": 0, "ranks": 2}, {"step": 8, "ranks": 1},
+                                                             {"step": 96, "ranks": 2}]
+
+
+def start(cluster, model_dir, epochs, min_workers, wait, sleep, baseline=None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "tests.optim.spark.elastic_driver", cluster.url, model_dir, str(epochs),
+           str(min_workers), str(wait), str(sleep)] + ([baseline] if baseline else [])
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
+
+
+def wait_for(what, ok, driver, timeout=420):
+    deadline = time.time() + timeout
+    while not ok():
+        if driver.poll() is not None:
+            out, err = driver.communicate()
+            pytest.fail(f"the driver ended before {what}:\n{out[-2000:]}\n{err[-4000:]}")
+        if time.time() > deadline:
+            pytest.fail(f"no {what} within {timeout} s")
+        time.sleep(0.3)
+
+
+def checkpointed(model_dir):
+    return lambda: bool(glob.glob(os.path.join(model_dir, "checkpoints", "*", "ckpt-*.npz")))
+
+
+def running_on(model_dir, size):
+    """Rank 0 of a later attempt reports ``size`` ranks."""
+    def ok():
+        for path in glob.glob(os.path.join(model_dir, "ranks", "*", "rank-0.json")):
+            try:
+                info = json.load(open(path))
+            except (OSError, ValueError):
+                return False
+            if info.get("attempt", 0) >= 1 and info.get("size") == size:
+                return True
+        return False
+    return ok
+
+
+def finish(driver, timeout=900):
+    try:
+        out, err = driver.communicate(timeout=timeout)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    lines = {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1]) for line in out.splitlines()
+             if line.split(" ", 1)[0] in ("RESULT", "BASELINE", "ERROR")}
+    assert lines, out[-2000:] + err[-5000:]
+    return lines, err
+
+
+@pytest.mark.spark
+@pytest.mark.parallel
+@pytest.mark.slow
+def test_a_lost_worker_that_does_not_come_back_shrinks_the_run(tmp_path):
+    model_dir, baseline = str(tmp_path / "elastic"), str(tmp_path / "baseline")
+    with StandaloneCluster(workers=2, cores=1) as cluster:
+        driver = start(cluster, model_dir, epochs=6, min_workers=1, wait=10, sleep=0.0, baseline=baseline)
+        wait_for("a checkpoint of the elastic run", checkpointed(model_dir), driver)
+        cluster.kill_worker(1)  # its executor and its Python workers; no replacement
+        lines, err = finish(driver)
+    assert "RESULT" in lines, (lines, err[-4000:])
+    res, base = lines["RESULT"], lines["BASELINE"]
+    run = res["last_run"]
+    assert [m["ranks"] for m in run["membership"]] == [2, 1], run["membership"]
+    assert run["membership"][1]["step"] > 0, "the smaller run went on from a checkpoint, not from step 0"
+    assert run["num_workers"] == 1 and res["step"] == 6 * STEPS_PER_EPOCH == base["step"]
+    assert len(res["history"]["loss"]) == 6
+    assert "goes on with 1 rank(s)" in err
+    assert abs(res["held_out"] - base["held_out"]) <= 0.01, (res["held_out"], base["held_out"])
+
+
+@pytest.mark.spark
+@pytest.mark.parallel
+@pytest.mark.slow
+def test_the_run_grows_back_when_a_worker_returns(tmp_path):
+    model_dir = str(tmp_path / "elastic")
+    with StandaloneCluster(workers=2, cores=1) as cluster:
+        # 20 ms more per step: the smaller run lasts long enough for a worker to come back
+        driver = start(cluster, model_dir, epochs=16, min_workers=1, wait=10, sleep=0.02)
+        wait_for("a checkpoint", checkpointed(model_dir), driver)
+        cluster.kill_worker(1)
+        wait_for("the run on 1 rank", running_on(model_dir, 1), driver)
+        cluster.add_worker()  # what a cluster manager does, later
+        lines, err = finish(driver)
+    assert "RESULT" in lines, (lines, err[-4000:])
+    res = lines["RESULT"]
+    members = res["last_run"]["membership"]
+    assert [m["ranks"] for m in members] == [2, 1, 2], members
+    steps = [m["step"] for m in members]
+    assert steps[0] == 0 < steps[1] < steps[2] and steps[2] % STEPS_PER_EPOCH == 0, members  # grew at an epoch end
+    assert res["step"] == 16 * STEPS_PER_EPOCH and len(res["history"]["loss"]) == 16
+    assert res["last_run"]["num_workers"] == 2 and res["last_run"]["attempts"] == 2, res["last_run"]
+    assert "grows to 2 ranks at the next epoch boundary" in err
+
+
+@pytest.mark.spark
+@pytest.mark.parallel
+@pytest.mark.slow
+def test_min_workers_out_of_reach_is_a_typed_error_naming_the_slots(tmp_path):
+    model_dir = str(tmp_path / "run")
+    with StandaloneCluster(workers=2, cores=1) as cluster:
+        driver = start(cluster, model_dir, epochs=6, min_workers=2, wait=5, sleep=0.0)
+        wait_for("a checkpoint", checkpointed(model_dir), driver)
+        cluster.kill_worker(1)
+        lines, err = finish(driver, timeout=300)
+    assert "ERROR" in lines, (lines, err[-4000:])
+    assert lines["ERROR"]["type"] == "DistributedTrainingError"
+    assert "offered 1 task slot(s) within 5 s (elastic_wait), fewer than min_workers=2" in lines["ERROR"]["message"]
