@@ -32,8 +32,10 @@ class Value:
 
 @dataclass
 class Ctx:
-    opset: int
+    opset: int  # the default-domain opset of the nodes being converted (a function body's may differ)
     propagate: bool = True
+    version: int = 0  # the version of the operator being converted
+    onnx_types: dict[str, int] = field(default_factory=dict)  # value -> ONNX element type, where TF holds it wider
     values: dict[str, Value] = field(default_factory=dict)
     statistics: list[str] = field(default_factory=list)  # TF names of batch-norm mean/variance weights
     weight_tf_names: dict[str, str] = field(default_factory=dict)  # ONNX initializer name -> TF node name
