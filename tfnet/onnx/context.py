@@ -71,6 +71,15 @@ class Ctx:
             self.onnx_of.setdefault(v.other.name, (name, True))
         return v.other
 
+    def onnx_type(self, name: str) -> int:
+        """The ONNX element type of a value: recorded where TensorFlow holds it in a carrier type
+        (:mod:`tfnet.onnx.dtypes`) or where a cast made it, else that of its TensorFlow dtype."""
+        if name in self.onnx_types:
+            return self.onnx_types[name]
+        from onnx import helper
+
+        return helper.np_dtype_to_tensor_dtype(np.dtype(self._get(name).tensor.dtype.as_numpy_dtype))
+
     def is_nhwc(self, name: str) -> bool:
         return self._get(name).nhwc
 

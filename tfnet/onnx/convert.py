@@ -21,12 +21,16 @@ from tfnet import graph_utils as gu
 from tfnet.errors import TensorNameError, unknown_name_message
 from tfnet.freeze import clean_node_name
 from tfnet.onnx.context import Ctx
+from tfnet.onnx.dtypes import carrier_array, is_carried, tf_type
 from tfnet.onnx.errors import OnnxConversionError, UnsupportedOperatorError
 from tfnet.onnx.functions import expand, function_of
 from tfnet.onnx.load import MIN_OPSET, check_opset, max_opset, opset_of
+from tfnet.onnx.ops import load_handlers as _load_handlers
 from tfnet.onnx.ops import supported_operators
 from tfnet.onnx.registry import DEFAULT_DOMAINS, HANDLERS, handles, op_version
 from tfnet.onnx.shared_stats import initializer_aliases, shared_statistics
+
+_load_handlers()
 
 
 @dataclass
@@ -151,7 +155,7 @@ def convert(
             model exported without dynamic axes). Dimensions the model leaves symbolic are always
             unknown. Default: True.
     """
-    from onnx import helper, numpy_helper
+    from onnx import numpy_helper
 
     opset = check_opset(model)
     check_operators(model)
@@ -198,7 +202,9 @@ def convert(
                     ctx.stat_copies[t.name] = tf.compat.v1.placeholder(tf.as_dtype(value.dtype), value.shape, name=copy)
                     values[copy] = value.copy()
             else:
-                ctx.set(t.name, tf.constant(value, name=tf_name(t.name)))
+                ctx.set(t.name, tf.constant(carrier_array(value), name=tf_name(t.name)))
+            if is_carried(t.data_type):
+                ctx.onnx_types[t.name] = t.data_type
         for name in by_input:
             info = by_input[name]
             ttype = info.type.tensor_type
@@ -206,7 +212,9 @@ def convert(
             if dims and relax_batch:
                 dims[0] = None  # dynamic batch
             ph_name = tf_name(name)
-            dtype = tf.as_dtype(helper.tensor_dtype_to_np_dtype(ttype.elem_type))
+            dtype = tf_type(ttype.elem_type)
+            if is_carried(ttype.elem_type):
+                ctx.onnx_types[name] = ttype.elem_type
             ctx.set(name, tf.compat.v1.placeholder(dtype, dims if ttype.HasField("shape") else None, name=ph_name))
             if name in input_names:
                 tf_inputs.append((input_names.index(name), ph_name + ":0"))

@@ -8,7 +8,7 @@ from typing import Any
 from tfnet.onnx.errors import ExternalDataError, OnnxLoadError, OpsetError
 from tfnet.onnx.registry import CHECKED_OPSET, DEFAULT_DOMAINS
 
-MIN_OPSET = 7
+MIN_OPSET = 1  # each operator's version is checked (tfnet.onnx.registry), not the opset as a whole
 MAX_OPSET = CHECKED_OPSET  # the newest opset checked; max_opset() is the newest the installed onnx defines
 _DEFAULT_DOMAINS = DEFAULT_DOMAINS
 
@@ -130,14 +130,23 @@ def opset_of(model) -> int | None:
 
 
 def check_opset(model) -> int:
+    """The model's default-domain opset; raises :class:`OpsetError` when it has none or one newer than
+    the installed onnx defines. Whether each operator's version converts is checked node by node
+    (:func:`tfnet.onnx.convert.missing_operators`)."""
     version = opset_of(model)
     newest = max_opset()
-    if version is None or not MIN_OPSET <= version <= newest:
-        got = "no default-domain opset" if version is None else f"opset {version}"
-        advice = (f"The installed onnx {_onnx_version()} defines opsets up to {newest}: upgrade onnx, or re-export "
-                  f"with opset_version={newest} or lower." if version is not None and version > newest else
-                  f"Re-export it with opset_version {MIN_OPSET} or newer (torch.onnx.export's default, 20, is fine).")
-        raise OpsetError(f"The ONNX model uses {got}; tfnet converts opsets {MIN_OPSET} to {newest}. {advice}")
+    if version is None:
+        raise OpsetError(
+            "The ONNX model imports no default-domain opset (its opset_import lists "
+            f"{[e.domain for e in model.opset_import]}); tfnet converts the default (ai.onnx) domain, opsets "
+            f"{MIN_OPSET} to {newest}."
+        )
+    if not MIN_OPSET <= version <= newest:
+        raise OpsetError(
+            f"The ONNX model uses opset {version}; tfnet converts opsets {MIN_OPSET} to {newest}, the newest that "
+            f"the installed onnx {_onnx_version()} defines. Upgrade onnx, or re-export with opset_version={newest} "
+            "or lower."
+        )
     return version
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tfnet.onnx.context import Ctx
+from tfnet.onnx.context import Ctx, Value
 from tfnet.onnx.errors import OnnxConversionError
 from tfnet.onnx.registry import HANDLERS, register
 
@@ -153,7 +153,8 @@ def _selu(ctx, node, attrs):
 def _celu(ctx, node, attrs):
     x, nhwc = _unary_layout(ctx, node.input[0])
     alpha = attrs.get("alpha", 1.0)
-    ctx.set(node.output[0], tf.maximum(x, 0.0) + tf.minimum(0.0, alpha * (tf.exp(x / alpha) - 1)), nhwc)
+    zero = tf.zeros([], x.dtype)
+    ctx.set(node.output[0], tf.maximum(x, zero) + tf.minimum(zero, alpha * (tf.exp(x / alpha) - 1)), nhwc)
 
 
 @register("ThresholdedRelu", since=10)
@@ -321,8 +322,16 @@ def _bit_shift(ctx, node, attrs):
     x, y = plain_inputs(ctx, node)
     direction = attrs["direction"]
     direction = direction.decode() if isinstance(direction, bytes) else direction
-    fn = tf.bitwise.left_shift if direction == "LEFT" else tf.bitwise.right_shift
-    ctx.set(node.output[0], fn(x, y))
+    y = tf.cast(y, x.dtype)
+    x, y = tf.broadcast_to(x, tf.broadcast_dynamic_shape(tf.shape(x), tf.shape(y))), y + tf.zeros_like(x)
+    outside = (y < 0) | (y >= x.dtype.size * 8)  # shifts by the width or more, or negative ones
+    safe = tf.where(outside, tf.zeros_like(y), y)
+    if direction == "LEFT":
+        z = tf.where(outside, tf.zeros_like(x), tf.bitwise.left_shift(x, safe))
+    else:
+        fill = tf.where(x < 0, -tf.ones_like(x), tf.zeros_like(x)) if not x.dtype.is_unsigned else tf.zeros_like(x)
+        z = tf.where(outside, fill, tf.bitwise.right_shift(x, safe))
+    ctx.set(node.output[0], z)
 
 
 @register("Mod", since=10)
@@ -368,19 +377,30 @@ def _softmax(ctx, node, attrs):
     ctx.set(node.output[0], fn(x, axis=axis))
 
 
-@register("Cast", since=6)
-def _cast(ctx, node, attrs):
-    ctx.set(node.output[0], tf.cast(ctx.plain(node.input[0]), tf_dtype(attrs["to"])))
-
-
-@register("CastLike", since=15)
-def _cast_like(ctx, node, attrs):
-    ctx.set(node.output[0], tf.cast(ctx.plain(node.input[0]), ctx.plain(node.input[1]).dtype))
-
-
 # ------------------------------------------------------------------ matrix products
 
+def _widened(fn):
+    """``fn`` of float16/bfloat16 operands computed in float32 and rounded once at the end (as numpy and
+    onnxruntime accumulate half-precision products)."""
+    def run(ctx, node, attrs):
+        names = [n for n in node.input if n]
+        dtype = ctx.plain(names[0]).dtype
+        if dtype not in (tf.float16, tf.bfloat16):
+            return fn(ctx, node, attrs)
+        saved = {n: ctx.values[n] for n in names}
+        for n in names:
+            ctx.values[n] = Value(tf.cast(ctx.plain(n), tf.float32))
+        try:
+            fn(ctx, node, attrs)
+        finally:
+            ctx.values.update(saved)
+        out = node.output[0]
+        ctx.set(out, tf.cast(ctx.plain(out), dtype))
+    return run
+
+
 @register("MatMul", since=1)
+@_widened
 def _matmul(ctx, node, attrs):
     a, b = plain_inputs(ctx, node)
     if a.shape.rank == 1 or b.shape.rank == 1:
@@ -401,6 +421,7 @@ def _matmul(ctx, node, attrs):
 
 
 @register("Gemm", since=7)
+@_widened
 def _gemm(ctx, node, attrs):
     a = ctx.plain(node.input[0])
     b = ctx.plain(node.input[1])
@@ -441,14 +462,21 @@ def _layer_norm(ctx, node, attrs):
 
 
 def supported_operators() -> list[str]:
+    """Every operator that some version of converts (docs/onnx.md has the versions)."""
+    load_handlers()
+    return sorted(HANDLERS)
+
+
+def load_handlers() -> None:
+    """Imports every module of handlers, which registers them."""
     from tfnet.onnx import (  # noqa: F401  (they register their handlers)
+        ops_cast,
         ops_conv_nd,
         ops_index,
         ops_nn,
+        ops_pool,
         ops_resize,
         ops_rnn,
         ops_shape,
         ops_tensor,
     )
-
-    return sorted(HANDLERS)

@@ -135,7 +135,9 @@ def _one_hot(ctx: Ctx, node, attrs):
         tf.cast(tf.reshape(depth, []), tf.int32)
     idx = _wrap(tf.cast(indices, tf.int64), depth)
     off, on = values[0], values[1]
-    ctx.set(node.output[0], tf.one_hot(idx, depth, on, off, axis=attrs.get("axis", -1), dtype=values.dtype))
+    axis = attrs.get("axis", -1)
+    axis = axis + indices.shape.rank + 1 if axis < 0 else axis
+    ctx.set(node.output[0], tf.one_hot(idx, depth, on, off, axis=axis, dtype=values.dtype))
 
 
 def _diagonal_offsets(x: tf.Tensor) -> tf.Tensor:

@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfnet.onnx.context import Ctx
+from tfnet.onnx.dtypes import carrier_array, is_carried
 from tfnet.onnx.errors import OnnxConversionError
 from tfnet.onnx.ops import plain_inputs, register
 
@@ -33,6 +34,9 @@ def _constant(ctx, node, attrs):
 
     if "value" in attrs:
         value = numpy_helper.to_array(attrs["value"])
+        if is_carried(attrs["value"].data_type):
+            ctx.onnx_types[node.output[0]] = attrs["value"].data_type
+            value = carrier_array(value)
     elif "value_float" in attrs:
         value = np.asarray(attrs["value_float"], np.float32)
     elif "value_floats" in attrs:
@@ -275,5 +279,5 @@ def _tile(ctx, node, attrs):
 
 @register("Range", since=11)
 def _range(ctx, node, attrs):
-    start, limit, delta = plain_inputs(ctx, node)
+    start, limit, delta = (tf.reshape(t, []) for t in plain_inputs(ctx, node))  # scalars (or one-element)
     ctx.set(node.output[0], tf.range(start, limit, delta))

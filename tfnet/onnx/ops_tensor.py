@@ -179,3 +179,33 @@ def _argmax(ctx, node, attrs):
     ctx.set(node.output[0], y)
 
 
+
+
+@register("LpNormalization", since=1)
+def _lp_normalization(ctx, node, attrs):
+    x = ctx.plain(node.input[0])
+    axis, p = attrs.get("axis", -1), attrs.get("p", 2)
+    if p not in (1, 2):
+        raise OnnxConversionError(f"LpNormalization {node.name!r}: p={p} is not supported (1 and 2 are).")
+    norm = tf.reduce_sum(tf.abs(x), axis, keepdims=True) if p == 1 else \
+        tf.sqrt(tf.reduce_sum(tf.square(x), axis, keepdims=True))
+    ctx.set(node.output[0], tf.where(tf.equal(norm, 0), tf.zeros_like(x), x / tf.where(tf.equal(norm, 0), 1, norm)))
+
+
+@register("LRN", since=1)
+def _lrn(ctx, node, attrs):
+    """Local response normalisation across channels: the window of ``size`` channels starts
+    ``(size - 1) // 2`` before a channel, as ONNX defines it (not TensorFlow's symmetric radius)."""
+    name = node.input[0]
+    nhwc = ctx.is_nhwc(name)
+    x = ctx.nhwc(name) if nhwc else ctx.plain(name)
+    axis = 3 if nhwc else 1
+    size = attrs["size"]
+    alpha, beta, bias = attrs.get("alpha", 1e-4), attrs.get("beta", 0.75), attrs.get("bias", 1.0)
+    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+    pads = [[0, 0]] * x.shape.rank
+    pads[axis] = [before, after]
+    squares = tf.pad(tf.square(x), pads)
+    channels = tf.shape(x)[axis]
+    total = tf.add_n([tf.gather(squares, tf.range(i, i + channels), axis=axis) for i in range(size)])
+    ctx.set(node.output[0], x / tf.pow(bias + alpha / size * total, beta), nhwc)
