@@ -209,21 +209,44 @@ def test_corrupt_truncated_and_missing_files(tmp_path):
 
 
 def test_unsupported_operators_are_all_listed_before_anything_runs():
-    model = _tiny_model("Hardmax")
+    model = _tiny_model("RandomNormalLike")  # no conversion and no ONNX function for it
     model.graph.node.append(onnx.helper.make_node("FancyOp", ["y"], ["z"], domain="com.example"))
     model.opset_import.append(onnx.helper.make_opsetid("com.example", 1))
     with pytest.raises(UnsupportedOperatorError,
-                       match=r"3 node\(s\) of operators tfnet cannot convert: Hardmax \(x2\), "
-                             r"com\.example::FancyOp \(x1\)\. Supported operators .*opsets 13-18\): Abs, Add"):
+                       match=r"3 node\(s\) that tfnet cannot convert: RandomNormalLike v1 \(x2\), "
+                             r"com\.example::FancyOp \(x1\) \(vN: .*opset 17.*\)\. Supported operators .*opsets "
+                             r"1-\d\d\): Abs, Acos"):
         TFNet.from_onnx(model)
     assert isinstance(UnsupportedOperatorError("x"), ValueError)
 
 
-@pytest.mark.parametrize("opset", [11, 19])
-def test_opset_out_of_range(opset):
-    with pytest.raises(OpsetError, match=rf"uses opset {opset}; tfnet converts opsets 13 to 18"):
-        TFNet.from_onnx(_tiny_model("Relu", opset=opset))
-    assert TFNet.from_onnx(_tiny_model("Relu", opset=13)).forward(np.array([[-1, 2, -3, 4]], np.float32)).tolist() == [[0, 2, 0, 4]]
+def test_an_operator_version_without_conversion_is_refused_by_name_and_version():
+    """Add before version 7 broadcast only with its ``broadcast`` attribute; tfnet converts Add 7 on."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    node = helper.make_node("Add", ["x", "x"], ["y"])
+    model = helper.make_model(helper.make_graph([node], "g", [x], [helper.make_tensor_value_info("y", 1, [2, 4])]),
+                              opset_imports=[helper.make_opsetid("", 6)])
+    with pytest.raises(UnsupportedOperatorError, match=r"1 node\(s\) that tfnet cannot convert: Add v6 \(x1\)"):
+        TFNet.from_onnx(model)
+    model.opset_import[0].version = 7
+    assert TFNet.from_onnx(model).forward(np.ones((2, 4), np.float32)).tolist() == [[2.0] * 4] * 2
+
+
+def test_opset_newer_than_onnx_defines_or_missing():
+    from tfnet.onnx.load import max_opset
+
+    newest = max_opset()
+    with pytest.raises(OpsetError, match=rf"uses opset {newest + 1}; tfnet converts opsets 1 to {newest}, the newest "
+                                         r"that the installed onnx .* defines"):
+        TFNet.from_onnx(_tiny_model("Relu", opset=newest + 1))
+    model = _tiny_model("Relu")
+    model.opset_import[0].domain = "com.example"
+    with pytest.raises(OpsetError, match=r"imports no default-domain opset .*\['com\.example'\]"):
+        TFNet.from_onnx(model)
+    relu = TFNet.from_onnx(_tiny_model("Relu", opset=newest)).forward(np.array([[-1, 2, -3, 4]], np.float32))
+    assert relu.tolist() == [[0, 2, 0, 4]]
 
 
 def test_external_data_file_missing(tmp_path):
@@ -240,10 +263,10 @@ def test_external_data_file_missing(tmp_path):
         TFNet.from_onnx(str(target))
 
 
-@pytest.mark.parametrize("opset", [16, 18])
+@pytest.mark.parametrize("opset", [16, 18, 19, 21, 22, 23])
 def test_every_opset_in_range_converts(opset):
-    """The fixtures cover opsets 13, 14, 15, 17 and 18; onnx's converter lifts the opset-15 CNN to
-    the others (it has no downward BatchNormalization adapter)."""
+    """The fixtures cover opsets 13 to 18 and 20 (the dynamo exports); onnx's converter lifts the
+    opset-15 CNN to the others (it has no downward BatchNormalization adapter)."""
     from onnx import version_converter
 
     model = version_converter.convert_version(onnx.load(path_of("digits_cnn")), opset)

@@ -64,6 +64,7 @@ def read_model(source: Any):
             f"Received: {type(source).__name__}"
         )
     _load_external(model, base_dir, what, external_data_helper)
+    check_opset(model)
     try:
         onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, ValueError) as exc:
@@ -71,7 +72,6 @@ def read_model(source: Any):
             f"{what} is not a valid ONNX model: {_first_line(str(exc))}. Expected a model written by "
             "onnx.save or torch.onnx.export."
         ) from None
-    check_opset(model)
     if model.functions:
         from onnx import inliner
 

@@ -221,7 +221,9 @@ def _resize_with(ctx: Ctx, node, attrs, roi: str, scales: str, sizes: str) -> No
     scale_values = ctx.static(scales) if scales else None
     size_values = _sizes(ctx, sizes) if sizes else None
     roi_values = ctx.static(roi) if roi else None
-    if (scales and scale_values is None) or (sizes and size_values is None):
+    unknown_size = size_values is not None and any(
+        v is None and (a >= 2 or dims[a] is not None) for v, a in zip(size_values, axes))  # only a dynamic batch
+    if (scales and scale_values is None) or (sizes and size_values is None) or unknown_size:
         raise OnnxConversionError(f"Resize {node.name!r}: scales and sizes must be known while converting.")
     scale_values = None if scale_values is None or np.asarray(scale_values).size == 0 else \
         [float(s) for s in np.asarray(scale_values)]
