@@ -100,12 +100,17 @@ def conv_nhwc(node, attrs, x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
     s4, d4 = [1, *strides, 1], [1, *dilations, 1]
     if group == 1:
         y = _conv2d(x, tf.transpose(w, [2, 3, 1, 0]), s4, d4, padding)
-    elif group == c_in and in_per_group == 1 and strides[0] == strides[1]:
+    elif group == c_in and in_per_group == 1 and strides[0] == strides[1] and (
+            dilations == [1, 1] or strides == [1, 1]):
         hwio = tf.transpose(w, [2, 3, 0, 1])  # (kh, kw, O, 1) -> (kh, kw, C, O / C)
         dw = tf.reshape(hwio, [kernel[0], kernel[1], c_in, out_ch // c_in])
         if isinstance(padding, list):  # EXPLICIT padding on a depthwise conv crashes grappler's cost model
             x, padding = tf.pad(x, padding), "VALID"
-        y = tf.raw_ops.DepthwiseConv2dNative(input=x, filter=dw, strides=s4, dilations=d4, data_format="NHWC", padding=padding)
+        if dilations != [1, 1]:  # DepthwiseConv2dNative's gradients are wrong for dilated kernels (TF 2.21)
+            y = tf.nn.depthwise_conv2d(x, dw, s4, padding, dilations=dilations)
+        else:
+            y = tf.raw_ops.DepthwiseConv2dNative(input=x, filter=dw, strides=s4, dilations=d4, data_format="NHWC",
+                                                 padding=padding)
     else:
         xs = tf.split(x, group, axis=3)
         ws = tf.split(w, group, axis=0)

@@ -71,17 +71,9 @@ def _pad(ctx: Ctx, node, attrs):
 
 def _sizes(ctx: Ctx, name: str) -> list[int | None] | None:
     """Resize's ``sizes``, where the batch entry may be known only at run time (``Shape(x)[:2]``
-    concatenated with constant spatial sizes)."""
-    static = ctx.static_ints(name)
-    if static is not None:
-        return static
-    from tensorflow.python.framework import tensor_util
-
-    try:
-        shape = tensor_util.constant_value_as_shape(ctx.plain(name))
-    except (TypeError, ValueError):
-        return None
-    return None if shape.rank is None else shape.as_list()
+    concatenated with the spatial sizes of another tensor, as PyTorch writes
+    ``F.interpolate(x, size=y.shape[-2:])``)."""
+    return ctx.partial_ints(name)
 
 
 def _coordinates(mode: str, out: int, size: int, scale: float, roi) -> tuple[np.ndarray, np.ndarray | None]:
