@@ -88,7 +88,22 @@ def _reshape(ctx, node, attrs):
     shape = ctx.static_ints(node.input[1])
     if shape is None:
         target = tf.cast(ctx.plain(node.input[1]), tf.int64)
-        if not attrs.get("allowzero", 0):
+        entries = ctx.partial_ints(node.input[1])
+        keep_zero = bool(attrs.get("allowzero", 0))
+        if entries is not None and x.shape.rank is not None and (keep_zero or len(entries) <= x.shape.rank):
+            # the entries known while converting as constants, so that TensorFlow's shape inference
+            # (also of the graph tfnet imports later) knows those dimensions
+            here = tf.shape(x, out_type=tf.int64)
+            parts = []
+            for i, d in enumerate(entries):
+                if d is None:
+                    parts.append(target[i])
+                elif d == 0 and not keep_zero:
+                    parts.append(tf.constant(x.shape[i], tf.int64) if x.shape[i] is not None else here[i])
+                else:
+                    parts.append(tf.constant(d, tf.int64))
+            target = tf.stack(parts)
+        elif not keep_zero:
             n = target.shape[0]
             here = tf.shape(x, out_type=tf.int64)
             if n is not None and x.shape.rank is not None and n <= x.shape.rank:
