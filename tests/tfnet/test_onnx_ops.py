@@ -207,3 +207,81 @@ def _refused(op, inputs, attrs, shapes, inits=(), opset=17):
 def test_what_does_not_convert_is_refused_by_name(model, message):
     with pytest.raises(OnnxConversionError, match=message):
         TFNet.from_onnx(model(), relax_batch=False)
+
+
+# ------------------------------------------------------------------ issue 32's operators against onnxruntime
+
+def _run_both(model, inputs):
+    net = TFNet.from_onnx(model, relax_batch=False)
+    return net.forward(inputs if len(inputs) > 1 else inputs[0]), run_ort(model, inputs)
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+def test_scatter_nd_equals_onnxruntime(reduction):
+    """Rows and single elements, repeated indices (combined by the reduction), negative indices; the
+    updates are a weight and get gradients."""
+    rng = np.random.default_rng(32)
+    data = rng.standard_normal((4, 3, 5)).astype(np.float32)
+    rows = np.array([[[1], [-1]], [[0], [1]]], np.int64)  # (2, 2, 1): rows 1, 3, 0, 1 (row 1 twice)
+    updates = rng.standard_normal((2, 2, 3, 5))
+    attrs = {} if reduction == "none" else {"reduction": reduction}
+    if reduction == "none":  # repeated indices have no defined result without a reduction
+        rows = np.array([[[1], [-1]], [[0], [2]]], np.int64)
+    node = helper.make_node("ScatterND", ["x", "i", "u"], ["y"], **attrs)
+    model = _model([node], [_info("x", [4, 3, 5])], [_info("y", [4, 3, 5])],
+                   [onnx.numpy_helper.from_array(rows, "i"), _tensor("u", updates)], opset=18)
+    got, want = _run_both(model, [data])
+    assert rel(got, want[0]) < 1e-6
+    cells = np.array([[0, 2, 4], [3, 1, 0], [3, 1, 0]], np.int64)  # whole index tuples, one repeated
+    node = helper.make_node("ScatterND", ["x", "c", "v"], ["y"], **attrs)
+    if reduction == "none":
+        cells = cells[:2]
+    model = _model([node], [_info("x", [4, 3, 5])], [_info("y", [4, 3, 5])],
+                   [onnx.numpy_helper.from_array(cells, "c"), _tensor("v", rng.standard_normal(len(cells)))], opset=18)
+    got, want = _run_both(model, [data])
+    assert rel(got, want[0]) < 1e-6
+    _, grads = TFNet.from_onnx(model, relax_batch=False).backward(data)
+    if reduction in ("none", "add"):  # the written cells' output gradient (ones), summed over repeats
+        np.testing.assert_array_equal(grads["v"], np.ones(len(cells), np.float32))
+
+
+@pytest.mark.parametrize("upper,k", [(1, 0), (1, 1), (0, 0), (0, -1), (1, -2), (0, 3)])
+def test_trilu_equals_onnxruntime(upper, k):
+    rng = np.random.default_rng(33)
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    node = helper.make_node("Trilu", ["x", "k"], ["y"], upper=upper)
+    model = _model([node], [_info("x", [None, 3, 4, 5])], [_info("y", 4)],
+                   [onnx.numpy_helper.from_array(np.array(k, np.int64), "k")], opset=14)
+    got, want = _run_both(model, [x])
+    np.testing.assert_array_equal(got, want[0])
+    assert (got == 0).any() and (got == x).any()
+
+
+@pytest.mark.parametrize("mode", ["DCR", "CRD"])
+def test_depth_to_space_equals_onnxruntime(mode):
+    """Also after a convolution, whose output tfnet holds in NHWC (DCR runs there as TensorFlow's
+    depth_to_space)."""
+    rng = np.random.default_rng(34)
+    x = rng.standard_normal((2, 8, 3, 4)).astype(np.float32)
+    w = _tensor("w", rng.standard_normal((8, 8, 1, 1)) * 0.5)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("DepthToSpace", ["c"], ["y"], blocksize=2,
+                                                                           mode=mode),
+             helper.make_node("DepthToSpace", ["x"], ["z"], blocksize=2, mode=mode)]
+    model = _model(nodes, [_info("x", [None, 8, 3, 4])], [_info("y", 4), _info("z", 4)], [w], opset=13)
+    got, want = _run_both(model, [x])
+    assert got[0].shape == want[0].shape == (2, 2, 6, 8)
+    assert rel(got[0], want[0]) < 1e-5
+    np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_space_to_depth_equals_onnxruntime():
+    rng = np.random.default_rng(35)
+    x = rng.standard_normal((2, 3, 6, 4)).astype(np.float32)
+    w = _tensor("w", rng.standard_normal((3, 3, 1, 1)) * 0.5)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("SpaceToDepth", ["c"], ["y"], blocksize=2),
+             helper.make_node("SpaceToDepth", ["x"], ["z"], blocksize=2)]
+    model = _model(nodes, [_info("x", [None, 3, 6, 4])], [_info("y", 4), _info("z", 4)], [w], opset=13)
+    got, want = _run_both(model, [x])
+    assert got[0].shape == want[0].shape == (2, 12, 3, 2)
+    assert rel(got[0], want[0]) < 1e-5
+    np.testing.assert_array_equal(got[1], want[1])
