@@ -130,12 +130,21 @@ def expand(node, function, prefix: str, opset: int) -> list:
     return out
 
 
-def _rename_free(graph, name: Callable[[str], str]) -> None:
-    """Renames the values ``graph`` reads from the enclosing scope."""
-    local = {i.name for i in graph.input} | {t.name for t in graph.initializer} | \
+def _rename_free(graph, name: Callable[[str], str], bound: frozenset = frozenset()) -> None:
+    """Renames the values ``graph`` (and the subgraphs inside it) read from the function's scope, the
+    names not defined in ``graph`` or in the subgraphs ``bound`` around it."""
+    from onnx import AttributeProto
+
+    local = bound | {i.name for i in graph.input} | {t.name for t in graph.initializer} | \
         {o for n in graph.node for o in n.output}
     for n in graph.node:
         n.input[:] = [v if not v or v in local else name(v) for v in n.input]
+        for a in n.attribute:
+            if a.type == AttributeProto.GRAPH:
+                _rename_free(a.g, name, frozenset(local))
+            elif a.type == AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    _rename_free(g, name, frozenset(local))
     for o in graph.output:
         if o.name not in local:
             o.name = name(o.name)

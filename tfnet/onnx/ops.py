@@ -87,7 +87,7 @@ def _unary(ctx, node, attrs):
     ctx.set(node.output[0], y, nhwc)
 
 
-@register(*_UNARY_SINCE_1)
+@register(*_UNARY_SINCE_1, since=1)
 def _unary_any(ctx, node, attrs):
     x, nhwc = _unary_layout(ctx, node.input[0])
     ctx.set(node.output[0], _UNARY_SINCE_1[node.op_type](x), nhwc)
@@ -363,7 +363,7 @@ def _hardmax(x: tf.Tensor, axis: int) -> tf.Tensor:
     return tf.one_hot(tf.argmax(x, axis=axis), tf.shape(x)[axis], axis=axis, dtype=x.dtype)
 
 
-@register("Softmax", "LogSoftmax", "Hardmax")
+@register("Softmax", "LogSoftmax", "Hardmax", since=1)  # before 13: coerced to 2-D
 def _softmax(ctx, node, attrs):
     x = ctx.plain(node.input[0])
     fn = {"Softmax": tf.nn.softmax, "LogSoftmax": tf.nn.log_softmax,

@@ -93,8 +93,11 @@ def _along(scale: tf.Tensor, x: tf.Tensor, axis: int, block: int) -> tf.Tensor:
 
 
 def quantize(x: tf.Tensor, scale: tf.Tensor, zero: tf.Tensor | None, to: int, saturate: bool = True) -> tf.Tensor:
-    """ONNX ``QuantizeLinear`` of ``x`` with a scale (and zero point) already shaped to it."""
-    scaled = tf.cast(x, tf.float64) / tf.cast(scale, tf.float64)
+    """ONNX ``QuantizeLinear`` of ``x`` with a scale (and zero point) already shaped to it. The
+    division is in ``x``'s float type (float32 for others), as onnx's reference divides, so that the
+    halves it rounds (to even) are the same."""
+    dtype = x.dtype if x.dtype in (tf.float32, tf.float64) else tf.float32
+    scaled = tf.cast(tf.cast(x, dtype) / tf.cast(scale, dtype), tf.float64)
     if not dtypes.tf_type(to).is_integer:  # 8-bit and 4-bit floats: a cast, saturating or not
         if zero is not None:
             scaled = scaled + tf.cast(zero, tf.float64)

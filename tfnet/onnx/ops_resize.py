@@ -38,8 +38,8 @@ def _tf_axis(axis: int, nhwc: bool) -> int:
 @register("Pad", since=2)  # version 1 named the pads paddings
 def _pad(ctx: Ctx, node, attrs):
     mode = _text(attrs.get("mode", b"constant"))
-    if mode not in ("constant", "reflect", "edge"):
-        raise OnnxConversionError(f"Pad {node.name!r}: mode {mode!r} is not supported (constant, reflect, edge are).")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        raise OnnxConversionError(f"Pad {node.name!r}: mode {mode!r} is not supported (constant, reflect, edge, wrap are).")
     x, nhwc = _layout(ctx, node.input[0])
     rank = x.shape.rank
     pads = ctx.static_ints(node.input[1]) if _input(node, 1) else [int(p) for p in attrs.get("pads", [])]
@@ -60,6 +60,12 @@ def _pad(ctx: Ctx, node, attrs):
         y = tf.pad(x, pairs, constant_values=tf.cast(tf.reshape(value, []), x.dtype))
     elif mode == "reflect":
         y = tf.pad(x, pairs, mode="REFLECT")
+    elif mode == "wrap":  # version 19: the other end of the axis, as numpy.pad(mode="wrap")
+        y = x
+        for axis, (b, e) in enumerate(pairs):
+            if b or e:
+                n = y.shape[axis] if y.shape[axis] is not None else tf.shape(y)[axis]
+                y = tf.gather(y, tf.math.floormod(tf.range(-b, n + e), n), axis=axis)
     else:
         y = x
         for axis, (b, e) in enumerate(pairs):

@@ -189,7 +189,12 @@ def _lp_normalization(ctx, node, attrs):
         raise OnnxConversionError(f"LpNormalization {node.name!r}: p={p} is not supported (1 and 2 are).")
     norm = tf.reduce_sum(tf.abs(x), axis, keepdims=True) if p == 1 else \
         tf.sqrt(tf.reduce_sum(tf.square(x), axis, keepdims=True))
-    ctx.set(node.output[0], tf.where(tf.equal(norm, 0), tf.zeros_like(x), x / tf.where(tf.equal(norm, 0), 1, norm)))
+    zero = tf.equal(norm, 0)
+    if x.dtype.is_integer:
+        y = tf.math.floordiv(x, tf.where(zero, tf.ones_like(norm), norm))
+    else:
+        y = x / tf.where(zero, tf.ones_like(norm), norm)
+    ctx.set(node.output[0], tf.where(zero, tf.zeros_like(x), y))
 
 
 @register("LRN", since=1)
