@@ -471,6 +471,7 @@ def load_handlers() -> None:
     """Imports every module of handlers, which registers them."""
     from tfnet.onnx import (  # noqa: F401  (they register their handlers)
         ops_cast,
+        ops_control,
         ops_conv_nd,
         ops_index,
         ops_nn,
@@ -478,5 +479,6 @@ def load_handlers() -> None:
         ops_resize,
         ops_rnn,
         ops_shape,
+        ops_string,
         ops_tensor,
     )
