@@ -49,7 +49,8 @@ class Converted:
 
 
 # float inputs that set the computation rather than feed it: constants, never weights
-_STATIC_INPUTS = {"Resize": (1, 2), "Upsample": (1,)}
+_STATIC_INPUTS = {"Resize": (1, 2), "Upsample": (1,), "Clip": (1, 2), "Pad": (2,), "NonMaxSuppression": (2, 3, 4),
+                  "QuantizeLinear": (1, 2), "DequantizeLinear": (1, 2)}
 
 
 def missing_operators(model) -> Counter:

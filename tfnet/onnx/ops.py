@@ -473,6 +473,7 @@ def load_handlers() -> None:
         ops_cast,
         ops_control,
         ops_conv_nd,
+        ops_grid,
         ops_index,
         ops_nn,
         ops_pool,
