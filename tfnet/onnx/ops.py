@@ -480,6 +480,7 @@ def load_handlers() -> None:
         ops_resize,
         ops_rnn,
         ops_shape,
+        ops_signal,
         ops_string,
         ops_tensor,
     )
