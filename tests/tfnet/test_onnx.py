@@ -263,6 +263,35 @@ def test_external_data_file_missing(tmp_path):
         TFNet.from_onnx(str(target))
 
 
+def test_functions_the_model_defines_are_inlined():
+    """A model-local function (``model.functions``, which PyTorch's dynamo exporter may write), called
+    twice, one call inside another function: converted as its body, equal to onnxruntime."""
+    from onnx import TensorProto, helper
+
+    scaled_gelu = helper.make_function(
+        "pkg.custom", "ScaledGelu", ["x", "s"], ["y"],
+        [helper.make_node("Mul", ["x", "s"], ["t"]), helper.make_node("Gelu", ["t"], ["y"])],
+        opset_imports=[helper.make_opsetid("", 20)])
+    block = helper.make_function(
+        "pkg.custom", "Block", ["x", "w", "s"], ["y"],
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("ScaledGelu", ["h", "s"], ["y"],
+                                                                          domain="pkg.custom")],
+        opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("pkg.custom", 1)])
+    rng = np.random.default_rng(0)
+    w = onnx.numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w")
+    s = onnx.numpy_helper.from_array(np.array([1.5], np.float32), "s")
+    nodes = [helper.make_node("Block", ["x", "w", "s"], ["a"], domain="pkg.custom"),
+             helper.make_node("ScaledGelu", ["a", "s"], ["y"], domain="pkg.custom")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])], [w, s])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("pkg.custom", 1)],
+                              functions=[scaled_gelu, block])
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    net = TFNet.from_onnx(model)
+    assert rel(net.forward(x), run_ort(model, [x])[0]) < 1e-5
+    assert "w" in net.weight_names
+
+
 @pytest.mark.parametrize("opset", [16, 18, 19, 21, 22, 23])
 def test_every_opset_in_range_converts(opset):
     """The fixtures cover opsets 13 to 18 and 20 (the dynamo exports); onnx's converter lifts the
@@ -301,3 +330,14 @@ def test_bytes_input_order_and_unknown_names():
         TFNet.from_onnx(data, outputs="logit")
     with pytest.raises(TensorNameError, match=r"Unknown ONNX graph input 'id'\. Closest existing names: 'ids'"):
         TFNet.from_onnx(data, inputs=["id", "mask"])
+
+
+def test_docs_operator_table_is_generated_from_the_code():
+    """docs/onnx.md's table of operators and versions is what ``python -m tfnet.onnx.table`` prints."""
+    from tfnet.onnx.table import markdown
+
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "onnx.md")).read()
+    start, end = "<!-- operator table: start -->\n", "<!-- operator table: end -->"
+    table = doc[doc.index(start) + len(start):doc.index(end)].strip()
+    assert table == markdown(), "regenerate the table in docs/onnx.md with: python -m tfnet.onnx.table"
+    assert "| `ScatterND` | 11, 13, 16, 18 |" in table and "| `Gelu` | 20 |" in table
