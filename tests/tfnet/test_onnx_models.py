@@ -1,5 +1,5 @@
 """torchvision's model classes at tiny widths (scripts/onnx_fixture_vision.py), exported by real
-PyTorch at opsets 13 to 18: forward against onnxruntime and PyTorch, input and weight gradients
+PyTorch at opsets 13 to 18 (legacy exporter): forward against onnxruntime and PyTorch, input and weight gradients
 against PyTorch's. Parameters the exporter merged into one initializer (equal initial values, such as
 LayerNorm's ones) are compared as the sum of their gradients; GoogLeNet keeps torchvision's own
 initialisation, where the exporter also merges batch-norm biases with running means.

@@ -1,9 +1,9 @@
-"""ONNX reductions, ``ArgMax``/``ArgMin``, ``Einsum``, ``CumSum``, ``TopK``, ``InstanceNormalization``
-and ``If`` (with a condition known while converting) as TensorFlow ops.
+"""ONNX reductions, ``ArgMax``/``ArgMin``, ``Einsum``, ``CumSum``, ``TopK``, ``InstanceNormalization``,
+``LRN``, ``LpNormalization`` and ``If`` (with a condition known while converting) as TensorFlow ops.
 
-PyTorch exports ``GroupNorm`` as ``Reshape -> InstanceNormalization -> Reshape -> Mul -> Add``
-(opsets 13 to 18), which these ops convert. The opset-18 ``GroupNormalization`` operator itself is
-deprecated by onnx's checker in every opset tfnet reads, so no valid model in range holds it.
+PyTorch's legacy exporter writes ``GroupNorm`` as ``Reshape -> InstanceNormalization -> Reshape -> Mul
+-> Add``, which these ops convert; the ``GroupNormalization`` operator converts through ONNX's own
+definition of it (:mod:`tfnet.onnx.functions`).
 """
 
 from __future__ import annotations
