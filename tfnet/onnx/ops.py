@@ -374,6 +374,9 @@ def _softmax(ctx, node, attrs):
         ctx.set(node.output[0], _coerced(x, axis, lambda t: fn(t, axis=-1)))
         return
     axis = attrs.get("axis", -1)
+    if x.dtype in (tf.float16, tf.bfloat16) and node.op_type != "Hardmax":  # in float32, rounded once
+        ctx.set(node.output[0], tf.cast(fn(tf.cast(x, tf.float32), axis=axis), x.dtype))
+        return
     ctx.set(node.output[0], fn(x, axis=axis))
 
 
