@@ -29,6 +29,13 @@ models in scripts/onnx_fixture_models.py (``gru_text``, ``lstm_text``, ``rnn_sta
 ``unet``, ``tensor_ops``) and torchvision's classes at tiny widths in scripts/onnx_fixture_vision.py.
 Where the exporter merged parameters of equal value into one initializer, ``grad_w/<initializer>``
 holds the sum of their gradients and ``merged/<initializer>`` their names.
+
+Issue 32's fixtures (``--default-export`` with no names writes them all): exported with
+``torch.onnx.export``'s defaults (dynamo, opset 20, external data ``NAME.onnx.data``), models in
+scripts/onnx_fixture_dynamo.py; see :func:`export_default` for how their gradients are stored::
+
+    /tmp/torchenv/bin/pip install torch==2.14.1 torchvision==0.29.1 onnx onnxscript
+    /tmp/torchenv/bin/python scripts/export_onnx_fixtures.py --default-export
 """
 
 from __future__ import annotations
@@ -205,7 +212,11 @@ def main() -> None:
     parser.add_argument("--out", default=OUT)
     parser.add_argument("--full-resnet18", default=None, help="also write torchvision's full ResNet-18 here")
     parser.add_argument("--only", nargs="*", default=None, help="export only these fixtures (issue 23's by name)")
+    parser.add_argument("--default-export", nargs="*", default=None,
+                        help="export issue 32's fixtures (torch.onnx.export's defaults), all or these by name")
     args = parser.parse_args()
+    if args.default_export is not None:
+        return export_default_fixtures(args.out, args.default_export)
     if args.only is not None:
         return export_some(args.out, args.only)
     os.makedirs(args.out, exist_ok=True)
@@ -256,14 +267,140 @@ def main() -> None:
         print(f"full ResNet-18: {args.full_resnet18} ({os.path.getsize(args.full_resnet18) / 1e6:.1f} MB)")
 
 
+def export_default(model: nn.Module, inputs: dict, outputs: list, path: str) -> None:
+    """Exports ``model`` as a PyTorch user does today: ``torch.onnx.export(model, args, path,
+    dynamic_shapes=...)`` with torch's defaults (the dynamo exporter, opset 20, the weights in
+    ``path + ".data"``), a dynamic batch; stores PyTorch's outputs and gradients beside it.
+
+    The default export optimises the graph: it folds each batch norm into the convolution before it
+    (keeping the convolution weight's name for the folded value), transposes ``Linear`` weights into
+    new initializers (``val_N``) and slices parameters ahead of time. So the gradients stored are those
+    of the initializers: each is matched (by value, unique, within 1e-5) to a parameter of a twin of the
+    model with its batch norms folded the same way (``torch.fx.experimental.optimization.fuse``), or to
+    its transpose, and that parameter's PyTorch gradient (transposed alike) is stored under the
+    initializer's name, with ``source/<initializer>`` naming the parameter. Initializers with no such
+    parameter (a constant computed from several) are listed in ``unmatched``.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    model.eval()
+    args = tuple(torch.from_numpy(v) for v in inputs.values())
+    batch = torch.export.Dim("batch")
+    for suffix in ("", ".data"):
+        if os.path.exists(path + suffix):
+            os.remove(path + suffix)
+    torch.onnx.export(model, args, path, input_names=list(inputs), output_names=outputs,
+                      dynamic_shapes=tuple({0: batch} for _ in args))
+    proto = onnx.load(path)
+    onnx.checker.check_model(proto)
+    twin = _folded_twin(model)
+    rng = np.random.default_rng(1)
+    data = {f"in_{k}": v for k, v in enumerate(inputs.values())}
+    leaves = [a.clone().requires_grad_(a.is_floating_point()) for a in args]
+    with torch.no_grad():
+        reference = model(*args)
+    outs = twin(*leaves)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    reference = reference if isinstance(reference, tuple) else (reference,)
+    for o, r in zip(outs, reference):
+        assert torch.allclose(o, r, rtol=1e-4, atol=1e-5), "the folded twin computes another function"
+    grad_outs = [rng.standard_normal(o.shape).astype(np.float32) for o in outs]
+    sum((o * torch.from_numpy(g)).sum() for o, g in zip(outs, grad_outs)).backward()
+    for k, (r, g) in enumerate(zip(reference, grad_outs)):
+        data[f"out_{k}"], data[f"grad_out_{k}"] = r.numpy(), g
+    for k, leaf in enumerate(leaves):
+        if leaf.requires_grad:
+            data[f"grad_in_{k}"] = leaf.grad.numpy()
+    params = {n: p for n, p in twin.named_parameters() if p.grad is not None}
+    elements = _element_index(params)
+    unmatched = []
+    for t in proto.graph.initializer:
+        value = numpy_helper.to_array(t)
+        if value.dtype != np.float32 or value.ndim == 0:
+            continue
+        hits = [(n, False) for n, p in params.items() if p.shape == value.shape and _close(p, value)]
+        hits += [(n, True) for n, p in params.items() if p.ndim == 2 and p.T.shape == value.shape and _close(p.T, value)]
+        if len(hits) == 1:
+            name, transposed = hits[0]
+            grad = params[name].grad.numpy()
+            data[f"grad_w/{t.name}"] = grad.T if transposed else grad
+            data[f"source/{t.name}"] = np.asarray(name + (" (transposed)" if transposed else ""))
+            continue
+        # a rearrangement of parameter elements (a recurrent layer's weights repacked in ONNX's gate
+        # order): every element found, exactly and once, among the parameters' elements
+        found = [elements.get(v) for v in value.ravel().view(np.uint32).tolist()]
+        if all(f is not None for f in found) and len(set(found)) == len(found):  # a gather that repeats
+            # elements (a relative position bias) is not a rearrangement: its gradient is not theirs
+            grads = {n: p.grad.numpy().ravel() for n, p in params.items()}
+            data[f"grad_w/{t.name}"] = np.asarray([grads[n][i] for n, i in found], np.float32).reshape(value.shape)
+            data[f"source/{t.name}"] = np.asarray(" + ".join(sorted({n for n, _ in found})) + " (elements rearranged)")
+            continue
+        unmatched.append(t.name)
+    data["unmatched"] = np.asarray(unmatched)
+    np.savez_compressed(path[: -len(".onnx")] + ".npz", **data)
+    size = sum(os.path.getsize(path + s) for s in ("", ".data") if os.path.exists(path + s)) / 1e3
+    print(f"{os.path.basename(path)}: opset {[o.version for o in proto.opset_import if o.domain == '']}, {size:.0f} KB, "
+          f"{sum(k.startswith('grad_w/') for k in data)} initializer gradients, unmatched {unmatched}")
+
+
+def _element_index(params: dict) -> dict:
+    """float32 bit pattern -> (parameter, flat index), for the values that occur exactly once."""
+    index, seen = {}, set()
+    for name, p in params.items():
+        for i, bits in enumerate(p.detach().numpy().ravel().view(np.uint32).tolist()):
+            if bits in seen:
+                index.pop(bits, None)
+                continue
+            seen.add(bits)
+            index[bits] = (name, i)
+    return index
+
+
+def _close(p: torch.Tensor, value: np.ndarray) -> bool:
+    return np.allclose(p.detach().numpy(), value, rtol=1e-5, atol=1e-7)
+
+
+def _folded_twin(model: nn.Module) -> nn.Module:
+    """``model`` with every batch norm folded into the convolution before it, as the exporter folds
+    them; the model itself where there is none to fold (or it cannot be traced)."""
+    import copy
+
+    if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        return copy.deepcopy(model)
+    from torch.fx.experimental.optimization import fuse
+
+    twin = fuse(copy.deepcopy(model))
+    for p in twin.parameters():  # the folded biases are made without gradients
+        p.requires_grad_(True)
+    return twin
+
+
+def export_default_fixtures(folder: str, names) -> None:
+    """Issue 32's fixtures: ``torch.onnx.export``'s defaults (scripts/onnx_fixture_dynamo.py). Every
+    parameter jittered apart (the exporter would merge equal ones) and batch-norm statistics drawn at
+    random."""
+    from onnx_fixture_dynamo import dynamo_fixtures
+
+    table = dynamo_fixtures(np.random.default_rng(32))
+    for name in names or sorted(table):
+        torch.manual_seed(0)
+        factory, inputs, outputs = table[name]
+        model = _jitter(factory())
+        _randomise_bn(model)
+        export_default(model, inputs, outputs, os.path.join(folder, name + ".onnx"))
+
+
 def export_some(folder: str, names) -> None:
     """The issue-23 fixtures: hand-made models (scripts/onnx_fixture_models.py, parameters jittered
     apart) and torchvision's classes (scripts/onnx_fixture_vision.py, their own initialisation, so
     the exporter merges equal parameters), each from its own seed."""
+    from onnx_fixture_dynamo import legacy_fixtures
     from onnx_fixture_models import fixtures
     from onnx_fixture_vision import vision_fixtures
 
     table = fixtures(np.random.default_rng(23))
+    table.update(legacy_fixtures(np.random.default_rng(33)))
     vision, dyn = vision_fixtures(np.random.default_rng(24))
     for name in names or sorted(table) + sorted(vision):
         torch.manual_seed(0)

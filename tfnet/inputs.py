@@ -110,6 +110,11 @@ def _kind(dtype) -> str:
     dtype = np.dtype(dtype)
     if dtype.kind in "USO":
         return "string"
+    if dtype.kind == "V":  # ml_dtypes' bfloat16, float8 and 4-bit types
+        try:
+            return _kind(tf.as_dtype(dtype))
+        except TypeError:
+            return dtype.name
     return {"b": "bool", "f": "float", "i": "int", "u": "int"}.get(dtype.kind, dtype.name)
 
 

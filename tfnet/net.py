@@ -283,8 +283,10 @@ class TFNet(tf.Module):
         Raises:
             FileNotFoundError: the file does not exist.
             tfnet.onnx.OnnxLoadError: the file is corrupt, truncated or not ONNX.
-            tfnet.onnx.OpsetError: the opset is outside 13 to 18.
-            tfnet.onnx.UnsupportedOperatorError: lists every unsupported operator and its count.
+            tfnet.onnx.OpsetError: the opset is newer than the installed onnx defines, or the model has no
+                default-domain opset.
+            tfnet.onnx.UnsupportedOperatorError: lists every node tfnet cannot convert (operator,
+                version and count; docs/onnx.md has the versions that convert).
             tfnet.onnx.ExternalDataError: an external data file is missing.
         """
         from tfnet.onnx.build import net_from_onnx

@@ -209,21 +209,44 @@ def test_corrupt_truncated_and_missing_files(tmp_path):
 
 
 def test_unsupported_operators_are_all_listed_before_anything_runs():
-    model = _tiny_model("Hardmax")
+    model = _tiny_model("RandomNormalLike")  # no conversion and no ONNX function for it
     model.graph.node.append(onnx.helper.make_node("FancyOp", ["y"], ["z"], domain="com.example"))
     model.opset_import.append(onnx.helper.make_opsetid("com.example", 1))
     with pytest.raises(UnsupportedOperatorError,
-                       match=r"3 node\(s\) of operators tfnet cannot convert: Hardmax \(x2\), "
-                             r"com\.example::FancyOp \(x1\)\. Supported operators .*opsets 13-18\): Abs, Add"):
+                       match=r"3 node\(s\) that tfnet cannot convert: RandomNormalLike v1 \(x2\), "
+                             r"com\.example::FancyOp \(x1\) \(vN: .*opset 17.*\)\. Supported operators .*opsets "
+                             r"1-\d\d\): Abs, Acos"):
         TFNet.from_onnx(model)
     assert isinstance(UnsupportedOperatorError("x"), ValueError)
 
 
-@pytest.mark.parametrize("opset", [11, 19])
-def test_opset_out_of_range(opset):
-    with pytest.raises(OpsetError, match=rf"uses opset {opset}; tfnet converts opsets 13 to 18"):
-        TFNet.from_onnx(_tiny_model("Relu", opset=opset))
-    assert TFNet.from_onnx(_tiny_model("Relu", opset=13)).forward(np.array([[-1, 2, -3, 4]], np.float32)).tolist() == [[0, 2, 0, 4]]
+def test_an_operator_version_without_conversion_is_refused_by_name_and_version():
+    """Add before version 7 broadcast only with its ``broadcast`` attribute; tfnet converts Add 7 on."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
+    node = helper.make_node("Add", ["x", "x"], ["y"])
+    model = helper.make_model(helper.make_graph([node], "g", [x], [helper.make_tensor_value_info("y", 1, [2, 4])]),
+                              opset_imports=[helper.make_opsetid("", 6)])
+    with pytest.raises(UnsupportedOperatorError, match=r"1 node\(s\) that tfnet cannot convert: Add v6 \(x1\)"):
+        TFNet.from_onnx(model)
+    model.opset_import[0].version = 7
+    assert TFNet.from_onnx(model).forward(np.ones((2, 4), np.float32)).tolist() == [[2.0] * 4] * 2
+
+
+def test_opset_newer_than_onnx_defines_or_missing():
+    from tfnet.onnx.load import max_opset
+
+    newest = max_opset()
+    with pytest.raises(OpsetError, match=rf"uses opset {newest + 1}; tfnet converts opsets 1 to {newest}, the newest "
+                                         r"that the installed onnx .* defines"):
+        TFNet.from_onnx(_tiny_model("Relu", opset=newest + 1))
+    model = _tiny_model("Relu")
+    model.opset_import[0].domain = "com.example"
+    with pytest.raises(OpsetError, match=r"imports no default-domain opset .*\['com\.example'\]"):
+        TFNet.from_onnx(model)
+    relu = TFNet.from_onnx(_tiny_model("Relu", opset=newest)).forward(np.array([[-1, 2, -3, 4]], np.float32))
+    assert relu.tolist() == [[0, 2, 0, 4]]
 
 
 def test_external_data_file_missing(tmp_path):
@@ -240,10 +263,39 @@ def test_external_data_file_missing(tmp_path):
         TFNet.from_onnx(str(target))
 
 
-@pytest.mark.parametrize("opset", [16, 18])
+def test_functions_the_model_defines_are_inlined():
+    """A model-local function (``model.functions``, which PyTorch's dynamo exporter may write), called
+    twice, one call inside another function: converted as its body, equal to onnxruntime."""
+    from onnx import TensorProto, helper
+
+    scaled_gelu = helper.make_function(
+        "pkg.custom", "ScaledGelu", ["x", "s"], ["y"],
+        [helper.make_node("Mul", ["x", "s"], ["t"]), helper.make_node("Gelu", ["t"], ["y"])],
+        opset_imports=[helper.make_opsetid("", 20)])
+    block = helper.make_function(
+        "pkg.custom", "Block", ["x", "w", "s"], ["y"],
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("ScaledGelu", ["h", "s"], ["y"],
+                                                                          domain="pkg.custom")],
+        opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("pkg.custom", 1)])
+    rng = np.random.default_rng(0)
+    w = onnx.numpy_helper.from_array(rng.standard_normal((4, 4)).astype(np.float32), "w")
+    s = onnx.numpy_helper.from_array(np.array([1.5], np.float32), "s")
+    nodes = [helper.make_node("Block", ["x", "w", "s"], ["a"], domain="pkg.custom"),
+             helper.make_node("ScaledGelu", ["a", "s"], ["y"], domain="pkg.custom")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])], [w, s])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("pkg.custom", 1)],
+                              functions=[scaled_gelu, block])
+    x = rng.standard_normal((3, 4)).astype(np.float32)
+    net = TFNet.from_onnx(model)
+    assert rel(net.forward(x), run_ort(model, [x])[0]) < 1e-5
+    assert "w" in net.weight_names
+
+
+@pytest.mark.parametrize("opset", [16, 18, 19, 21, 22, 23])
 def test_every_opset_in_range_converts(opset):
-    """The fixtures cover opsets 13, 14, 15, 17 and 18; onnx's converter lifts the opset-15 CNN to
-    the others (it has no downward BatchNormalization adapter)."""
+    """The fixtures cover opsets 13 to 18 and 20 (the dynamo exports); onnx's converter lifts the
+    opset-15 CNN to the others (it has no downward BatchNormalization adapter)."""
     from onnx import version_converter
 
     model = version_converter.convert_version(onnx.load(path_of("digits_cnn")), opset)
@@ -278,3 +330,14 @@ def test_bytes_input_order_and_unknown_names():
         TFNet.from_onnx(data, outputs="logit")
     with pytest.raises(TensorNameError, match=r"Unknown ONNX graph input 'id'\. Closest existing names: 'ids'"):
         TFNet.from_onnx(data, inputs=["id", "mask"])
+
+
+def test_docs_operator_table_is_generated_from_the_code():
+    """docs/onnx.md's table of operators and versions is what ``python -m tfnet.onnx.table`` prints."""
+    from tfnet.onnx.table import markdown
+
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "onnx.md")).read()
+    start, end = "<!-- operator table: start -->\n", "<!-- operator table: end -->"
+    table = doc[doc.index(start) + len(start):doc.index(end)].strip()
+    assert table == markdown(), "regenerate the table in docs/onnx.md with: python -m tfnet.onnx.table"
+    assert "| `ScatterND` | 11, 13, 16, 18 |" in table and "| `Gelu` | 20 |" in table

@@ -1,8 +1,12 @@
 """torchvision's model classes at tiny widths (scripts/onnx_fixture_vision.py), exported by real
-PyTorch at opsets 13 to 18: forward against onnxruntime and PyTorch, input and weight gradients
+PyTorch at opsets 13 to 18 (legacy exporter): forward against onnxruntime and PyTorch, input and weight gradients
 against PyTorch's. Parameters the exporter merged into one initializer (equal initial values, such as
 LayerNorm's ones) are compared as the sum of their gradients; GoogLeNet keeps torchvision's own
-initialisation, where the exporter also merges batch-norm biases with running means."""
+initialisation, where the exporter also merges batch-norm biases with running means.
+
+The segmentation heads (issue 32): LR-ASPP and DeepLabV3 on a narrow MobileNetV3-Large backbone resize
+one branch to another's size, ``F.interpolate(x, size=y.shape[-2:])``; the legacy exporter writes the
+size as ``Shape`` of ``y`` (held in NHWC by tfnet) gathered and concatenated at run time."""
 
 import numpy as np
 import onnx
@@ -17,7 +21,7 @@ from tfnet import TFNet  # noqa: E402
 MODELS = {
     "mobilenet_v3": (17, True), "efficientnet": (15, True), "regnet": (14, False), "densenet": (13, False),
     "shufflenet": (16, False), "squeezenet": (13, False), "mnasnet": (18, False), "googlenet": (17, True),
-    "vit": (17, True), "swin": (17, True),
+    "vit": (17, True), "swin": (17, True), "lraspp": (17, False), "deeplabv3": (17, False),
 }
 
 
@@ -39,3 +43,16 @@ def test_torchvision_models_forward_and_gradients(name):
     if name == "googlenet":  # torchvision's own initialisation: the input's gradient vanishes (about 1e-20)
         assert np.abs(stored(name)["grad_in_0"]).max() < 1e-12
     assert np.isfinite(net.forward(stored(name)["in_0"])).all()
+
+
+@pytest.mark.parametrize("name", ["lraspp", "deeplabv3"])
+def test_segmentation_heads_resize_to_a_size_read_from_another_branch(name):
+    """Every Resize of the head takes its ``sizes`` from a ``Shape`` of another tensor (not a constant),
+    and the output has the input's spatial size, as PyTorch's does."""
+    model = onnx.load(path_of(name))
+    producers = {o: n for n in model.graph.node for o in n.output}
+    resizes = [n for n in model.graph.node if n.op_type == "Resize"]
+    assert resizes and all(producers[n.input[3]].op_type == "Concat" for n in resizes)
+    x = stored(name)["in_0"]
+    out = TFNet.from_onnx(path_of(name)).forward(x)
+    assert out.shape == stored(name)["out_0"].shape == (2, 3, *x.shape[2:])

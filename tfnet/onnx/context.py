@@ -32,8 +32,10 @@ class Value:
 
 @dataclass
 class Ctx:
-    opset: int
+    opset: int  # the default-domain opset of the nodes being converted (a function body's may differ)
     propagate: bool = True
+    version: int = 0  # the version of the operator being converted
+    onnx_types: dict[str, int] = field(default_factory=dict)  # value -> ONNX element type, where TF holds it wider
     values: dict[str, Value] = field(default_factory=dict)
     statistics: list[str] = field(default_factory=list)  # TF names of batch-norm mean/variance weights
     weight_tf_names: dict[str, str] = field(default_factory=dict)  # ONNX initializer name -> TF node name
@@ -69,6 +71,15 @@ class Ctx:
             self.onnx_of.setdefault(v.other.name, (name, True))
         return v.other
 
+    def onnx_type(self, name: str) -> int:
+        """The ONNX element type of a value: recorded where TensorFlow holds it in a carrier type
+        (:mod:`tfnet.onnx.dtypes`) or where a cast made it, else that of its TensorFlow dtype."""
+        if name in self.onnx_types:
+            return self.onnx_types[name]
+        from onnx import helper
+
+        return helper.np_dtype_to_tensor_dtype(np.dtype(self._get(name).tensor.dtype.as_numpy_dtype))
+
     def is_nhwc(self, name: str) -> bool:
         return self._get(name).nhwc
 
@@ -85,10 +96,45 @@ class Ctx:
         except (TypeError, ValueError):
             value = None
         if value is None and self._constant(v.tensor.op):
-            if self._session is None:
-                self._session = tf.compat.v1.Session(graph=v.tensor.graph)
-            value = self._session.run(v.tensor)
+            value = self._evaluate(v.tensor)
         return value
+
+    def partial_ints(self, name: str) -> list[int | None] | None:
+        """A 1-D integer value (a shape) entry by entry, None where known only at run time: the parts
+        of a ``Concat`` computed from constants and static dimensions are evaluated while converting
+        (``Concat(Shape(x)[:2], Unsqueeze(Gather(Shape(y), 2)), ...)``, how PyTorch writes
+        ``F.interpolate(x, size=y.shape[-2:])``), the rest read from the shapes TensorFlow knows.
+        None when even the length is unknown."""
+        if not name:
+            return None
+        value = self.static(name)
+        if value is not None:
+            return [int(v) for v in np.asarray(value).reshape(-1)]
+        v = self._get(name)
+        return None if v.nhwc else self._partial(v.tensor)
+
+    def _partial(self, t: tf.Tensor) -> list[int | None] | None:
+        from tensorflow.python.framework import tensor_util
+
+        if t.shape.rank != 1 or t.shape[0] is None:
+            return None
+        if self._constant(t.op):
+            return [int(v) for v in np.asarray(self._evaluate(t)).reshape(-1)]
+        if t.op.type == "ConcatV2":
+            parts = [self._partial(i) for i in t.op.inputs[:-1]]
+            return None if any(p is None for p in parts) else [d for p in parts for d in p]
+        if t.op.type in ("Cast", "Identity"):
+            return self._partial(t.op.inputs[0])
+        try:
+            shape = tensor_util.constant_value_as_shape(t)
+        except (TypeError, ValueError):
+            return [None] * t.shape[0]
+        return shape.as_list() if shape.rank == t.shape[0] else [None] * t.shape[0]
+
+    def _evaluate(self, t: tf.Tensor):
+        if self._session is None:
+            self._session = tf.compat.v1.Session(graph=t.graph)
+        return self._session.run(t)
 
     def _constant(self, op: tf.Operation) -> bool:
         """Whether ``op`` depends on constants only (no placeholder, no stateful op); memoised per op."""

@@ -21,10 +21,16 @@ from tfnet import graph_utils as gu
 from tfnet.errors import TensorNameError, unknown_name_message
 from tfnet.freeze import clean_node_name
 from tfnet.onnx.context import Ctx
+from tfnet.onnx.dtypes import carrier_array, is_carried, tf_type
 from tfnet.onnx.errors import OnnxConversionError, UnsupportedOperatorError
-from tfnet.onnx.load import MAX_OPSET, MIN_OPSET, check_opset
-from tfnet.onnx.ops import HANDLERS, supported_operators
+from tfnet.onnx.functions import expand, function_of
+from tfnet.onnx.load import MIN_OPSET, check_opset, max_opset, opset_of
+from tfnet.onnx.ops import load_handlers as _load_handlers
+from tfnet.onnx.ops import supported_operators
+from tfnet.onnx.registry import DEFAULT_DOMAINS, HANDLERS, handles, op_version
 from tfnet.onnx.shared_stats import initializer_aliases, shared_statistics
+
+_load_handlers()
 
 
 @dataclass
@@ -43,41 +49,90 @@ class Converted:
 
 
 # float inputs that set the computation rather than feed it: constants, never weights
-_STATIC_INPUTS = {"Resize": (1, 2)}
+_STATIC_INPUTS = {"Resize": (1, 2), "Upsample": (1,), "Clip": (1, 2), "Pad": (2,), "NonMaxSuppression": (2, 3, 4),
+                  "QuantizeLinear": (1, 2), "DequantizeLinear": (1, 2)}
+
+
+def missing_operators(model) -> Counter:
+    """``{"Op vN" or "domain::Op": count}`` of the nodes tfnet cannot convert: operators with no
+    handler for their version and no ONNX function definition whose nodes convert (see
+    :mod:`tfnet.onnx.registry`), checked in subgraphs and expanded functions too."""
+    counts: Counter = Counter()
+    types: dict = {}
+
+    def input_types(node):
+        if not types:
+            types.update(_value_types(model))
+        return [types.get(n) or _float_type() for n in node.input]
+
+    def walk(nodes, opset: int, depth: int) -> None:
+        for node in nodes:
+            if node.domain not in DEFAULT_DOMAINS:
+                counts[f"{node.domain}::{node.op_type}"] += 1
+                continue
+            version = op_version(node.op_type, opset)
+            if handles(node.op_type, version):
+                for g in _subgraphs(node):
+                    walk(g.node, opset, depth)
+                continue
+            found = function_of(node, opset, lambda node=node: input_types(node)) if depth < 8 else None
+            if found is None:
+                counts[node.op_type if version is None else f"{node.op_type} v{version}"] += 1
+                continue
+            function, body_opset = found
+            walk(expand(node, function, f"{node.output[0]}/", opset), body_opset, depth + 1)
+
+    walk(model.graph.node, opset_of(model), 0)
+    return counts
 
 
 def check_operators(model) -> None:
-    """Raises :class:`UnsupportedOperatorError` listing every unsupported operator and its count."""
-    supported = set(supported_operators())
-    counts: Counter = Counter()
-    for node in _all_nodes(model.graph):
-        domain = node.domain if node.domain not in ("", "ai.onnx") else ""
-        if domain or node.op_type not in supported:
-            counts[f"{domain}::{node.op_type}" if domain else node.op_type] += 1
-    if counts:
-        listed = ", ".join(f"{op} (x{n})" for op, n in sorted(counts.items()))
-        loops = sorted({"Loop", "Scan"} & set(counts))
-        hint = (f" {' and '.join(loops)} run a body a number of times known only at run time; tfnet converts "
-                "graphs without data-dependent loops (export recurrent nets with their ONNX LSTM/GRU/RNN "
-                "operators and a fixed sequence length)." if loops else "")
-        raise UnsupportedOperatorError(
-            f"The ONNX model uses {sum(counts.values())} node(s) of operators tfnet cannot convert: {listed}.{hint} "
-            f"Supported operators (default domain, opsets {MIN_OPSET}-{MAX_OPSET}): {', '.join(sorted(supported))}."
-        )
+    """Raises :class:`UnsupportedOperatorError` listing every node tfnet cannot convert (operator,
+    version and count) before anything is converted."""
+    counts = missing_operators(model)
+    if not counts:
+        return
+    listed = ", ".join(f"{op} (x{n})" for op, n in sorted(counts.items()))
+    loops = sorted({"Loop", "Scan"} & {k.split(" ")[0] for k in counts})
+    hint = (f" {' and '.join(loops)} run a body a number of times known only at run time; tfnet converts "
+            "graphs without data-dependent loops (Scan from version 9 over a static sequence length; export "
+            "recurrent nets with their ONNX LSTM/GRU/RNN operators and a fixed sequence length)." if loops else "")
+    raise UnsupportedOperatorError(
+        f"The ONNX model uses {sum(counts.values())} node(s) that tfnet cannot convert: {listed} (vN: the "
+        f"operator's version at the model's opset {opset_of(model)}, as in ONNX's Operators.md).{hint} "
+        f"Supported operators (default domain; versions per operator in docs/onnx.md, opsets "
+        f"{MIN_OPSET}-{max_opset()}): {', '.join(supported_operators())}."
+    )
 
 
-def _all_nodes(graph):
-    """The nodes of ``graph`` and of the subgraphs (``If`` branches) inside it."""
+def _subgraphs(node):
     from onnx import AttributeProto
 
-    for node in graph.node:
-        yield node
-        for a in node.attribute:
-            if a.type == AttributeProto.GRAPH:
-                yield from _all_nodes(a.g)
-            elif a.type == AttributeProto.GRAPHS:
-                for g in a.graphs:
-                    yield from _all_nodes(g)
+    for a in node.attribute:
+        if a.type == AttributeProto.GRAPH:
+            yield a.g
+        elif a.type == AttributeProto.GRAPHS:
+            yield from a.graphs
+
+
+def _float_type():
+    from onnx import TensorProto, helper
+
+    return helper.make_tensor_type_proto(TensorProto.FLOAT, None)
+
+
+def _value_types(model) -> dict:
+    """Value name -> ``TypeProto``, from the graph and onnx's shape inference."""
+    from onnx import helper, shape_inference
+
+    try:
+        inferred = shape_inference.infer_shapes(model).graph
+    except Exception:  # noqa: BLE001 - inference is a help here, not a requirement
+        inferred = model.graph
+    types = {v.name: v.type for v in list(inferred.input) + list(inferred.value_info) + list(inferred.output)}
+    for t in model.graph.initializer:
+        types[t.name] = helper.make_tensor_type_proto(t.data_type, list(t.dims))
+    return types
 
 
 def convert(
@@ -101,7 +156,7 @@ def convert(
             model exported without dynamic axes). Dimensions the model leaves symbolic are always
             unknown. Default: True.
     """
-    from onnx import helper, numpy_helper
+    from onnx import numpy_helper
 
     opset = check_opset(model)
     check_operators(model)
@@ -148,7 +203,9 @@ def convert(
                     ctx.stat_copies[t.name] = tf.compat.v1.placeholder(tf.as_dtype(value.dtype), value.shape, name=copy)
                     values[copy] = value.copy()
             else:
-                ctx.set(t.name, tf.constant(value, name=tf_name(t.name)))
+                ctx.set(t.name, tf.constant(carrier_array(value), name=tf_name(t.name)))
+            if is_carried(t.data_type):
+                ctx.onnx_types[t.name] = t.data_type
         for name in by_input:
             info = by_input[name]
             ttype = info.type.tensor_type
@@ -156,7 +213,9 @@ def convert(
             if dims and relax_batch:
                 dims[0] = None  # dynamic batch
             ph_name = tf_name(name)
-            dtype = tf.as_dtype(helper.tensor_dtype_to_np_dtype(ttype.elem_type))
+            dtype = tf_type(ttype.elem_type)
+            if is_carried(ttype.elem_type):
+                ctx.onnx_types[name] = ttype.elem_type
             ctx.set(name, tf.compat.v1.placeholder(dtype, dims if ttype.HasField("shape") else None, name=ph_name))
             if name in input_names:
                 tf_inputs.append((input_names.index(name), ph_name + ":0"))
@@ -180,21 +239,53 @@ def convert(
                      {k: v for k, v in onnx_weight_names.items() if k in values}, dict(ctx.onnx_of), copies)
 
 
-def convert_nodes(ctx: Ctx, nodes) -> None:
-    """Converts ``nodes`` in order into ``ctx`` (also the nodes of an inlined ``If`` branch)."""
+def convert_nodes(ctx: Ctx, nodes, opset: int | None = None) -> None:
+    """Converts ``nodes`` (of default-domain ``opset``; default: the current one) in order into ``ctx``:
+    the nodes of the graph, of an inlined ``If`` branch, of an expanded function."""
+    outer = ctx.opset
+    ctx.opset = outer if opset is None else opset
+    try:
+        for i, node in enumerate(nodes):
+            _convert_node(ctx, node, i)
+    finally:
+        ctx.opset = outer
+
+
+def _convert_node(ctx: Ctx, node, i: int) -> None:
     from onnx import helper
 
-    for i, node in enumerate(nodes):
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        scope = "ops/" + clean_node_name(node.name or f"{node.op_type}_{i}")
-        with tf.name_scope(scope + "/"):
-            try:
-                HANDLERS[node.op_type](ctx, node, attrs)
-            except OnnxConversionError:
-                raise
-            except (ValueError, TypeError, tf.errors.OpError) as exc:
-                shapes = [str(ctx.values[n].tensor.shape) if ctx.has(n) else "?" for n in node.input if n]
-                raise OnnxConversionError(
-                    f"Converting {node.op_type} node {node.name!r} (inputs {list(node.input)} with shapes "
-                    f"{shapes}) failed: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
-                ) from None
+    version = op_version(node.op_type, ctx.opset) if node.domain in DEFAULT_DOMAINS else None
+    if not handles(node.op_type, version):
+        found = function_of(node, ctx.opset, lambda: [_type_of(ctx, n) for n in node.input])
+        if found is None:  # missing_operators lets no such node through
+            raise OnnxConversionError(f"{node.op_type} node {node.name!r}: no conversion for version {version}.")
+        function, body_opset = found
+        prefix = f"{node.output[0] or node.name or node.op_type}/{node.op_type}/"
+        convert_nodes(ctx, expand(node, function, prefix, ctx.opset), body_opset)
+        return
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    scope = "ops/" + clean_node_name(node.name or f"{node.op_type}_{i}")
+    with tf.name_scope(scope + "/"):
+        ctx.version = version
+        try:
+            HANDLERS[node.op_type].fn(ctx, node, attrs)
+        except OnnxConversionError:
+            raise
+        except (ValueError, TypeError, tf.errors.OpError) as exc:
+            shapes = [str(ctx.values[n].tensor.shape) if ctx.has(n) else "?" for n in node.input if n]
+            raise OnnxConversionError(
+                f"Converting {node.op_type} node {node.name!r} (inputs {list(node.input)} with shapes "
+                f"{shapes}) failed: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+            ) from None
+
+
+def _type_of(ctx: Ctx, name: str):
+    """A value's ``TypeProto`` (element type and static shape), for a context-dependent function."""
+    from onnx import TypeProto, helper
+
+    if not name or not ctx.has(name):
+        return TypeProto()
+    t = ctx.plain(name)
+    elem = ctx.onnx_types.get(name) or helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype.as_numpy_dtype))
+    shape = None if t.shape.rank is None else t.shape.as_list()
+    return helper.make_tensor_type_proto(elem, shape)

@@ -6,10 +6,19 @@ import os
 from typing import Any
 
 from tfnet.onnx.errors import ExternalDataError, OnnxLoadError, OpsetError
+from tfnet.onnx.registry import CHECKED_OPSET, DEFAULT_DOMAINS
 
-MIN_OPSET = 13
-MAX_OPSET = 18
-_DEFAULT_DOMAINS = ("", "ai.onnx")
+MIN_OPSET = 1  # each operator's version is checked (tfnet.onnx.registry), not the opset as a whole
+MAX_OPSET = CHECKED_OPSET  # the newest opset checked; max_opset() is the newest the installed onnx defines
+_DEFAULT_DOMAINS = DEFAULT_DOMAINS
+
+
+def max_opset() -> int:
+    """The newest default-domain opset the installed ``onnx`` defines: tfnet reads models up to it (an
+    operator whose version there is newer than those tfnet converts is refused by name and version)."""
+    from onnx import defs
+
+    return int(defs.onnx_opset_version())
 
 
 def read_model(source: Any):
@@ -22,7 +31,10 @@ def read_model(source: Any):
         FileNotFoundError: the file does not exist.
         ExternalDataError: a tensor's external data file is missing.
         OnnxLoadError: the bytes are not an ONNX model (corrupt, truncated, another format).
-        OpsetError: the default-domain opset is outside 13 to 18.
+        OpsetError: the default-domain opset is outside MIN_OPSET to :func:`max_opset`.
+
+    Functions the model defines itself (``model.functions``, which PyTorch's dynamo exporter may
+    write) are inlined.
     """
     import onnx
     from onnx import external_data_helper
@@ -52,6 +64,7 @@ def read_model(source: Any):
             f"Received: {type(source).__name__}"
         )
     _load_external(model, base_dir, what, external_data_helper)
+    check_opset(model)
     try:
         onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, ValueError) as exc:
@@ -59,7 +72,10 @@ def read_model(source: Any):
             f"{what} is not a valid ONNX model: {_first_line(str(exc))}. Expected a model written by "
             "onnx.save or torch.onnx.export."
         ) from None
-    check_opset(model)
+    if model.functions:
+        from onnx import inliner
+
+        model = inliner.inline_local_functions(model)
     return model
 
 
@@ -114,14 +130,30 @@ def opset_of(model) -> int | None:
 
 
 def check_opset(model) -> int:
+    """The model's default-domain opset; raises :class:`OpsetError` when it has none or one newer than
+    the installed onnx defines. Whether each operator's version converts is checked node by node
+    (:func:`tfnet.onnx.convert.missing_operators`)."""
     version = opset_of(model)
-    if version is None or not MIN_OPSET <= version <= MAX_OPSET:
-        got = "no default-domain opset" if version is None else f"opset {version}"
+    newest = max_opset()
+    if version is None:
         raise OpsetError(
-            f"The ONNX model uses {got}; tfnet converts opsets {MIN_OPSET} to {MAX_OPSET}. Re-export it with "
-            f"opset_version in that range, or convert it with onnx.version_converter.convert_version(model, 17)."
+            "The ONNX model imports no default-domain opset (its opset_import lists "
+            f"{[e.domain for e in model.opset_import]}); tfnet converts the default (ai.onnx) domain, opsets "
+            f"{MIN_OPSET} to {newest}."
+        )
+    if not MIN_OPSET <= version <= newest:
+        raise OpsetError(
+            f"The ONNX model uses opset {version}; tfnet converts opsets {MIN_OPSET} to {newest}, the newest that "
+            f"the installed onnx {_onnx_version()} defines. Upgrade onnx, or re-export with opset_version={newest} "
+            "or lower."
         )
     return version
+
+
+def _onnx_version() -> str:
+    import onnx
+
+    return onnx.__version__
 
 
 def _first_line(text: str) -> str:

@@ -10,23 +10,14 @@ TopK, instance and group norm, If) and :mod:`~tfnet.onnx.ops_shape` (shapes, ind
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import tensorflow as tf
 
-from tfnet.onnx.context import Ctx
+from tfnet.onnx.context import Ctx, Value
 from tfnet.onnx.errors import OnnxConversionError
+from tfnet.onnx.registry import HANDLERS, register
 
-HANDLERS: dict[str, Callable] = {}
-
-def register(*names: str):
-    def deco(fn):
-        for n in names:
-            HANDLERS[n] = fn
-        return fn
-
-    return deco
+__all__ = ["HANDLERS", "register", "supported_operators", "plain_inputs", "tf_dtype"]
 
 
 def tf_dtype(onnx_type: int) -> tf.DType:
@@ -41,13 +32,38 @@ def plain_inputs(ctx: Ctx, node) -> list[tf.Tensor | None]:
 
 # ------------------------------------------------------------------ element-wise
 
+def _float_op(fn):
+    """``fn`` for float tensors; integer ones (where ONNX allows them) computed in float64."""
+    def run(x):
+        if x.dtype.is_floating:
+            return fn(x)
+        return tf.cast(fn(tf.cast(x, tf.float64)), x.dtype)
+    return run
+
+
+def _abs(x):
+    return x if x.dtype.is_unsigned else tf.abs(x)
+
+
+def _sign(x):
+    return tf.cast(x > 0, x.dtype) if x.dtype.is_unsigned else tf.sign(x)
+
+
+def _neg(x):
+    return tf.negative(x)
+
+
 _UNARY = {
     "Relu": tf.nn.relu, "Sigmoid": tf.sigmoid, "Tanh": tf.tanh, "Exp": tf.exp, "Log": tf.math.log,
-    "Sqrt": tf.sqrt, "Neg": tf.negative, "Abs": tf.abs, "Erf": tf.math.erf, "Reciprocal": tf.math.reciprocal,
-    "Floor": tf.floor, "Ceil": tf.math.ceil, "Softplus": tf.nn.softplus, "Sin": tf.sin, "Cos": tf.cos,
-    "Identity": tf.identity, "Not": tf.logical_not, "Sign": tf.sign, "Round": tf.round,
+    "Sqrt": tf.sqrt, "Neg": _neg, "Abs": _abs, "Erf": tf.math.erf, "Reciprocal": tf.math.reciprocal,
+    "Floor": tf.floor, "Ceil": tf.math.ceil, "Sin": tf.sin, "Cos": tf.cos, "Tan": tf.tan,
+    "Asin": tf.asin, "Acos": tf.acos, "Atan": tf.atan, "Sinh": tf.sinh, "Cosh": tf.cosh, "Asinh": tf.asinh,
+    "Acosh": tf.acosh, "Atanh": tf.atanh, "Sign": _sign, "Round": tf.round,
 }
-_LAYOUT_FREE = set(_UNARY) - {"Not"}  # element-wise: any layout in, the same layout out
+_UNARY_SINCE_1 = {
+    "Softplus": tf.nn.softplus, "Softsign": tf.nn.softsign, "Identity": tf.identity, "Not": tf.logical_not,
+}
+_LAYOUT_FREE = (set(_UNARY) | set(_UNARY_SINCE_1)) - {"Not"}  # element-wise: any layout in, the same out
 
 
 def _unary_layout(ctx: Ctx, name: str) -> tuple[tf.Tensor, bool]:
@@ -56,13 +72,51 @@ def _unary_layout(ctx: Ctx, name: str) -> tuple[tf.Tensor, bool]:
     return ctx.plain(name), False
 
 
-@register(*_UNARY)
+@register(*_UNARY, since=6)  # version 1 had the legacy consumed_inputs attribute
 def _unary(ctx, node, attrs):
     x, nhwc = _unary_layout(ctx, node.input[0])
-    ctx.set(node.output[0], _UNARY[node.op_type](x), nhwc)
+    fn = _UNARY[node.op_type]
+    if node.op_type == "Relu" and not x.dtype.is_floating:
+        y = tf.maximum(x, tf.zeros([], x.dtype))
+    elif node.op_type == "Relu":
+        y = tf.nn.relu(x)
+    elif node.op_type in ("Neg", "Abs", "Sign"):
+        y = fn(x)
+    else:
+        y = _float_op(fn)(x)
+    ctx.set(node.output[0], y, nhwc)
 
 
-@register("Dropout")
+@register(*_UNARY_SINCE_1, since=1)
+def _unary_any(ctx, node, attrs):
+    x, nhwc = _unary_layout(ctx, node.input[0])
+    ctx.set(node.output[0], _UNARY_SINCE_1[node.op_type](x), nhwc)
+
+
+@register("IsNaN", since=9)
+def _is_nan(ctx, node, attrs):
+    ctx.set(node.output[0], tf.math.is_nan(ctx.plain(node.input[0])))
+
+
+@register("IsInf", since=10)
+def _is_inf(ctx, node, attrs):
+    x = ctx.plain(node.input[0])
+    pos = tf.equal(x, tf.constant(np.inf, x.dtype))
+    neg = tf.equal(x, tf.constant(-np.inf, x.dtype))
+    y = tf.zeros_like(x, tf.bool)
+    if attrs.get("detect_positive", 1):
+        y = y | pos
+    if attrs.get("detect_negative", 1):
+        y = y | neg
+    ctx.set(node.output[0], y)
+
+
+@register("BitwiseNot", since=18)
+def _bitwise_not(ctx, node, attrs):
+    ctx.set(node.output[0], tf.bitwise.invert(ctx.plain(node.input[0])))
+
+
+@register("Dropout", since=7)  # inference: the identity (versions 1 and 6 had is_test)
 def _dropout(ctx, node, attrs):
     if len(node.input) > 2 and node.input[2]:
         mode = ctx.static(node.input[2])
@@ -74,13 +128,13 @@ def _dropout(ctx, node, attrs):
         ctx.set(node.output[1], tf.ones_like(ctx.plain(node.input[0]), dtype=tf.bool))
 
 
-@register("LeakyRelu")
+@register("LeakyRelu", since=6)
 def _leaky(ctx, node, attrs):
     x, nhwc = _unary_layout(ctx, node.input[0])
     ctx.set(node.output[0], tf.nn.leaky_relu(x, alpha=attrs.get("alpha", 0.01)), nhwc)
 
 
-@register("Elu")
+@register("Elu", since=6)
 def _elu(ctx, node, attrs):
     x, nhwc = _unary_layout(ctx, node.input[0])
     alpha = attrs.get("alpha", 1.0)
@@ -88,27 +142,76 @@ def _elu(ctx, node, attrs):
     ctx.set(node.output[0], y, nhwc)
 
 
-@register("HardSigmoid")
+@register("Selu", since=6)
+def _selu(ctx, node, attrs):
+    x, nhwc = _unary_layout(ctx, node.input[0])
+    alpha, gamma = attrs.get("alpha", 1.67326319217681884765625), attrs.get("gamma", 1.05070102214813232421875)
+    ctx.set(node.output[0], gamma * tf.where(x > 0, x, alpha * (tf.exp(x) - 1)), nhwc)
+
+
+@register("Celu", since=12)
+def _celu(ctx, node, attrs):
+    x, nhwc = _unary_layout(ctx, node.input[0])
+    alpha = attrs.get("alpha", 1.0)
+    zero = tf.zeros([], x.dtype)
+    ctx.set(node.output[0], tf.maximum(x, zero) + tf.minimum(zero, alpha * (tf.exp(x / alpha) - 1)), nhwc)
+
+
+@register("ThresholdedRelu", since=10)
+def _thresholded_relu(ctx, node, attrs):
+    x, nhwc = _unary_layout(ctx, node.input[0])
+    ctx.set(node.output[0], tf.where(x > attrs.get("alpha", 1.0), x, tf.zeros_like(x)), nhwc)
+
+
+@register("Shrink", since=9)
+def _shrink(ctx, node, attrs):
+    x = ctx.plain(node.input[0])
+    lambd, bias = attrs.get("lambd", 0.5), attrs.get("bias", 0.0)
+    xf = tf.cast(x, tf.float64) if not x.dtype.is_floating else x
+    y = tf.where(xf < -lambd, xf + bias, tf.where(xf > lambd, xf - bias, tf.zeros_like(xf)))
+    ctx.set(node.output[0], tf.cast(y, x.dtype))
+
+
+@register("Mish", since=18)
+def _mish(ctx, node, attrs):
+    x, nhwc = _unary_layout(ctx, node.input[0])
+    ctx.set(node.output[0], x * tf.tanh(tf.nn.softplus(x)), nhwc)
+
+
+@register("Swish", since=24)
+def _swish(ctx, node, attrs):
+    x, nhwc = _unary_layout(ctx, node.input[0])
+    alpha = attrs.get("alpha", 1.0)
+    ctx.set(node.output[0], x * tf.sigmoid(alpha * x) if alpha != 1.0 else tf.nn.silu(x), nhwc)
+
+
+@register("HardSigmoid", since=6)
 def _hard_sigmoid(ctx, node, attrs):
     x, nhwc = _unary_layout(ctx, node.input[0])
     y = tf.clip_by_value(attrs.get("alpha", 0.2) * x + attrs.get("beta", 0.5), 0.0, 1.0)
     ctx.set(node.output[0], y, nhwc)
 
 
-@register("HardSwish")
+@register("HardSwish", since=14)
 def _hard_swish(ctx, node, attrs):
     x, nhwc = _unary_layout(ctx, node.input[0])
     ctx.set(node.output[0], x * tf.nn.relu6(x + 3.0) / 6.0, nhwc)
 
 
-@register("Gelu")
+@register("Gelu", since=20)
 def _gelu(ctx, node, attrs):
     x, nhwc = _unary_layout(ctx, node.input[0])
     approximate = attrs.get("approximate", b"none")
     ctx.set(node.output[0], tf.nn.gelu(x, approximate=approximate in (b"tanh", "tanh")), nhwc)
 
 
-@register("Clip")
+@register("PRelu", since=7)  # version 7 on: the slope broadcasts (numpy-style) to the input
+def _prelu(ctx, node, attrs):
+    x, slope = ctx.plain(node.input[0]), ctx.plain(node.input[1])
+    ctx.set(node.output[0], tf.where(x < 0, x * slope, x))
+
+
+@register("Clip", since=6)
 def _clip(ctx, node, attrs):
     x, nhwc = _unary_layout(ctx, node.input[0])
     lo = ctx.static(node.input[1]) if len(node.input) > 1 and node.input[1] else attrs.get("min")
@@ -118,7 +221,7 @@ def _clip(ctx, node, attrs):
     if len(node.input) > 2 and node.input[2] and hi is None:
         hi = ctx.plain(node.input[2])
     if isinstance(lo, (np.ndarray, float, int, np.generic)) and isinstance(hi, (np.ndarray, float, int, np.generic)) \
-            and float(lo) == 0.0 and float(hi) == 6.0:
+            and float(lo) == 0.0 and float(hi) == 6.0 and x.dtype.is_floating:
         y = tf.nn.relu6(x)
     else:
         y = x
@@ -130,11 +233,13 @@ def _clip(ctx, node, attrs):
 
 
 _BINARY = {
-    "Add": tf.add, "Sub": tf.subtract, "Mul": tf.multiply, "Max": tf.maximum, "Min": tf.minimum,
-    "Equal": tf.equal, "Less": tf.less, "Greater": tf.greater, "LessOrEqual": tf.less_equal,
-    "GreaterOrEqual": tf.greater_equal, "And": tf.logical_and, "Or": tf.logical_or, "Xor": tf.math.logical_xor,
+    "Add": tf.add, "Sub": tf.subtract, "Mul": tf.multiply, "Equal": tf.equal, "Less": tf.less,
+    "Greater": tf.greater, "LessOrEqual": tf.less_equal, "GreaterOrEqual": tf.greater_equal,
+    "And": tf.logical_and, "Or": tf.logical_or, "Xor": tf.math.logical_xor,
+    "BitwiseAnd": tf.bitwise.bitwise_and, "BitwiseOr": tf.bitwise.bitwise_or, "BitwiseXor": tf.bitwise.bitwise_xor,
 }
-_BINARY_LAYOUT_FREE = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Sum"}
+_VARIADIC = {"Max": tf.maximum, "Min": tf.minimum, "Sum": tf.add, "Mean": tf.add}
+_BINARY_LAYOUT_FREE = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Sum", "Mean"}
 
 
 def _scalar_like(ctx: Ctx, name: str) -> bool:
@@ -151,70 +256,154 @@ def _binary_operands(ctx: Ctx, node) -> tuple[list[tf.Tensor], bool]:
     return [ctx.plain(n) for n in names], False
 
 
-@register(*_BINARY, "Div", "Pow", "Sum", "Mean")
-def _binary(ctx, node, attrs):
+def _maximum(a, b):
+    if a.dtype == tf.bool:
+        return tf.logical_or(a, b)
+    if a.dtype.is_floating:  # NaN wins, as in numpy and onnxruntime
+        return tf.where(tf.math.is_nan(a) | tf.math.is_nan(b), a + b, tf.maximum(a, b))
+    return tf.maximum(a, b)
+
+
+def _minimum(a, b):
+    if a.dtype == tf.bool:
+        return tf.logical_and(a, b)
+    if a.dtype.is_floating:
+        return tf.where(tf.math.is_nan(a) | tf.math.is_nan(b), a + b, tf.minimum(a, b))
+    return tf.minimum(a, b)
+
+
+@register("Max", "Min", "Sum", "Mean", since=8)  # variadic with numpy-style broadcasting
+def _variadic(ctx, node, attrs):
     xs, nhwc = _binary_operands(ctx, node)
-    op = node.op_type
-    if op in ("Sum", "Mean"):
-        y = xs[0]
-        for x in xs[1:]:
-            y = y + x
-        if op == "Mean":
-            y = y / len(xs)
-    elif op == "Div":
-        a, b = xs
-        y = tf.truncatediv(a, b) if a.dtype.is_integer else a / b
-    elif op == "Pow":
-        a, b = xs
-        exponent = ctx.static(node.input[1])
-        if exponent is not None and np.asarray(exponent).size == 1 and float(exponent) == 2.0:
-            y = tf.square(a)
-        elif exponent is not None and np.asarray(exponent).size == 1 and float(exponent) == 0.5:
-            y = tf.sqrt(a)
-        else:
-            y = tf.pow(a, tf.cast(b, a.dtype))
-    else:
-        a, b = xs
-        if op in ("Add", "Sub", "Mul", "Max", "Min") and a.dtype != b.dtype:
-            b = tf.cast(b, a.dtype)
-        y = _BINARY[op](a, b)
+    fn = {"Max": _maximum, "Min": _minimum}.get(node.op_type, tf.add)
+    y = xs[0]
+    for x in xs[1:]:
+        y = fn(y, x)
+    if len(xs) == 1:
+        y = tf.identity(y)
+    if node.op_type == "Mean":
+        y = y / tf.cast(len(xs), y.dtype)
     ctx.set(node.output[0], y, nhwc)
 
 
-@register("Mod")
+@register(*_BINARY, "Div", "Pow", since=7)  # version 7 on: numpy-style broadcasting
+def _binary(ctx, node, attrs):
+    xs, nhwc = _binary_operands(ctx, node)
+    op = node.op_type
+    a, b = xs
+    if op == "Div":
+        if a.dtype.is_integer:
+            y = tf.truncatediv(a, b) if not a.dtype.is_unsigned else tf.math.floordiv(a, b)
+        else:
+            y = a / b
+    elif op == "Pow":
+        exponent = ctx.static(node.input[1])
+        if exponent is not None and np.asarray(exponent).size == 1 and float(exponent) == 2.0:
+            y = tf.square(a)
+        elif exponent is not None and np.asarray(exponent).size == 1 and float(exponent) == 0.5 and a.dtype.is_floating:
+            y = tf.sqrt(a)
+        elif a.dtype.is_integer:
+            y = tf.cast(tf.round(tf.pow(tf.cast(a, tf.float64), tf.cast(b, tf.float64))), a.dtype)
+        else:
+            y = tf.pow(a, tf.cast(b, a.dtype))
+    else:
+        if a.dtype != b.dtype and op in ("Add", "Sub", "Mul"):
+            b = tf.cast(b, a.dtype)
+        if op in ("Sub", "Add", "Mul") and a.dtype.is_unsigned and a.dtype in (tf.uint32, tf.uint64):
+            wide = tf.int64 if a.dtype == tf.uint32 else None
+            y = _BINARY[op](a, b) if wide is None else tf.cast(_BINARY[op](tf.cast(a, wide), tf.cast(b, wide)), a.dtype)
+        else:
+            y = _BINARY[op](a, b)
+    ctx.set(node.output[0], y, nhwc)
+
+
+@register("BitShift", since=11)
+def _bit_shift(ctx, node, attrs):
+    x, y = plain_inputs(ctx, node)
+    direction = attrs["direction"]
+    direction = direction.decode() if isinstance(direction, bytes) else direction
+    y = tf.cast(y, x.dtype)
+    x, y = tf.broadcast_to(x, tf.broadcast_dynamic_shape(tf.shape(x), tf.shape(y))), y + tf.zeros_like(x)
+    outside = (y < 0) | (y >= x.dtype.size * 8)  # shifts by the width or more, or negative ones
+    safe = tf.where(outside, tf.zeros_like(y), y)
+    if direction == "LEFT":
+        z = tf.where(outside, tf.zeros_like(x), tf.bitwise.left_shift(x, safe))
+    else:
+        fill = tf.where(x < 0, -tf.ones_like(x), tf.zeros_like(x)) if not x.dtype.is_unsigned else tf.zeros_like(x)
+        z = tf.where(outside, fill, tf.bitwise.right_shift(x, safe))
+    ctx.set(node.output[0], z)
+
+
+@register("Mod", since=10)
 def _mod(ctx, node, attrs):
     a, b = plain_inputs(ctx, node)
-    fn = tf.truncatemod if attrs.get("fmod", 0) else tf.math.floormod
-    ctx.set(node.output[0], fn(a, b))
+    if attrs.get("fmod", 0):
+        y = tf.cast(tf.truncatemod(tf.cast(a, tf.float32), tf.cast(b, tf.float32)), a.dtype) \
+            if a.dtype in (tf.float16, tf.bfloat16) else tf.truncatemod(a, b)
+    else:
+        y = tf.math.floormod(a, b)
+    ctx.set(node.output[0], y)
 
 
-@register("Where")
+@register("Where", since=9)
 def _where(ctx, node, attrs):
     c, a, b = plain_inputs(ctx, node)
     ctx.set(node.output[0], tf.where(c, a, b))
 
 
-@register("Softmax", "LogSoftmax")
+def _coerced(x: tf.Tensor, axis: int, fn) -> tf.Tensor:
+    """Versions before 13 of Softmax, LogSoftmax and Hardmax: the input as a 2-D matrix (the
+    dimensions before ``axis`` times those from it), ``fn`` along its rows, reshaped back."""
+    shape = tf.shape(x)
+    flat = tf.reshape(x, tf.stack([tf.reduce_prod(shape[:axis]), tf.reduce_prod(shape[axis:])]))
+    return tf.reshape(fn(flat), shape)
+
+
+def _hardmax(x: tf.Tensor, axis: int) -> tf.Tensor:
+    return tf.one_hot(tf.argmax(x, axis=axis), tf.shape(x)[axis], axis=axis, dtype=x.dtype)
+
+
+@register("Softmax", "LogSoftmax", "Hardmax", since=1)  # before 13: coerced to 2-D
 def _softmax(ctx, node, attrs):
     x = ctx.plain(node.input[0])
+    fn = {"Softmax": tf.nn.softmax, "LogSoftmax": tf.nn.log_softmax,
+          "Hardmax": lambda t, axis: _hardmax(t, axis)}[node.op_type]
+    if ctx.version < 13:
+        axis = attrs.get("axis", 1)
+        axis = axis + x.shape.rank if axis < 0 else axis
+        ctx.set(node.output[0], _coerced(x, axis, lambda t: fn(t, axis=-1)))
+        return
     axis = attrs.get("axis", -1)
-    fn = tf.nn.softmax if node.op_type == "Softmax" else tf.nn.log_softmax
+    if x.dtype in (tf.float16, tf.bfloat16) and node.op_type != "Hardmax":  # in float32, rounded once
+        ctx.set(node.output[0], tf.cast(fn(tf.cast(x, tf.float32), axis=axis), x.dtype))
+        return
     ctx.set(node.output[0], fn(x, axis=axis))
-
-
-@register("Cast")
-def _cast(ctx, node, attrs):
-    ctx.set(node.output[0], tf.cast(ctx.plain(node.input[0]), tf_dtype(attrs["to"])))
-
-
-@register("CastLike")
-def _cast_like(ctx, node, attrs):
-    ctx.set(node.output[0], tf.cast(ctx.plain(node.input[0]), ctx.plain(node.input[1]).dtype))
 
 
 # ------------------------------------------------------------------ matrix products
 
-@register("MatMul")
+def _widened(fn):
+    """``fn`` of float16/bfloat16 operands computed in float32 and rounded once at the end (as numpy and
+    onnxruntime accumulate half-precision products)."""
+    def run(ctx, node, attrs):
+        names = [n for n in node.input if n]
+        dtype = ctx.plain(names[0]).dtype
+        if dtype not in (tf.float16, tf.bfloat16):
+            return fn(ctx, node, attrs)
+        saved = {n: ctx.values[n] for n in names}
+        for n in names:
+            ctx.values[n] = Value(tf.cast(ctx.plain(n), tf.float32))
+        try:
+            fn(ctx, node, attrs)
+        finally:
+            ctx.values.update(saved)
+        out = node.output[0]
+        ctx.set(out, tf.cast(ctx.plain(out), dtype))
+    return run
+
+
+@register("MatMul", since=1)
+@_widened
 def _matmul(ctx, node, attrs):
     a, b = plain_inputs(ctx, node)
     if a.shape.rank == 1 or b.shape.rank == 1:
@@ -234,7 +423,8 @@ def _matmul(ctx, node, attrs):
     ctx.set(node.output[0], y)
 
 
-@register("Gemm")
+@register("Gemm", since=7)
+@_widened
 def _gemm(ctx, node, attrs):
     a = ctx.plain(node.input[0])
     b = ctx.plain(node.input[1])
@@ -246,11 +436,12 @@ def _gemm(ctx, node, attrs):
         c = ctx.plain(node.input[2])
         if beta != 1.0:
             c = c * beta
-        y = tf.nn.bias_add(y, c) if c.shape.rank == 1 else y + c
+        bias = c.shape.rank == 1 and c.shape[0] is not None and c.shape[0] == y.shape[-1] and c.shape[0] > 1
+        y = tf.nn.bias_add(y, c) if bias else y + c
     ctx.set(node.output[0], y)
 
 
-@register("LayerNormalization")
+@register("LayerNormalization", since=17)
 def _layer_norm(ctx, node, attrs):
     x = ctx.plain(node.input[0])
     rank = x.shape.rank
@@ -258,9 +449,12 @@ def _layer_norm(ctx, node, attrs):
     axis = axis + rank if axis < 0 else axis
     axes = list(range(axis, rank))
     eps = attrs.get("epsilon", 1e-5)
+    dtype = x.dtype
+    if dtype in (tf.float16, tf.bfloat16) and attrs.get("stash_type", 1) == 1:  # statistics in float32
+        x = tf.cast(x, tf.float32)
     mean, var = tf.nn.moments(x, axes, keepdims=True)
     inv = tf.math.rsqrt(var + eps)
-    y = (x - mean) * inv * ctx.plain(node.input[1])
+    y = tf.cast((x - mean) * inv, dtype) * ctx.plain(node.input[1])
     if len(node.input) > 2 and node.input[2]:
         y = y + ctx.plain(node.input[2])
     ctx.set(node.output[0], y)
@@ -271,13 +465,25 @@ def _layer_norm(ctx, node, attrs):
 
 
 def supported_operators() -> list[str]:
+    """Every operator that some version of converts (docs/onnx.md has the versions)."""
+    load_handlers()
+    return sorted(HANDLERS)
+
+
+def load_handlers() -> None:
+    """Imports every module of handlers, which registers them."""
     from tfnet.onnx import (  # noqa: F401  (they register their handlers)
+        ops_cast,
+        ops_control,
         ops_conv_nd,
+        ops_grid,
+        ops_index,
         ops_nn,
+        ops_pool,
         ops_resize,
         ops_rnn,
         ops_shape,
+        ops_signal,
+        ops_string,
         ops_tensor,
     )
-
-    return sorted(HANDLERS)

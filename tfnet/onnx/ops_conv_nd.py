@@ -104,8 +104,6 @@ def pool_nd(ctx: Ctx, node, attrs, kind: str) -> None:
         return
     if len(kernel) != 3:
         raise OnnxConversionError(f"{node.op_type} {node.name!r}: a {len(kernel)}-D window is not supported.")
-    if list(attrs.get("dilations", [1, 1, 1])) != [1, 1, 1]:
-        raise OnnxConversionError(f"{node.op_type} {node.name!r}: dilated pooling is not supported.")
     strides = list(attrs.get("strides", [1, 1, 1]))
     x = tf.transpose(x, _TO_NDHWC)
     pads = [[0, 0], *_pads_3d(node, attrs, x, kernel, strides), [0, 0]]
@@ -120,7 +118,7 @@ def pool_nd(ctx: Ctx, node, attrs, kind: str) -> None:
     ctx.set(node.output[0], tf.transpose(y, _TO_NCDHW))
 
 
-@register("ConvTranspose")
+@register("ConvTranspose", since=1)
 def _conv_transpose(ctx: Ctx, node, attrs):
     w, b = ctx.plain(node.input[1]), _bias(ctx, node)
     if w.shape.rank == 3:
@@ -145,10 +143,11 @@ def _conv_transpose_channels_last(node, attrs, x, w):
     dims = x.shape.as_list()[1:-1]
     if any(d is None for d in dims):
         raise OnnxConversionError(f"ConvTranspose {node.name!r} needs static spatial dimensions; input has shape {x.shape}.")
-    kernel = list(attrs.get("kernel_shape", w.shape.as_list()[2:]))
+    dilations = list(attrs.get("dilations", [1] * n))
+    if dilations != [1] * n:  # a dilated kernel is the kernel with zeros between its taps
+        w = _dilate(w, dilations)
+    kernel = w.shape.as_list()[2:]
     strides = list(attrs.get("strides", [1] * n))
-    if list(attrs.get("dilations", [1] * n)) != [1] * n:
-        raise OnnxConversionError(f"ConvTranspose {node.name!r}: dilations are not supported.")
     extra = list(attrs.get("output_padding", [0] * n))
     full = [(d - 1) * s + k + e for d, s, k, e in zip(dims, strides, kernel, extra)]
     auto_pad = attrs.get("auto_pad", b"NOTSET")
@@ -175,3 +174,18 @@ def _conv_transpose_channels_last(node, attrs, x, w):
         full = [f + max(-b, 0) + max(-e, 0) for f, b, e in zip(full, begin, end)]
         begin, end = [max(b, 0) for b in begin], [max(e, 0) for e in end]
     return y[(slice(None), *[slice(b, f - e) for b, f, e in zip(begin, full, end)], slice(None))]
+
+
+def _dilate(w: tf.Tensor, dilations: list[int]) -> tf.Tensor:
+    """Kernel ``w`` (``C_in, C_out, *window``) with ``d - 1`` zeros between neighbouring taps per axis."""
+    for i, d in enumerate(dilations):
+        if d == 1:
+            continue
+        axis = 2 + i
+        k = w.shape[axis]
+        spread = tf.pad(tf.expand_dims(w, axis + 1), [[0, 0]] * (axis + 1) + [[0, d - 1]] + [[0, 0]] * (w.shape.rank - axis - 1))
+        shape = w.shape.as_list()
+        shape[axis] = k * d
+        w = tf.reshape(spread, shape)
+        w = w[tuple(slice(None) if j != axis else slice(0, (k - 1) * d + 1) for j in range(w.shape.rank))]
+    return w

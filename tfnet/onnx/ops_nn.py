@@ -30,8 +30,13 @@ def _spatial_attrs(node, attrs, x: tf.Tensor, kernel: list[int]):
         return strides, dilations, "VALID"
     if auto_pad == "SAME_UPPER":
         return strides, dilations, "SAME"
+    if auto_pad == "SAME_LOWER":  # as SAME_UPPER, with the odd pixel of padding before instead of after
+        same = _same_pads(x, kernel, strides, dilations)
+        if same is None:
+            raise OnnxConversionError(f"{node.op_type} {node.name!r}: auto_pad=SAME_LOWER needs static spatial sizes.")
+        return strides, dilations, [[0, 0], [same[2], same[0]], [same[3], same[1]], [0, 0]]
     if auto_pad not in ("NOTSET", ""):
-        raise OnnxConversionError(f"{node.op_type} {node.name!r}: auto_pad={auto_pad} is not supported (NOTSET, VALID, SAME_UPPER are).")
+        raise OnnxConversionError(f"{node.op_type} {node.name!r}: auto_pad={auto_pad} is not supported.")
     pads = list(attrs.get("pads", [0, 0, 0, 0]))
     if attrs.get("ceil_mode", 0):
         pads = _ceil_pads(node, x, kernel, strides, dilations, pads)
@@ -72,7 +77,7 @@ def _explicit(padding):
     return [p for pair in padding for p in pair]
 
 
-@register("Conv")
+@register("Conv", since=1)
 def _conv(ctx: Ctx, node, attrs):
     w = ctx.plain(node.input[1])
     if w.shape.rank != 4:  # 1-D and 3-D convolutions
@@ -95,12 +100,17 @@ def conv_nhwc(node, attrs, x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
     s4, d4 = [1, *strides, 1], [1, *dilations, 1]
     if group == 1:
         y = _conv2d(x, tf.transpose(w, [2, 3, 1, 0]), s4, d4, padding)
-    elif group == c_in and in_per_group == 1 and strides[0] == strides[1]:
+    elif group == c_in and in_per_group == 1 and strides[0] == strides[1] and (
+            dilations == [1, 1] or strides == [1, 1]):
         hwio = tf.transpose(w, [2, 3, 0, 1])  # (kh, kw, O, 1) -> (kh, kw, C, O / C)
         dw = tf.reshape(hwio, [kernel[0], kernel[1], c_in, out_ch // c_in])
         if isinstance(padding, list):  # EXPLICIT padding on a depthwise conv crashes grappler's cost model
             x, padding = tf.pad(x, padding), "VALID"
-        y = tf.raw_ops.DepthwiseConv2dNative(input=x, filter=dw, strides=s4, dilations=d4, data_format="NHWC", padding=padding)
+        if dilations != [1, 1]:  # DepthwiseConv2dNative's gradients are wrong for dilated kernels (TF 2.21)
+            y = tf.nn.depthwise_conv2d(x, dw, s4, padding, dilations=dilations)
+        else:
+            y = tf.raw_ops.DepthwiseConv2dNative(input=x, filter=dw, strides=s4, dilations=d4, data_format="NHWC",
+                                                 padding=padding)
     else:
         xs = tf.split(x, group, axis=3)
         ws = tf.split(w, group, axis=0)
@@ -113,7 +123,7 @@ def _conv2d(x, kernel, strides, dilations, padding):
     return tf.raw_ops.Conv2D(input=x, filter=kernel, strides=strides, dilations=dilations, data_format="NHWC", **kwargs)
 
 
-@register("BatchNormalization")
+@register("BatchNormalization", since=9)  # version 7 had the spatial attribute
 def _batch_norm(ctx: Ctx, node, attrs):
     if attrs.get("training_mode", 0) or len([o for o in node.output if o]) > 1:
         raise OnnxConversionError(
@@ -174,19 +184,21 @@ def _pairs(pads):
     return [[0, 0], [pads[0], pads[2]], [pads[1], pads[3]], [0, 0]]
 
 
-@register("MaxPool")
+@register("MaxPool", since=1)
 def _max_pool(ctx, node, attrs):
-    if len([o for o in node.output if o]) > 1:
-        raise OnnxConversionError(f"MaxPool {node.name!r}: the Indices output is not supported.")
     _pool(ctx, node, attrs, "max")
 
 
-@register("AveragePool")
+@register("AveragePool", since=7)  # version 7 on: count_include_pad (version 1 counted the pads)
 def _avg_pool(ctx, node, attrs):
     _pool(ctx, node, attrs, "avg")
 
 
 def _pool(ctx, node, attrs, kind):
+    from tfnet.onnx.ops_pool import needs_offsets, pool
+
+    if needs_offsets(node, attrs):  # dilated windows, SAME_LOWER, MaxPool's Indices
+        return pool(ctx, node, attrs, kind)
     if len(attrs["kernel_shape"]) != 2:  # 1-D and 3-D pools
         from tfnet.onnx.ops_conv_nd import pool_nd
 
@@ -194,7 +206,7 @@ def _pool(ctx, node, attrs, kind):
     ctx.set(node.output[0], pool_nhwc(node, attrs, ctx.nhwc(node.input[0]), kind), nhwc=True)
 
 
-@register("GlobalAveragePool", "GlobalMaxPool")
+@register("GlobalAveragePool", "GlobalMaxPool", since=1)
 def _global_pool(ctx, node, attrs):
     name = node.input[0]
     fn = tf.reduce_mean if node.op_type == "GlobalAveragePool" else tf.reduce_max

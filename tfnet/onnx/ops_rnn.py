@@ -41,14 +41,20 @@ def _activations(node, attrs, directions: int) -> list[list]:
     return [[_ACTIVATIONS[a] for a in given[d * n:(d + 1) * n]] for d in range(directions)]
 
 
-def _lstm_cell(acts, hidden, linear_before_reset, r):
+def _lstm_cell(acts, hidden, linear_before_reset, r, p=None):
+    """ONNX's LSTM cell; ``p`` the peephole weights (``P[d]``: input, output, forget), or None."""
     f, g, h_act = acts
+    pi, po, pf = (None, None, None) if p is None else (p[:hidden], p[hidden:2 * hidden], p[2 * hidden:])
 
     def step(proj, state):
         h, c = state
         gates = proj + tf.linalg.matmul(h, r, transpose_b=True)
         i, o, fg, cand = tf.split(gates, 4, axis=1)
+        if p is not None:
+            i, fg = i + pi * c, fg + pf * c
         c = f(fg) * c + f(i) * g(cand)
+        if p is not None:
+            o = o + po * c
         return (f(o) * h_act(c), c)
 
     return step
@@ -82,14 +88,12 @@ def _rnn_cell(acts, hidden, linear_before_reset, r):
     return step
 
 
-@register("LSTM", "GRU", "RNN")
+@register("LSTM", "GRU", "RNN", since=7)  # version 1 had output_sequence
 def _recurrent(ctx: Ctx, node, attrs):
     op = node.op_type
     names = list(node.input) + [""] * (8 - len(node.input))
     x_name, w_name, r_name, b_name, lens_name, h0_name = names[:6]
     c0_name = names[6] if op == "LSTM" else ""
-    if op == "LSTM" and names[7]:
-        raise OnnxConversionError(f"LSTM {node.name!r}: peephole weights (input P) are not supported.")
     if attrs.get("clip") is not None or attrs.get("input_forget", 0):
         raise OnnxConversionError(f"{op} {node.name!r}: clip and input_forget are not supported.")
     direction = _text(attrs.get("direction", b"forward"))
@@ -131,6 +135,8 @@ def _recurrent(ctx: Ctx, node, attrs):
                           [steps, -1, gates])
         make = {"LSTM": _lstm_cell, "GRU": _gru_cell, "RNN": _rnn_cell}[op]
         args = (r[d], rb) if op == "GRU" else (r[d],)
+        if op == "LSTM" and names[7]:
+            args = (r[d], ctx.plain(names[7])[d])
         step = make(acts[d], hidden, attrs.get("linear_before_reset", 0), *args)
         state = tuple(s[d] if s is not None else tf.zeros(tf.stack([batch, hidden]), x.dtype) for s in states0)
         outs, per_step = [None] * steps, tf.unstack(proj, steps, axis=0)  # one Unpack: one gradient op

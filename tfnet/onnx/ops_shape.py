@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfnet.onnx.context import Ctx
+from tfnet.onnx.dtypes import carrier_array, is_carried
 from tfnet.onnx.errors import OnnxConversionError
 from tfnet.onnx.ops import plain_inputs, register
 
@@ -27,12 +28,15 @@ def int_list(ctx: Ctx, node, index: int, attr: str, attrs) -> list[int] | None:
     return None if value is None else [int(v) for v in value]
 
 
-@register("Constant")
+@register("Constant", since=1)
 def _constant(ctx, node, attrs):
     from onnx import numpy_helper
 
     if "value" in attrs:
         value = numpy_helper.to_array(attrs["value"])
+        if is_carried(attrs["value"].data_type):
+            ctx.onnx_types[node.output[0]] = attrs["value"].data_type
+            value = carrier_array(value)
     elif "value_float" in attrs:
         value = np.asarray(attrs["value_float"], np.float32)
     elif "value_floats" in attrs:
@@ -41,12 +45,16 @@ def _constant(ctx, node, attrs):
         value = np.asarray(attrs["value_int"], np.int64)
     elif "value_ints" in attrs:
         value = np.asarray(attrs["value_ints"], np.int64)
+    elif "value_string" in attrs:
+        value = np.asarray(attrs["value_string"], object)
+    elif "value_strings" in attrs:
+        value = np.asarray(attrs["value_strings"], object)
     else:
         raise OnnxConversionError(f"Constant {node.name!r}: attributes {sorted(attrs)} are not supported.")
     ctx.set(node.output[0], tf.constant(value))
 
 
-@register("ConstantOfShape")
+@register("ConstantOfShape", since=9)
 def _constant_of_shape(ctx, node, attrs):
     from onnx import numpy_helper
 
@@ -56,7 +64,7 @@ def _constant_of_shape(ctx, node, attrs):
     ctx.set(node.output[0], tf.fill(shape, tf.constant(value)))
 
 
-@register("Shape")
+@register("Shape", since=1)
 def _shape(ctx, node, attrs):
     x = ctx.plain(node.input[0])
     start, end = attrs.get("start", 0), attrs.get("end")
@@ -69,18 +77,33 @@ def _shape(ctx, node, attrs):
             ctx.shapes[node.output[0]] = static[start:end]
 
 
-@register("Size")
+@register("Size", since=1)
 def _size(ctx, node, attrs):
     ctx.set(node.output[0], tf.size(ctx.plain(node.input[0]), out_type=tf.int64))
 
 
-@register("Reshape")
+@register("Reshape", since=5)  # version 1 took the shape as an attribute
 def _reshape(ctx, node, attrs):
     x = ctx.plain(node.input[0])
     shape = ctx.static_ints(node.input[1])
     if shape is None:
         target = tf.cast(ctx.plain(node.input[1]), tf.int64)
-        if not attrs.get("allowzero", 0):
+        entries = ctx.partial_ints(node.input[1])
+        keep_zero = bool(attrs.get("allowzero", 0))
+        if entries is not None and x.shape.rank is not None and (keep_zero or len(entries) <= x.shape.rank):
+            # the entries known while converting as constants, so that TensorFlow's shape inference
+            # (also of the graph tfnet imports later) knows those dimensions
+            here = tf.shape(x, out_type=tf.int64)
+            parts = []
+            for i, d in enumerate(entries):
+                if d is None:
+                    parts.append(target[i])
+                elif d == 0 and not keep_zero:
+                    parts.append(tf.constant(x.shape[i], tf.int64) if x.shape[i] is not None else here[i])
+                else:
+                    parts.append(tf.constant(d, tf.int64))
+            target = tf.stack(parts)
+        elif not keep_zero:
             n = target.shape[0]
             here = tf.shape(x, out_type=tf.int64)
             if n is not None and x.shape.rank is not None and n <= x.shape.rank:
@@ -114,7 +137,7 @@ def _partial_shape(target: tf.Tensor, rank: int | None) -> tf.TensorShape:
     return tf.TensorShape([d if d not in (None, 0, -1) else None for d in shape.as_list()])
 
 
-@register("Flatten")
+@register("Flatten", since=1)
 def _flatten(ctx, node, attrs):
     x = ctx.plain(node.input[0])
     axis = attrs.get("axis", 1)
@@ -130,7 +153,7 @@ def _flatten(ctx, node, attrs):
         ctx.set(node.output[0], tf.reshape(x, tf.stack([tf.reduce_prod(shape[:axis]), tf.reduce_prod(shape[axis:])])))
 
 
-@register("Transpose")
+@register("Transpose", since=1)
 def _transpose(ctx, node, attrs):
     name = node.input[0]
     perm = attrs.get("perm")
@@ -145,7 +168,7 @@ def _axes(axes: list[int], rank: int) -> list[int]:
     return sorted(a + rank if a < 0 else a for a in axes)
 
 
-@register("Unsqueeze")
+@register("Unsqueeze", since=1)
 def _unsqueeze(ctx, node, attrs):
     x = ctx.plain(node.input[0])
     axes = int_list(ctx, node, 1, "axes", attrs)
@@ -154,14 +177,14 @@ def _unsqueeze(ctx, node, attrs):
     ctx.set(node.output[0], x)
 
 
-@register("Squeeze")
+@register("Squeeze", since=1)
 def _squeeze(ctx, node, attrs):
     x = ctx.plain(node.input[0])
     axes = int_list(ctx, node, 1, "axes", attrs)
     ctx.set(node.output[0], tf.squeeze(x, axis=None if axes is None else _axes(axes, x.shape.rank)))
 
 
-@register("Concat")
+@register("Concat", since=4)
 def _concat(ctx, node, attrs):
     names = [n for n in node.input if n]
     axis = attrs["axis"]
@@ -172,13 +195,21 @@ def _concat(ctx, node, attrs):
     ctx.set(node.output[0], tf.concat(xs, axis=axis) if len(xs) > 1 else tf.identity(xs[0]))
 
 
-@register("Split")
+@register("Split", since=2)
 def _split(ctx, node, attrs):
     x = ctx.plain(node.input[0])
     axis = attrs.get("axis", 0)
-    sizes = int_list(ctx, node, 1, "split", attrs)
-    outs = [o for o in node.output]
-    parts = tf.split(x, sizes if sizes is not None else len(outs), axis=axis)
+    axis = axis + x.shape.rank if axis < 0 else axis
+    outs = list(node.output)
+    if len(node.input) > 1 and node.input[1] and ctx.static(node.input[1]) is None:
+        parts = tf.split(x, tf.cast(ctx.plain(node.input[1]), tf.int64), num=len(outs), axis=axis)
+    else:
+        sizes = int_list(ctx, node, 1, "split", attrs)
+        if sizes is None and "num_outputs" in attrs and x.shape[axis] is not None:
+            n, dim = attrs["num_outputs"], x.shape[axis]
+            chunk = -(-dim // n)  # ceil: the last part is smaller when the dimension does not divide
+            sizes = [min(chunk, dim - i * chunk) for i in range(n)]
+        parts = tf.split(x, sizes if sizes is not None else len(outs), axis=axis)
     for name, part in zip(outs, parts):
         ctx.set(name, part)
 
@@ -195,7 +226,7 @@ def _static_part(ctx: Ctx, node, picked) -> bool:
     return True
 
 
-@register("Gather")
+@register("Gather", since=1)
 def _gather(ctx, node, attrs):
     params = ctx.plain(node.input[0])
     axis = attrs.get("axis", 0)
@@ -228,7 +259,7 @@ def _bound(ctx: Ctx, name: str, i: int):
     return ctx.plain(name)[i]
 
 
-@register("Slice")
+@register("Slice", since=10)  # version 1 took starts and ends as attributes
 def _slice(ctx, node, attrs):
     x = ctx.plain(node.input[0])
     rank = x.shape.rank
@@ -246,7 +277,7 @@ def _slice(ctx, node, attrs):
     ctx.set(node.output[0], x[tuple(index)])
 
 
-@register("Expand")
+@register("Expand", since=8)
 def _expand(ctx, node, attrs):
     x = ctx.plain(node.input[0])
     shape = ctx.static_ints(node.input[1])
@@ -255,13 +286,13 @@ def _expand(ctx, node, attrs):
     ctx.set(node.output[0], tf.broadcast_to(x, full))
 
 
-@register("Tile")
+@register("Tile", since=6)
 def _tile(ctx, node, attrs):
     x, reps = plain_inputs(ctx, node)
     ctx.set(node.output[0], tf.tile(x, reps))
 
 
-@register("Range")
+@register("Range", since=11)
 def _range(ctx, node, attrs):
-    start, limit, delta = plain_inputs(ctx, node)
+    start, limit, delta = (tf.reshape(t, []) for t in plain_inputs(ctx, node))  # scalars (or one-element)
     ctx.set(node.output[0], tf.range(start, limit, delta))

@@ -1,9 +1,9 @@
-"""ONNX reductions, ``ArgMax``/``ArgMin``, ``Einsum``, ``CumSum``, ``TopK``, ``InstanceNormalization``
-and ``If`` (with a condition known while converting) as TensorFlow ops.
+"""ONNX reductions, ``ArgMax``/``ArgMin``, ``Einsum``, ``CumSum``, ``TopK``, ``InstanceNormalization``,
+``LRN``, ``LpNormalization`` and ``If`` (with a condition known while converting) as TensorFlow ops.
 
-PyTorch exports ``GroupNorm`` as ``Reshape -> InstanceNormalization -> Reshape -> Mul -> Add``
-(opsets 13 to 18), which these ops convert. The opset-18 ``GroupNormalization`` operator itself is
-deprecated by onnx's checker in every opset tfnet reads, so no valid model in range holds it.
+PyTorch's legacy exporter writes ``GroupNorm`` as ``Reshape -> InstanceNormalization -> Reshape -> Mul
+-> Add``, which these ops convert; the ``GroupNormalization`` operator converts through ONNX's own
+definition of it (:mod:`tfnet.onnx.functions`).
 """
 
 from __future__ import annotations
@@ -17,14 +17,35 @@ from tfnet.onnx.ops import register
 from tfnet.onnx.ops_shape import int_list
 
 
-@register("Einsum")
+@register("Einsum", since=12)
 def _einsum(ctx: Ctx, node, attrs):
     equation = attrs["equation"]
     equation = (equation.decode() if isinstance(equation, bytes) else equation).replace(" ", "")
-    ctx.set(node.output[0], tf.einsum(equation, *[ctx.plain(n) for n in node.input]))
+    xs = [ctx.plain(n) for n in node.input]
+    if "..." not in equation and "->" in equation and all(x.shape.rank is not None for x in xs):
+        # repeated subscripts of one operand (a diagonal) are what TensorFlow's einsum does not take
+        lhs = equation.split("->")[0].split(",")
+        for i, (term, x) in enumerate(zip(lhs, xs)):
+            if len(set(term)) < len(term):
+                xs[i], lhs[i] = _diagonal(x, term)
+        equation = ",".join(lhs) + "->" + equation.split("->")[1]
+    ctx.set(node.output[0], tf.einsum(equation, *xs))
 
 
-@register("CumSum")
+def _diagonal(x: tf.Tensor, term: str) -> tuple[tf.Tensor, str]:
+    """``x`` with each repeated subscript of ``term`` reduced to its diagonal, and the new term."""
+    while len(set(term)) < len(term):
+        letter = next(c for c in term if term.count(c) > 1)
+        i = term.index(letter)
+        j = term.index(letter, i + 1)
+        rest = [k for k in range(len(term)) if k not in (i, j)]
+        moved = tf.transpose(x, rest + [i, j])
+        x = tf.linalg.diag_part(moved)
+        term = "".join(term[k] for k in rest) + letter
+    return x, term
+
+
+@register("CumSum", since=11)
 def _cumsum(ctx: Ctx, node, attrs):
     x = ctx.plain(node.input[0])
     axis = ctx.static_ints(node.input[1])
@@ -34,11 +55,14 @@ def _cumsum(ctx: Ctx, node, attrs):
     ctx.set(node.output[0], y)
 
 
-@register("TopK")
+@register("TopK", since=1)  # version 1 takes k as an attribute, 10 on as an input
 def _top_k(ctx: Ctx, node, attrs):
     x = ctx.plain(node.input[0])
-    k = ctx.static_ints(node.input[1])
-    k = ctx.plain(node.input[1])[0] if k is None else k[0]
+    if len(node.input) > 1 and node.input[1]:
+        k = ctx.static_ints(node.input[1])
+        k = ctx.plain(node.input[1])[0] if k is None else k[0]
+    else:
+        k = attrs["k"]
     rank = x.shape.rank
     axis = attrs.get("axis", -1)
     axis = axis + rank if axis < 0 else axis
@@ -56,7 +80,7 @@ def _top_k(ctx: Ctx, node, attrs):
         ctx.set(node.output[1], tf.cast(indices, tf.int64))
 
 
-@register("InstanceNormalization")
+@register("InstanceNormalization", since=6)
 def _instance_norm(ctx: Ctx, node, attrs):
     eps = attrs.get("epsilon", 1e-5)
     name = node.input[0]
@@ -73,7 +97,7 @@ def _instance_norm(ctx: Ctx, node, attrs):
     ctx.set(node.output[0], y)
 
 
-@register("If")
+@register("If", since=1)
 def _if(ctx: Ctx, node, attrs):
     """Inlines the branch a constant condition picks; a condition computed from the data is refused."""
     from onnx import numpy_helper
@@ -97,17 +121,26 @@ def _if(ctx: Ctx, node, attrs):
             ctx.set(out, value.tensor, value.nhwc)
 
 
+def _in_float(fn):
+    """A reduction that needs floats, for integer inputs too (computed in float64, cast back)."""
+    def run(x, **kw):
+        if x.dtype.is_floating:
+            return fn(x, **kw)
+        return tf.cast(fn(tf.cast(x, tf.float64), **kw), x.dtype)
+    return run
+
+
 _REDUCE = {
     "ReduceMean": tf.reduce_mean, "ReduceSum": tf.reduce_sum, "ReduceMax": tf.reduce_max,
-    "ReduceMin": tf.reduce_min, "ReduceProd": tf.reduce_prod, "ReduceLogSumExp": tf.reduce_logsumexp,
-    "ReduceL2": lambda x, **kw: tf.sqrt(tf.reduce_sum(tf.square(x), **kw)),
+    "ReduceMin": tf.reduce_min, "ReduceProd": tf.reduce_prod, "ReduceLogSumExp": _in_float(tf.reduce_logsumexp),
+    "ReduceL2": _in_float(lambda x, **kw: tf.sqrt(tf.reduce_sum(tf.square(x), **kw))),
     "ReduceL1": lambda x, **kw: tf.reduce_sum(tf.abs(x), **kw),
     "ReduceSumSquare": lambda x, **kw: tf.reduce_sum(tf.square(x), **kw),
-    "ReduceLogSum": lambda x, **kw: tf.math.log(tf.reduce_sum(x, **kw)),
+    "ReduceLogSum": _in_float(lambda x, **kw: tf.math.log(tf.reduce_sum(x, **kw))),
 }
 
 
-@register(*_REDUCE)
+@register(*_REDUCE, since=1)  # axes an attribute before version 13 (ReduceSum) or 18 (the others)
 def _reduce(ctx, node, attrs):
     x = ctx.plain(node.input[0])
     axes = int_list(ctx, node, 1, "axes", attrs)
@@ -117,17 +150,67 @@ def _reduce(ctx, node, attrs):
             ctx.set(node.output[0], tf.identity(x))
             return
         axes = None
-    ctx.set(node.output[0], _REDUCE[node.op_type](x, axis=axes, keepdims=keep))
+    op = node.op_type
+    if x.dtype == tf.bool and op in ("ReduceMax", "ReduceMin"):
+        fn = tf.reduce_any if op == "ReduceMax" else tf.reduce_all
+        ctx.set(node.output[0], fn(x, axis=axes, keepdims=keep))
+        return
+    if op in ("ReduceMax", "ReduceMin") and x.dtype.is_integer and x.shape.num_elements() == 0:
+        limit = x.dtype.min if op == "ReduceMax" else x.dtype.max
+        shape = tf.shape(tf.reduce_sum(x, axis=axes, keepdims=keep))
+        ctx.set(node.output[0], tf.fill(shape, tf.constant(limit, x.dtype)))
+        return
+    ctx.set(node.output[0], _REDUCE[op](x, axis=axes, keepdims=keep))
 
 
-@register("ArgMax", "ArgMin")
+@register("ArgMax", "ArgMin", since=1)
 def _argmax(ctx, node, attrs):
     x = ctx.plain(node.input[0])
     axis = attrs.get("axis", 0)
+    axis = axis + x.shape.rank if axis < 0 else axis
     fn = tf.argmax if node.op_type == "ArgMax" else tf.argmin
-    y = fn(x, axis=axis, output_type=tf.int64)
+    if attrs.get("select_last_index", 0):  # the last of equal values: search the reversed axis
+        last = tf.cast(tf.shape(x)[axis] - 1, tf.int64)
+        y = last - fn(tf.reverse(x, [axis]), axis=axis, output_type=tf.int64)
+    else:
+        y = fn(x, axis=axis, output_type=tf.int64)
     if attrs.get("keepdims", 1):
         y = tf.expand_dims(y, axis)
     ctx.set(node.output[0], y)
 
 
+
+
+@register("LpNormalization", since=1)
+def _lp_normalization(ctx, node, attrs):
+    x = ctx.plain(node.input[0])
+    axis, p = attrs.get("axis", -1), attrs.get("p", 2)
+    if p not in (1, 2):
+        raise OnnxConversionError(f"LpNormalization {node.name!r}: p={p} is not supported (1 and 2 are).")
+    norm = tf.reduce_sum(tf.abs(x), axis, keepdims=True) if p == 1 else \
+        tf.sqrt(tf.reduce_sum(tf.square(x), axis, keepdims=True))
+    zero = tf.equal(norm, 0)
+    if x.dtype.is_integer:
+        y = tf.math.floordiv(x, tf.where(zero, tf.ones_like(norm), norm))
+    else:
+        y = x / tf.where(zero, tf.ones_like(norm), norm)
+    ctx.set(node.output[0], tf.where(zero, tf.zeros_like(x), y))
+
+
+@register("LRN", since=1)
+def _lrn(ctx, node, attrs):
+    """Local response normalisation across channels: the window of ``size`` channels starts
+    ``(size - 1) // 2`` before a channel, as ONNX defines it (not TensorFlow's symmetric radius)."""
+    name = node.input[0]
+    nhwc = ctx.is_nhwc(name)
+    x = ctx.nhwc(name) if nhwc else ctx.plain(name)
+    axis = 3 if nhwc else 1
+    size = attrs["size"]
+    alpha, beta, bias = attrs.get("alpha", 1e-4), attrs.get("beta", 0.75), attrs.get("bias", 1.0)
+    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+    pads = [[0, 0]] * x.shape.rank
+    pads[axis] = [before, after]
+    squares = tf.pad(tf.square(x), pads)
+    channels = tf.shape(x)[axis]
+    total = tf.add_n([tf.gather(squares, tf.range(i, i + channels), axis=axis) for i in range(size)])
+    ctx.set(node.output[0], x / tf.pow(bias + alpha / size * total, beta), nhwc)

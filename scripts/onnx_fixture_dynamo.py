@@ -1,0 +1,227 @@
+"""Models for the ONNX fixtures exported as a PyTorch user exports them today (issue 32):
+``torch.onnx.export(model, (x,), path, dynamic_shapes=...)`` with torch 2.14's defaults (the dynamo
+exporter, opset 20, the weights in ``path + ".data"``). Used by export_onnx_fixtures.py.
+
+torchvision's classes (ResNet, MobileNetV3, EfficientNet, ConvNeXt, ViT, Swin, and the LR-ASPP and
+DeepLabV3 segmentation heads on a MobileNetV3 backbone) at tiny widths and inputs, and hand-made
+``torch.nn`` models: a Transformer encoder with a padding mask, a causal decoder (its mask from
+``torch.triu``), a GRU text classifier, and a PixelShuffle super-resolution net. Random weights, no
+download; each fixture stays under about 200 KB.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torchvision import models
+from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+from torchvision.models.efficientnet import EfficientNet, _efficientnet_conf
+from torchvision.models.mobilenetv3 import MobileNetV3, _mobilenet_v3_conf
+from torchvision.models.resnet import BasicBlock, ResNet
+from torchvision.models.segmentation.deeplabv3 import ASPP, DeepLabV3
+
+
+def resnet():
+    """torchvision's ResNet (``BasicBlock``, [1, 1, 1, 1]) at a sixteenth of ResNet-18's widths."""
+    model = ResNet(BasicBlock, [1, 1, 1, 1], num_classes=10, width_per_group=64)
+    widths = [4, 8, 16, 32]
+    model.inplanes = 4
+    model.conv1 = nn.Conv2d(3, 4, kernel_size=7, stride=2, padding=3, bias=False)
+    model.bn1 = nn.BatchNorm2d(4)
+    for i, w in enumerate(widths):
+        setattr(model, f"layer{i + 1}", model._make_layer(BasicBlock, w, 1, stride=1 if i == 0 else 2))
+    model.fc = nn.Linear(32, 10)
+    return model
+
+
+def mobilenet_v3():
+    settings, _ = _mobilenet_v3_conf("mobilenet_v3_small", width_mult=0.1, reduced_tail=True)
+    return MobileNetV3(settings, last_channel=16, num_classes=10)
+
+
+def efficientnet():
+    settings, _ = _efficientnet_conf("efficientnet_b0", width_mult=0.1, depth_mult=0.25)
+    return EfficientNet(settings, 0.2, last_channel=32, num_classes=10)
+
+
+def convnext():
+    """ConvNeXt's blocks (depthwise 7x7, LayerNorm, layer scale) at widths 8 to 32, one block a stage."""
+    settings = [CNBlockConfig(8, 16, 1), CNBlockConfig(16, 32, 1), CNBlockConfig(32, None, 1)]
+    model = ConvNeXt(settings, stochastic_depth_prob=0.0, num_classes=10)
+    with torch.no_grad():  # layer scale starts at 1e-6: make the blocks count
+        for name, p in model.named_parameters():
+            if name.endswith("layer_scale"):
+                p.fill_(0.5)
+    return model
+
+
+def vit():
+    model = models.VisionTransformer(image_size=16, patch_size=8, num_layers=2, num_heads=2, hidden_dim=16,
+                                     mlp_dim=32, num_classes=10)
+    nn.init.normal_(model.heads.head.weight, std=0.2)
+    return model
+
+
+def swin():
+    """Two blocks a stage, so that the second one's windows are shifted: its attention mask is built by
+    slice assignment, which the exporter writes as ``ScatterND``."""
+    return models.SwinTransformer(patch_size=[2, 2], embed_dim=8, depths=[2, 2], num_heads=[1, 2],
+                                  window_size=[2, 2], num_classes=10)
+
+
+def _backbone():
+    """MobileNetV3-Large's features at a tenth of its width, dilated in the last stage (as the
+    segmentation models build it), returning the stride-8 and the last features."""
+    from torchvision.models._utils import IntermediateLayerGetter
+
+    settings, _ = _mobilenet_v3_conf("mobilenet_v3_large", width_mult=0.1, dilated=True, reduced_tail=True)
+    features = MobileNetV3(settings, last_channel=32).features
+    stage = [0] + [i for i, b in enumerate(features) if getattr(b, "_is_cn", False)] + [len(features) - 1]
+    low, high = stage[-4], stage[-1]
+    channels = (features[low].out_channels, features[high].out_channels)
+    return IntermediateLayerGetter(features, {str(low): "low", str(high): "high"}), channels
+
+
+class LRASPPNet(nn.Module):
+    """torchvision's LR-ASPP head on the narrow dilated MobileNetV3 backbone: the high branch is
+    resized to the low branch's size (``F.interpolate(..., size=low.shape[-2:])``), then to the input's."""
+
+    def __init__(self, classes: int = 3):
+        super().__init__()
+        backbone, (low, high) = _backbone()
+        self.model = models.segmentation.LRASPP(backbone, low, high, classes, inter_channels=16)
+
+    def forward(self, x):
+        return self.model(x)["out"]
+
+
+class DeepLabNet(nn.Module):
+    """torchvision's DeepLabV3 (ASPP with atrous rates 12, 24, 36 and image pooling resized back to the
+    feature size) at 8 channels on the narrow backbone."""
+
+    def __init__(self, classes: int = 3):
+        super().__init__()
+        backbone, (_, high) = _backbone()
+        head = nn.Sequential(ASPP(high, [12, 24, 36], 8), nn.Conv2d(8, 8, 3, padding=1, bias=False),
+                             nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, classes, 1))
+        backbone.return_layers = {k: ("out" if v == "high" else v) for k, v in backbone.return_layers.items()}
+        self.model = DeepLabV3(backbone, head)
+
+    def forward(self, x):
+        return self.model(x)["out"]
+
+
+class PaddedEncoder(nn.Module):
+    """Token ids and a padding mask (True where padded) -> embedding + learnt positions ->
+    ``nn.TransformerEncoder`` (two layers, ``src_key_padding_mask``) -> mean over the real tokens."""
+
+    def __init__(self, vocab: int = 40, seq: int = 6, dim: int = 16, heads: int = 2, classes: int = 3):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.randn(seq, dim) * 0.1)
+        layer = nn.TransformerEncoderLayer(dim, heads, 32, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, ids, padding):
+        h = self.encoder(self.embed(ids) + self.pos, src_key_padding_mask=padding)
+        keep = (~padding).unsqueeze(-1).to(h.dtype)
+        return self.head((h * keep).sum(1) / keep.sum(1).clamp(min=1.0))
+
+
+class CausalDecoder(nn.Module):
+    """A GPT-style decoder: token embedding + positions, two blocks of causal self-attention (scores
+    masked above the diagonal with ``torch.triu``) and an MLP, pre-LayerNorm, next-token logits."""
+
+    def __init__(self, vocab: int = 40, seq: int = 6, dim: int = 16, heads: int = 2):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.randn(seq, dim) * 0.1)
+        self.heads = heads
+        self.blocks = nn.ModuleList(
+            nn.ModuleDict({"ln1": nn.LayerNorm(dim), "qkv": nn.Linear(dim, 3 * dim), "proj": nn.Linear(dim, dim),
+                           "ln2": nn.LayerNorm(dim), "fc": nn.Linear(dim, 2 * dim), "out": nn.Linear(2 * dim, dim)})
+            for _ in range(2))
+        self.ln = nn.LayerNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, ids):
+        b, t = ids.shape
+        h = self.embed(ids) + self.pos[:t]
+        for blk in self.blocks:
+            q, k, v = blk["qkv"](blk["ln1"](h)).split(h.shape[-1], dim=-1)
+            q, k, v = (z.reshape(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+            scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+            future = torch.triu(torch.ones_like(scores), diagonal=1)  # Trilu on a run-time tensor
+            att = torch.softmax(scores - 1e4 * future, dim=-1)
+            h = h + blk["proj"]((att @ v).transpose(1, 2).reshape(b, t, -1))
+            h = h + blk["out"](F.gelu(blk["fc"](blk["ln2"](h))))
+        return self.lm_head(self.ln(h))
+
+
+class GRUText(nn.Module):
+    """Token ids -> embedding -> a bidirectional GRU -> the last step -> logits."""
+
+    def __init__(self, vocab: int = 30, dim: int = 8, hidden: int = 8, classes: int = 3):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.gru = nn.GRU(dim, hidden, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(2 * hidden, classes)
+
+    def forward(self, ids):
+        seq, _ = self.gru(self.embed(ids))
+        return self.head(seq[:, -1])
+
+
+class SuperResolution(nn.Module):
+    """The PyTorch tutorial's super-resolution net (ESPCN): convolutions, then ``nn.PixelShuffle(3)``
+    (ONNX ``DepthToSpace``) to a 3x larger image, and its inverse ``nn.PixelUnshuffle`` (``SpaceToDepth``)
+    to check the round trip's layout."""
+
+    def __init__(self, upscale: int = 3, width: int = 8):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, width, 5, padding=2)
+        self.conv2 = nn.Conv2d(width, width, 3, padding=1)
+        self.conv3 = nn.Conv2d(width, upscale ** 2, 3, padding=1)
+        self.shuffle = nn.PixelShuffle(upscale)
+        self.unshuffle = nn.PixelUnshuffle(upscale)
+
+    def forward(self, x):
+        y = self.shuffle(self.conv3(torch.tanh(self.conv2(torch.tanh(self.conv1(x))))))
+        return y, self.unshuffle(y * y)
+
+
+def legacy_fixtures(rng) -> dict:
+    """The segmentation heads exported with the legacy exporter (``dynamo=False``, opset 17), whose
+    graphs compute the resize sizes from ``Shape`` at run time (the dynamo export folds them):
+    name -> (model factory, inputs, output names, opset, dynamic axes)."""
+    image = {"image": rng.standard_normal((2, 3, 32, 32)).astype("float32")}
+    dyn = {"image": {0: "batch"}, "out": {0: "batch"}}
+    return {"lraspp": (LRASPPNet, image, ["out"], 17, dyn), "deeplabv3": (DeepLabNet, image, ["out"], 17, dyn)}
+
+
+def dynamo_fixtures(rng) -> dict:
+    """name -> (model factory, inputs, output names, dynamic batch), seeded; exported with
+    ``torch.onnx.export``'s defaults."""
+    def image(size, channels=3):
+        return {"image": rng.standard_normal((2, channels, size, size)).astype("float32")}
+
+    ids = rng.integers(0, 40, (2, 6)).astype("int64")
+    padding = np.array([[False] * 6, [False] * 4 + [True] * 2])
+    return {
+        "dyn_resnet": (resnet, image(32), ["logits"]),
+        "dyn_mobilenet_v3": (mobilenet_v3, image(32), ["logits"]),
+        "dyn_efficientnet": (efficientnet, image(32), ["logits"]),
+        "dyn_convnext": (convnext, image(32), ["logits"]),
+        "dyn_vit": (vit, image(16), ["logits"]),
+        "dyn_swin": (swin, image(8), ["logits"]),
+        "dyn_encoder": (PaddedEncoder, {"ids": ids, "padding": padding}, ["logits"]),
+        "dyn_decoder": (CausalDecoder, {"ids": ids}, ["logits"]),
+        "dyn_gru_text": (GRUText, {"ids": ids[:, :5] % 30}, ["logits"]),
+        "dyn_super_resolution": (SuperResolution, image(8, 1), ["upscaled", "unshuffled"]),
+    }
+

@@ -1,0 +1,146 @@
+"""ONNX ``GridSample`` (2-D and, from version 20, N-D) as TensorFlow gathers.
+
+Each output position samples the input at the grid's normalised coordinate (``align_corners``),
+``nearest`` (rounded half to even), ``linear`` (2 taps a dimension) or ``cubic`` (4 taps, Keys'
+``a = -0.75``); taps outside the input read zeros, the border pixel, or their reflection
+(``padding_mode``), as onnx's reference implementation defines them. The taps are gathered from the
+input held channels last, one ``gather_nd`` per tap combination, weighted and summed, so that gradients
+reach both the input and the grid.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import tensorflow as tf
+
+from tfnet.onnx.context import Ctx
+from tfnet.onnx.errors import OnnxConversionError
+from tfnet.onnx.ops import register
+
+_MODES = {"bilinear": "linear", "bicubic": "cubic"}
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _reflect(x: tf.Tensor, lo: float, hi: float) -> tf.Tensor:
+    """``x`` reflected by the nearer border until it lies in ``[lo, hi]``."""
+    span = hi - lo
+    below, above = x < lo, x > hi
+    dx = tf.where(below, lo - x, x - hi)
+    n = tf.floor(dx / span)
+    r = dx - n * span
+    even = tf.equal(tf.math.floormod(n, 2.0), 0.0)
+    return tf.where(below, tf.where(even, lo + r, hi - r), tf.where(above, tf.where(even, hi - r, lo + r), x))
+
+
+def _cubic(t: tf.Tensor) -> list[tf.Tensor]:
+    a = -0.75
+
+    def near(d):
+        return ((a + 2) * d - (a + 3)) * d * d + 1
+
+    def far(d):
+        return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+
+    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+
+
+@register("GridSample", since=16)
+def _grid_sample(ctx: Ctx, node, attrs):
+    x, grid = ctx.plain(node.input[0]), ctx.plain(node.input[1])
+    mode = _text(attrs.get("mode", b"linear" if ctx.version >= 20 else b"bilinear"))
+    mode = _MODES.get(mode, mode)
+    padding = _text(attrs.get("padding_mode", b"zeros"))
+    corners = bool(attrs.get("align_corners", 0))
+    rank = x.shape.rank
+    dims = x.shape.as_list()[2:]
+    if any(d is None for d in dims) or mode not in ("nearest", "linear", "cubic"):
+        raise OnnxConversionError(
+            f"GridSample {node.name!r}: mode {mode!r} on an input of shape {x.shape} is not converted (nearest, "
+            "linear and cubic on static spatial sizes are).")
+    n = len(dims)
+    dtype = x.dtype
+    data = tf.transpose(x, [0, *range(2, rank), 1])  # channels last
+    grid = tf.cast(grid, dtype)
+    coords = []
+    for i, size in enumerate(dims):  # the grid's last axis lists x (the last dimension) first
+        g = grid[..., n - 1 - i]
+        c = (g + 1) / 2 * (size - 1) if corners else ((g + 1) * size - 1) / 2
+        lo, hi = (0.0, size - 1.0) if corners else (-0.5, size - 0.5)
+        if mode == "nearest":
+            c = tf.round(c)
+        if padding == "border":
+            c = tf.where((c < lo) | (c > hi), tf.clip_by_value(c, 0.0, size - 1.0), c)
+        elif padding == "reflection":
+            c = _reflect(c, lo, hi)
+        coords.append((c, size, lo, hi))
+    taps = []  # per dimension: [(index, weight)]
+    for c, *_ in coords:
+        if mode == "nearest":
+            taps.append([(c, None)])
+            continue
+        base = tf.floor(c)
+        t = c - base
+        weights = [1 - t, t] if mode == "linear" else _cubic(t)
+        offsets = [0, 1] if mode == "linear" else [-1, 0, 1, 2]
+        taps.append([(base + o, w) for o, w in zip(offsets, weights)])
+    total = None
+    for combo in itertools.product(*taps):
+        indices, valid, weight = [], None, None
+        for (index, w), (_, size, lo, hi) in zip(combo, coords):
+            if padding == "zeros":
+                inside = (index >= 0) & (index <= size - 1)
+                valid = inside if valid is None else valid & inside
+                index = tf.clip_by_value(index, 0.0, size - 1.0)
+            elif padding == "border":
+                index = tf.clip_by_value(index, 0.0, size - 1.0)
+            else:
+                index = tf.clip_by_value(_reflect(index, lo, hi), 0.0, size - 1.0)
+            indices.append(tf.cast(index, tf.int64))
+            if w is not None:
+                weight = w if weight is None else weight * w
+        sample = tf.gather_nd(data, tf.stack(indices, -1), batch_dims=1)
+        if valid is not None:
+            weight = tf.cast(valid, dtype) if weight is None else weight * tf.cast(valid, dtype)
+        if weight is not None:
+            sample = sample * weight[..., None]
+        total = sample if total is None else total + sample
+    ctx.set(node.output[0], tf.transpose(total, [0, rank - 1, *range(1, rank - 1)]))
+
+
+@register("NonMaxSuppression", since=10)
+def _non_max_suppression(ctx: Ctx, node, attrs):
+    """Per batch entry and class, TensorFlow's ``non_max_suppression`` (greedy, by descending score);
+    the selected ``(batch, class, box)`` triples in that order. The batch and class counts must be static."""
+    boxes, scores = ctx.plain(node.input[0]), ctx.plain(node.input[1])
+    limit = ctx.static_ints(node.input[2]) if len(node.input) > 2 and node.input[2] else [0]
+    iou = ctx.static(node.input[3]) if len(node.input) > 3 and node.input[3] else 0.0
+    threshold = ctx.static(node.input[4]) if len(node.input) > 4 and node.input[4] else None
+    batches, classes = scores.shape[0], scores.shape[1]
+    if limit is None or iou is None or (len(node.input) > 4 and node.input[4] and threshold is None) \
+            or batches is None or classes is None:
+        raise OnnxConversionError(
+            f"NonMaxSuppression {node.name!r}: max_output_boxes_per_class, iou_threshold and score_threshold must "
+            "be known while converting, and the batch and class counts static.")
+    if attrs.get("center_point_box", 0):  # [x_center, y_center, width, height] -> corners
+        xc, yc, w, h = tf.unstack(boxes, axis=-1)
+        boxes = tf.stack([yc - h / 2, xc - w / 2, yc + h / 2, xc + w / 2], -1)
+    found = []
+    for b in range(batches):
+        for c in range(classes):
+            keep = tf.image.non_max_suppression(
+                boxes[b], scores[b, c], max_output_size=int(limit[0]), iou_threshold=_number(iou),
+                score_threshold=_number(threshold) if threshold is not None else float("-inf"))
+            keep = tf.cast(keep, tf.int64)[:, None]
+            prefix = tf.tile(tf.constant([[b, c]], tf.int64), tf.stack([tf.shape(keep)[0], 1]))
+            found.append(tf.concat([prefix, keep], 1))
+    ctx.set(node.output[0], tf.concat(found, 0) if found else tf.zeros([0, 3], tf.int64))
+
+
+def _number(value) -> float:
+    import numpy as np
+
+    return float(np.asarray(value).reshape(-1)[0])
