@@ -10,6 +10,7 @@ compares against.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,8 +44,17 @@ class Ctx:
     shapes: dict[str, list] = field(default_factory=dict)  # a Shape output -> its entries, None where dynamic
     aliases: dict[str, str] = field(default_factory=dict)  # value -> the initializer it is (through Identity)
     stat_copies: dict[str, tf.Tensor] = field(default_factory=dict)  # shared initializer -> its statistic copy
+    #: converts nodes into this context (:func:`tfnet.onnx.convert.convert_nodes`, set by the converter), for
+    #: handlers of subgraphs (``If``, ``Scan``), so that no handler imports the converter back
+    converter: Callable | None = None
     _session: tf.compat.v1.Session | None = None
     _const_ops: dict[str, bool] = field(default_factory=dict)
+
+    def convert_nodes(self, nodes, opset: int | None = None) -> None:
+        """Converts ``nodes`` (a subgraph's, an inlined branch's) into this context."""
+        if self.converter is None:
+            raise RuntimeError("This conversion context has no converter (made outside tfnet.onnx.convert).")
+        self.converter(self, nodes, opset)
 
     def has(self, name: str) -> bool:
         return bool(name) and name in self.values

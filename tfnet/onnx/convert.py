@@ -24,13 +24,10 @@ from tfnet.onnx.context import Ctx
 from tfnet.onnx.dtypes import carrier_array, is_carried, tf_type
 from tfnet.onnx.errors import OnnxConversionError, UnsupportedOperatorError
 from tfnet.onnx.functions import expand, function_of
+from tfnet.onnx.handlers import supported_operators
 from tfnet.onnx.load import MIN_OPSET, check_opset, max_opset, opset_of
-from tfnet.onnx.ops import load_handlers as _load_handlers
-from tfnet.onnx.ops import supported_operators
 from tfnet.onnx.registry import DEFAULT_DOMAINS, HANDLERS, handles, op_version
 from tfnet.onnx.shared_stats import initializer_aliases, shared_statistics
-
-_load_handlers()
 
 
 @dataclass
@@ -183,7 +180,7 @@ def convert(
 
     static_inputs = {n.input[i] for n in g.node for i in _STATIC_INPUTS.get(n.op_type, ()) if i < len(n.input)}
     shared = shared_statistics(g)
-    ctx = Ctx(opset=opset, propagate=propagate_layout, aliases=initializer_aliases(g))
+    ctx = Ctx(opset=opset, propagate=propagate_layout, aliases=initializer_aliases(g), converter=convert_nodes)
     graph = tf.Graph()
     values: dict[str, np.ndarray] = {}
     onnx_weight_names: dict[str, str] = {}

@@ -121,16 +121,16 @@ def expand(node, function, prefix: str, opset: int) -> list:
             copy = AttributeProto()
             copy.CopyFrom(a)
             if copy.type == AttributeProto.GRAPH:
-                _rename_free(copy.g, name)
+                rename_free(copy.g, name)
             elif copy.type == AttributeProto.GRAPHS:
                 for g in copy.graphs:
-                    _rename_free(g, name)
+                    rename_free(g, name)
             new.attribute.append(copy)
         out.append(new)
     return out
 
 
-def _rename_free(graph, name: Callable[[str], str], bound: frozenset = frozenset()) -> None:
+def rename_free(graph, name: Callable[[str], str], bound: frozenset = frozenset()) -> None:
     """Renames the values ``graph`` (and the subgraphs inside it) read from the function's scope, the
     names not defined in ``graph`` or in the subgraphs ``bound`` around it."""
     from onnx import AttributeProto
@@ -141,10 +141,10 @@ def _rename_free(graph, name: Callable[[str], str], bound: frozenset = frozenset
         n.input[:] = [v if not v or v in local else name(v) for v in n.input]
         for a in n.attribute:
             if a.type == AttributeProto.GRAPH:
-                _rename_free(a.g, name, frozenset(local))
+                rename_free(a.g, name, frozenset(local))
             elif a.type == AttributeProto.GRAPHS:
                 for g in a.graphs:
-                    _rename_free(g, name, frozenset(local))
+                    rename_free(g, name, frozenset(local))
     for o in graph.output:
         if o.name not in local:
             o.name = name(o.name)

@@ -17,7 +17,7 @@ from tfnet.onnx.context import Ctx, Value
 from tfnet.onnx.errors import OnnxConversionError
 from tfnet.onnx.registry import HANDLERS, register
 
-__all__ = ["HANDLERS", "register", "supported_operators", "plain_inputs", "tf_dtype"]
+__all__ = ["HANDLERS", "register", "plain_inputs", "tf_dtype"]
 
 
 def tf_dtype(onnx_type: int) -> tf.DType:
@@ -462,28 +462,3 @@ def _layer_norm(ctx, node, attrs):
         ctx.set(node.output[1], mean)
     if len(node.output) > 2:
         ctx.set(node.output[2], inv)
-
-
-def supported_operators() -> list[str]:
-    """Every operator that some version of converts (docs/onnx.md has the versions)."""
-    load_handlers()
-    return sorted(HANDLERS)
-
-
-def load_handlers() -> None:
-    """Imports every module of handlers, which registers them."""
-    from tfnet.onnx import (  # noqa: F401  (they register their handlers)
-        ops_cast,
-        ops_control,
-        ops_conv_nd,
-        ops_grid,
-        ops_index,
-        ops_nn,
-        ops_pool,
-        ops_resize,
-        ops_rnn,
-        ops_shape,
-        ops_signal,
-        ops_string,
-        ops_tensor,
-    )

@@ -19,7 +19,7 @@ def body_nodes(graph, prefix: str) -> list:
     """The nodes of ``graph`` with every value it defines (its inputs and node outputs) prefixed."""
     from onnx import NodeProto
 
-    from tfnet.onnx.functions import _rename_free
+    from tfnet.onnx.functions import rename_free
 
     local = {i.name for i in graph.input} | {o for n in graph.node for o in n.output if o}
 
@@ -35,17 +35,15 @@ def body_nodes(graph, prefix: str) -> list:
         new.name = prefix + (n.name or n.op_type)
         for a in new.attribute:  # subgraphs read the renamed values of this body
             if a.g.node:
-                _rename_free(a.g, name)
+                rename_free(a.g, name)
             for g in a.graphs:
-                _rename_free(g, name)
+                rename_free(g, name)
         out.append(new)
     return out
 
 
 @register("Scan", since=9)  # version 8 had a batch dimension and sequence_lens
 def _scan(ctx: Ctx, node, attrs):
-    from tfnet.onnx.convert import convert_nodes
-
     body = attrs["body"]
     m = attrs["num_scan_inputs"]
     n = len(node.input) - m
@@ -71,7 +69,7 @@ def _scan(ctx: Ctx, node, attrs):
             ctx.set(prefix + i.name, v)
         for i, parts, backward in zip(body.input[n:], slices, in_dirs):
             ctx.set(prefix + i.name, parts[steps - 1 - t if backward else t])
-        convert_nodes(ctx, body_nodes(body, prefix))
+        ctx.convert_nodes(body_nodes(body, prefix))
         states = [ctx.plain(prefix + o.name if _defined(body, o.name) else o.name) for o in body.output[:n]]
         for j, o in enumerate(body.output[n:]):
             collected[j].append(ctx.plain(prefix + o.name if _defined(body, o.name) else o.name))

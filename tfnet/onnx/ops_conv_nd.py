@@ -1,4 +1,5 @@
-"""ONNX 1-D and 3-D convolutions and pools, and ``ConvTranspose`` (1-D, 2-D, 3-D), as TensorFlow ops.
+"""ONNX ``Conv``, ``MaxPool`` and ``AveragePool`` of every rank (2-D ones through :mod:`tfnet.onnx.ops_nn`'s
+NHWC helpers, 1-D and 3-D ones here), and ``ConvTranspose`` (1-D, 2-D, 3-D), as TensorFlow ops.
 
 A 1-D op runs as the 2-D one on a height-1 NHWC image (``(N, C, L) -> (N, 1, L, C)``), so it shares
 the 2-D code's padding, grouping and ``ceil_mode``. A 3-D op runs in NDHWC with explicit padding.
@@ -189,3 +190,37 @@ def _dilate(w: tf.Tensor, dilations: list[int]) -> tf.Tensor:
         w = tf.reshape(spread, shape)
         w = w[tuple(slice(None) if j != axis else slice(0, (k - 1) * d + 1) for j in range(w.shape.rank))]
     return w
+
+
+# ---- the handlers, by the rank of their input
+
+
+@register("Conv", since=1)
+def _conv(ctx: Ctx, node, attrs):
+    w = ctx.plain(node.input[1])
+    if w.shape.rank != 4:  # 1-D and 3-D convolutions
+        return conv_nd(ctx, node, attrs)
+    y = conv_nhwc(node, attrs, ctx.nhwc(node.input[0]), w)
+    if len(node.input) > 2 and node.input[2]:
+        y = tf.nn.bias_add(y, ctx.plain(node.input[2]))
+    ctx.set(node.output[0], y, nhwc=True)
+
+
+@register("MaxPool", since=1)
+def _max_pool(ctx, node, attrs):
+    _pool(ctx, node, attrs, "max")
+
+
+@register("AveragePool", since=7)  # version 7 on: count_include_pad (version 1 counted the pads)
+def _avg_pool(ctx, node, attrs):
+    _pool(ctx, node, attrs, "avg")
+
+
+def _pool(ctx, node, attrs, kind):
+    from tfnet.onnx.ops_pool import needs_offsets, pool
+
+    if needs_offsets(node, attrs):  # dilated windows, SAME_LOWER, MaxPool's Indices
+        return pool(ctx, node, attrs, kind)
+    if len(attrs["kernel_shape"]) != 2:  # 1-D and 3-D pools
+        return pool_nd(ctx, node, attrs, kind)
+    ctx.set(node.output[0], pool_nhwc(node, attrs, ctx.nhwc(node.input[0]), kind), nhwc=True)

@@ -77,19 +77,6 @@ def _explicit(padding):
     return [p for pair in padding for p in pair]
 
 
-@register("Conv", since=1)
-def _conv(ctx: Ctx, node, attrs):
-    w = ctx.plain(node.input[1])
-    if w.shape.rank != 4:  # 1-D and 3-D convolutions
-        from tfnet.onnx.ops_conv_nd import conv_nd
-
-        return conv_nd(ctx, node, attrs)
-    y = conv_nhwc(node, attrs, ctx.nhwc(node.input[0]), w)
-    if len(node.input) > 2 and node.input[2]:
-        y = tf.nn.bias_add(y, ctx.plain(node.input[2]))
-    ctx.set(node.output[0], y, nhwc=True)
-
-
 def conv_nhwc(node, attrs, x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
     """A 2-D ONNX convolution (kernel ``w`` in OIHW) of NHWC ``x``, without bias, in NHWC."""
     kernel = list(attrs.get("kernel_shape", w.shape.as_list()[2:]))
@@ -182,28 +169,6 @@ def pool_nhwc(node, attrs, x: tf.Tensor, kind: str) -> tf.Tensor:
 
 def _pairs(pads):
     return [[0, 0], [pads[0], pads[2]], [pads[1], pads[3]], [0, 0]]
-
-
-@register("MaxPool", since=1)
-def _max_pool(ctx, node, attrs):
-    _pool(ctx, node, attrs, "max")
-
-
-@register("AveragePool", since=7)  # version 7 on: count_include_pad (version 1 counted the pads)
-def _avg_pool(ctx, node, attrs):
-    _pool(ctx, node, attrs, "avg")
-
-
-def _pool(ctx, node, attrs, kind):
-    from tfnet.onnx.ops_pool import needs_offsets, pool
-
-    if needs_offsets(node, attrs):  # dilated windows, SAME_LOWER, MaxPool's Indices
-        return pool(ctx, node, attrs, kind)
-    if len(attrs["kernel_shape"]) != 2:  # 1-D and 3-D pools
-        from tfnet.onnx.ops_conv_nd import pool_nd
-
-        return pool_nd(ctx, node, attrs, kind)
-    ctx.set(node.output[0], pool_nhwc(node, attrs, ctx.nhwc(node.input[0]), kind), nhwc=True)
 
 
 @register("GlobalAveragePool", "GlobalMaxPool", since=1)

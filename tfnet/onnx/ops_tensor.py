@@ -102,8 +102,6 @@ def _if(ctx: Ctx, node, attrs):
     """Inlines the branch a constant condition picks; a condition computed from the data is refused."""
     from onnx import numpy_helper
 
-    from tfnet.onnx.convert import convert_nodes
-
     cond = ctx.static(node.input[0])
     if cond is None:
         raise OnnxConversionError(
@@ -114,7 +112,7 @@ def _if(ctx: Ctx, node, attrs):
     branch = attrs["then_branch"] if bool(np.asarray(cond).reshape(-1)[0]) else attrs["else_branch"]
     for t in branch.initializer:
         ctx.set(t.name, tf.constant(numpy_helper.to_array(t)))
-    convert_nodes(ctx, branch.node)
+    ctx.convert_nodes(branch.node)
     for out, inner in zip(node.output, branch.output):
         if out:
             value = ctx.values[inner.name]

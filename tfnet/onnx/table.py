@@ -17,7 +17,7 @@ def rows() -> list[tuple[str, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
     versions)`` for every default-domain operator up to :data:`CHECKED_OPSET`."""
     from onnx import defs
 
-    from tfnet.onnx.ops import load_handlers
+    from tfnet.onnx.handlers import load_handlers
 
     load_handlers()
     functions: dict[str, set[int]] = {}
