@@ -315,7 +315,7 @@ def compare_mode(args, spark, results: dict) -> None:
     model.compile(optimizer=keras.optimizers.SGD(args.lr, momentum=args.momentum),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     t = time.time()
-    h2 = model.fit(ds, epochs=args.epochs, verbose=0, callbacks=[cb]).history
+    h2 = model.fit(ds, epochs=args.epochs, verbose=0, callbacks=[cb], shuffle=False).history
     keras_wall = time.time() - t
     img_keras, step_keras = _throughput(cb.times, args.batch_size)
     diff = max(abs(a - b) / abs(b) for a, b in zip(h1["loss"], h2["loss"]))
