@@ -2,6 +2,11 @@
 
 Each built-in loss also checks label and prediction shapes before training starts
 (:meth:`Loss.check_shapes`), so a wrong label shape is a clear error, not a broadcast.
+
+A net of several outputs takes one loss per output, or one loss applied to each output, as Keras
+compiles them (:func:`for_outputs`, :class:`MultiOutputLoss`); a loss that needs several outputs at
+once (contrastive, triplet, a multi-task loss) is written over all of them and wrapped with
+:func:`joint`.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ __all__ = [
     "Huber",
     "FunctionLoss",
     "MultiOutputLoss",
+    "JointLoss",
+    "joint",
     "SampleWeighted",
     "for_outputs",
     "get",
@@ -304,6 +311,9 @@ class MultiOutputLoss(Loss):
 
     def __init__(self, losses: list, weights: list[float] | None = None, names: list[str] | None = None):
         self.losses = [None if x is None else get(x) for x in losses]
+        if any(isinstance(x, JointLoss) for x in self.losses):
+            raise TypeError("A joint loss (optim.losses.joint) takes every output at once; give it alone, not as one "
+                            f"output's loss in a list or dict. Received: {losses!r}")
         self.weights = [1.0] * len(self.losses) if weights is None else [float(w) for w in weights]
         self.names = list(names or [f"output {i}" for i in range(len(self.losses))])
         if not any(x is not None for x in self.losses):
@@ -349,6 +359,74 @@ class MultiOutputLoss(Loss):
         return f"MultiOutputLoss({self.losses!r}, weights={self.weights})"
 
 
+class JointLoss(Loss):
+    """One loss over every output at once: ``fn(y_true_list, y_pred_list) -> scalar``, the labels
+    and the outputs each a list in output order (see :func:`joint`)."""
+
+    def __init__(self, fn: Callable):
+        if not callable(fn):
+            raise TypeError(f"optim.losses.joint takes a callable fn(y_true_list, y_pred_list) -> scalar. Received: "
+                            f"{fn!r}")
+        self.fn = fn
+        self.name = getattr(fn, "__name__", None) or getattr(fn, "name", None) or "loss"
+
+    def __call__(self, y_true, y_pred) -> tf.Tensor:
+        if isinstance(y_true, SampleWeighted):
+            raise TypeError(f"The joint loss {self.name!r} is a function of whole batches of every output and cannot "
+                            "weight examples; train without sample weights, or weight inside the loss.")
+        labels = list(y_true) if isinstance(y_true, (list, tuple)) else [y_true]
+        outputs = list(y_pred) if isinstance(y_pred, (list, tuple)) else [y_pred]
+        if len(labels) != len(outputs):
+            raise LabelShapeError(f"The joint loss {self.name!r} takes one label array per output, a list in output "
+                                  f"order: the net has {len(outputs)} output(s). Received: {len(labels)} label "
+                                  "array(s).")
+        return self.fn(labels, outputs)
+
+    def check_shapes(self, y_true_shapes, y_pred_shapes) -> None:
+        """Only the number of label arrays (one per output): the function decides what fits."""
+        if y_pred_shapes and isinstance(y_pred_shapes[0], (list, tuple)) and len(y_true_shapes) != len(y_pred_shapes):
+            raise LabelShapeError(f"The joint loss {self.name!r} takes one label array per output, a list in output "
+                                  f"order: the net has {len(y_pred_shapes)} output(s). Received: {len(y_true_shapes)} "
+                                  "label array(s).")
+
+    def __repr__(self) -> str:
+        return f"joint({self.name})"
+
+
+def joint(fn: Callable) -> JointLoss:
+    """A loss over several outputs at once, as an Analytics Zoo user wrote a loss tensor over
+    several outputs: ``fn(y_true_list, y_pred_list) -> scalar``, called with the labels and the
+    outputs each as a list in output order. Use it where one loss per output cannot say what to
+    learn: a contrastive or triplet loss over the embeddings of two or three inputs, a multi-task
+    loss that mixes the outputs. Without it, one callable on a net of several outputs is applied to
+    each output and summed, as Keras does.
+
+    It goes wherever a loss goes: ``TFOptimizer(net, optim.losses.joint(fn), ...)``,
+    ``TFOptimizer.from_loss``, and over Spark (``fn`` is pickled to the ranks with cloudpickle).
+    The value should be a mean over the batch, as every loss here is, so that the ranks' average is
+    the global batch's loss. Sample weights and ``loss_weights`` do not apply (weigh inside
+    ``fn``).
+
+    Example::
+
+        def contrastive(y_true, y_pred, margin=1.0):
+            same = tf.cast(tf.equal(y_true[0], y_true[1]), tf.float32)      # labels of the two images
+            d2 = tf.reduce_sum(tf.square(y_pred[0] - y_pred[1]), axis=-1)    # their embeddings' distance
+            far = tf.nn.relu(margin - tf.sqrt(d2 + 1e-9))
+            return tf.reduce_mean(same * d2 + (1.0 - same) * tf.square(far))
+
+        opt = TFOptimizer(siamese_net, optim.losses.joint(contrastive), optim.SGD(0.1))
+        opt.optimize(([x_a, x_b], [y_a, y_b]))
+
+    Args:
+        fn: ``fn(y_true_list, y_pred_list) -> scalar tensor``.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+    """
+    return JointLoss(fn)
+
+
 def _output_index(key: str, names: list[str]) -> int:
     """The output ``key`` names: its tensor name, the name without ``:0``, or the layer it comes
     from (``head/logits:0`` for ``logits``)."""
@@ -368,6 +446,11 @@ def for_outputs(loss, output_names: list[str], loss_weights=None) -> Loss:
         ValueError: a list of the wrong length, an unknown output name, weights without outputs.
     """
     k = len(output_names)
+    if isinstance(loss, JointLoss):
+        if loss_weights is not None:
+            raise ValueError("`loss_weights` weigh per-output losses; a joint loss (optim.losses.joint) weighs its "
+                             f"outputs itself. Received: loss_weights={loss_weights!r}")
+        return loss
     if isinstance(loss, dict):
         losses: list = [None] * k
         for key, value in loss.items():

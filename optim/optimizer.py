@@ -171,9 +171,10 @@ class TFOptimizer:
             batch_size: Examples per step (the global batch when distributed). Default: the batch
                 size the ``TFDataset`` was made with, else 32; giving both, different, is an error.
                 Ignored for a ``tf.data.Dataset``, which is batched already.
-            sample_weight: One weight per example of numpy ``data`` (or give ``(x, y, w)``, or a
-                ``tf.data.Dataset`` of ``(x, y, w)``): losses and metrics weight examples as
-                Keras's do. Default: none.
+            sample_weight: One weight per example of numpy ``data`` (or give ``(x, y, w)``, a
+                ``tf.data.Dataset`` of ``(x, y, w)``, or a DataFrame's column with
+                ``TFDataset.from_dataframe(..., weight_col=...)``): losses and ``weighted_metrics``
+                weight examples as Keras's do. Default: none.
             max_steps: Stop when the global step reaches this (Analytics Zoo's ``MaxIteration``; it
                 counts the steps of a resumed run too, as TensorFlow Estimator's ``max_steps``).
                 A stop in the middle of an epoch writes a checkpoint there. Default: none.
@@ -234,8 +235,9 @@ class TFOptimizer:
         """``(training data, validation data, batch size)`` as TFDatasets, checked on the driver."""
         if sample_weight is not None:
             if not (isinstance(data, tuple) and len(data) == 2):
-                raise TypeError("`sample_weight` goes with numpy data given as (features, labels); for a TFDataset or "
-                                "a tf.data.Dataset, put the weights in the data (a third element).")
+                raise TypeError("`sample_weight` goes with numpy data given as (features, labels); for a tf.data.Dataset, "
+                                "put the weights in the data (a third element); for a DataFrame, name its column: "
+                                "TFDataset.from_dataframe(..., weight_col=...).")
             data = (*data, sample_weight)
         dataset = self._dataset(data, batch_size)
         batch_size = resolve_batch_size(dataset, batch_size)

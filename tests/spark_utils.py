@@ -27,6 +27,31 @@ def local_spark(cores: int = 2):
     })
 
 
+def spark_jobs(spark) -> list[tuple[int, str]]:
+    """``(job id, job group or "")`` of every job this Spark application has run or is running,
+    oldest first, once Spark's listener bus has delivered the events so far. Read through the JVM's
+    status store: PySpark's status tracker lists jobs by group only, and tfnet gives each of its
+    jobs a group of its own (``tfnet-warm-up-*``, ``tfnet-train-*``, ``tfnet-<hex>`` for the
+    bounded ones)."""
+    jsc = spark.sparkContext._jsc.sc()
+    jsc.listenerBus().waitUntilEmpty()
+    jobs = jsc.statusStore().jobsList(None)
+    out = []
+    for i in range(jobs.length()):
+        job = jobs.apply(i)
+        group = job.jobGroup()
+        out.append((int(job.jobId()), str(group.get()) if group.isDefined() else ""))
+    return sorted(out)
+
+
+def jobs_since(spark, before: list[tuple[int, str]]) -> list[str]:
+    """The groups of the jobs started since ``before`` (a :func:`spark_jobs` list), the workers'
+    warm-up (which tfnet starts in the background once per application) left out."""
+    seen = set(before)
+    return [group for job in spark_jobs(spark) if job not in seen
+            for group in [job[1]] if not group.startswith("tfnet-warm-up-")]
+
+
 def kill_rank_after_checkpoints(model_dir, checkpoints: int, rank: int = 1, deadline_s: float = 240.0) -> dict:
     """From a thread: kills ``rank``'s Python process (SIGKILL) once ``model_dir`` (a local folder)
     holds ``checkpoints`` checkpoints and the rank's ``rank-N.json``, that is mid-training. Returns a

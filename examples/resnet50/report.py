@@ -47,7 +47,10 @@ def _rows(results: dict) -> list[tuple[str, str]]:
     if cmp_:
         rows += [("tfnet fine-tuning, steady", f"{cmp_['tfnet']['img_per_sec']:.2f} img/s (median step)"),
                  ("Keras fit, steady", f"{cmp_['keras_fit']['img_per_sec']:.2f} img/s (median step)"),
-                 ("tfnet / Keras", f"{cmp_['ratio']:.2f}")]
+                 ("tfnet / Keras", f"{cmp_['ratio']:.2f}"),
+                 ("loss per epoch, tfnet", ", ".join(f"{v:.5f}" for v in cmp_["tfnet"]["loss"])),
+                 ("loss per epoch, Keras fit", ", ".join(f"{v:.5f}" for v in cmp_["keras_fit"]["loss"])),
+                 ("loss, largest rel. difference", f"{cmp_['loss_rel_diff']:.2e}")]
     rows.append(("wall time", f"{results['wall_s']:.1f} s"))
     return rows
 

@@ -86,14 +86,25 @@ class DataFrameDataset(TFDataset):
         batch_size: The global batch ``optimize`` uses by default. Default: none (32).
         augment: ``fn(features, rng) -> features`` applied on the ranks to training batches only,
             e.g. :class:`optim.training.augment.RandomCropFlip`. Default: none.
+        weight_col: A column of sample weights, one finite, non-negative number per row (Spark
+            ML's ``weightCol``): the loss and the ``weighted_metrics`` weight each row by it, as
+            ``optimize(..., sample_weight=w)`` does for numpy data. Default: none (every row counts
+            alike).
     """
 
     distributed = True
 
     def __init__(self, df, feature_cols, label_cols=None, feature_shapes=None, batch_size: int | None = None,
-                 augment=None):
+                 augment=None, weight_col: str | None = None):
         self.batch_size = batch_size
         self.augment = augment
+        if weight_col is not None and not isinstance(weight_col, str):
+            raise TypeError(f"`weight_col` must be the name of one column of numbers. Received: weight_col={weight_col!r}")
+        if weight_col is not None and label_cols is None:
+            raise ValueError(f"`weight_col` weights the loss of each row; it needs `label_cols`. Received: "
+                             f"weight_col={weight_col!r} without label columns")
+        #: the column of sample weights (None: unweighted)
+        self.weight = None if weight_col is None else TensorColumns((weight_col,), None)
         #: input names, when feature_cols is a dict by input name (TFOptimizer puts them in the net's order)
         self.input_keys = list(feature_cols) if isinstance(feature_cols, Mapping) else None
         if isinstance(feature_cols, Mapping):
@@ -110,8 +121,11 @@ class DataFrameDataset(TFDataset):
         if not self.features:
             raise ValueError("`feature_cols` must name at least one column.")
         self.single_label = isinstance(label_cols, str) or len(self.labels) == 1
+        if weight_col is not None and weight_col in {c for s in self.features + self.labels for c in s.columns}:
+            raise ColumnError(f"The weight column {weight_col!r} is also a feature or label column; sample weights "
+                              "need a column of their own.")
         existing = list(self.df.columns)
-        for spec in self.features + self.labels:
+        for spec in self.features + self.labels + self._weights():
             for c in spec.columns:
                 if c not in existing:
                     close = closest_names(c, existing)
@@ -171,7 +185,11 @@ class DataFrameDataset(TFDataset):
                     "shape), so that the ranks can reshape or decode it."
                 )
 
-    def columns(self) -> list[str]:
+    def _weights(self) -> list[TensorColumns]:
+        return [] if self.weight is None else [self.weight]
+
+    def data_columns(self) -> list[str]:
+        """The feature and label columns, each once, in order."""
         seen = []
         for spec in self.features + self.labels:
             for c in spec.columns:
@@ -179,9 +197,13 @@ class DataFrameDataset(TFDataset):
                     seen.append(c)
         return seen
 
+    def columns(self) -> list[str]:
+        """Every column the ranks read: :meth:`data_columns`, then the weight column."""
+        return self.data_columns() + [c for spec in self._weights() for c in spec.columns]
+
     def shard_reader(self):
         """A picklable function ``(arrow_batches, partition) -> ArrayDataset`` for the workers."""
-        return _ArrowShard(tuple(self.features), tuple(self.labels), self.single_label, self.augment)
+        return _ArrowShard(tuple(self.features), tuple(self.labels), self.single_label, self.augment, self.weight)
 
     def to_local(self) -> ArrayDataset:
         """Collects the whole DataFrame to the driver (for validation data)."""
@@ -193,14 +215,41 @@ class DataFrameDataset(TFDataset):
 
 
 class _ArrowShard:
-    def __init__(self, features, labels, single_label, augment=None):
+    def __init__(self, features, labels, single_label, augment=None, weight: TensorColumns | None = None):
         self.features, self.labels, self.single_label, self.augment = features, labels, single_label, augment
+        self.weight = weight
 
     def __call__(self, batches, partition: int, presharded: bool = True) -> ArrayDataset:
         batches = list(batches)
-        arrays = arrow_to_arrays(batches, list(self.features) + list(self.labels), partition)
-        feats, labels = arrays[: len(self.features)], arrays[len(self.features):]
-        return ArrayDataset(feats, labels or None, self.single_label, presharded=presharded, augment=self.augment)
+        weights = [] if self.weight is None else [self.weight]
+        arrays = arrow_to_arrays(batches, list(self.features) + list(self.labels) + weights, partition)
+        n_feats, n_labels = len(self.features), len(self.labels)
+        feats, labels = arrays[:n_feats], arrays[n_feats:n_feats + n_labels]
+        w = None
+        if weights:
+            w = _row_weights(arrays[-1], self.weight.columns[0], partition)
+        return ArrayDataset(feats, labels or None, self.single_label, presharded=presharded, augment=self.augment,
+                            weights=w)
+
+
+def _row_weights(values: np.ndarray, column: str, partition: int) -> np.ndarray:
+    """The weight column's values as float32, one per row.
+
+    Raises:
+        BadRowError: a value that is not one finite, non-negative number (naming the row).
+    """
+    from optim.errors import BadRowError
+
+    if values.dtype.kind not in "fiub" or values.ndim != 1:
+        raise BadRowError(f"Weight column {column!r} of partition {partition} must hold one number per row; it holds "
+                          f"{values.dtype} values of per-row shape {values.shape[1:]}.")
+    w = values.astype(np.float32)
+    bad = np.flatnonzero(~np.isfinite(w) | (w < 0))
+    if bad.size:
+        raise BadRowError(f"Weight column {column!r} row {int(bad[0])} of partition {partition} holds "
+                          f"{float(values[bad[0]])!r}; a sample weight must be a finite, non-negative number "
+                          f"({bad.size} such row(s)).")
+    return w
 
 
 #: The column that marks validation rows in a stage that carries both (see :func:`with_validation`).
@@ -212,29 +261,48 @@ def with_validation(train: DataFrameDataset, validation: DataFrameDataset, n: in
     spread round robin over ``n`` partitions, and the reader that splits a partition back into
     ``(training shard, validation shard)``: validation then runs on the ranks, each on its own
     rows, with no row collected to the driver. The validation columns pair with the training
-    columns in order (their names may differ).
+    columns in order (their names may differ). Each side keeps its own sample weights
+    (``weight_col``), or none.
 
     Raises:
         ColumnError: the validation data has another number of feature or label columns.
     """
     from pyspark.sql import functions as F
 
-    t_cols, v_cols = train.columns(), validation.columns()
+    t_cols, v_cols = train.data_columns(), validation.data_columns()
     if len(train.features) != len(validation.features) or len(train.labels) != len(validation.labels) or \
             len(t_cols) != len(v_cols):
         raise ColumnError(f"The validation DataFrame's columns {v_cols} do not pair with the training columns {t_cols} "
                           "(the same number of feature and label columns, in the same order).")
-    t_df = train.df.select(*t_cols, F.lit(False).alias(SPLIT_COLUMN))
-    v_df = validation.df.select(*[F.col(v).alias(t) for v, t in zip(v_cols, t_cols)], F.lit(True).alias(SPLIT_COLUMN))
-    return t_df.unionByName(v_df).repartition(n), _SplitShard(train.shard_reader())
+    # the union's weight column: the training one's name, filled with 1.0 on the side that has none
+    weight = None
+    if train.weight is not None or validation.weight is not None:
+        weight = train.weight.columns[0] if train.weight is not None else WEIGHT_COLUMN
+
+    def weights_of(data: DataFrameDataset) -> list:
+        if weight is None:
+            return []
+        value = F.col(data.weight.columns[0]) if data.weight is not None else F.lit(1.0)
+        return [value.cast("double").alias(weight)]
+
+    t_df = train.df.select(*t_cols, *weights_of(train), F.lit(False).alias(SPLIT_COLUMN))
+    v_df = validation.df.select(*[F.col(v).alias(t) for v, t in zip(v_cols, t_cols)], *weights_of(validation),
+                                F.lit(True).alias(SPLIT_COLUMN))
+    val_weight = TensorColumns((weight,), None) if validation.weight is not None else None
+    val_reader = _ArrowShard(tuple(train.features), tuple(train.labels), train.single_label, weight=val_weight)
+    return t_df.unionByName(v_df).repartition(n), _SplitShard(train.shard_reader(), val_reader)
+
+
+#: The union's weight column when only the validation data has sample weights.
+WEIGHT_COLUMN = "__tfnet_weight"
 
 
 class _SplitShard:
     """``(batches, partition) -> (training ArrayDataset, validation ArrayDataset or None)``, split by
     :data:`SPLIT_COLUMN`; only the training shard is augmented."""
 
-    def __init__(self, reader: _ArrowShard):
-        self.reader = reader
+    def __init__(self, reader: _ArrowShard, val_reader: _ArrowShard):
+        self.reader, self.val_reader = reader, val_reader
 
     def __call__(self, batches, partition: int, presharded: bool = True):
         import pyarrow.compute as pc
@@ -247,9 +315,10 @@ class _SplitShard:
         shard = self.reader(train, partition, presharded)
         if not sum(b.num_rows for b in val):  # no validation rows here: an empty shard (the others' sums still meet)
             labels = None if shard.labels is None else [a[:0] for a in shard.labels]
-            return shard, ArrayDataset([a[:0] for a in shard.features], labels, shard.single_label, presharded=True)
-        plain = _ArrowShard(self.reader.features, self.reader.labels, self.reader.single_label)
-        return shard, plain(val, partition, presharded)
+            weights = None if self.val_reader.weight is None else np.zeros(0, np.float32)
+            return shard, ArrayDataset([a[:0] for a in shard.features], labels, shard.single_label, presharded=True,
+                                       weights=weights)
+        return shard, self.val_reader(val, partition, presharded)
 
 
 class RDDDataset(TFDataset):

@@ -50,11 +50,13 @@ class TFDataset:
 
     @staticmethod
     def from_dataframe(df, feature_cols, label_cols=None, feature_shapes=None, batch_size: int | None = None,
-                       augment=None):
+                       augment=None, weight_col: str | None = None):
         """A Spark DataFrame; see :class:`optim.spark.datasets.DataFrameDataset`. ``batch_size``, as
         Analytics Zoo's TFDataset took it, is the global batch ``optimize`` uses by default;
-        ``augment`` runs on the ranks, on training batches only."""
-        return _spark_datasets().DataFrameDataset(df, feature_cols, label_cols, feature_shapes, batch_size, augment)
+        ``augment`` runs on the ranks, on training batches only; ``weight_col`` names a column of
+        sample weights (default: none)."""
+        return _spark_datasets().DataFrameDataset(df, feature_cols, label_cols, feature_shapes, batch_size, augment,
+                                                  weight_col)
 
     @staticmethod
     def from_rdd(rdd, batch_size: int | None = None):

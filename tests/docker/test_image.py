@@ -9,8 +9,9 @@ from tests.docker.compose import sh
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # The issue's target: 2.0 GB or less (the image with OpenVINO, scikit-learn, ONNX, s3fs, the Spark Connect
-# client and server, and compiled bytecode is 1.96 GB: a jlink'd Java runtime, no matplotlib, unused Spark
-# jars dropped, every shared library stripped; docs/benchmarks.md).
+# client and server, and compiled bytecode was 1.96 GB, 2% under it: a jlink'd Java runtime, no matplotlib,
+# unused Spark jars dropped, every shared library stripped). Issue 34's cuts in docker/slim_venv.sh take 67 MB
+# more (measured on a replica of the builder's venv): about 1.89 GB, 5.5% under the bound (docs/benchmarks.md).
 MAX_IMAGE_BYTES = 2.0e9
 
 
@@ -21,7 +22,8 @@ def run_in_image(image: str, *cmd: str) -> str:
 def test_image_builds_from_a_clean_clone(image_build):
     image = image_build["image"]
     size = int(sh(["docker", "image", "inspect", "-f", "{{.Size}}", image], timeout=60).stdout)
-    print(f"\n{image}: built in {image_build['seconds']:.0f} s, {size / 1e9:.2f} GB")
+    print(f"\n{image}: built in {image_build['seconds']:.0f} s, {size / 1e9:.3f} GB, "
+          f"{1 - size / MAX_IMAGE_BYTES:.1%} under the bound")
     assert size <= MAX_IMAGE_BYTES, f"{image} is {size / 1e9:.2f} GB; the bound is {MAX_IMAGE_BYTES / 1e9} GB"
     assert sh(["docker", "image", "inspect", "-f", "{{.Config.User}}", image], timeout=60).stdout.strip() == "tfnet"
     assert run_in_image(image, "id", "-u").strip() == "1000"

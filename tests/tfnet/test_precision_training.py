@@ -108,3 +108,45 @@ def test_unknown_precision_is_a_typed_error():
     opt = optim.TFOptimizer(net, "mse", optim.SGD(0.1))
     with pytest.raises(PrecisionError, match="Received: precision='int8'"):
         opt.optimize((np.zeros((4, 8, 8, 3), np.float32), np.zeros((4, 3), np.float32)), precision="int8", verbose=0)
+
+
+@needs_bf16
+@pytest.mark.spark
+@pytest.mark.parallel
+def test_bf16_fine_tuning_on_two_spark_ranks_equals_the_local_bf16_run(spark):
+    """Two ranks of a real local[2] Spark take the local run's global batches (numpy rows r, r + 2,
+    ... on rank r, in order), each half in bf16. After one step (SGD with momentum) their move equals
+    the local bf16 run's within bf16's rounding (2^-7 of the move: twice bfloat16's unit roundoff,
+    as the two halves round apart), ten times closer than the fp32 step is; after four steps within
+    2% of the move, five times closer. The weights and the momentum stay float32."""
+    from optim import TFOptimizer
+    from tests import digits
+
+    x, y = digits.load()
+    x, y = x[:256], y[:256]
+    start = list(TFNet.from_keras(digits.cnn(classes=10, seed=0)).get_weights().values())
+
+    def run(precision, steps, num_workers=None):
+        net = TFNet.from_keras(digits.cnn(classes=10, seed=0))
+        opt = TFOptimizer(net, transfer.SCE, optim.SGD(0.05, momentum=0.9))
+        opt.optimize((x, y), batch_size=32, shuffle=False, max_steps=steps, num_workers=num_workers, verbose=0,
+                     precision=precision)
+        assert opt.global_step == steps
+        return net, opt
+
+    def apart(a, b):
+        """How far apart two runs' weights are, as a fraction of how far the first moved."""
+        wa, wb = list(a.get_weights().values()), list(b.get_weights().values())
+        gap = np.sqrt(sum(np.sum((p - q) ** 2) for p, q in zip(wa, wb)))
+        return float(gap / np.sqrt(sum(np.sum((p - s) ** 2) for p, s in zip(wa, start))))
+
+    for steps, within, closer in ((1, 2.0 ** -7, 10), (4, 0.02, 5)):
+        ranks, opt = run("bf16", steps, num_workers=2)
+        local16, _ = run("bf16", steps)
+        local32, _ = run("fp32", steps)
+        assert apart(ranks, local16) < within, (steps, apart(ranks, local16))
+        assert apart(ranks, local32) > closer * apart(ranks, local16), (steps, apart(ranks, local32))
+        assert all(a.dtype == np.float32 for a in ranks.get_weights().values())
+        assert all(v.dtype == tf.float32 for v in ranks.weight_variables.values())
+        momentum = [np.asarray(s) for s in opt.state if np.asarray(s).size > 1]
+        assert momentum and all(m.dtype == np.float32 for m in momentum)

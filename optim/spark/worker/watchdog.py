@@ -97,13 +97,22 @@ class Watchdog(Liveness):
             except Exception as exc:  # noqa: BLE001 - a heartbeat is best effort; the driver notices its absence
                 log.debug("Heartbeat not sent: %s", exc)
 
+    def overdue(self) -> str | None:
+        """What the watchdog says when the current phase has gone past its bound without a kick; None
+        while it is within it. The watchdog's thread checks this about every second (more often for
+        bounds under 4 s) and ends the process when it is not None."""
+        idle = time.monotonic() - self._last
+        bound = self.bound
+        if idle <= bound:
+            return None
+        return (f"{self.message}: nothing happened for {idle:.0f} s (bound {bound:.0f} s) while {self.phase_name}; "
+                "ending this task so the stage fails and can be retried.")
+
     def _run(self) -> None:
         while not self._stop.wait(min(1.0, self.timeout_s / 4)):
-            idle = time.monotonic() - self._last
-            bound = self.bound
-            if idle > bound:
-                log.error("%s: nothing happened for %.0f s (bound %.0f s) while %s; ending this task so the "
-                          "stage fails and can be retried.", self.message, idle, bound, self.phase_name)
+            why = self.overdue()
+            if why is not None:
+                log.error("%s", why)
                 for handler in logging.getLogger().handlers + [logging.lastResort]:
                     if handler is not None:
                         handler.flush()

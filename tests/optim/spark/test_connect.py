@@ -5,7 +5,6 @@ with the classic local[2] session of the suite. Nothing in tfnet may touch ``spa
 import glob
 import json
 import os
-import time
 import traceback
 import warnings
 
@@ -166,14 +165,12 @@ def test_a_net_too_large_for_the_plan_fails_before_the_stage(connect):
     session.conf.set("spark.tfnet.connect.maxPlanBytes", "1k")
     try:
         opt = TFOptimizer(cnn_net(), SCE, optim.SGD(0.05))
-        t0 = time.monotonic()
         with pytest.raises(DistributedTrainingError, match="Give TFOptimizer a model_dir"):
             opt.optimize(TFDataset.from_dataframe(digits_df(session, x[:64], y[:64]), "image", "label",
                                                   feature_shapes=[(8, 8, 1)]), batch_size=32, num_workers=2, verbose=0)
         assert opt.global_step == 0
     finally:
         session.conf.unset("spark.tfnet.connect.maxPlanBytes")
-    assert time.monotonic() - t0 < 120
 
 
 def test_a_rank_error_reaches_the_client_typed(connect):

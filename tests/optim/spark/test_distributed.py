@@ -4,7 +4,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -172,13 +171,18 @@ def test_rdd_and_tf_data_inputs(spark):
     assert opt2.global_step == 20
 
 
-def test_clear_errors(spark):
+def test_clear_errors(spark, monkeypatch):
+    from optim.spark.driver import launcher
+
     x, y = digits.load()
     opt = TFOptimizer(cnn_net(), SCE, optim.SGD(0.1))
-    t0 = time.monotonic()
+    asked = []
+    wait_for_slots = launcher.wait_for_slots
+    monkeypatch.setattr(launcher, "wait_for_slots",
+                        lambda sc, needed, wait_s: asked.append((needed, wait_s)) or wait_for_slots(sc, needed, wait_s))
     with pytest.raises(DistributedTrainingError, match=r"num_workers=3, but the cluster has 2 task slot\(s\)"):
         opt.optimize((x[:64], y[:64]), batch_size=30, num_workers=3, verbose=0)  # slot_wait: its default, 30 s
-    assert time.monotonic() - t0 < 15, "a local master cannot grow: no wait for slots"
+    assert asked == [(3, 0.0)], "a local master cannot grow: no wait for slots"
     with pytest.raises(ValueError, match=r"must split evenly over the 2 workers. Received: batch_size=31"):
         opt.optimize((x[:64], y[:64]), batch_size=31, num_workers=2, verbose=0)
     df = spark.createDataFrame([([0.0] * 64, 1)], "pixels array<float>, label long")
@@ -208,12 +212,17 @@ def test_learning_rate_scaling_helper():
 
 
 def test_workers_without_tfnet_get_a_clear_error(tmp_path):
-    """A Spark whose worker Python lacks tfnet (the system Python): a clear error, in a fresh
-    process because a process holds one SparkContext."""
+    """A Spark whose worker Python lacks tfnet (a fresh, empty virtual environment of this Python):
+    a clear error, in a fresh process because a process holds one SparkContext."""
+    import venv
+
+    bare = tmp_path / "bare-venv"
+    venv.EnvBuilder(with_pip=False).create(bare)
+    python = str(bare / "bin" / "python")
+    assert subprocess.run([python, "-c", "import numpy"], capture_output=True).returncode != 0, "an empty environment"
     script = textwrap.dedent(f"""
         import os, sys
         sys.path.insert(0, {os.getcwd()!r})
-        os.environ["PYSPARK_PYTHON"] = "/usr/bin/python3.11"
         import optim, numpy as np
         from optim.spark.session import SparkSetupError
         from tfnet import TFNet, TFNetError
@@ -227,11 +236,12 @@ def test_workers_without_tfnet_get_a_clear_error(tmp_path):
         except SparkSetupError as e:
             print("SETUP-ERROR", e)
     """)
-    env = dict(os.environ, PYSPARK_PYTHON="/usr/bin/python3.11")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the workers must not find tfnet's source
+    env["PYSPARK_PYTHON"] = python
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env,
                           cwd=str(tmp_path))
     assert "SETUP-ERROR" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "cannot import tfnet" in proc.stdout and "/usr/bin/python3.11" in proc.stdout
+    assert "cannot import tfnet" in proc.stdout and python in proc.stdout
 
 
 def test_missing_java_and_horovod_give_clear_errors(monkeypatch):

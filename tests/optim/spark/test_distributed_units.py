@@ -17,17 +17,18 @@ from optim.training.reporting import Reporter
 
 
 def test_watchdog_ends_a_stuck_process():
+    """A process stuck for good (it waits on an event nobody sets): only the watchdog's thread can
+    end it, with exit code 70 and the phase it was stuck in."""
     code = textwrap.dedent("""
-        import time
+        import threading
         from optim.spark.worker.watchdog import Watchdog
         dog = Watchdog(1.0, "tfnet rank 1").start()
         dog.kick("waiting in allreduce")
-        time.sleep(30)
+        print("stuck", flush=True)
+        threading.Event().wait()
     """)
-    t0 = time.time()
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 70
-    assert time.time() - t0 < 20
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 70 and proc.stdout.split() == ["stuck"], proc.stderr[-2000:]
     assert "tfnet rank 1: nothing happened for" in proc.stderr and "while waiting in allreduce" in proc.stderr
 
 
@@ -55,11 +56,18 @@ def test_all_gather_through_the_rendezvous_server(rendezvous):
     assert out == {r: ["0", "10", "20"] for r in range(3)}
 
 
-def test_all_gather_times_out_when_a_rank_never_comes(rendezvous):
-    t0 = time.time()
+def test_all_gather_times_out_when_a_rank_never_comes(rendezvous, monkeypatch):
+    """On a virtual clock (sleeping moves it on): rank 0 polls with a growing delay (10 ms, times
+    1.5, at most 200 ms) and gives up at the first poll past its 1 s bound, not before."""
+    from tests.clock import VirtualClock
+
+    clock = VirtualClock()
+    monkeypatch.setattr(kv, "time", clock)
     with pytest.raises(kv.RendezvousError, match=r"Ranks \[1\] did not arrive within 1 s"):
         kv.all_gather(rendezvous, "lonely", 0, 2, "5", timeout_s=1)
-    assert time.time() - t0 < 10
+    waited = sum(clock.sleeps)
+    assert 1.0 < waited <= 1.2 and clock.sleeps[:3] == pytest.approx([0.01, 0.015, 0.0225])
+    assert max(clock.sleeps) == 0.2 and sum(clock.sleeps[:-1]) <= 1.0  # the poll before the last was in time
 
 
 def test_unreachable_rendezvous_is_a_clear_error():

@@ -132,30 +132,33 @@ def test_stuck_rank_reads_the_heartbeats():
     assert why.startswith("rank 1 made no progress for") and "while training (its bound: 5 s)" in why
 
 
-WATCHDOG = """
-import sys, time
-from optim.spark.worker.watchdog import Watchdog
-dog = Watchdog(1.0, "test", long_timeout_s=6.0).start()
-with dog.phase("a long phase"):
-    time.sleep(2.5)          # past the short bound, inside the long one
-dog.kick("short")
-for _ in range(5):
-    time.sleep(0.3); dog.kick()
-print("alive", flush=True)
-if sys.argv[1] == "stall":
-    time.sleep(3)
-print("done", flush=True)
-"""
+def test_watchdog_phases_have_their_own_bound(monkeypatch):
+    """A bound of 1 s, and 6 s inside a phase: 2.5 s in the phase is within it; after it, kicks
+    every 0.3 s keep the short bound; 1.5 s without one is past it (the process would end); so is
+    6.5 s in a phase. The watchdog's thread, which ends the process when this says so, is
+    tests/optim/spark/test_distributed_units.py's."""
+    from optim.spark.worker import watchdog
+    from tests.clock import VirtualClock
 
-
-def test_watchdog_phases_have_their_own_bound():
-    import subprocess
-    import sys
-
-    ok = subprocess.run([sys.executable, "-c", WATCHDOG, "ok"], capture_output=True, text=True, timeout=60)
-    assert ok.returncode == 0 and ok.stdout.split() == ["alive", "done"], ok.stderr[-2000:]
-    stall = subprocess.run([sys.executable, "-c", WATCHDOG, "stall"], capture_output=True, text=True, timeout=60)
-    assert stall.returncode == 70 and stall.stdout.split() == ["alive"]
+    clock = VirtualClock()
+    monkeypatch.setattr(watchdog, "time", clock)
+    dog = watchdog.Watchdog(1.0, "test", long_timeout_s=6.0)  # not started: its thread would read the real clock
+    with dog.phase("a long phase"):
+        clock.sleep(2.5)  # past the short bound, inside the long one
+        assert dog.overdue() is None and dog.bound == 6.0
+    assert dog.bound == 1.0 and dog.overdue() is None  # leaving the phase counts as progress
+    dog.kick("short")
+    for _ in range(5):
+        clock.sleep(0.3)
+        assert dog.overdue() is None
+        dog.kick()
+    clock.sleep(1.5)
+    assert dog.overdue() == ("test: nothing happened for 2 s (bound 1 s) while short; ending this task so the stage "
+                             "fails and can be retried.")
+    dog.kick()
+    with dog.phase("a long phase"):
+        clock.sleep(6.5)
+        assert dog.overdue().startswith("test: nothing happened for 6 s (bound 6 s) while a long phase")
 
 
 def test_watchdog_heartbeat_says_phase_and_bound():
