@@ -370,10 +370,14 @@ class JointLoss(Loss):
         self.fn = fn
         self.name = getattr(fn, "__name__", None) or getattr(fn, "name", None) or "loss"
 
+    def refuse_weights(self) -> None:
+        """Raises the TypeError that says a joint loss cannot weight examples."""
+        raise TypeError(f"The joint loss {self.name!r} is a function of whole batches of every output and cannot "
+                        "weight examples; train without sample weights, or weight inside the loss.")
+
     def __call__(self, y_true, y_pred) -> tf.Tensor:
         if isinstance(y_true, SampleWeighted):
-            raise TypeError(f"The joint loss {self.name!r} is a function of whole batches of every output and cannot "
-                            "weight examples; train without sample weights, or weight inside the loss.")
+            self.refuse_weights()
         labels = list(y_true) if isinstance(y_true, (list, tuple)) else [y_true]
         outputs = list(y_pred) if isinstance(y_pred, (list, tuple)) else [y_pred]
         if len(labels) != len(outputs):

@@ -205,13 +205,15 @@ def check_batch_labels(loss: L.Loss, labels, net, batch: int, metrics: Sequence[
             if getattr(m, "weighted", False) and not m.supports_weights:
                 raise TypeError(f"The metric {m.name!r} cannot weight examples (a function of a whole batch); give an "
                                 "optim.metrics.Metric, or train without sample weights.")
+        if isinstance(loss, L.JointLoss):
+            loss.refuse_weights()
         if isinstance(loss, L.FunctionLoss):
             raise TypeError(f"The loss {loss.name!r} cannot weight examples (a function of a whole batch); give an "
                             "optim.losses.Loss (a name such as 'mse'), or train without sample weights.")
         labels = labels.labels
     outs = net.output_specs
     shapes = [(batch,) + tuple(o.shape.as_list()[1:]) if o.shape.rank is not None else None for o in outs]
-    if isinstance(loss, L.MultiOutputLoss):
+    if isinstance(loss, (L.MultiOutputLoss, L.JointLoss)):
         got = [tuple(np.shape(t)) for t in labels] if isinstance(labels, (list, tuple)) else [tuple(np.shape(labels))]
         loss.check_shapes(got, shapes)
         return
