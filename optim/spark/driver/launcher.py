@@ -22,7 +22,7 @@ import time
 import warnings
 
 from optim.errors import DistributedTrainingError, NonFiniteLossError, SparkSetupError  # noqa: F401 (re-exported)
-from optim.spark.connect import is_connect, join_chunks, session_of
+from optim.spark.connect import is_connect, join_chunks, plan_limit, session_of
 from optim.spark.driver.backends.base import Backend
 from optim.spark.driver.backends.classic import ClassicBackend, check_driver_memory  # noqa: F401 (re-exported)
 from optim.spark.driver.backends.connect import ConnectBackend
@@ -31,15 +31,16 @@ from optim.spark.driver.jobs import run_job
 from optim.spark.driver.retry import RetryPolicy, one_line
 from optim.spark.driver.slots import task_slots
 from optim.spark.driver.stage import (
+    VALIDATION_ARRAYS_LIMIT,
     Cleanup,
     DistributedResult,
     Stage,
     carried_bytes,
-    check_tf_data_validation,
     check_workers,
     per_rank_batch,
     rank_job,
     result_from_payload,
+    shippable_validation,
     shipped_hooks,
     validation_for_ranks,
     worker_config,
@@ -145,6 +146,7 @@ class _DistributedRun:
         self.members: list[tuple[int, int]] = []  # (start step, ranks) per attempt that reached its first step
         self.control: str | None = None  # elastic: the file that asks the ranks to stop at an epoch boundary
         self.ranks = 0  # the ranks of the last attempt that finished
+        self.roads: dict = {}  # how the net went out and rank 0's result came back (last_run's net_via, result_via)
         self.grow_check_s = GROW_CHECK_S
 
     def __call__(self, dataset: TFDataset, config: TrainConfig, validation: TFDataset | None,
@@ -177,7 +179,7 @@ class _DistributedRun:
             _print_history(result)
         result.run = {**_run_summary(sink, n, self.failures, t_call), **result.run, "attempt_log": self.attempts,
                       "run_id": config.run_id, "mode": self.backend.mode,
-                      "membership": membership(self.members), "num_workers": self.ranks}
+                      "membership": membership(self.members), "num_workers": self.ranks, **self.roads}
         return result
 
     def first_ranks(self, dataset: TFDataset, config: TrainConfig, n: int) -> int:
@@ -209,8 +211,8 @@ class _DistributedRun:
             kind, reader, data, source = self.backend.source(dataset, n, per_rank, self.startup_timeout)
             if kind == "arrays" and len(data) < n:
                 raise ValueError(f"The training data has {len(data)} rows, fewer than the {n} workers.")
-            val = validation_for_ranks(validation)
-            check_tf_data_validation(val)
+            limit = plan_limit(self.backend.spark) if self.backend.mode == "connect" else VALIDATION_ARRAYS_LIMIT
+            val = shippable_validation(validation_for_ranks(validation), limit)
         opt = self.opt
         carried = carried_bytes(data, val, (opt.state or []) + list(opt.exchange_state))
         net, exchange = self.backend.ship_net(opt, config, net_to_bytes(opt.net), carried, cleanup)
@@ -327,6 +329,10 @@ class _DistributedRun:
 
         rows = run_job(self.backend.spark, f"training on {job.size} ranks (attempt {job.attempt + 1})", action,
                        watch=watch)
+        net = stage.net
+        self.roads = {"net_via": "file" if isinstance(net, str) else "plan" if isinstance(net, bytes) else "broadcast",
+                      "result_via": "file" if any(isinstance(r, str) for r in rows) else "rows",
+                      "result_pieces": len(rows)}
         return _read_result(rows, stage.config.storage_options)
 
 

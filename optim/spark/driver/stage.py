@@ -24,7 +24,7 @@ from tfnet import storage
 from tfnet.serialize import hooks_to_bytes
 
 __all__ = ["Cleanup", "DistributedResult", "Stage", "check_workers", "per_rank_batch", "rank_job", "result_bytes",
-           "result_from_payload", "validation_for_ranks", "worker_config", "worker_log_level"]
+           "result_from_payload", "shippable_validation", "validation_for_ranks", "worker_config", "worker_log_level"]
 
 log = logging.getLogger("tfnet.spark.driver")
 
@@ -146,17 +146,51 @@ def validation_for_ranks(val: TFDataset | None):
     )
 
 
-def check_tf_data_validation(val) -> None:
-    """A tf.data input goes to the ranks with the job, so it must pickle: ``from_tf_data(fn)``."""
+#: The most a ``tf.data.Dataset`` object given as distributed validation data may hold once collected to the
+#: driver as arrays (a classic session; under Spark Connect the plan's limit): the arrays go to every rank.
+VALIDATION_ARRAYS_LIMIT = 512 << 20
+
+
+def shippable_validation(val, limit: int):
+    """Validation data the ranks can get: a ``from_tf_data(fn)`` input goes with the job as it is; a
+    ``tf.data.Dataset`` object (which cannot be pickled) is collected here to numpy arrays, when they
+    hold at most ``limit`` bytes.
+
+    Raises:
+        TypeError: the collected arrays would exceed ``limit``; the message says how to use
+            ``TFDataset.from_tf_data(fn)`` instead.
+    """
     if not isinstance(val, TFDataDataset):
-        return
+        return val
     import cloudpickle
 
     try:
         cloudpickle.dumps(val)
-    except Exception as exc:  # noqa: BLE001 - a tf.data.Dataset object cannot be pickled
-        raise TypeError("Distributed validation from tf.data needs TFDataset.from_tf_data(fn), with fn(rank, size) "
-                        f"building each rank's dataset; a Dataset object cannot be sent to the ranks ({exc}).") from None
+        return val
+    except Exception:  # noqa: BLE001 - a tf.data.Dataset object cannot be pickled: collect it instead
+        pass
+    return _collected(val, limit)
+
+
+def _collected(val: TFDataDataset, limit: int) -> ArrayDataset:
+    import tensorflow as tf
+
+    from optim.training.datasets import as_dataset
+
+    parts, total = [], 0
+    for element in val.dataset(0, 1).as_numpy_iterator():
+        total += sum(int(np.asarray(a).nbytes) for a in tf.nest.flatten(element))
+        if total > limit:
+            raise TypeError(
+                f"The tf.data.Dataset given as distributed validation_data holds more than {limit / 2**20:.0f} MiB, "
+                "too much to collect to the driver and send to every rank. Give TFDataset.from_tf_data(fn) instead, "
+                "with fn(rank, size) building each rank's shard of it (for example from files every host reads), or "
+                "a DataFrame.")
+        parts.append(element)
+    if not parts:
+        raise TypeError("The tf.data.Dataset given as distributed validation_data is empty.")
+    joined = tf.nest.map_structure(lambda *xs: np.concatenate(xs, axis=0), *parts)
+    return as_dataset(tuple(joined) if isinstance(joined, (tuple, list)) else joined)
 
 
 def shipped_hooks(net) -> bytes | None:

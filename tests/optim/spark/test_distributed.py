@@ -153,6 +153,27 @@ def test_distributed_transfer_learning_on_digits(spark, tmp_path):
     assert opt.last_run["startup_s"] > 0
 
 
+def test_a_tf_data_dataset_object_validates_on_the_ranks(spark, monkeypatch):
+    """A ``tf.data.Dataset`` object cannot be pickled to the ranks: it is collected to the driver as arrays
+    (within a bound) and each rank validates its share, as Analytics Zoo users passed validation files.
+    The epoch's ``val_`` figures equal an evaluation of the same rows with the same weights."""
+    import tensorflow as tf
+
+    from optim.spark.driver import launcher
+
+    x, y = digits.load()
+    val = tf.data.Dataset.from_tensor_slices((x[300:400], y[300:400])).batch(16)
+    opt = TFOptimizer(cnn_net(), SCE, optim.SGD(0.05), metrics=["accuracy"])
+    history = opt.optimize((x[:256], y[:256]), epochs=1, batch_size=32, validation_data=val, num_workers=2,
+                           verbose=0)
+    local = opt.evaluate((x[300:400], y[300:400]))
+    np.testing.assert_allclose(history["val_loss"][-1], local["loss"], rtol=1e-5)
+    assert history["val_accuracy"][-1] == local["accuracy"]
+    monkeypatch.setattr(launcher, "VALIDATION_ARRAYS_LIMIT", 16 << 10)  # the 100 rows hold 26 KB
+    with pytest.raises(TypeError, match=r"more than 0 MiB.*Give TFDataset.from_tf_data\(fn\) instead"):
+        opt.optimize((x[:256], y[:256]), epochs=1, batch_size=32, validation_data=val, num_workers=2, verbose=0)
+
+
 def test_rdd_and_tf_data_inputs(spark):
     import tensorflow as tf
 
