@@ -309,7 +309,7 @@ class TFOptimizer:
     def predict(self, data, batch_size: int | None = None):
         """The net's outputs for ``data``: features as arrays (one, or a list), a tuple
         ``(features, labels)`` (labels ignored), a ``tf.data.Dataset`` or a ``TFDataset``. For a
-        DataFrame dataset: the DataFrame with the outputs added (``prediction``, or one column per
+        DataFrame dataset: the DataFrame with the outputs added (``output``, or one column per
         output), lazily, rows in their order; for an RDD dataset: an RDD of outputs, aligned with
         the records (both through :class:`~optim.TFPredictor`)."""
         dataset = self._dataset(data, batch_size, need_labels=False)

@@ -70,7 +70,7 @@ class TFPredictor:
     Example:
         >>> predictor = TFPredictor(net, batch_per_thread=16)            # doctest: +SKIP
         >>> scored = predictor.predict(df, feature_cols=["image"])      # doctest: +SKIP
-        >>> scored.select("id", "prediction").show()                     # doctest: +SKIP
+        >>> scored.select("id", "output").show()                         # doctest: +SKIP
 
     Raises:
         BackendError: an unknown backend.
@@ -171,8 +171,12 @@ class TFPredictor:
                 (flat or nested); binary columns hold encoded images (JPEG, PNG, ...), decoded
                 and resized to the input's height and width in the workers; numeric columns feed
                 inputs with one value per row. Default: the columns named like the inputs.
-            output_cols: DataFrames only: new column names, one per output. Default:
-                ``"prediction"`` for one output, else the output names.
+            output_cols: DataFrames only: new column names, one per output, each an array column
+                of the raw output. Default: ``"output"`` for one output, else the output names.
+                Earlier versions named the one output ``"prediction"``; pass
+                ``output_cols="prediction"`` to keep that name. tfnet keeps ``prediction`` for
+                Spark ML's double (the class index or the value) that
+                :class:`~optim.TFNetTransformer` adds with ``task=...``.
 
         Raises:
             ColumnError: a column that is missing or does not fit its input, an output column

@@ -109,8 +109,8 @@ def _mean():
 
 
 def predict_distributed(net, dataset, batch_size: int):
-    """The net's outputs for a distributed dataset, aligned with it: the DataFrame with a
-    ``prediction`` column (one per output) added, or an RDD of outputs."""
+    """The net's outputs for a distributed dataset, aligned with it: the DataFrame with an
+    ``output`` column (or one per output, named after it) added, or an RDD of outputs."""
     from optim.predict.predictor import TFPredictor
     from optim.spark.datasets import DataFrameDataset, RDDDataset
 
