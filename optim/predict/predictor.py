@@ -47,7 +47,9 @@ class TFPredictor:
         outputs: Output tensor names, for a frozen graph file. Default: None.
         on_error: ``"raise"`` (default): a bad row (a null, an array of the wrong length, an
             image that does not decode) fails the job with a :class:`BadRowError` naming the
-            column and the row. ``"null"``: its outputs are null and the reason goes in
+            column, the partition and the row, raised by the action that computes the lazy
+            result (``collect()``, ``write...``), as an instance of pyspark's own exception too
+            (:mod:`optim.spark.typed_errors`). ``"null"``: its outputs are null and the reason goes in
             ``error_col``.
         error_col: The error column added with ``on_error="null"``. Default: ``"prediction_error"``.
         num_threads: Threads per model in each Spark worker. Default: ``spark.task.cpus`` (1
@@ -186,6 +188,9 @@ class TFPredictor:
         from pyspark import RDD
         from pyspark.sql import DataFrame
 
+        from optim.spark import typed_errors
+
+        typed_errors.install()  # a bad row raises BadRowError from the user's own action on the result
         if isinstance(data, DataFrame):
             return self._predict_dataframe(data, feature_cols, output_cols)
         if feature_cols is not None or output_cols is not None:

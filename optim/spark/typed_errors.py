@@ -12,7 +12,8 @@ traceback is kept in ``worker_traceback`` and the JVM's in its cause (logged at 
 
 How: pyspark routes every JVM call through ``py4j.java_gateway.get_return_value`` (wrapped by its
 own ``capture_sql_exception``, which turns JVM errors into pyspark's); :func:`install` wraps that
-once more, and Spark Connect's ``convert_exception`` likewise. Errors that name no tfnet error
+once more, and pyspark's ``convert_exception`` (classic, for errors read from an Arrow stream, and
+Spark Connect's) likewise. Errors that name no tfnet error
 pass unchanged. :meth:`TFPredictor.predict` installs it; ``optim.raise_tfnet_errors()`` still works.
 """
 
@@ -61,7 +62,24 @@ def install() -> None:
         gateway = None
     if gateway is not None and not getattr(gateway.get_return_value, _MARK, False):
         gateway.get_return_value = _wrap(gateway.get_return_value)
+    try:  # the conversion pyspark applies to errors that arrive outside a JVM call (toPandas' Arrow stream)
+        from pyspark.errors.exceptions import captured
+    except ImportError:  # pragma: no cover
+        captured = None
+    if captured is not None and not getattr(captured.convert_exception, _MARK, False):
+        captured.convert_exception = _converting(captured.convert_exception)
     _install_connect()
+
+
+def _converting(convert):
+    @functools.wraps(convert)
+    def convert_exception(*args, **kwargs):
+        exc = convert(*args, **kwargs)
+        err = _retyped(exc)
+        return exc if err is None else err
+
+    setattr(convert_exception, _MARK, True)
+    return convert_exception
 
 
 def _install_connect() -> None:
@@ -70,14 +88,5 @@ def _install_connect() -> None:
     except Exception:  # noqa: BLE001 - no Spark Connect client here (its extra is not installed)
         return
     convert = getattr(core, "convert_exception", None)
-    if convert is None or getattr(convert, _MARK, False):
-        return
-
-    @functools.wraps(convert)
-    def convert_exception(*args, **kwargs):
-        exc = convert(*args, **kwargs)
-        err = _retyped(exc)
-        return exc if err is None else err
-
-    setattr(convert_exception, _MARK, True)
-    core.convert_exception = convert_exception
+    if convert is not None and not getattr(convert, _MARK, False):
+        core.convert_exception = _converting(convert)

@@ -24,8 +24,11 @@ def evaluate_distributed(opt, dataset, batch_size: int, num_partitions: int | No
     """Loss and metrics of ``opt.net`` over a distributed ``dataset``. Under Spark Connect the net
     travels in the plan (up to :func:`optim.spark.connect.plan_limit` bytes)."""
     from optim.logs import quiet_task_failures
+    from optim.spark import typed_errors
     from optim.spark.connect import is_connect, session_of
     from optim.spark.session import get_spark
+
+    typed_errors.install()  # a rank's bad row raises its BadRowError, not Spark's PythonException
 
     spark = session_of(dataset) or get_spark()
     if is_connect(spark):
