@@ -117,7 +117,9 @@ def _direct(fn, by_handle):
             handles[internal.op.name] = var
         elif external.dtype != tf.resource:
             consts[internal.op.name] = external
-        # other resources (lookup tables) stay placeholders: embed_captured_tables fills them in
+        elif not _reads_a_table(internal):
+            return None  # another resource (a variable not among `variables`): TensorFlow's own freezing
+        # a lookup table stays a placeholder here: embed_captured_tables fills it in
     out = graph_pb2.GraphDef()
     out.versions.CopyFrom(graph_def.versions)
     out.library.CopyFrom(graph_def.library)
@@ -163,6 +165,12 @@ def _direct(fn, by_handle):
         else:
             return None  # another op takes the variable handle itself
     return out, values, names
+
+
+def _reads_a_table(handle) -> bool:
+    """Whether lookup-table ops (and only they) use the captured resource ``handle``."""
+    kinds = {c.type for c in handle.consumers()}
+    return bool(kinds) and all(k.startswith("LookupTable") for k in kinds)
 
 
 def _const(graph_def, name: str, value: np.ndarray) -> str:

@@ -37,7 +37,6 @@ __all__ = ["TASKS", "MLColumns", "check_task", "add_prediction_columns", "scores
 TASKS = ("none", "classification", "regression")
 
 _PROBABILITY_OPS = {"Softmax", "Sigmoid"}
-_PASS_THROUGH = {"Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "StopGradient"}
 
 
 def check_task(task: str) -> str:
@@ -63,24 +62,11 @@ class MLColumns:
         return []
 
 
-def output_op(graph_def, output_name: str) -> str | None:
-    """The op that makes ``output_name`` in ``graph_def`` (through identities and reshapes), or None."""
-    nodes = {n.name: n for n in graph_def.node}
-    name = output_name.split(":")[0]
-    for _ in range(20):
-        node = nodes.get(name)
-        if node is None:
-            return None
-        if node.op not in _PROBABILITY_OPS and node.op in _PASS_THROUGH and node.input:
-            name = node.input[0].split(":")[0].lstrip("^")
-            continue
-        return node.op
-    return None
-
-
 def scores_are_logits(graph_def, output_name: str) -> bool:
     """False when a Softmax or Sigmoid op makes the output (probabilities), else True (logits)."""
-    return output_op(graph_def, output_name) not in _PROBABILITY_OPS
+    from optim.training.checks import graph_output_op
+
+    return graph_output_op(graph_def, output_name) not in _PROBABILITY_OPS
 
 
 def task_for_loss(loss) -> str:

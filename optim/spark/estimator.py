@@ -141,7 +141,7 @@ class TFNetEstimator(Estimator, HasLabelCol, HasPredictionCol, HasRawPredictionC
             raise ValueError("TFNetEstimator needs featureCols: one column per net input, in input order.")
         net = net_from_bytes(self._net_bytes)  # a copy: the estimator's net is never changed
         loss = optim.losses.get(self.getOrDefault(self.loss))
-        from_logits = self._from_logits(net, loss)
+        from_logits = self._from_logits(net)
         if hasattr(loss, "from_logits"):
             loss.from_logits = from_logits
         columns = self.mlColumns(loss)
@@ -164,7 +164,8 @@ class TFNetEstimator(Estimator, HasLabelCol, HasPredictionCol, HasRawPredictionC
         model.history = opt.last_run  # what the fit measured (not saved)
         return model
 
-    def _from_logits(self, net, loss=None) -> bool:
+    def _from_logits(self, net) -> bool:
+        """``fromLogits`` when set, else whether the graph's last op says logits (no Softmax or Sigmoid)."""
         if self.isDefined(self.fromLogits):
             return self.getOrDefault(self.fromLogits)
         return scores_are_logits(net.frozen_graph_def(), net.output_names[0])
@@ -185,11 +186,10 @@ class TFNetEstimator(Estimator, HasLabelCol, HasPredictionCol, HasRawPredictionC
         columns (what ``CrossValidator`` and ``TrainValidationSplit`` check before the first fold).
         ``dataset``: the DataFrame to fit, for its label column. Default: not checked."""
         from optim.spark.evaluators import check_evaluator
+        from tfnet.serialize import net_from_bytes
 
         if self._net_bytes is None:
             raise ValueError("This TFNetEstimator has no net: pass `net`, or load a saved estimator.")
-        from tfnet.serialize import net_from_bytes
-
         net = net_from_bytes(self._net_bytes)
         check_evaluator(evaluator, self.mlColumns(), self.getOrDefault(self.labelCol), net.output_specs[0],
                         None if dataset is None else dataset.columns)

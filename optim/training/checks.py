@@ -185,8 +185,14 @@ _PASS_THROUGH = {"Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "S
 
 def output_op(net, index: int = 0) -> str | None:
     """The op that makes output ``index`` (through identities and reshapes), or None."""
-    nodes = {n.name: n for n in net.frozen_graph_def().node}
-    name = net.output_names[index].split(":")[0]
+    return graph_output_op(net.frozen_graph_def(), net.output_names[index])
+
+
+def graph_output_op(graph_def, output_name: str) -> str | None:
+    """The op that makes the tensor ``output_name`` of ``graph_def`` (through identities and
+    reshapes), or None."""
+    nodes = {n.name: n for n in graph_def.node}
+    name = output_name.split(":")[0]
     for _ in range(20):
         node = nodes.get(name)
         if node is None:
