@@ -72,7 +72,7 @@ def console_error(err: BaseException) -> BaseException:
         return err
     cause = err.__cause__ or err.__context__
     if cause is not None and getattr(err, "spark_error", None) is None:
-        err.spark_error = cause  # type: ignore[attr-defined]
+        err.spark_error = getattr(cause, "spark_error", cause)  # type: ignore[attr-defined]  # Spark's own
     err.__cause__, err.__suppress_context__ = None, True
     logging.getLogger("tfnet.spark").debug(
         "%s from a Spark job; the rank's traceback:\n%s\nSpark's error:\n%s", type(err).__name__,

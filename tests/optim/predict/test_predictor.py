@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from optim import TFNetTransformer, TFPredictor
-from optim.errors import ColumnError
+from optim.errors import BadRowError, ColumnError
 from tests import models
 from tfnet import TFNet
 
@@ -157,7 +157,7 @@ def test_bad_rows(spark, cnn, images):
     rows[4] = (4, x[4].ravel().tolist()[:100])
     df = spark.createDataFrame(rows, "id long, img array<float>").coalesce(1)
 
-    with pytest.raises(Exception, match=r"BadRowError: Column 'img', row 2 of partition 0: the value is null\. "
+    with pytest.raises(BadRowError, match=r"^Column 'img', row 2 of partition 0: the value is null\. "
                                         r"Fix or filter the row, or pass on_error='null'"):
         TFPredictor(cnn, batch_per_thread=4).predict(df).collect()
 
@@ -175,7 +175,7 @@ def test_bad_rows(spark, cnn, images):
     jpeg = open(os.path.join(os.path.dirname(sklearn.datasets.__file__), "images", "china.jpg"), "rb").read()
     images_df = spark.createDataFrame([(0, bytearray(jpeg)), (1, bytearray(b"not an image")), (2, None)],
                                       "id long, data binary").coalesce(1)
-    with pytest.raises(Exception, match=r"BadRowError: Column 'data', row 1 of partition 0: the image could not be "
+    with pytest.raises(BadRowError, match=r"^Column 'data', row 1 of partition 0: the image could not be "
                                         r"decoded \(12 bytes"):
         TFPredictor(net).predict(images_df, feature_cols="data").collect()
     out = TFPredictor(net, on_error="null", error_col="why").predict(images_df, feature_cols="data").collect()
@@ -202,6 +202,6 @@ def test_rdd(spark, cnn, images):
     np.testing.assert_allclose(np.stack([o[1] for o in out[:-1]]), want[1], rtol=1e-5, atol=1e-6)
 
     strict = TFPredictor(net, batch_per_thread=6)
-    with pytest.raises(Exception, match=r"BadRowError: Row 10 of partition 1: input 'b:0' needs per-row shape \(3,\); "
+    with pytest.raises(BadRowError, match=r"^Row 10 of partition 1: input 'b:0' needs per-row shape \(3,\); "
                                         r"received shape \(2,\)"):
         strict.predict(spark.sparkContext.parallelize(rows, 2)).collect()

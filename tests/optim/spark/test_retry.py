@@ -210,3 +210,11 @@ def test_a_spark_exception_carrying_a_tfnet_error_becomes_both():
     assert typed_spark_error(err) is err
     plain = RuntimeError("no tfnet error named here")
     assert typed_spark_error(plain) is plain
+
+
+def test_a_stage_error_without_reports_that_names_a_tfnet_error_is_that_error():
+    text = ("Job aborted due to stage failure: ... Traceback (most recent call last):\n"
+            "optim.errors.BadRowError: Column 'x' is null at row 3 of partition 1; every training row needs a value.")
+    err = stage_error(RuntimeError(text), [])
+    assert isinstance(err, BadRowError) and not err.retryable and not RetryPolicy(2).should_retry(err, attempt=0)
+    assert str(err) == "Column 'x' is null at row 3 of partition 1; every training row needs a value."
