@@ -157,6 +157,7 @@ def test_sequential_outputs_are_named_after_their_last_layer():
                               keras.layers.Dense(2, name="logits")])
     net = TFNet.from_keras(model)
     assert net.input_names == ["pixels:0"] and net.output_names == ["logits:0"]
+    assert "logits:0" in net.tensor_names() and "hidden:0" in net.tensor_names()  # both cut points
     body = net.cut("hidden")
     x = np.ones((1, 3), np.float32)
     np.testing.assert_allclose(body.forward(x), model.layers[0](x).numpy(), rtol=1e-6)
