@@ -40,6 +40,7 @@ __all__ = [
     "error_class",
     "from_spark_error",
     "raise_tfnet_errors",
+    "typed_spark_error",
 ]
 
 
@@ -202,6 +203,16 @@ def error_class(name: str) -> type[Exception] | None:
 _ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Za-z_]\w*(?:Error|Exception)): (.*)$")
 
 
+def _tfnet_error_in(text: str) -> tuple[type[Exception], str] | None:
+    """The last tfnet error named in ``text`` (a worker's traceback) and its message, or None."""
+    found = None
+    for line in text.splitlines():
+        m = _ERROR_LINE.match(line.strip())
+        if m and error_class(m.group(1)) is not None:
+            found = m
+    return None if found is None else (error_class(found.group(1)), found.group(2))
+
+
 def from_spark_error(exc: BaseException) -> BaseException:
     """The tfnet error inside a Spark exception, or ``exc`` itself.
 
@@ -210,7 +221,8 @@ def from_spark_error(exc: BaseException) -> BaseException:
     fails later, in the user's own Spark action, and Spark wraps the worker's error in its own
     exception (``PythonException``, ``Py4JJavaError``). This finds the last tfnet error named in that
     exception's text and rebuilds it, with the same class and message, ``exc`` as its cause and the
-    worker's text as ``worker_traceback``.
+    worker's text as ``worker_traceback``. (Since ``TFPredictor.predict`` installs
+    :mod:`optim.spark.typed_errors`, such actions raise the tfnet error themselves.)
 
     Example:
         >>> try:                                                     # doctest: +SKIP
@@ -218,16 +230,52 @@ def from_spark_error(exc: BaseException) -> BaseException:
         ... except Exception as exc:
         ...     raise optim.errors.from_spark_error(exc) from exc
     """
-    found = None
-    for line in str(exc).splitlines():
-        m = _ERROR_LINE.match(line.strip())
-        if m and error_class(m.group(1)) is not None:
-            found = m
+    if getattr(exc, "worker_traceback", None) is not None and isinstance(exc, TFNetError):
+        return exc  # typed already
+    found = _tfnet_error_in(str(exc))
     if found is None:
         return exc
-    err = error_class(found.group(1))(found.group(2))
+    err = found[0](found[1])
     err.__cause__ = exc
     err.worker_traceback = str(exc)  # type: ignore[attr-defined]
+    return err
+
+
+_DUALS: dict[tuple[type, type], type] = {}
+
+
+def typed_spark_error(exc: BaseException) -> BaseException:
+    """``exc`` (pyspark's ``PythonException``, a ``Py4JJavaError``, ...) as the tfnet error it
+    carries, or ``exc`` itself when it carries none. The result is an instance of both the tfnet
+    class and ``type(exc)``, so a handler for either catches it; its message is the worker's one
+    line, ``worker_traceback`` the worker's text and ``spark_error`` the original."""
+    if isinstance(exc, TFNetError):
+        return exc
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a pyspark exception whose JVM is gone cannot print itself
+        return exc
+    found = _tfnet_error_in(text)
+    if found is None:
+        return exc
+    cls, message = found
+    key = (cls, type(exc))
+    if key not in _DUALS:
+        try:
+            _DUALS[key] = type(cls.__name__, (cls, type(exc)), {
+                "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                "__str__": lambda self: Exception.__str__(self),
+                "__repr__": lambda self: f"{cls.__name__}({Exception.__str__(self)!r})",
+                "__init__": lambda self, *args: Exception.__init__(self, *args),
+            })
+        except TypeError:  # the two classes cannot be combined: the tfnet class alone
+            _DUALS[key] = cls
+    dual = _DUALS[key]
+    err = dual.__new__(dual)
+    err.__dict__.update(getattr(exc, "__dict__", {}))
+    Exception.__init__(err, message)
+    err.worker_traceback = text  # type: ignore[attr-defined]
+    err.spark_error = exc  # type: ignore[attr-defined]
     return err
 
 

@@ -20,8 +20,8 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 
-__all__ = ["VERBOSE_ENV", "configure", "import_tensorflow", "noisy", "paused_console_progress", "quiet_task_failures",
-           "quiet_worker", "spark_log_conf"]
+__all__ = ["VERBOSE_ENV", "configure", "console_error", "import_tensorflow", "noisy", "paused_console_progress",
+           "quiet_task_failures", "quiet_worker", "spark_log_conf"]
 
 from tfnet.quiet import VERBOSE_ENV, import_tensorflow, noisy  # noqa: F401 (part of this module's API)
 
@@ -53,6 +53,31 @@ def quiet_worker(level: int = logging.WARNING) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     tf = import_tensorflow()
     tf.get_logger().setLevel(logging.ERROR)
+
+
+def console_error(err: BaseException) -> BaseException:
+    """``err``, a typed error that a Spark job raised on its ranks, made short for the console: its
+    traceback starts where the caller raises it again, and the Spark exception that carried it (a
+    ``Py4JJavaError`` and its JVM stack, about 120 lines) is no longer its printed cause but its
+    ``spark_error`` attribute, logged at DEBUG to ``tfnet.spark`` with the rank's traceback. With
+    ``TFNET_VERBOSE=1`` it is returned as it is, whole.
+
+    Example:
+        >>> try:                                                              # doctest: +SKIP
+        ...     result = optimize_distributed(...)
+        ... except TFNetError as err:
+        ...     raise console_error(err)
+    """
+    if noisy():
+        return err
+    cause = err.__cause__ or err.__context__
+    if cause is not None and getattr(err, "spark_error", None) is None:
+        err.spark_error = getattr(cause, "spark_error", cause)  # type: ignore[attr-defined]  # Spark's own
+    err.__cause__, err.__suppress_context__ = None, True
+    logging.getLogger("tfnet.spark").debug(
+        "%s from a Spark job; the rank's traceback:\n%s\nSpark's error:\n%s", type(err).__name__,
+        getattr(err, "worker_traceback", "(none)"), getattr(err, "spark_error", None))
+    return err.with_traceback(None)
 
 
 _LOG4J2 = """\

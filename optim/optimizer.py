@@ -15,9 +15,15 @@ import numpy as np
 
 from optim import losses as L
 from optim import metrics as M
+from optim.logs import console_error
 from optim.sync import check_sync
 from optim.training.checkpoint import new_run_id, resolve_resume
-from optim.training.checks import check_labels, finite_rows_only, warn_if_logits_to_probability_loss
+from optim.training.checks import (
+    check_label_types,
+    check_labels,
+    finite_rows_only,
+    warn_if_logits_to_probability_loss,
+)
 from optim.training.config import TrainConfig
 from optim.training.datasets import ArrayDataset, TFDataDataset, as_dataset, in_input_order, resolve_batch_size
 from optim.training.evaluation import evaluate, metrics_copy
@@ -251,7 +257,11 @@ class TFOptimizer:
         """Over Spark (:func:`optim.spark.driver.launcher.optimize_distributed`); keeps what rank 0 returned."""
         from optim.spark.driver.launcher import optimize_distributed
 
-        result = optimize_distributed(self, dataset, config, val, num_workers=num_workers, verbose=verbose, **options)
+        try:
+            result = optimize_distributed(self, dataset, config, val, num_workers=num_workers, verbose=verbose,
+                                          **options)
+        except TFNetError as err:  # a rank's typed error: short on the console (its traces are attributes)
+            raise console_error(err)  # noqa: B904 (its cause is kept as err.spark_error)
         self.net.set_weights(result.weights)
         self.state, self.global_step = result.state, result.step
         self.exchange_state = list(result.exchange_state)
@@ -290,11 +300,15 @@ class TFOptimizer:
 
     def _checked(self, dataset, on_nonfinite: str, where: str, training: bool = True):
         """Numpy data is checked here, on the driver, before any step: class-id labels against the
-        loss, and NaN or Inf features (an error, or the rows left out with on_nonfinite='skip').
+        loss (a DataFrame's label columns by their Spark type, before any job), and NaN or Inf
+        features (an error, or the rows left out with on_nonfinite='skip').
         A DataFrame or RDD partition is checked the same way on its rank; ``tf.data`` input batch
         by batch as it is read, locally or on each rank (a copy of the dataset that checks)."""
         if isinstance(dataset, TFDataDataset):
             return dataset.checked(on_nonfinite, where, per_epoch=training)
+        label_kinds = getattr(dataset, "label_kinds", None)  # a DataFrame: its label types, before any job
+        if callable(label_kinds) and getattr(dataset, "has_labels", False):
+            check_label_types(label_kinds(), self.loss, self.net, where)
         if not isinstance(dataset, ArrayDataset):
             return dataset
         if dataset.labels is not None:
@@ -329,13 +343,16 @@ class TFOptimizer:
         if getattr(dataset, "distributed", False) or num_workers is not None:
             from optim.spark.driver.evaluate import evaluate_distributed
 
-            return evaluate_distributed(self, dataset, batch_size, num_workers)
+            try:
+                return evaluate_distributed(self, dataset, batch_size, num_workers)
+            except TFNetError as err:
+                raise console_error(err)  # noqa: B904 (its cause is kept as err.spark_error)
         return evaluate(self.net, self.loss, metrics_copy(self.metrics), dataset, batch_size)
 
     def predict(self, data, batch_size: int | None = None):
         """The net's outputs for ``data``: features as arrays (one, or a list), a tuple
         ``(features, labels)`` (labels ignored), a ``tf.data.Dataset`` or a ``TFDataset``. For a
-        DataFrame dataset: the DataFrame with the outputs added (``prediction``, or one column per
+        DataFrame dataset: the DataFrame with the outputs added (``output``, or one column per
         output), lazily, rows in their order; for an RDD dataset: an RDD of outputs, aligned with
         the records (both through :class:`~optim.TFPredictor`)."""
         dataset = self._dataset(data, batch_size, need_labels=False)

@@ -21,6 +21,7 @@ from tensorflow.python.framework.convert_to_constants import convert_variables_t
 
 from tfnet.graph_utils import consts_to_placeholders, rename_nodes, unique_name
 from tfnet.graph_utils import node_name as node_name_of
+from tfnet.tables import embed_captured_tables
 
 _BAD_CHARS = re.compile(r"[^A-Za-z0-9_.\-/]")
 
@@ -71,6 +72,11 @@ def freeze_concrete_function(fn, variables: Iterable, output_names: Sequence[str
     by_handle = {id(_tf_variable(v).handle): v for v in variables}
     direct = _direct(fn, by_handle)
     graph_def, values, names = direct if direct is not None else _via_constants(fn, by_handle)
+    # lookup tables (TextVectorization, StringLookup, ...): their contents go into the graph
+    resources = {internal.op.name: external for external, internal in fn.graph.captures
+                 if external.dtype == tf.resource and id(external) not in by_handle}
+    placeholders = {n.name for n in graph_def.node if n.op == "Placeholder"}
+    graph_def = embed_captured_tables(graph_def, {k: v for k, v in resources.items() if k in placeholders})
     taken = {n.name for n in graph_def.node}
     mapping: dict[str, str] = {}
     for old, var in names.items():
@@ -111,8 +117,9 @@ def _direct(fn, by_handle):
             handles[internal.op.name] = var
         elif external.dtype != tf.resource:
             consts[internal.op.name] = external
-        else:
-            return None
+        elif not _reads_a_table(internal):
+            return None  # another resource (a variable not among `variables`): TensorFlow's own freezing
+        # a lookup table stays a placeholder here: embed_captured_tables fills it in
     out = graph_pb2.GraphDef()
     out.versions.CopyFrom(graph_def.versions)
     out.library.CopyFrom(graph_def.library)
@@ -160,6 +167,12 @@ def _direct(fn, by_handle):
     return out, values, names
 
 
+def _reads_a_table(handle) -> bool:
+    """Whether lookup-table ops (and only they) use the captured resource ``handle``."""
+    kinds = {c.type for c in handle.consumers()}
+    return bool(kinds) and all(k.startswith("LookupTable") for k in kinds)
+
+
 def _const(graph_def, name: str, value: np.ndarray) -> str:
     node = graph_def.node.add()
     node.name = name
@@ -193,6 +206,35 @@ def _input_name(tensor) -> str | None:
     history = getattr(tensor, "_keras_history", None)
     layer = getattr(history, "operation", None) if history is not None else None
     return getattr(layer, "name", None) or getattr(tensor, "name", None)
+
+
+def load_keras_file(path) -> Any:
+    """A Keras model from a ``.keras`` or ``.h5`` file (not compiled: tfnet takes the weights).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        GraphLoadError: Keras cannot read it; a SavedModel folder is named as such.
+    """
+    import os
+
+    import keras
+
+    from tfnet.errors import GraphLoadError
+
+    path = os.fsdecode(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"No Keras model file at {path!r}.")
+    if os.path.isdir(path):
+        hint = ("it is a SavedModel folder: use TFNet.from_saved_model(path)" if os.path.exists(
+            os.path.join(path, "saved_model.pb")) else "it is a folder")
+        raise GraphLoadError(f"TFNet.from_keras takes a Keras model or a .keras / .h5 file; {path!r} is not one: {hint}.")
+    try:
+        return keras.models.load_model(path, compile=False)
+    except Exception as exc:  # Keras raises ValueError, OSError, zipfile errors ... for a file it cannot read
+        raise GraphLoadError(f"Keras could not load {path!r} as a model ({type(exc).__name__}: "
+                             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}). TFNet.from_keras reads "
+                             "the .keras and .h5 files that model.save() writes; for a SavedModel folder use "
+                             "TFNet.from_saved_model.") from exc
 
 
 def keras_input_specs(model) -> list[tf.TensorSpec]:
@@ -257,14 +299,29 @@ def freeze_keras(model) -> Frozen:
 
     fn = tf.function(call, autograph=False).get_concrete_function(*specs)
     n_out = len(fn.outputs) - len(layers)
-    names = list(getattr(model, "output_names", None) or [])
-    if len(names) != n_out:
-        names = [f"output_{i}" for i in range(n_out)]
+    names = _output_names(model, n_out)
     frozen = freeze_concrete_function(fn, model.variables, names)
     if layers:
         frozen.template = _name_layer_outputs(frozen.template, frozen.outputs[n_out:], [n for n, _ in layers])
     frozen.outputs = frozen.outputs[:n_out]
     return frozen
+
+
+def _output_names(model, n_out: int) -> list[str]:
+    """The outputs' names: the model's ``output_names`` (functional models), else the name of the
+    layer that makes each output (a ``Sequential`` model's last layer), else ``output_<i>``."""
+    names = list(getattr(model, "output_names", None) or [])
+    if len(names) == n_out:
+        return names
+    outputs = tf.nest.flatten(getattr(model, "outputs", None) or [])
+    names = []
+    for tensor in outputs:
+        history = getattr(tensor, "_keras_history", None)
+        layer = getattr(history, "operation", None) if history is not None else None
+        names.append(getattr(layer, "name", None))
+    if len(names) == n_out and all(names) and len(set(names)) == n_out:
+        return names
+    return [f"output_{i}" for i in range(n_out)]
 
 
 def _name_layer_outputs(graph_def, probes: list[str], layer_names: list[str]) -> graph_pb2.GraphDef:

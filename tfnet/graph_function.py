@@ -23,6 +23,7 @@ from tfnet.errors import (
 from tfnet.fold import fold_affine
 from tfnet.inputs import as_name_list
 from tfnet.library import register_library
+from tfnet.tables import TableSet
 
 
 class GraphFunction:
@@ -70,8 +71,14 @@ class GraphFunction:
             folded, self.folded = fold_affine(template, graph, fed_names, list(weight_names))
             if self.folded:
                 self.compute_template = gu.subgraph(folded, output_names, feeds=fed_names)
+        # lookup tables: built once, their handles fed in place of the table nodes (tfnet.tables)
+        self.tables = TableSet(self.compute_template)
+        self.compute_template = self.tables.graph
         register_library(self.compute_template)
         self.v1_loops = gu.v1_loop_nodes(self.compute_template)
+        if self.v1_loops and self.tables:
+            raise GraphLoadError("This graph has both TF1 control-flow loops and lookup tables, which tfnet does not "
+                                 "run together; export the loops as functional While ops (TF2 control flow).")
         self._input_map_keys = self.input_names + tuple(w + ":0" for w in weight_names)
 
     def __call__(
@@ -85,6 +92,7 @@ class GraphFunction:
         function, or call the enclosing ``tf.function`` under a tape.
         """
         input_map = dict(zip(self._input_map_keys, list(inputs) + list(weights)))
+        input_map.update(self.tables.feeds())
         for name, values in self.phase_values.items():
             input_map[name] = tf.constant(values[0 if training else 1], dtype=self.phase_specs[name].dtype)
         return tf.graph_util.import_graph_def(

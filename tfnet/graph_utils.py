@@ -73,7 +73,11 @@ def is_weight_const(node: node_def_pb2.NodeDef) -> bool:
 
 
 def find_weights(graph_def: graph_pb2.GraphDef) -> list[str]:
-    return [n.name for n in graph_def.node if is_weight_const(n)]
+    """Float constants of rank >= 1, except those that only fill lookup tables."""
+    from tfnet.tables import table_constants
+
+    tables = table_constants(graph_def)
+    return [n.name for n in graph_def.node if is_weight_const(n) and n.name not in tables]
 
 
 def consts_to_placeholders(
@@ -172,7 +176,8 @@ def subgraph(
     feeds: Iterable[str] = (),
     feed_specs: Mapping[str, tuple[int, list[int | None] | None]] | None = None,
 ) -> graph_pb2.GraphDef:
-    """Keeps only the nodes that ``outputs`` depend on, not looking past the ``feeds`` tensors.
+    """Keeps only the nodes that ``outputs`` depend on, not looking past the ``feeds`` tensors (and
+    the initializers of the lookup tables kept).
 
     Every fed node is kept. A fed node that is not a placeholder (an intermediate tensor used as an
     input) is replaced by a ``Placeholder`` of the dtype and shape in ``feed_specs``
@@ -196,6 +201,9 @@ def subgraph(
             )
     keep: set[str] = set()
     queue = deque([node_name(o) for o in outputs] + list(fed_nodes))
+    from tfnet.tables import initializer_nodes
+
+    table_inits = initializer_nodes(graph_def)  # a kept lookup table keeps what fills it
     while queue:
         name = queue.popleft()
         if name in keep or name not in nodes:
@@ -203,6 +211,7 @@ def subgraph(
         keep.add(name)
         if name in replaced:
             continue
+        queue.extend(table_inits.get(name, ()))
         for inp in nodes[name].input:
             if not inp.startswith("^") and _input_tensor(inp) in fed:
                 queue.append(node_name(inp))

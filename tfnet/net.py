@@ -37,6 +37,7 @@ from tfnet.hooks import HookHandle, HookList
 from tfnet.inputs import arrange, as_name_list, batch_size_of, convert
 from tfnet.library import prepare_library
 from tfnet.statistics import find_statistics
+from tfnet.tables import canonical_tables, with_init_all_tables
 
 TrainableSpec = Union[bool, str, "re.Pattern[str]", Iterable[str], Callable[[str], bool], None]
 
@@ -96,7 +97,7 @@ class TFNet(tf.Module):
         phase_values: Mapping[str, tuple] | None = None,
         name: str = "tfnet",
     ):
-        graph_def = read_graph_def(graph_def)
+        graph_def = canonical_tables(read_graph_def(graph_def))
         input_names = gu.check_tensor_names(graph_def, as_name_list(inputs, "inputs"), "input")
         output_names = gu.check_tensor_names(graph_def, as_name_list(outputs, "outputs"), "output")
         input_nodes = {gu.node_name(n) for n in input_names}
@@ -163,6 +164,7 @@ class TFNet(tf.Module):
         weight_names = [n.name for n in template.node if n.name in values]
         self._graph = GraphFunction(template, input_names, output_names, weight_names, fold=fold,
                                     phase_values=phase_values)
+        self._tables = list(self._graph.tables.tables.values())  # tracked by the module (SavedModel export)
         with tf.init_scope():
             self._vars = {
                 w: tf.Variable(
@@ -213,11 +215,24 @@ class TFNet(tf.Module):
         """Freezes a built Keras 3 model in inference mode and wraps it.
 
         Weights are named by their Keras paths (``"dense/kernel"``), inputs by the Keras input
-        names and outputs by the output layer names. Dropout is off and batch norm uses its moving
-        statistics, which are frozen by default.
-        """
-        from tfnet.freeze import freeze_keras
+        names and outputs by the output layer names (a ``Sequential`` model's output by its last
+        layer's name). Dropout is off and batch norm uses its moving statistics, which are frozen
+        by default. Lookup tables (``TextVectorization``, ``StringLookup``, ``IntegerLookup``) are
+        kept in the graph with their contents (see :mod:`tfnet.tables`).
 
+        Args:
+            model: A built ``keras.Model``, or the path of a saved one (a ``.keras`` file or a legacy
+                ``.h5`` file, loaded with ``keras.models.load_model(path, compile=False)``).
+            **kwargs: ``trainable``, ``relax_batch``, ``fold_batch_norm``, ``name``; see :class:`TFNet`.
+
+        Raises:
+            FileNotFoundError: a path that does not exist.
+            GraphLoadError: a path Keras cannot load (a SavedModel folder: use :meth:`from_saved_model`).
+        """
+        from tfnet.freeze import freeze_keras, load_keras_file
+
+        if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+            model = load_keras_file(model)
         return cls._from_frozen(freeze_keras(model), **kwargs)
 
     @classmethod
@@ -845,7 +860,7 @@ class TFNet(tf.Module):
         """
         if phase not in (None, "inference", "training"):
             raise ValueError(f"`phase` must be None, 'inference' or 'training'. Received: phase={phase!r}")
-        graph_def = gu.placeholders_to_consts(self._template, self.get_weights())
+        graph_def = with_init_all_tables(gu.placeholders_to_consts(self._template, self.get_weights()))
         if phase is None or not self._graph.phase_values:
             return graph_def
         index = 0 if phase == "training" else 1

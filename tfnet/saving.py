@@ -90,6 +90,7 @@ def write_saved_model(net, path: PathLike) -> None:
     path = os.fspath(path)
     module = tf.Module()
     module.weights = [tf.Variable(v.value(), name=v.name.split(":")[0]) for v in net.weight_variables.values()]
+    module.tables = list(net._tables)  # lookup tables the graph reads (tfnet.tables)
     weights = module.weights
     arg_names = _unique([_identifier(n) for n in net.input_names])
     out_keys = _unique([_identifier(n) for n in net.output_names])

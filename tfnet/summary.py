@@ -19,17 +19,19 @@ def tensor_names(net, op_types: Sequence[str] | None = None, contains: str | Non
 
     Args:
         op_types: Only tensors of these op types (``["Relu", "MatMul"]``). Default: all but
-            plumbing (constants, placeholders, identities, reshapes, shape arithmetic).
+            plumbing (constants, placeholders, identities, reshapes, shape arithmetic), and the
+            net's outputs whatever makes them.
         contains: Only names containing this text (``"block5"``). Default: all.
         include_plumbing: Keep the plumbing ops too. Default: False.
     """
     graph = net.frozen_graph_def()
     wanted = set(op_types) if op_types else None
+    outputs = set(net.output_names)  # an output is a cut point even when an Identity makes it
     out = []
     for node in graph.node:
         if wanted is not None and node.op not in wanted:
             continue
-        if wanted is None and not include_plumbing and node.op in _PLUMBING:
+        if wanted is None and not include_plumbing and node.op in _PLUMBING and f"{node.name}:0" not in outputs:
             continue
         name = f"{node.name}:0"
         if contains is None or contains in name:

@@ -16,7 +16,8 @@ from optim.errors import ColumnError
 from optim.predict.snapshot import TensorInfo
 from tfnet.errors import unknown_name_message
 
-__all__ = ["InputColumn", "OutputColumn", "ColumnPlan", "plan_columns", "ColumnSpec"]
+__all__ = ["InputColumn", "OutputColumn", "ColumnPlan", "plan_columns", "ColumnSpec", "OUTPUT_COLUMN",
+           "default_output_columns"]
 
 ColumnSpec = str | Sequence[str] | Mapping[str, str] | None
 
@@ -94,6 +95,16 @@ def default_column(tensor: TensorInfo) -> str:
     return re.sub(r"[^0-9A-Za-z_]", "_", tensor.short_name)
 
 
+#: The raw output column of a one-output model. (``"prediction"`` is Spark ML's double: a class index
+#: or a value; see :mod:`optim.predict.classification`.)
+OUTPUT_COLUMN = "output"
+
+
+def default_output_columns(outputs: Sequence[TensorInfo]) -> list[str]:
+    """``["output"]`` for one output, else the output names (``"y1:0"`` -> ``"y1"``)."""
+    return [OUTPUT_COLUMN] if len(outputs) == 1 else [default_column(t) for t in outputs]
+
+
 def input_columns(inputs, feature_cols: ColumnSpec) -> list[str]:
     """The column of each input, in input order (``feature_cols`` given, or the default names);
     names that are not strings are returned as they are, for :func:`plan_columns` to refuse."""
@@ -116,8 +127,8 @@ def plan_columns(schema, inputs: Sequence[TensorInfo], outputs: Sequence[TensorI
         feature_cols: One column per input: a name (one input), a list in input order, or a dict
             ``{input name: column}``. Default: the columns named like the inputs (``"img:0"`` ->
             ``"img"``).
-        output_cols: One new column per output, the same forms. Default: ``"prediction"`` for
-            one output, else the output names (``"y1:0"`` -> ``"y1"``).
+        output_cols: One new column per output, the same forms. Default: ``"output"`` for one
+            output, else the output names (``"y1:0"`` -> ``"y1"``).
         error_col: A new string column for per-row errors (``on_error="null"``), or None.
 
     Raises:
@@ -143,7 +154,7 @@ def plan_columns(schema, inputs: Sequence[TensorInfo], outputs: Sequence[TensorI
         plan_in.append(_input_column(column, schema[column].dataType, tensor))
 
     if output_cols is None:
-        output_cols = ["prediction"] if len(outputs) == 1 else [default_column(t) for t in outputs]
+        output_cols = default_output_columns(outputs)
     out_names = _arrange(output_cols, outputs, "output_cols")
     taken = set(names)
     plan_out = []

@@ -39,11 +39,13 @@ class ModelFolderWriter(MLWriter):
 
 
 class ModelFolderReader(MLReader):
-    """Makes ``cls()``, sets its uid and params from the metadata, then ``load_model(instance, folder)``."""
+    """Makes ``cls()``, sets its uid and params from the metadata, then ``load_model(instance, folder)``
+    and ``upgrade(instance, metadata)`` (params saved by an earlier version, brought up to date)."""
 
-    def __init__(self, cls, folder: str, load_model: Callable[[object, str], None]):
+    def __init__(self, cls, folder: str, load_model: Callable[[object, str], None],
+                 upgrade: Callable[[object, dict], None] | None = None):
         super().__init__()
-        self.cls, self.folder, self.load_model = cls, folder, load_model
+        self.cls, self.folder, self.load_model, self.upgrade = cls, folder, load_model, upgrade
 
     def load(self, path: str):
         metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
@@ -52,4 +54,6 @@ class ModelFolderReader(MLReader):
         DefaultParamsReader.getAndSetParams(instance, metadata)
         folder = os.path.join(local_path(path, self.cls.__name__), metadata.get("modelFolder", self.folder))
         self.load_model(instance, folder)
+        if self.upgrade is not None:
+            self.upgrade(instance, metadata)
         return instance

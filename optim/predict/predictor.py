@@ -47,7 +47,9 @@ class TFPredictor:
         outputs: Output tensor names, for a frozen graph file. Default: None.
         on_error: ``"raise"`` (default): a bad row (a null, an array of the wrong length, an
             image that does not decode) fails the job with a :class:`BadRowError` naming the
-            column and the row. ``"null"``: its outputs are null and the reason goes in
+            column, the partition and the row, raised by the action that computes the lazy
+            result (``collect()``, ``write...``), as an instance of pyspark's own exception too
+            (:mod:`optim.spark.typed_errors`). ``"null"``: its outputs are null and the reason goes in
             ``error_col``.
         error_col: The error column added with ``on_error="null"``. Default: ``"prediction_error"``.
         num_threads: Threads per model in each Spark worker. Default: ``spark.task.cpus`` (1
@@ -70,7 +72,7 @@ class TFPredictor:
     Example:
         >>> predictor = TFPredictor(net, batch_per_thread=16)            # doctest: +SKIP
         >>> scored = predictor.predict(df, feature_cols=["image"])      # doctest: +SKIP
-        >>> scored.select("id", "prediction").show()                     # doctest: +SKIP
+        >>> scored.select("id", "output").show()                         # doctest: +SKIP
 
     Raises:
         BackendError: an unknown backend.
@@ -171,8 +173,12 @@ class TFPredictor:
                 (flat or nested); binary columns hold encoded images (JPEG, PNG, ...), decoded
                 and resized to the input's height and width in the workers; numeric columns feed
                 inputs with one value per row. Default: the columns named like the inputs.
-            output_cols: DataFrames only: new column names, one per output. Default:
-                ``"prediction"`` for one output, else the output names.
+            output_cols: DataFrames only: new column names, one per output, each an array column
+                of the raw output. Default: ``"output"`` for one output, else the output names.
+                Earlier versions named the one output ``"prediction"``; pass
+                ``output_cols="prediction"`` to keep that name. tfnet keeps ``prediction`` for
+                Spark ML's double (the class index or the value) that
+                :class:`~optim.TFNetTransformer` adds with ``task=...``.
 
         Raises:
             ColumnError: a column that is missing or does not fit its input, an output column
@@ -182,6 +188,9 @@ class TFPredictor:
         from pyspark import RDD
         from pyspark.sql import DataFrame
 
+        from optim.spark import typed_errors
+
+        typed_errors.install()  # a bad row raises BadRowError from the user's own action on the result
         if isinstance(data, DataFrame):
             return self._predict_dataframe(data, feature_cols, output_cols)
         if feature_cols is not None or output_cols is not None:

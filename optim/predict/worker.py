@@ -25,6 +25,7 @@ from optim.arrow import array_to_arrow, decode_image, read_column
 from optim.errors import BadRowError
 from optim.predict.backends import Payload, build_engine
 from optim.predict.columns import ColumnPlan
+from tfnet.errors import GraphExecutionError
 
 __all__ = ["WorkerJob", "predict_arrow", "predict_rdd_partition", "get_engine", "load_count", "StatsParam"]
 
@@ -169,7 +170,8 @@ def _run(job: WorkerJob, feed: list, good: np.ndarray, messages: dict, where: st
             outs = get_engine(job).run(feed)
         except Exception as exc:  # the engine's own error types vary (TF, OpenVINO)
             if job.on_error == "raise":
-                raise RuntimeError(f"The model failed on {where}: {type(exc).__name__}: {exc}") from exc
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                raise GraphExecutionError(f"The model failed on {where}: {type(exc).__name__}: {first}") from exc
             for i in np.flatnonzero(good):
                 messages[int(i)] = f"the model failed on this row's batch: {type(exc).__name__}: {str(exc)[:300]}"
             good[:] = False

@@ -112,6 +112,13 @@ class DataFrameDataset(TFDataset):
         shapes = _shapes_by_column(feature_cols, feature_shapes)
         self.features = _specs(feature_cols, shapes, "feature_cols")
         self.labels = _specs(label_cols, shapes, "label_cols")
+        named = [c for spec in self.features + self.labels for c in spec.columns]
+        unknown = [k for k in shapes if k not in named]
+        if unknown:
+            close = closest_names(str(unknown[0]), named)
+            raise ColumnError(
+                f"feature_shapes names column {unknown[0]!r}, which is not among feature_cols or label_cols {named}"
+                + (f"; closest: {close}" if close else "") + ". Its shape would be ignored: fix the name.")
         # Spark ML Vector columns are read through a hidden array column (vector_to_array)
         self.df, self.vectors = vectors_as_arrays(df, [c for s in self.features + self.labels for c in s.columns])
         if self.vectors:
@@ -159,8 +166,9 @@ class DataFrameDataset(TFDataset):
         self.input_keys = None
 
     def check_inputs(self, input_names: list[str], input_specs) -> None:
-        """Before any Spark job: a flat array column, or a column of encoded images, feeding an input
-        of rank 3 or more needs its per-row shape in ``feature_shapes``.
+        """Before any Spark job: each per-row shape given (``feature_shapes``, or stacked scalar
+        columns) against its input's, and a flat array column, or a column of encoded images,
+        feeding an input of rank 3 or more needs its per-row shape in ``feature_shapes``.
 
         Raises:
             InputSpecError: the column, the input's shape, and the ``feature_shapes`` to pass.
@@ -169,6 +177,22 @@ class DataFrameDataset(TFDataset):
 
         from tfnet.errors import InputSpecError
 
+        if len(self.features) != len(input_names):
+            raise InputSpecError(f"feature_cols gives {len(self.features)} input(s) "
+                                 f"{[self._shown(s.name) for s in self.features]}; the net takes {len(input_names)}: "
+                                 f"{input_names}.")
+        for spec, name, tensor in zip(self.features, input_names, input_specs):
+            if spec.shape is None or tensor.shape.rank is None:
+                continue
+            row = tuple(tensor.shape.as_list()[1:])
+            fits = len(spec.shape) == len(row) and all(d is None or d == g for d, g in zip(row, spec.shape))
+            if not fits:
+                what = (f"feature_shapes gives column {self._shown(spec.columns[0])!r} rows of shape {tuple(spec.shape)}"
+                        if len(spec.columns) == 1 else
+                        f"the {len(spec.columns)} stacked columns {[self._shown(c) for c in spec.columns]} make rows of "
+                        f"shape {tuple(spec.shape)}")
+                raise InputSpecError(f"{what}, and input {name!r} takes rows of shape {row} (the net's input is "
+                                     f"{tuple(tensor.shape.as_list())}, the batch first).")
         types = {f.name: f.dataType for f in self.df.schema.fields}
         for spec, name, tensor in zip(self.features, input_names, input_specs):
             if spec.shape is not None or len(spec.columns) != 1 or tensor.shape.rank is None or tensor.shape.rank < 3:
@@ -184,6 +208,16 @@ class DataFrameDataset(TFDataset):
                     f"rows of shape {row}: pass feature_shapes={{{shown!r}: {tuple(d or 0 for d in row)}}} (the per-row "
                     "shape), so that the ranks can reshape or decode it."
                 )
+
+    def _shown(self, column: str) -> str:
+        """The user's name for a column (not the hidden array column of a Vector column)."""
+        return {hidden: c for c, hidden in self.vectors.items()}.get(column, column)
+
+    def label_kinds(self) -> list[tuple[str, str]]:
+        """``(column, Spark type)`` of each label, for checks against the loss on the driver."""
+        types = {f.name: f.dataType for f in self.df.schema.fields}
+        return [(self._shown(s.name), types[s.columns[0]].simpleString() if len(s.columns) == 1 else "stacked")
+                for s in self.labels]
 
     def _weights(self) -> list[TensorColumns]:
         return [] if self.weight is None else [self.weight]

@@ -14,9 +14,10 @@ import os
 
 from pyspark.ml import Estimator
 from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import HasLabelCol, HasPredictionCol, HasSeed
+from pyspark.ml.param.shared import HasLabelCol, HasPredictionCol, HasProbabilityCol, HasRawPredictionCol, HasSeed
 from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 
+from optim.predict.classification import MLColumns, check_task, scores_are_logits, task_for_loss, units
 from optim.predict.ml_io import ModelFolderReader, ModelFolderWriter
 
 __all__ = ["TFNetEstimator"]
@@ -35,8 +36,17 @@ def _shapes(value):
     return [None if s is None else list(s) for s in value]
 
 
-class TFNetEstimator(Estimator, HasLabelCol, HasPredictionCol, HasSeed, MLReadable, MLWritable):
+class TFNetEstimator(Estimator, HasLabelCol, HasPredictionCol, HasRawPredictionCol, HasProbabilityCol, HasSeed,
+                     MLReadable, MLWritable):
     """Fine-tunes a TFNet over Spark; ``fit`` returns a :class:`TFNetTransformer`.
+
+    The fitted model is a Spark ML classifier or regressor, as the loss says: a cross-entropy gives
+    ``rawPrediction`` and ``probability`` vectors and a ``prediction`` double (the class index;
+    right for one sigmoid output, softmax and logits alike), mse, mae and Huber a ``prediction``
+    double (the value). Spark ML's evaluators read them directly, inside ``CrossValidator`` and
+    ``TrainValidationSplit`` too, where an evaluator that cannot read this estimator's columns
+    (a missing or misnamed column, a binary evaluator over more than two classes) fails before
+    any fold trains.
 
     Args:
         net: The TFNet to fine-tune (copied at each ``fit``: the estimator is never changed).
@@ -46,11 +56,18 @@ class TFNetEstimator(Estimator, HasLabelCol, HasPredictionCol, HasSeed, MLReadab
             Default: as stored.
         outputCols: The fitted model's columns, one per net output. Default: ``["output"]`` (or the
             output names for several outputs).
-        predictionCol: The fitted model's class column (the index of the first output's largest
-            value, a double, as Spark ML classifiers give it), for Spark ML's evaluators. Default
-            ``"prediction"``; "" for none.
+        predictionCol: The fitted model's ``prediction`` column: the class index or the value, a
+            double, as Spark ML's classifiers and regressors give it. Default ``"prediction"``; ""
+            for none.
+        rawPredictionCol: Classification: the raw scores, a vector. Default ``"rawPrediction"``.
+        probabilityCol: Classification: the class probabilities, a vector. Default
+            ``"probability"``.
         loss: A loss name (``optim.losses``). Default ``"sparse_categorical_crossentropy"``.
-        fromLogits: The outputs are logits. Default True.
+        fromLogits: The outputs are logits (for the loss and the fitted model's probabilities).
+            Default: probabilities when a Softmax or Sigmoid op makes the first output, else
+            logits.
+        task: ``"auto"`` (default: from the loss, see above), ``"classification"``,
+            ``"regression"`` or ``"none"`` (the raw outputs only).
         method: ``"sgd"``, ``"adam"``, ``"adamw"``, ``"rmsprop"`` or ``"adagrad"``. Default ``"adam"``.
         learningRate: Default 0.001.
         epochs: Default 1. batchSize: The global batch. Default 32.
@@ -72,22 +89,29 @@ class TFNetEstimator(Estimator, HasLabelCol, HasPredictionCol, HasSeed, MLReadab
     numWorkers = Param(Params._dummy(), "numWorkers", "ranks (0: Spark's default parallelism)", TypeConverters.toInt)
     modelDir = Param(Params._dummy(), "modelDir", "checkpoints and TensorBoard events", TypeConverters.toString)
     verbose = Param(Params._dummy(), "verbose", "0 quiet, 1 progress bar, 2 a line per epoch", TypeConverters.toInt)
+    task = Param(Params._dummy(), "task", "'auto', 'none', 'classification' or 'regression'", TypeConverters.toString)
 
     def __init__(self, net=None, *, featureCols=None, labelCol="label", featureShapes=None, outputCols=None,  # noqa: N803
-                 predictionCol="prediction", loss="sparse_categorical_crossentropy", fromLogits=True, method="adam",
-                 learningRate=0.001, epochs=1, batchSize=32, numWorkers=0, modelDir="", seed=0, verbose=0):
+                 predictionCol="prediction", loss="sparse_categorical_crossentropy", fromLogits=None, method="adam",
+                 learningRate=0.001, epochs=1, batchSize=32, numWorkers=0, modelDir="", seed=0, verbose=0,
+                 task="auto", rawPredictionCol="rawPrediction", probabilityCol="probability"):
         super().__init__()
         self._setDefault(labelCol="label", predictionCol="prediction", loss="sparse_categorical_crossentropy",
-                         fromLogits=True, method="adam", learningRate=0.001, epochs=1, batchSize=32, numWorkers=0,
-                         modelDir="", seed=0, verbose=0)
-        self._set(labelCol=labelCol, predictionCol=predictionCol, loss=loss, fromLogits=fromLogits, method=method,
+                         method="adam", learningRate=0.001, epochs=1, batchSize=32, numWorkers=0,
+                         modelDir="", seed=0, verbose=0, task="auto", rawPredictionCol="rawPrediction",
+                         probabilityCol="probability")
+        self._set(labelCol=labelCol, predictionCol=predictionCol, loss=loss, method=method,
                   learningRate=learningRate, epochs=epochs, batchSize=batchSize, numWorkers=numWorkers,
-                  modelDir=modelDir, seed=seed, verbose=verbose)
-        for name, value in (("featureCols", featureCols), ("featureShapes", featureShapes), ("outputCols", outputCols)):
+                  modelDir=modelDir, seed=seed, verbose=verbose, task=task, rawPredictionCol=rawPredictionCol,
+                  probabilityCol=probabilityCol)
+        for name, value in (("featureCols", featureCols), ("featureShapes", featureShapes), ("outputCols", outputCols),
+                            ("fromLogits", fromLogits)):
             if value is not None:
                 self._set(**{name: value})
         if method.lower() not in _METHODS:
             raise ValueError(f"Unknown method {method!r}. Methods: {sorted(_METHODS)}")
+        if task != "auto":
+            check_task(task)
         self._net_bytes = None if net is None else _net_bytes(net)
 
     def setLearningRate(self, value: float) -> TFNetEstimator:  # noqa: N802 (Spark ML names)
@@ -106,6 +130,7 @@ class TFNetEstimator(Estimator, HasLabelCol, HasPredictionCol, HasSeed, MLReadab
         import optim
         from optim.optimizer import TFOptimizer
         from optim.predict.transformer import TFNetTransformer
+        from optim.spark.evaluators import check_evaluator, tuning_evaluator
         from optim.training.datasets import TFDataset
         from tfnet.serialize import net_from_bytes
 
@@ -115,21 +140,59 @@ class TFNetEstimator(Estimator, HasLabelCol, HasPredictionCol, HasSeed, MLReadab
         if not cols:
             raise ValueError("TFNetEstimator needs featureCols: one column per net input, in input order.")
         net = net_from_bytes(self._net_bytes)  # a copy: the estimator's net is never changed
-        method = getattr(optim, _METHODS[self.getOrDefault(self.method).lower()])(self.getOrDefault(self.learningRate))
         loss = optim.losses.get(self.getOrDefault(self.loss))
+        from_logits = self._from_logits(net)
         if hasattr(loss, "from_logits"):
-            loss.from_logits = self.getOrDefault(self.fromLogits)
+            loss.from_logits = from_logits
+        columns = self.mlColumns(loss)
+        outputs = self._get(self.outputCols) or (["output"] if len(net.output_names) == 1 else None)
+        if columns.task != "none":
+            units(tuple(net.output_specs[0].shape.as_list()[1:]), net.output_names[0], columns.task)
+        evaluator = tuning_evaluator(self)  # inside CrossValidator or TrainValidationSplit: checked before a fold
+        if evaluator is not None:
+            check_evaluator(evaluator, columns, self.getOrDefault(self.labelCol), net.output_specs[0], dataset.columns)
+        method = getattr(optim, _METHODS[self.getOrDefault(self.method).lower()])(self.getOrDefault(self.learningRate))
         opt = TFOptimizer(net, loss, method, model_dir=self.getOrDefault(self.modelDir) or None)
         data = TFDataset.from_dataframe(dataset, cols, self.getOrDefault(self.labelCol),
                                         feature_shapes=self._get(self.featureShapes))
         workers = self.getOrDefault(self.numWorkers) or None
         opt.optimize(data, epochs=self.getOrDefault(self.epochs), batch_size=self.getOrDefault(self.batchSize),
                      seed=self.getOrDefault(self.seed), verbose=self.getOrDefault(self.verbose), num_workers=workers)
-        outputs = self._get(self.outputCols) or (["output"] if len(net.output_names) == 1 else None)
-        model = TFNetTransformer(net, inputCols=cols, outputCols=outputs,
-                                 predictionCol=self.getOrDefault(self.predictionCol))
+        model = TFNetTransformer(net, inputCols=cols, outputCols=outputs, task=columns.task, fromLogits=from_logits,
+                                 predictionCol=columns.prediction, rawPredictionCol=columns.raw_prediction,
+                                 probabilityCol=columns.probability)
         model.history = opt.last_run  # what the fit measured (not saved)
         return model
+
+    def _from_logits(self, net) -> bool:
+        """``fromLogits`` when set, else whether the graph's last op says logits (no Softmax or Sigmoid)."""
+        if self.isDefined(self.fromLogits):
+            return self.getOrDefault(self.fromLogits)
+        return scores_are_logits(net.frozen_graph_def(), net.output_names[0])
+
+    def mlColumns(self, loss=None) -> MLColumns:  # noqa: N802 (Spark ML names)
+        """The Spark ML columns the fitted model adds: its task (``"auto"``: from the loss) and the
+        column names."""
+        import optim
+
+        task = self.getOrDefault(self.task)
+        if task == "auto":
+            task = task_for_loss(loss if loss is not None else optim.losses.get(self.getOrDefault(self.loss)))
+        return MLColumns(task, self.getOrDefault(self.predictionCol), self.getOrDefault(self.rawPredictionCol),
+                         self.getOrDefault(self.probabilityCol))
+
+    def checkEvaluator(self, evaluator, dataset=None) -> None:  # noqa: N802
+        """Raises :class:`~optim.ColumnError` when ``evaluator`` cannot read the fitted model's
+        columns (what ``CrossValidator`` and ``TrainValidationSplit`` check before the first fold).
+        ``dataset``: the DataFrame to fit, for its label column. Default: not checked."""
+        from optim.spark.evaluators import check_evaluator
+        from tfnet.serialize import net_from_bytes
+
+        if self._net_bytes is None:
+            raise ValueError("This TFNetEstimator has no net: pass `net`, or load a saved estimator.")
+        net = net_from_bytes(self._net_bytes)
+        check_evaluator(evaluator, self.mlColumns(), self.getOrDefault(self.labelCol), net.output_specs[0],
+                        None if dataset is None else dataset.columns)
 
     def copy(self, extra=None) -> TFNetEstimator:
         that = super().copy(extra)

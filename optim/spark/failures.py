@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 import time
 import traceback
 from dataclasses import asdict, dataclass
 
 from optim.errors import SparkSetupError, WorkerError, error_class
 
-__all__ = ["WorkerFailure", "from_exception", "to_exception", "pick_root"]
+__all__ = ["WorkerFailure", "from_exception", "to_exception", "pick_root", "raised_at"]
 
 # Builtin exceptions that mean the input or the code is wrong: rerunning the stage cannot help.
 _BUILTIN_NOT_RETRYABLE = {"ValueError": ValueError, "TypeError": TypeError, "KeyError": KeyError,
@@ -82,22 +83,56 @@ def _hopeless_os_error(exc: BaseException) -> int | None:
 def to_exception(failure: WorkerFailure) -> Exception:
     """The exception to raise on the driver: the same tfnet/optim class when there is one, the
     same builtin for input errors, :class:`SparkSetupError` for import failures, else
-    :class:`WorkerError` naming the original class. The worker's traceback is attached as
-    ``worker_traceback`` (and as a note, shown under the driver's traceback)."""
+    :class:`WorkerError` naming the original class. The message says which rank raised it (the
+    column, partition and row are in the rank's own message where it knows them); the worker's
+    traceback is attached as ``worker_traceback``, and a one-line note says where on the rank it
+    was raised (the whole traceback as the note with ``TFNET_VERBOSE=1``)."""
     cls = error_class(failure.cls)
+    message = failure.message
+    if failure.rank >= 0 and f"rank {failure.rank}" not in message.lower():
+        message = f"{message} (rank {failure.rank})"
     if cls is not None:
-        err: Exception = cls(failure.message)
+        err: Exception = cls(message)
     elif failure.cls in _BUILTIN_NOT_RETRYABLE:
-        err = _BUILTIN_NOT_RETRYABLE[failure.cls](failure.message)
+        err = _BUILTIN_NOT_RETRYABLE[failure.cls](message)
     elif failure.cls in ("ImportError", "ModuleNotFoundError"):
-        err = SparkSetupError(f"A Spark worker failed to import: {failure.message}")
+        err = SparkSetupError(f"A Spark worker failed to import: {message}")
     else:
         err = WorkerError(f"Rank {failure.rank} failed with {failure.cls}: {failure.message}")
     err.retryable = failure.retryable  # type: ignore[attr-defined]
     err.worker_traceback = failure.traceback  # type: ignore[attr-defined]
+    err.rank = failure.rank  # type: ignore[attr-defined]
     if hasattr(err, "add_note"):
-        err.add_note(f"Traceback on rank {failure.rank}:\n{failure.traceback.rstrip()}")
+        if _verbose():
+            err.add_note(f"Traceback on rank {failure.rank}:\n{failure.traceback.rstrip()}")
+        else:
+            where = raised_at(failure.traceback)
+            err.add_note(f"Raised on rank {failure.rank}{f' at {where}' if where else ''}; the rank's traceback is in "
+                         "the error's `worker_traceback` (TFNET_VERBOSE=1 prints it).")
     return err
+
+
+def _verbose() -> bool:
+    import os
+
+    return os.environ.get("TFNET_VERBOSE", "0") not in ("", "0")
+
+
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+
+
+def raised_at(text: str) -> str:
+    """``"optim/arrow.py:132 (read_column)"``: the innermost frame of a formatted traceback, its path
+    from the package folder on; "" when there is none."""
+    frames = [m for m in (_FRAME.match(line) for line in text.splitlines()) if m]
+    if not frames:
+        return ""
+    path = frames[-1].group("path").replace("\\", "/")
+    for root in ("/optim/", "/tfnet/", "/site-packages/"):
+        if root in path:
+            path = path[path.rindex(root) + (1 if root != "/site-packages/" else len(root)):]
+            break
+    return f"{path}:{frames[-1].group('line')} ({frames[-1].group('func')})"
 
 
 def pick_root(failures: list[WorkerFailure]) -> WorkerFailure | None:

@@ -2,7 +2,8 @@
 numpy arrays, each rank for its partition. Pure: numpy and tfnet only.
 
 * Labels against the loss: class-id losses need integer class ids (not strings, not fractions)
-  within ``[0, classes)``.
+  within ``[0, classes)``. A DataFrame's label columns are checked by their Spark type on the
+  driver, before any job (:func:`check_label_types`); their values on each rank.
 * Features with NaN or Inf: a typed error naming the row, or, with ``on_nonfinite="skip"``, the
   rows left out (whatever oneDNN would do with them: with its kernels on, a NaN input can vanish
   inside a ReLU or a max pool and leave the loss finite, so the step's own NaN guard never fires).
@@ -21,7 +22,8 @@ from optim import losses as L
 from optim import metrics as M
 from optim.errors import DataError, LabelShapeError, NonFiniteInputError
 
-__all__ = ["all_finite", "check_labels", "finite_batch", "finite_rows_only", "warn_if_logits_to_probability_loss"]
+__all__ = ["all_finite", "check_label_types", "check_labels", "finite_batch", "finite_rows_only",
+           "warn_if_logits_to_probability_loss"]
 
 log = logging.getLogger("tfnet.training")
 
@@ -65,6 +67,34 @@ def check_labels(labels, loss, net, where: str = "the labels") -> None:
             if bad.size:
                 raise DataError(f"{where} for output {name}: row {bad[0]} holds class {int(flat[bad[0]])}, outside "
                                 f"0..{classes - 1} (the output has {classes} classes); {bad.size} row(s) are out of range.")
+
+
+def check_label_types(kinds, loss, net, where: str = "the training data") -> None:
+    """The Spark type of each label column (``[(column, type name)]``, in output order) against
+    the loss of its output, before any job: a built-in loss takes numbers, and a class-id loss one
+    number per row.
+
+    Raises:
+        DataError: the column, its type, the loss and what it needs.
+    """
+    parts = list(enumerate(loss.losses)) if isinstance(loss, L.MultiOutputLoss) else [(0, loss)]
+    for i, part in parts:
+        if i >= len(kinds) or isinstance(part, L.FunctionLoss) or not isinstance(part, L.Loss):
+            continue  # a function of the batch may take anything
+        column, spark_type = kinds[i]
+        base = spark_type.split("(")[0].split("<")[0]
+        name = type(part).__name__
+        classes = isinstance(part, (L.SparseCategoricalCrossentropy, L.CategoricalCrossentropy, L.BinaryCrossentropy))
+        if base in ("string", "binary", "varchar", "char"):
+            fix = (f"index them first, e.g. pyspark.ml.feature.StringIndexer(inputCol={column!r}, "
+                   f"outputCol='{column}_index')" if classes else f"cast the column to a number, e.g. "
+                   f"df.withColumn({column!r}, F.col({column!r}).cast('double'))")
+            raise DataError(f"{where}: label column {column!r} holds {spark_type} values, and {name} (output "
+                            f"{net.output_names[i]}) needs {'class ids 0..classes-1' if classes else 'numbers'}: {fix}.")
+        if isinstance(part, L.SparseCategoricalCrossentropy) and base in ("array", "vector", "stacked"):
+            raise DataError(f"{where}: label column {column!r} holds {spark_type} values (a vector per row), and {name} "
+                            f"(output {net.output_names[i]}) needs one class id per row; for one-hot labels use "
+                            "categorical_crossentropy.")
 
 
 def finite_rows_only(dataset, policy: str, where: str = "the training data"):
@@ -157,8 +187,14 @@ _PASS_THROUGH = {"Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "S
 
 def output_op(net, index: int = 0) -> str | None:
     """The op that makes output ``index`` (through identities and reshapes), or None."""
-    nodes = {n.name: n for n in net.frozen_graph_def().node}
-    name = net.output_names[index].split(":")[0]
+    return graph_output_op(net.frozen_graph_def(), net.output_names[index])
+
+
+def graph_output_op(graph_def, output_name: str) -> str | None:
+    """The op that makes the tensor ``output_name`` of ``graph_def`` (through identities and
+    reshapes), or None."""
+    nodes = {n.name: n for n in graph_def.node}
+    name = output_name.split(":")[0]
     for _ in range(20):
         node = nodes.get(name)
         if node is None:

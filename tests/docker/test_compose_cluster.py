@@ -158,7 +158,7 @@ def test_a_host_client_fine_tunes_and_predicts_on_the_workers(cluster, connect_s
     assert accuracy >= 0.9, (accuracy, history)
 
     assert out["id"].tolist() == list(range(len(x_held)))
-    np.testing.assert_allclose(np.stack(out["prediction"].to_numpy()), net.forward(x_held), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.stack(out["output"].to_numpy()), net.forward(x_held), rtol=1e-5, atol=1e-5)
 
     # rank 0 and rank 1 ran in the two worker containers, one each
     workers = {next(iter(cluster.inspect(c)["NetworkSettings"]["Networks"].values()))["IPAddress"]

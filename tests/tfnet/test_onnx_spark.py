@@ -55,5 +55,5 @@ def test_pytorch_cnn_fine_tuned_on_new_digits_over_two_ranks(spark, tmp_path):
     want = net.forward(xte)
     for backend in ("tensorflow", "openvino"):
         rows = TFPredictor(net, batch_per_thread=32, backend=backend).predict(test_df, feature_cols="pixels").collect()
-        got = np.array([r.prediction for r in sorted(rows, key=lambda r: r.id)], np.float32)
+        got = np.array([r.output for r in sorted(rows, key=lambda r: r.id)], np.float32)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=backend)

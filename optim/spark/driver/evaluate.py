@@ -30,6 +30,9 @@ __all__ = ["evaluate_distributed", "predict_distributed"]
 def evaluate_distributed(opt, dataset, batch_size: int, num_partitions: int | None = None) -> dict[str, float]:
     """Loss and metrics of ``opt.net`` (with its hooks) over a distributed ``dataset``. Under Spark
     Connect the net travels in the plan (up to :func:`optim.spark.connect.plan_limit` bytes)."""
+    from optim.spark import typed_errors
+
+    typed_errors.install()  # a rank's bad row raises its BadRowError, not Spark's PythonException
     backend = backend_for(session_of(dataset) or get_spark())
     with backend.quiet(1, own_bar=False):  # Spark's bar shows the job: tfnet shows none of its own
         return _evaluate(backend, opt, dataset, batch_size, num_partitions)
@@ -97,8 +100,8 @@ def _mean():
 
 
 def predict_distributed(net, dataset, batch_size: int):
-    """The net's outputs for a distributed dataset, aligned with it: the DataFrame with a
-    ``prediction`` column (one per output) added, or an RDD of outputs."""
+    """The net's outputs for a distributed dataset, aligned with it: the DataFrame with an
+    ``output`` column (or one per output, named after it) added, or an RDD of outputs."""
     from optim.predict.predictor import TFPredictor
     from optim.spark.datasets import DataFrameDataset, RDDDataset
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from optim.errors import DistributedTrainingError
+from optim.errors import DistributedTrainingError, typed_spark_error
 from optim.spark.failures import WorkerFailure, pick_root, to_exception
 from tfnet.errors import TFNetError
 
@@ -18,12 +18,13 @@ __all__ = ["Decision", "RetryPolicy", "one_line", "stage_error"]
 
 
 def stage_error(exc: BaseException, failures: list[WorkerFailure], prefix: str = "Training failed") -> Exception:
-    """The error for a failed stage: rebuilt from the ranks' reports when they sent one, else
-    from what Spark says (a task or executor lost, out of memory), which is retryable unless the
-    JVM ran out of heap."""
+    """The error for a failed stage: rebuilt from the ranks' reports when they sent one, else the
+    tfnet error Spark's text names (retryable as its class says), else from what Spark says (a task
+    or executor lost, out of memory), which is retryable unless the JVM ran out of heap."""
     root = pick_root(failures)
     if root is not None:
         return to_exception(root)
+    exc = typed_spark_error(exc)  # no report, but Spark's text names a tfnet error: that error, typed
     if isinstance(exc, TFNetError) and hasattr(exc, "retryable"):
         return exc  # type: ignore[return-value]
     text = str(exc)

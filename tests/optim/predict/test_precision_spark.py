@@ -26,9 +26,9 @@ def test_int8_over_spark_keeps_accuracy_quantised_once_loaded_once_per_worker(sp
                      calibration_cols="pixels", calibration_size=300) as p:
         assert p.precision == "int8" and quantize.quantization_count() == before + 1
         rows = sorted(p.predict(test_df, feature_cols="pixels").collect(), key=lambda r: r.id)
-        again = p.predict(test_df.coalesce(1), feature_cols="pixels").select("prediction").collect()
+        again = p.predict(test_df.coalesce(1), feature_cols="pixels").select("output").collect()
         stats = p.stats()
-    got = np.array([r.prediction for r in rows], np.float32)
+    got = np.array([r.output for r in rows], np.float32)
     labels = np.array([r.label for r in rows])
     fp32 = transfer.accuracy(net.forward(xte), yte)
     assert fp32 >= 0.95

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from optim import TFNetTransformer, TFPredictor
-from optim.errors import ColumnError
+from optim.errors import BadRowError, ColumnError
 from tests import models
 from tfnet import TFNet
 
@@ -52,11 +52,11 @@ def test_dataframe_equals_forward_keeps_columns_and_order(spark, cnn, images):
                        "img": list_column(images)}, partitions=2)
     p = TFPredictor(cnn, batch_per_thread=32)
     out = p.predict(df)
-    assert out.columns == ["id", "tag", "img", "prediction"]
+    assert out.columns == ["id", "tag", "img", "output"]
     rows = out.collect()
     assert [r.id for r in rows] == list(range(n))  # order kept within (ordered) partitions
     assert rows[7].tag == "r7" and np.allclose(rows[7].img, images[7].ravel())
-    got = np.array([r.prediction for r in rows], np.float32)
+    got = np.array([r.output for r in rows], np.float32)
     want = cnn.forward(images)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     stats = p.stats()
@@ -64,8 +64,8 @@ def test_dataframe_equals_forward_keeps_columns_and_order(spark, cnn, images):
     assert stats["calls"] == 2 * math.ceil(500 / 32) and stats["max_rows"] == 32 and stats["rows"] == n
 
     # A second predict, on one partition: the broadcast is reused, and no worker loads twice.
-    again = p.predict(df.coalesce(1)).select("id", "prediction").collect()
-    got = np.array([r.prediction for r in again], np.float32)
+    again = p.predict(df.coalesce(1)).select("id", "output").collect()
+    got = np.array([r.output for r in again], np.float32)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     stats = p.stats()
     assert stats["rows"] == 2 * n
@@ -129,13 +129,13 @@ def test_image_columns_decode_and_resize(spark):
     by_name = {os.path.basename(f): img for f, img in zip(reference.filenames, reference.images)}
     pixels = np.stack([by_name[os.path.basename(r.path)] for r in out])
     want = net.forward(tf.image.resize(pixels, (48, 64)).numpy())
-    np.testing.assert_allclose([r.prediction for r in out], want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose([r.output for r in out], want, rtol=1e-4, atol=1e-5)
 
     pngs = [tf.io.encode_png(img).numpy() for img in reference.images]
     df = spark.createDataFrame([(i, bytearray(b)) for i, b in enumerate(pngs)], "id long, png binary")
     got = sorted(TFPredictor(net).predict(df, feature_cols="png").collect(), key=lambda r: r.id)
     want = net.forward(tf.image.resize(np.stack(reference.images), (48, 64)).numpy())
-    np.testing.assert_allclose([r.prediction for r in got], want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose([r.output for r in got], want, rtol=1e-4, atol=1e-5)
 
 
 def test_openvino_backend_over_spark(spark, cnn, images):
@@ -143,7 +143,7 @@ def test_openvino_backend_over_spark(spark, cnn, images):
     df = frame(spark, {"id": pa.array(np.arange(200)), "img": list_column(x)})
     p = TFPredictor(cnn, batch_per_thread=16, backend="openvino")
     assert p.backend == "openvino"
-    got = np.array([r.prediction for r in p.predict(df).collect()], np.float32)  # ordered partitions
+    got = np.array([r.output for r in p.predict(df).collect()], np.float32)  # ordered partitions
     np.testing.assert_allclose(got, cnn.forward(x), rtol=1e-4, atol=1e-4)
     assert set(p.stats()["loads"].values()) == {1}
 
@@ -157,17 +157,17 @@ def test_bad_rows(spark, cnn, images):
     rows[4] = (4, x[4].ravel().tolist()[:100])
     df = spark.createDataFrame(rows, "id long, img array<float>").coalesce(1)
 
-    with pytest.raises(Exception, match=r"BadRowError: Column 'img', row 2 of partition 0: the value is null\. "
+    with pytest.raises(BadRowError, match=r"^Column 'img', row 2 of partition 0: the value is null\. "
                                         r"Fix or filter the row, or pass on_error='null'"):
         TFPredictor(cnn, batch_per_thread=4).predict(df).collect()
 
     lenient = TFPredictor(cnn, batch_per_thread=4, on_error="null")
     out = lenient.predict(df).collect()  # one partition: in order
-    assert [r.prediction is None for r in out] == [False, False, True, False, True, False]
+    assert [r.output is None for r in out] == [False, False, True, False, True, False]
     assert out[2].prediction_error == "column 'img': the value is null"
     assert out[4].prediction_error == "column 'img': the array has 100 values; input 'img:0' needs 192 (per-row shape (8, 8, 3))"
     good = [0, 1, 3, 5]
-    np.testing.assert_allclose([out[i].prediction for i in good], cnn.forward(x[good]), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose([out[i].output for i in good], cnn.forward(x[good]), rtol=1e-5, atol=1e-6)
     assert all(out[i].prediction_error is None for i in good)
 
     # an undecodable image, among good ones
@@ -175,12 +175,12 @@ def test_bad_rows(spark, cnn, images):
     jpeg = open(os.path.join(os.path.dirname(sklearn.datasets.__file__), "images", "china.jpg"), "rb").read()
     images_df = spark.createDataFrame([(0, bytearray(jpeg)), (1, bytearray(b"not an image")), (2, None)],
                                       "id long, data binary").coalesce(1)
-    with pytest.raises(Exception, match=r"BadRowError: Column 'data', row 1 of partition 0: the image could not be "
+    with pytest.raises(BadRowError, match=r"^Column 'data', row 1 of partition 0: the image could not be "
                                         r"decoded \(12 bytes"):
         TFPredictor(net).predict(images_df, feature_cols="data").collect()
     out = TFPredictor(net, on_error="null", error_col="why").predict(images_df, feature_cols="data").collect()
-    assert out[0].prediction is not None and out[0].why is None
-    assert out[1].prediction is None and out[1].why.startswith("column 'data': the image could not be decoded")
+    assert out[0].output is not None and out[0].why is None
+    assert out[1].output is None and out[1].why.startswith("column 'data': the image could not be decoded")
     assert out[2].why == "column 'data': the value is null"
 
 
@@ -202,6 +202,6 @@ def test_rdd(spark, cnn, images):
     np.testing.assert_allclose(np.stack([o[1] for o in out[:-1]]), want[1], rtol=1e-5, atol=1e-6)
 
     strict = TFPredictor(net, batch_per_thread=6)
-    with pytest.raises(Exception, match=r"BadRowError: Row 10 of partition 1: input 'b:0' needs per-row shape \(3,\); "
+    with pytest.raises(BadRowError, match=r"^Row 10 of partition 1: input 'b:0' needs per-row shape \(3,\); "
                                         r"received shape \(2,\)"):
         strict.predict(spark.sparkContext.parallelize(rows, 2)).collect()

@@ -184,7 +184,7 @@ SCHEMA = T.StructType([
 def test_plan_defaults_and_kinds():
     plan = plan_columns(SCHEMA, [IMG], [OUT])
     assert [(c.column, c.kind, c.depth) for c in plan.inputs] == [("img", "array", 1)]
-    assert [c.column for c in plan.outputs] == ["prediction"] and plan.error_col is None
+    assert [c.column for c in plan.outputs] == ["output"] and plan.error_col is None
     assert plan_columns(SCHEMA, [IMG], [OUT], "nested").inputs[0].depth == 3
     assert plan_columns(SCHEMA, [IMG], [OUT], {"img": "jpeg"}).inputs[0].kind == "image"
     assert plan_columns(SCHEMA, [ONE], [OUT], ["x"]).inputs[0].kind == "scalar"
@@ -311,12 +311,12 @@ def test_worker_loop_numbers_rows_across_batches_and_nulls_bad_chunks(cnn):
     plan = plan_columns(schema, snap.inputs, snap.outputs, error_col="err")
     job = WorkerJob("unit-" + snap.model_id, make_payload(snap, "tensorflow"), plan, 2, "null")
     out = pa.Table.from_batches(list(predict_arrow(iter(batches), job)))
-    assert out.column_names == ["id", "img", "prediction", "err"] and out.num_rows == 10
+    assert out.column_names == ["id", "img", "output", "err"] and out.num_rows == 10
     assert out.column("id").to_pylist() == list(range(10))
     errors = out.column("err").to_pylist()
     assert [i for i, e in enumerate(errors) if e] == [4, 5, 8]  # rows 4 and 5 are a whole bad chunk
     good = [0, 1, 2, 3, 6, 7, 9]
-    np.testing.assert_allclose(np.array([out.column("prediction")[i].as_py() for i in good]), cnn.forward(x[good]),
+    np.testing.assert_allclose(np.array([out.column("output")[i].as_py() for i in good]), cnn.forward(x[good]),
                                rtol=1e-5, atol=1e-6)
 
     strict = WorkerJob("unit-" + snap.model_id, job.payload, plan_columns(schema, snap.inputs, snap.outputs), 2, "raise")

@@ -36,7 +36,7 @@ def test_evaluate_and_predict_over_spark_equal_the_collected_data(spark):
     assert opt.evaluate(TFDataset.from_rdd(rdd))["accuracy"] == local["accuracy"]
     # predict: the DataFrame with the outputs, aligned row by row; an RDD of outputs
     rows = opt.predict(data).collect()
-    got = np.array([r["prediction"] for r in rows])
+    got = np.array([r["output"] for r in rows])
     want = opt.net.forward(np.array([r["pixels"] for r in rows], np.float32).reshape(-1, 8, 8, 1))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     outs = np.array(opt.predict(TFDataset.from_rdd(rdd)).collect())
@@ -133,9 +133,9 @@ def test_spark_ml_vector_columns_train_evaluate_and_predict(spark):
     assert opt.evaluate(data)["accuracy"] == opt.evaluate((x, y))["accuracy"]
     rows = opt.predict(data).collect()
     assert type(df.schema["features"].dataType).__name__ == "VectorUDT" and rows[0].__fields__ == ["features", "label",
-                                                                                                    "prediction"]
+                                                                                                    "output"]
     feats = np.array([r["features"].toArray() for r in rows], np.float32).reshape(-1, 8, 8, 1)
-    np.testing.assert_allclose(np.array([r["prediction"] for r in rows]), opt.net.forward(feats), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.array([r["output"] for r in rows]), opt.net.forward(feats), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.spark

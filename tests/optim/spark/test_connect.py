@@ -127,7 +127,7 @@ def test_predictor_over_connect_equals_forward(connect):
     df = digits_df(session, x[:300], y[:300]).repartition(3)
     out = TFPredictor(net, batch_per_thread=64).predict(df, feature_cols="image").toPandas().sort_values("id")
     assert out["id"].tolist() == list(range(300))
-    np.testing.assert_allclose(np.stack(out["prediction"].to_numpy()), net.forward(x[:300]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.stack(out["output"].to_numpy()), net.forward(x[:300]), rtol=1e-5, atol=1e-5)
     # the Spark ML stage, the way a pipeline runs it
     stage = TFNetTransformer(net, inputCols=["image"], outputCols=["logits"], batchPerThread=32)
     ml = stage.transform(df).select("id", "logits").toPandas().sort_values("id")

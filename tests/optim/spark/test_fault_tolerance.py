@@ -124,8 +124,8 @@ def test_distributed_validation_metrics_equal_local_ones(spark):
 
 def test_errors_keep_their_types_across_spark(spark):
     """A bad row in training data raises BadRowError (a TFNetError) from optimize(); a bad row in a
-    lazy prediction surfaces in the user's own action, wrapped by Spark, and from_spark_error /
-    raise_tfnet_errors give the BadRowError back."""
+    lazy prediction raises BadRowError from the user's own action (also Spark's own class), and
+    from_spark_error / raise_tfnet_errors, which did that conversion before, still give it back."""
     from optim import TFPredictor
     from optim.errors import BadRowError, from_spark_error, raise_tfnet_errors
     from tfnet.errors import InputSpecError
@@ -139,11 +139,12 @@ def test_errors_keep_their_types_across_spark(spark):
     with pytest.raises(InputSpecError):  # numpy: raised directly, a TFNetError
         predictor.predict(np.zeros((2, 7, 7, 1), np.float32))
     scored = predictor.predict(bad, feature_cols="pixels")  # lazy: nothing runs yet
-    with pytest.raises(Exception) as caught:  # noqa: PT011 - Spark's own wrapper class differs by mode
+    with pytest.raises(BadRowError, match="the array has 63 values; input") as caught:
         scored.collect()
-    assert not isinstance(caught.value, TFNetError)
-    err = from_spark_error(caught.value)
-    assert type(err) is BadRowError and "the array has 63 values; input" in str(err) and err.__cause__ is caught.value
+    assert isinstance(caught.value, TFNetError) and caught.value.spark_error is not None
+    assert from_spark_error(caught.value) is caught.value
+    err = from_spark_error(caught.value.spark_error)  # Spark's own exception, as before
+    assert type(err) is BadRowError and "the array has 63 values; input" in str(err)
     with pytest.raises(BadRowError, match="the array has 63 values"):
         with raise_tfnet_errors():
             scored.collect()

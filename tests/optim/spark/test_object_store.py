@@ -129,7 +129,7 @@ def test_a_run_on_s3_checkpoints_resumes_after_a_kill_and_exports(spark, s3):
     np.testing.assert_allclose(TFPredictor("s3://tfnet/run/export").predict(x[:64]), expected, rtol=1e-6, atol=1e-6)
     df = spark.createDataFrame([(x[i].ravel().tolist(),) for i in range(64)], "pixels array<float>")
     scored = TFPredictor(back).predict(df, feature_cols="pixels").collect()
-    np.testing.assert_allclose(np.array([r["prediction"] for r in scored]), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.array([r["output"] for r in scored]), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_a_model_dir_that_cannot_be_written_fails_before_the_stage(spark, s3, tmp_path):

@@ -2,6 +2,7 @@
 driver's stuck-rank rule and the ranks' watchdog."""
 
 import os
+import re
 
 import pytest
 
@@ -30,9 +31,18 @@ def test_an_optim_error_round_trips_with_its_traceback():
     again = WorkerFailure.from_json(failure.to_json())
     assert again == failure and not again.retryable
     err = to_exception(again)
-    assert type(err) is NonFiniteLossError and str(err) == "Step 3: the loss is nan"
+    assert type(err) is NonFiniteLossError and str(err) == "Step 3: the loss is nan (rank 1)"
     assert "raise exc" in err.worker_traceback and "NonFiniteLossError" in err.worker_traceback
-    assert any("Traceback on rank 1" in note for note in getattr(err, "__notes__", []))
+    # one line on the console says where; the whole traceback with TFNET_VERBOSE=1
+    assert len(err.__notes__) == 1 and re.fullmatch(
+        r"Raised on rank 1 at \S*test_retry.py:\d+ \(raised\); the rank's traceback is in the error's "
+        r"`worker_traceback` \(TFNET_VERBOSE=1 prints it\).", err.__notes__[0]), err.__notes__
+
+
+def test_the_whole_rank_traceback_is_a_note_when_verbose(monkeypatch):
+    monkeypatch.setenv("TFNET_VERBOSE", "1")
+    err = to_exception(from_exception(raised(NonFiniteLossError("Step 3: the loss is nan")), rank=1))
+    assert err.__notes__[0].startswith("Traceback on rank 1:\nTraceback (most recent call last):")
 
 
 @pytest.mark.parametrize("exc, cls, retryable", [
@@ -183,3 +193,31 @@ def test_retry_warning_keeps_a_graph_error_on_one_line():
                                      "Horovod has been shut down.")
     assert one_line("x" * 400, limit=20) == "x" * 17 + "..."
     assert one_line("  only line \n") == "only line"
+
+
+def test_a_spark_exception_carrying_a_tfnet_error_becomes_both():
+    """What a lazy result's action raises: pyspark's exception, retyped as the worker's tfnet error."""
+    from optim.errors import typed_spark_error
+
+    class PythonException(Exception):  # stands in for pyspark's, whose text holds the worker's traceback
+        def __str__(self):
+            return ("An exception was thrown from the Python worker:\nTraceback (most recent call last):\n"
+                    '  File "optim/predict/worker.py", line 130, in _predict_chunk\n'
+                    "optim.errors.BadRowError: Column 'x', row 4 of partition 1: the value is null.\n\nJVM stacktrace: ...")
+
+    original = PythonException()
+    err = typed_spark_error(original)
+    assert isinstance(err, BadRowError) and isinstance(err, PythonException) and isinstance(err, ValueError)
+    assert str(err) == "Column 'x', row 4 of partition 1: the value is null."
+    assert err.spark_error is original and "JVM stacktrace" in err.worker_traceback
+    assert typed_spark_error(err) is err
+    plain = RuntimeError("no tfnet error named here")
+    assert typed_spark_error(plain) is plain
+
+
+def test_a_stage_error_without_reports_that_names_a_tfnet_error_is_that_error():
+    text = ("Job aborted due to stage failure: ... Traceback (most recent call last):\n"
+            "optim.errors.BadRowError: Column 'x' is null at row 3 of partition 1; every training row needs a value.")
+    err = stage_error(RuntimeError(text), [])
+    assert isinstance(err, BadRowError) and not err.retryable and not RetryPolicy(2).should_retry(err, attempt=0)
+    assert str(err) == "Column 'x' is null at row 3 of partition 1; every training row needs a value."
