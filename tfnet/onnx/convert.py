@@ -153,24 +153,10 @@ def convert(
             model exported without dynamic axes). Dimensions the model leaves symbolic are always
             unknown. Default: True.
     """
-    from onnx import numpy_helper
-
     opset = check_opset(model)
     check_operators(model)
     g = model.graph
-    init_names = {t.name for t in g.initializer}
-    graph_inputs = [i for i in g.input if i.name not in init_names]
-    by_input = {i.name: i for i in graph_inputs}
-    input_names = [i.name for i in graph_inputs] if inputs is None else list(inputs)
-    for name in input_names:
-        if name not in by_input:
-            raise TensorNameError(unknown_name_message("ONNX graph input", name, list(by_input)))
-    output_names = [o.name for o in g.output] if outputs is None else list(outputs)
-    known = {o for n in g.node for o in n.output if o} | set(by_input) | init_names
-    for name in output_names:
-        if name not in known:
-            raise TensorNameError(unknown_name_message("ONNX value", name, sorted(known)))
-
+    by_input, input_names, output_names = _names(g, inputs, outputs)
     taken: set[str] = set()
 
     def tf_name(onnx_name: str) -> str:
@@ -184,38 +170,9 @@ def convert(
     graph = tf.Graph()
     values: dict[str, np.ndarray] = {}
     onnx_weight_names: dict[str, str] = {}
-    tf_inputs: list[str] = []
     with graph.as_default():
-        for t in g.initializer:
-            value = numpy_helper.to_array(t)
-            if value.dtype.kind == "f" and value.ndim >= 1 and t.name not in static_inputs:
-                name = tf_name(t.name)
-                ph = tf.compat.v1.placeholder(tf.as_dtype(value.dtype), value.shape, name=name)
-                values[name] = value
-                onnx_weight_names[name] = t.name
-                ctx.weight_tf_names[t.name] = name
-                ctx.set(t.name, ph)
-                if t.name in shared:  # a batch-norm statistic elsewhere: that use reads its own frozen copy
-                    copy = tf_name(t.name + "_statistic")
-                    ctx.stat_copies[t.name] = tf.compat.v1.placeholder(tf.as_dtype(value.dtype), value.shape, name=copy)
-                    values[copy] = value.copy()
-            else:
-                ctx.set(t.name, tf.constant(carrier_array(value), name=tf_name(t.name)))
-            if is_carried(t.data_type):
-                ctx.onnx_types[t.name] = t.data_type
-        for name in by_input:
-            info = by_input[name]
-            ttype = info.type.tensor_type
-            dims = [d.dim_value if d.HasField("dim_value") else None for d in ttype.shape.dim]
-            if dims and relax_batch:
-                dims[0] = None  # dynamic batch
-            ph_name = tf_name(name)
-            dtype = tf_type(ttype.elem_type)
-            if is_carried(ttype.elem_type):
-                ctx.onnx_types[name] = ttype.elem_type
-            ctx.set(name, tf.compat.v1.placeholder(dtype, dims if ttype.HasField("shape") else None, name=ph_name))
-            if name in input_names:
-                tf_inputs.append((input_names.index(name), ph_name + ":0"))
+        _initializers(ctx, g, tf_name, static_inputs, shared, values, onnx_weight_names)
+        tf_inputs = _inputs(ctx, by_input, input_names, tf_name, relax_batch)
         try:
             convert_nodes(ctx, g.node)
         finally:
@@ -234,6 +191,69 @@ def convert(
     copies = {ph.op.name: name for name, ph in ctx.stat_copies.items() if ph.op.name in values}
     return Converted(template, inputs_sorted, tf_outputs, values, stats,
                      {k: v for k, v in onnx_weight_names.items() if k in values}, dict(ctx.onnx_of), copies)
+
+
+def _names(g, inputs, outputs) -> tuple[dict, list[str], list[str]]:
+    """``(graph inputs by name, input names in the net's order, output names)``, each name checked.
+
+    Raises:
+        TensorNameError: an input that is not a graph input, or an output that no node makes.
+    """
+    init_names = {t.name for t in g.initializer}
+    graph_inputs = [i for i in g.input if i.name not in init_names]
+    by_input = {i.name: i for i in graph_inputs}
+    input_names = [i.name for i in graph_inputs] if inputs is None else list(inputs)
+    for name in input_names:
+        if name not in by_input:
+            raise TensorNameError(unknown_name_message("ONNX graph input", name, list(by_input)))
+    output_names = [o.name for o in g.output] if outputs is None else list(outputs)
+    known = {o for n in g.node for o in n.output if o} | set(by_input) | init_names
+    for name in output_names:
+        if name not in known:
+            raise TensorNameError(unknown_name_message("ONNX value", name, sorted(known)))
+    return by_input, input_names, output_names
+
+
+def _initializers(ctx: Ctx, g, tf_name, static_inputs: set, shared: set, values: dict, onnx_weight_names: dict) -> None:
+    """Float initializers of rank >= 1 become placeholders (the net's weights, their values into
+    ``values``), with a frozen copy where a batch norm shares one; the others become constants."""
+    from onnx import numpy_helper
+
+    for t in g.initializer:
+        value = numpy_helper.to_array(t)
+        if value.dtype.kind == "f" and value.ndim >= 1 and t.name not in static_inputs:
+            name = tf_name(t.name)
+            ph = tf.compat.v1.placeholder(tf.as_dtype(value.dtype), value.shape, name=name)
+            values[name] = value
+            onnx_weight_names[name] = t.name
+            ctx.weight_tf_names[t.name] = name
+            ctx.set(t.name, ph)
+            if t.name in shared:  # a batch-norm statistic elsewhere: that use reads its own frozen copy
+                copy = tf_name(t.name + "_statistic")
+                ctx.stat_copies[t.name] = tf.compat.v1.placeholder(tf.as_dtype(value.dtype), value.shape, name=copy)
+                values[copy] = value.copy()
+        else:
+            ctx.set(t.name, tf.constant(carrier_array(value), name=tf_name(t.name)))
+        if is_carried(t.data_type):
+            ctx.onnx_types[t.name] = t.data_type
+
+
+def _inputs(ctx: Ctx, by_input: dict, input_names: list[str], tf_name, relax_batch: bool) -> list[tuple[int, str]]:
+    """A placeholder per graph input; ``(position in the net's inputs, tensor name)`` of those the net takes."""
+    out = []
+    for name, info in by_input.items():
+        ttype = info.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in ttype.shape.dim]
+        if dims and relax_batch:
+            dims[0] = None  # dynamic batch
+        ph_name = tf_name(name)
+        if is_carried(ttype.elem_type):
+            ctx.onnx_types[name] = ttype.elem_type
+        ctx.set(name, tf.compat.v1.placeholder(tf_type(ttype.elem_type), dims if ttype.HasField("shape") else None,
+                                               name=ph_name))
+        if name in input_names:
+            out.append((input_names.index(name), ph_name + ":0"))
+    return out
 
 
 def convert_nodes(ctx: Ctx, nodes, opset: int | None = None) -> None:
