@@ -51,7 +51,7 @@ def _evaluate(backend, opt, dataset, batch_size: int, num_partitions: int | None
         elif isinstance(dataset, RDDDataset) and backend.mode == "classic":
             job.reader = dataset.shard_reader()
             action = dataset.rdd.mapPartitionsWithIndex(lambda i, it, job=job: [evaluate_partition(job, i, it)]).collect
-            rows = run_job(backend.spark, "evaluating", action)
+            rows = run_job(backend.spark, "evaluating", action, kind="evaluate")
         elif isinstance(dataset, TFDataDataset):
             n = backend.partitions(num_partitions)
             job.data, job.size = dataset, n
@@ -90,7 +90,7 @@ def _arrow_states(spark, df, job: EvalJob) -> list[str]:
         yield pa.RecordBatch.from_pydict({"states": [out]})
 
     action = df.mapInArrow(per_partition, "states string").collect
-    return [r["states"] for r in run_job(spark, "evaluating", action)]
+    return [r["states"] for r in run_job(spark, "evaluating", action, kind="evaluate")]
 
 
 def _mean():

@@ -27,11 +27,11 @@ CANCEL_GRACE_S = 30.0
 class _Job:
     """One action under a group (classic) or a tag (Connect)."""
 
-    def __init__(self, spark, description: str):
+    def __init__(self, spark, description: str, kind: str):
         self.connect = is_connect(spark)
         self.spark = spark
         self.sc = None if self.connect else (spark if hasattr(spark, "setJobGroup") else spark.sparkContext)
-        self.group = f"tfnet-{uuid.uuid4().hex[:8]}"
+        self.group = f"tfnet-{kind}-{uuid.uuid4().hex[:8]}"
         self.description = description
 
     def enter(self) -> None:
@@ -54,13 +54,15 @@ class _Job:
             pass
 
 
-def run_job(spark, description: str, action: Callable, *, timeout_s: float | None = None,
+def run_job(spark, description: str, action: Callable, *, kind: str = "job", timeout_s: float | None = None,
             watch: Callable[[], str | None] | None = None, poll_s: float = 1.0, timeout_message: str | None = None):
     """Runs the Spark action ``action()`` and returns its result (see the module's notes).
 
     Args:
         spark: A SparkSession (classic or Connect) or a SparkContext.
         description: What the job does, for Spark's UI and the errors ("counting the training rows").
+        kind: The job group's (or tag's) name is ``tfnet-<kind>-<random>``: ``train``, ``warm-up``,
+            ``probe``, ``count``, ``evaluate``, ``slots``; Spark's UI and its REST API show it. Default "job".
         timeout_s: Seconds before the job is cancelled. Default: no bound (``watch`` decides).
         watch: Called every ``poll_s`` seconds while the job runs; a returned reason cancels it.
         timeout_message: The error's text when ``timeout_s`` passes. Default: "Spark did not finish
@@ -71,7 +73,7 @@ def run_job(spark, description: str, action: Callable, *, timeout_s: float | Non
         KeyboardInterrupt: the caller was interrupted; the job was cancelled first.
         Whatever the action raised.
     """
-    job = _Job(spark, description)
+    job = _Job(spark, description, kind)
     results: list = []
     errors: list = []
 

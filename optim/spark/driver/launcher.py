@@ -328,7 +328,7 @@ class _DistributedRun:
                 return [r["path"] or (r["piece"], r["chunk"]) for r in rows]
 
         rows = run_job(self.backend.spark, f"training on {job.size} ranks (attempt {job.attempt + 1})", action,
-                       watch=watch)
+                       kind="train", watch=watch)
         net = stage.net
         self.roads = {"net_via": "file" if isinstance(net, str) else "plan" if isinstance(net, bytes) else "broadcast",
                       "result_via": "file" if any(isinstance(r, str) for r in rows) else "rows",

@@ -66,7 +66,7 @@ def probe_workers(spark, n: int, timeout_s: float, probe: tuple | None = None) -
     SparkContext."""
     try:
         results = run_job(spark, "checking the workers' Python", probe_job(spark, n, import_report_fn(probe)),
-                          timeout_s=timeout_s)
+                          kind="probe", timeout_s=timeout_s)
     except DistributedTrainingError:
         raise DistributedTrainingError(f"The Spark workers did not answer within {timeout_s:.0f} s.") from None
     except Exception as exc:  # noqa: BLE001 - a Py4J or Connect error, turned into tfnet's

@@ -47,7 +47,7 @@ class WarmUp:
         import json
 
         try:
-            rows = run_job(self._spark, "warming up the workers' Python", self._action)
+            rows = run_job(self._spark, "warming up the workers' Python", self._action, kind="warm-up")
             self.reports = [r if isinstance(r, dict) else json.loads(r["report"]) for r in rows]
         except Exception as exc:  # noqa: BLE001 - optimize() checks the workers and says what is wrong
             self.error = exc

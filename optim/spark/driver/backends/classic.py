@@ -142,7 +142,7 @@ def balance_dataframe(df, n: int, per_rank_batch: int, timeout_s: float = 600.0)
 
     grouped = df.groupBy(F.spark_partition_id().alias("p")).count()
     counts = {r["p"]: r["count"] for r in run_job(df.sparkSession, "counting the training rows", grouped.collect,
-                                                   timeout_s=timeout_s)}
+                                                   kind="count", timeout_s=timeout_s)}
     parts = df.rdd.getNumPartitions()
     sizes = [counts.get(i, 0) for i in range(parts)]
     total = sum(sizes)
@@ -156,7 +156,8 @@ def balance_dataframe(df, n: int, per_rank_batch: int, timeout_s: float = 600.0)
 def balance_rdd(rdd, n: int, per_rank_batch: int, timeout_s: float = 600.0):
     """:func:`balance_dataframe` for an RDD of records."""
     sizes = run_job(rdd.context, "counting the training rows",
-                    rdd.mapPartitions(lambda it: [sum(1 for _ in it)]).collect, timeout_s=timeout_s)
+                    rdd.mapPartitions(lambda it: [sum(1 for _ in it)]).collect, kind="count",
+                    timeout_s=timeout_s)
     total = sum(sizes)
     if total < n:
         raise ValueError(f"The training data has {total} rows, fewer than the {n} workers; each rank needs rows.")

@@ -116,7 +116,7 @@ def concurrent_slots(spark, wanted: int, timeout_s: float = 20.0) -> int:
 
     action = spark.range(wanted, numPartitions=wanted).mapInArrow(hold_a_slot, "start double, end double").collect
     try:
-        rows = run_job(spark, "counting free task slots", action, timeout_s=timeout_s)
+        rows = run_job(spark, "counting free task slots", action, kind="slots", timeout_s=timeout_s)
     except DistributedTrainingError:
         return 0
     edges = sorted([(r["start"], 1) for r in rows] + [(r["end"], -1) for r in rows])
