@@ -170,6 +170,11 @@ def get_spark(create: bool = True):
 SIMPLIFIED_TRACEBACK = "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled"
 
 
+#: Sessions inside :func:`shared_python_workers`: ``id(session) -> [depth, the user's setting]``.
+_SHARING: dict[int, list] = {}
+_SHARING_LOCK = threading.Lock()
+
+
 @contextmanager
 def shared_python_workers(spark) -> Iterator[None]:
     """For the duration of tfnet's jobs, a DataFrame job (the training stage's ``mapInArrow``,
@@ -178,21 +183,40 @@ def shared_python_workers(spark) -> Iterator[None]:
     runners set ``SPARK_SIMPLIFIED_TRACEBACK`` unless :data:`SIMPLIFIED_TRACEBACK` is off. Without
     this the first DataFrame training stage of an application waited for fresh workers to import
     TensorFlow (about 6 s on 2 cores) although the warm-up had run. The user's setting is put back
-    afterwards (tfnet reports a rank's errors itself, not through those tracebacks)."""
+    when the last of tfnet's overlapping calls on the session ends (tfnet reports a rank's errors
+    itself, not through those tracebacks): calls from several threads nest, whatever order they
+    end in."""
     conf = getattr(spark, "conf", None)
-    try:
-        before = conf.get(SIMPLIFIED_TRACEBACK, None)
-        conf.set(SIMPLIFIED_TRACEBACK, "false")
-    except Exception:  # noqa: BLE001 - no SQL conf here: nothing to share
-        conf = None
+    key = id(spark)
+    with _SHARING_LOCK:
+        entry = _SHARING.get(key)
+        if entry is None:
+            try:
+                before = conf.get(SIMPLIFIED_TRACEBACK, None)
+                conf.set(SIMPLIFIED_TRACEBACK, "false")
+            except Exception:  # noqa: BLE001 - no SQL conf here: nothing to share
+                conf = None
+            else:
+                _SHARING[key] = [1, before]
+        else:
+            entry[0] += 1
     try:
         yield
     finally:
-        if conf is not None:
-            try:
-                if before is None:
-                    conf.unset(SIMPLIFIED_TRACEBACK)
-                else:
-                    conf.set(SIMPLIFIED_TRACEBACK, before)
-            except Exception:  # noqa: BLE001 - the session stopped meanwhile
-                pass
+        with _SHARING_LOCK:
+            entry = _SHARING.get(key)
+            if entry is not None:
+                entry[0] -= 1
+                if entry[0] == 0:
+                    del _SHARING[key]
+                    _restore(conf, entry[1])
+
+
+def _restore(conf, before: str | None) -> None:
+    try:
+        if before is None:
+            conf.unset(SIMPLIFIED_TRACEBACK)
+        else:
+            conf.set(SIMPLIFIED_TRACEBACK, before)
+    except Exception:  # noqa: BLE001 - the session stopped meanwhile
+        pass

@@ -193,13 +193,13 @@ def test_rdd_and_tf_data_inputs(spark):
 
 
 def test_clear_errors(spark, monkeypatch):
-    from optim.spark.driver import launcher
+    from optim.spark.driver.backends import classic
 
     x, y = digits.load()
     opt = TFOptimizer(cnn_net(), SCE, optim.SGD(0.1))
     asked = []
-    wait_for_slots = launcher.wait_for_slots
-    monkeypatch.setattr(launcher, "wait_for_slots",
+    wait_for_slots = classic.wait_for_slots
+    monkeypatch.setattr(classic, "wait_for_slots",
                         lambda sc, needed, wait_s: asked.append((needed, wait_s)) or wait_for_slots(sc, needed, wait_s))
     with pytest.raises(DistributedTrainingError, match=r"num_workers=3, but the cluster has 2 task slot\(s\)"):
         opt.optimize((x[:64], y[:64]), batch_size=30, num_workers=3, verbose=0)  # slot_wait: its default, 30 s
