@@ -95,3 +95,17 @@ def test_predictor_serves_the_adapted_and_the_merged_net_alike():
         np.testing.assert_allclose(p.predict(x), net.forward(x), rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(p.predict(x), q.predict(x))
     assert np.abs(net.forward(x) - base_net().forward(x)).max() > 0.1
+
+
+def test_rank_zeros_result_carries_the_adapters_not_the_base():
+    """Rank 0's result (packed by the rank, read by the driver) holds what training can change: the
+    adapters of an adapted net, every weight of a plain one."""
+    from optim.spark.worker.rank import _payload, read_payload  # the rank's own packing, without a cluster
+    from optim.training.loop import TrainOutcome
+
+    net, plain = adapted(), base_net()
+    weights, _, header = read_payload(_payload(net, TrainOutcome({}, 3, []), {}))
+    assert list(weights) == header["weights"] == net.adapter_names
+    for name, value in weights.items():
+        assert np.array_equal(value, net.get_weights()[name]), name
+    assert list(read_payload(_payload(plain, TrainOutcome({}, 3, []), {}))[0]) == plain.weight_names
