@@ -36,6 +36,7 @@ from tfnet.graph_io import PathLike, read_graph_def
 from tfnet.hooks import HookHandle, HookList
 from tfnet.inputs import arrange, as_name_list, batch_size_of, convert
 from tfnet.library import prepare_library
+from tfnet.lora import Adapter, adapted_weights
 from tfnet.statistics import find_statistics
 from tfnet.tables import canonical_tables, with_init_all_tables
 
@@ -149,19 +150,22 @@ class TFNet(tf.Module):
         name: str = "tfnet",
         fold: bool = True,
         phase_values: Mapping[str, tuple] | None = None,
+        adapters: Sequence[Adapter] = (),
     ) -> TFNet:
+        """A net from a weightless graph and the values of its weights (``adapters``' values too)."""
         net = cls.__new__(cls)
         net._setup(template, input_names, output_names, values, statistics, name=name, fold=fold,
-                   phase_values=phase_values)
+                   phase_values=phase_values, adapters=adapters)
         if trainable is not None:
             net._set_trainable_names([t for t in trainable if t in net._vars])
         return net
 
     def _setup(self, template, input_names, output_names, values, statistics, name="tfnet", fold=True,
-               phase_values=None):
+               phase_values=None, adapters=()):
         tf.Module.__init__(self, name=name)
         prepare_library(template)
-        weight_names = [n.name for n in template.node if n.name in values]
+        extra = {n for ad in adapters for n in (ad.a, ad.b)}
+        weight_names = [n.name for n in template.node if n.name in values and n.name not in extra]
         self._graph = GraphFunction(template, input_names, output_names, weight_names, fold=fold,
                                     phase_values=phase_values)
         self._tables = list(self._graph.tables.tables.values())  # tracked by the module (SavedModel export)
@@ -172,16 +176,35 @@ class TFNet(tf.Module):
                 )
                 for w, spec in zip(weight_names, self._graph.weight_specs)
             }
+        self._adapters: dict[str, Adapter] = {}
+        self._lora_plan: list[tuple[int, int, int, Adapter]] = []
+        self._add_adapters(adapters, values)
         self._statistics = [s for s in weight_names if s in set(statistics)]
         roles = statistics if isinstance(statistics, Mapping) else {}
         self._statistic_roles = {s: roles.get(s, "statistic") for s in self._statistics}
         stats = set(self._statistics)
-        self._trainable = [w for w in weight_names if w not in stats]
+        self._trainable = [w for w in self._vars if w not in stats]
         self._version = 0
         self._compiled: dict[Any, Callable] = {}
         self._forward_hooks = HookList(self._changed)
         self._gradient_hooks = HookList(self._changed)
         self._update_hooks = HookList(self._changed)
+
+    def _add_adapters(self, adapters: Sequence[Adapter], values: Mapping[str, Any]) -> None:
+        """Adds each adapter's two variables (after the graph's weights) from ``values``."""
+        with tf.init_scope():
+            for adapter in adapters:
+                if adapter.target not in self._vars or adapter.target in self._adapters:
+                    raise WeightError(f"Adapter for {adapter.target!r}: no such base weight, or it has one already.")
+                base = self._vars[adapter.target]
+                for name, shape in zip((adapter.a, adapter.b), adapter.shapes(base.shape)):
+                    value = np.asarray(values[name])
+                    if value.shape != shape:
+                        raise WeightError(f"Adapter weight {name!r} has shape {shape}; received shape {value.shape}.")
+                    self._vars[name] = tf.Variable(value, name=_variable_name(name), trainable=False, dtype=base.dtype)
+                self._adapters[adapter.target] = adapter
+        index = {n: i for i, n in enumerate(self._vars)}
+        self._lora_plan = [(index[ad.target], index[ad.a], index[ad.b], ad) for ad in self._adapters.values()]
 
     def _changed(self) -> None:
         self._version += 1
@@ -337,11 +360,14 @@ class TFNet(tf.Module):
 
     @property
     def _weight_specs(self) -> list[tf.TensorSpec]:
-        return list(self._graph.weight_specs)
+        """One spec per weight, in :attr:`weight_names` order (the graph's, then the adapters)."""
+        count = len(self._graph.weight_specs)
+        extra = [tf.TensorSpec(v.shape, v.dtype) for v in list(self._vars.values())[count:]]
+        return list(self._graph.weight_specs) + extra
 
     @property
     def weight_names(self) -> list[str]:
-        """Every weight's name, in graph order."""
+        """Every weight's name: the graph's in graph order, then the adapters' (:meth:`with_lora`)."""
         return list(self._vars)
 
     @property
@@ -480,9 +506,11 @@ class TFNet(tf.Module):
     def _run_graph(
         self, inputs: Sequence[tf.Tensor], weights: Sequence[tf.Tensor], training: bool = False
     ) -> list[tf.Tensor]:
-        """Imports the graph into the function being traced, wired to ``inputs`` and ``weights``;
-        phase tensors get their training values when ``training``."""
-        return self._graph(inputs, weights, training=training)
+        """Imports the graph into the function being traced, wired to ``inputs`` and ``weights`` (all
+        of :attr:`weight_names`: each adapted weight is fed ``W + alpha / rank * A @ B``); phase
+        tensors get their training values when ``training``."""
+        graph_weights = adapted_weights(weights, self._lora_plan, len(self._graph.weight_names))
+        return self._graph(inputs, graph_weights, training=training)
 
     @property
     def _template(self) -> graph_pb2.GraphDef:
@@ -736,10 +764,12 @@ class TFNet(tf.Module):
         kept = gu.nodes_by_name(template)
         used = used_tensors(template) | set(outputs)
         inputs = [n for n in self.input_names if n in used]
-        values = {w: _copy(v) for w, v in self._vars.items() if w in kept}
+        adapters = [ad for ad in self._adapters.values() if ad.target in kept]
+        keep = kept.keys() | {n for ad in adapters for n in (ad.a, ad.b)}
+        values = {w: _copy(v) for w, v in self._vars.items() if w in keep}
         net = TFNet._from_template(
             template, inputs, outputs, values, self.statistics, self._trainable, name=self.name,
-            fold=self._graph.fold, phase_values=self._used_phase_values(template),
+            fold=self._graph.fold, phase_values=self._used_phase_values(template), adapters=adapters,
         )
         net._onnx_source = getattr(self, "_onnx_source", None)  # for save_onnx
         return net
@@ -773,7 +803,7 @@ class TFNet(tf.Module):
         outputs = [f"{name}/{o}" for o in head_outputs]
         net = TFNet._from_template(
             merged, self.input_names, outputs, values, stats, trainable, name=self.name, fold=self._graph.fold,
-            phase_values=self.phase_values,
+            phase_values=self.phase_values, adapters=list(self._adapters.values()),
         )
         net._onnx_source = getattr(self, "_onnx_source", None)  # for save_onnx
         return net
@@ -781,6 +811,119 @@ class TFNet(tf.Module):
     def _used_phase_values(self, template) -> dict[str, tuple]:
         kept = gu.nodes_by_name(template)
         return {k: v for k, v in self._graph.phase_values.items() if gu.node_name(k) in kept}
+
+    # ------------------------------------------------------------------ low-rank adapters
+
+    def with_lora(self, targets, rank: int = 8, alpha: float | None = None, *, seed: int | None = None) -> TFNet:
+        """Returns a new TFNet in which each target weight ``W`` is used as ``W + (alpha / rank) * A @ B``
+        (LoRA, with Keras 3's conventions; see :mod:`tfnet.lora`).
+
+        ``A`` and ``B`` are new weights named ``<W>/lora_a`` and ``<W>/lora_b``: ``A`` of shape
+        ``(in, rank)`` (``W.shape[:-1] + (rank,)`` for an attention projection's kernel, as Keras's
+        ``EinsumDense``) drawn He-uniform, ``B`` of shape ``(rank, out)`` at zero, so the new net
+        computes exactly what this one does. Only the adapters are trainable in the new net (set its
+        :attr:`trainable` to train more, e.g. ``lora.adapter_names + ["head/kernel"]``). This net is
+        left as it was; its weights are copied.
+
+        Saving a net with adapters (:meth:`save`, :meth:`save_saved_model`, :meth:`save_onnx`,
+        :meth:`frozen_graph_def`) writes :meth:`merged`'s graph: serving costs nothing extra.
+
+        Args:
+            targets: What :attr:`trainable` takes: a prefix string, a list of names, a compiled regex,
+                a callable ``name -> bool``, or ``True`` for every candidate (:meth:`lora_candidates`).
+                Prefix, regex and callable skip weights that are not kernels (biases, norms).
+            rank: The rank of ``A @ B``. Default: 8.
+            alpha: The scale's numerator. Default: None, which means ``rank`` (Keras's default).
+            seed: Seeds ``A``'s draw. Default: None (a fresh draw).
+
+        Raises:
+            WeightError: nothing matches; a named weight does not exist, is not a kernel, or already has
+                an adapter. The message lists the candidates, closest first.
+            ValueError: ``rank`` or ``alpha`` is not positive.
+
+        Example:
+            >>> import tensorflow as tf, numpy as np
+            >>> g = tf.Graph()
+            >>> with g.as_default():
+            ...     x = tf.compat.v1.placeholder(tf.float32, [None, 3], name="x")
+            ...     y = tf.matmul(x, tf.constant(np.ones((3, 2), np.float32), name="w"), name="y")
+            >>> lora = TFNet.from_frozen_graph(g.as_graph_def(), "x", "y").with_lora("w", rank=1, seed=0)
+            >>> lora.trainable
+            ['w/lora_a', 'w/lora_b']
+            >>> lora.forward(np.ones((1, 3), np.float32))
+            array([[3., 3.]], dtype=float32)
+        """
+        from tfnet import lora
+
+        found = self._lora_targets()
+        chosen = lora.select_targets(targets, found, self.weight_names, taken=self._adapters)
+        variables = self._vars
+        adapters, values = lora.new_adapters(
+            chosen, found, {n: tuple(variables[n].shape) for n in chosen},
+            {n: variables[n].dtype.as_numpy_dtype for n in chosen}, rank, alpha, seed)
+        clash = [n for n in values if n in variables or n in gu.nodes_by_name(self._template)]
+        if clash:
+            raise WeightError(f"The adapters' names {clash} are taken by the graph's own nodes; rename those nodes.")
+        values.update({w: _copy(v) for w, v in variables.items()})
+        every = list(self._adapters.values()) + adapters
+        net = TFNet._from_template(
+            self._template, self.input_names, self.output_names, values, self.statistics,
+            [n for ad in every for n in (ad.a, ad.b)], name=self.name, fold=self._graph.fold,
+            phase_values=self.phase_values, adapters=every,
+        )
+        net._onnx_source = getattr(self, "_onnx_source", None)  # for save_onnx (of the merged net)
+        return net
+
+    def lora_candidates(self) -> list[str]:
+        """The weights :meth:`with_lora` can target, in graph order: float kernels read by ``MatMul``,
+        ``BatchMatMul`` or ``Einsum`` (dense layers, attention projections) and embedding tables read
+        by ``Gather``; not convolution kernels, biases or normalisation scales."""
+        return list(self._lora_targets())
+
+    def _lora_targets(self) -> dict[str, str]:
+        from tfnet import lora
+
+        key = ("lora_targets",)
+        found = self._compiled.get(key)
+        if found is None:
+            base = [n for n in self._graph.weight_names if n not in set(self._statistics)]
+            found = lora.candidates(self._template, base, {n: tuple(self._vars[n].shape) for n in base})
+            self._compiled[key] = found
+        return found
+
+    @property
+    def adapters(self) -> dict[str, Adapter]:
+        """``{target weight: Adapter}`` (target, rank, alpha, layout; ``.a`` and ``.b`` name its weights),
+        empty for a net without adapters."""
+        return dict(self._adapters)
+
+    @property
+    def adapter_names(self) -> list[str]:
+        """The adapters' weight names (``<W>/lora_a``, ``<W>/lora_b`` for each target)."""
+        return [n for ad in self._adapters.values() for n in (ad.a, ad.b)]
+
+    def merged(self) -> TFNet:
+        """A plain TFNet with each adapter folded into its weight (``W + alpha / rank * A @ B``): the same
+        function, no adapters, so it saves as a frozen graph, SavedModel or ONNX and serves at the base
+        net's cost. Weights whose adapters were trainable are trainable in it; the rest keep their
+        state. A net without adapters gives a copy of itself."""
+        trainable = set(self._trainable)
+        keep = [n for n in self._trainable if n in self._graph.weight_names]
+        keep += [ad.target for ad in self._adapters.values() if {ad.a, ad.b} & trainable]
+        net = TFNet._from_template(
+            self._template, self.input_names, self.output_names, self._graph_weight_arrays(), self.statistics,
+            keep, name=self.name, fold=self._graph.fold, phase_values=self.phase_values,
+        )
+        net._onnx_source = getattr(self, "_onnx_source", None)  # for save_onnx
+        return net
+
+    def _graph_weight_arrays(self) -> dict[str, np.ndarray]:
+        """The values the graph's weight placeholders are fed, as numpy copies (adapters folded in)."""
+        names = self._graph.weight_names
+        if not self._adapters:
+            return {n: _copy(self._vars[n]) for n in names}
+        fed = adapted_weights(self._weight_values(), self._lora_plan, len(names))
+        return {n: np.array(t.numpy(), copy=True) for n, t in zip(names, fed)}
 
     # ------------------------------------------------------------------ training and saving
 
@@ -821,14 +964,16 @@ class TFNet(tf.Module):
     def save(self, path: PathLike, *, storage_options=None) -> None:
         """Writes ``path/frozen_inference_graph.pb`` (a frozen graph with the current weights) and
         ``path/graph_meta.json``, each atomically. Plain TensorFlow can import the graph;
-        :meth:`load` reads it back as an identical layer. ``path`` may be a URI fsspec understands
+        :meth:`load` reads it back as an identical layer (a net with adapters as its :meth:`merged`
+        net: checkpoints keep the adapters apart). ``path`` may be a URI fsspec understands
         (``s3://bucket/run/export``; ``pip install tfnet[s3]``), with its ``storage_options``."""
         from tfnet.saving import write_export_folder
 
-        write_export_folder(self, path, storage_options)
+        write_export_folder(self.merged() if self._adapters else self, path, storage_options)
 
     def save_onnx(self, path: PathLike) -> None:
-        """Writes the net as ONNX with the current weights, atomically, checked by ``onnx.checker``.
+        """Writes the net as ONNX with the current weights, atomically, checked by ``onnx.checker``
+        (a net with adapters: its :meth:`merged` net).
 
         A net made by :meth:`from_onnx` is written as the whole ONNX graph it came from (even if
         ``outputs`` chose other values). After :meth:`cut` and :meth:`add_head` it is written as the
@@ -842,16 +987,17 @@ class TFNet(tf.Module):
         """
         from tfnet.onnx.export import write_onnx
 
-        write_onnx(self, path)
+        write_onnx(self.merged() if self._adapters else self, path)
 
     def save_saved_model(self, path: PathLike) -> None:
-        """Writes a SavedModel with a ``serving_default`` signature and the weights as variables."""
+        """Writes a SavedModel with a ``serving_default`` signature and the weights as variables (a net
+        with adapters: its :meth:`merged` net)."""
         from tfnet.saving import write_saved_model
 
-        write_saved_model(self, path)
+        write_saved_model(self.merged() if self._adapters else self, path)
 
     def frozen_graph_def(self, phase: str | None = None) -> graph_pb2.GraphDef:
-        """The graph with the current weights baked in as constants.
+        """The graph with the current weights baked in as constants (adapters folded in).
 
         Args:
             phase: ``None`` keeps the :attr:`phase_values` tensors as they are (the saved graph
@@ -860,7 +1006,7 @@ class TFNet(tf.Module):
         """
         if phase not in (None, "inference", "training"):
             raise ValueError(f"`phase` must be None, 'inference' or 'training'. Received: phase={phase!r}")
-        graph_def = with_init_all_tables(gu.placeholders_to_consts(self._template, self.get_weights()))
+        graph_def = with_init_all_tables(gu.placeholders_to_consts(self._template, self._graph_weight_arrays()))
         if phase is None or not self._graph.phase_values:
             return graph_def
         index = 0 if phase == "training" else 1

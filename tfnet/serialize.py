@@ -1,5 +1,5 @@
-"""A TFNet as bytes: its weightless graph, names, weights and trainable selection, in one
-checksummed container (:mod:`tfnet.container`, no pickle). Used to ship a net to Spark workers.
+"""A TFNet as bytes: its weightless graph, names, weights, trainable selection and low-rank
+adapters (:mod:`tfnet.lora`), in one checksummed container (:mod:`tfnet.container`, no pickle). Used to ship a net to Spark workers.
 
 Hooks are code, so they are not in that container (loading a net from a file never runs code): they
 travel beside it, pickled with cloudpickle (:func:`hooks_to_bytes`, :func:`register_hooks`), wherever
@@ -26,6 +26,7 @@ def net_to_bytes(net) -> bytes:
         "phase_values": {k: [_jsonable(v) for v in pair] for k, pair in net.phase_values.items()},
         "fold": net._graph.fold,
         "name": net.name,
+        "lora": [ad.to_json() for ad in net.adapters.values()],
     }
     arrays["template"] = np.frombuffer(net._template.SerializeToString(), np.uint8)
     return pack(FORMAT, header, arrays)
@@ -37,6 +38,7 @@ def net_from_bytes(data: bytes):
     Raises:
         tfnet.container.ContainerError: not a serialized TFNet, or corrupt.
     """
+    from tfnet.lora import Adapter
     from tfnet.net import TFNet
 
     meta, arrays = unpack(data, FORMAT, what="serialized TFNet")
@@ -45,7 +47,8 @@ def net_from_bytes(data: bytes):
     values = {name: arrays[f"w{i:05d}"] for i, name in enumerate(meta["weights"])}
     return TFNet._from_template(template, meta["inputs"], meta["outputs"], values, meta["statistics"],
                                 meta["trainable"], name=meta["name"], fold=meta["fold"],
-                                phase_values={k: tuple(v) for k, v in meta.get("phase_values", {}).items()})
+                                phase_values={k: tuple(v) for k, v in meta.get("phase_values", {}).items()},
+                                adapters=[Adapter.from_json(item) for item in meta.get("lora", [])])
 
 
 def _jsonable(value):

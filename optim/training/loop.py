@@ -37,7 +37,14 @@ from optim.training.evaluation import (
 from optim.training.exchange import make_exchange
 from optim.training.liveness import Liveness
 from optim.training.reporting import EpochClock, Reporter
-from optim.training.restore import check_state, load_state, match_weights, split_exchange_state, state_arrays
+from optim.training.restore import (
+    check_state,
+    load_state,
+    match_weights,
+    saved_weights,
+    split_exchange_state,
+    state_arrays,
+)
 from optim.training.start import Start, load_initial_state, previous_server_state, resume_checkpoint
 from tfnet import storage
 
@@ -169,6 +176,7 @@ class _Run:
         self.checked = False
         self.epoch_sent_from = self.epoch_steps = 0  # the exchange's byte count at the epoch's start; its steps
         self.stopped = False
+        self.saved: dict = {}  # what saved_weights keeps for the run (the base weights' fingerprint)
 
     # ---- set-up
 
@@ -369,8 +377,9 @@ class _Run:
         server = self.exchange.state()
         if server:  # the server method's state (local SGD) follows the worker method's
             extra["exchange_state"] = len(server)
-        self.manager.save(Checkpoint(self.global_step, epoch, batch, self.net.get_weights(),
-                                     state_arrays(self.step_fn) + server, extra))
+        weights, base = saved_weights(self.net, self.saved)  # a net with adapters: those and the base's fingerprint
+        extra.update(base)
+        self.manager.save(Checkpoint(self.global_step, epoch, batch, weights, state_arrays(self.step_fn) + server, extra))
 
     def outcome(self) -> TrainOutcome:
         if self.skipped:

@@ -1,6 +1,8 @@
-"""What a run restores from a checkpoint: the weights matched to the net (by name, else by structure),
-the server method's state split from the worker method's, and the optimiser state checked against the
-step's. Beside :mod:`optim.training.checkpoint`, which reads and writes the files."""
+"""What a run saves in and restores from a checkpoint: the weights it holds (a net with low-rank
+adapters: the adapters and the trainable weights, with the fingerprint of the frozen base they belong
+to), the weights matched to the net (by name, else by structure), the server method's state split
+from the worker method's, and the optimiser state checked against the step's. Beside
+:mod:`optim.training.checkpoint`, which reads and writes the files."""
 
 from __future__ import annotations
 
@@ -13,8 +15,35 @@ import tensorflow as tf
 
 from optim.errors import CheckpointError, CheckpointWarning
 from optim.training.checkpoint import Checkpoint
+from tfnet.lora import carried_weight_names, fingerprint
 
-__all__ = ["check_state", "fits", "load_state", "match_weights", "split_exchange_state", "state_arrays"]
+__all__ = ["BASE_KEY", "base_record", "check_state", "fits", "load_state", "match_weights", "saved_weights",
+           "split_exchange_state", "state_arrays"]
+
+#: A checkpoint's ``extra`` entry for a net with adapters: ``{"sha256": the fingerprint of the weights
+#: it leaves out (the frozen base), "count": how many they are}``.
+BASE_KEY = "base_weights"
+
+
+def saved_weights(net, cache: dict) -> tuple[dict[str, np.ndarray], dict]:
+    """``(weights, extra entries)`` for a checkpoint of ``net``: every weight of a plain net; for a net
+    with adapters (:meth:`tfnet.TFNet.with_lora`), the adapters and the trainable weights, and under
+    :data:`BASE_KEY` the fingerprint of the rest, which training cannot change. ``cache`` (a dict
+    kept for the run) holds that fingerprint after the first call: it is computed once."""
+    names = carried_weight_names(net)
+    if len(names) == len(net.weight_names):
+        return net.get_weights(), {}
+    if "base" not in cache:
+        cache["base"] = base_record(net, names)
+    return net.get_weights(names), {BASE_KEY: dict(cache["base"])}
+
+
+def base_record(net, carried) -> dict:
+    """``{"sha256", "count"}`` of the weights of ``net`` that are not in ``carried``, in the net's order."""
+    carried = set(carried)
+    variables = net.weight_variables
+    left = {n: variables[n].numpy() for n in net.weight_names if n not in carried}
+    return {"sha256": fingerprint(left), "count": len(left)}
 
 
 def match_weights(ckpt: Checkpoint, net) -> list[np.ndarray]:
@@ -22,9 +51,16 @@ def match_weights(ckpt: Checkpoint, net) -> list[np.ndarray]:
     model rebuilt in the same process is named ``sequential_5/...`` instead of ``sequential_4/...``),
     by order and shape, as Keras's ``load_weights`` matches, with a warning that says so.
 
+    A checkpoint of a net with adapters holds only some weights (:func:`saved_weights`): the rest come
+    from the net, once their fingerprint matches the checkpoint's.
+
     Raises:
-        CheckpointError: neither the names nor the structure (count, order and shapes) match.
+        CheckpointError: neither the names nor the structure (count, order and shapes) match; or
+            the checkpoint's adapters belong to other base weights than the net's.
     """
+    base = ckpt.extra.get(BASE_KEY)
+    if base is not None:
+        return _match_adapted(ckpt, net, base)
     names = net.weight_names
     if all(n in ckpt.weights for n in names):
         return [ckpt.weights[n] for n in names]
@@ -43,6 +79,27 @@ def match_weights(ckpt: Checkpoint, net) -> list[np.ndarray]:
         f"({len(theirs)} weights, this net has {len(names)}; or their shapes differ); it was written for another "
         "model. Use another model_dir or resume=False."
     )
+
+
+def _match_adapted(ckpt: Checkpoint, net, base: dict) -> list[np.ndarray]:
+    names = net.weight_names
+    foreign = [n for n in ckpt.weights if n not in names]
+    if foreign:
+        raise CheckpointError(
+            f"Checkpoint {ckpt.path} holds weights {foreign[:5]} that this net does not have; it was written for "
+            f"a net with other adapters (this one has {len(net.adapters)}: {list(net.adapters)[:5]}). Build the net "
+            "with the same with_lora(...), or use another model_dir or resume=False."
+        )
+    mine = base_record(net, ckpt.weights)
+    if mine["sha256"] != base["sha256"]:
+        raise CheckpointError(
+            f"Checkpoint {ckpt.path} holds adapters trained on base weights of fingerprint {base['sha256']} "
+            f"({base.get('count')} weights), but this net's base weights have fingerprint {mine['sha256']} "
+            f"({mine['count']} weights): they belong to another base model. Resume onto the base they were trained "
+            "on, or use another model_dir or resume=False."
+        )
+    current = net.weight_variables
+    return [ckpt.weights[n] if n in ckpt.weights else current[n].numpy() for n in names]
 
 
 def split_exchange_state(ckpt: Checkpoint) -> tuple[Checkpoint, list]:

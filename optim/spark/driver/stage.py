@@ -21,6 +21,7 @@ from optim.training import comm_threads
 from optim.training.config import TrainConfig
 from optim.training.datasets import ArrayDataset, TFDataDataset, TFDataset
 from tfnet import storage
+from tfnet.lora import carried_weight_names
 from tfnet.serialize import hooks_to_bytes
 
 __all__ = ["Cleanup", "DistributedResult", "Stage", "check_workers", "per_rank_batch", "rank_job", "result_bytes",
@@ -236,9 +237,12 @@ def result_from_payload(data: bytes) -> DistributedResult:
 
 
 def result_bytes(opt, config: TrainConfig) -> int:
-    """What rank 0's result holds: every weight, the optimiser state (its slots are sized like
-    the trainable weights; estimated from the method's own state), and local SGD's server state."""
-    weights = sum(int(v.shape.num_elements() or 0) * v.dtype.size for v in opt.net.weight_variables.values())
+    """What rank 0's result holds: every weight (a net with adapters: those and the trainable ones), the
+    optimiser state (its slots are sized like the trainable weights; estimated from the method's own
+    state), and local SGD's server state."""
+    variables = opt.net.weight_variables
+    weights = sum(int(variables[n].shape.num_elements() or 0) * variables[n].dtype.size
+                  for n in carried_weight_names(opt.net))
     trainable = sum(int(v.shape.num_elements() or 0) * v.dtype.size for v in opt.net.trainable_variables)
     state = sum(int(np.asarray(a).nbytes) for a in opt.state) if opt.state is not None else 2 * trainable
     server = 0

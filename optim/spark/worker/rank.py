@@ -324,13 +324,16 @@ def _reporter(job: RankJob, rank: int):
 
 def _payload(net, outcome, plan: dict) -> bytes:
     """Rank 0's result: the weights and optimiser state as arrays, and what the run did (the step
-    it started from and the checkpoint that was, the rows per rank and steps per epoch)."""
+    it started from and the checkpoint that was, the rows per rank and steps per epoch). A net with
+    low-rank adapters returns those and its trainable weights only: its frozen base cannot change."""
     from tfnet.container import pack
+    from tfnet.lora import carried_weight_names
 
-    arrays = {f"w{i:05d}": v for i, v in enumerate(net.get_weights().values())}
+    weights = net.get_weights(carried_weight_names(net))
+    arrays = {f"w{i:05d}": v for i, v in enumerate(weights.values())}
     arrays.update({f"s{i:05d}": np.asarray(leaf) for i, leaf in enumerate(outcome.state)})
     arrays.update({f"x{i:05d}": np.asarray(leaf) for i, leaf in enumerate(outcome.exchange_state)})
-    header = {"history": outcome.history, "step": outcome.step, "weights": net.weight_names,
+    header = {"history": outcome.history, "step": outcome.step, "weights": list(weights),
               "state_leaves": len(outcome.state), "exchange_leaves": len(outcome.exchange_state),
               "start_step": outcome.start_step, "stopped": outcome.stopped,
               "resumed_from": outcome.resumed_from, **plan}

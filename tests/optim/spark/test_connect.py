@@ -211,3 +211,26 @@ def test_killed_rank_is_retried_from_its_own_checkpoint(connect, tmp_path):
     start = CheckpointManager.load(resumed).step
     assert run["attempt_log"][-1]["start_step"] == start >= 12, "resumed, not restarted from step 0"
     assert not touches, touches[0]
+
+
+def test_lora_adapters_train_from_connect(connect):
+    """A net with low-rank adapters shipped from a Connect client: the ranks rebuild its adapters, only
+    they are averaged, the base comes back as it went, and the adapters equal a run in this process."""
+    session, touches = connect
+    x, y = digits.load()
+    net = cnn_net(seed=3).with_lora(True, rank=4, seed=0)
+    base = {n: v for n, v in net.get_weights().items() if n not in net.adapter_names}
+    opt = TFOptimizer(net, SCE, optim.SGD(0.05, momentum=0.9))
+    history = opt.optimize((x[:ROWS], y[:ROWS]), epochs=2, batch_size=32, shuffle=False, num_workers=2, verbose=0)
+    assert opt.last_run["mode"] == "connect"
+    adapter_bytes = sum(net.weight_variables[n].numpy().nbytes for n in net.adapter_names)
+    assert history["bytes_per_step"] == [adapter_bytes + 4] * 2
+    local = cnn_net(seed=3).with_lora(True, rank=4, seed=0)
+    TFOptimizer(local, SCE, optim.SGD(0.05, momentum=0.9)).optimize((x[:ROWS], y[:ROWS]), epochs=2, batch_size=32,
+                                                                    shuffle=False, verbose=0)
+    for name in net.adapter_names:
+        np.testing.assert_allclose(net.get_weights()[name], local.get_weights()[name], rtol=1e-4, atol=1e-5,
+                                   err_msg=name)
+    for name, value in base.items():
+        assert np.array_equal(net.get_weights()[name], value), name
+    assert not touches, touches[0]
