@@ -78,6 +78,7 @@ PATCH
     wheel=$(ls "$CACHE"/horovod-${HVD_VERSION}-*.whl | head -n 1)
 fi
 
-"$PY" -m pip install --quiet --no-deps "$wheel"
+# --force-reinstall: the same version without the patches may be installed (an older .venv)
+"$PY" -m pip install --quiet --no-deps --force-reinstall "$wheel"
 "$PY" -c "$CHECK" || { echo "[tfnet] $wheel is not a Horovod with Gloo and tfnet's patches ($PATCHES)" >&2; exit 1; }
 echo "[tfnet] horovod ${HVD_VERSION} installed from $wheel"

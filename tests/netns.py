@@ -9,7 +9,9 @@ For tests and benchmarks; needs root (``ip``, ``tc``, ``iptables``).
   end is a port of the bridge) at ``<subnet>.11``, ``.12``, ... and only the subnet's route: no
   default route, so their traffic cannot leave the namespaces the network made;
 * the **root host**: the machine's own namespace, on the bridge through a veth of its own at
-  ``<subnet>.1`` (where a test puts the Spark master, the driver and the S3 server);
+  ``<subnet>.1`` (where a test's driver runs);
+* with ``services=True``, a **services host**: a namespace at ``<subnet>.2`` for the Spark master and
+  an S3 server, so that a killed run leaves no process outside the namespaces (the sweep kills them);
 * **shaped links**: every link is limited to ``rate`` in each direction, and a packet from one host
   to another arrives ``delay_ms`` later (one way). With ``tc``'s ``netem`` in the kernel: ``netem
   rate R delay D/2`` on both ends of every link (two links between two hosts). Without it (this
@@ -152,20 +154,24 @@ def _rate_bits(rate: str) -> float:
 
 @dataclass
 class Host:
-    """One host of the network: its namespace (None: the root host), its address, and a private
-    temporary folder (bound over ``/tmp`` for what :meth:`Network.popen` starts there)."""
+    """One host of the network: its name (``h0``, ``h1``, ..., ``sv``, ``root``), its namespace (None:
+    the root host), its address, and a private temporary folder (bound over ``/tmp`` for what
+    :meth:`Network.popen` starts there)."""
 
-    index: int | None
+    name: str
     ns: str | None
     address: str
     tmp: str
+    dev: str = ""  # its end of its link
+    port: str = ""  # the switch's end
 
 
 class Network:
     """``hosts`` namespaces and the root host on one switch; see the module.
 
     Args:
-        hosts: Namespaced hosts.
+        hosts: Namespaced hosts (for Spark's workers).
+        services: Add the services host (``.2``, for the master and an S3 server). Default False.
         rate: Each link's rate in each direction, as ``tc`` writes it (``"1gbit"``, ``"10gbit"``);
             None: not limited.
         delay_ms: One-way delay between two hosts (milliseconds); 0: none.
@@ -173,22 +179,25 @@ class Network:
             ``"netem"`` or ``"tbf+queue"``.
 
     Attributes:
-        hosts: The namespaced :class:`Host` s; ``root``: the root host.
+        hosts: The namespaced :class:`Host` s; ``root``: the root host; ``services``: the services
+            host, or None.
         shaping: What shapes the links (``"netem"``, ``"tbf+queue"`` or ``"none"``).
         subnet: The network's ``/24``.
     """
 
-    def __init__(self, hosts: int = 2, rate: str | None = "1gbit", delay_ms: float = 0.2, shaping: str = "auto"):
+    def __init__(self, hosts: int = 2, rate: str | None = "1gbit", delay_ms: float = 0.2, shaping: str = "auto",
+                 services: bool = False):
         if shaping not in ("auto", "netem", "tbf+queue"):
             raise ValueError(f"`shaping` must be 'auto', 'netem' or 'tbf+queue'. Received: {shaping!r}")
         if rate is not None:
             _rate_bits(rate)
-        self.n, self.rate, self.delay_ms, self.wanted = hosts, rate, float(delay_ms), shaping
+        self.n, self.rate, self.delay_ms, self.wanted, self.with_services = hosts, rate, float(delay_ms), shaping, services
         self.tag = f"{os.getpid()}-{next(_counter)}"
         self.link_tag = f"{LINK_PREFIX}{os.getpid():x}-{int(self.tag.split('-')[1]) % 16:x}"
         self.switch = f"{PREFIX}{self.tag}-sw"
         self.hosts: list[Host] = []
         self.root: Host | None = None
+        self.services: Host | None = None
         self.shaping = "none"
         self.subnet: ipaddress.IPv4Network | None = None
         self.dir = tempfile.mkdtemp(prefix="tfnet-netns-")
@@ -207,9 +216,11 @@ class Network:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 self.subnet = _free_subnet()
                 self._switch()
-                self.root = self._link(None)  # takes the subnet's .1 in the root namespace: seen by the next run
+                self.root = self._link("root", 1)  # takes the subnet's .1 in the root namespace: seen by the next run
+            if self.with_services:
+                self.services = self._link("sv", 2)
             for i in range(self.n):
-                self.hosts.append(self._link(i))
+                self.hosts.append(self._link(f"h{i}", 11 + i))
             self._shape()
         except BaseException:
             self.stop()
@@ -226,11 +237,12 @@ class Network:
         sh("ip", "link", "add", "br0", "type", "bridge", ns=self.switch)
         sh("ip", "link", "set", "br0", "up", ns=self.switch)
 
-    def _link(self, index: int | None) -> Host:
-        """A host (``index``; None: the root host) and its link to the switch."""
-        role = "r" if index is None else f"h{index}"
-        address = str(self.subnet.network_address + (1 if index is None else 11 + index))
-        near, far = f"{self.link_tag}{role}", f"{self.link_tag}{role}s"  # far: the switch's port
+    def _link(self, role: str, last: int) -> Host:
+        """The host ``role`` (``root``: this machine's namespace) at the subnet's address ``last``, and
+        its link to the switch."""
+        address = str(self.subnet.network_address + last)
+        short = "r" if role == "root" else role  # link names have at most 15 characters
+        near, far = f"{self.link_tag}{short}", f"{self.link_tag}{short}s"  # far: the switch's port
         sh("ip", "link", "add", near, "type", "veth", "peer", "name", far)
         self._made.append(("link", near))
         sh("ip", "link", "set", far, "netns", self.switch)
@@ -238,8 +250,8 @@ class Network:
         sh("ip", "link", "set", far, "up", ns=self.switch)
         ns = None
         dev = near
-        if index is not None:
-            ns = f"{PREFIX}{self.tag}-h{index}"
+        if role != "root":
+            ns = f"{PREFIX}{self.tag}-{role}"
             self._ns(ns)
             sh("ip", "link", "set", near, "netns", ns)
             sh("ip", "link", "set", near, "name", "eth0", ns=ns)
@@ -250,9 +262,7 @@ class Network:
         tmp = os.path.join(self.dir, role)
         os.makedirs(tmp, mode=0o1777)
         os.chmod(tmp, 0o1777)
-        host = Host(index, ns, address, tmp)
-        host.dev, host.port = dev, far  # type: ignore[attr-defined]
-        return host
+        return Host(role, ns, address, tmp, dev, far)
 
     def _shape(self) -> None:
         """Rate and delay on every link (see the module)."""
@@ -263,10 +273,21 @@ class Network:
             mode = "netem" if has_netem(self.switch, "br0") else "tbf+queue"
         if mode == "tbf+queue" and self.delay_ms:
             self._start_delay()
-        for host in [self.root, *self.hosts]:
+        for host in self.all_hosts():
             for ns, dev in ((host.ns, host.dev), (self.switch, host.port)):
                 sh("tc", "qdisc", "add", "dev", dev, "root", *self._qdisc(mode), ns=ns)
         self.shaping = mode
+
+    def reshape(self, rate: str | None) -> None:
+        """Gives every link another ``rate`` (the delay stays as it is)."""
+        if rate is not None:
+            _rate_bits(rate)
+        if self.shaping == "none":
+            raise ValueError("The links were made without shaping: make the network with a rate or a delay.")
+        self.rate = rate
+        for host in self.all_hosts():
+            for ns, dev in ((host.ns, host.dev), (self.switch, host.port)):
+                sh("tc", "qdisc", "replace", "dev", dev, "root", *self._qdisc(self.shaping), ns=ns)
 
     def _qdisc(self, mode: str) -> list[str]:
         if mode == "netem":
@@ -309,6 +330,10 @@ class Network:
 
     # ------------------------------------------------------------ using it
 
+    def all_hosts(self) -> list[Host]:
+        """The root host, the services host (if any) and the namespaced hosts."""
+        return [self.root, *([self.services] if self.services else []), *self.hosts]
+
     def command(self, host: Host, cmd: list[str]) -> list[str]:
         """``cmd`` as it runs on ``host``: in its namespace, with its own ``/tmp`` (a private mount)."""
         if host.ns is None:
@@ -329,7 +354,7 @@ class Network:
         """Starts counting the bytes each namespaced host sends to each other host (iptables
         rules without a target in its ``OUTPUT`` chain); read them with :meth:`sent_bytes`."""
         for host in self.hosts:
-            for other in [self.root, *self.hosts]:
+            for other in self.all_hosts():
                 if other is not host:
                     sh("iptables", "-w", "-A", "OUTPUT", "-o", "eth0", "-d", other.address, ns=host.ns)
 
@@ -341,6 +366,24 @@ class Network:
             if len(parts) >= 8 and parts[0].isdigit():
                 out[parts[7]] = out.get(parts[7], 0) + int(parts[1])
         return out
+
+    def measure(self, a: Host, b: Host, seconds: float = 2.0) -> dict:
+        """What the link from ``a`` to ``b`` gives one TCP connection: the median round trip of one
+        byte (``rtt_ms``, over 200) and the rate of a stream (``gbit_s``, for ``seconds``)."""
+        server = self.popen(b, [sys.executable, "-c", _ECHO_SERVER, b.address], stdout=subprocess.PIPE, text=True)
+        try:
+            ready = server.stdout.readline()
+            if not ready.startswith("PORT "):
+                raise NetworkSetupError(f"The echo server on {b.address} did not start: {ready!r}")
+            out = subprocess.run(self.command(a, [sys.executable, "-c", _PROBE, b.address, ready.split()[1],
+                                                  str(seconds)]), capture_output=True, text=True,
+                                 timeout=seconds + 60)
+            if out.returncode != 0:
+                raise NetworkSetupError(f"The link probe from {a.address} to {b.address} failed: {out.stderr[-1000:]}")
+            return json.loads(out.stdout.strip().splitlines()[-1])
+        finally:
+            server.kill()
+            server.wait(10)
 
     def routes(self, host: Host) -> list[str]:
         """The host's IPv4 routes."""
@@ -377,3 +420,38 @@ class Network:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+_ECHO_SERVER = """
+import socket, sys
+s = socket.socket()
+s.bind((sys.argv[1], 0))
+s.listen(1)
+print("PORT", s.getsockname()[1], flush=True)
+c, _ = s.accept()
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+while True:
+    d = c.recv(1 << 20)
+    if not d:
+        break
+    if len(d) == 1:
+        c.sendall(d)
+"""
+
+_PROBE = """
+import json, socket, sys, time
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+rtts = []
+for _ in range(200):
+    t = time.perf_counter()
+    c.sendall(b"x")
+    c.recv(1)
+    rtts.append(time.perf_counter() - t)
+rtts.sort()
+buf, sent, t = b"\\0" * (1 << 20), 0, time.perf_counter()
+while time.perf_counter() - t < float(sys.argv[3]):
+    c.sendall(buf)
+    sent += len(buf)
+print(json.dumps({"rtt_ms": rtts[100] * 1e3, "gbit_s": sent * 8 / (time.perf_counter() - t) / 1e9}))
+"""

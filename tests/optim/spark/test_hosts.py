@@ -1,7 +1,7 @@
 """Hosts that are not one machine (issue 31): a Spark standalone cluster whose two workers each run in
 a network namespace of their own (own address, loopback and /tmp; a veth to a bridge; links of
-1 Gbit/s with 0.2 ms of delay: :mod:`tests.netns`), the master, the driver and an S3 server (moto) on
-the network's root host. The ranks reach ``model_dir`` on S3 and the driver's rendezvous over the
+1 Gbit/s with 0.2 ms of delay: :mod:`tests.netns`), the master and an S3 server (moto) on a services
+host of their own, the driver on the network's root host (this machine's namespace). The ranks reach ``model_dir`` on S3 and the driver's rendezvous over the
 shaped links, Gloo connects the ranks over their namespaces' addresses, and the run survives a lost
 host by going on with one rank."""
 
@@ -27,34 +27,8 @@ STEPS_PER_EPOCH = 1024 // 32
 
 @pytest.fixture
 def network():
-    with Network(hosts=2, rate="1gbit", delay_ms=0.2) as net:
+    with Network(hosts=2, rate="1gbit", delay_ms=0.2, services=True) as net:
         yield net
-
-
-@pytest.fixture
-def s3(network, tmp_path):
-    """A moto S3 server on the root host's address of the network (port 0, read from its banner),
-    with a bucket; yields its endpoint and a boto3 client."""
-    log = tmp_path / "moto.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H",
-                                 network.root.address, "-p", "0"], stdout=out, stderr=subprocess.STDOUT)
-    try:
-        endpoint, deadline = None, time.time() + 60
-        while endpoint is None:
-            assert proc.poll() is None and time.time() < deadline, log.read_text(errors="replace")
-            m = re.search(r"Running on (http://[0-9.]+:\d+)", log.read_text(errors="replace"))
-            endpoint = m and m.group(1)
-            time.sleep(0.1)
-        import boto3
-
-        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
-                              aws_secret_access_key="testing", region_name="us-east-1")
-        client.create_bucket(Bucket=BUCKET)
-        yield endpoint, client
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def keys(client, prefix):
@@ -75,15 +49,21 @@ def rank_infos(client, prefix):
     return out
 
 
-def test_a_cluster_of_namespaced_hosts_trains_on_s3_and_survives_a_lost_host(network, s3):
-    endpoint, client = s3
+def test_a_cluster_of_namespaced_hosts_trains_on_s3_and_survives_a_lost_host(network):
+    import boto3
+
     net = network
     assert net.shaping in ("netem", "tbf+queue")
     for host in net.hosts:  # the hosts reach the subnet and nothing else
         assert net.routes(host) == [r for r in net.routes(host) if r.startswith(str(net.subnet))], net.routes(host)
     net.count_traffic()
     prefix = "hosts/run/"
+    t0 = time.time()
     with NetnsCluster(net, cores=1) as cluster:
+        t_up = time.time()
+        endpoint = cluster.start_s3(BUCKET)
+        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+                              region_name="us-east-1")
         driver = subprocess.Popen(
             [sys.executable, "-m", "tests.optim.spark.hosts_driver", cluster.url, net.root.address,
              f"s3://{BUCKET}/{prefix[:-1]}", endpoint, str(EPOCHS), "1", "5", "0.03"],
@@ -101,11 +81,15 @@ def test_a_cluster_of_namespaced_hosts_trains_on_s3_and_survives_a_lost_host(net
                 time.sleep(0.3)
             lost = cluster.worker_on(before[(0, 1)]["address"])
             cluster.kill_worker(lost)
+            t_kill = time.time()
             out, err = driver.communicate(timeout=300)
+            after = rank_infos(client, prefix)
         finally:
             if driver.poll() is None:
                 driver.kill()
                 driver.wait(10)
+    print(f"\nthe cluster came up in {t_up - t0:.0f} s, the first checkpoint {t_kill - t_up:.0f} s later, the run ended "
+          f"{time.time() - t_kill:.0f} s after the kill")
     result = [line for line in out.splitlines() if line.startswith("RESULT ")]
     assert driver.returncode == 0 and result, out[-2000:] + err[-5000:]
     res = json.loads(result[0][len("RESULT "):])
@@ -119,7 +103,6 @@ def test_a_cluster_of_namespaced_hosts_trains_on_s3_and_survives_a_lost_host(net
 
     # every rank met the driver's rendezvous at the root host, and Gloo listened on its own host's
     # address (eth0 of its namespace), not on a loopback or an address the hosts share
-    after = rank_infos(client, prefix)
     hosts = {h.address for h in net.hosts}
     first = [before[(0, r)] for r in (0, 1)]
     assert {i["address"] for i in first} == hosts, first
@@ -127,6 +110,7 @@ def test_a_cluster_of_namespaced_hosts_trains_on_s3_and_survives_a_lost_host(net
         if "gloo_iface" in info:
             assert info["gloo_iface"] == "eth0" and info["gloo_address"] == info["address"] in hosts, info
             assert info["rendezvous"].startswith(f"{net.root.address}:"), info
+            assert set(info["hosts"]) <= hosts and len(info["hosts"]) == info["size"], info
     survivor = after[(max(a for a, _ in after), 0)]
     assert survivor["address"] != first[1]["address"] and survivor["size"] == 1, survivor
 
@@ -136,5 +120,5 @@ def test_a_cluster_of_namespaced_hosts_trains_on_s3_and_survives_a_lost_host(net
     a, b = net.hosts
     sent_ab, sent_ba = net.sent_bytes(a)[b.address], net.sent_bytes(b)[a.address]
     assert min(sent_ab, sent_ba) >= gradients * run["membership"][1]["step"], (sent_ab, sent_ba, gradients)
-    # and model_dir's traffic went over the links to the root host
-    assert max(net.sent_bytes(h)[net.root.address] for h in net.hosts) > 1 << 20
+    # and model_dir's traffic (the net, checkpoints, the result) went over the links to the services host
+    assert max(net.sent_bytes(h)[net.services.address] for h in net.hosts) > 1 << 20
