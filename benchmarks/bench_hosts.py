@@ -160,7 +160,9 @@ def main(argv=None):
     from tests.netns_cluster import NetnsCluster
 
     print(banner(), flush=True)
-    out: dict = {"machine": machine(), "args": vars(args), "links": {}, "runs": {}, "modes": {}}
+    print(f"# load average before: {os.getloadavg()[0]:.1f} (other processes share these cores)", flush=True)
+    out: dict = {"machine": machine(), "args": vars(args), "links": {}, "runs": {}, "modes": {},
+                 "load_before": os.getloadavg()[0]}
     with Network(hosts=args.ranks, rate=args.rates[0], delay_ms=args.delay_ms, services=True) as net:
         print(f"# {args.ranks} hosts on {net.subnet}, links shaped by {net.shaping}, {args.delay_ms} ms one way",
               flush=True)
@@ -176,7 +178,9 @@ def main(argv=None):
     out["delay_process"] = net.delay_stats
     if not args.no_ceiling:
         out["ceiling"] = machine_ceiling(args.onednn, args.per_rank_batch, max(6, args.steps), args.ranks)
+    out["load_after"] = os.getloadavg()[0]
     _report(out, args)
+    print(f"# load average after: {out['load_after']:.1f}")
     write_json(args.json, out)
     return out
 
