@@ -77,17 +77,20 @@ fi
 # --- Horovod: the cached wheel if there is one, and the sdist for the in-image build otherwise --
 tf_version=$(sed -n -E 's/^tensorflow[-_]cpu==//p' "$WH/requirements.txt")
 [ -n "$tf_version" ] || die "no tensorflow-cpu pin in $WH/requirements.txt"
+# the sdist in tf-<version>-py311/, a wheel with tfnet's patches in tf-<version>-py311-<patch level>/ (as build_horovod.sh keeps them)
+patches=$(sed -n -E 's/^PATCHES="([^"]*)".*/\1/p' scripts/build_horovod.sh | tr ' ' '+')
+[ -n "$patches" ] || die "no PATCHES line in scripts/build_horovod.sh"
 hvd_dir="$WH/horovod/tf-${tf_version}-py311"
-mkdir -p "$hvd_dir"
-cached=$(ls "${TFNET_WHEEL_CACHE:-$HOME/.cache/tfnet/wheels}/tf-${tf_version}-py311/horovod-${HVD_VERSION}-"*.whl 2>/dev/null | head -n 1 || true)
-if [ -n "$cached" ] && ! cmp -s "$cached" "$hvd_dir/$(basename "$cached")"; then
-    cp "$cached" "$hvd_dir/"
+mkdir -p "$hvd_dir" "$hvd_dir-$patches"
+cached=$(ls "${TFNET_WHEEL_CACHE:-$HOME/.cache/tfnet/wheels}/tf-${tf_version}-py311-$patches/horovod-${HVD_VERSION}-"*.whl 2>/dev/null | head -n 1 || true)
+if [ -n "$cached" ] && ! cmp -s "$cached" "$hvd_dir-$patches/$(basename "$cached")"; then
+    cp "$cached" "$hvd_dir-$patches/"
 fi
 if [ ! -f "$hvd_dir/horovod-${HVD_VERSION}.tar.gz" ]; then
     "$PY" -m pip download --quiet --no-deps --no-binary :all: "horovod==${HVD_VERSION}" -d "$hvd_dir"
 fi
-if ls "$hvd_dir"/horovod-*.whl >/dev/null 2>&1; then
-    log "Horovod: the cached wheel $(basename "$(ls "$hvd_dir"/horovod-*.whl | head -n 1)")"
+if ls "$hvd_dir-$patches"/horovod-*.whl >/dev/null 2>&1; then
+    log "Horovod: the cached wheel $(basename "$(ls "$hvd_dir-$patches"/horovod-*.whl | head -n 1)") ($patches)"
 else
     log "Horovod: no cached wheel; the image's builder stage compiles it (about 7 minutes on 2 free cores)"
 fi

@@ -18,9 +18,11 @@ ENTRYPOINT = os.path.join(ROOT, "docker", "entrypoint.sh")
 
 class StandaloneCluster:
     """``with StandaloneCluster(workers=2) as c: c.url`` starts a master and workers of one core
-    each, and stops them (and their executors) on exit."""
+    each, and stops them (and their executors) on exit. ``host``: the address the master (and, here,
+    the workers) bind and advertise."""
 
-    def __init__(self, workers: int = 2, cores: int = 1, memory: str = "2g"):
+    def __init__(self, workers: int = 2, cores: int = 1, memory: str = "2g", host: str = "127.0.0.1"):
+        self.host = host
         self.n_workers = workers
         self.cores = cores
         self.memory = memory
@@ -35,26 +37,35 @@ class StandaloneCluster:
     def _env(self, **extra) -> dict:
         env = dict(os.environ)
         env.update(
-            PYTHON=sys.executable, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1",
-            SPARK_MASTER_HOST="127.0.0.1", SPARK_MASTER_PORT="0", SPARK_MASTER_WEBUI_PORT="0",
+            PYTHON=sys.executable, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP=self.host,
+            SPARK_MASTER_HOST=self.host, SPARK_MASTER_PORT="0", SPARK_MASTER_WEBUI_PORT="0",
             SPARK_MASTER_URL=self.url, SPARK_WORKER_CORES=str(self.cores), SPARK_WORKER_MEMORY=self.memory,
-            SPARK_WORKER_HOST="127.0.0.1", SPARK_LOG_DIR=self.dir, SPARK_NO_DAEMONIZE="1",
+            SPARK_WORKER_HOST=self.host, SPARK_LOG_DIR=self.dir, SPARK_NO_DAEMONIZE="1",
         )
         env.update(extra)
         return env
 
-    def _spawn(self, role: str, log: str, **env) -> subprocess.Popen:
+    def _spawn(self, role: str, log: str, wrap=None, **env) -> subprocess.Popen:
+        """``entrypoint.sh ROLE`` with the cluster's environment and ``env``; ``wrap(cmd)``: the command
+        line that runs it (another host's, :class:`tests.netns_cluster.NetnsCluster`)."""
         out = open(os.path.join(self.dir, log), "wb")
-        return subprocess.Popen(["bash", ENTRYPOINT, role], env=self._env(**env), stdout=out, stderr=subprocess.STDOUT,
+        cmd = ["bash", ENTRYPOINT, role]
+        return subprocess.Popen(wrap(cmd) if wrap else cmd, env=self._env(**env), stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
 
     def start(self) -> StandaloneCluster:
-        self.master = self._spawn("master", "master.log")
-        self._wait(self._read_master_ports, 90, "the master's ports")
-        self._wait(lambda: self._alive_workers() is not None, 90, "the master")
-        for _ in range(self.n_workers):
-            self.add_worker()
-        self._wait(lambda: (self._alive_workers() or 0) >= self.n_workers, 90, "the workers")
+        """Starts the master and the workers and waits for them (90 s each); stops what it started
+        when one does not come up."""
+        try:
+            self.master = self._spawn("master", "master.log")
+            self._wait(self._read_master_ports, 90, "the master's ports")
+            self._wait(lambda: self._alive_workers() is not None, 90, "the master")
+            for _ in range(self.n_workers):
+                self.add_worker()
+            self._wait(lambda: (self._alive_workers() or 0) >= self.n_workers, 90, "the workers")
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def add_worker(self) -> subprocess.Popen:
@@ -85,7 +96,7 @@ class StandaloneCluster:
 
     def _alive_workers(self) -> int | None:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.webui}/json/", timeout=2) as r:
+            with urllib.request.urlopen(f"http://{self.host}:{self.webui}/json/", timeout=2) as r:
                 import json
 
                 data = json.loads(r.read())

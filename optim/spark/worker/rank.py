@@ -82,7 +82,8 @@ def agree_steps(rows: list[int], per_rank_batch: int) -> int:
 
 def _write_rank_info(config, rank: int, attempt: int, **extra) -> None:
     """``model_dir/ranks/<run id>/rank-<N>.json``: where this rank runs (for operators and tests),
-    with ``extra`` (written again once Horovod runs: how many of its threads run at idle priority)."""
+    with ``extra`` (written again once Horovod runs: its network, :func:`_network`, and how many of
+    its threads run at idle priority)."""
     if not config.model_dir:
         return
     import json
@@ -153,8 +154,10 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
             steps = steps or agree_steps(rows, job.config.batch_size)
         _write_rank_info(job.config, rank, job.attempt, size=job.size)
         dog.kick("connecting the Horovod ranks")
-        hvd = _horovod(job, ctx, rank)
-        _write_rank_info(job.config, rank, job.attempt, size=job.size, horovod_idle_threads=len(hvd.idle_threads))
+        network = _network(job, ctx, rank)
+        hvd = _horovod(job, rank, network)
+        _write_rank_info(job.config, rank, job.attempt, size=job.size, horovod_idle_threads=len(hvd.idle_threads),
+                         **network)
         collective = hvd.collective
         dog.timeout_s = job.timeout_s
         with dog.phase("building the model"):
@@ -274,15 +277,31 @@ def _tf_data_count(data, rank: int, size: int) -> int:
     return -1 if n is None else int(n)
 
 
-def _horovod(job: RankJob, ctx, rank: int):
-    """Joins the Horovod ring; Gloo's rendezvous goes through a local proxy that adds the secret."""
-    from optim.spark.worker.rendezvous import GlooProxy
-    from optim.training.horovod import HorovodSession, horovod_env, iface_for
+def _network(job: RankJob, ctx, rank: int) -> dict:
+    """Where this rank meets the others: ``address`` (its executor's, as Spark's task infos give it),
+    ``gloo_iface`` and ``gloo_address`` (the interface Gloo listens on and every peer connects to:
+    :func:`optim.training.horovod.gloo_iface`), ``rendezvous`` (the store's ``host:port``, the
+    driver's or rank 0's) and ``hosts`` (every rank's executor address)."""
+    from optim.training.horovod import gloo_iface, iface_address
 
     infos = ctx.getTaskInfos()
-    host = infos[rank].address.split(":")[0] if infos else "127.0.0.1"
+    address = infos[rank].address.rsplit(":", 1)[0] if infos else "127.0.0.1"
+    iface = gloo_iface(address, job.rendezvous[0])
+    return {"address": address, "gloo_iface": iface, "gloo_address": iface_address(iface),
+            "rendezvous": f"{job.rendezvous[0]}:{job.rendezvous[1]}",
+            "hosts": sorted({i.address.rsplit(":", 1)[0] for i in infos})}
+
+
+def _horovod(job: RankJob, rank: int, network: dict):
+    """Joins the Horovod ring over ``network`` (:func:`_network`); Gloo's rendezvous goes through a
+    local proxy that adds the secret."""
+    from optim.spark.worker.rendezvous import GlooProxy
+    from optim.training.horovod import HorovodSession, check_process_sets, horovod_env
+
+    check_process_sets(network["gloo_address"], network["hosts"])
     proxy = GlooProxy(job.rendezvous, job.rendezvous_key, timeout_s=job.timeout_s)
-    env = horovod_env(rank, job.size, proxy.address[0], proxy.address[1], iface_for(host), int(_long_bound(job)))
+    env = horovod_env(rank, job.size, proxy.address[0], proxy.address[1], network["gloo_iface"],
+                      int(_long_bound(job)))
     try:
         return HorovodSession(env, on_close=proxy.stop, threads=job.horovod_threads)
     except BaseException:
