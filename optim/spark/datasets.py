@@ -8,54 +8,18 @@ before training when partitions are uneven or empty (see
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 import numpy as np
+import pyarrow as pa
 
 from optim.errors import ColumnError
+from optim.spark.parquet import ParquetDataset
 from optim.spark.vectors import vectors_as_arrays
+from optim.training import stream
+from optim.training.columns import ColumnDataset
 from optim.training.datasets import ArrayDataset, TFDataset
 from optim.training.shard import TensorColumns, arrow_to_arrays, records_to_arrays
-from tfnet.errors import closest_names
 
-
-def _shapes_by_column(cols, shapes) -> dict:
-    """``feature_shapes`` as ``{column: shape}``: given as a dict, or as a list of shapes in the
-    order of ``feature_cols`` (None for a column that needs none)."""
-    if shapes is None:
-        return {}
-    if isinstance(shapes, Mapping):
-        return dict(shapes)
-    names = [cols] if isinstance(cols, str) else list(cols or [])
-    if isinstance(shapes, (list, tuple)) and len(shapes) == len(names) and all(
-        s is None or (isinstance(s, (list, tuple)) and all(isinstance(d, (int, np.integer)) for d in s)) for s in shapes
-    ):
-        return {n: s for n, s in zip(names, shapes) if isinstance(n, str) and s is not None}
-    raise TypeError(
-        "`feature_shapes` must be a dict {column: per-row shape} or a list of per-row shapes in the order of "
-        f"`feature_cols` ({len(names)} of them, e.g. [(8, 8, 1)]). Received: feature_shapes={shapes!r}"
-    )
-
-
-def _specs(cols, shapes: Mapping[str, Sequence[int]] | None, what: str) -> list[TensorColumns]:
-    if cols is None:
-        return []
-    if isinstance(cols, str):
-        cols = [cols]
-    shapes = dict(shapes or {})
-    out = []
-    for entry in cols:
-        if isinstance(entry, str):
-            shape = shapes.get(entry)
-            out.append(TensorColumns((entry,), tuple(int(d) for d in shape) if shape is not None else None))
-        elif isinstance(entry, (list, tuple)) and entry and all(isinstance(c, str) for c in entry):
-            out.append(TensorColumns(tuple(entry), (len(entry),)))
-        else:
-            raise TypeError(
-                f"`{what}` entries are column names, or lists of scalar column names to stack into one "
-                f"tensor. Received: {entry!r}"
-            )
-    return out
+__all__ = ["DataFrameDataset", "ParquetDataset", "RDDDataset", "SPLIT_COLUMN", "with_validation"]
 
 
 def _through(spec: TensorColumns, mapping: dict[str, str]) -> TensorColumns:
@@ -72,7 +36,7 @@ def _warm_up(spark) -> None:
     ensure_warm_up(spark)
 
 
-class DataFrameDataset(TFDataset):
+class DataFrameDataset(ColumnDataset):
     """``TFDataset.from_dataframe(df, feature_cols, label_cols, feature_shapes)``.
 
     Args:
@@ -86,110 +50,68 @@ class DataFrameDataset(TFDataset):
         batch_size: The global batch ``optimize`` uses by default. Default: none (32).
         augment: ``fn(features, rng) -> features`` applied on the ranks to training batches only,
             e.g. :class:`optim.training.augment.RandomCropFlip`. Default: none.
+        streaming: Each rank keeps its partition on its local disk, still encoded, and decodes it a
+            batch at a time while the steps run (:mod:`optim.training.stream`): a rank's memory does not
+            grow with its rows. False: each rank decodes its whole partition into memory before the
+            first step (the path before streaming; faster to start only when the partition is small).
+            Default True.
+        shuffle_buffer: With ``streaming``, rows of a shuffle window: the stored blocks are shuffled,
+            then the rows within windows of this many rows (a partition of at most this many rows is
+            shuffled in full). Default 2048.
+        prefetch: With ``streaming``, decoded batches made ahead of the step. Default 2.
     """
 
     distributed = True
 
     def __init__(self, df, feature_cols, label_cols=None, feature_shapes=None, batch_size: int | None = None,
-                 augment=None):
+                 augment=None, streaming: bool = True, shuffle_buffer: int = stream.DEFAULT_SHUFFLE_BUFFER,
+                 prefetch: int = stream.DEFAULT_PREFETCH):
         self.batch_size = batch_size
         self.augment = augment
-        #: input names, when feature_cols is a dict by input name (TFOptimizer puts them in the net's order)
-        self.input_keys = list(feature_cols) if isinstance(feature_cols, Mapping) else None
-        if isinstance(feature_cols, Mapping):
-            feature_cols = list(feature_cols.values())
-        shapes = _shapes_by_column(feature_cols, feature_shapes)
-        self.features = _specs(feature_cols, shapes, "feature_cols")
-        self.labels = _specs(label_cols, shapes, "label_cols")
+        self.streaming = bool(streaming)
+        self.shuffle_buffer, self.prefetch = _positive("shuffle_buffer", shuffle_buffer), _positive("prefetch", prefetch)
+        self.block_rows = stream.DEFAULT_BLOCK_ROWS
+        self._set_columns(feature_cols, label_cols, feature_shapes)
         # Spark ML Vector columns are read through a hidden array column (vector_to_array)
         self.df, self.vectors = vectors_as_arrays(df, [c for s in self.features + self.labels for c in s.columns])
         if self.vectors:
             self.features = [_through(s, self.vectors) for s in self.features]
             self.labels = [_through(s, self.vectors) for s in self.labels]
-        self.has_labels = bool(self.labels)
-        if not self.features:
-            raise ValueError("`feature_cols` must name at least one column.")
-        self.single_label = isinstance(label_cols, str) or len(self.labels) == 1
-        existing = list(self.df.columns)
-        for spec in self.features + self.labels:
-            for c in spec.columns:
-                if c not in existing:
-                    close = closest_names(c, existing)
-                    raise ColumnError(
-                        f"Column {c!r} is not in the DataFrame. Columns: {existing}"
-                        + (f"; closest: {close}" if close else "")
-                    )
+        self._check_present(list(self.df.columns), "the DataFrame")
         _warm_up(getattr(df, "sparkSession", None))
 
-    def arrange_inputs(self, input_names: list[str]) -> None:
-        """Puts the feature columns in the net's input order, when they were given as a dict by
-        input name (with or without ``:0``).
-
-        Raises:
-            ColumnError: a key that names no input, or an input without a column.
-        """
-        if self.input_keys is None:
-            return
-        by_input = {}
-        for key, spec in zip(self.input_keys, self.features):
-            full = key if ":" in key else f"{key}:0"
-            if full not in input_names:
-                close = closest_names(full, input_names)
-                raise ColumnError(f"feature_cols names input {key!r}, which the net does not have. Inputs: "
-                                  f"{input_names}" + (f"; closest: {close}" if close else ""))
-            by_input[full] = spec
-        missing = [n for n in input_names if n not in by_input]
-        if missing:
-            raise ColumnError(f"feature_cols has no column for the net's inputs {missing}. Inputs: {input_names}")
-        self.features = [by_input[n] for n in input_names]
-        self.input_keys = None
-
-    def check_inputs(self, input_names: list[str], input_specs) -> None:
-        """Before any Spark job: a flat array column, or a column of encoded images, feeding an input
-        of rank 3 or more needs its per-row shape in ``feature_shapes``.
-
-        Raises:
-            InputSpecError: the column, the input's shape, and the ``feature_shapes`` to pass.
-        """
+    def column_kinds(self) -> dict[str, str]:
         from pyspark.sql.types import ArrayType, BinaryType
 
-        from tfnet.errors import InputSpecError
-
-        types = {f.name: f.dataType for f in self.df.schema.fields}
-        for spec, name, tensor in zip(self.features, input_names, input_specs):
-            if spec.shape is not None or len(spec.columns) != 1 or tensor.shape.rank is None or tensor.shape.rank < 3:
-                continue
-            column = spec.columns[0]
-            kind = types.get(column)
+        kinds = {}
+        for f in self.df.schema.fields:
+            kind = f.dataType
             flat = isinstance(kind, ArrayType) and not isinstance(kind.elementType, ArrayType)
-            if flat or isinstance(kind, BinaryType):
-                row = tuple(tensor.shape.as_list()[1:])
-                shown = {hidden: c for c, hidden in self.vectors.items()}.get(column, column)
-                raise InputSpecError(
-                    f"Column {shown!r} holds {'flat arrays' if flat else 'encoded images'}, and input {name!r} takes "
-                    f"rows of shape {row}: pass feature_shapes={{{shown!r}: {tuple(d or 0 for d in row)}}} (the per-row "
-                    "shape), so that the ranks can reshape or decode it."
-                )
-
-    def columns(self) -> list[str]:
-        seen = []
-        for spec in self.features + self.labels:
-            for c in spec.columns:
-                if c not in seen:
-                    seen.append(c)
-        return seen
+            kinds[f.name] = "flat" if flat else "image" if isinstance(kind, BinaryType) else "other"
+        return kinds
 
     def shard_reader(self):
-        """A picklable function ``(arrow_batches, partition) -> ArrayDataset`` for the workers."""
+        """A picklable reader of a partition for the workers: with ``streaming``, one that keeps it on local
+        disk (training) or reads it once (evaluation); else ``(arrow_batches, partition) -> ArrayDataset``."""
+        if self.streaming:
+            return _StreamShard(tuple(self.features), tuple(self.labels), self.single_label, self.augment,
+                                self.shuffle_buffer, self.prefetch, self.block_rows)
         return _ArrowShard(tuple(self.features), tuple(self.labels), self.single_label, self.augment)
 
     def to_local(self) -> ArrayDataset:
         """Collects the whole DataFrame to the driver (for validation data)."""
         table = self.df.select(*self.columns()).toArrow()
-        return self.shard_reader()(table.to_batches(), 0, presharded=False)
+        reader = _ArrowShard(tuple(self.features), tuple(self.labels), self.single_label, self.augment)
+        return reader(table.to_batches(), 0, presharded=False)
 
     def num_batches(self, batch_size, **kw):
         return None
+
+
+def _positive(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+    return int(value)
 
 
 class _ArrowShard:
@@ -226,7 +148,9 @@ def with_validation(train: DataFrameDataset, validation: DataFrameDataset, n: in
                           "(the same number of feature and label columns, in the same order).")
     t_df = train.df.select(*t_cols, F.lit(False).alias(SPLIT_COLUMN))
     v_df = validation.df.select(*[F.col(v).alias(t) for v, t in zip(v_cols, t_cols)], F.lit(True).alias(SPLIT_COLUMN))
-    return t_df.unionByName(v_df).repartition(n), _SplitShard(train.shard_reader())
+    reader = train.shard_reader()
+    split = _SplitStreamShard(reader) if isinstance(reader, _StreamShard) else _SplitShard(reader)
+    return t_df.unionByName(v_df).repartition(n), split
 
 
 class _SplitShard:
@@ -250,6 +174,113 @@ class _SplitShard:
             return shard, ArrayDataset([a[:0] for a in shard.features], labels, shard.single_label, presharded=True)
         plain = _ArrowShard(self.reader.features, self.reader.labels, self.reader.single_label)
         return shard, plain(val, partition, presharded)
+
+
+class _StreamShard:
+    """A partition streamed (``streaming=True``): for training, read once into a local copy on the rank's
+    disk (:meth:`spool`, :mod:`optim.spark.worker.spool`) and streamed from it every epoch; for
+    evaluation, read once batch by batch (:meth:`__call__`)."""
+
+    def __init__(self, features, labels, single_label, augment, shuffle_buffer, prefetch, block_rows):
+        self.features, self.labels, self.single_label, self.augment = features, labels, single_label, augment
+        self.shuffle_buffer, self.prefetch, self.block_rows = shuffle_buffer, prefetch, block_rows
+
+    def __call__(self, batches, partition: int, presharded: bool = True) -> stream.ArrowStream:
+        return stream.ArrowStream(batches, self.decoder(partition))
+
+    def decoder(self, partition: int) -> stream.Decoder:
+        return stream.Decoder(self.features, self.labels, self.single_label, partition)
+
+    def dataset(self, source, partition: int, augment=True) -> stream.StreamedDataset:
+        return stream.StreamedDataset(source, self.decoder(partition), self.augment if augment else None,
+                                      self.shuffle_buffer, self.prefetch)
+
+    def spool(self, batches, partition: int, folder: str, name: str, check=None) -> stream.StreamedDataset:
+        """Reads ``batches`` (the partition) into ``folder``, checking each part with ``check``
+        (:class:`optim.training.checks.PartitionChecks`); returns the rank's training data."""
+        from optim.spark.worker.spool import spool
+
+        rows = _Checked(self, partition, check)
+        files = spool(stream.numbered(batches), folder, {"train": name}, lambda b: {"train": rows(b)},
+                      self.block_rows)
+        rows.finish()
+        return self.dataset(files["train"], partition)
+
+
+class _Checked:
+    """Each numbered part of a partition, checked as it is stored: the rows of number columns read (a bad
+    row raises BadRowError, as in memory), image columns checked for nulls (an image that does not
+    decode raises when its batch is decoded), and ``check`` run on what was read; rows it leaves out are
+    dropped."""
+
+    def __init__(self, reader: _StreamShard, partition: int, check=None):
+        self.reader, self.partition, self.check = reader, partition, check
+        self.seen = 0
+
+    def __call__(self, batch):
+        from optim.arrow import NULL, ColumnRead, is_image_shape, read_column
+
+        first = self.seen
+        self.seen += batch.num_rows
+        specs = list(self.reader.features) + list(self.reader.labels)
+        arrays = []
+        for spec in specs:
+            parts = []
+            for c in spec.columns:
+                col = batch.column(batch.schema.get_field_index(c))
+                binary = pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)
+                if len(spec.columns) == 1 and binary and is_image_shape(spec.shape):
+                    if col.null_count:
+                        row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+                        raise NULL.error(c, first + row, self.partition)
+                    parts = None
+                    break
+                parts.append(read_column(col, ColumnRead(shape=spec.shape if len(spec.columns) == 1 else None),
+                                         on_bad="raise", column=c, partition=self.partition,
+                                         row_offset=first).values)
+            arrays.append(None if parts is None else parts[0] if len(parts) == 1 else np.stack(parts, axis=1))
+        if self.check is None:
+            return batch
+        features, labels = arrays[:len(self.reader.features)], arrays[len(self.reader.features):]
+        if labels:
+            labels = labels[0] if self.reader.single_label else labels
+        keep = self.check(features, labels or None, first)
+        return batch if keep is None else batch.filter(pa.array(keep))
+
+    def finish(self) -> None:
+        if self.check is not None:
+            self.check.finish()
+
+
+class _SplitStreamShard:
+    """:class:`_SplitShard` streamed: one read of the partition into two local copies, the training rows
+    (checked) and the validation rows."""
+
+    def __init__(self, reader: _StreamShard):
+        self.reader = reader
+
+    def spool(self, batches, partition: int, folder: str, name: str, check=None):
+        import pyarrow.compute as pc
+
+        from optim.spark.worker.spool import spool
+
+        rows = _Checked(self.reader, partition, check)
+        counts = {"train": 0, "val": 0}
+
+        def route(batch):
+            mask = batch.column(batch.schema.get_field_index(SPLIT_COLUMN))
+            batch = batch.select([i for i, n in enumerate(batch.schema.names) if n != SPLIT_COLUMN])
+            out = {}
+            for key, part in (("train", batch.filter(pc.invert(mask))), ("val", batch.filter(mask))):
+                if part.num_rows:
+                    (part,) = stream.numbered([part], counts[key])
+                    counts[key] += part.num_rows
+                    out[key] = rows(part) if key == "train" else part
+            return out
+
+        files = spool(batches, folder, {"train": name, "val": name + "-val"}, route, self.reader.block_rows)
+        rows.finish()
+        return self.reader.dataset(files["train"], partition), self.reader.dataset(files["val"], partition, False)
 
 
 class RDDDataset(TFDataset):

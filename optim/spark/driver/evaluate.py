@@ -36,7 +36,7 @@ def evaluate_distributed(opt, dataset, batch_size: int, num_partitions: int | No
 
 
 def _evaluate(backend, opt, dataset, batch_size: int, num_partitions: int | None) -> dict[str, float]:
-    from optim.spark.datasets import DataFrameDataset, RDDDataset
+    from optim.spark.datasets import DataFrameDataset, ParquetDataset, RDDDataset
 
     cleanup = Cleanup()
     try:
@@ -49,7 +49,7 @@ def _evaluate(backend, opt, dataset, batch_size: int, num_partitions: int | None
             job.reader = dataset.shard_reader()
             action = dataset.rdd.mapPartitionsWithIndex(lambda i, it, job=job: [evaluate_partition(job, i, it)]).collect
             rows = run_job(backend.spark, "evaluating", action)
-        elif isinstance(dataset, TFDataDataset):
+        elif isinstance(dataset, (TFDataDataset, ParquetDataset)):  # each task reads its share itself
             n = backend.partitions(num_partitions)
             job.data, job.size = dataset, n
             rows = _arrow_states(backend.spark, backend.spark.range(n, numPartitions=n), job)

@@ -160,14 +160,17 @@ class _DistributedRun:
                 cleanup: Cleanup) -> Stage:
         """The data, one partition per rank; the validation data; the net and hooks, shipped once.
         Everything it makes is registered with ``cleanup``."""
-        from optim.spark.datasets import DataFrameDataset, with_validation
+        from optim.spark.datasets import DataFrameDataset, ParquetDataset, with_validation
 
         if isinstance(dataset, DataFrameDataset) and isinstance(validation, DataFrameDataset):
             # both DataFrames: one stage reads both; each rank validates on its own rows
             source, reader = with_validation(dataset, validation, n)
             kind, data, val = "arrow", None, None
         else:
-            kind, reader, data, source = self.backend.source(dataset, n, per_rank, self.startup_timeout)
+            if isinstance(dataset, ParquetDataset):  # each rank reads its share of the files: no Spark job for data
+                kind, reader, data, source = "files", None, dataset, self.backend.spark.range(n, numPartitions=n)
+            else:
+                kind, reader, data, source = self.backend.source(dataset, n, per_rank, self.startup_timeout)
             if kind == "arrays" and len(data) < n:
                 raise ValueError(f"The training data has {len(data)} rows, fewer than the {n} workers.")
             val = validation_for_ranks(validation)
