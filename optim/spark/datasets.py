@@ -59,14 +59,17 @@ class DataFrameDataset(ColumnDataset):
             then the rows within windows of this many rows (a partition of at most this many rows is
             shuffled in full). Default 2048.
         prefetch: With ``streaming``, decoded batches made ahead of the step. Default 2.
+        local_dir: With ``streaming``, the folder on each executor for the local copies. Default: Spark's
+            local dir (``spark.local.dir``, ``SPARK_LOCAL_DIRS``).
     """
 
     distributed = True
 
     def __init__(self, df, feature_cols, label_cols=None, feature_shapes=None, batch_size: int | None = None,
                  augment=None, streaming: bool = True, shuffle_buffer: int = stream.DEFAULT_SHUFFLE_BUFFER,
-                 prefetch: int = stream.DEFAULT_PREFETCH):
+                 prefetch: int = stream.DEFAULT_PREFETCH, local_dir: str | None = None):
         self.batch_size = batch_size
+        self.local_dir = local_dir
         self.augment = augment
         self.streaming = bool(streaming)
         self.shuffle_buffer, self.prefetch = _positive("shuffle_buffer", shuffle_buffer), _positive("prefetch", prefetch)
@@ -95,7 +98,7 @@ class DataFrameDataset(ColumnDataset):
         disk (training) or reads it once (evaluation); else ``(arrow_batches, partition) -> ArrayDataset``."""
         if self.streaming:
             return _StreamShard(tuple(self.features), tuple(self.labels), self.single_label, self.augment,
-                                self.shuffle_buffer, self.prefetch, self.block_rows)
+                                self.shuffle_buffer, self.prefetch, self.block_rows, self.local_dir)
         return _ArrowShard(tuple(self.features), tuple(self.labels), self.single_label, self.augment)
 
     def to_local(self) -> ArrayDataset:
@@ -181,9 +184,10 @@ class _StreamShard:
     disk (:meth:`spool`, :mod:`optim.spark.worker.spool`) and streamed from it every epoch; for
     evaluation, read once batch by batch (:meth:`__call__`)."""
 
-    def __init__(self, features, labels, single_label, augment, shuffle_buffer, prefetch, block_rows):
+    def __init__(self, features, labels, single_label, augment, shuffle_buffer, prefetch, block_rows, local_dir=None):
         self.features, self.labels, self.single_label, self.augment = features, labels, single_label, augment
         self.shuffle_buffer, self.prefetch, self.block_rows = shuffle_buffer, prefetch, block_rows
+        self.local_dir = local_dir
 
     def __call__(self, batches, partition: int, presharded: bool = True) -> stream.ArrowStream:
         return stream.ArrowStream(batches, self.decoder(partition))
@@ -242,9 +246,8 @@ class _Checked:
         if self.check is None:
             return batch
         features, labels = arrays[:len(self.reader.features)], arrays[len(self.reader.features):]
-        if labels:
-            labels = labels[0] if self.reader.single_label else labels
-        keep = self.check(features, labels or None, first)
+        labels = None if not labels else labels[0] if self.reader.single_label else labels
+        keep = self.check(features, labels, first)
         return batch if keep is None else batch.filter(pa.array(keep))
 
     def finish(self) -> None:
@@ -258,6 +261,7 @@ class _SplitStreamShard:
 
     def __init__(self, reader: _StreamShard):
         self.reader = reader
+        self.local_dir = reader.local_dir
 
     def spool(self, batches, partition: int, folder: str, name: str, check=None):
         import pyarrow.compute as pc

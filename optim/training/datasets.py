@@ -50,17 +50,19 @@ class TFDataset:
 
     @staticmethod
     def from_dataframe(df, feature_cols, label_cols=None, feature_shapes=None, batch_size: int | None = None,
-                       augment=None, *, streaming: bool = True, shuffle_buffer: int = 2048, prefetch: int = 2):
+                       augment=None, *, streaming: bool = True, shuffle_buffer: int = 2048, prefetch: int = 2,
+                       local_dir: str | None = None):
         """A Spark DataFrame; see :class:`optim.spark.datasets.DataFrameDataset`. ``batch_size``, as
         Analytics Zoo's TFDataset took it, is the global batch ``optimize`` uses by default;
         ``augment`` runs on the ranks, on training batches only. With ``streaming`` (the default) each
         rank keeps its partition on local disk, still encoded, and decodes it a batch at a time, so its
         memory does not grow with its rows; ``streaming=False`` decodes the whole partition into memory
         first. ``shuffle_buffer`` (rows of a shuffle window, default 2048) and ``prefetch`` (decoded
-        batches made ahead of the step, default 2) set a streaming rank's memory with the batch."""
+        batches made ahead of the step, default 2) set a streaming rank's memory with the batch;
+        ``local_dir`` is where the local copies go (default: Spark's local dir)."""
         return _spark_datasets().DataFrameDataset(df, feature_cols, label_cols, feature_shapes, batch_size, augment,
                                                   streaming=streaming, shuffle_buffer=shuffle_buffer,
-                                                  prefetch=prefetch)
+                                                  prefetch=prefetch, local_dir=local_dir)
 
     @staticmethod
     def from_parquet(path, feature_cols, label_cols=None, feature_shapes=None, storage_options=None,

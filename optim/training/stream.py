@@ -307,9 +307,8 @@ class StreamedDataset(TFDataset):
     def __len__(self) -> int:
         return self.n
 
-    @property
-    def num_rows(self) -> int:
-        """The rows this rank streams (its partition, checked)."""
+    def rows_on(self, rank: int, size: int) -> int:
+        """The rows of this rank (they are its own already, whatever ``rank`` and ``size``)."""
         return self.n
 
     def num_batches(self, batch_size, *, rank=0, size=1, drop_remainder=False) -> int:

@@ -234,7 +234,8 @@ def _shard(job: RankJob, partition: Iterable, rank: int, local: list):
         from optim.spark.worker.spool import spool_folder
 
         name = f"{job.config.run_id or 'run'}-r{rank}-a{job.attempt}"
-        made = job.reader.spool(partition, rank, spool_folder(), name, _partition_checks(job, rank, f"partition {rank}"))
+        folder = spool_folder(getattr(job.reader, "local_dir", None))
+        made = job.reader.spool(partition, rank, folder, name, _partition_checks(job, rank, f"partition {rank}"))
         local.extend(made if isinstance(made, tuple) else [made])
         return made
     if job.kind in ("arrow", "records"):

@@ -84,8 +84,12 @@ def sweep(folder: str) -> list[str]:
 
 
 def _storage_error(exc: OSError, folder: str, written: int, needed: int) -> StorageError:
-    reason = exc.strerror or str(exc)
-    full = exc.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(exc) or "quota" in str(exc).lower()
+    code = exc.errno
+    if code is None:  # Arrow's own OSError carries the system's code in its text: "[errno 28] ..."
+        found = re.search(r"errno (\d+)", str(exc))
+        code = int(found.group(1)) if found else None
+    reason = os.strerror(code) if code else (exc.strerror or str(exc))
+    full = code in (errno.ENOSPC, errno.EDQUOT)
     what = "is full" if full else "cannot be written"
     err = StorageError(
         f"The local copy of this rank's partition cannot be kept: {folder} {what} ({reason}); it needed at least "
@@ -93,8 +97,7 @@ def _storage_error(exc: OSError, folder: str, written: int, needed: int) -> Stor
         "(spark.local.dir, SPARK_LOCAL_DIRS) room for the partition's encoded rows, or pass streaming=False to "
         "hold the partition in memory."
     )
-    err.errno = exc.errno
-    err.filename = folder
+    err.folder = folder  # type: ignore[attr-defined]
     return err
 
 
