@@ -83,6 +83,12 @@ class DataFrameDataset(ColumnDataset):
         self._check_present(list(self.df.columns), "the DataFrame")
         _warm_up(getattr(df, "sparkSession", None))
 
+    @property
+    def arrow_batch_rows(self) -> int | None:
+        """Rows of the Arrow batches Spark sends a rank while it reads its partition
+        (:func:`optim.spark.session.small_arrow_batches`): one block's, when streaming."""
+        return self.block_rows if self.streaming else None
+
     def column_kinds(self) -> dict[str, str]:
         from pyspark.sql.types import ArrayType, BinaryType
 

@@ -18,7 +18,7 @@ from optim.spark.connect import plan_limit, session_of
 from optim.spark.driver.jobs import run_job
 from optim.spark.driver.launcher import backend_for
 from optim.spark.driver.stage import Cleanup, shipped_hooks
-from optim.spark.session import get_spark
+from optim.spark.session import get_spark, small_arrow_batches
 from optim.spark.worker.evaluate import EvalJob, evaluate_partition
 from optim.training.datasets import TFDataDataset
 from optim.training.evaluation import logs_from_states, metrics_copy
@@ -31,7 +31,8 @@ def evaluate_distributed(opt, dataset, batch_size: int, num_partitions: int | No
     """Loss and metrics of ``opt.net`` (with its hooks) over a distributed ``dataset``. Under Spark
     Connect the net travels in the plan (up to :func:`optim.spark.connect.plan_limit` bytes)."""
     backend = backend_for(session_of(dataset) or get_spark())
-    with backend.quiet(1, own_bar=False):  # Spark's bar shows the job: tfnet shows none of its own
+    with backend.quiet(1, own_bar=False), small_arrow_batches(backend.spark, getattr(dataset, "arrow_batch_rows", None)):
+        # Spark's bar shows the job: tfnet shows none of its own
         return _evaluate(backend, opt, dataset, batch_size, num_partitions)
 
 

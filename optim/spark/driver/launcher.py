@@ -45,7 +45,7 @@ from optim.spark.driver.stage import (
 )
 from optim.spark.driver.warm_up import warm_up_workers
 from optim.spark.rendezvous_store import STUCK_GRACE_S, stuck_rank  # noqa: F401 (re-exported)
-from optim.spark.session import get_spark
+from optim.spark.session import get_spark, small_arrow_batches
 from optim.spark.worker.rank import run_rank
 from optim.spark.worker.task import RESULT_SCHEMA, run_arrow_task
 from optim.training.checkpoint import new_run_id
@@ -118,7 +118,7 @@ def optimize_distributed(opt, dataset: TFDataset, config: TrainConfig, validatio
     backend = backend_for(session_of(dataset) or get_spark())
     run = _DistributedRun(opt, backend, RetryPolicy(max_retries), verbose=verbose, timeout=timeout,
                           startup_timeout=startup_timeout, slot_wait=slot_wait, steps_per_epoch=steps_per_epoch)
-    with backend.quiet(verbose):
+    with backend.quiet(verbose), small_arrow_batches(backend.spark, getattr(dataset, "arrow_batch_rows", None)):
         return run(dataset, config, validation, num_workers)
 
 
