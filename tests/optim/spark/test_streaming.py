@@ -12,7 +12,10 @@ import pytest
 
 import optim
 from optim import TFDataset, TFOptimizer
+from optim.training.checkpoint import CheckpointManager
 from tests import digits
+from tests.optim.spark.test_object_store import s3  # noqa: F401 (the moto S3 server fixture)
+from tests.spark_utils import kill_rank_after_checkpoints
 from tfnet import TFNet
 
 pytestmark = [pytest.mark.spark, pytest.mark.parallel]
@@ -119,3 +122,103 @@ def test_a_ranks_memory_does_not_grow_with_its_rows(spark, tmp_path):
     large = peak_rss(spark, tmp_path, 16000, True)
     assert large <= 1.15 * small, f"peak RSS per rank: {small / 2**20:.0f} MiB at 4,000 rows, {large / 2**20:.0f} MiB " \
                                   "at 16,000"
+
+
+def test_a_killed_rank_resumes_mid_epoch_bit_for_bit_from_a_fresh_read(spark, tmp_path):
+    """Rank 1's Python process is killed mid-epoch (after step 12 of 32, with shuffling): the retry's new
+    process has no local copy, reads its partition from Spark again, resumes at the checkpoint's batch in the
+    same order, and the run ends with the weights of a run that was never interrupted, bit for bit. The
+    killed process's local copy is swept by the retry; none is left at the end."""
+    x, y = digits.load()
+    df = digits_df(spark, x[:512], y[:512])
+
+    def data():
+        return TFDataset.from_dataframe(df, "pixels", "label", feature_shapes={"pixels": (8, 8, 1)}, shuffle_buffer=64)
+
+    straight = cnn_net()
+    TFOptimizer(straight, SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(tmp_path / "straight")).optimize(
+        data(), epochs=2, batch_size=32, num_workers=2, checkpoint_every=4, verbose=0)
+    model_dir = tmp_path / "killed"
+    net = cnn_net()
+    opt = TFOptimizer(net, SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(model_dir))
+    killed = kill_rank_after_checkpoints(str(model_dir), checkpoints=3)
+    with pytest.warns(RuntimeWarning, match="Training stage attempt 1 failed.*retrying from this run's newest checkpoint"):
+        opt.optimize(data(), epochs=2, batch_size=32, num_workers=2, checkpoint_every=4, keep_checkpoints=100,
+                     verbose=0, timeout=60, max_retries=2)
+    killed["thread"].join(5)
+    assert "pid" in killed and opt.last_run["attempts"] == 2
+    resumed = CheckpointManager.load(opt.last_run["resumed_from"])
+    assert resumed.step >= 12 and resumed.batch % 16 != 0, "the retry resumed mid-epoch"
+    assert opt.global_step == 32
+    same_weights(straight, net)
+    copies = {p for info in rank_infos(model_dir).values() for p in info.get("local_copies", [])}
+    folder = os.path.dirname(next(iter(copies)))
+    assert not [n for n in os.listdir(folder) if opt.last_run["run_id"] in n], "no local copy is left"
+
+
+def exact_df(spark, x, y, sizes):
+    """A DataFrame of the digits whose partitions hold exactly ``sizes`` rows, in order."""
+    from pyspark.sql import Row
+
+    rows = [Row(pixels=x[i].ravel().tolist(), label=int(y[i])) for i in range(sum(sizes))]
+    chunks = np.split(np.arange(sum(sizes)), np.cumsum(sizes)[:-1])
+    parts = [[rows[i] for i in c] for c in chunks]
+    rdd = spark.sparkContext.parallelize(range(len(sizes)), len(sizes)).flatMap(lambda i, p=parts: p[i])
+    df = spark.createDataFrame(rdd, "pixels array<float>, label long")
+    assert df.rdd.glom().map(len).collect() == list(sizes)
+    return df
+
+
+def write_parquet(x, y, write, row_group=40):
+    """The digits as two Parquet files (rows 0-119 and the rest) of ``row_group``-row groups, through
+    ``write(name, table, row_group)``; a Spark-style ``_SUCCESS`` file beside them."""
+    import pyarrow as pa
+
+    flat = x.reshape(len(x), -1).astype(np.float32)
+    for name, rows in (("part-0.parquet", slice(0, 120)), ("part-1.parquet", slice(120, len(x)))):
+        pixels = pa.array(list(flat[rows]), pa.list_(pa.float32()))
+        write(name, pa.table({"pixels": pixels, "label": pa.array(y[rows].astype(np.int64))}), row_group)
+
+
+def test_parquet_read_by_the_ranks_equals_the_same_rows_from_a_dataframe(spark, tmp_path, s3):  # noqa: F811
+    """Rank r reads rows [r * N / 2, (r + 1) * N / 2) of the files (row groups straddle the ranks), with no
+    Spark job for the data; unshuffled, that is the DataFrame with those rows in its two partitions: the
+    same weights bit for bit from a local folder, and the same evaluation from S3 (moto)."""
+    import pyarrow.parquet as pq
+    import s3fs
+
+    x, y = digits.load()
+    x, y = x[:200], y[:200]
+    folder = tmp_path / "digits"
+    folder.mkdir()
+    write_parquet(x, y, lambda name, table, rg: pq.write_table(table, str(folder / name), row_group_size=rg))
+    (folder / "_SUCCESS").write_bytes(b"")
+    endpoint, options = s3
+    fs = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}, key="testing", secret="testing",
+                           skip_instance_cache=True)
+    write_parquet(x, y, lambda name, table, rg: pq.write_table(table, f"tfnet/digits/{name}", row_group_size=rg,
+                                                                 filesystem=fs))
+    sources = {
+        "dataframe": TFDataset.from_dataframe(exact_df(spark, x, y, [100, 100]), "pixels", "label",
+                                              feature_shapes={"pixels": (8, 8, 1)}),
+        "local": TFDataset.from_parquet(str(folder), "pixels", "label", feature_shapes={"pixels": (8, 8, 1)}),
+        "s3": TFDataset.from_parquet("s3://tfnet/digits", "pixels", "label", feature_shapes={"pixels": (8, 8, 1)},
+                                     storage_options=options),
+    }
+    assert sources["local"].pieces(1, 2) == [(0, 2, 20, 40), (1, 0, 0, 40), (1, 1, 0, 40)]
+    opts = {}
+    for name in ("dataframe", "local"):
+        opts[name] = TFOptimizer(cnn_net(), SCE, optim.SGD(0.05, momentum=0.9), metrics=["accuracy"])
+        opts[name].optimize(sources[name], epochs=1, batch_size=32, shuffle=False, num_workers=2, verbose=0)
+        assert opts[name].last_run["rows"] == [100, 100] and opts[name].last_run["steps_per_epoch"] == 7
+    same_weights(opts["dataframe"].net, opts["local"].net)
+    # S3 through the ranks' reads of a distributed evaluation (after the trainings: a Python worker that
+    # evaluated first may run a later rank with other thread pools)
+    evals = {name: opts["dataframe"].evaluate(sources[name], num_workers=2) for name in ("dataframe", "s3")}
+    assert evals["s3"]["accuracy"] == evals["dataframe"]["accuracy"]
+    assert evals["s3"]["loss"] == pytest.approx(evals["dataframe"]["loss"], rel=1e-6)
+    assert sources["s3"].pieces(0, 2) == sources["local"].pieces(0, 2)
+    with pytest.raises(optim.DataError, match=r"No Parquet files at '.*nowhere': it does not exist"):
+        TFDataset.from_parquet(str(tmp_path / "nowhere"), "pixels", "label")
+    with pytest.raises(optim.ColumnError, match=r"Column 'pixel' is not in the Parquet files at .*; closest: \['pixels'\]"):
+        TFDataset.from_parquet(str(folder), "pixel", "label")
