@@ -6,6 +6,7 @@ folder and S3 on a moto server), and a full local disk is a typed error that lea
 import glob
 import json
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -222,3 +223,22 @@ def test_parquet_read_by_the_ranks_equals_the_same_rows_from_a_dataframe(spark, 
         TFDataset.from_parquet(str(tmp_path / "nowhere"), "pixels", "label")
     with pytest.raises(optim.ColumnError, match=r"Column 'pixel' is not in the Parquet files at .*; closest: \['pixels'\]"):
         TFDataset.from_parquet(str(folder), "pixel", "label")
+
+
+def test_a_full_local_disk_is_a_typed_error_that_is_not_retried_and_leaves_nothing(spark, tiny_tmpfs):
+    """The ranks' local copies go to a 64 KiB tmpfs, too small for 512 rows of digits: optimize() raises the
+    ranks' StorageError (a rerun would fail the same way: one attempt), and the folder is left empty."""
+    from optim.errors import StorageError
+
+    x, y = digits.load()
+    data = TFDataset.from_dataframe(digits_df(spark, x[:512], y[:512]), "pixels", "label",
+                                    feature_shapes={"pixels": (8, 8, 1)}, local_dir=str(tiny_tmpfs))
+    opt = TFOptimizer(cnn_net(), SCE, optim.SGD(0.05))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(StorageError, match=r"The local copy of this rank's partition cannot be kept: "
+                                               rf"{tiny_tmpfs}/tfnet-spool is full \(No space left on device\); it "
+                                               r"needed at least \d+ bytes"):
+            opt.optimize(data, epochs=1, batch_size=32, num_workers=2, verbose=0, max_retries=2)
+    assert not [w for w in seen if "retrying" in str(w.message)], "not retried"
+    assert os.listdir(tiny_tmpfs / "tfnet-spool") == []

@@ -180,20 +180,6 @@ def test_a_partition_streamed_for_evaluation_is_read_once(tmp_path):
         list(ds.batches(4))
 
 
-@pytest.fixture
-def tiny_tmpfs(tmp_path):
-    """A 64 KiB tmpfs (a real full disk); skipped where this process may not mount one (not root)."""
-    mount = tmp_path / "tiny"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
-
-
 def test_a_full_disk_is_a_storage_error_naming_the_folder_and_the_bytes_and_leaves_nothing(tiny_tmpfs):
     folder = sp.spool_folder(str(tiny_tmpfs))
     big = [pa.record_batch({"x": pa.array([bytes(4000)] * 8, pa.binary())})] * 4  # 128 KB, twice the disk
