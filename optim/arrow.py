@@ -10,7 +10,8 @@ Column kinds (inferred from the Arrow type unless a :class:`ColumnRead` names on
   to the per-row shape) or nested to the per-row shape's rank (each dimension checked);
 * ``"scalar"``: one number (or bool) per row;
 * ``"image"``: encoded image bytes (JPEG, PNG, GIF, BMP, WebP), decoded and resized to a per-row
-  shape ``(height, width, channels)``;
+  shape ``(height, width, channels)``, or raw uint8 pixels of exactly that shape (``height * width *
+  channels`` bytes), the smallest rows a decoded image can cross Arrow in;
 * ``"bytes"``: strings or bytes, as a numpy object array.
 
 A row that cannot become a tensor (a null, an array of the wrong length, a null inside an array,
@@ -32,7 +33,8 @@ import pyarrow as pa
 
 from optim.errors import BadRowError, ColumnError
 
-__all__ = ["ColumnRead", "RowProblem", "ColumnValues", "read_column", "decode_image", "is_image_shape", "array_to_arrow", "KINDS"]
+__all__ = ["ColumnRead", "RowProblem", "ColumnValues", "read_column", "decode_image", "is_encoded_image", "is_image_shape",
+           "array_to_arrow", "KINDS"]
 
 KINDS = ("array", "scalar", "image", "bytes")
 
@@ -300,17 +302,40 @@ def _read_images(col: pa.Array, how: ColumnRead, bad: dict[int, RowProblem], col
 _READERS = {"array": _read_array, "scalar": _read_scalar, "image": _read_images, "bytes": _read_bytes}
 
 
+_MAGIC = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"BM", b"RIFF")
+
+
+def is_encoded_image(data: bytes) -> bool:
+    """Whether ``data`` starts like a PNG, JPEG, GIF, BMP or WebP file."""
+    return data.startswith(_MAGIC) and (not data.startswith(b"RIFF") or data[8:12] == b"WEBP")
+
+
 def decode_image(data: bytes, height: int, width: int, channels: int, dtype=np.float32) -> np.ndarray:
     """Decodes a JPEG, PNG, GIF, BMP or WebP image to ``channels`` channels and resizes it (bilinear)
-    to ``height`` x ``width``. Values stay in 0..255.
+    to ``height`` x ``width``; bytes that are no such file and hold exactly ``height * width * channels``
+    bytes are raw pixels (uint8, row-major: ``ndarray.tobytes()`` of a ``uint8`` image), taken as they are.
+    Values stay in 0..255.
 
     Raises:
-        ValueError: the bytes are empty or not an image TensorFlow can decode.
+        ValueError: the bytes are empty, or neither raw pixels of that shape nor an image TensorFlow can
+            decode.
     """
-    import tensorflow as tf  # only where images are decoded: OpenVINO prediction workers need not load it
-
     if not data:
         raise ValueError("the image is empty (0 bytes)")
+    raw = len(data) == height * width * channels
+    if raw and not is_encoded_image(data):
+        return np.frombuffer(data, np.uint8).reshape(height, width, channels).astype(dtype)
+    try:
+        return _decode(data, height, width, channels, dtype)
+    except ValueError:
+        if raw:  # raw pixels that happen to start like a file
+            return np.frombuffer(data, np.uint8).reshape(height, width, channels).astype(dtype)
+        raise
+
+
+def _decode(data: bytes, height: int, width: int, channels: int, dtype) -> np.ndarray:
+    import tensorflow as tf  # only where images are decoded: OpenVINO prediction workers need not load it
+
     try:
         if data[:3] == b"\xff\xd8\xff":  # JPEG: the accurate IDCT, as libjpeg's default and Pillow use
             image = tf.io.decode_jpeg(data, channels=min(channels, 3), dct_method="INTEGER_ACCURATE")
@@ -323,7 +348,7 @@ def decode_image(data: bytes, height: int, width: int, channels: int, dtype=np.f
         reason = (exc.message or str(exc)).strip().splitlines()[0]
         reason = re.sub(r"\s*\[Op:\w+\].*$", "", re.sub(r"\{\{function_node [^}]*\}\}\s*", "", reason))
         raise ValueError(f"the image could not be decoded ({len(data)} bytes; JPEG, PNG, GIF, BMP or WebP "
-                         f"expected): {reason}") from None
+                         f"expected, or {height * width * channels} bytes of raw uint8 pixels): {reason}") from None
     if tuple(image.shape[:2]) != (height, width):
         image = tf.image.resize(image, (height, width), method="bilinear")
     array = image.numpy()

@@ -35,6 +35,23 @@ def tmp_dir(tmp_path):
     return str(tmp_path)
 
 
+@pytest.fixture
+def tiny_tmpfs(tmp_path):
+    """A 64 KiB tmpfs mounted for the test (a real full disk), unmounted after; skipped where this process
+    may not mount one (it needs root, as CI has)."""
+    import subprocess
+
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
 @pytest.fixture(scope="session")
 def spark():
     """A real local[2] Spark, shared by the whole session (starting one takes seconds)."""

@@ -278,5 +278,5 @@ def _what_it_takes(tensor: TensorInfo) -> str:
     if n == 1:
         text += ", or a numeric column"
     if is_image_shape(tensor.row_shape):
-        text += ", or a binary column of encoded images (JPEG, PNG, GIF or BMP)"
+        text += ", or a binary column of encoded images (JPEG, PNG, GIF or BMP) or of raw uint8 pixels"
     return text

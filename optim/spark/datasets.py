@@ -8,54 +8,18 @@ before training when partitions are uneven or empty (see
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 import numpy as np
+import pyarrow as pa
 
 from optim.errors import ColumnError
+from optim.spark.parquet import ParquetDataset
 from optim.spark.vectors import vectors_as_arrays
+from optim.training import stream
+from optim.training.columns import ColumnDataset
 from optim.training.datasets import ArrayDataset, TFDataset
-from optim.training.shard import TensorColumns, arrow_to_arrays, records_to_arrays
-from tfnet.errors import closest_names
+from optim.training.shard import TensorColumns, arrow_to_arrays, records_to_arrays, row_weights
 
-
-def _shapes_by_column(cols, shapes) -> dict:
-    """``feature_shapes`` as ``{column: shape}``: given as a dict, or as a list of shapes in the
-    order of ``feature_cols`` (None for a column that needs none)."""
-    if shapes is None:
-        return {}
-    if isinstance(shapes, Mapping):
-        return dict(shapes)
-    names = [cols] if isinstance(cols, str) else list(cols or [])
-    if isinstance(shapes, (list, tuple)) and len(shapes) == len(names) and all(
-        s is None or (isinstance(s, (list, tuple)) and all(isinstance(d, (int, np.integer)) for d in s)) for s in shapes
-    ):
-        return {n: s for n, s in zip(names, shapes) if isinstance(n, str) and s is not None}
-    raise TypeError(
-        "`feature_shapes` must be a dict {column: per-row shape} or a list of per-row shapes in the order of "
-        f"`feature_cols` ({len(names)} of them, e.g. [(8, 8, 1)]). Received: feature_shapes={shapes!r}"
-    )
-
-
-def _specs(cols, shapes: Mapping[str, Sequence[int]] | None, what: str) -> list[TensorColumns]:
-    if cols is None:
-        return []
-    if isinstance(cols, str):
-        cols = [cols]
-    shapes = dict(shapes or {})
-    out = []
-    for entry in cols:
-        if isinstance(entry, str):
-            shape = shapes.get(entry)
-            out.append(TensorColumns((entry,), tuple(int(d) for d in shape) if shape is not None else None))
-        elif isinstance(entry, (list, tuple)) and entry and all(isinstance(c, str) for c in entry):
-            out.append(TensorColumns(tuple(entry), (len(entry),)))
-        else:
-            raise TypeError(
-                f"`{what}` entries are column names, or lists of scalar column names to stack into one "
-                f"tensor. Received: {entry!r}"
-            )
-    return out
+__all__ = ["DataFrameDataset", "ParquetDataset", "RDDDataset", "SPLIT_COLUMN", "with_validation"]
 
 
 def _through(spec: TensorColumns, mapping: dict[str, str]) -> TensorColumns:
@@ -72,7 +36,7 @@ def _warm_up(spark) -> None:
     ensure_warm_up(spark)
 
 
-class DataFrameDataset(TFDataset):
+class DataFrameDataset(ColumnDataset):
     """``TFDataset.from_dataframe(df, feature_cols, label_cols, feature_shapes)``.
 
     Args:
@@ -90,128 +54,45 @@ class DataFrameDataset(TFDataset):
             ML's ``weightCol``): the loss and the ``weighted_metrics`` weight each row by it, as
             ``optimize(..., sample_weight=w)`` does for numpy data. Default: none (every row counts
             alike).
+        streaming: Each rank keeps its partition on its local disk, still encoded, and decodes it a
+            batch at a time while the steps run (:mod:`optim.training.stream`): a rank's memory does not
+            grow with its rows. False: each rank decodes its whole partition into memory before the
+            first step (the path before streaming; faster to start only when the partition is small).
+            Default True.
+        shuffle_buffer: With ``streaming``, rows of a shuffle window: the stored blocks are shuffled,
+            then the rows within windows of this many rows (a partition of at most this many rows is
+            shuffled in full). Default 2048.
+        prefetch: With ``streaming``, decoded batches made ahead of the step. Default 2.
+        local_dir: With ``streaming``, the folder on each executor for the local copies. Default: Spark's
+            local dir (``spark.local.dir``, ``SPARK_LOCAL_DIRS``).
     """
 
     distributed = True
 
     def __init__(self, df, feature_cols, label_cols=None, feature_shapes=None, batch_size: int | None = None,
-                 augment=None, weight_col: str | None = None):
+                 augment=None, weight_col: str | None = None, streaming: bool = True, shuffle_buffer: int = stream.DEFAULT_SHUFFLE_BUFFER,
+                 prefetch: int = stream.DEFAULT_PREFETCH, local_dir: str | None = None):
         self.batch_size = batch_size
+        self.local_dir = local_dir
         self.augment = augment
-        if weight_col is not None and not isinstance(weight_col, str):
-            raise TypeError(f"`weight_col` must be the name of one column of numbers. Received: weight_col={weight_col!r}")
-        if weight_col is not None and label_cols is None:
-            raise ValueError(f"`weight_col` weights the loss of each row; it needs `label_cols`. Received: "
-                             f"weight_col={weight_col!r} without label columns")
-        #: the column of sample weights (None: unweighted)
-        self.weight = None if weight_col is None else TensorColumns((weight_col,), None)
-        #: input names, when feature_cols is a dict by input name (TFOptimizer puts them in the net's order)
-        self.input_keys = list(feature_cols) if isinstance(feature_cols, Mapping) else None
-        if isinstance(feature_cols, Mapping):
-            feature_cols = list(feature_cols.values())
-        shapes = _shapes_by_column(feature_cols, feature_shapes)
-        self.features = _specs(feature_cols, shapes, "feature_cols")
-        self.labels = _specs(label_cols, shapes, "label_cols")
-        named = [c for spec in self.features + self.labels for c in spec.columns]
-        unknown = [k for k in shapes if k not in named]
-        if unknown:
-            close = closest_names(str(unknown[0]), named)
-            raise ColumnError(
-                f"feature_shapes names column {unknown[0]!r}, which is not among feature_cols or label_cols {named}"
-                + (f"; closest: {close}" if close else "") + ". Its shape would be ignored: fix the name.")
+        self.streaming = bool(streaming)
+        self.shuffle_buffer, self.prefetch = _positive("shuffle_buffer", shuffle_buffer), _positive("prefetch", prefetch)
+        self.block_rows = stream.DEFAULT_BLOCK_ROWS
+        self._set_columns(feature_cols, label_cols, feature_shapes)
+        self._set_weight(weight_col, label_cols)
         # Spark ML Vector columns are read through a hidden array column (vector_to_array)
         self.df, self.vectors = vectors_as_arrays(df, [c for s in self.features + self.labels for c in s.columns])
         if self.vectors:
             self.features = [_through(s, self.vectors) for s in self.features]
             self.labels = [_through(s, self.vectors) for s in self.labels]
-        self.has_labels = bool(self.labels)
-        if not self.features:
-            raise ValueError("`feature_cols` must name at least one column.")
-        self.single_label = isinstance(label_cols, str) or len(self.labels) == 1
-        if weight_col is not None and weight_col in {c for s in self.features + self.labels for c in s.columns}:
-            raise ColumnError(f"The weight column {weight_col!r} is also a feature or label column; sample weights "
-                              "need a column of their own.")
-        existing = list(self.df.columns)
-        for spec in self.features + self.labels + self._weights():
-            for c in spec.columns:
-                if c not in existing:
-                    close = closest_names(c, existing)
-                    raise ColumnError(
-                        f"Column {c!r} is not in the DataFrame. Columns: {existing}"
-                        + (f"; closest: {close}" if close else "")
-                    )
+        self._check_present(list(self.df.columns), "the DataFrame")
         _warm_up(getattr(df, "sparkSession", None))
 
-    def arrange_inputs(self, input_names: list[str]) -> None:
-        """Puts the feature columns in the net's input order, when they were given as a dict by
-        input name (with or without ``:0``).
-
-        Raises:
-            ColumnError: a key that names no input, or an input without a column.
-        """
-        if self.input_keys is None:
-            return
-        by_input = {}
-        for key, spec in zip(self.input_keys, self.features):
-            full = key if ":" in key else f"{key}:0"
-            if full not in input_names:
-                close = closest_names(full, input_names)
-                raise ColumnError(f"feature_cols names input {key!r}, which the net does not have. Inputs: "
-                                  f"{input_names}" + (f"; closest: {close}" if close else ""))
-            by_input[full] = spec
-        missing = [n for n in input_names if n not in by_input]
-        if missing:
-            raise ColumnError(f"feature_cols has no column for the net's inputs {missing}. Inputs: {input_names}")
-        self.features = [by_input[n] for n in input_names]
-        self.input_keys = None
-
-    def check_inputs(self, input_names: list[str], input_specs) -> None:
-        """Before any Spark job: each per-row shape given (``feature_shapes``, or stacked scalar
-        columns) against its input's, and a flat array column, or a column of encoded images,
-        feeding an input of rank 3 or more needs its per-row shape in ``feature_shapes``.
-
-        Raises:
-            InputSpecError: the column, the input's shape, and the ``feature_shapes`` to pass.
-        """
-        from pyspark.sql.types import ArrayType, BinaryType
-
-        from tfnet.errors import InputSpecError
-
-        if len(self.features) != len(input_names):
-            raise InputSpecError(f"feature_cols gives {len(self.features)} input(s) "
-                                 f"{[self._shown(s.name) for s in self.features]}; the net takes {len(input_names)}: "
-                                 f"{input_names}.")
-        for spec, name, tensor in zip(self.features, input_names, input_specs):
-            if spec.shape is None or tensor.shape.rank is None:
-                continue
-            row = tuple(tensor.shape.as_list()[1:])
-            fits = len(spec.shape) == len(row) and all(d is None or d == g for d, g in zip(row, spec.shape))
-            if not fits:
-                what = (f"feature_shapes gives column {self._shown(spec.columns[0])!r} rows of shape {tuple(spec.shape)}"
-                        if len(spec.columns) == 1 else
-                        f"the {len(spec.columns)} stacked columns {[self._shown(c) for c in spec.columns]} make rows of "
-                        f"shape {tuple(spec.shape)}")
-                raise InputSpecError(f"{what}, and input {name!r} takes rows of shape {row} (the net's input is "
-                                     f"{tuple(tensor.shape.as_list())}, the batch first).")
-        types = {f.name: f.dataType for f in self.df.schema.fields}
-        for spec, name, tensor in zip(self.features, input_names, input_specs):
-            if spec.shape is not None or len(spec.columns) != 1 or tensor.shape.rank is None or tensor.shape.rank < 3:
-                continue
-            column = spec.columns[0]
-            kind = types.get(column)
-            flat = isinstance(kind, ArrayType) and not isinstance(kind.elementType, ArrayType)
-            if flat or isinstance(kind, BinaryType):
-                row = tuple(tensor.shape.as_list()[1:])
-                shown = {hidden: c for c, hidden in self.vectors.items()}.get(column, column)
-                raise InputSpecError(
-                    f"Column {shown!r} holds {'flat arrays' if flat else 'encoded images'}, and input {name!r} takes "
-                    f"rows of shape {row}: pass feature_shapes={{{shown!r}: {tuple(d or 0 for d in row)}}} (the per-row "
-                    "shape), so that the ranks can reshape or decode it."
-                )
-
-    def _shown(self, column: str) -> str:
-        """The user's name for a column (not the hidden array column of a Vector column)."""
-        return {hidden: c for c, hidden in self.vectors.items()}.get(column, column)
+    @property
+    def arrow_batch_rows(self) -> int | None:
+        """Rows of the Arrow batches Spark sends a rank while it reads its partition
+        (:func:`optim.spark.session.small_arrow_batches`): one block's, when streaming."""
+        return self.block_rows if self.streaming else None
 
     def label_kinds(self) -> list[tuple[str, str]]:
         """``(column, Spark type)`` of each label, for checks against the loss on the driver."""
@@ -219,33 +100,38 @@ class DataFrameDataset(TFDataset):
         return [(self._shown(s.name), types[s.columns[0]].simpleString() if len(s.columns) == 1 else "stacked")
                 for s in self.labels]
 
-    def _weights(self) -> list[TensorColumns]:
-        return [] if self.weight is None else [self.weight]
+    def column_kinds(self) -> dict[str, str]:
+        from pyspark.sql.types import ArrayType, BinaryType
 
-    def data_columns(self) -> list[str]:
-        """The feature and label columns, each once, in order."""
-        seen = []
-        for spec in self.features + self.labels:
-            for c in spec.columns:
-                if c not in seen:
-                    seen.append(c)
-        return seen
-
-    def columns(self) -> list[str]:
-        """Every column the ranks read: :meth:`data_columns`, then the weight column."""
-        return self.data_columns() + [c for spec in self._weights() for c in spec.columns]
+        kinds = {}
+        for f in self.df.schema.fields:
+            kind = f.dataType
+            flat = isinstance(kind, ArrayType) and not isinstance(kind.elementType, ArrayType)
+            kinds[f.name] = "flat" if flat else "image" if isinstance(kind, BinaryType) else "other"
+        return kinds
 
     def shard_reader(self):
-        """A picklable function ``(arrow_batches, partition) -> ArrayDataset`` for the workers."""
+        """A picklable reader of a partition for the workers: with ``streaming``, one that keeps it on local
+        disk (training) or reads it once (evaluation); else ``(arrow_batches, partition) -> ArrayDataset``."""
+        if self.streaming:
+            return _StreamShard(tuple(self.features), tuple(self.labels), self.single_label, self.augment,
+                                self.shuffle_buffer, self.prefetch, self.block_rows, self.local_dir, self.weight)
         return _ArrowShard(tuple(self.features), tuple(self.labels), self.single_label, self.augment, self.weight)
 
     def to_local(self) -> ArrayDataset:
         """Collects the whole DataFrame to the driver (for validation data)."""
         table = self.df.select(*self.columns()).toArrow()
-        return self.shard_reader()(table.to_batches(), 0, presharded=False)
+        reader = _ArrowShard(tuple(self.features), tuple(self.labels), self.single_label, self.augment, self.weight)
+        return reader(table.to_batches(), 0, presharded=False)
 
     def num_batches(self, batch_size, **kw):
         return None
+
+
+def _positive(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+    return int(value)
 
 
 class _ArrowShard:
@@ -261,29 +147,9 @@ class _ArrowShard:
         feats, labels = arrays[:n_feats], arrays[n_feats:n_feats + n_labels]
         w = None
         if weights:
-            w = _row_weights(arrays[-1], self.weight.columns[0], partition)
+            w = row_weights(arrays[-1], self.weight.columns[0], partition)
         return ArrayDataset(feats, labels or None, self.single_label, presharded=presharded, augment=self.augment,
                             weights=w)
-
-
-def _row_weights(values: np.ndarray, column: str, partition: int) -> np.ndarray:
-    """The weight column's values as float32, one per row.
-
-    Raises:
-        BadRowError: a value that is not one finite, non-negative number (naming the row).
-    """
-    from optim.errors import BadRowError
-
-    if values.dtype.kind not in "fiub" or values.ndim != 1:
-        raise BadRowError(f"Weight column {column!r} of partition {partition} must hold one number per row; it holds "
-                          f"{values.dtype} values of per-row shape {values.shape[1:]}.")
-    w = values.astype(np.float32)
-    bad = np.flatnonzero(~np.isfinite(w) | (w < 0))
-    if bad.size:
-        raise BadRowError(f"Weight column {column!r} row {int(bad[0])} of partition {partition} holds "
-                          f"{float(values[bad[0]])!r}; a sample weight must be a finite, non-negative number "
-                          f"({bad.size} such row(s)).")
-    return w
 
 
 #: The column that marks validation rows in a stage that carries both (see :func:`with_validation`).
@@ -323,8 +189,13 @@ def with_validation(train: DataFrameDataset, validation: DataFrameDataset, n: in
     v_df = validation.df.select(*[F.col(v).alias(t) for v, t in zip(v_cols, t_cols)], *weights_of(validation),
                                 F.lit(True).alias(SPLIT_COLUMN))
     val_weight = TensorColumns((weight,), None) if validation.weight is not None else None
-    val_reader = _ArrowShard(tuple(train.features), tuple(train.labels), train.single_label, weight=val_weight)
-    return t_df.unionByName(v_df).repartition(n), _SplitShard(train.shard_reader(), val_reader)
+    reader = train.shard_reader()
+    if isinstance(reader, _StreamShard):
+        split = _SplitStreamShard(reader, val_weight)
+    else:
+        split = _SplitShard(reader, _ArrowShard(tuple(train.features), tuple(train.labels), train.single_label,
+                                                weight=val_weight))
+    return t_df.unionByName(v_df).repartition(n), split
 
 
 #: The union's weight column when only the validation data has sample weights.
@@ -353,6 +224,125 @@ class _SplitShard:
             return shard, ArrayDataset([a[:0] for a in shard.features], labels, shard.single_label, presharded=True,
                                        weights=weights)
         return shard, self.val_reader(val, partition, presharded)
+
+
+class _StreamShard:
+    """A partition streamed (``streaming=True``): for training, read once into a local copy on the rank's
+    disk (:meth:`spool`, :mod:`optim.spark.worker.spool`) and streamed from it every epoch; for
+    evaluation, read once batch by batch (:meth:`__call__`)."""
+
+    def __init__(self, features, labels, single_label, augment, shuffle_buffer, prefetch, block_rows, local_dir=None,
+                 weight: TensorColumns | None = None):
+        self.features, self.labels, self.single_label, self.augment = features, labels, single_label, augment
+        self.shuffle_buffer, self.prefetch, self.block_rows = shuffle_buffer, prefetch, block_rows
+        self.local_dir, self.weight = local_dir, weight
+
+    def __call__(self, batches, partition: int, presharded: bool = True) -> stream.ArrowStream:
+        return stream.ArrowStream(batches, self.decoder(partition))
+
+    def decoder(self, partition: int, weight: TensorColumns | None | bool = True) -> stream.Decoder:
+        """The decoder of this reader's columns; ``weight``: True for this reader's weight column, else the
+        weight column to read (None: none)."""
+        return stream.Decoder(self.features, self.labels, self.single_label, partition,
+                              self.weight if weight is True else weight)
+
+    def dataset(self, source, partition: int, augment=True, weight: TensorColumns | None | bool = True
+                ) -> stream.StreamedDataset:
+        return stream.StreamedDataset(source, self.decoder(partition, weight), self.augment if augment else None,
+                                      self.shuffle_buffer, self.prefetch)
+
+    def spool(self, batches, partition: int, folder: str, name: str, check=None) -> stream.StreamedDataset:
+        """Reads ``batches`` (the partition) into ``folder``, checking each part with ``check``
+        (:class:`optim.training.checks.PartitionChecks`); returns the rank's training data."""
+        from optim.spark.worker.spool import spool
+
+        rows = _Checked(self, partition, check)
+        files = spool(stream.numbered(batches), folder, {"train": name}, lambda b: {"train": rows(b)},
+                      self.block_rows)
+        rows.finish()
+        return self.dataset(files["train"], partition)
+
+
+class _Checked:
+    """Each numbered part of a partition, checked as it is stored: the rows of number columns read (a bad
+    row raises BadRowError, as in memory), image columns checked for nulls (an image that does not
+    decode raises when its batch is decoded), and ``check`` run on what was read; rows it leaves out are
+    dropped."""
+
+    def __init__(self, reader: _StreamShard, partition: int, check=None):
+        self.reader, self.partition, self.check = reader, partition, check
+        self.seen = 0
+
+    def __call__(self, batch):
+        from optim.arrow import NULL, ColumnRead, is_image_shape, read_column
+
+        first = self.seen
+        self.seen += batch.num_rows
+        specs = list(self.reader.features) + list(self.reader.labels)
+        arrays = []
+        for spec in specs:
+            parts = []
+            for c in spec.columns:
+                col = batch.column(batch.schema.get_field_index(c))
+                binary = pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)
+                if len(spec.columns) == 1 and binary and is_image_shape(spec.shape):
+                    if col.null_count:
+                        row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+                        raise NULL.error(c, first + row, self.partition)
+                    parts = None
+                    break
+                parts.append(read_column(col, ColumnRead(shape=spec.shape if len(spec.columns) == 1 else None),
+                                         on_bad="raise", column=c, partition=self.partition,
+                                         row_offset=first).values)
+            arrays.append(None if parts is None else parts[0] if len(parts) == 1 else np.stack(parts, axis=1))
+        weight = self.reader.weight
+        if weight is not None:
+            col = batch.column(batch.schema.get_field_index(weight.columns[0]))
+            values = read_column(col, ColumnRead(), on_bad="raise", column=weight.columns[0], partition=self.partition,
+                                 row_offset=first).values
+            row_weights(values, weight.columns[0], self.partition, first)
+        if self.check is None:
+            return batch
+        features, labels = arrays[:len(self.reader.features)], arrays[len(self.reader.features):]
+        labels = None if not labels else labels[0] if self.reader.single_label else labels
+        keep = self.check(features, labels, first)
+        return batch if keep is None else batch.filter(pa.array(keep))
+
+    def finish(self) -> None:
+        if self.check is not None:
+            self.check.finish()
+
+
+class _SplitStreamShard:
+    """:class:`_SplitShard` streamed: one read of the partition into two local copies, the training rows
+    (checked) and the validation rows."""
+
+    def __init__(self, reader: _StreamShard, val_weight: TensorColumns | None = None):
+        self.reader, self.val_weight = reader, val_weight
+        self.local_dir = reader.local_dir
+
+    def spool(self, batches, partition: int, folder: str, name: str, check=None):
+        import pyarrow.compute as pc
+
+        from optim.spark.worker.spool import spool
+
+        rows = _Checked(self.reader, partition, check)
+        counts = {"train": 0, "val": 0}
+
+        def route(batch):
+            mask = batch.column(batch.schema.get_field_index(SPLIT_COLUMN))
+            batch = batch.select([i for i, n in enumerate(batch.schema.names) if n != SPLIT_COLUMN])
+            out = {}
+            for key, part in (("train", batch.filter(pc.invert(mask))), ("val", batch.filter(mask))):
+                if part.num_rows:
+                    (part,) = stream.numbered([part], counts[key])
+                    counts[key] += part.num_rows
+                    out[key] = rows(part) if key == "train" else part
+            return out
+
+        files = spool(batches, folder, {"train": name, "val": name + "-val"}, route, self.reader.block_rows)
+        rows.finish()
+        return self.reader.dataset(files["train"], partition), self.reader.dataset(files["val"], partition, False, self.val_weight)
 
 
 class RDDDataset(TFDataset):

@@ -170,13 +170,52 @@ def get_spark(create: bool = True):
 SIMPLIFIED_TRACEBACK = "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled"
 
 
-#: Sessions inside :func:`shared_python_workers`: ``id(session) -> [depth, the user's setting]``.
-_SHARING: dict[int, list] = {}
-_SHARING_LOCK = threading.Lock()
+#: The settings tfnet holds for the duration of its jobs: ``(id(session), key) -> [depth, the user's value]``.
+_HELD: dict[tuple[int, str], list] = {}
+_HELD_LOCK = threading.Lock()
 
 
 @contextmanager
-def shared_python_workers(spark) -> Iterator[None]:
+def _held_setting(spark, key: str, value: str | None) -> Iterator[None]:
+    """Sets the session's SQL ``key`` to ``value`` for the duration (None: leaves it), and puts the
+    user's value back when the last of tfnet's overlapping calls on the session ends: calls from several
+    threads nest, whatever order they end in. Does nothing without a SQL conf."""
+    conf = getattr(spark, "conf", None) if value is not None else None
+    slot = (id(spark), key)
+    with _HELD_LOCK:
+        entry = _HELD.get(slot)
+        if entry is not None:
+            entry[0] += 1
+        elif conf is not None:
+            try:
+                before = conf.get(key, None)
+                conf.set(key, value)
+            except Exception:  # noqa: BLE001 - no SQL conf here: nothing to hold
+                conf = None
+            else:
+                entry = _HELD[slot] = [1, before]
+    try:
+        yield
+    finally:
+        with _HELD_LOCK:
+            if entry is not None:
+                entry[0] -= 1
+                if entry[0] == 0:
+                    _HELD.pop(slot, None)
+                    _restore(conf, key, entry[1])
+
+
+def _restore(conf, key: str, before: str | None) -> None:
+    try:
+        if before is None:
+            conf.unset(key)
+        else:
+            conf.set(key, before)
+    except Exception:  # noqa: BLE001 - the session stopped meanwhile
+        pass
+
+
+def shared_python_workers(spark):
     """For the duration of tfnet's jobs, a DataFrame job (the training stage's ``mapInArrow``,
     the row counts) runs in the same Python workers as an RDD job, those that
     :func:`optim.warm_up_workers` warmed: Spark keys its worker pools by environment, and its SQL
@@ -184,39 +223,27 @@ def shared_python_workers(spark) -> Iterator[None]:
     this the first DataFrame training stage of an application waited for fresh workers to import
     TensorFlow (about 6 s on 2 cores) although the warm-up had run. The user's setting is put back
     when the last of tfnet's overlapping calls on the session ends (tfnet reports a rank's errors
-    itself, not through those tracebacks): calls from several threads nest, whatever order they
-    end in."""
-    conf = getattr(spark, "conf", None)
-    key = id(spark)
-    with _SHARING_LOCK:
-        entry = _SHARING.get(key)
-        if entry is None:
-            try:
-                before = conf.get(SIMPLIFIED_TRACEBACK, None)
-                conf.set(SIMPLIFIED_TRACEBACK, "false")
-            except Exception:  # noqa: BLE001 - no SQL conf here: nothing to share
-                conf = None
-            else:
-                _SHARING[key] = [1, before]
-        else:
-            entry[0] += 1
-    try:
-        yield
-    finally:
-        with _SHARING_LOCK:
-            entry = _SHARING.get(key)
-            if entry is not None:
-                entry[0] -= 1
-                if entry[0] == 0:
-                    del _SHARING[key]
-                    _restore(conf, entry[1])
+    itself, not through those tracebacks). A context manager."""
+    return _held_setting(spark, SIMPLIFIED_TRACEBACK, "false")
 
 
-def _restore(conf, before: str | None) -> None:
-    try:
-        if before is None:
-            conf.unset(SIMPLIFIED_TRACEBACK)
-        else:
-            conf.set(SIMPLIFIED_TRACEBACK, before)
-    except Exception:  # noqa: BLE001 - the session stopped meanwhile
-        pass
+#: Rows of each Arrow batch Spark sends a Python worker; Spark's default is 10,000.
+ARROW_BATCH_ROWS = "spark.sql.execution.arrow.maxRecordsPerBatch"
+
+
+def small_arrow_batches(spark, rows: int | None):
+    """For the duration of tfnet's jobs, Spark sends a task's rows in Arrow batches of at most ``rows``
+    rows (None: as the session says). A streaming rank holds one batch at a time, so the batch Spark sends
+    is what its memory holds from Spark: at Spark's default of 10,000 rows, a rank's 8,000 PNG images of
+    64x64x3 came as one batch of about 100 MB, and its peak grew with its rows (+25% from 2,000 to 8,000
+    rows a rank; +3.5% at 256). A smaller setting of the user's stays; the user's is put back afterwards.
+    A context manager."""
+    value = None
+    if rows:
+        try:
+            before = spark.conf.get(ARROW_BATCH_ROWS, None)
+            current = int(before) if before not in (None, "") else 10000
+            value = None if 0 < current <= rows else str(int(rows))
+        except Exception:  # noqa: BLE001 - no SQL conf here: batches as they come
+            value = None
+    return _held_setting(spark, ARROW_BATCH_ROWS, value)

@@ -22,7 +22,7 @@ from optim import losses as L
 from optim import metrics as M
 from optim.errors import DataError, LabelShapeError, NonFiniteInputError
 
-__all__ = ["all_finite", "check_label_types", "check_labels", "finite_batch", "finite_rows_only",
+__all__ = ["PartitionChecks", "all_finite", "check_label_types", "check_labels", "finite_batch", "finite_rows_only",
            "warn_if_logits_to_probability_loss"]
 
 log = logging.getLogger("tfnet.training")
@@ -33,8 +33,9 @@ def _class_losses(loss) -> list[tuple[int, L.Loss]]:
     return [(i, part) for i, part in parts if isinstance(part, L.SparseCategoricalCrossentropy)]
 
 
-def check_labels(labels, loss, net, where: str = "the labels") -> None:
+def check_labels(labels, loss, net, where: str = "the labels", row_offset: int = 0) -> None:
     """Class-id labels for sparse cross-entropy: integer-valued numbers in ``[0, classes)``.
+    ``row_offset``: the position of the first label in its data (rows in messages count from there).
 
     Raises:
         DataError: strings, fractions or ids out of range; the message names the first bad row.
@@ -59,13 +60,14 @@ def check_labels(labels, loss, net, where: str = "the labels") -> None:
         flat = y.reshape(-1).astype(np.float64)
         bad = np.flatnonzero(flat != np.round(flat))
         if bad.size:
-            raise DataError(f"{where} for output {name}: row {bad[0]} holds {float(flat[bad[0]])!r}, not a class id; "
+            raise DataError(f"{where} for output {name}: row {row_offset + bad[0]} holds {float(flat[bad[0]])!r}, not a "
+                            "class id; "
                             f"{type(part).__name__} needs integer class ids.")
         classes = net.output_specs[i].shape[-1]
         if classes is not None:
             bad = np.flatnonzero((flat < 0) | (flat >= classes))
             if bad.size:
-                raise DataError(f"{where} for output {name}: row {bad[0]} holds class {int(flat[bad[0]])}, outside "
+                raise DataError(f"{where} for output {name}: row {row_offset + bad[0]} holds class {int(flat[bad[0]])}, outside "
                                 f"0..{classes - 1} (the output has {classes} classes); {bad.size} row(s) are out of range.")
 
 
@@ -111,6 +113,53 @@ def finite_rows_only(dataset, policy: str, where: str = "the training data"):
         )
     log.warning("%s: %d row(s) with NaN or Inf features left out (on_nonfinite='skip').", where, int(bad.sum()))
     return dataset.subset(np.flatnonzero(~bad))
+
+
+class PartitionChecks:
+    """The checks of :func:`check_labels` and :func:`finite_rows_only` on a partition read part by part
+    (streamed): class-id labels, and NaN or Inf in the features that are numbers (decoded images are
+    finite by construction, so image columns pass as None). Rows are named by their position in the
+    partition; with ``policy="skip"`` the rows with NaN or Inf are left out, and :meth:`finish` warns
+    once with their count.
+
+    Args:
+        loss: The loss (its class-id parts are checked).
+        outputs: What has ``output_names`` and ``output_specs`` (the net, or a stand-in).
+        policy: ``"raise"`` or ``"skip"``.
+        where: The partition, as messages name it (``"partition 1"``).
+    """
+
+    def __init__(self, loss, outputs, policy: str, where: str):
+        self.loss, self.outputs, self.policy, self.where = loss, outputs, policy, where
+        self.skipped = 0
+
+    def __call__(self, features: list, labels, first_row: int, where: str | None = None) -> np.ndarray | None:
+        """Checks one part, whose first row is ``first_row`` of the partition (``where``: how messages
+        name it; default: the partition); returns the rows to keep (None: all of them).
+
+        Raises:
+            DataError: a label that is not a class id of the output.
+            NonFiniteInputError: a feature with NaN or Inf, and ``policy="raise"``.
+        """
+        where = where or self.where
+        if labels is not None:
+            check_labels(labels, self.loss, self.outputs, f"the labels of {where}", row_offset=first_row)
+        bad, first = _nonfinite_rows_of([f for f in features if f is not None])
+        if first is None:
+            return None
+        if self.policy != "skip":
+            raise NonFiniteInputError(
+                f"the features of {where}: row {first_row + first[1]} has NaN or Inf in input {first[0]}. Clean "
+                "the data, or pass on_nonfinite='skip' to leave such rows out."
+            )
+        self.skipped += int(bad.sum())
+        return ~bad
+
+    def finish(self) -> None:
+        """Warns once with the rows left out (``policy="skip"``)."""
+        if self.skipped:
+            log.warning("the features of %s: %d row(s) with NaN or Inf features left out (on_nonfinite='skip').",
+                        self.where, self.skipped)
 
 
 def all_finite(tensor) -> bool:

@@ -8,7 +8,7 @@ A :class:`TFDataset` gives each worker (rank) its batches for an epoch. Local fo
   *batches* (as Keras ``fit`` takes it), or a function ``fn(rank, size) -> dataset`` building each
   rank's input (for example, TFRecord shards read by each worker).
 
-The distributed forms (``from_dataframe``, ``from_rdd``) live in ``optim.spark.datasets``, which
+The distributed forms (``from_dataframe``, ``from_rdd``, ``from_parquet``) live in ``optim.spark.datasets``, which
 subclasses :class:`TFDataset` and :class:`ArrayDataset` from here. The factories import that module
 when they are called (:func:`_spark_datasets`), on purpose: a module-level import would be a cycle
 (each module needing the other to finish first), and this module, which the local loop and every
@@ -50,13 +50,30 @@ class TFDataset:
 
     @staticmethod
     def from_dataframe(df, feature_cols, label_cols=None, feature_shapes=None, batch_size: int | None = None,
-                       augment=None, weight_col: str | None = None):
+                       augment=None, weight_col: str | None = None, *, streaming: bool = True,
+                       shuffle_buffer: int = 2048, prefetch: int = 2, local_dir: str | None = None):
         """A Spark DataFrame; see :class:`optim.spark.datasets.DataFrameDataset`. ``batch_size``, as
         Analytics Zoo's TFDataset took it, is the global batch ``optimize`` uses by default;
         ``augment`` runs on the ranks, on training batches only; ``weight_col`` names a column of
-        sample weights (default: none)."""
+        sample weights (default: none). With ``streaming`` (the default) each
+        rank keeps its partition on local disk, still encoded, and decodes it a batch at a time, so its
+        memory does not grow with its rows; ``streaming=False`` decodes the whole partition into memory
+        first. ``shuffle_buffer`` (rows of a shuffle window, default 2048) and ``prefetch`` (decoded
+        batches made ahead of the step, default 2) set a streaming rank's memory with the batch;
+        ``local_dir`` is where the local copies go (default: Spark's local dir)."""
         return _spark_datasets().DataFrameDataset(df, feature_cols, label_cols, feature_shapes, batch_size, augment,
-                                                  weight_col)
+                                                  weight_col, streaming=streaming, shuffle_buffer=shuffle_buffer,
+                                                  prefetch=prefetch, local_dir=local_dir)
+
+    @staticmethod
+    def from_parquet(path, feature_cols, label_cols=None, feature_shapes=None, storage_options=None,
+                     batch_size: int | None = None, augment=None, *, shuffle_buffer: int = 2048, prefetch: int = 2):
+        """Parquet files (a file or a folder, a local path or any fsspec URI such as ``s3://``), each rank
+        reading its share of the rows straight from the files, with no Spark job for the data; see
+        :class:`optim.spark.parquet.ParquetDataset`. The arguments are those of :meth:`from_dataframe`;
+        ``storage_options`` are fsspec's (endpoint, credentials)."""
+        return _spark_datasets().ParquetDataset(path, feature_cols, label_cols, feature_shapes, storage_options,
+                                                batch_size, augment, shuffle_buffer=shuffle_buffer, prefetch=prefetch)
 
     @staticmethod
     def from_rdd(rdd, batch_size: int | None = None):

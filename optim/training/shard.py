@@ -88,3 +88,21 @@ def records_to_arrays(records: Iterable, partition: int) -> tuple[list[np.ndarra
     except ValueError as exc:
         raise BadRowError(f"Records of partition {partition} have features or labels of different shapes: {exc}") from None
     return arrays, label_arr
+
+
+def row_weights(values: np.ndarray, column: str, partition: int, first: int = 0) -> np.ndarray:
+    """A weight column's values as float32, one per row (``first``: the partition's row of the first).
+
+    Raises:
+        BadRowError: a value that is not one finite, non-negative number (naming the row).
+    """
+    if values.dtype.kind not in "fiub" or values.ndim != 1:
+        raise BadRowError(f"Weight column {column!r} of partition {partition} must hold one number per row; it holds "
+                          f"{values.dtype} values of per-row shape {values.shape[1:]}.")
+    w = values.astype(np.float32)
+    bad = np.flatnonzero(~np.isfinite(w) | (w < 0))
+    if bad.size:
+        raise BadRowError(f"Weight column {column!r} row {first + int(bad[0])} of partition {partition} holds "
+                          f"{float(values[bad[0]])!r}; a sample weight must be a finite, non-negative number "
+                          f"({bad.size} such row(s)).")
+    return w

@@ -74,7 +74,8 @@ def test_images_decoded_to_the_shape_and_bad_images_named():
     np.testing.assert_array_equal(values[:2], pixels)
     assert values.dtype == np.uint8 and not values[2:].any()
     assert bad[2].what == "null" and bad[3].what == "image"
-    assert bad[3].text.startswith("the image could not be decoded (12 bytes; JPEG, PNG, GIF, BMP or WebP expected)")
+    assert bad[3].text.startswith("the image could not be decoded (12 bytes; JPEG, PNG, GIF, BMP or WebP expected, or "
+                                  "60 bytes of raw uint8 pixels)")
     with pytest.raises(BadRowError, match=r"Column 'img' row 5 of partition 1: the image could not be decoded "
                                           r"\(12 bytes"):
         read_column(col.slice(3), ColumnRead(shape=(5, 4, 3)), on_bad="raise", column="img", partition=1,
@@ -82,6 +83,19 @@ def test_images_decoded_to_the_shape_and_bad_images_named():
     with pytest.raises(ColumnError, match=r"Column 'img' holds encoded images, which need a per-row shape \(height, "
                                           r"width, channels\) with 1, 3 or 4 channels\. Received: shape=\(5, 4\)"):
         read_column(col, ColumnRead(kind="image", shape=(5, 4)), column="img")
+
+
+def test_raw_uint8_pixels_of_the_shape_are_taken_as_they_are():
+    """Bytes of exactly height x width x channels that are no image file are raw pixels (a uint8 image's
+    ``tobytes()``), even when they happen to start like one (``BM``: a BMP's magic)."""
+    pixels = np.random.default_rng(1).integers(0, 256, (3, 5, 4, 3), dtype=np.uint8)
+    pixels[1, 0, 0, :2] = [ord("B"), ord("M")]
+    values, bad = read_column(pa.array([p.tobytes() for p in pixels] + [bytes(59)], pa.binary()),
+                              ColumnRead(shape=(5, 4, 3)))
+    assert values.dtype == np.float32 and not bad.keys() - {3}
+    np.testing.assert_array_equal(values[:3], pixels.astype(np.float32))
+    assert bad[3].text.startswith("the image could not be decoded (59 bytes; JPEG, PNG, GIF, BMP or WebP expected, or "
+                                  "60 bytes of raw uint8 pixels)")
 
 
 BAD = pa.array([[1.0] * 6, [1.0, 2.0, 3.0], None, [1.0, None, 3.0, 4.0, 5.0, 6.0], [2.0] * 6],

@@ -18,7 +18,7 @@ from optim.spark.connect import plan_limit, session_of
 from optim.spark.driver.jobs import run_job
 from optim.spark.driver.launcher import backend_for
 from optim.spark.driver.stage import Cleanup, shipped_hooks
-from optim.spark.session import get_spark
+from optim.spark.session import get_spark, small_arrow_batches
 from optim.spark.worker.evaluate import EvalJob, evaluate_partition
 from optim.training.datasets import TFDataDataset
 from optim.training.evaluation import logs_from_states, metrics_copy
@@ -34,12 +34,13 @@ def evaluate_distributed(opt, dataset, batch_size: int, num_partitions: int | No
 
     typed_errors.install()  # a rank's bad row raises its BadRowError, not Spark's PythonException
     backend = backend_for(session_of(dataset) or get_spark())
-    with backend.quiet(1, own_bar=False):  # Spark's bar shows the job: tfnet shows none of its own
+    with backend.quiet(1, own_bar=False), small_arrow_batches(backend.spark, getattr(dataset, "arrow_batch_rows", None)):
+        # Spark's bar shows the job: tfnet shows none of its own
         return _evaluate(backend, opt, dataset, batch_size, num_partitions)
 
 
 def _evaluate(backend, opt, dataset, batch_size: int, num_partitions: int | None) -> dict[str, float]:
-    from optim.spark.datasets import DataFrameDataset, RDDDataset
+    from optim.spark.datasets import DataFrameDataset, ParquetDataset, RDDDataset
 
     cleanup = Cleanup()
     try:
@@ -52,7 +53,7 @@ def _evaluate(backend, opt, dataset, batch_size: int, num_partitions: int | None
             job.reader = dataset.shard_reader()
             action = dataset.rdd.mapPartitionsWithIndex(lambda i, it, job=job: [evaluate_partition(job, i, it)]).collect
             rows = run_job(backend.spark, "evaluating", action, kind="evaluate")
-        elif isinstance(dataset, TFDataDataset):
+        elif isinstance(dataset, (TFDataDataset, ParquetDataset)):  # each task reads its share itself
             n = backend.partitions(num_partitions)
             job.data, job.size = dataset, n
             rows = _arrow_states(backend.spark, backend.spark.range(n, numPartitions=n), job)

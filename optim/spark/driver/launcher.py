@@ -47,7 +47,7 @@ from optim.spark.driver.stage import (
 )
 from optim.spark.driver.warm_up import warm_up_workers
 from optim.spark.rendezvous_store import STUCK_GRACE_S, stuck_rank  # noqa: F401 (re-exported)
-from optim.spark.session import get_spark
+from optim.spark.session import get_spark, small_arrow_batches
 from optim.spark.worker.rank import run_rank
 from optim.spark.worker.task import RESULT_SCHEMA, run_arrow_task
 from optim.training.checkpoint import new_run_id
@@ -129,7 +129,7 @@ def optimize_distributed(opt, dataset: TFDataset, config: TrainConfig, validatio
     backend = backend_for(session_of(dataset) or get_spark())
     run = _DistributedRun(opt, backend, RetryPolicy(max_retries), verbose=verbose, timeout=timeout,
                           startup_timeout=startup_timeout, slot_wait=slot_wait, steps_per_epoch=steps_per_epoch)
-    with backend.quiet(verbose):
+    with backend.quiet(verbose), small_arrow_batches(backend.spark, getattr(dataset, "arrow_batch_rows", None)):
         return run(dataset, config, validation, num_workers, min_workers, elastic_wait)
 
 
@@ -201,14 +201,17 @@ class _DistributedRun:
                 cleanup: Cleanup) -> Stage:
         """The data, one partition per rank; the validation data; the net and hooks, shipped once.
         Everything it makes is registered with ``cleanup``."""
-        from optim.spark.datasets import DataFrameDataset, with_validation
+        from optim.spark.datasets import DataFrameDataset, ParquetDataset, with_validation
 
         if isinstance(dataset, DataFrameDataset) and isinstance(validation, DataFrameDataset):
             # both DataFrames: one stage reads both; each rank validates on its own rows
             source, reader = with_validation(dataset, validation, n)
             kind, data, val = "arrow", None, None
         else:
-            kind, reader, data, source = self.backend.source(dataset, n, per_rank, self.startup_timeout)
+            if isinstance(dataset, ParquetDataset):  # each rank reads its share of the files: no Spark job for data
+                kind, reader, data, source = "files", None, dataset, self.backend.spark.range(n, numPartitions=n)
+            else:
+                kind, reader, data, source = self.backend.source(dataset, n, per_rank, self.startup_timeout)
             if kind == "arrays" and len(data) < n:
                 raise ValueError(f"The training data has {len(data)} rows, fewer than the {n} workers.")
             limit = plan_limit(self.backend.spark) if self.backend.mode == "connect" else VALIDATION_ARRAYS_LIMIT

@@ -134,9 +134,11 @@ def check_workers(target, n: int, timeout_s: float, config: TrainConfig) -> None
 
 def validation_for_ranks(val: TFDataset | None):
     """Validation data the ranks read themselves: arrays, a tf.data input (each rank builds its
-    shard), or an RDD's records (collected to the driver first). A DataFrame goes into the stage
+    shard), Parquet files (each rank reads its share), or an RDD's records (collected to the driver first). A DataFrame goes into the stage
     itself (:func:`optim.spark.datasets.with_validation`) instead."""
-    if val is None or isinstance(val, (ArrayDataset, TFDataDataset)):
+    from optim.spark.parquet import ParquetDataset
+
+    if val is None or isinstance(val, (ArrayDataset, TFDataDataset, ParquetDataset)):
         return val
     to_local = getattr(val, "to_local", None)
     if to_local is not None:

@@ -1,6 +1,6 @@
 """What every task of the training barrier stage runs: one Horovod rank. Worker side.
 
-A rank reads its partition into arrays, agrees with the other ranks on the number of steps per
+A rank reads its partition (into a local copy it streams from, or into arrays), agrees with the other ranks on the number of steps per
 epoch (through the driver's rendezvous store, before Horovod starts), joins the Horovod ring over
 Gloo through that store, and runs the same training loop as a local run, from the optimiser state
 the driver sent. Rank 0 sends progress to the driver, writes checkpoints and TensorBoard events,
@@ -40,9 +40,9 @@ class RankJob:
     metrics: list
     config: Any  # optim.training.config.TrainConfig (batch_size is per rank)
     size: int
-    kind: str  # "arrow", "records", "arrays" or "tf_data"
+    kind: str  # "arrow", "records", "arrays", "tf_data" or "files" (Parquet read by the ranks)
     reader: Callable | None = None  # arrow/records shard reader
-    data: Any = None  # broadcast ArrayDataset for "arrays", a TFDataDataset for "tf_data"
+    data: Any = None  # broadcast ArrayDataset for "arrays", a TFDataDataset for "tf_data", a ParquetDataset for "files"
     validation: Any = None  # a broadcast ArrayDataset, a TFDataDataset, or None (or read with the data)
     rendezvous: tuple[str, int] | None = ("127.0.0.1", 0)  # None: rank 0 hosts it (Spark Connect)
     progress: tuple[str, int] | None = None
@@ -123,6 +123,8 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
 
     ctx = BarrierTaskContext.get()
     _claim(job, rank)
+    _reset_peak_rss()
+    local: list = []  # streamed data whose local copies go on every way out
     dog = Watchdog(job.startup_timeout_s, f"tfnet rank {rank}", long_timeout_s=_long_bound(job),
                    beat=_heartbeat_sender(job, rank)).start()
     hvd = None
@@ -131,11 +133,14 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
         if not set_num_threads(cpus, max(1, min(2, cpus)), strict=False):
             log.info("Rank %d: TensorFlow already runs in this reused Python worker; its thread pools stay.", rank)
         dog.kick("reading the partition")
-        shard = _shard(job, partition, rank)
+        shard = _shard(job, partition, rank, local)
         validation = _validation(job)
         if isinstance(shard, tuple):  # the stage carries the validation rows too: this rank's own
             shard, validation = shard
-        if job.kind in ("arrow", "records"):  # the driver checked numpy data; a partition is checked here
+        if job.kind == "files":  # Parquet read by the rank: checked batch by batch as it is read
+            shard = shard.checked(_partition_checks(job, rank, f"rank {rank}'s rows"))
+        elif job.kind in ("arrow", "records") and not local:
+            # the driver checked numpy data; a partition is checked here (a streamed one as it was stored)
             shard = _checked(job, shard, rank)
         dog.kick("agreeing on steps")
         steps = job.steps_per_epoch
@@ -150,9 +155,9 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
                     )
                 steps = max(counts)
         else:
-            rows = _gather(job, rank, len(shard.shard_indices(rank, job.size)))
+            rows = _gather(job, rank, _rows(shard, rank, job.size))
             steps = steps or agree_steps(rows, job.config.batch_size)
-        _write_rank_info(job.config, rank, job.attempt, size=job.size)
+        _write_rank_info(job.config, rank, job.attempt, size=job.size, **_memory(local))
         dog.kick("connecting the Horovod ranks")
         network = _network(job, ctx, rank)
         hvd = _horovod(job, rank, network)
@@ -171,6 +176,7 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
                         steps_per_epoch=steps, initial_state=job.state, start_step=job.start_step,
                         lr_source=job.lr_source, liveness=dog, initial_exchange_state=job.exchange_state,
                         stop_check=_stop_check(job))
+        _write_rank_info(job.config, rank, job.attempt, horovod_idle_threads=len(hvd.idle_threads), **_memory(local))
         if rank == 0:
             dog.kick("sending the result")
             payload = _payload(net, outcome, {"rows": rows,
@@ -185,6 +191,8 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
                 yield payload
     finally:
         dog.kick("shutting down")
+        for data in local:
+            data.release()
         if hvd is not None:
             hvd.close()
         dog.stop()
@@ -240,12 +248,71 @@ def _gather(job: RankJob, rank: int, value: int) -> list[int]:
                                           job.startup_timeout_s, token=job.rendezvous_key)]
 
 
-def _shard(job: RankJob, partition: Iterable, rank: int):
+def _shard(job: RankJob, partition: Iterable, rank: int, local: list):
+    """This rank's data. A streamed partition is read into a local copy (registered in ``local``, which the
+    caller removes on every way out), checked as it is stored."""
+    if job.kind == "arrow" and hasattr(job.reader, "spool"):
+        from optim.spark.worker.spool import spool_folder
+
+        name = f"{job.config.run_id or 'run'}-r{rank}-a{job.attempt}"
+        folder = spool_folder(getattr(job.reader, "local_dir", None))
+        made = job.reader.spool(partition, rank, folder, name, _partition_checks(job, rank, f"partition {rank}"))
+        local.extend(made if isinstance(made, tuple) else [made])
+        return made
     if job.kind in ("arrow", "records"):
         return job.reader(partition, rank)
     for _ in partition:  # the placeholder partition of parallelize(range(size)) carries nothing
         pass
     return _value(job.data)
+
+
+def _rows(shard, rank: int, size: int) -> int:
+    """The rows this rank trains on (its partition, or its share of numpy data or of Parquet files)."""
+    if hasattr(shard, "rows_on"):
+        return int(shard.rows_on(rank, size))
+    return len(shard.shard_indices(rank, size))
+
+
+def _partition_checks(job: RankJob, rank: int, where: str):
+    from types import SimpleNamespace
+
+    from optim.training.checks import PartitionChecks
+
+    outputs = SimpleNamespace(output_names=job.outputs[0], output_specs=job.outputs[1])
+    return PartitionChecks(job.loss, outputs, job.config.on_nonfinite, where)
+
+
+def _reset_peak_rss() -> None:
+    """Starts this process's peak resident memory (``VmHWM``) afresh, so that a reused Python worker reports
+    this task's peak (Linux: ``5`` into ``/proc/self/clear_refs``; elsewhere nothing)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss_bytes() -> int | None:
+    """This process's peak resident memory since its start or :func:`_reset_peak_rss` (``VmHWM``), or None."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _memory(local: list) -> dict:
+    """What the rank info records of memory: the peak RSS, and the local copies' sizes and folder."""
+    out = {"peak_rss_bytes": peak_rss_bytes()}
+    sources = [getattr(d, "source", None) for d in local]
+    paths = [s.path for s in sources if getattr(s, "path", None)]
+    if paths:
+        out["local_copy_bytes"] = int(sum(s.nbytes for s in sources))
+        out["local_copies"] = paths
+    return out
 
 
 def _value(shipped):

@@ -256,8 +256,8 @@ def test_image_column_bad_rows():
     bad = {r: p.text for r, p in bad.items()}
     assert out.shape == (5, 16, 24, 3) and 0 <= out.min() and out.max() <= 255 and out[0].std() > 10
     assert bad[1] == "the value is null" and bad[2] == "the image is empty (0 bytes)"
-    assert bad[3].startswith("the image could not be decoded (12 bytes; JPEG, PNG, GIF, BMP or WebP expected): "
-                             "Unknown image file format")
+    assert bad[3].startswith("the image could not be decoded (12 bytes; JPEG, PNG, GIF, BMP or WebP expected, or 1152 "
+                             "bytes of raw uint8 pixels): Unknown image file format")
     assert "could not be decoded (200 bytes" in bad[4]
 
 

@@ -1,0 +1,130 @@
+"""Does the input keep up with the step? Training throughput with the partition in memory, streamed (epoch 1
+and epoch 2) and read from Parquet by the ranks, side by side on the same data and model (issue 36).
+
+Spark ``local[2]``, two Horovod ranks of one thread, ``--rows`` PNG-encoded 64x64x3 images (made by Spark,
+written once to Parquet; the DataFrame paths read that Parquet through Spark, ``from_parquet`` reads it
+from the ranks), ``--epochs`` epochs of ``--model`` at a global batch of 32. For each path it prints:
+
+* img/s of the steps of each epoch (the global batch over the time from one step's end to the next, which
+  includes any wait for input; the first step of each epoch, the compile's, is left out);
+* the start-up (``optimize()`` to the first step: Spark's read of the partition, and for the in-memory path
+  the decode of all of it; for the streamed paths the local copy);
+* the wall time of the whole call, and images per second of it (rows x epochs / wall).
+
+A streamed rank reads its local copy in every epoch (the copy is made before the first step, while the
+ranks agree on the steps), so epoch 1 and epoch 2 both stream from local disk.
+
+    PYTHONPATH=. python benchmarks/bench_input.py [--rows 2000] [--epochs 2] [--model resnet50|small]
+                                                  [--rounds 1] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_memory import SIZE, png_frame, small_cnn, spark_session  # noqa: E402
+from common import banner, machine, setup_env, write_json  # noqa: E402
+
+BATCH = 32
+
+
+def model(name: str):
+    import keras
+
+    from tfnet import TFNet
+
+    if name == "small":
+        return small_cnn()
+    keras.utils.set_random_seed(0)
+    return TFNet.from_keras(keras.applications.ResNet50(weights=None, input_shape=(SIZE, SIZE, 3), classes=10,
+                                                        classifier_activation=None))
+
+
+def epoch_rates(step_times: list, steps_per_epoch: int, epochs: int) -> list[float]:
+    """img/s of each epoch's steps, the first step of each epoch left out."""
+    rates = []
+    for e in range(epochs):
+        times = [t for t in step_times[e * steps_per_epoch + 1:(e + 1) * steps_per_epoch] if t is not None]
+        rates.append(BATCH * len(times) / sum(times) if times else float("nan"))
+    return rates
+
+
+def one_run(spark, path: str, data_path: str, args) -> dict:
+    import optim
+    from optim import TFDataset, TFOptimizer
+
+    shapes = {"image": (SIZE, SIZE, 3)}
+    if path == "parquet":
+        data = TFDataset.from_parquet(data_path, "image", "label", feature_shapes=shapes)
+    else:
+        df = spark.read.parquet(data_path).repartition(2)
+        data = TFDataset.from_dataframe(df, "image", "label", feature_shapes=shapes, streaming=path == "streamed")
+    opt = TFOptimizer(model(args.model), optim.losses.SparseCategoricalCrossentropy(from_logits=True), optim.SGD(0.01))
+    t0 = time.perf_counter()
+    opt.optimize(data, epochs=args.epochs, batch_size=BATCH, num_workers=2, verbose=0)
+    wall = time.perf_counter() - t0
+    run = opt.last_run
+    rates = epoch_rates(run["step_times"], run["steps_per_epoch"], args.epochs)
+    return {"path": path, "epoch_img_s": rates, "startup_s": run["startup_s"], "wall_s": wall,
+            "overall_img_s": args.rows * args.epochs / wall, "steps_per_epoch": run["steps_per_epoch"]}
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=2000)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--model", choices=["resnet50", "small"], default="resnet50")
+    p.add_argument("--rounds", type=int, default=1, help="rounds of the three paths, in alternating order")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    setup_env(onednn=True)
+    print(banner(), flush=True)
+    print(f"# {args.rows} PNG rows of {SIZE}x{SIZE}x3 over 2 ranks, {args.epochs} epochs of {args.model}, global batch "
+          f"{BATCH}", flush=True)
+    spark = spark_session(2)
+    data_path = os.path.join(tempfile.mkdtemp(prefix="tfnet-bench-input-"), "images")
+    png_frame(spark, args.rows).write.option("parquet.block.size", 4 << 20).parquet(data_path)
+    paths = ["memory", "streamed", "parquet"]
+    runs: dict[str, list] = {k: [] for k in paths}
+    for r in range(args.rounds):
+        for path in (paths if r % 2 == 0 else paths[::-1]):
+            out = one_run(spark, path, data_path, args)
+            runs[path].append(out)
+            print(f"  round {r + 1} {path:>8}: " + "  ".join(f"epoch {e + 1} {v:7.1f} img/s" for e, v in
+                                                           enumerate(out["epoch_img_s"]))
+                  + f"   start-up {out['startup_s']:.1f} s   wall {out['wall_s']:.1f} s "
+                    f"({out['overall_img_s']:.1f} img/s overall)", flush=True)
+    spark.stop()
+
+    def med(path, key, e=None):
+        values = [o[key][e] if e is not None else o[key] for o in runs[path]]
+        return statistics.median(values)
+
+    mem1, mem2 = med("memory", "epoch_img_s", 0), med("memory", "epoch_img_s", -1)
+    st1, st2 = med("streamed", "epoch_img_s", 0), med("streamed", "epoch_img_s", -1)
+    pq1 = med("parquet", "epoch_img_s", 0)
+    ratios = {"streamed_epoch1_vs_memory": st1 / mem1, "streamed_epoch2_vs_memory": st2 / mem2,
+              "streamed_epoch2_vs_epoch1": st2 / st1, "parquet_epoch1_vs_memory": pq1 / mem1,
+              "streamed_overall_vs_memory": med("streamed", "overall_img_s") / med("memory", "overall_img_s"),
+              "parquet_overall_vs_memory": med("parquet", "overall_img_s") / med("memory", "overall_img_s")}
+    print(f"steps, img/s (median of {args.rounds}): in memory {mem1:.1f} / {mem2:.1f}, streamed epoch 1 {st1:.1f}, "
+          f"epoch 2 {st2:.1f}, from_parquet epoch 1 {pq1:.1f}")
+    print(f"streamed / in memory: epoch 1 {ratios['streamed_epoch1_vs_memory']:.3f}, epoch 2 "
+          f"{ratios['streamed_epoch2_vs_memory']:.3f} (target >= 0.95); streamed epoch 2 / epoch 1 "
+          f"{ratios['streamed_epoch2_vs_epoch1']:.3f} (target >= 1); from_parquet / in memory "
+          f"{ratios['parquet_epoch1_vs_memory']:.3f}; whole call, streamed / in memory "
+          f"{ratios['streamed_overall_vs_memory']:.3f}, from_parquet / in memory {ratios['parquet_overall_vs_memory']:.3f}")
+    results = {"machine": machine(), "command": "python benchmarks/bench_input.py " + " ".join(
+        sys.argv[1:] if argv is None else argv), "args": vars(args), "runs": runs, "ratios": ratios}
+    write_json(args.json, results)
+    return results
+
+
+if __name__ == "__main__":
+    main()

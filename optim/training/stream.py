@@ -1,0 +1,382 @@
+"""A rank's rows streamed from stored blocks, with bounded memory. Runs wherever the loop runs (every rank,
+or one process). Pure: pyarrow and numpy (TensorFlow only where :mod:`optim.arrow` decodes images).
+
+The rows sit in *blocks* of encoded Arrow rows (images stay compressed bytes, arrays stay Arrow lists): a
+local copy of a Spark partition (:mod:`optim.spark.worker.spool`), or row groups of Parquet files
+(:mod:`optim.training.parquet`). :class:`StreamedDataset` gives the loop its batches for an epoch:
+
+* **order**: with ``shuffle``, a seeded permutation of the blocks (``[seed, epoch, rank, pass]``), then a
+  row shuffle inside *windows* of at least ``shuffle_buffer`` rows (consecutive blocks of that order; a
+  partition of at most ``shuffle_buffer`` rows is shuffled in full). Without, the rows in stored order.
+  Unlike a full shuffle, a row only moves within its window: rows of one block stay closer together
+  than a permutation of the whole partition would leave them;
+* **equal steps**: with ``steps``, exactly that many full batches; a shard that runs out of rows goes on
+  with a new pass (a new block order, new windows), as :class:`~optim.training.datasets.ArrayDataset`
+  does;
+* **resume**: ``skip=k`` replays the same order and leaves out the first ``k`` batches' rows; windows
+  wholly inside them are not even read;
+* **overlap**: reading, decoding, augmentation and batching run in a producer thread, ``prefetch``
+  batches ahead of the step (:class:`Prefetch`); its errors surface in the loop, typed.
+
+Memory is set by three numbers, none by the rows of the partition: the batch (decoded, ``prefetch + 1``
+of them at once), the window (``shuffle_buffer`` rows, encoded; twice that while one is permuted) and one
+block (:data:`DEFAULT_BLOCK_ROWS` rows, encoded).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from optim.arrow import ColumnRead, read_column
+from optim.errors import DataError
+from optim.training.datasets import Batch, SampleWeighted, TFDataset
+from optim.training.shard import row_weights
+
+__all__ = ["DEFAULT_BLOCK_ROWS", "DEFAULT_PREFETCH", "DEFAULT_SHUFFLE_BUFFER", "ROW_COLUMN", "Decoder", "Prefetch",
+           "StreamedDataset", "ArrowStream", "Window", "numbered", "rebatch",
+           "row_batches", "windows"]
+
+log = logging.getLogger("tfnet.training")
+
+#: Rows per stored block: the unit of the block shuffle and of a read.
+DEFAULT_BLOCK_ROWS = 256
+#: Rows of a shuffle window (encoded); a partition of at most this many rows is shuffled in full.
+DEFAULT_SHUFFLE_BUFFER = 2048
+#: Decoded batches made ahead of the step.
+DEFAULT_PREFETCH = 2
+#: The column that holds each stored row's position in its partition (for errors that name a row).
+ROW_COLUMN = "__tfnet_row"
+
+
+# ---------------------------------------------------------------- the order
+
+
+@dataclass(frozen=True)
+class Window:
+    """Consecutive blocks of one pass's order, read together; ``order`` is the permutation of their
+    rows (None: as stored)."""
+
+    blocks: tuple[int, ...]
+    rows: int
+    order: np.ndarray | None
+
+
+def windows(block_rows: Sequence[int], *, seed: int, epoch: int, rank: int, shuffle: bool, shuffle_buffer: int,
+            passes: int | None = 1) -> Iterator[Window]:
+    """The windows of an epoch, pass after pass (``passes=None``: without end).
+
+    >>> [w.blocks for w in windows([4, 4, 2], seed=0, epoch=0, rank=0, shuffle=False, shuffle_buffer=8)]
+    [(0,), (1,), (2,)]
+    >>> sorted(w.rows for w in windows([4, 4, 2], seed=0, epoch=0, rank=0, shuffle=True, shuffle_buffer=8))
+    [2, 8]
+    """
+    p = 0
+    while passes is None or p < passes:
+        if shuffle:
+            order = np.random.default_rng([seed, epoch, rank, p]).permutation(len(block_rows))
+        else:
+            order = np.arange(len(block_rows))
+        group: list[int] = []
+        rows = w = 0
+        for b in order:
+            group.append(int(b))
+            rows += int(block_rows[b])
+            if not shuffle or rows >= shuffle_buffer:
+                yield _window(group, rows, shuffle, [seed, epoch, rank, p, 11, w])
+                group, rows, w = [], 0, w + 1
+        if group:
+            yield _window(group, rows, shuffle, [seed, epoch, rank, p, 11, w])
+        p += 1
+
+
+def _window(blocks: list[int], rows: int, shuffle: bool, key: list[int]) -> Window:
+    order = np.random.default_rng(key).permutation(rows) if shuffle and rows > 1 else None
+    return Window(tuple(blocks), rows, order)
+
+
+def row_batches(read: Callable[[int], pa.Table], plan: Iterator[Window], batch_size: int, start: int,
+                stop: int | None) -> Iterator[pa.Table]:
+    """The rows ``start`` to ``stop`` (None: to the end) of the stream that ``plan`` lays out, as tables of
+    ``batch_size`` rows (the last may be shorter). Windows before ``start`` are not read."""
+
+    def tables():
+        pos = 0
+        for win in plan:
+            first, pos = pos, pos + win.rows
+            if pos <= start or win.rows == 0:
+                continue
+            if stop is not None and first >= stop:
+                return
+            parts = [read(b) for b in win.blocks]
+            table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+            del parts
+            if win.order is not None:
+                table = table.take(pa.array(win.order))
+            lo = max(start - first, 0)
+            hi = win.rows if stop is None else min(stop - first, win.rows)
+            yield table.slice(lo, hi - lo)
+            if stop is not None and pos >= stop:
+                return
+
+    return rebatch(tables(), batch_size)
+
+
+def rebatch(tables, batch_size: int) -> Iterator[pa.Table]:
+    """Arrow tables (or record batches) cut and joined into tables of ``batch_size`` rows, in order (the
+    last may be shorter)."""
+    pending: list[pa.Table] = []
+    have = 0
+    for table in tables:
+        if isinstance(table, pa.RecordBatch):
+            table = pa.Table.from_batches([table])
+        while table.num_rows:
+            piece = table.slice(0, batch_size - have)
+            table = table.slice(piece.num_rows)
+            pending.append(piece)
+            have += piece.num_rows
+            if have == batch_size:
+                yield pa.concat_tables(pending) if len(pending) > 1 else pending[0]
+                pending, have = [], 0
+    if pending:
+        yield pa.concat_tables(pending) if len(pending) > 1 else pending[0]
+
+
+def numbered(batches, first: int = 0) -> Iterator[pa.RecordBatch]:
+    """Each record batch with :data:`ROW_COLUMN` added: the rows' positions, counted from ``first``."""
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        yield batch.append_column(ROW_COLUMN, pa.array(np.arange(first, first + batch.num_rows, dtype=np.int64)))
+        first += batch.num_rows
+
+
+# ---------------------------------------------------------------- decoding
+
+
+class Decoder:
+    """Encoded rows (an Arrow table) to a batch of numpy arrays: one array per feature spec and per
+    label spec (:class:`optim.training.shard.TensorColumns`), read through :func:`optim.arrow.read_column`.
+    A row that cannot become a tensor raises :class:`~optim.errors.BadRowError` naming its column, its
+    row in the partition (:data:`ROW_COLUMN`) and ``partition``."""
+
+    def __init__(self, features: Sequence, labels: Sequence, single_label: bool, partition: int, weight=None):
+        self.features, self.labels = tuple(features), tuple(labels)
+        self.single_label, self.partition = single_label, partition
+        self.weight = weight  # the TensorColumns of sample weights, or None
+
+    def __call__(self, table: pa.Table) -> Batch:
+        arrays = [self._spec(table, spec) for spec in self.features + self.labels]
+        feats, labels = arrays[:len(self.features)], arrays[len(self.features):]
+        if not labels:
+            return feats, None
+        labels = labels[0] if self.single_label else labels
+        if self.weight is None:
+            return feats, labels
+        column = self.weight.columns[0]
+        weights = row_weights(self._column(table, column, None), column, self.partition)
+        return feats, SampleWeighted(labels, weights)
+
+    def _spec(self, table: pa.Table, spec) -> np.ndarray:
+        if len(spec.columns) == 1:
+            return self._column(table, spec.columns[0], spec.shape)
+        return np.stack([self._column(table, c, None) for c in spec.columns], axis=1)
+
+    def _column(self, table: pa.Table, column: str, shape) -> np.ndarray:
+        values, bad = read_column(table.column(column), ColumnRead(shape=shape), on_bad="collect", column=column,
+                                  partition=self.partition)
+        if bad:
+            row = min(bad)
+            where = int(table.column(ROW_COLUMN)[row].as_py()) if ROW_COLUMN in table.column_names else row
+            raise bad[row].error(column, where, self.partition)
+        return values
+
+
+# ---------------------------------------------------------------- the pipeline
+
+
+class _End:
+    pass
+
+
+class _Failed:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class Prefetch:
+    """Runs ``make()`` (an iterator) in a daemon thread, ``depth`` items ahead of the consumer. The
+    producer's error is raised in the consumer, with its own type; closing the consumer (or dropping it)
+    stops the producer at its next item. Every wait is bounded by ``poll_s`` and checks that the other
+    side is still there.
+
+    >>> list(Prefetch(lambda: iter(range(3)), depth=1))
+    [0, 1, 2]
+    """
+
+    def __init__(self, make: Callable[[], Iterator], depth: int = DEFAULT_PREFETCH, name: str = "tfnet-input",
+                 poll_s: float = 0.1):
+        self._make, self._poll = make, poll_s
+        self._queue: queue.Queue = queue.Queue(maxsize=max(int(depth), 1))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=self._poll)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            for item in self._make():
+                if not self._put(item):
+                    return
+            self._put(_End())
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            self._put(_Failed(exc))
+
+    def __iter__(self) -> Iterator:
+        self._thread.start()
+        try:
+            while True:
+                try:
+                    item = self._queue.get(timeout=self._poll)
+                except queue.Empty:
+                    if not self._thread.is_alive() and self._queue.empty():
+                        raise DataError("The input thread ended without handing over its last batch.") from None
+                    continue
+                if isinstance(item, _End):
+                    return
+                if isinstance(item, _Failed):
+                    raise item.exc
+                yield item
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stops the producer (it ends at its next item) and waits briefly for it."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5 * self._poll + 1.0)
+
+
+# ---------------------------------------------------------------- the dataset
+
+
+class BlockSource:
+    """Where a :class:`StreamedDataset` reads its blocks: ``block_rows`` (the rows of each block) and
+    ``open()``, a reader ``read(block) -> pa.Table`` with ``close()``, one per pass over the data."""
+
+    block_rows: Sequence[int] = ()
+
+    def open(self):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Removes what the source holds (a local copy); a no-op for files it does not own."""
+
+
+class StreamedDataset(TFDataset):
+    """One rank's rows, read block by block from ``source`` (a :class:`BlockSource`): see the module.
+
+    Args:
+        source: The blocks.
+        decoder: Encoded rows to a batch (:class:`Decoder`).
+        augment: ``fn(features, rng) -> features`` for training batches, seeded by ``[seed, epoch,
+            rank, batch]`` as :class:`~optim.training.datasets.ArrayDataset` seeds it. Default: none.
+        shuffle_buffer: Rows of a shuffle window. Default :data:`DEFAULT_SHUFFLE_BUFFER`.
+        prefetch: Decoded batches made ahead of the step. Default :data:`DEFAULT_PREFETCH`.
+        on_batch: ``fn(batch, index) -> batch`` run in the producer on every batch (checks of data
+            that was not checked when stored). Default: none.
+    """
+
+    has_labels = True
+
+    def __init__(self, source: BlockSource, decoder: Decoder, augment: Callable | None = None,
+                 shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, prefetch: int = DEFAULT_PREFETCH,
+                 on_batch: Callable | None = None):
+        self.source, self.decoder, self.augment = source, decoder, augment
+        self.shuffle_buffer, self.prefetch, self.on_batch = int(shuffle_buffer), int(prefetch), on_batch
+        self.has_labels = bool(decoder.labels)
+        self.single_label = decoder.single_label
+        self.n = int(sum(source.block_rows))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def rows_on(self, rank: int, size: int) -> int:
+        """The rows of this rank (they are its own already, whatever ``rank`` and ``size``)."""
+        return self.n
+
+    def num_batches(self, batch_size, *, rank=0, size=1, drop_remainder=False) -> int:
+        return self.n // batch_size if drop_remainder else -(-self.n // batch_size)
+
+    def batches(self, batch_size, *, epoch=0, seed=0, shuffle=True, skip=0, rank=0, size=1,
+                drop_remainder=False, steps=None, training=False) -> Iterator[Batch]:
+        """This rank's batches for one epoch (the arguments of :meth:`ArrayDataset.batches
+        <optim.training.datasets.ArrayDataset.batches>`; the rows are this rank's already)."""
+        if steps is not None and self.n == 0:
+            raise DataError(f"Rank {rank} has no rows to train on.")
+        if steps is not None:
+            stop, passes = steps * batch_size, None
+        else:
+            stop, passes = ((self.n // batch_size) * batch_size if drop_remainder else self.n), 1
+        start = skip * batch_size
+        if start >= stop:
+            return iter(())
+        augment = self.augment if training else None
+
+        def produce():
+            reader = self.source.open()
+            try:
+                plan = windows(self.source.block_rows, seed=seed, epoch=epoch, rank=rank, shuffle=shuffle,
+                               shuffle_buffer=self.shuffle_buffer, passes=passes)
+                for b, table in enumerate(row_batches(reader.read, plan, batch_size, start, stop), start=skip):
+                    features, labels = self.decoder(table)
+                    del table
+                    if self.on_batch is not None:
+                        features, labels = self.on_batch((features, labels), b)
+                    if augment is not None:
+                        features = augment(features, np.random.default_rng([seed, epoch, rank, b, 7]))
+                    yield features, labels
+            finally:
+                reader.close()
+
+        return iter(Prefetch(produce, self.prefetch, name=f"tfnet-input-rank{rank}"))
+
+    def release(self) -> None:
+        """Removes the source's local copy (if it owns one)."""
+        self.source.release()
+
+
+class ArrowStream(TFDataset):
+    """A partition's Arrow record batches read once, in order, a batch at a time, with no copy kept
+    (distributed evaluation). :meth:`batches` can be called once."""
+
+    def __init__(self, batches, decoder: Decoder):
+        self._batches, self.decoder = batches, decoder
+        self.has_labels = bool(decoder.labels)
+        self._used = False
+
+    def num_batches(self, batch_size, *, rank=0, size=1, drop_remainder=False):
+        return None
+
+    def batches(self, batch_size, *, epoch=0, seed=0, shuffle=False, skip=0, rank=0, size=1,
+                drop_remainder=False, steps=None, training=False) -> Iterator[Batch]:
+        if self._used:
+            raise DataError("A partition streamed for evaluation is read once; it has been read.")
+        self._used = True
+        for b, table in enumerate(rebatch(numbered(self._batches), batch_size)):
+            if b < skip or (drop_remainder and table.num_rows < batch_size):
+                continue
+            yield self.decoder(table)

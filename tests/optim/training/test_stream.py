@@ -1,0 +1,213 @@
+"""Streaming a rank's rows from stored blocks (optim.training.stream) and the local copy they are stored in
+(optim.spark.worker.spool), without Spark: the order against the in-memory dataset's, resuming mid-epoch,
+the pipeline's errors, a full disk (a real tmpfs) and the sweep of a killed rank's files."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from optim.errors import BadRowError, DataError, StorageError
+from optim.spark.worker import spool as sp
+from optim.training import stream
+from optim.training.datasets import ArrayDataset
+from optim.training.shard import TensorColumns
+
+X, Y = TensorColumns(("x",), (2,)), TensorColumns(("y",), None)
+
+
+def rows(n, first=0):
+    x = np.arange(first, first + n, dtype=np.float32)
+    return np.stack([x, -x], axis=1), (np.arange(first, first + n) % 7).astype(np.int64)
+
+
+def spooled(tmp_path, n, cuts=(5, 9, 1, 100), block_rows=8, name="t"):
+    """``n`` rows written through Spark-like batches of ``cuts`` rows (cycled), as a SpoolFile."""
+    w = sp.SpoolWriter(str(tmp_path / f"{name}.arrow"), block_rows)
+    batches, first, k = [], 0, 0
+    while first < n:
+        m = min(cuts[k % len(cuts)], n - first)
+        x, y = rows(m, first)
+        batches.append(pa.record_batch({"x": pa.array(list(x), pa.list_(pa.float32())), "y": pa.array(y)}))
+        first, k = first + m, k + 1
+    for b in stream.numbered(batches):
+        w.write(b)
+    return w.finish()
+
+
+def dataset(source, **kw):
+    return stream.StreamedDataset(source, stream.Decoder([X], [Y], True, 3), **kw)
+
+
+def as_rows(batches):
+    return [b[0][0][:, 0].astype(int).tolist() for b in batches]
+
+
+def test_blocks_do_not_depend_on_how_spark_cut_the_batches(tmp_path):
+    a, b = spooled(tmp_path, 45, (5, 9, 1), name="a"), spooled(tmp_path, 45, (45,), name="b")
+    assert a.block_rows == b.block_rows == [8, 8, 8, 8, 8, 5]
+    for shuffle in (False, True):
+        assert as_rows(dataset(a).batches(4, shuffle=shuffle, steps=20, seed=3)) == \
+            as_rows(dataset(b).batches(4, shuffle=shuffle, steps=20, seed=3))
+
+
+def test_unshuffled_batches_equal_the_in_memory_ones_with_wrap_around(tmp_path):
+    """Without shuffling, the streamed batches are the in-memory ones bit for bit, with the equal-steps
+    wrap-around (a short shard starts again) and the last short batch of an evaluation pass."""
+    src = spooled(tmp_path, 45)
+    x, y = rows(45)
+    mem = ArrayDataset([x], [y], presharded=True)
+    for kw in ({"steps": 17}, {"steps": 17, "skip": 5}, {}, {"drop_remainder": True}):
+        got, want = list(dataset(src).batches(8, shuffle=False, **kw)), list(mem.batches(8, shuffle=False, **kw))
+        assert len(got) == len(want) > 0
+        for (gf, gl), (wf, wl) in zip(got, want):
+            np.testing.assert_array_equal(gf[0], wf[0])
+            np.testing.assert_array_equal(gl, wl)
+            assert gf[0].dtype == wf[0].dtype
+
+
+def test_the_shuffle_is_seeded_bounded_and_covers_every_row_each_pass(tmp_path):
+    src = spooled(tmp_path, 45)
+    ds = dataset(src, shuffle_buffer=16)
+    one = as_rows(ds.batches(5, shuffle=True, seed=1, epoch=2, rank=1))
+    assert one == as_rows(ds.batches(5, shuffle=True, seed=1, epoch=2, rank=1)), "same seed, same order"
+    assert one != as_rows(ds.batches(5, shuffle=True, seed=1, epoch=3, rank=1)), "another epoch, another order"
+    flat = sum(one, [])
+    assert sorted(flat) == list(range(45)) and flat != list(range(45))
+    # every window holds at least shuffle_buffer rows (but the last), made of whole blocks
+    wins = list(stream.windows(src.block_rows, seed=1, epoch=2, rank=1, shuffle=True, shuffle_buffer=16))
+    assert all(w.rows >= 16 for w in wins[:-1]) and sum(w.rows for w in wins) == 45
+    assert sorted(b for w in wins for b in w.blocks) == list(range(6))
+    # two passes of the equal-steps rule: each pass has every row once
+    two = sum(as_rows(ds.batches(5, shuffle=True, seed=1, steps=18)), [])
+    assert sorted(two[:45]) == sorted(two[45:]) == list(range(45)) and two[:45] != two[45:]
+
+
+class CountingSource(stream.BlockSource):
+    def __init__(self, inner):
+        self.inner, self.block_rows, self.reads = inner, inner.block_rows, []
+
+    def open(self):
+        reader, reads = self.inner.open(), self.reads
+
+        class Reader:
+            def read(self, block):
+                reads.append(block)
+                return reader.read(block)
+
+            def close(self):
+                reader.close()
+
+        return Reader()
+
+
+def test_a_resume_replays_the_order_and_does_not_read_the_batches_it_skips(tmp_path):
+    src = CountingSource(spooled(tmp_path, 64))
+    ds = dataset(src, shuffle_buffer=16)
+    full = as_rows(ds.batches(4, shuffle=True, seed=5, steps=30))
+    src.reads.clear()
+    resumed = as_rows(ds.batches(4, shuffle=True, seed=5, steps=30, skip=12))
+    assert resumed == full[12:]
+    # batch 12 starts at row 48 of the pass: the three windows of 16 rows before it (6 blocks) are not read
+    assert len(src.reads) == 8 * 2 - 6
+
+
+def test_augmentation_is_seeded_per_batch_like_in_memory_data(tmp_path):
+    src = spooled(tmp_path, 20)
+    x, y = rows(20)
+
+    def aug(features, rng):
+        return [features[0] + rng.integers(0, 100, size=(len(features[0]), 1))]
+
+    mem = ArrayDataset([x], [y], presharded=True, augment=aug)
+    got = list(stream.StreamedDataset(src, stream.Decoder([X], [Y], True, 0), augment=aug).batches(
+        6, shuffle=False, steps=5, skip=1, training=True, seed=2))
+    want = list(mem.batches(6, shuffle=False, steps=5, skip=1, training=True, seed=2))
+    for (gf, _), (wf, _) in zip(got, want, strict=True):
+        np.testing.assert_array_equal(gf[0], wf[0])
+
+
+def test_an_undecodable_image_names_its_row_in_the_partition(tmp_path):
+    import tensorflow as tf
+
+    png = tf.io.encode_png(np.zeros((4, 4, 3), np.uint8)).numpy()
+    images = [png] * 10
+    images[7] = b"not an image"
+    w = sp.SpoolWriter(str(tmp_path / "img.arrow"), 4)
+    for b in stream.numbered([pa.record_batch({"img": pa.array(images, pa.binary()), "y": pa.array(range(10))})]):
+        w.write(b)
+    ds = stream.StreamedDataset(w.finish(), stream.Decoder([TensorColumns(("img",), (4, 4, 3))], [Y], True, 1))
+    with pytest.raises(BadRowError, match=r"Column 'img' row 7 of partition 1: the image could not be decoded"):
+        list(ds.batches(3, shuffle=True, seed=0))
+
+
+def test_the_pipeline_raises_the_producers_error_and_stops_when_dropped():
+    import threading
+
+    def broken():
+        yield 1
+        raise BadRowError("row 3 is bad")
+
+    it = iter(stream.Prefetch(broken, depth=1))
+    assert next(it) == 1
+    with pytest.raises(BadRowError, match="row 3 is bad"):
+        next(it)
+    made = []
+
+    def endless():
+        while True:
+            made.append(1)
+            yield len(made)
+
+    pre = stream.Prefetch(endless, depth=2, name="tfnet-test-endless")
+    it = iter(pre)
+    assert [next(it) for _ in range(3)] == [1, 2, 3]
+    it.close()
+    assert not any(t.name == "tfnet-test-endless" for t in threading.enumerate()), "the producer stopped"
+    assert len(made) <= 3 + 2 + 1, "bounded by the prefetch depth"
+
+
+def test_a_partition_streamed_for_evaluation_is_read_once(tmp_path):
+    x, y = rows(10)
+    batches = [pa.record_batch({"x": pa.array(list(x[:7]), pa.list_(pa.float32())), "y": pa.array(y[:7])}),
+               pa.record_batch({"x": pa.array(list(x[7:]), pa.list_(pa.float32())), "y": pa.array(y[7:])})]
+    ds = stream.ArrowStream(iter(batches), stream.Decoder([X], [Y], True, 0))
+    assert as_rows(ds.batches(4)) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    with pytest.raises(DataError, match="A partition streamed for evaluation is read once"):
+        list(ds.batches(4))
+
+
+def test_a_full_disk_is_a_storage_error_naming_the_folder_and_the_bytes_and_leaves_nothing(tiny_tmpfs):
+    folder = sp.spool_folder(str(tiny_tmpfs))
+    big = [pa.record_batch({"x": pa.array([bytes(4000)] * 8, pa.binary())})] * 4  # 128 KB, twice the disk
+    with pytest.raises(StorageError, match=rf"{folder} is full \(No space left on device\); it needed at least "
+                                           r"\d+ bytes \(\d+ written, \d+ more for the next block\)") as caught:
+        sp.spool(stream.numbered(big), folder, {"train": "run-r0-a0"}, lambda b: {"train": b}, block_rows=4)
+    assert not caught.value.retryable and isinstance(caught.value, OSError)
+    assert os.listdir(folder) == [], "nothing left behind"
+
+
+def test_the_sweep_removes_only_files_whose_process_is_gone(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    for name in (f"tfnet-run-r1-a0-pid{dead_pid}.arrow", f"tfnet-run-r1-a0-pid{dead_pid}.arrow.part",
+                 f"tfnet-run-r0-a1-pid{os.getpid()}.arrow", "someone-else.arrow"):
+        (tmp_path / name).write_bytes(b"x")
+    assert sorted(sp.sweep(str(tmp_path))) == [f"tfnet-run-r1-a0-pid{dead_pid}.arrow",
+                                               f"tfnet-run-r1-a0-pid{dead_pid}.arrow.part"]
+    assert sorted(os.listdir(tmp_path)) == sorted([f"tfnet-run-r0-a1-pid{os.getpid()}.arrow", "someone-else.arrow"])
+
+
+def test_a_spool_that_fails_midway_removes_every_file(tmp_path):
+    def route(batch):
+        if batch.column(0)[0].as_py() >= 20:
+            raise BadRowError("row 20 is bad")
+        return {"train": batch, "val": batch}
+
+    batches = [pa.record_batch({"x": pa.array(range(i, i + 10))}) for i in (0, 10, 20)]
+    with pytest.raises(BadRowError, match="row 20 is bad"):
+        sp.spool(stream.numbered(batches), str(tmp_path), {"train": "a", "val": "a-val"}, route, block_rows=4)
+    assert os.listdir(tmp_path) == []
