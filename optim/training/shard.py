@@ -90,8 +90,9 @@ def records_to_arrays(records: Iterable, partition: int) -> tuple[list[np.ndarra
     return arrays, label_arr
 
 
-def row_weights(values: np.ndarray, column: str, partition: int, first: int = 0) -> np.ndarray:
-    """A weight column's values as float32, one per row (``first``: the partition's row of the first).
+def row_weights(values: np.ndarray, column: str, partition: int, first=0) -> np.ndarray:
+    """A weight column's values as float32, one per row (``first``: the partition's row of the first, or
+    an array of each row's row in the partition).
 
     Raises:
         BadRowError: a value that is not one finite, non-negative number (naming the row).
@@ -102,7 +103,8 @@ def row_weights(values: np.ndarray, column: str, partition: int, first: int = 0)
     w = values.astype(np.float32)
     bad = np.flatnonzero(~np.isfinite(w) | (w < 0))
     if bad.size:
-        raise BadRowError(f"Weight column {column!r} row {first + int(bad[0])} of partition {partition} holds "
+        where = int(first[bad[0]]) if isinstance(first, np.ndarray) else first + int(bad[0])
+        raise BadRowError(f"Weight column {column!r} row {where} of partition {partition} holds "
                           f"{float(values[bad[0]])!r}; a sample weight must be a finite, non-negative number "
                           f"({bad.size} such row(s)).")
     return w

@@ -180,7 +180,9 @@ class Decoder:
         if self.weight is None:
             return feats, labels
         column = self.weight.columns[0]
-        weights = row_weights(self._column(table, column, None), column, self.partition)
+        rows = (table.column(ROW_COLUMN).to_numpy() if ROW_COLUMN in table.column_names
+                else np.arange(table.num_rows))
+        weights = row_weights(self._column(table, column, None), column, self.partition, rows)
         return feats, SampleWeighted(labels, weights)
 
     def _spec(self, table: pa.Table, spec) -> np.ndarray:

@@ -103,9 +103,13 @@ def test_the_weight_column_of_either_side_in_the_union(spark):
     column of tfnet's own, which the training reader leaves alone."""
     x, y, w = data(8)
     df = frame(spark, x, y, w)
-    train = TFDataset.from_dataframe(df, "pixels", ["digit", "parity"], feature_shapes={"pixels": (8, 8, 1)})
     val = TFDataset.from_dataframe(df, "pixels", ["digit", "parity"], feature_shapes={"pixels": (8, 8, 1)},
                                    weight_col="w")
+    streamed = TFDataset.from_dataframe(df, "pixels", ["digit", "parity"], feature_shapes={"pixels": (8, 8, 1)})
+    _, reader = with_validation(streamed, val, 2)
+    assert reader.reader.weight is None and reader.val_weight.columns == (WEIGHT_COLUMN,)
+    train = TFDataset.from_dataframe(df, "pixels", ["digit", "parity"], feature_shapes={"pixels": (8, 8, 1)},
+                                     streaming=False)
     union, reader = with_validation(train, val, 2)
     assert union.columns == ["pixels", "digit", "parity", WEIGHT_COLUMN, SPLIT_COLUMN]
     assert reader.reader.weight is None and reader.val_reader.weight.columns == (WEIGHT_COLUMN,)
@@ -129,10 +133,14 @@ def test_bad_weight_columns(spark):
     with pytest.raises(ValueError, match=r"`weight_col` weights the loss of each row; it needs `label_cols`"):
         TFDataset.from_dataframe(df, "pixels", weight_col="w")
     negative = df.withColumn("w", df.w - 10.0)
-    reader = TFDataset.from_dataframe(negative, "pixels", "digit", weight_col="w").shard_reader()
+    in_memory = TFDataset.from_dataframe(negative, "pixels", "digit", weight_col="w", streaming=False).shard_reader()
     with pytest.raises(BadRowError, match=r"Weight column 'w' row 0 of partition 3 holds -10\.0; a sample weight must "
                                           r"be a finite, non-negative number \(\d+ such row"):
-        reader(negative.toArrow().to_batches(), 3)
+        in_memory(negative.toArrow().to_batches(), 3)
+    streamed = TFDataset.from_dataframe(negative, "pixels", "digit", weight_col="w").shard_reader()
+    with pytest.raises(BadRowError, match=r"Weight column 'w' row 0 of partition 3 holds -10\.0; a sample weight must "
+                                          r"be a finite, non-negative number \(\d+ such row"):
+        list(streamed(negative.toArrow().to_batches(), 3).batches(4))
     with pytest.raises(TypeError, match=r"for a DataFrame, name its column: TFDataset.from_dataframe\(\.\.\., "
                                         r"weight_col=\.\.\.\)"):
         _opt(two_output_net()).optimize(TFDataset.from_dataframe(df, "pixels", ["digit", "parity"]), sample_weight=w)
