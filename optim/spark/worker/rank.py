@@ -176,7 +176,8 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
                         steps_per_epoch=steps, initial_state=job.state, start_step=job.start_step,
                         lr_source=job.lr_source, liveness=dog, initial_exchange_state=job.exchange_state,
                         stop_check=_stop_check(job))
-        _write_rank_info(job.config, rank, job.attempt, horovod_idle_threads=len(hvd.idle_threads), **_memory(local))
+        _write_rank_info(job.config, rank, job.attempt, size=job.size, horovod_idle_threads=len(hvd.idle_threads),
+                         **network, **_memory(local))
         if rank == 0:
             dog.kick("sending the result")
             payload = _payload(net, outcome, {"rows": rows,
