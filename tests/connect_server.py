@@ -16,9 +16,10 @@ STARTED = re.compile(r"Spark Connect server started at: ([0-9.]+):(\d+)")
 
 
 class ConnectServer:
-    """``ConnectServer(cores=2).start()``; ``url`` is ``sc://127.0.0.1:PORT``; ``stop()`` ends it."""
+    """``ConnectServer(cores=2).start()``; ``url`` is ``sc://127.0.0.1:PORT``; ``stop()`` ends it. ``master``:
+    a cluster's URL instead of ``local[cores]``."""
 
-    def __init__(self, cores: int = 2, conf: dict[str, str] | None = None):
+    def __init__(self, cores: int = 2, conf: dict[str, str] | None = None, master: str | None = None):
         import pyspark
 
         self.log_path = tempfile.mktemp(prefix="tfnet-connect-", suffix=".log")
@@ -33,7 +34,7 @@ class ConnectServer:
         }
         settings.update(conf or {})
         submit = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit")
-        self.cmd = [submit, "--master", f"local[{cores}]"]
+        self.cmd = [submit, "--master", master or f"local[{cores}]"]
         for key, value in settings.items():
             self.cmd += ["--conf", f"{key}={value}"]
         self.cmd += ["--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "spark-internal"]

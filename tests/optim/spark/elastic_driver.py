@@ -1,5 +1,6 @@
 """A user's driver script for tests/optim/spark/test_elastic.py, run as its own process against a
-standalone cluster:
+standalone cluster (MASTER_URL ``spark://...``), or as a Spark Connect client of a server on that cluster
+(``sc://...``):
 
     python -m tests.optim.spark.elastic_driver MASTER_URL MODEL_DIR EPOCHS MIN_WORKERS ELASTIC_WAIT STEP_SLEEP [BASELINE_DIR]
 
@@ -22,10 +23,13 @@ def main() -> None:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master(url).appName("tfnet-elastic-test")
-             .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
-             .config("spark.executor.memory", "1g").config("spark.executor.cores", "1")
-             .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2").getOrCreate())
+    if url.startswith("sc://"):  # a Spark Connect client (the server runs on the cluster)
+        spark = SparkSession.builder.remote(url).create()
+    else:
+        spark = (SparkSession.builder.master(url).appName("tfnet-elastic-test")
+                 .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
+                 .config("spark.executor.memory", "1g").config("spark.executor.cores", "1")
+                 .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2").getOrCreate())
     import tensorflow as tf
 
     import optim
