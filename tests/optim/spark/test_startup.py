@@ -39,9 +39,13 @@ def test_dataframe_jobs_share_the_warmed_python_workers_during_tfnet_jobs(spark)
     def dataframe_pids():
         return {r.pid for r in spark.range(2, numPartitions=2).mapInArrow(pids, "pid long").collect()}
 
-    rdd = set(spark.sparkContext.parallelize(range(2), 2).map(lambda _: os.getpid()).collect())
-    assert not dataframe_pids() & rdd, "outside tfnet's jobs: a pool of their own"
+    from optim.spark import session
+
+    assert not session._HELD, f"no tfnet call is running, yet settings are held: {session._HELD}"
+    users = spark.conf.get(SIMPLIFIED_TRACEBACK, None)  # Spark's default, unless an earlier test set it
     spark.conf.set(SIMPLIFIED_TRACEBACK, "true")
+    rdd = set(spark.sparkContext.parallelize(range(2), 2).map(lambda _: os.getpid()).collect())
+    assert not dataframe_pids() & rdd, f"outside tfnet's jobs: a pool of their own (the setting was {users!r})"
     with shared_python_workers(spark):
         assert spark.conf.get(SIMPLIFIED_TRACEBACK) == "false"
         assert dataframe_pids() & rdd, "inside: the RDD job's (warmed) workers"
@@ -50,3 +54,43 @@ def test_dataframe_jobs_share_the_warmed_python_workers_during_tfnet_jobs(spark)
     with shared_python_workers(spark):
         pass
     assert spark.conf.get(SIMPLIFIED_TRACEBACK, None) is None
+    if users is not None:
+        spark.conf.set(SIMPLIFIED_TRACEBACK, users)
+
+
+def test_held_settings_come_back_when_the_last_overlapping_call_ends():
+    """Two of tfnet's calls on one session from two threads, ending in the other order than they began:
+    the setting stays tfnet's until the last ends, then the user's is back (a plain save-and-restore
+    per call left tfnet's value behind)."""
+    from optim.spark.session import ARROW_BATCH_ROWS, SIMPLIFIED_TRACEBACK, shared_python_workers, small_arrow_batches
+
+    class Conf(dict):
+        def get(self, key, default=None):
+            return dict.get(self, key, default)
+
+        def set(self, key, value):
+            self[key] = value
+
+        def unset(self, key):
+            self.pop(key, None)
+
+    class Session:
+        conf = Conf({SIMPLIFIED_TRACEBACK: "true"})
+
+    s = Session()
+    first, second = shared_python_workers(s), shared_python_workers(s)
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert s.conf[SIMPLIFIED_TRACEBACK] == "false", "the second call still runs"
+    second.__exit__(None, None, None)
+    assert s.conf[SIMPLIFIED_TRACEBACK] == "true"
+    with small_arrow_batches(s, 256):
+        assert s.conf[ARROW_BATCH_ROWS] == "256"
+        with small_arrow_batches(s, 256):
+            pass
+        assert s.conf[ARROW_BATCH_ROWS] == "256"
+    assert ARROW_BATCH_ROWS not in s.conf
+    s.conf[ARROW_BATCH_ROWS] = "100"  # a smaller setting of the user's stays
+    with small_arrow_batches(s, 256):
+        assert s.conf[ARROW_BATCH_ROWS] == "100"
