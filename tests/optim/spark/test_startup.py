@@ -20,42 +20,27 @@ def test_the_session_starts_one_warm_up_per_application(spark):
     assert warm_up.ensure_warm_up(spark) is warm
 
 
-def test_dataframe_jobs_share_the_warmed_python_workers_during_tfnet_jobs(spark):
+def test_dataframe_jobs_share_the_warmed_python_workers_during_tfnet_jobs():
     """Spark keeps a DataFrame job's Python workers apart from an RDD job's (SQL's runners add
     SPARK_SIMPLIFIED_TRACEBACK to their environment): warmed through an RDD job, the training stage
     of a DataFrame still waited for fresh workers. Within tfnet's jobs they share one pool, and the
-    user's setting is back afterwards."""
+    user's setting is back afterwards. A fresh Spark in a process of its own: in the suite's shared
+    session, earlier tests' jobs made the pools come out either way."""
+    import json
     import os
+    import subprocess
+    import sys
 
-    import pyarrow as pa
-
-    from optim.spark.session import SIMPLIFIED_TRACEBACK, shared_python_workers
-
-    def pids(batches):
-        for _ in batches:
-            pass
-        yield pa.RecordBatch.from_pydict({"pid": [os.getpid()]})
-
-    def dataframe_pids():
-        return {r.pid for r in spark.range(2, numPartitions=2).mapInArrow(pids, "pid long").collect()}
-
-    from optim.spark import session
-
-    assert not session._HELD, f"no tfnet call is running, yet settings are held: {session._HELD}"
-    users = spark.conf.get(SIMPLIFIED_TRACEBACK, None)  # Spark's default, unless an earlier test set it
-    spark.conf.set(SIMPLIFIED_TRACEBACK, "true")
-    rdd = set(spark.sparkContext.parallelize(range(2), 2).map(lambda _: os.getpid()).collect())
-    assert not dataframe_pids() & rdd, f"outside tfnet's jobs: a pool of their own (the setting was {users!r})"
-    with shared_python_workers(spark):
-        assert spark.conf.get(SIMPLIFIED_TRACEBACK) == "false"
-        assert dataframe_pids() & rdd, "inside: the RDD job's (warmed) workers"
-    assert spark.conf.get(SIMPLIFIED_TRACEBACK) == "true"
-    spark.conf.unset(SIMPLIFIED_TRACEBACK)
-    with shared_python_workers(spark):
-        pass
-    assert spark.conf.get(SIMPLIFIED_TRACEBACK, None) is None
-    if users is not None:
-        spark.conf.set(SIMPLIFIED_TRACEBACK, users)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "tests.optim.spark.pool_driver"], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(next(line[7:] for line in proc.stdout.splitlines() if line.startswith("RESULT ")))
+    rdd = set(out["rdd"])
+    assert not set(out["outside"]) & rdd, f"outside tfnet's jobs: a pool of their own {out}"
+    assert out["inside_setting"] == "false"
+    assert set(out["inside"]) & rdd, f"inside: the RDD job's (warmed) workers {out}"
+    assert out["after_setting"] == "true" and out["after_unset"] is None, out
 
 
 def test_held_settings_come_back_when_the_last_overlapping_call_ends():
