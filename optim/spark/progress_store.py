@@ -5,8 +5,10 @@ executors may not reach. Both ends live here: :class:`StoredReporter` runs on ra
 Rank 0 keeps its reporter events and rewrites one small JSON file with all of them
 (``model_dir/progress/<run id>/attempt-<n>.json``, an atomic write, so also on object stores that
 cannot append) at most every :data:`PUBLISH_S` seconds, and at once at an epoch's end, a
-validation and the end. The client reads that file every :data:`POLL_S` seconds and hands the
-events it has not seen to the same reporters a classic run uses (the progress bar, per-epoch lines).
+validation and the end. The client reads that file every :data:`POLL_S` seconds (every
+:data:`FIRST_POLL_S` until the first step has come: the start-up it shows, and ``last_run["startup_s"]``,
+are then late by at most that) and hands the events it has not seen to the same reporters a classic run
+uses (the progress bar, per-epoch lines).
 Progress is best effort: a failed write or read is logged and training goes on.
 """
 
@@ -26,6 +28,7 @@ __all__ = ["StoredReporter", "ProgressPoller", "progress_path"]
 log = logging.getLogger("tfnet.spark.progress")
 PUBLISH_S = 2.0
 POLL_S = 1.0
+FIRST_POLL_S = 0.2
 
 
 def progress_path(model_dir: str, run_id: str, attempt: int) -> str:
@@ -99,7 +102,7 @@ class ProgressPoller(EventSink):
         self._seen = max(self._seen, len(events))
 
     def _run(self) -> None:
-        while not self._stop.wait(POLL_S):
+        while not self._stop.wait(POLL_S if self.first_step_at is not None else FIRST_POLL_S):
             with self._lock:
                 self.poll()
 
