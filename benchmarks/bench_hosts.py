@@ -192,7 +192,7 @@ def _session(cluster, net, onednn: int):
     spark = build_session("tfnet-bench-hosts", cluster.url, {
         "spark.ui.enabled": "false", "spark.driver.host": net.root.address,
         "spark.driver.bindAddress": net.root.address, "spark.driver.memory": "4g",
-        "spark.driver.maxResultSize": "2g", "spark.executor.memory": "1g", "spark.executor.cores": "1",
+        "spark.driver.maxResultSize": "2g", "spark.executor.memory": "2g", "spark.executor.cores": "1",
         "spark.task.cpus": "1", "spark.executorEnv.TF_ENABLE_ONEDNN_OPTS": str(onednn),
         "spark.executorEnv.TF_CPP_MIN_LOG_LEVEL": "2"})
     warm = ensure_warm_up(spark)
