@@ -23,25 +23,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import banner, machine, setup_env, write_json  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout, for tests/
+from tests.spark_utils import png_frame  # noqa: E402,F401 (bench_input.py takes it from here too)
+
 SIZE = 64
-
-
-def png_frame(spark, n: int, size: int = SIZE, partitions: int = 2):
-    """``n`` PNG-encoded ``size`` x ``size`` x 3 images made by Spark (random pixels seeded by the row id),
-    with a label of 10 classes."""
-    import numpy as np
-
-    def make(batches):
-        import pyarrow as pa
-        import tensorflow as tf
-
-        for batch in batches:
-            ids = batch.column(0).to_numpy()
-            pngs = [tf.io.encode_png(np.random.default_rng(int(i)).integers(0, 256, (size, size, 3), np.uint8)).numpy()
-                    for i in ids]
-            yield pa.record_batch({"image": pa.array(pngs, pa.binary()), "label": pa.array(ids % 10)})
-
-    return spark.range(0, n, 1, partitions).mapInArrow(make, "image binary, label long")
 
 
 def spark_session(cores: int = 2):

@@ -80,3 +80,21 @@ def kill_rank_after_checkpoints(model_dir, checkpoints: int, rank: int = 1, dead
     killed["thread"] = threading.Thread(target=killer, daemon=True)
     killed["thread"].start()
     return killed
+
+
+def png_frame(spark, n: int, size: int = 64, partitions: int = 2):
+    """``n`` PNG-encoded ``size`` x ``size`` x 3 images made by Spark (random pixels seeded by the row id:
+    about 12 KB each), with a label of 10 classes (the streaming tests and benchmarks/bench_memory.py)."""
+    import numpy as np
+
+    def make(batches):
+        import pyarrow as pa
+        import tensorflow as tf
+
+        for batch in batches:
+            ids = batch.column(0).to_numpy()
+            pngs = [tf.io.encode_png(np.random.default_rng(int(i)).integers(0, 256, (size, size, 3), np.uint8)).numpy()
+                    for i in ids]
+            yield pa.record_batch({"image": pa.array(pngs, pa.binary()), "label": pa.array(ids % 10)})
+
+    return spark.range(0, n, 1, partitions).mapInArrow(make, "image binary, label long")

@@ -16,7 +16,7 @@ from optim import TFDataset, TFOptimizer
 from optim.training.checkpoint import CheckpointManager
 from tests import digits
 from tests.optim.spark.test_object_store import s3  # noqa: F401 (the moto S3 server fixture)
-from tests.spark_utils import kill_rank_after_checkpoints
+from tests.spark_utils import kill_rank_after_checkpoints, png_frame
 from tfnet import TFNet
 
 pytestmark = [pytest.mark.spark, pytest.mark.parallel]
@@ -75,23 +75,6 @@ def test_streamed_equals_in_memory_and_leaves_no_local_copy(spark, tmp_path):
     assert len(copies) == 2 and all(info["local_copy_bytes"] > 0 for info in infos.values())
     assert not [p for p in copies if os.path.exists(p)], "every local copy is removed"
     assert all("local_copies" not in info for info in rank_infos(tmp_path / "False").values())
-
-
-def png_frame(spark, n, size=64, partitions=2):
-    """``n`` PNG-encoded ``size`` x ``size`` x 3 images made by Spark (random pixels seeded by the row id:
-    about 12 KB each), with a label of 10 classes."""
-
-    def make(batches):
-        import pyarrow as pa
-        import tensorflow as tf
-
-        for batch in batches:
-            ids = batch.column(0).to_numpy()
-            pngs = [tf.io.encode_png(np.random.default_rng(int(i)).integers(0, 256, (size, size, 3), np.uint8)).numpy()
-                    for i in ids]
-            yield pa.record_batch({"image": pa.array(pngs, pa.binary()), "label": pa.array(ids % 10)})
-
-    return spark.range(0, n, 1, partitions).mapInArrow(make, "image binary, label long")
 
 
 def small_cnn():
