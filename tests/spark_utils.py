@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -98,3 +99,17 @@ def png_frame(spark, n: int, size: int = 64, partitions: int = 2):
             yield pa.record_batch({"image": pa.array(pngs, pa.binary()), "label": pa.array(ids % 10)})
 
     return spark.range(0, n, 1, partitions).mapInArrow(make, "image binary, label long")
+
+
+@contextlib.contextmanager
+def own_python_workers(spark, tag: str):
+    """Spark's jobs inside run in Python workers of their own: Spark keys its worker pools by the
+    environment it gives them (``SparkContext.environment``), so a new variable starts a new pool. A test
+    that compares runs bit for bit needs this, as TensorFlow in a reused worker keeps the thread pools its
+    first user gave it (a predictor's defaults, say), and a conv's sums differ with the thread count."""
+    env = spark.sparkContext.environment
+    env["TFNET_TEST_WORKERS"] = tag
+    try:
+        yield
+    finally:
+        env.pop("TFNET_TEST_WORKERS", None)

@@ -82,8 +82,8 @@ def agree_steps(rows: list[int], per_rank_batch: int) -> int:
 
 def _write_rank_info(config, rank: int, attempt: int, **extra) -> None:
     """``model_dir/ranks/<run id>/rank-<N>.json``: where this rank runs (for operators and tests),
-    with ``extra`` (written again once Horovod runs: its network, :func:`_network`, and how many of
-    its threads run at idle priority)."""
+    with ``extra`` (written again once Horovod runs: its network, :func:`_network`, how many of its
+    threads run at idle priority, and TensorFlow's ``[intra_op, inter_op]`` threads, 0 for its default)."""
     if not config.model_dir:
         return
     import json
@@ -119,7 +119,7 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
     from pyspark import BarrierTaskContext
 
     from optim.spark.worker.watchdog import Watchdog
-    from tfnet.config import set_num_threads
+    from tfnet.config import get_num_threads, set_num_threads
 
     ctx = BarrierTaskContext.get()
     _claim(job, rank)
@@ -161,8 +161,9 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
         dog.kick("connecting the Horovod ranks")
         network = _network(job, ctx, rank)
         hvd = _horovod(job, rank, network)
+        threads = list(get_num_threads())  # a reused worker's TensorFlow keeps the pools it started with
         _write_rank_info(job.config, rank, job.attempt, size=job.size, horovod_idle_threads=len(hvd.idle_threads),
-                         **network)
+                         tf_threads=threads, **network)
         collective = hvd.collective
         dog.timeout_s = job.timeout_s
         with dog.phase("building the model"):
@@ -177,7 +178,7 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
                         lr_source=job.lr_source, liveness=dog, initial_exchange_state=job.exchange_state,
                         stop_check=_stop_check(job))
         _write_rank_info(job.config, rank, job.attempt, size=job.size, horovod_idle_threads=len(hvd.idle_threads),
-                         **network, **_memory(local))
+                         tf_threads=threads, **network, **_memory(local))
         if rank == 0:
             dog.kick("sending the result")
             payload = _payload(net, outcome, {"rows": rows,

@@ -16,7 +16,7 @@ from optim import TFDataset, TFOptimizer
 from optim.training.checkpoint import CheckpointManager
 from tests import digits
 from tests.optim.spark.test_object_store import s3  # noqa: F401 (the moto S3 server fixture)
-from tests.spark_utils import kill_rank_after_checkpoints, png_frame
+from tests.spark_utils import kill_rank_after_checkpoints, own_python_workers, png_frame
 from tfnet import TFNet
 
 pytestmark = [pytest.mark.spark, pytest.mark.parallel]
@@ -119,18 +119,26 @@ def test_a_killed_rank_resumes_mid_epoch_bit_for_bit_from_a_fresh_read(spark, tm
     def data():
         return TFDataset.from_dataframe(df, "pixels", "label", feature_shapes={"pixels": (8, 8, 1)}, shuffle_buffer=64)
 
-    straight = cnn_net()
-    TFOptimizer(straight, SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(tmp_path / "straight")).optimize(
-        data(), epochs=2, batch_size=32, num_workers=2, checkpoint_every=4, verbose=0)
-    model_dir = tmp_path / "killed"
-    net = cnn_net()
-    opt = TFOptimizer(net, SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(model_dir))
-    # after the second checkpoint (step 8): eight steps before the epoch's end, so that the newest
-    # checkpoint is still mid-epoch when the process dies on a loaded machine (after the third, it was not)
-    killed = kill_rank_after_checkpoints(str(model_dir), checkpoints=2)
-    with pytest.warns(RuntimeWarning, match="Training stage attempt 1 failed.*retrying from this run's newest checkpoint"):
-        opt.optimize(data(), epochs=2, batch_size=32, num_workers=2, checkpoint_every=4, keep_checkpoints=100,
-                     verbose=0, timeout=60, max_retries=2)
+    # fresh Python workers: each rank's TensorFlow starts with the rank's own thread pools (1, 1), as the
+    # retry's new process does; a worker reused from an earlier test's predictor kept TensorFlow's default
+    # pools, and its conv sums differed from the new process's in the last bit (as CI once saw)
+    with own_python_workers(spark, "resume-bit-for-bit"):
+        straight = cnn_net()
+        TFOptimizer(straight, SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(tmp_path / "straight")).optimize(
+            data(), epochs=2, batch_size=32, num_workers=2, checkpoint_every=4, verbose=0)
+        model_dir = tmp_path / "killed"
+        net = cnn_net()
+        opt = TFOptimizer(net, SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(model_dir))
+        # after the second checkpoint (step 8): eight steps before the epoch's end, so that the newest
+        # checkpoint is still mid-epoch when the process dies on a loaded machine (after the third, it was not)
+        killed = kill_rank_after_checkpoints(str(model_dir), checkpoints=2)
+        with pytest.warns(RuntimeWarning,
+                          match="Training stage attempt 1 failed.*retrying from this run's newest checkpoint"):
+            opt.optimize(data(), epochs=2, batch_size=32, num_workers=2, checkpoint_every=4, keep_checkpoints=100,
+                         verbose=0, timeout=60, max_retries=2)
+    pools = {tuple(info["tf_threads"]) for d in (tmp_path / "straight", model_dir)
+             for info in rank_infos(d).values()}
+    assert pools == {(1, 1)}, f"every rank of both runs ran TensorFlow on its own pools of 1 thread: {pools}"
     killed["thread"].join(5)
     assert "pid" in killed and opt.last_run["attempts"] == 2
     resumed = CheckpointManager.load(opt.last_run["resumed_from"])
