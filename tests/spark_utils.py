@@ -101,6 +101,10 @@ def png_frame(spark, n: int, size: int = 64, partitions: int = 2):
     return spark.range(0, n, 1, partitions).mapInArrow(make, "image binary, label long")
 
 
+#: The pool of the tests that compare a retried run with another bit for bit: only their training runs in it.
+BIT_FOR_BIT = "bit-for-bit"
+
+
 @contextlib.contextmanager
 def own_python_workers(spark, tag: str):
     """Spark's jobs inside run in Python workers of their own: Spark keys its worker pools by the

@@ -14,7 +14,7 @@ from optim.spark.driver.launcher import DistributedTrainingError, scale_learning
 from optim.spark.worker.rank import agree_steps
 from optim.training.checkpoint import CheckpointManager
 from tests import digits
-from tests.spark_utils import kill_rank_after_checkpoints
+from tests.spark_utils import BIT_FOR_BIT, kill_rank_after_checkpoints, own_python_workers
 from tfnet import TFNet, TFNetError
 
 pytestmark = [pytest.mark.spark, pytest.mark.parallel]
@@ -93,36 +93,37 @@ def test_agree_steps_rule():
 
 
 def test_kill_one_rank_retries_and_finishes(spark, tmp_path):
-    x, y = digits.load()
-    x, y = x[:512], y[:512]
-    model_dir = tmp_path / "run"
-    net = cnn_net()
-    opt = TFOptimizer(net, SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(model_dir))
-    killed = kill_rank_after_checkpoints(str(model_dir), checkpoints=3)  # rank 1's Python process, after step 12 of 64
-    with pytest.warns(RuntimeWarning, match="Training stage attempt 1 failed.*retrying from this run's newest checkpoint") \
-            as warned:
-        history = opt.optimize((x, y), epochs=4, batch_size=32, num_workers=2, checkpoint_every=4,
-                               keep_checkpoints=100, verbose=0, timeout=60, max_retries=2)
-    assert [w.filename for w in warned if "retrying" in str(w.message)] == [__file__], "it points at the caller"
-    killed["thread"].join(5)
-    assert "pid" in killed, "rank 1 was killed"
-    run = opt.last_run
-    assert run["attempts"] == 2
-    assert opt.global_step == 4 * 16, "the run finishes with the planned number of steps"
-    assert len(history["loss"]) == 4
-    # the retry resumed from this run's own checkpoint, not from step 0: it ran fewer steps than the
-    # 64 a restart would, and started exactly where that checkpoint stood
-    resumed = run["resumed_from"]
-    assert resumed and os.path.dirname(resumed) == str(model_dir / "checkpoints" / run["run_id"])
-    start = CheckpointManager.load(resumed).step
-    assert run["attempt_log"][-1]["start_step"] == start >= 12
-    assert run["attempt_log"][-1]["end_step"] - start < 64
-    # and from there on it equals an uninterrupted run from that checkpoint, bit for bit
-    again = cnn_net(seed=5)
-    TFOptimizer(again, SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(tmp_path / "other")).optimize(
-        (x, y), epochs=4, batch_size=32, num_workers=2, checkpoint_every=4, verbose=0, resume=resumed)
-    for name, w in again.get_weights().items():
-        assert np.array_equal(net.get_weights()[name], w), name
+    with own_python_workers(spark, BIT_FOR_BIT):
+        x, y = digits.load()
+        x, y = x[:512], y[:512]
+        model_dir = tmp_path / "run"
+        net = cnn_net()
+        opt = TFOptimizer(net, SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(model_dir))
+        killed = kill_rank_after_checkpoints(str(model_dir), checkpoints=3)  # rank 1's Python process, after step 12 of 64
+        with pytest.warns(RuntimeWarning, match="Training stage attempt 1 failed.*retrying from this run's newest checkpoint") \
+                as warned:
+            history = opt.optimize((x, y), epochs=4, batch_size=32, num_workers=2, checkpoint_every=4,
+                                   keep_checkpoints=100, verbose=0, timeout=60, max_retries=2)
+        assert [w.filename for w in warned if "retrying" in str(w.message)] == [__file__], "it points at the caller"
+        killed["thread"].join(5)
+        assert "pid" in killed, "rank 1 was killed"
+        run = opt.last_run
+        assert run["attempts"] == 2
+        assert opt.global_step == 4 * 16, "the run finishes with the planned number of steps"
+        assert len(history["loss"]) == 4
+        # the retry resumed from this run's own checkpoint, not from step 0: it ran fewer steps than the
+        # 64 a restart would, and started exactly where that checkpoint stood
+        resumed = run["resumed_from"]
+        assert resumed and os.path.dirname(resumed) == str(model_dir / "checkpoints" / run["run_id"])
+        start = CheckpointManager.load(resumed).step
+        assert run["attempt_log"][-1]["start_step"] == start >= 12
+        assert run["attempt_log"][-1]["end_step"] - start < 64
+        # and from there on it equals an uninterrupted run from that checkpoint, bit for bit
+        again = cnn_net(seed=5)
+        TFOptimizer(again, SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(tmp_path / "other")).optimize(
+            (x, y), epochs=4, batch_size=32, num_workers=2, checkpoint_every=4, verbose=0, resume=resumed)
+        for name, w in again.get_weights().items():
+            assert np.array_equal(net.get_weights()[name], w), name
 
 
 def test_distributed_transfer_learning_on_digits(spark, tmp_path):

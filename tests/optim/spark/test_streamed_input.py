@@ -16,7 +16,7 @@ from optim import TFDataset, TFOptimizer
 from optim.training.checkpoint import CheckpointManager
 from tests import digits
 from tests.optim.spark.test_object_store import s3  # noqa: F401 (the moto S3 server fixture)
-from tests.spark_utils import kill_rank_after_checkpoints, own_python_workers, png_frame
+from tests.spark_utils import BIT_FOR_BIT, kill_rank_after_checkpoints, own_python_workers, png_frame
 from tfnet import TFNet
 
 pytestmark = [pytest.mark.spark, pytest.mark.parallel]
@@ -122,7 +122,7 @@ def test_a_killed_rank_resumes_mid_epoch_bit_for_bit_from_a_fresh_read(spark, tm
     # fresh Python workers: each rank's TensorFlow starts with the rank's own thread pools (1, 1), as the
     # retry's new process does; a worker reused from an earlier test's predictor kept TensorFlow's default
     # pools, and its conv sums differed from the new process's in the last bit (as CI once saw)
-    with own_python_workers(spark, "resume-bit-for-bit"):
+    with own_python_workers(spark, BIT_FOR_BIT):
         straight = cnn_net()
         TFOptimizer(straight, SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(tmp_path / "straight")).optimize(
             data(), epochs=2, batch_size=32, num_workers=2, checkpoint_every=4, verbose=0)

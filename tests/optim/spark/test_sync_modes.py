@@ -16,7 +16,7 @@ import optim
 from optim import TFOptimizer
 from optim.training.checkpoint import CheckpointManager
 from tests import digits
-from tests.spark_utils import kill_rank_after_checkpoints
+from tests.spark_utils import BIT_FOR_BIT, kill_rank_after_checkpoints, own_python_workers
 from tests.tfnet import transfer
 from tfnet import TFNet
 
@@ -237,35 +237,36 @@ def test_resume_after_a_killed_rank(spark, tmp_path, sync):
     """A rank killed mid-run: the retry resumes from this run's checkpoint (the server method's
     momentum included) and finishes with the planned steps; from there on it equals an
     uninterrupted run from that checkpoint, bit for bit."""
-    x, y = digits.load()
-    x, y = x[:384], y[:384]
-    model_dir = tmp_path / "run"
-    net = TFNet.from_keras(digits.cnn(classes=10, seed=0))
-    opt = TFOptimizer(net, SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(model_dir))
-    killed = kill_rank_after_checkpoints(str(model_dir), checkpoints=3)  # after step 12 of 36
-    with pytest.warns(RuntimeWarning, match="Training stage attempt 1 failed"):
-        opt.optimize((x, y), epochs=3, batch_size=32, num_workers=2, checkpoint_every=4, keep_checkpoints=100,
-                     verbose=0, timeout=60, max_retries=2, sync=sync)
-    killed["thread"].join(5)
-    assert "pid" in killed
-    run = opt.last_run
-    assert run["attempts"] == 2 and opt.global_step == 36
-    start = CheckpointManager.load(run["resumed_from"]).step
-    assert run["attempt_log"][-1]["start_step"] == start >= 12
-    again = TFNet.from_keras(digits.cnn(classes=10, seed=5))
-    TFOptimizer(again, SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(tmp_path / "other")).optimize(
-        (x, y), epochs=3, batch_size=32, num_workers=2, checkpoint_every=4, verbose=0, sync=sync,
-        resume=run["resumed_from"])
-    assert _max_diff(net, again) == 0.0
-    # each rank ran Horovod's threads (its background thread and Gloo's) at idle priority
-    infos = [json.loads(open(f).read()) for f in glob.glob(str(tmp_path / "other" / "ranks" / "*" / "rank-*.json"))]
-    assert len(infos) == 2 and all(i["horovod_idle_threads"] >= 2 for i in infos), infos
-    # the bytes sent per step reach TensorBoard (rank 0's events), per step and per epoch
-    import tensorflow as tf
+    with own_python_workers(spark, BIT_FOR_BIT):
+        x, y = digits.load()
+        x, y = x[:384], y[:384]
+        model_dir = tmp_path / "run"
+        net = TFNet.from_keras(digits.cnn(classes=10, seed=0))
+        opt = TFOptimizer(net, SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(model_dir))
+        killed = kill_rank_after_checkpoints(str(model_dir), checkpoints=3)  # after step 12 of 36
+        with pytest.warns(RuntimeWarning, match="Training stage attempt 1 failed"):
+            opt.optimize((x, y), epochs=3, batch_size=32, num_workers=2, checkpoint_every=4, keep_checkpoints=100,
+                         verbose=0, timeout=60, max_retries=2, sync=sync)
+        killed["thread"].join(5)
+        assert "pid" in killed
+        run = opt.last_run
+        assert run["attempts"] == 2 and opt.global_step == 36
+        start = CheckpointManager.load(run["resumed_from"]).step
+        assert run["attempt_log"][-1]["start_step"] == start >= 12
+        again = TFNet.from_keras(digits.cnn(classes=10, seed=5))
+        TFOptimizer(again, SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(tmp_path / "other")).optimize(
+            (x, y), epochs=3, batch_size=32, num_workers=2, checkpoint_every=4, verbose=0, sync=sync,
+            resume=run["resumed_from"])
+        assert _max_diff(net, again) == 0.0
+        # each rank ran Horovod's threads (its background thread and Gloo's) at idle priority
+        infos = [json.loads(open(f).read()) for f in glob.glob(str(tmp_path / "other" / "ranks" / "*" / "rank-*.json"))]
+        assert len(infos) == 2 and all(i["horovod_idle_threads"] >= 2 for i in infos), infos
+        # the bytes sent per step reach TensorBoard (rank 0's events), per step and per epoch
+        import tensorflow as tf
 
-    tags = {v.tag for f in glob.glob(str(model_dir / "tensorboard" / run["run_id"] / "train" / "*"))
-            for e in tf.compat.v1.train.summary_iterator(f) for v in e.summary.value}
-    assert {"bytes_per_step", "epoch_bytes_per_step"} <= tags, tags
+        tags = {v.tag for f in glob.glob(str(model_dir / "tensorboard" / run["run_id"] / "train" / "*"))
+                for e in tf.compat.v1.train.summary_iterator(f) for v in e.summary.value}
+        assert {"bytes_per_step", "epoch_bytes_per_step"} <= tags, tags
 
 
 def test_eight_ranks_every_mode_with_empty_and_uneven_partitions():
