@@ -108,6 +108,15 @@ class SecureRendezvous:
     def refused(self) -> int:
         return self._httpd.refused
 
+    def put(self, scope: str, key: str, value: bytes) -> None:
+        """Puts ``value`` under ``/<scope>/<key>``, as a signed PUT from a rank would."""
+        with self._httpd.cache_lock:
+            self._httpd.cache.setdefault(scope, {})[key] = value
+
+    def keys(self, scope: str) -> list[str]:
+        """The keys under ``/<scope>/``."""
+        return list(self._scope(scope))
+
     def _scope(self, scope: str) -> dict[str, bytes]:
         with self._httpd.cache_lock:
             return dict(self._httpd.cache.get(scope, {}))

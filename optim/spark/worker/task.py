@@ -5,7 +5,7 @@ Around :func:`optim.spark.worker.rank.run_rank` (the rank itself), a task:
 
 * under Spark Connect, whose client the executors may not reach, hosts the stage's channels itself:
   rank 0 starts the secured rendezvous store (:mod:`optim.spark.rendezvous_store`, the job's
-  rendezvous key) on its host, every rank learns its address through ``BarrierTaskContext.allGather``,
+  rendezvous key) on its host, every rank finds its address (:mod:`optim.spark.worker.store_address`),
   and rank 0 watches the ranks' heartbeats there and ends the stage when one is stuck (in a classic
   session the driver hosts the store and watches);
 * sends rank 0's result as rows of :data:`RESULT_SCHEMA`: the path of the result file when the job
@@ -28,6 +28,7 @@ log = logging.getLogger("tfnet.spark.worker")
 
 RESULT_SCHEMA = "piece int, chunk binary, path string"
 MONITOR_S = 1.0
+DONE_SCOPE = "tfnet_done"
 
 
 def run_arrow_task(job, batches: Iterable, chunk_size: int) -> Iterator:
@@ -46,12 +47,13 @@ def run_arrow_task(job, batches: Iterable, chunk_size: int) -> Iterator:
     hosted = job.rendezvous is None  # Spark Connect: the stage hosts its own rendezvous
     try:
         if hosted:
-            store, job = _rendezvous(job, ctx, rank)
+            store, job, gather = _rendezvous(job, ctx, rank)
             if store is not None:
                 monitor = _Monitor(store, job).start()
         results = list(run_rank(job, batches))
         if hosted:
-            ctx.barrier()  # every rank is done with rank 0's store before rank 0 closes it
+            gather.result(job.startup_timeout_s)
+            _finish(job, rank, store)  # every rank is done with rank 0's store before rank 0 closes it
     except BaseException as exc:
         failure = from_exception(exc, rank)
         raise WorkerError(f"{failure_text(failure)} rank {rank}: {failure.cls}: {failure.message[:500]}") from exc
@@ -70,21 +72,40 @@ def run_arrow_task(job, batches: Iterable, chunk_size: int) -> Iterator:
 
 
 def _rendezvous(job, ctx, rank: int):
-    """``(store or None, job)``: rank 0 starts the store on its own host; every rank gets its
-    address from rank 0 through ``allGather``."""
-    from optim.spark.rendezvous_store import SecureRendezvous
+    """``(store or None, job, gather)``: rank 0 starts the store on its own host; every rank finds its
+    address (:mod:`optim.spark.worker.store_address`) while the ``allGather`` of it runs in ``gather``."""
+    from optim.spark.worker.store_address import AddressGather, find_store, start_store
 
     infos = ctx.getTaskInfos()
-    host = infos[rank].address.rsplit(":", 1)[0] if infos else "127.0.0.1"
-    store = SecureRendezvous(host, job.size, job.rendezvous_key) if rank == 0 else None
+    hosts = [i.address.rsplit(":", 1)[0] for i in infos] if infos else ["127.0.0.1"] * job.size
+    host = hosts[rank]
+    store = start_store(host, job.size, job.rendezvous_key, job.attempt) if rank == 0 else None
     try:
-        gathered = ctx.allGather(f"{host}:{store.address[1]}" if store is not None else "")
-        address, port = gathered[0].rsplit(":", 1)
+        gather = AddressGather(ctx, f"{host}:{store.address[1]}" if store is not None else "")
+        address = store.address if store is not None else \
+            find_store(hosts[0], job.rendezvous_key, job.attempt, gather, job.startup_timeout_s)
     except BaseException:
         if store is not None:
             store.stop()
         raise
-    return store, dataclasses.replace(job, rendezvous=(address, int(port)))
+    return store, dataclasses.replace(job, rendezvous=(address[0], int(address[1]))), gather
+
+
+def _finish(job, rank: int, store) -> None:
+    """The stage's last meeting, in rank 0's store rather than Spark's barrier (which answers a task that
+    arrives early at its next one-second tick): each other rank says it is done; rank 0 waits for all."""
+    from optim.errors import RendezvousError
+    from optim.spark.worker import rendezvous as kv
+
+    if store is None:
+        kv.put(job.rendezvous, DONE_SCOPE, f"rank{rank}", b"1", token=job.rendezvous_key)
+        return
+    deadline = time.monotonic() + job.startup_timeout_s
+    while len(store.keys(DONE_SCOPE)) < job.size - 1:
+        if time.monotonic() > deadline:
+            missing = sorted(set(range(1, job.size)) - {int(k.removeprefix("rank")) for k in store.keys(DONE_SCOPE)})
+            raise RendezvousError(f"Ranks {missing} did not finish within {job.startup_timeout_s:.0f} s of rank 0.")
+        time.sleep(0.01)
 
 
 class _Monitor:
