@@ -1,6 +1,6 @@
 """The rendezvous store for one training stage, secured with the job's rendezvous key. It runs
 where the stage's channels are hosted: on the driver in a classic session, on rank 0 under Spark
-Connect (whose client the executors may not reach; :mod:`optim.spark.worker.connect`).
+Connect (whose client the executors may not reach; :mod:`optim.spark.worker.task`).
 
 It is Horovod's own HTTP key-value server (``horovod.runner.http``), which Gloo's rendezvous uses,
 with two changes:
