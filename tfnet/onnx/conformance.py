@@ -224,14 +224,18 @@ def collect(pattern: str | None = None) -> list:
     return [c for c in cases if pattern is None or pattern in c.name]
 
 
-def run_suite(cases: Iterable | None = None, *, optimize_graphs: bool = False) -> Report:
+def run_suite(cases: Iterable | None = None, *, optimize_graphs: bool = False, processes: int = 1) -> Report:
     """Runs every case (default: all of :func:`collect`) and returns the report.
 
     Args:
         cases: The cases. Default: onnx's whole node suite.
         optimize_graphs: Let TensorFlow's graph optimiser (grappler) run on each case's one-shot graph.
             Default False: it does not change what a graph computes, and each graph runs once.
+        processes: With the default cases, share them among this many fresh processes (each imports
+            TensorFlow once; the cases' order in the report stays the suite's). Default 1: this process.
     """
+    if processes > 1 and cases is None:
+        return _run_shared(processes, optimize_graphs)
     import tensorflow as tf
 
     cases = collect() if cases is None else list(cases)
@@ -251,6 +255,24 @@ def run_suite(cases: Iterable | None = None, *, optimize_graphs: bool = False) -
         tf.get_logger().setLevel(quiet)
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _share(index: int, processes: int, optimize_graphs: bool) -> list[CaseResult]:
+    """Cases ``index``, ``index + processes``, ... of the suite (in a process of :func:`_run_shared`)."""
+    return run_suite(collect()[index::processes], optimize_graphs=optimize_graphs).results
+
+
+def _run_shared(processes: int, optimize_graphs: bool) -> Report:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    start = time.perf_counter()
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        shares = list(pool.map(_share, range(processes), [processes] * processes, [optimize_graphs] * processes))
+    results = [None] * sum(len(s) for s in shares)
+    for index, share in enumerate(shares):
+        results[index::processes] = share
+    return Report(results=results, seconds=time.perf_counter() - start)
 
 
 def main(argv: list[str] | None = None) -> None:
