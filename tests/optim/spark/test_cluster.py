@@ -41,24 +41,50 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def test_standalone_cluster_survives_a_killed_worker(tmp_path):
+@pytest.fixture(scope="module")
+def cluster():
+    """One cluster for the module's two tests (the first leaves it as it found it; the second kills a
+    worker and adds another): a cluster's start is the suite's time."""
+    with StandaloneCluster(workers=2, cores=1) as c:
+        yield c
+
+
+def test_entrypoint_submit_runs_the_resnet50_job(cluster, tmp_path):
+    """The cluster image's three roles, outside Docker: master, 2 workers, and `submit`, which runs
+    the ResNet-50 job (tiny synthetic images) against them."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        ["bash", os.path.join(ROOT, "docker", "entrypoint.sh"), "submit", "--mode", "train", "--synthetic",
+         "--image-size", "32", "--classes", "10", "--num-workers", "2", "--batch-size", "4",
+         "--steps-per-epoch", "2", "--epochs", "1", "--model-dir", str(tmp_path / "model"),
+         "--output", str(out), "--verbose", "0"],
+        env=cluster._env(), cwd=str(tmp_path), capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["train"]["num_workers"] == 2 and results["train"]["steps"] == 2
+    assert results["train"]["img_per_sec"] > 0
+    assert "img/s" in proc.stdout or "throughput" in proc.stdout
+    assert os.path.exists(tmp_path / "model" / "export" / "frozen_inference_graph.pb")
+
+
+def test_standalone_cluster_survives_a_killed_worker(cluster, tmp_path):
     model_dir = str(tmp_path / "run")
-    with StandaloneCluster(workers=2, cores=1) as cluster:
-        script = DRIVER.format(root=ROOT, url=cluster.url, model_dir=model_dir)
-        driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, cwd=ROOT)
-        try:
-            deadline = time.time() + 300
-            while time.time() < deadline and not glob.glob(os.path.join(model_dir, "checkpoints", "*", "ckpt-*.npz")):
-                assert driver.poll() is None, driver.communicate()[1][-3000:]
-                time.sleep(0.2)
-            assert glob.glob(os.path.join(model_dir, "checkpoints", "*", "ckpt-*.npz")), "training started"
-            cluster.kill_worker(1)  # the worker JVM, its executor and its Python workers
-            cluster.add_worker()  # what a cluster manager would do
-            out, err = driver.communicate(timeout=600)
-        finally:
-            if driver.poll() is None:
-                driver.kill()
+    script = DRIVER.format(root=ROOT, url=cluster.url, model_dir=model_dir)
+    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=ROOT)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not glob.glob(os.path.join(model_dir, "checkpoints", "*", "ckpt-*.npz")):
+            assert driver.poll() is None, driver.communicate()[1][-3000:]
+            time.sleep(0.2)
+        assert glob.glob(os.path.join(model_dir, "checkpoints", "*", "ckpt-*.npz")), "training started"
+        cluster.kill_worker(1)  # the worker JVM, its executor and its Python workers
+        cluster.add_worker()  # what a cluster manager would do
+        out, err = driver.communicate(timeout=600)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
     result = [line for line in out.splitlines() if line.startswith("RESULT ")]
     assert result, err[-4000:]
     res = json.loads(result[0][len("RESULT "):])
@@ -69,23 +95,3 @@ def test_standalone_cluster_survives_a_killed_worker(tmp_path):
     assert res["last_run"]["run_id"] in res["last_run"]["resumed_from"]
     assert len(res["history"]["loss"]) == 6
     assert res["history"]["accuracy"][-1] > 0.8
-
-
-def test_entrypoint_submit_runs_the_resnet50_job(tmp_path):
-    """The cluster image's three roles, outside Docker: master, 2 workers, and `submit`, which runs
-    the ResNet-50 job (tiny synthetic images) against them."""
-    out = tmp_path / "out"
-    with StandaloneCluster(workers=2, cores=1) as cluster:
-        proc = subprocess.run(
-            ["bash", os.path.join(ROOT, "docker", "entrypoint.sh"), "submit", "--mode", "train", "--synthetic",
-             "--image-size", "32", "--classes", "10", "--num-workers", "2", "--batch-size", "4",
-             "--steps-per-epoch", "2", "--epochs", "1", "--model-dir", str(tmp_path / "model"),
-             "--output", str(out), "--verbose", "0"],
-            env=cluster._env(), cwd=str(tmp_path), capture_output=True, text=True, timeout=600, check=False,
-        )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    results = json.loads((out / "results.json").read_text())
-    assert results["train"]["num_workers"] == 2 and results["train"]["steps"] == 2
-    assert results["train"]["img_per_sec"] > 0
-    assert "img/s" in proc.stdout or "throughput" in proc.stdout
-    assert os.path.exists(tmp_path / "model" / "export" / "frozen_inference_graph.pb")

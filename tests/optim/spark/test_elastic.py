@@ -99,7 +99,7 @@ def test_a_lost_worker_that_does_not_come_back_shrinks_the_run_of_a_connect_clie
             "spark.executor.memory": "1g", "spark.executor.cores": "1",
             "spark.executorEnv.TF_CPP_MIN_LOG_LEVEL": "2"}).start()
         try:
-            driver = start(cluster, model_dir, epochs=12, min_workers=1, wait=10, sleep=0.0, url=server.url)
+            driver = start(cluster, model_dir, epochs=12, min_workers=1, wait=5, sleep=0.0, url=server.url)
             wait_for("a checkpoint of the elastic run", checkpointed(model_dir), driver)
             cluster.kill_worker(1)  # its executor and its Python workers; no replacement
             lines, err = finish(driver)
