@@ -50,16 +50,16 @@ def start_store(host: str, size: int, key: bytes, attempt: int):
     preferred port, else on one the OS picks; it holds this attempt's :func:`proof`."""
     from optim.spark.rendezvous_store import SecureRendezvous
 
-    for port in [*preferred_ports(key, attempt), 0]:
+    for port in preferred_ports(key, attempt):
         try:
             store = SecureRendezvous(host, size, key, port=port)
-        except OSError:
-            if port == 0:
-                raise
+            break
+        except OSError:  # taken: the next one
             continue
-        store.put(HELLO_SCOPE, f"attempt{int(attempt)}", proof(key, attempt))
-        return store
-    raise AssertionError("unreachable: port 0 either binds or raises")
+    else:
+        store = SecureRendezvous(host, size, key)
+    store.put(HELLO_SCOPE, f"attempt{int(attempt)}", proof(key, attempt))
+    return store
 
 
 class AddressGather:
