@@ -9,7 +9,8 @@ prints ``RESULT`` with the run's summary and the accuracy on the other 773 rows 
 THEN_DIR, the same application then makes a second run there, of 6 epochs with ``min_workers=2`` and an
 ``elastic_wait`` of 5 s (a test ends it by taking a worker away). STEP_SLEEP > 0
 makes every step that much slower (an update hook that sleeps; the numbers are unchanged), so that a
-test has time to change the cluster during the run. A DistributedTrainingError prints ``ERROR``.
+test has time to change the cluster during the run. A run that ends in a DistributedTrainingError prints
+``RESULT_ERROR`` (or ``THEN_ERROR``) instead.
 """
 
 import json
