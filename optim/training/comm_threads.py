@@ -54,6 +54,33 @@ def _name(tid: int) -> str:
         return ""
 
 
+def alive(tids) -> list[int]:
+    """Those of ``tids`` that are still threads of this process, in their order."""
+    now = thread_ids()
+    return [t for t in tids if t in now]
+
+
+class IdleRecord:
+    """The threads one :func:`demote` call put under ``SCHED_IDLE``, and which of them still run.
+
+    A Horovod or Gloo thread may end at any time (a short-lived helper of a collective), so
+    :attr:`demoted` is the record made at the time and :meth:`live` the part of it that is still
+    alive when asked; a thread that has ended is in the first and not in the second.
+
+    Attributes:
+        started: The ids of the threads that were offered (those ``hvd.init()`` started).
+        demoted: The ids put at idle priority, as :func:`demote` returned them.
+    """
+
+    def __init__(self, started=(), idle: bool = True):
+        self.started = tuple(sorted(started))
+        self.demoted = tuple(demote(set(self.started))) if idle else ()
+
+    def live(self) -> list[int]:
+        """The demoted threads that are still alive now."""
+        return alive(self.demoted)
+
+
 def demote(tids: set[int]) -> list[int]:
     """Puts the threads ``tids`` under ``SCHED_IDLE``, except TensorFlow's own (named ``tf_*``,
     which may start at the same time). Returns the ids changed; a thread that has ended or cannot be

@@ -356,7 +356,8 @@ class HorovodSession:
 
     Attributes:
         collective: The :class:`HorovodCollective` over the ranks.
-        idle_threads: The ids of the threads put at idle priority.
+        idle: The :class:`~optim.training.comm_threads.IdleRecord` of the threads ``hvd.init()``
+            started and of those it put at idle priority (none with ``threads="normal"``).
     """
 
     def __init__(self, env: dict[str, str], on_close=None, threads: str = "idle"):
@@ -380,11 +381,17 @@ class HorovodSession:
             before = comm_threads.thread_ids()
             hvd.init()
             started = comm_threads.thread_ids() - before
-            self.idle_threads = comm_threads.demote(started) if threads == "idle" else []
+            self.idle = comm_threads.IdleRecord(started, idle=threads == "idle")
             self.collective = HorovodCollective()
         except BaseException:
             self._restore()
             raise
+
+    @property
+    def idle_threads(self) -> list[int]:
+        """The ids of the threads put at idle priority that are still alive (a Horovod or Gloo
+        thread may end at any time; ``idle.demoted`` keeps the record made at ``hvd.init()``)."""
+        return self.idle.live()
 
     def _restore(self) -> None:
         for k, v in self._saved.items():

@@ -162,7 +162,7 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
         network = _network(job, ctx, rank)
         hvd = _horovod(job, rank, network)
         threads = list(get_num_threads())  # a reused worker's TensorFlow keeps the pools it started with
-        _write_rank_info(job.config, rank, job.attempt, size=job.size, horovod_idle_threads=len(hvd.idle_threads),
+        _write_rank_info(job.config, rank, job.attempt, size=job.size, horovod_idle_threads=len(hvd.idle.demoted),
                          tf_threads=threads, **network)
         collective = hvd.collective
         dog.timeout_s = job.timeout_s
@@ -177,7 +177,7 @@ def _run_rank(job: RankJob, partition: Iterable, rank: int) -> Iterator[bytes | 
                         steps_per_epoch=steps, initial_state=job.state, start_step=job.start_step,
                         lr_source=job.lr_source, liveness=dog, initial_exchange_state=job.exchange_state,
                         stop_check=_stop_check(job))
-        _write_rank_info(job.config, rank, job.attempt, size=job.size, horovod_idle_threads=len(hvd.idle_threads),
+        _write_rank_info(job.config, rank, job.attempt, size=job.size, horovod_idle_threads=len(hvd.idle.demoted),
                          tf_threads=threads, **network, **_memory(local))
         if rank == 0:
             dog.kick("sending the result")

@@ -52,9 +52,15 @@ RANK = textwrap.dedent("""
         busy.set()
         worker.join()
         tids = [int(t) for t in os.listdir("/proc/self/task")]
-        out = {"idle": sorted(session.idle_threads),
-               "idle_now": sorted(t for t in tids if policy(t) == os.SCHED_IDLE),
-               "idle_names": sorted({name(t) for t in tids if policy(t) == os.SCHED_IDLE}),
+        idle_now = sorted(t for t in tids if policy(t) == os.SCHED_IDLE)
+        # every thread hvd.init() started (but TensorFlow's) and still alive now; one that has ended reads as None
+        started_policies = {t: policy(t) for t in session.idle.started if not name(t).startswith("tf_")}
+        out = {"demoted": list(session.idle.demoted),
+               "started": list(session.idle.started),
+               "started_live_policies": sorted({p for p in started_policies.values() if p is not None}),
+               "live_idle": sorted(session.idle_threads),  # after the listing: alive then too
+               "idle_now": idle_now,
+               "idle_names": sorted({name(t) for t in idle_now}),
                "main_policy": policy(threading.get_native_id()),
                "tf_policies": sorted({policy(t) for t in tids if name(t).startswith("tf_")}),
                "tf_threads": sum(name(t).startswith("tf_") for t in tids),
@@ -73,11 +79,16 @@ def test_horovod_threads_run_at_idle_priority(tmp_path, mode):
         assert out["main_policy"] == os.SCHED_OTHER and out["tf_threads"] >= 1
         assert out["tf_policies"] == [os.SCHED_OTHER], out  # TensorFlow's pools keep their priority
         if mode == "idle":
-            # Horovod's background thread and Gloo's loop thread(s), and nothing else
-            assert len(out["idle"]) >= 2 and out["idle_now"] == out["idle"], out
+            # Horovod's background thread and Gloo's loop thread(s) were set idle when they started ...
+            assert len(out["demoted"]) >= 2 and set(out["demoted"]) <= set(out["started"]), out
+            # ... every one of them still alive is idle now (one that has ended is not required) ...
+            assert out["started_live_policies"] in ([], [os.SCHED_IDLE]), out
+            # ... and what the session reports as live and idle is live and idle
+            assert set(out["live_idle"]) <= set(out["idle_now"]), out
             assert not any(n.startswith("tf_") for n in out["idle_names"]), out
         else:
-            assert out["idle"] == [] and out["idle_now"] == [], out
+            assert out["demoted"] == [] and out["live_idle"] == [] and out["idle_now"] == [], out
+            assert os.SCHED_IDLE not in out["started_live_policies"], out
 
 
 def test_mode_from_the_environment(monkeypatch):
@@ -108,3 +119,30 @@ def test_demote_skips_tensorflow_threads_and_ended_ones():
     finally:
         stop.set()
         t.join()
+
+
+def test_the_idle_record_drops_a_thread_that_ends():
+    """``IdleRecord.live()`` (``HorovodSession.idle_threads``) holds only threads that still run;
+    ``demoted`` keeps the record made when they were set idle."""
+    import threading
+
+    stops = [threading.Event(), threading.Event()]
+    threads = [threading.Thread(target=s.wait) for s in stops]
+    for t in threads:
+        t.start()
+    ids = [t.native_id for t in threads]
+    try:
+        record = comm_threads.IdleRecord(set(ids))
+        assert record.demoted == tuple(sorted(ids)) and record.live() == sorted(ids)
+        assert all(os.sched_getscheduler(tid) == os.SCHED_IDLE for tid in ids)
+        first = min(ids)
+        stops[ids.index(first)].set()
+        threads[ids.index(first)].join()
+        assert record.live() == [max(ids)]  # the ended one is neither counted nor required
+        assert record.demoted == tuple(sorted(ids))
+        assert comm_threads.IdleRecord(set(ids), idle=False).demoted == ()
+    finally:
+        for s in stops:
+            s.set()
+        for t in threads:
+            t.join()
