@@ -31,7 +31,7 @@ import numpy as np
 rank, port, key = int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3])
 n, values, steps, extra = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), json.loads(sys.argv[7])
 import tensorflow as tf
-from optim.spark.worker.rendezvous import GlooProxy
+from optim.transport.client import GlooProxy
 from optim.training.horovod import HorovodSession, horovod_env
 sizes = np.maximum(1, np.random.default_rng(0).dirichlet(np.ones(n)) * values).astype(int)
 proxy = GlooProxy(("127.0.0.1", port), key, timeout_s=60)
@@ -53,7 +53,7 @@ print("STEP", statistics.median(times[1:]) if len(times) > 1 else times[0], flus
 
 
 def run_pair(n: int, values: int, steps: int, extra: dict) -> float:
-    from optim.spark.rendezvous_store import SecureRendezvous
+    from optim.transport.store import SecureRendezvous
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=root)

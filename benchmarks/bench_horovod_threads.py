@@ -55,7 +55,7 @@ RANK = textwrap.dedent("""
         print("RESULT " + json.dumps({"rate": rate(), "allreduce_s": None}), flush=True)
         sys.exit()
     import horovod.tensorflow as hvd
-    from optim.spark.worker.rendezvous import GlooProxy
+    from optim.transport.client import GlooProxy
     from optim.training.horovod import HorovodSession, horovod_env
 
     proxy = GlooProxy(("127.0.0.1", port), key, timeout_s=60)

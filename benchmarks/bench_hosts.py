@@ -104,7 +104,7 @@ class Timeline:
     def __init__(self):
         import warnings
 
-        from optim.spark import progress
+        from optim.transport import progress
 
         self.events: list[tuple[float, dict]] = []
         self.warnings: list[tuple[float, str]] = []

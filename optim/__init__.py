@@ -6,7 +6,8 @@
   (``optim.metrics``), every error (``optim.errors``);
 * :class:`TFOptimizer`, which trains a TFNet on one worker (``optim.training``) or over Spark
   (``optim.spark``), and :class:`TFDataset`;
-* :class:`TFPredictor` and :class:`TFNetTransformer` (``optim.predict``).
+* :class:`TFPredictor` and :class:`TFNetTransformer` (``optim.predict``);
+* :class:`TFNetEstimator`, fine-tuning as a Spark ML ``Estimator`` (``optim.ml``).
 
 Names are imported when first used, so ``import optim.methods`` (or ``optim.transforms``, ...)
 pulls in neither PySpark nor Horovod. See docs/architecture.md for the layout.
@@ -23,7 +24,7 @@ _EXPORTS = {
     "TFDataset": "optim.training.datasets",
     "TFPredictor": "optim.predict.predictor",
     "TFNetTransformer": "optim.predict.transformer",
-    "TFNetEstimator": "optim.spark.estimator",
+    "TFNetEstimator": "optim.ml.estimator",
     "warm_up_workers": "optim.spark.driver.warm_up",
     "SGD": "optim.methods",
     "Adam": "optim.methods",
@@ -54,7 +55,7 @@ _EXPORTS = {
     "raise_tfnet_errors": "optim.errors",
 }
 _SUBMODULES = ("losses", "metrics", "schedules", "transforms", "methods", "sync", "errors", "logs", "arrow", "keras_compat",
-               "optimizer", "training", "spark", "predict")
+               "optimizer", "training", "spark", "predict", "transport", "ml")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 

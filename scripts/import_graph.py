@@ -106,7 +106,6 @@ FACADES = {
     "optim": "optim (package: public names)",
     "optim.optimizer": "optim.optimizer (TFOptimizer)",
     "optim.keras_compat": "optim.optimizer (TFOptimizer)",
-    "optim.spark.estimator": "optim.spark.estimator (Spark ML)",
     "optim.spark.driver.evaluate": "optim.spark.driver.evaluate",
 }
 

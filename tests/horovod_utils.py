@@ -14,7 +14,7 @@ def run_rank_pair(script: str, tmp_path, args=(), env: dict | None = None,
     """``(returncode, stdout, stderr)`` of each rank, in rank order; both are killed if one runs
     past ``timeout_s``. ``env`` is added to this process's environment (with the repository on
     ``PYTHONPATH``)."""
-    from optim.spark.rendezvous_store import SecureRendezvous
+    from optim.transport.store import SecureRendezvous
 
     path = tmp_path / "rank.py"
     path.write_text(script)

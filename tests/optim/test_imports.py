@@ -36,6 +36,19 @@ def test_pure_modules_import_neither_pyspark_nor_horovod():
     assert not [m for m in loaded if m.startswith(("optim.spark", "optim.predict"))], loaded
 
 
+TRANSPORT = ["optim.transport.auth", "optim.transport.store", "optim.transport.client", "optim.transport.store_address",
+             "optim.transport.progress", "optim.transport.progress_store", "optim.transport.failures",
+             "optim.transport.chunks"]
+
+
+def test_transport_runs_on_both_sides_without_pyspark():
+    """The channels between the driver and the ranks import neither PySpark nor Horovod (Horovod's
+    server only when one starts), nor anything from ``optim.spark``."""
+    loaded = loaded_by(", ".join(TRANSPORT))
+    assert not [m for m in loaded if m.split(".")[0] in ("pyspark", "py4j", "horovod")], loaded
+    assert not [m for m in loaded if m.startswith("optim.spark")], loaded
+
+
 def test_public_names_still_import_from_optim():
     import optim
 

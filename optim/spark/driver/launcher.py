@@ -22,7 +22,7 @@ import time
 import warnings
 
 from optim.errors import DistributedTrainingError, NonFiniteLossError, SparkSetupError  # noqa: F401 (re-exported)
-from optim.spark.connect import is_connect, join_chunks, plan_limit, session_of
+from optim.spark.connect import is_connect, plan_limit, session_of
 from optim.spark.driver.backends.base import Backend
 from optim.spark.driver.backends.classic import ClassicBackend, check_driver_memory  # noqa: F401 (re-exported)
 from optim.spark.driver.backends.connect import ConnectBackend
@@ -46,7 +46,6 @@ from optim.spark.driver.stage import (
     worker_config,
 )
 from optim.spark.driver.warm_up import warm_up_workers
-from optim.spark.rendezvous_store import STUCK_GRACE_S, stuck_rank  # noqa: F401 (re-exported)
 from optim.spark.session import get_spark, small_arrow_batches
 from optim.spark.worker.rank import run_rank
 from optim.spark.worker.task import RESULT_SCHEMA, run_arrow_task
@@ -54,6 +53,8 @@ from optim.training.checkpoint import new_run_id
 from optim.training.config import TrainConfig
 from optim.training.datasets import ArrayDataset, TFDataDataset, TFDataset
 from optim.training.reporting import MultiReporter, ProgressBar
+from optim.transport.chunks import join_chunks
+from optim.transport.store import STUCK_GRACE_S, stuck_rank  # noqa: F401 (re-exported)
 from tfnet import storage
 from tfnet.serialize import net_to_bytes
 

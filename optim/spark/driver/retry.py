@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from optim.errors import DistributedTrainingError, typed_spark_error
-from optim.spark.failures import WorkerFailure, pick_root, to_exception
+from optim.transport.failures import WorkerFailure, pick_root, to_exception
 from tfnet.errors import TFNetError
 
 __all__ = ["Decision", "RetryPolicy", "one_line", "stage_error"]

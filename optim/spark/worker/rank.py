@@ -5,8 +5,8 @@ epoch (through the driver's rendezvous store, before Horovod starts), joins the 
 Gloo through that store, and runs the same training loop as a local run, from the optimiser state
 the driver sent. Rank 0 sends progress to the driver, writes checkpoints and TensorBoard events,
 and returns the final weights, optimiser state and history. A rank that fails posts its error as
-data (:mod:`optim.spark.failures`) before its task fails. Every call to the driver is signed with
-the job's rendezvous key; the progress channel has a key of its own (:mod:`optim.spark.auth`).
+data (:mod:`optim.transport.failures`) before its task fails. Every call to the driver is signed with
+the job's rendezvous key; the progress channel has a key of its own (:mod:`optim.transport.auth`).
 """
 
 from __future__ import annotations
@@ -108,10 +108,10 @@ def run_rank(job: RankJob, partition: Iterable) -> Iterator[bytes | str]:
     try:
         yield from _run_rank(job, partition, rank)
     except BaseException as exc:
-        from optim.spark.failures import from_exception
-        from optim.spark.worker import rendezvous
+        from optim.transport import client
+        from optim.transport.failures import from_exception
 
-        rendezvous.report_failure(job.rendezvous, rank, from_exception(exc, rank).to_json(), job.rendezvous_key)
+        client.report_failure(job.rendezvous, rank, from_exception(exc, rank).to_json(), job.rendezvous_key)
         raise
 
 
@@ -220,7 +220,7 @@ def _claim(job: RankJob, rank: int) -> None:
     """Registers this rank with the driver's rendezvous store, once per launch. A second claim
     means Spark resubmitted the stage by itself (its Horovod keys would be stale): fail fast and
     let the driver retry with a fresh rendezvous."""
-    from optim.spark.worker import rendezvous as kv
+    from optim.transport import client as kv
 
     if kv.get(job.rendezvous, "tfnet_claims", f"rank{rank}", token=job.rendezvous_key) is not None:
         raise StageRetryError("Spark resubmitted the training stage by itself; tfnet retries it from the driver.")
@@ -234,8 +234,8 @@ def _long_bound(job: RankJob) -> float:
 
 
 def _heartbeat_sender(job: RankJob, rank: int):
-    from optim.spark.rendezvous_store import HEARTBEAT_SCOPE
-    from optim.spark.worker import rendezvous as kv
+    from optim.transport import client as kv
+    from optim.transport.store import HEARTBEAT_SCOPE
 
     def send(beat: bytes) -> None:
         kv.put(job.rendezvous, HEARTBEAT_SCOPE, f"rank{rank}", beat, timeout_s=5.0, token=job.rendezvous_key)
@@ -244,7 +244,7 @@ def _heartbeat_sender(job: RankJob, rank: int):
 
 
 def _gather(job: RankJob, rank: int, value: int) -> list[int]:
-    from optim.spark.worker import rendezvous as kv
+    from optim.transport import client as kv
 
     return [int(v) for v in kv.all_gather(job.rendezvous, "tfnet_counts", rank, job.size, str(int(value)),
                                           job.startup_timeout_s, token=job.rendezvous_key)]
@@ -349,9 +349,9 @@ def _tf_data_count(data, rank: int, size: int) -> int:
 def _network(job: RankJob, ctx, rank: int) -> dict:
     """Where this rank meets the others: ``address`` (its executor's, as Spark's task infos give it),
     ``gloo_iface`` and ``gloo_address`` (the interface Gloo listens on and every peer connects to:
-    :func:`optim.training.horovod.gloo_iface`), ``rendezvous`` (the store's ``host:port``, the
+    :func:`optim.spark.worker.network.gloo_iface`), ``rendezvous`` (the store's ``host:port``, the
     driver's or rank 0's) and ``hosts`` (every rank's executor address)."""
-    from optim.training.horovod import gloo_iface, iface_address
+    from optim.spark.worker.network import gloo_iface, iface_address
 
     infos = ctx.getTaskInfos()
     address = infos[rank].address.rsplit(":", 1)[0] if infos else "127.0.0.1"
@@ -364,8 +364,9 @@ def _network(job: RankJob, ctx, rank: int) -> dict:
 def _horovod(job: RankJob, rank: int, network: dict):
     """Joins the Horovod ring over ``network`` (:func:`_network`); Gloo's rendezvous goes through a
     local proxy that adds the secret."""
-    from optim.spark.worker.rendezvous import GlooProxy
-    from optim.training.horovod import HorovodSession, check_process_sets, horovod_env
+    from optim.spark.worker.network import check_process_sets
+    from optim.training.horovod import HorovodSession, horovod_env
+    from optim.transport.client import GlooProxy
 
     check_process_sets(network["gloo_address"], network["hosts"])
     proxy = GlooProxy(job.rendezvous, job.rendezvous_key, timeout_s=job.timeout_s)
@@ -395,13 +396,13 @@ def _reporter(job: RankJob, rank: int):
 
     if rank != 0:
         return Reporter()
-    from optim.spark.progress import RemoteReporter
+    from optim.transport.progress import RemoteReporter
 
     parts = []
     if job.progress is not None:
         parts.append(RemoteReporter(*job.progress, authkey=job.progress_key))
     elif job.progress_path:
-        from optim.spark.progress_store import StoredReporter
+        from optim.transport.progress_store import StoredReporter
 
         parts.append(StoredReporter(job.progress_path, job.config.storage_options))
     if job.config.model_dir:

@@ -4,13 +4,13 @@ the rank's partition. Worker side.
 Around :func:`optim.spark.worker.rank.run_rank` (the rank itself), a task:
 
 * under Spark Connect, whose client the executors may not reach, hosts the stage's channels itself:
-  rank 0 starts the secured rendezvous store (:mod:`optim.spark.rendezvous_store`, the job's
-  rendezvous key) on its host, every rank finds its address (:mod:`optim.spark.worker.store_address`),
+  rank 0 starts the secured rendezvous store (:mod:`optim.transport.store`, the job's
+  rendezvous key) on its host, every rank finds its address (:mod:`optim.transport.store_address`),
   and rank 0 watches the ranks' heartbeats there and ends the stage when one is stuck (in a classic
   session the driver hosts the store and watches);
 * sends rank 0's result as rows of :data:`RESULT_SCHEMA`: the path of the result file when the job
   has an exchange folder, else the payload in pieces of at most ``chunk_size`` bytes;
-* fails with the rank's failure inside the error text (:mod:`optim.spark.connect`), so that the
+* fails with the rank's failure inside the error text (:func:`optim.transport.failures.failure_text`), so that the
   driver finds it even where no store outlives the stage.
 """
 
@@ -37,9 +37,9 @@ def run_arrow_task(job, batches: Iterable, chunk_size: int) -> Iterator:
     from pyspark import BarrierTaskContext
 
     from optim.errors import WorkerError
-    from optim.spark.connect import failure_text, to_chunks
-    from optim.spark.failures import from_exception
     from optim.spark.worker.rank import run_rank
+    from optim.transport.chunks import to_chunks
+    from optim.transport.failures import failure_text, from_exception
 
     ctx = BarrierTaskContext.get()
     rank = ctx.partitionId()
@@ -73,8 +73,8 @@ def run_arrow_task(job, batches: Iterable, chunk_size: int) -> Iterator:
 
 def _rendezvous(job, ctx, rank: int):
     """``(store or None, job, gather)``: rank 0 starts the store on its own host; every rank finds its
-    address (:mod:`optim.spark.worker.store_address`) while the ``allGather`` of it runs in ``gather``."""
-    from optim.spark.worker.store_address import AddressGather, find_store, start_store
+    address (:mod:`optim.transport.store_address`) while the ``allGather`` of it runs in ``gather``."""
+    from optim.transport.store_address import AddressGather, find_store, start_store
 
     infos = ctx.getTaskInfos()
     hosts = [i.address.rsplit(":", 1)[0] for i in infos] if infos else ["127.0.0.1"] * job.size
@@ -95,7 +95,7 @@ def _finish(job, rank: int, store) -> None:
     """The stage's last meeting, in rank 0's store rather than Spark's barrier (which answers a task that
     arrives early at its next one-second tick): each other rank says it is done; rank 0 waits for all."""
     from optim.errors import RendezvousError
-    from optim.spark.worker import rendezvous as kv
+    from optim.transport import client as kv
 
     if store is None:
         kv.put(job.rendezvous, DONE_SCOPE, f"rank{rank}", b"1", token=job.rendezvous_key)
@@ -110,7 +110,7 @@ def _finish(job, rank: int, store) -> None:
 
 class _Monitor:
     """Rank 0's watch over the ranks' heartbeats in its store: the driver's stuck-rank rule
-    (:func:`optim.spark.rendezvous_store.stuck_rank`). A stuck rank (a frozen process, a cut
+    (:func:`optim.transport.store.stuck_rank`). A stuck rank (a frozen process, a cut
     network) ends rank 0's process, which fails the barrier stage, so the client retries it."""
 
     def __init__(self, store, job):
@@ -123,7 +123,7 @@ class _Monitor:
         return self
 
     def _run(self) -> None:
-        from optim.spark.rendezvous_store import stuck_rank
+        from optim.transport.store import stuck_rank
 
         started = time.monotonic()
         while not self._stop.wait(MONITOR_S):

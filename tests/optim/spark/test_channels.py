@@ -11,12 +11,12 @@ from urllib.request import Request, urlopen
 import pytest
 
 from optim.errors import RendezvousError
-from optim.spark.auth import derive_key, sign_request, verify_request
-from optim.spark.progress import ProgressServer, RemoteReporter
-from optim.spark.rendezvous_store import SecureRendezvous
-from optim.spark.worker import rendezvous as kv
-from optim.spark.worker.rendezvous import GlooProxy
 from optim.training.reporting import Reporter
+from optim.transport import client as kv
+from optim.transport.auth import derive_key, sign_request, verify_request
+from optim.transport.client import GlooProxy
+from optim.transport.progress import ProgressServer, RemoteReporter
+from optim.transport.store import SecureRendezvous
 
 
 class Steps(Reporter):
@@ -191,7 +191,7 @@ def test_job_finishes_while_a_client_without_the_secret_attacks(spark):
 
 
 def test_progress_reporter_reconnects_after_a_lost_connection(monkeypatch):
-    from optim.spark import progress
+    from optim.transport import progress
 
     monkeypatch.setattr(progress, "RECONNECT_S", 0.0)
     rec = Steps()

@@ -10,10 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from optim.spark.progress import ProgressServer, RemoteReporter
-from optim.spark.worker import rendezvous as kv
 from optim.training.datasets import ArrayDataset
 from optim.training.reporting import Reporter
+from optim.transport import client as kv
+from optim.transport.progress import ProgressServer, RemoteReporter
 
 
 def test_watchdog_ends_a_stuck_process():

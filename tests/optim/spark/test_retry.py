@@ -16,7 +16,7 @@ from optim.errors import (
     WorkerError,
 )
 from optim.spark.driver.retry import RetryPolicy, stage_error
-from optim.spark.failures import WorkerFailure, from_exception, pick_root, to_exception
+from optim.transport.failures import WorkerFailure, from_exception, pick_root, to_exception
 
 
 def raised(exc):

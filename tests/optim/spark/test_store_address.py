@@ -10,9 +10,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from optim.errors import RendezvousError
-from optim.spark.auth import derive_key
-from optim.spark.rendezvous_store import SecureRendezvous
-from optim.spark.worker.store_address import AddressGather, find_store, preferred_ports, proof, start_store
+from optim.transport.auth import derive_key
+from optim.transport.store import SecureRendezvous
+from optim.transport.store_address import AddressGather, find_store, preferred_ports, proof, start_store
 
 KEY = derive_key(b"store address " * 3, "rendezvous")
 

@@ -17,7 +17,7 @@ RANK = textwrap.dedent("""
     import json, os, sys, threading, time
     import numpy as np
     import tensorflow as tf
-    from optim.spark.worker.rendezvous import GlooProxy
+    from optim.transport.client import GlooProxy
     from optim.training.horovod import HorovodSession, horovod_env
 
     rank, port, key, mode = int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3]), sys.argv[4]

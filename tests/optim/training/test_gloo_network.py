@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from optim.errors import SparkSetupError
-from optim.training import horovod as tfhvd
+from optim.spark.worker import network as rank_network
 from tests.cluster import ROOT
 from tests.netns import Network
 
@@ -19,8 +19,9 @@ RANK = """
 import json, sys
 rank, root, port, key = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), bytes.fromhex(sys.argv[4])
 import numpy as np, tensorflow as tf
-from optim.spark.worker.rendezvous import GlooProxy
-from optim.training.horovod import HorovodSession, check_process_sets, gloo_iface, horovod_env, iface_address
+from optim.transport.client import GlooProxy
+from optim.spark.worker.network import check_process_sets, gloo_iface, iface_address
+from optim.training.horovod import HorovodSession, horovod_env
 
 own = sys.argv[5]
 iface = gloo_iface(own, root)
@@ -44,7 +45,7 @@ def network():
 
 @pytest.mark.parallel
 def test_two_ranks_on_two_hosts_average_over_the_interfaces_that_reach_each_other(network):
-    from optim.spark.rendezvous_store import SecureRendezvous
+    from optim.transport.store import SecureRendezvous
 
     net = network
     net.count_traffic()
@@ -80,13 +81,13 @@ def test_two_ranks_on_two_hosts_average_over_the_interfaces_that_reach_each_othe
 
 
 def test_a_horovod_that_would_listen_on_the_loopback_is_a_typed_error(monkeypatch):
-    monkeypatch.setattr(tfhvd, "horovod_patches", lambda: ())
-    monkeypatch.setattr(tfhvd, "_name_addresses", lambda: ["127.0.1.1", "10.1.2.3"])
+    monkeypatch.setattr(rank_network, "horovod_patches", lambda: ())
+    monkeypatch.setattr(rank_network, "_name_addresses", lambda: ["127.0.1.1", "10.1.2.3"])
     with pytest.raises(SparkSetupError, match=r"would listen on 127\.0\.1\.1, the address of this host's name .* the "
                                               r"ranks meet over 10\.1\.2\.3\. .*rebuild it with tfnet's "
                                               r"scripts/build_horovod\.sh"):
-        tfhvd.check_process_sets("10.1.2.3", ["10.1.2.3", "10.1.2.4"])
-    tfhvd.check_process_sets("10.1.2.3", ["10.1.2.3"])  # one host: its ranks share the loopback
-    tfhvd.check_process_sets("127.0.0.1", ["127.0.0.1", "127.0.0.2"])  # they meet over the loopback anyway
-    monkeypatch.setattr(tfhvd, "horovod_patches", lambda: (tfhvd.PROCESS_SET_IFACE_PATCH,))
-    tfhvd.check_process_sets("10.1.2.3", ["10.1.2.3", "10.1.2.4"])  # tfnet's build: Gloo listens on 10.1.2.3
+        rank_network.check_process_sets("10.1.2.3", ["10.1.2.3", "10.1.2.4"])
+    rank_network.check_process_sets("10.1.2.3", ["10.1.2.3"])  # one host: its ranks share the loopback
+    rank_network.check_process_sets("127.0.0.1", ["127.0.0.1", "127.0.0.2"])  # they meet over the loopback anyway
+    monkeypatch.setattr(rank_network, "horovod_patches", lambda: (rank_network.PROCESS_SET_IFACE_PATCH,))
+    rank_network.check_process_sets("10.1.2.3", ["10.1.2.3", "10.1.2.4"])  # tfnet's build: Gloo listens on 10.1.2.3

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.parallel
 RANK = textwrap.dedent("""
     import json, os, sys
     import numpy as np
-    from optim.spark.worker.rendezvous import GlooProxy
+    from optim.transport.client import GlooProxy
     from optim.training.horovod import HorovodSession, horovod_env
 
     rank, port, key = int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3])

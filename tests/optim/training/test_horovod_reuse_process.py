@@ -31,8 +31,8 @@ RANK = textwrap.dedent("""
     extra, guard = json.loads(sys.argv[4]), sys.argv[5] == "1"
     import tensorflow as tf
     import optim.training.horovod as tfhvd
-    from optim.spark.rendezvous_store import SecureRendezvous
-    from optim.spark.worker.rendezvous import GlooProxy
+    from optim.transport.store import SecureRendezvous
+    from optim.transport.client import GlooProxy
 
     if not guard:  # tfnet's session without its guard: what Horovod does with the inherited setting
         tfhvd.UNSAFE_ACROSS_INIT = ()

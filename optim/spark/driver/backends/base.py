@@ -92,7 +92,7 @@ class Backend:
         raise NotImplementedError
 
     def progress(self, reporter, config, secret: bytes, cleanup):
-        """The :class:`~optim.spark.progress.EventSink` that feeds ``reporter`` (closed by ``cleanup``)."""
+        """The :class:`~optim.transport.progress.EventSink` that feeds ``reporter`` (closed by ``cleanup``)."""
         raise NotImplementedError
 
     def attempt(self, secret: bytes, n: int, attempt: int, sink, config,

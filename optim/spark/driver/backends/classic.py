@@ -15,17 +15,17 @@ import uuid
 from contextlib import ExitStack, contextmanager
 
 from optim.errors import DistributedTrainingError
-from optim.spark.auth import derive_key
 from optim.spark.conf import pinned_port, setting, size_setting
-from optim.spark.connect import failures_in
 from optim.spark.driver.backends.base import Attempt, Backend
 from optim.spark.driver.jobs import run_job
 from optim.spark.driver.preflight import check_driver_horovod
 from optim.spark.driver.slots import task_slots, wait_for_slots
 from optim.spark.driver.stage import result_bytes
-from optim.spark.progress import ProgressServer
-from optim.spark.rendezvous_store import SecureRendezvous, stuck_rank
 from optim.training.datasets import ArrayDataset, TFDataDataset
+from optim.transport.auth import derive_key
+from optim.transport.failures import failures_in
+from optim.transport.progress import ProgressServer
+from optim.transport.store import SecureRendezvous, stuck_rank
 from tfnet import storage
 
 __all__ = ["ClassicBackend", "DRIVER_HEADROOM_BYTES", "balance_dataframe", "balance_rdd", "check_driver_memory"]

@@ -5,7 +5,7 @@ and watches the heartbeats (:mod:`optim.spark.worker.task`); the net, the hooks,
 and numpy data travel in the plan, up to :func:`optim.spark.connect.plan_limit` bytes (48 MiB by
 default); a larger net, or a rank 0 result larger than that, goes through ``model_dir``
 (``model_dir/.exchange/<id>/``), and without one the call fails before the stage, naming ``model_dir``.
-Progress is polled from ``model_dir`` (:mod:`optim.spark.progress_store`); without one, the
+Progress is polled from ``model_dir`` (:mod:`optim.transport.progress_store`); without one, the
 per-epoch lines are printed from the history when the run ends. It never touches ``sparkContext``.
 """
 
@@ -17,13 +17,14 @@ import uuid
 from contextlib import ExitStack, contextmanager, nullcontext
 
 from optim.errors import DistributedTrainingError
-from optim.spark.auth import derive_key
-from optim.spark.connect import chunk_bytes, failures_in, plan_limit, result_limit
+from optim.spark.connect import chunk_bytes, plan_limit, result_limit
 from optim.spark.driver.backends.base import Attempt, Backend
 from optim.spark.driver.slots import connect_slots
 from optim.spark.driver.stage import result_bytes
-from optim.spark.progress import EventSink
 from optim.training.datasets import ArrayDataset, TFDataDataset
+from optim.transport.auth import derive_key
+from optim.transport.failures import failures_in
+from optim.transport.progress import EventSink
 from tfnet import storage
 
 __all__ = ["ConnectBackend", "num_workers", "quiet_connect_console"]
@@ -194,7 +195,7 @@ class ConnectBackend(Backend):
 
     def progress(self, reporter, config, secret: bytes, cleanup):
         if config.model_dir:
-            from optim.spark.progress_store import ProgressPoller
+            from optim.transport.progress_store import ProgressPoller
 
             sink = ProgressPoller(reporter, config.storage_options)
             cleanup.add(sink.close)
@@ -203,7 +204,7 @@ class ConnectBackend(Backend):
 
     @contextmanager
     def attempt(self, secret: bytes, n: int, attempt: int, sink, config, startup_timeout: float):
-        from optim.spark.progress_store import progress_path
+        from optim.transport.progress_store import progress_path
 
         path = progress_path(config.model_dir, config.run_id, attempt) if config.model_dir else None
         if hasattr(sink, "watch"):

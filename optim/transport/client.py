@@ -1,6 +1,6 @@
-"""Calls to the driver's rendezvous store (Horovod's HTTP key-value server, secured with the job's
-rendezvous key: :mod:`optim.spark.rendezvous_store`). Worker side. Every call has a timeout and
-is signed (:func:`optim.spark.auth.sign_request`).
+"""Calls to the rendezvous store (Horovod's HTTP key-value server, secured with the job's
+rendezvous key: :mod:`optim.transport.store`; on the driver, or on rank 0 under Spark Connect). The
+ranks make them. Every call has a timeout and is signed (:func:`optim.transport.auth.sign_request`).
 
 The ranks use it before Horovod starts (claiming a rank once per launch; exchanging small values
 faster than Spark's barrier ``allGather``, which polls once a second), to report a failure, to send
@@ -17,7 +17,7 @@ from urllib.error import HTTPError, URLError
 from urllib.request import Request, urlopen
 
 from optim.errors import RendezvousError
-from optim.spark.auth import AUTH_HEADER, sign_request
+from optim.transport.auth import AUTH_HEADER, sign_request
 
 __all__ = ["GLOO_PATH", "GlooProxy", "all_gather", "get", "put", "report_failure"]
 

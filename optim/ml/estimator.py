@@ -128,9 +128,9 @@ class TFNetEstimator(Estimator, HasLabelCol, HasPredictionCol, HasRawPredictionC
 
     def _fit(self, dataset):
         import optim
+        from optim.ml.evaluators import check_evaluator, tuning_evaluator
         from optim.optimizer import TFOptimizer
         from optim.predict.transformer import TFNetTransformer
-        from optim.spark.evaluators import check_evaluator, tuning_evaluator
         from optim.training.datasets import TFDataset
         from tfnet.serialize import net_from_bytes
 
@@ -185,7 +185,7 @@ class TFNetEstimator(Estimator, HasLabelCol, HasPredictionCol, HasRawPredictionC
         """Raises :class:`~optim.ColumnError` when ``evaluator`` cannot read the fitted model's
         columns (what ``CrossValidator`` and ``TrainValidationSplit`` check before the first fold).
         ``dataset``: the DataFrame to fit, for its label column. Default: not checked."""
-        from optim.spark.evaluators import check_evaluator
+        from optim.ml.evaluators import check_evaluator
         from tfnet.serialize import net_from_bytes
 
         if self._net_bytes is None:

@@ -19,8 +19,8 @@ import logging
 import threading
 import time
 
-from optim.spark.progress import EventReporter, EventSink
 from optim.training.reporting import Reporter
+from optim.transport.progress import EventReporter, EventSink
 from tfnet import storage
 
 __all__ = ["StoredReporter", "ProgressPoller", "progress_path"]

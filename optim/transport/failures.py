@@ -1,13 +1,19 @@
 """Errors as data across the Spark boundary. Pure: runs on both sides.
 
 A rank that fails turns its exception into a :class:`WorkerFailure` (class name, message, whether
-a retry can help, the worker's formatted traceback) and posts it to the driver's rendezvous store
-before the exception fails its Spark task. The driver reads the failures back and rebuilds the
-error (:func:`to_exception`) instead of parsing Py4J text.
+a retry can help, the worker's formatted traceback) and posts it to the rendezvous store
+(:mod:`optim.transport.store`) before the exception fails its Spark task. The driver reads the
+failures back and rebuilds the error (:func:`to_exception`) instead of parsing Py4J text.
+
+Under Spark Connect, whose client the ranks may not reach, a failure also travels inside its task's
+error text, between :data:`FAILURE_OPEN` and :data:`FAILURE_CLOSE` (base64 of the failure's JSON:
+:func:`failure_text`), and the client reads it back with :func:`failures_in`; nothing is parsed but
+that span.
 """
 
 from __future__ import annotations
 
+import base64
 import errno
 import json
 import re
@@ -17,7 +23,13 @@ from dataclasses import asdict, dataclass
 
 from optim.errors import SparkSetupError, WorkerError, error_class
 
-__all__ = ["WorkerFailure", "from_exception", "to_exception", "pick_root", "raised_at"]
+__all__ = ["WorkerFailure", "from_exception", "to_exception", "pick_root", "raised_at", "failure_text", "failures_in"]
+
+FAILURE_OPEN = "[tfnet-failure:"
+FAILURE_CLOSE = ":tfnet-failure]"
+_FAILURE = re.compile(re.escape(FAILURE_OPEN) + r"([A-Za-z0-9+/=]+)" + re.escape(FAILURE_CLOSE))
+#: The worker traceback a failure carries through the error text (the start is cut).
+TRACEBACK_CHARS = 4000
 
 # Builtin exceptions that mean the input or the code is wrong: rerunning the stage cannot help.
 _BUILTIN_NOT_RETRYABLE = {"ValueError": ValueError, "TypeError": TypeError, "KeyError": KeyError,
@@ -142,3 +154,25 @@ def pick_root(failures: list[WorkerFailure]) -> WorkerFailure | None:
         return None
     hard = [f for f in failures if not f.retryable]
     return min(hard or failures, key=lambda f: f.time)
+
+
+def failure_text(failure: WorkerFailure) -> str:
+    """``failure`` as a span of text an exception message can carry through Spark."""
+    import dataclasses
+
+    short = dataclasses.replace(failure, traceback=failure.traceback[-TRACEBACK_CHARS:])
+    return FAILURE_OPEN + base64.b64encode(short.to_json()).decode("ascii") + FAILURE_CLOSE
+
+
+def failures_in(text: str) -> list[WorkerFailure]:
+    """The failures :func:`failure_text` put into ``text`` (an error message from Spark), once each."""
+    out, seen = [], set()
+    for match in _FAILURE.finditer(text or ""):
+        if match.group(1) in seen:
+            continue
+        seen.add(match.group(1))
+        try:
+            out.append(WorkerFailure.from_json(base64.b64decode(match.group(1))))
+        except (ValueError, TypeError, KeyError):
+            continue
+    return out

@@ -1,4 +1,6 @@
-"""How the ranks of a Spark Connect stage find the rendezvous store rank 0 hosts. Worker side.
+"""How the ranks of a Spark Connect stage find the rendezvous store rank 0 hosts. Runs on the ranks
+(a Spark executor's Python worker), but needs no PySpark: the ``BarrierTaskContext`` comes in as an
+argument.
 
 Spark's ``BarrierTaskContext.allGather`` answers a task that arrives before the others only at its
 next one-second tick (measured with two tasks of a local[2] Spark 4: the first to arrive waits about
@@ -46,9 +48,9 @@ def proof(key: bytes, attempt: int) -> bytes:
 
 
 def start_store(host: str, size: int, key: bytes, attempt: int):
-    """Rank 0's :class:`optim.spark.rendezvous_store.SecureRendezvous` on ``host``: on the first free
+    """Rank 0's :class:`optim.transport.store.SecureRendezvous` on ``host``: on the first free
     preferred port, else on one the OS picks; it holds this attempt's :func:`proof`."""
-    from optim.spark.rendezvous_store import SecureRendezvous
+    from optim.transport.store import SecureRendezvous
 
     for port in preferred_ports(key, attempt):
         try:
@@ -100,7 +102,7 @@ def _answers(host: str, port: int, key: bytes, attempt: int) -> bool:
     from http.client import HTTPException
 
     from optim.errors import RendezvousError
-    from optim.spark.worker.rendezvous import get
+    from optim.transport.client import get
 
     try:
         got = get((host, port), HELLO_SCOPE, f"attempt{int(attempt)}", timeout_s=PROBE_TIMEOUT_S, token=key)

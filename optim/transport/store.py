@@ -1,6 +1,6 @@
 """The rendezvous store for one training stage, secured with the job's rendezvous key. It runs
 where the stage's channels are hosted: on the driver in a classic session, on rank 0 under Spark
-Connect (whose client the executors may not reach; :mod:`optim.spark.worker.task`).
+Connect (whose client the executors may not reach; :mod:`optim.spark.worker.task`). Both sides.
 
 It is Horovod's own HTTP key-value server (``horovod.runner.http``), which Gloo's rendezvous uses,
 with two changes:
@@ -8,9 +8,9 @@ with two changes:
 * it listens on one address (the driver's bind address, or rank 0's host), on a port the OS picks or the one the
   configuration pins (``spark.tfnet.rendezvous.port``);
 * every request must carry ``X-Tfnet-Auth``, an HMAC of its method, path and body under the
-  rendezvous key (:mod:`optim.spark.auth`), or gets 403. The ranks sign their own requests; Gloo's
+  rendezvous key (:mod:`optim.transport.auth`), or gets 403. The ranks sign their own requests; Gloo's
   (made by Horovod's C++ code, which cannot sign) go through a proxy in each rank
-  (:mod:`optim.spark.worker.rendezvous`) that signs only the requests Gloo's rendezvous makes.
+  (:mod:`optim.transport.client`) that signs only the requests Gloo's rendezvous makes.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import logging
 import threading
 import time
 
-from optim.spark.auth import AUTH_HEADER, verify_request
-from optim.spark.failures import WorkerFailure
+from optim.transport.auth import AUTH_HEADER, verify_request
+from optim.transport.failures import WorkerFailure
 
 __all__ = ["SecureRendezvous", "FAILURE_SCOPE", "HEARTBEAT_SCOPE", "stuck_rank"]
 
@@ -78,7 +78,7 @@ class SecureRendezvous:
     Args:
         host: The address to listen on.
         size: The number of ranks.
-        key: The rendezvous key (:func:`optim.spark.auth.derive_key`).
+        key: The rendezvous key (:func:`optim.transport.auth.derive_key`).
         port: 0 (default) for a port the OS picks; another number pins it.
 
     Attributes:

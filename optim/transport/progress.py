@@ -63,7 +63,7 @@ def _authenticated(sock: socket.socket, authkey: bytes, server: bool) -> Connect
 class EventSink:
     """Hands rank 0's reporter events to ``reporter`` and keeps them (``events``), with when the
     first step arrived (``first_step_at``). The progress server and, under Spark Connect, the
-    progress poller (:mod:`optim.spark.progress_store`) are both one."""
+    progress poller (:mod:`optim.transport.progress_store`) are both one."""
 
     def __init__(self, reporter: Reporter):
         self.reporter = reporter
