@@ -1,25 +1,10 @@
 """tfnet: fine-tune and run frozen TensorFlow graphs over Apache Spark."""
 
-import os
-
 from setuptools import find_packages, setup
-from setuptools.command.build_py import build_py
 
-# tfnet-quiet.pth runs `_tfnet_quiet.install()` at interpreter start-up: TensorFlow's start-up banner
-# stays out of stderr whatever imports TensorFlow first (see _tfnet_quiet.py). A .pth file belongs at
-# the top of site-packages, where a wheel's purelib lands: build_py puts it there. (scripts/install.sh
-# copies it for the editable install `make` does.)
-PTH = "tfnet-quiet.pth"
-
-
-class BuildWithPth(build_py):
-    def run(self):
-        super().run()
-        self.copy_file(PTH, os.path.join(self.build_lib, PTH), preserve_mode=0)
-
-    def get_outputs(self, include_bytecode=True):
-        return super().get_outputs(include_bytecode) + [os.path.join(self.build_lib, PTH)]
-
+# Only the packages: no top-level module and no .pth file, so installing tfnet changes no other
+# program's start-up. tfnet keeps TensorFlow's start-up banner out of stderr where it imports
+# TensorFlow itself (tfnet/quiet.py).
 INSTALL_REQUIRES = [
     "tensorflow-cpu==2.21.*",
     "pyspark>=4.0,<5",
@@ -72,8 +57,6 @@ setup(
     # `examples` would collide with other distributions that ship one).
     packages=find_packages(include=["tfnet", "tfnet.*", "optim", "optim.*"]) + ["tfnet_examples", "tfnet_examples.resnet50"],
     package_dir={"tfnet_examples": "examples"},
-    py_modules=["_tfnet_quiet"],
-    cmdclass={"build_py": BuildWithPth},
     entry_points={"console_scripts": ["tfnet-resnet50=tfnet_examples.resnet50.train:cli",
                                       "tfnet-main=tfnet_examples.main_job:cli"]},
     install_requires=INSTALL_REQUIRES,

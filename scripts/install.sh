@@ -32,8 +32,8 @@ fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade "pip>=24" wheel "setuptools<81"
 "$VENV/bin/python" -m pip install --quiet -e ".[all]"
-# TensorFlow's start-up banner stays out of stderr whatever imports it first (_tfnet_quiet.py); an
-# editable install does not place .pth files, so put it at the top of site-packages here
-cp tfnet-quiet.pth "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
+# tfnet installs no start-up hook: remove the tfnet-quiet.pth that older versions of this script put
+# in site-packages (it made every interpreter of the environment import tfnet's banner filter)
+rm -f "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/tfnet-quiet.pth"
 bash scripts/build_horovod.sh "$VENV/bin/python"
 echo "[tfnet] environment ready in $VENV"
