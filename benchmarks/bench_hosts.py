@@ -186,8 +186,8 @@ def main(argv=None):
 
 
 def _session(cluster, net, onednn: int):
-    from optim.spark.driver.warm_up import ensure_warm_up
     from optim.spark.session import build_session
+    from optim.spark.warm_up import ensure_warm_up
 
     spark = build_session("tfnet-bench-hosts", cluster.url, {
         "spark.ui.enabled": "false", "spark.driver.host": net.root.address,

@@ -1,5 +1,5 @@
 """The cost of the per-batch NaN/Inf check of ``tf.data`` input (issue 21) on ImageNet-sized
-batches: ``optim.training.checks.all_finite`` (one float32 sum; what every clean batch costs)
+batches: ``optim.data.values.all_finite`` (one float32 sum; what every clean batch costs)
 against the exact ``reduce_all(is_finite(x))`` it stands in for, timed in alternation in this
 process, on a fresh batch each call (four batches in turn, 74 MB: more than the last-level cache,
 as batches arriving from a pipeline are) and on one batch again and again (cache-warm); then
@@ -32,7 +32,7 @@ def main(argv=None) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from optim.training.checks import all_finite, finite_batch
+    from optim.data.values import all_finite, finite_batch
 
     rng = np.random.default_rng(0)
     shape = (args.batch, args.size, args.size, 3)

@@ -21,11 +21,11 @@ from typing import Any
 # public name -> module that defines it
 _EXPORTS = {
     "TFOptimizer": "optim.optimizer",
-    "TFDataset": "optim.training.datasets",
+    "TFDataset": "optim.data",
     "TFPredictor": "optim.predict.predictor",
     "TFNetTransformer": "optim.predict.transformer",
     "TFNetEstimator": "optim.ml.estimator",
-    "warm_up_workers": "optim.spark.driver.warm_up",
+    "warm_up_workers": "optim.spark.warm_up",
     "SGD": "optim.methods",
     "Adam": "optim.methods",
     "AdamW": "optim.methods",
@@ -49,13 +49,14 @@ _EXPORTS = {
     "BadRowError": "optim.errors",
     "ColumnError": "optim.errors",
     "DataError": "optim.errors",
+    "CorruptFileError": "optim.errors",
     "StorageError": "optim.errors",
     "WorkerError": "optim.errors",
     "from_spark_error": "optim.errors",
     "raise_tfnet_errors": "optim.errors",
 }
 _SUBMODULES = ("losses", "metrics", "schedules", "transforms", "methods", "sync", "errors", "logs", "arrow", "keras_compat",
-               "optimizer", "training", "spark", "predict", "transport", "ml")
+               "optimizer", "data", "training", "spark", "predict", "transport", "ml")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 

@@ -1,6 +1,6 @@
 """Arrow columns to numpy arrays, checked row by row, and numpy arrays back to Arrow columns.
 
-The one reader for both sides: training (:mod:`optim.training.shard`) and prediction
+The one reader for both sides: training (:mod:`optim.data.decode`) and prediction
 (:mod:`optim.predict.worker`). Pure: pyarrow and numpy only (TensorFlow is imported when an image
 column is decoded); no PySpark, no Horovod.
 
@@ -79,13 +79,17 @@ class RowProblem:
 
     def error(self, column: str, row: int, partition: int) -> BadRowError:
         """The training error for this problem at ``row`` of ``partition``."""
+        return self.error_at(column, f"row {row} of partition {partition}")
+
+    def error_at(self, column: str, where: str) -> BadRowError:
+        """The training error for this problem at ``where`` (``"row 3 of partition 1"``, ``"row 3 of file
+        'part-0.parquet'"``)."""
         if self.what == "null":
-            return BadRowError(f"Column {column!r} is null at row {row} of partition {partition}; every training "
-                               "row needs a value.")
+            return BadRowError(f"Column {column!r} is null at {where}; every training row needs a value.")
         if self.what == "length":
-            return BadRowError(f"Column {column!r} row {row} of partition {partition} has {self.got} values; "
+            return BadRowError(f"Column {column!r} {where} has {self.got} values; "
                                f"expected {self.want} (per-row shape {self.shape}).")
-        return BadRowError(f"Column {column!r} row {row} of partition {partition}: {self.text}.")
+        return BadRowError(f"Column {column!r} {where}: {self.text}.")
 
 
 class ColumnValues(NamedTuple):

@@ -53,6 +53,13 @@ class DataError(TFNetError, ValueError):
     retryable = False
 
 
+class CorruptFileError(DataError):
+    """A data file that cannot be decoded (a truncated Parquet file, corrupt pages): the message names the
+    file. A retry reads the same bytes, so the stage is not retried."""
+
+    retryable = False
+
+
 class BadRowError(TFNetError, ValueError):
     """A row cannot become a tensor: a null, an array of the wrong length, an undecodable image.
 

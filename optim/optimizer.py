@@ -15,17 +15,13 @@ import numpy as np
 
 from optim import losses as L
 from optim import metrics as M
+from optim.data import as_dataset, in_input_order, resolve_batch_size
 from optim.logs import console_error
+from optim.protocol import RunResult, TrainSpec
 from optim.sync import check_sync
 from optim.training.checkpoint import new_run_id, resolve_resume
-from optim.training.checks import (
-    check_label_types,
-    check_labels,
-    finite_rows_only,
-    warn_if_logits_to_probability_loss,
-)
+from optim.training.checks import warn_if_logits_to_probability_loss
 from optim.training.config import TrainConfig
-from optim.training.datasets import ArrayDataset, TFDataDataset, as_dataset, in_input_order, resolve_batch_size
 from optim.training.evaluation import evaluate, metrics_copy
 from optim.training.loop import train
 from optim.training.reporting import MultiReporter, ProgressBar, StepRecorder, TensorBoardWriter, tensorboard_dir
@@ -85,10 +81,11 @@ class TFOptimizer:
         self.metrics = [M.get(m) for m in (metrics or [])] + [_weighted(M.get(m)) for m in (weighted_metrics or [])]
         self.model_dir = os.fspath(model_dir) if model_dir is not None else None
         self.storage_options = dict(storage_options) if storage_options else None
-        self._lr_source = None
+        #: What gives the logged learning rate (a method with ``learning_rate_at``), or None.
+        self.lr_source = None
         self.method = self._method(optim_method)
-        if self._lr_source is None and hasattr(self.method, "learning_rate_at"):
-            self._lr_source = self.method
+        if self.lr_source is None and hasattr(self.method, "learning_rate_at"):
+            self.lr_source = self.method
         # Like a Keras optimiser, the state (moments, step count for schedules) carries over
         # from one optimize() call to the next, local or distributed: this object owns it, the
         # loop takes it in and hands the new one back.
@@ -115,7 +112,7 @@ class TFOptimizer:
                 )
             self.net.trainable = chosen
             # the logged learning rate: the first group's method that has one
-            self._lr_source = next((m for m in optim_method.values() if hasattr(m, "learning_rate_at")), None)
+            self.lr_source = next((m for m in optim_method.values() if hasattr(m, "learning_rate_at")), None)
             return partition(optim_method)
         if isinstance(optim_method, (int, float)) and not isinstance(optim_method, bool):
             from optim.methods import SGD
@@ -220,7 +217,7 @@ class TFOptimizer:
                               validate_every=validate_every, checkpoint_every=checkpoint_every,
                               keep_checkpoints=keep_checkpoints, resume=resume, on_nonfinite=on_nonfinite,
                               max_steps=max_steps, precision=precision, sync=sync)
-        if getattr(dataset, "distributed", False) or num_workers is not None:
+        if dataset.distributed or num_workers is not None:
             return self._train_distributed(dataset, config, val, num_workers, verbose, distributed_options)
         if distributed_options:
             raise TypeError(f"Unknown arguments {sorted(distributed_options)} for local training.")
@@ -262,58 +259,58 @@ class TFOptimizer:
                                           **options)
         except TFNetError as err:  # a rank's typed error: short on the console (its traces are attributes)
             raise console_error(err)  # noqa: B904 (its cause is kept as err.spark_error)
-        self.net.set_weights(result.weights)
-        self.state, self.global_step = result.state, result.step
-        self.exchange_state = list(result.exchange_state)
-        self.last_run = {**result.run, "resumed_from": result.run.get("resumed_from")}
-        return result.history
+        return self._finish(result)
 
     def _train_locally(self, dataset, config: TrainConfig, val, verbose: int) -> dict[str, list]:
         """In this process, with the same loop every rank runs."""
         recorder = StepRecorder()
         reporter = MultiReporter([self._reporter(verbose, config.run_id), recorder])
-        outcome = train(self.net, self.loss, self.method, self.metrics, dataset, config, reporter=reporter,
-                        validation_data=val, initial_state=self.state, start_step=self.global_step,
-                        lr_source=self._lr_source, initial_exchange_state=self.exchange_state)
-        self.state, self.global_step = outcome.state, outcome.step
-        self.exchange_state = list(outcome.exchange_state)
-        self.last_run = {
-            "num_workers": 1, "attempts": 1, "failures": [], "run_id": config.run_id,
-            "start_step": outcome.start_step, "resumed_from": outcome.resumed_from,
-            "startup_s": (recorder.first_step_at - recorder.started) if recorder.first_step_at else None,
-            "step_times": recorder.step_times, "allreduce_seconds": recorder.allreduce_seconds,
-        }
-        return outcome.history
+        spec = self.train_spec(config)
+        result = train(self.net, spec.loss, spec.method, spec.metrics, dataset, config, reporter=reporter,
+                       validation_data=val, initial_state=spec.state, start_step=spec.start_step,
+                       lr_source=spec.lr_source, initial_exchange_state=spec.exchange_state)
+        result.run = {"num_workers": 1, "attempts": 1, "failures": [], "run_id": config.run_id,
+                      "startup_s": (recorder.first_step_at - recorder.started) if recorder.first_step_at else None,
+                      "step_times": recorder.step_times, "allreduce_seconds": recorder.allreduce_seconds}
+        return self._finish(result)
+
+    def _finish(self, result: RunResult) -> dict[str, list]:
+        """Keeps what a run, local or distributed, ended with: rank 0's weights (a distributed run), the
+        optimiser and server states and the step for the next ``optimize()``, and ``last_run``."""
+        if result.weights is not None:
+            self.net.set_weights(result.weights)
+        self.state, self.global_step = result.state, result.step
+        self.exchange_state = list(result.exchange_state)
+        self.last_run = result.last_run()
+        return result.history
+
+    def train_spec(self, config: TrainConfig, net=None, hooks: bytes | None = None) -> TrainSpec:
+        """What to train and how (:class:`~optim.protocol.TrainSpec`), for this process or for the ranks:
+        ``net`` as the ranks get it (default: this optimiser's net) and its ``hooks``."""
+        return TrainSpec(net=self.net if net is None else net, hooks=hooks, loss=self.loss, method=self.method,
+                         metrics=self.metrics, config=config, state=self.state, start_step=self.global_step,
+                         exchange_state=self.exchange_state or None, lr_source=self.lr_source,
+                         outputs=(self.net.output_names, self.net.output_specs))
 
     def _dataset(self, data, batch_size, need_labels: bool = True):
-        """``as_dataset``, with features given as a dict by input name put in the net's input order."""
+        """``as_dataset``, with features given as a dict by input name put in the net's input order, and the
+        data's columns checked against the net's inputs before any job (:meth:`~optim.data.DataAdapter.bind`)."""
         names = list(self.net.input_names)
         if isinstance(data, Mapping):
             data = in_input_order(data, names)
         elif isinstance(data, tuple) and len(data) in (2, 3) and isinstance(data[0], Mapping):
             data = (in_input_order(data[0], names), *data[1:])
         dataset = as_dataset(data, batch_size, need_labels=need_labels)
-        if hasattr(dataset, "arrange_inputs"):
-            dataset.arrange_inputs(names)
-            dataset.check_inputs(names, self.net.input_specs)
+        dataset.bind(names, self.net.input_specs)
         return dataset
 
     def _checked(self, dataset, on_nonfinite: str, where: str, training: bool = True):
-        """Numpy data is checked here, on the driver, before any step: class-id labels against the
-        loss (a DataFrame's label columns by their Spark type, before any job), and NaN or Inf
-        features (an error, or the rows left out with on_nonfinite='skip').
-        A DataFrame or RDD partition is checked the same way on its rank; ``tf.data`` input batch
-        by batch as it is read, locally or on each rank (a copy of the dataset that checks)."""
-        if isinstance(dataset, TFDataDataset):
-            return dataset.checked(on_nonfinite, where, per_epoch=training)
-        label_kinds = getattr(dataset, "label_kinds", None)  # a DataFrame: its label types, before any job
-        if callable(label_kinds) and getattr(dataset, "has_labels", False):
-            check_label_types(label_kinds(), self.loss, self.net, where)
-        if not isinstance(dataset, ArrayDataset):
-            return dataset
-        if dataset.labels is not None:
-            check_labels(dataset.labels[0] if dataset.single_label else dataset.labels, self.loss, self.net, where)
-        return finite_rows_only(dataset, on_nonfinite, where)
+        """The data's own checks on the driver (:meth:`~optim.data.DataAdapter.checked`): numpy labels and
+        NaN or Inf features here, a DataFrame's or Parquet files' label types by their schema before any
+        job, ``tf.data`` input batch by batch as it is read; a partition's rows on its rank."""
+        if dataset is None:
+            return None
+        return dataset.checked(self.loss, self.net, on_nonfinite, where, training)
 
     def _resume_source(self, config: TrainConfig):
         """What to resume from, chosen once on the driver (a run id or a checkpoint path, or
@@ -340,7 +337,7 @@ class TFOptimizer:
         size: the ``TFDataset``'s, else 32."""
         dataset = self._dataset(data, batch_size)
         batch_size = resolve_batch_size(dataset, batch_size)
-        if getattr(dataset, "distributed", False) or num_workers is not None:
+        if dataset.distributed or num_workers is not None:
             from optim.spark.driver.evaluate import evaluate_distributed
 
             try:
@@ -357,7 +354,7 @@ class TFOptimizer:
         the records (both through :class:`~optim.TFPredictor`)."""
         dataset = self._dataset(data, batch_size, need_labels=False)
         batch_size = resolve_batch_size(dataset, batch_size)
-        if getattr(dataset, "distributed", False):
+        if dataset.distributed:
             from optim.spark.driver.evaluate import predict_distributed
 
             return predict_distributed(self.net, dataset, batch_size)

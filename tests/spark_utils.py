@@ -33,7 +33,7 @@ def spark_jobs(spark) -> list[tuple[int, str]]:
     oldest first, once Spark's listener bus has delivered the events so far. Read through the JVM's
     status store: PySpark's status tracker lists jobs by group only, and tfnet gives each of its
     jobs a group of its own, ``tfnet-<kind>-<hex>`` (``tfnet-warm-up-*``, ``tfnet-train-*``,
-    ``tfnet-probe-*``, ``tfnet-count-*``, ``tfnet-evaluate-*``: :func:`optim.spark.driver.jobs.run_job`)."""
+    ``tfnet-probe-*``, ``tfnet-count-*``, ``tfnet-evaluate-*``: :func:`optim.spark.jobs.run_job`)."""
     jsc = spark.sparkContext._jsc.sc()
     jsc.listenerBus().waitUntilEmpty()
     jobs = jsc.statusStore().jobsList(None)

@@ -128,10 +128,10 @@ class TFNetEstimator(Estimator, HasLabelCol, HasPredictionCol, HasRawPredictionC
 
     def _fit(self, dataset):
         import optim
+        from optim.data import TFDataset
         from optim.ml.evaluators import check_evaluator, tuning_evaluator
         from optim.optimizer import TFOptimizer
         from optim.predict.transformer import TFNetTransformer
-        from optim.training.datasets import TFDataset
         from tfnet.serialize import net_from_bytes
 
         if self._net_bytes is None:

@@ -214,7 +214,7 @@ class TFPredictor:
         return WorkerJob(model_id, broadcast, plan, self.batch_per_thread, self.on_error, stats)
 
     def _predict_dataframe(self, df, feature_cols, output_cols):
-        from optim.spark.vectors import vectors_as_arrays
+        from optim.data.vectors import vectors_as_arrays
 
         # Spark ML Vector columns are read through hidden array columns, dropped from the result
         df, vectors = vectors_as_arrays(df, input_columns(self._snapshot.inputs, feature_cols))

@@ -97,7 +97,7 @@ def build_session(app_name: str = "tfnet", master: str | None = None, conf: dict
 def _warmed(session, warm_up: bool):
     """The session, with its workers' imports started (:func:`optim.warm_up_workers`) when asked."""
     if warm_up:
-        from optim.spark.driver.warm_up import ensure_warm_up
+        from optim.spark.warm_up import ensure_warm_up
 
         ensure_warm_up(session)
     return session

@@ -11,8 +11,8 @@ import tensorflow as tf
 
 from optim import losses as L
 from optim import metrics as M
+from optim.data.base import DataAdapter as TFDataset
 from optim.training.collective import Collective, LocalCollective
-from optim.training.datasets import TFDataset
 from optim.training.liveness import Liveness
 
 __all__ = ["Accumulators", "accumulate", "batch_len", "evaluate", "logs_from_states", "metrics_copy", "update_metrics"]

@@ -13,18 +13,18 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 import numpy as np
 
 from optim import losses as L
 from optim import metrics as M
+from optim.data.base import DataAdapter as TFDataset
 from optim.errors import NonFiniteLossError
+from optim.protocol import RunResult
 from optim.training.checkpoint import Checkpoint, CheckpointManager, new_run_id
 from optim.training.checks import check_batch_labels
 from optim.training.collective import Collective, LocalCollective
 from optim.training.config import TrainConfig
-from optim.training.datasets import TFDataset
 from optim.training.evaluation import (
     Accumulators,
     accumulate,
@@ -49,33 +49,14 @@ from optim.training.start import Start, load_initial_state, previous_server_stat
 from tfnet import storage
 
 # TrainConfig, accumulate, evaluate, logs_from_states and metrics_copy are re-exported: this was their home.
-__all__ = ["TrainConfig", "TrainOutcome", "accumulate", "evaluate", "logs_from_states", "metrics_copy", "train",
+__all__ = ["TrainConfig", "accumulate", "evaluate", "logs_from_states", "metrics_copy", "train",
            "NonFiniteLossError"]
 
 log = logging.getLogger("tfnet.training")
 
 
-class TrainOutcome(NamedTuple):
-    """What ``train`` returns: the history, the global step and the optimiser state (its leaves,
-    as numpy arrays) to continue from."""
-
-    history: dict
-    step: int
-    state: list
-    start_step: int = 0
-    resumed_from: str | None = None
-    exchange_state: tuple = ()  # the server method's state (local SGD), to continue from in the next call
-    stopped: bool = False  # stopped at an epoch boundary because ``stop_check`` asked (elastic training)
-
-
-
 def _checkpoint_dir(model_dir: str) -> str:
     return storage.join(model_dir, "checkpoints")
-
-
-def _training(data: TFDataset) -> dict:
-    """``training=True`` for datasets that augment their training batches (ArrayDataset)."""
-    return {"training": True} if getattr(data, "augment", None) is not None else {}
 
 
 def train(
@@ -96,7 +77,7 @@ def train(
     liveness: Liveness | None = None,
     initial_exchange_state: Sequence[np.ndarray] | None = None,
     stop_check: Callable[[], bool] | None = None,
-) -> TrainOutcome:
+) -> RunResult:
     """Trains ``net`` in place.
 
     Args:
@@ -111,10 +92,10 @@ def train(
         liveness: Told of every step and validation batch, and of the long phases (the distributed
             watchdog). Default: none.
         initial_exchange_state: The server method's state (local SGD) that a previous call
-            returned (``TrainOutcome.exchange_state``); used when it fits this call's server
+            returned (``RunResult.exchange_state``); used when it fits this call's server
             method. A checkpoint resumed from has its own. Default: fresh.
         stop_check: Asked by rank 0 at every epoch boundary but the last, after that epoch's
-            checkpoint; when it says True, every rank stops there (``TrainOutcome.stopped``; the
+            checkpoint; when it says True, every rank stops there (``RunResult.stopped``; the
             launcher then goes on with another number of ranks). Default: never.
 
     Returns:
@@ -219,8 +200,6 @@ class _Run:
 
     def batches_per_epoch(self, data: TFDataset) -> int | None:
         """This rank's batches per epoch, when the data knows it."""
-        if not hasattr(data, "num_batches"):
-            return None
         return data.num_batches(self.config.batch_size, rank=self.collective.rank, size=self.collective.size,
                                 drop_remainder=self.config.drop_remainder)
 
@@ -236,7 +215,7 @@ class _Run:
         clock = EpochClock.start()
         batches = data.batches(config.batch_size, epoch=epoch, seed=config.seed, shuffle=config.shuffle,
                                skip=skip, rank=collective.rank, size=collective.size,
-                               drop_remainder=config.drop_remainder, steps=fixed_steps, **_training(data))
+                               drop_remainder=config.drop_remainder, steps=fixed_steps, training=True)
         b = skip
         for features, labels in batches:
             if (steps is not None and b >= steps) or self.done():
@@ -381,10 +360,10 @@ class _Run:
         extra.update(base)
         self.manager.save(Checkpoint(self.global_step, epoch, batch, weights, state_arrays(self.step_fn) + server, extra))
 
-    def outcome(self) -> TrainOutcome:
+    def outcome(self) -> RunResult:
         if self.skipped:
             self.history["skipped_steps"] = [self.skipped]
-        return TrainOutcome(self.history, self.global_step, state_arrays(self.step_fn), self.start_step,
+        return RunResult(self.history, self.global_step, state_arrays(self.step_fn), self.start_step,
                             self.resumed_from, tuple(self.exchange.state()), self.stopped)
 
 

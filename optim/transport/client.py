@@ -3,8 +3,8 @@ rendezvous key: :mod:`optim.transport.store`; on the driver, or on rank 0 under 
 ranks make them. Every call has a timeout and is signed (:func:`optim.transport.auth.sign_request`).
 
 The ranks use it before Horovod starts (claiming a rank once per launch; exchanging small values
-faster than Spark's barrier ``allGather``, which polls once a second), to report a failure, to send
-heartbeats, and, through :class:`GlooProxy`, for Gloo's own rendezvous.
+faster than Spark's barrier ``allGather``, which polls once a second), to send heartbeats, to leave a
+failure for the other ranks (:func:`post_failure`), and, through :class:`GlooProxy`, for Gloo's own rendezvous.
 """
 
 from __future__ import annotations
@@ -19,15 +19,16 @@ from urllib.request import Request, urlopen
 from optim.errors import RendezvousError
 from optim.transport.auth import AUTH_HEADER, sign_request
 
-__all__ = ["GLOO_PATH", "GlooProxy", "all_gather", "get", "put", "report_failure"]
+__all__ = ["FAILURE_SCOPE", "GLOO_PATH", "GlooProxy", "all_gather", "get", "peer_failures", "post_failure", "put"]
 
-FAILURE_SCOPE = "tfnet_failures"
 #: The requests Gloo's rendezvous makes through Horovod's HTTP store: ``/<scope>/<key>`` with the
 #: scopes ``global``, ``local_<hostname>`` (tfnet names each rank's host ``rank<N>``) and
 #: ``cross_<local rank>``, each also with ``_process_set_hash_<hash>`` for a process set. Nothing
 #: else is forwarded.
 GLOO_PATH = re.compile(r"^/(global|local_rank\d+|cross_\d+)(_process_set_hash_[0-9a-f]+)?/[A-Za-z0-9_.:-]{1,200}$")
 GLOO_METHODS = ("GET", "PUT", "DELETE")
+#: Where a failing rank leaves its failure for the other ranks (:func:`post_failure`, :func:`peer_failures`).
+FAILURE_SCOPE = "tfnet_failures"
 
 
 def _request(addr, scope: str, key: str, auth: bytes | None, data: bytes | None = None, method: str = "GET") -> Request:
@@ -89,13 +90,34 @@ def all_gather(addr, scope: str, rank: int, size: int, value: str, timeout_s: fl
         delay = min(0.2, delay * 1.5)
 
 
-def report_failure(addr, rank: int, data: bytes, token: bytes | None, timeout_s: float = 5.0) -> bool:
-    """Posts this rank's failure report (best effort: the task fails either way). True if it arrived."""
+def post_failure(addr, rank: int, data: bytes, token: bytes | None, timeout_s: float = 3.0) -> bool:
+    """Leaves this rank's failure (:class:`~optim.transport.failures.WorkerFailure` JSON) for the other ranks of
+    the stage, best effort: a rank whose collective then breaks carries it in its own error, so the driver learns
+    the cause from whichever rank's error Spark reports. True if it arrived."""
     try:
         put(addr, FAILURE_SCOPE, f"rank{rank}", data, timeout_s=timeout_s, token=token)
         return True
     except RendezvousError:
         return False
+
+
+def peer_failures(addr, rank: int, size: int, token: bytes | None, wait_s: float) -> list[bytes]:
+    """The failures other ranks left (:func:`post_failure`), waiting up to ``wait_s`` seconds for the first; best
+    effort (an unreachable store gives none)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        try:
+            for r in range(size):
+                if r != rank:
+                    got = get(addr, FAILURE_SCOPE, f"rank{r}", timeout_s=2.0, token=token)
+                    if got is not None:
+                        found.append(got)
+        except RendezvousError:
+            return found
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
 
 
 class GlooProxy:
@@ -107,7 +129,7 @@ class GlooProxy:
 
     What another local process on the executor's host can still do through it, while the rank
     connects: read and write Gloo's rendezvous keys of this job (the ranks' addresses), which can
-    disturb the connection but reaches no tfnet data, no failure report and no key.
+    disturb the connection but reaches no tfnet data and no key.
 
     Attributes:
         refused: How many requests it refused.

@@ -1,14 +1,11 @@
 """Errors as data across the Spark boundary. Pure: runs on both sides.
 
 A rank that fails turns its exception into a :class:`WorkerFailure` (class name, message, whether
-a retry can help, the worker's formatted traceback) and posts it to the rendezvous store
-(:mod:`optim.transport.store`) before the exception fails its Spark task. The driver reads the
-failures back and rebuilds the error (:func:`to_exception`) instead of parsing Py4J text.
-
-Under Spark Connect, whose client the ranks may not reach, a failure also travels inside its task's
-error text, between :data:`FAILURE_OPEN` and :data:`FAILURE_CLOSE` (base64 of the failure's JSON:
-:func:`failure_text`), and the client reads it back with :func:`failures_in`; nothing is parsed but
-that span.
+a retry can help, the worker's formatted traceback), and that travels one way, in both modes: inside its
+task's error text, between :data:`FAILURE_OPEN` and :data:`FAILURE_CLOSE` (base64 of the failure's JSON:
+:func:`failure_text`), which Spark carries to the driver or Spark Connect client whatever the ranks can
+reach. The driver reads it back with :func:`failures_in` (nothing is parsed but that span) and rebuilds
+the error (:func:`to_exception`) instead of parsing Py4J text.
 """
 
 from __future__ import annotations

@@ -21,11 +21,9 @@ import threading
 import time
 
 from optim.transport.auth import AUTH_HEADER, verify_request
-from optim.transport.failures import WorkerFailure
 
-__all__ = ["SecureRendezvous", "FAILURE_SCOPE", "HEARTBEAT_SCOPE", "stuck_rank"]
+__all__ = ["SecureRendezvous", "HEARTBEAT_SCOPE", "stuck_rank"]
 
-FAILURE_SCOPE = "tfnet_failures"
 HEARTBEAT_SCOPE = "tfnet_heartbeat"
 STOP_TIMEOUT_S = 10.0
 log = logging.getLogger("tfnet.spark.rendezvous")
@@ -120,16 +118,6 @@ class SecureRendezvous:
     def _scope(self, scope: str) -> dict[str, bytes]:
         with self._httpd.cache_lock:
             return dict(self._httpd.cache.get(scope, {}))
-
-    def failures(self) -> list[WorkerFailure]:
-        """The failure reports the ranks posted, in the order they came."""
-        out = []
-        for v in self._scope(FAILURE_SCOPE).values():
-            try:
-                out.append(WorkerFailure.from_json(v))
-            except (ValueError, TypeError, KeyError) as exc:
-                log.warning("Ignored an unreadable failure report from a rank (%s).", exc)
-        return sorted(out, key=lambda f: f.time)
 
     def heartbeats(self) -> dict[int, dict]:
         """Each rank's newest heartbeat (:class:`optim.spark.worker.watchdog.Watchdog` sends one

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 
 from optim.arrow import ColumnRead, read_column
+from optim.data.decode import TensorColumns, arrow_to_arrays
 from optim.errors import BadRowError, ColumnError
-from optim.training.shard import TensorColumns, arrow_to_arrays
 
 ROWS = [[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [6.0, 5.0, 4.0, 3.0, 2.0, 1.0], [0.5] * 6]
 

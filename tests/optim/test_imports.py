@@ -26,7 +26,8 @@ def test_tfnet_imports_neither_optim_nor_spark_nor_horovod():
 
 PURE = ["optim", "optim.methods", "optim.transforms", "optim.schedules", "optim.losses", "optim.metrics",
         "optim.errors", "optim.logs", "optim.keras_compat", "optim.optimizer", "optim.training.loop",
-        "optim.training.horovod", "optim.arrow", "optim.training.shard", "optim.training.datasets"]
+        "optim.training.horovod", "optim.arrow", "optim.data", "optim.data.stream", "optim.data.parquet",
+        "optim.protocol"]
 
 
 def test_pure_modules_import_neither_pyspark_nor_horovod():
@@ -49,12 +50,19 @@ def test_transport_runs_on_both_sides_without_pyspark():
     assert not [m for m in loaded if m.startswith("optim.spark")], loaded
 
 
+def test_the_driver_loads_nothing_of_the_worker_package():
+    """The driver and the ranks meet in ``optim.protocol``: the launcher, the distributed evaluation and the
+    optimiser load no module of ``optim.spark.worker`` (the ranks' entry points are named, not imported)."""
+    loaded = loaded_by("optim.spark.driver.launcher, optim.spark.driver.evaluate, optim.optimizer, optim.ml.estimator")
+    assert not [m for m in loaded if m.startswith("optim.spark.worker")], loaded
+
+
 def test_public_names_still_import_from_optim():
     import optim
 
     assert optim.TFOptimizer.__module__ == "optim.optimizer"
     assert optim.TFNetTransformer.__module__ == "optim.predict.transformer"
-    assert optim.warm_up_workers.__module__ == "optim.spark.driver.warm_up"
+    assert optim.warm_up_workers.__module__ == "optim.spark.warm_up"
     assert set(optim.__all__) <= set(dir(optim))
     with pytest.raises(AttributeError, match=r"module 'optim' has no attribute 'nope'. Public names: "):
         optim.nope  # noqa: B018
@@ -63,8 +71,8 @@ def test_public_names_still_import_from_optim():
 def test_one_class_per_error_concept():
     """Every optim error lives in optim.errors; the old homes re-use the same classes."""
     import optim.errors as E
-    from optim.spark.datasets import ColumnError as SparkColumnError
-    from optim.training.shard import BadRowError as ShardBadRowError
+    from optim.data.columns import ColumnError as SparkColumnError
+    from optim.data.decode import BadRowError as ShardBadRowError
 
     assert SparkColumnError is E.ColumnError and ShardBadRowError is E.BadRowError
     import tfnet

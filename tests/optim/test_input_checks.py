@@ -22,8 +22,8 @@ def test_labels_are_checked_against_the_loss():
     x, y = x[:64], y[:64]
     opt = opt_()
     before = opt.net.get_weights()
-    with pytest.raises(optim.DataError, match=r"are strings \(e.g. '0'\); SparseCategoricalCrossentropy needs integer "
-                                              r"class ids .* np.unique\(labels, return_inverse=True\)"):
+    with pytest.raises(optim.DataError, match=r"label column 'labels' holds string values, and SparseCategoricalCrossentropy "
+                                              r".* np.unique\(labels, return_inverse=True\)"):
         opt.optimize((x, y.astype(str)), batch_size=32, verbose=0)
     bad = y.copy()
     bad[37] = 12
@@ -157,14 +157,14 @@ def test_a_tf_data_batch_with_no_finite_row_is_replaced_by_the_next():
     x = x[:48].copy()
     x[16:32] = np.inf  # batch 2: every row
     data = optim.TFDataset.from_tf_data(tf.data.Dataset.from_tensor_slices((x, y[:48])).batch(16))
-    checked = data.checked("skip", "the training data")
+    checked = data.checked(None, None, "skip", "the training data")
     got = [labels.numpy() for _, labels in checked.batches(16, steps=4)]
     assert [list(g) for g in got] == [list(y[b:b + 16]) for b in (0, 32, 0, 32)]
     assert len(list(checked.batches(16))) == 2, "without a step count, one pass less the empty batch"
     assert data.on_nonfinite is None, "the user's dataset is left as it was"
     with pytest.raises(optim.NonFiniteInputError, match=r"1000 batches in a row have NaN or Inf in every row"):
         bad = optim.TFDataset.from_tf_data(tf.data.Dataset.from_tensor_slices((x[16:32], y[:16])).batch(8))
-        list(bad.checked("skip", "the training data").batches(8, steps=2))
+        list(bad.checked(None, None, "skip", "the training data").batches(8, steps=2))
 
 
 @pytest.mark.spark

@@ -100,12 +100,16 @@ def test_predictor_serves_the_adapted_and_the_merged_net_alike():
 def test_rank_zeros_result_carries_the_adapters_not_the_base():
     """Rank 0's result (packed by the rank, read by the driver) holds what training can change: the
     adapters of an adapted net, every weight of a plain one."""
-    from optim.spark.worker.rank import _payload, read_payload  # the rank's own packing, without a cluster
-    from optim.training.loop import TrainOutcome
+    from optim.protocol import RunResult, pack_result, unpack_result
+    from tfnet.lora import carried_weight_names  # what rank 0 packs (optim.spark.worker.rank)
 
     net, plain = adapted(), base_net()
-    weights, _, header = read_payload(_payload(net, TrainOutcome({}, 3, []), {}))
-    assert list(weights) == header["weights"] == net.adapter_names
+
+    def packed(n):
+        return unpack_result(pack_result(n.get_weights(carried_weight_names(n)), RunResult({}, 3, []), {})).weights
+
+    weights = packed(net)
+    assert list(weights) == net.adapter_names
     for name, value in weights.items():
         assert np.array_equal(value, net.get_weights()[name]), name
-    assert list(read_payload(_payload(plain, TrainOutcome({}, 3, []), {}))[0]) == plain.weight_names
+    assert list(packed(plain)) == plain.weight_names

@@ -1,20 +1,23 @@
 """Distributed training on Spark: one barrier stage, one Horovod rank per task. Driver side (or a Spark
 Connect client).
 
-The one distributed path, for a classic session and a Spark Connect client alike: ``optimize_distributed``
-settles the ranks and the batch split, checks the workers, prepares the stage once (the data, one
-partition per rank; the net and hooks; the validation data), runs the attempts loop (each attempt under
-the run's id, so a retry resumes from the run's own newest checkpoint; the retry decision is
-:meth:`~optim.spark.driver.retry.RetryPolicy.decide`'s), cancels the stage on Ctrl-C or a stuck rank
-(:mod:`~optim.spark.driver.jobs`), takes away what it made on every way out, and returns a
-:class:`~optim.spark.driver.stage.DistributedResult` with the run's summary. What differs between the
-two kinds of session is behind :class:`~optim.spark.driver.backends.base.Backend`. The ranks run
-:func:`optim.spark.worker.task.run_arrow_task` (or, for an RDD, :func:`optim.spark.worker.rank.run_rank`).
+The one distributed path, for a classic session and a Spark Connect client alike, and for every kind of
+data: ``optimize_distributed`` settles the ranks and the batch split, checks the workers, stages the data
+for the ranks (the data adapter's :meth:`~optim.data.base.DataAdapter.stage`; the net and hooks shipped
+once), and moves the run through its states (:mod:`optim.spark.driver.states`): starting, running an
+attempt, and then finished, failed, retrying, shrinking or growing, each transition decided by a pure
+policy (:class:`~optim.spark.driver.retry.RetryPolicy`, :class:`~optim.spark.driver.elastic.ElasticPolicy`)
+and carried out here. Every attempt runs under the run's id, so a retry resumes from the run's own newest
+checkpoint. The stage is cancelled on Ctrl-C or a stuck rank (:mod:`~optim.spark.jobs`), what the call made
+is taken away on every way out, and the run ends in an :class:`optim.protocol.RunResult` with its summary.
+What differs between the two kinds of session is behind :class:`~optim.spark.driver.backends.base.Backend`.
+The ranks run :data:`optim.protocol.TRAIN_ENTRY`, named, never imported here.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import secrets
@@ -22,44 +25,47 @@ import time
 import warnings
 
 from optim.errors import DistributedTrainingError, NonFiniteLossError, SparkSetupError  # noqa: F401 (re-exported)
-from optim.spark.connect import is_connect, plan_limit, session_of
+from optim.protocol import RESULT_SCHEMA, TRAIN_ENTRY, RunResult, entry, unpack_result
+from optim.spark.connect import is_connect
 from optim.spark.driver.backends.base import Backend
 from optim.spark.driver.backends.classic import ClassicBackend, check_driver_memory  # noqa: F401 (re-exported)
 from optim.spark.driver.backends.connect import ConnectBackend
 from optim.spark.driver.elastic import ElasticPolicy, membership
-from optim.spark.driver.jobs import run_job
+from optim.spark.driver.results import print_history, read_result, run_summary
 from optim.spark.driver.retry import RetryPolicy, one_line
-from optim.spark.driver.slots import task_slots
 from optim.spark.driver.stage import (
-    VALIDATION_ARRAYS_LIMIT,
     Cleanup,
-    DistributedResult,
     Stage,
     carried_bytes,
     check_workers,
     per_rank_batch,
     rank_job,
-    result_from_payload,
-    shippable_validation,
     shipped_hooks,
-    validation_for_ranks,
     worker_config,
 )
-from optim.spark.driver.warm_up import warm_up_workers
+from optim.spark.driver.states import (
+    Failed,
+    Finished,
+    Growing,
+    Retrying,
+    Running,
+    RunState,
+    Shrinking,
+    Starting,
+)
+from optim.spark.jobs import run_job
 from optim.spark.session import get_spark, small_arrow_batches
-from optim.spark.worker.rank import run_rank
-from optim.spark.worker.task import RESULT_SCHEMA, run_arrow_task
+from optim.spark.slots import task_slots
+from optim.spark.warm_up import warm_up_workers
 from optim.training.checkpoint import new_run_id
 from optim.training.config import TrainConfig
-from optim.training.datasets import ArrayDataset, TFDataDataset, TFDataset
 from optim.training.reporting import MultiReporter, ProgressBar
-from optim.transport.chunks import join_chunks
+from optim.transport.failures import failures_in
 from optim.transport.store import STUCK_GRACE_S, stuck_rank  # noqa: F401 (re-exported)
 from tfnet import storage
 from tfnet.serialize import net_to_bytes
 
 __all__ = [
-    "DistributedResult",
     "DistributedTrainingError",
     "backend_for",
     "one_line",
@@ -96,11 +102,11 @@ def backend_for(spark) -> Backend:
     return ConnectBackend(spark) if is_connect(spark) else ClassicBackend(spark)
 
 
-def optimize_distributed(opt, dataset: TFDataset, config: TrainConfig, validation: TFDataset | None, *,
+def optimize_distributed(opt, dataset, config: TrainConfig, validation, *,
                          num_workers: int | None = None, min_workers: int | None = None, verbose: int = 1,
                          max_retries: int = 2, timeout: float = 300.0, startup_timeout: float = 600.0,
                          slot_wait: float = 30.0, elastic_wait: float = 60.0,
-                         steps_per_epoch: int | None = None) -> DistributedResult:
+                         steps_per_epoch: int | None = None) -> RunResult:
     """Trains ``opt.net`` on ``num_workers`` Horovod ranks in one Spark barrier stage, in the session
     the data belongs to (or the active one), classic or Spark Connect.
 
@@ -127,15 +133,15 @@ def optimize_distributed(opt, dataset: TFDataset, config: TrainConfig, validatio
         steps_per_epoch: Steps per epoch for tf.data input of unknown length. Default: agreed from
             the data.
     """
-    backend = backend_for(session_of(dataset) or get_spark())
+    backend = backend_for(dataset.session() or get_spark())
     run = _DistributedRun(opt, backend, RetryPolicy(max_retries), verbose=verbose, timeout=timeout,
                           startup_timeout=startup_timeout, slot_wait=slot_wait, steps_per_epoch=steps_per_epoch)
-    with backend.quiet(verbose), small_arrow_batches(backend.spark, getattr(dataset, "arrow_batch_rows", None)):
+    with backend.quiet(verbose), small_arrow_batches(backend.spark, dataset.arrow_batch_rows):
         return run(dataset, config, validation, num_workers, min_workers, elastic_wait)
 
 
 class _DistributedRun:
-    """One distributed ``optimize()`` call: its settings, and the steps of the call."""
+    """One distributed ``optimize()`` call: its settings, its states, and what it does in each."""
 
     def __init__(self, opt, backend: Backend, policy: RetryPolicy, *, verbose: int, timeout: float,
                  startup_timeout: float, slot_wait: float, steps_per_epoch: int | None):
@@ -145,13 +151,14 @@ class _DistributedRun:
         self.failures: list[str] = []
         self.attempts: list[dict] = []
         self.members: list[tuple[int, int]] = []  # (start step, ranks) per attempt that reached its first step
+        self.states: list[str] = []  # the states the run went through, in order
         self.control: str | None = None  # elastic: the file that asks the ranks to stop at an epoch boundary
         self.ranks = 0  # the ranks of the last attempt that finished
         self.roads: dict = {}  # how the net went out and rank 0's result came back (last_run's net_via, result_via)
         self.grow_check_s = GROW_CHECK_S
 
-    def __call__(self, dataset: TFDataset, config: TrainConfig, validation: TFDataset | None,
-                 num_workers: int | None, min_workers: int | None, elastic_wait: float) -> DistributedResult:
+    def __call__(self, dataset, config: TrainConfig, validation, num_workers: int | None, min_workers: int | None,
+                 elastic_wait: float) -> RunResult:
         t_call = time.monotonic()
         config = copy.copy(config)
         config.run_id = config.run_id or new_run_id()
@@ -162,28 +169,108 @@ class _DistributedRun:
                              "TFOptimizer a model_dir.")
         n = self.first_ranks(dataset, config, n)
         self.data = (dataset, validation, config)
-        per_rank = per_rank_batch(dataset, config, n)
+        per_rank_batch(dataset, config, n)  # checked before anything starts
         check_workers(self.backend.spark, n, self.startup_timeout, config)
-        secret = secrets.token_bytes(32)  # this call's secret: it stays here; the ranks get derived keys
-        cleanup = Cleanup()
+        self.secret = secrets.token_bytes(32)  # this call's secret: it stays here; the ranks get derived keys
+        self.cleanup = Cleanup()
         try:
-            stage = self.prepare(dataset, validation, config, n, per_rank, cleanup)
             reporter = MultiReporter([ProgressBar(self.verbose) if self.verbose else None])
-            sink = self.backend.progress(reporter, config, secret, cleanup)
+            self.sink = self.backend.progress(reporter, config, self.secret, self.cleanup)
             if self.elastic.elastic:
                 self.control = storage.join(config.model_dir, "control", config.run_id, "grow")
-                cleanup.add(_remove_quietly, self.control, config.storage_options)
-            result = self.run_attempts(stage, sink, secret, cleanup)
+                self.cleanup.add(_remove_quietly, self.control, config.storage_options)
+            state: RunState = Starting(n)
+            while not state.type.terminal:
+                self.states.append(state.type.label)
+                state = self.next(state)
+            self.states.append(state.type.label)
         finally:
-            cleanup.run()
-        if self.verbose and not sink.events:  # no progress reached here while the stage ran
-            _print_history(result)
-        result.run = {**_run_summary(sink, n, self.failures, t_call), **result.run, "attempt_log": self.attempts,
-                      "run_id": config.run_id, "mode": self.backend.mode,
+            self.cleanup.run()
+        if isinstance(state, Failed):
+            raise state.error from state.cause
+        result = state.result
+        if self.verbose and not self.sink.events:  # no progress reached here while the stage ran
+            print_history(result)
+        result.run = {**run_summary(self.sink, n, self.failures, t_call), **result.run, "attempt_log": self.attempts,
+                      "run_id": config.run_id, "mode": self.backend.mode, "states": self.states,
                       "membership": membership(self.members), "num_workers": self.ranks, **self.roads}
         return result
 
-    def first_ranks(self, dataset: TFDataset, config: TrainConfig, n: int) -> int:
+    # ---- the states
+
+    def next(self, state: RunState) -> RunState:
+        """The state after ``state``: what the run does there, and where the policies send it."""
+        if isinstance(state, Starting):
+            return Running(self.prepare(state.ranks), 0)
+        if isinstance(state, Running):
+            return self.run_attempt(state)
+        try:
+            if isinstance(state, Retrying):
+                return self.after_retry_wait(state)
+            if isinstance(state, Shrinking):
+                _tell(f"The run goes on with {state.ranks} rank(s) (it asked for {self.elastic.num_workers}, had "
+                      f"{state.stage.n}).", depth=1)
+                return Running(self.prepare(state.ranks), state.attempt, state.failed)
+            if isinstance(state, Growing):
+                return self.grow(state)
+        except DistributedTrainingError as err:  # the elastic policy's: too few slots, or no count that fits
+            return Failed(err)
+        raise TypeError(f"No transition from {state!r}")  # pragma: no cover - every state is handled above
+
+    def run_attempt(self, state: Running) -> RunState:
+        """Runs attempt ``state.attempt``; then finished, growing (the ranks stopped at an epoch boundary for the
+        slots that came back), retrying (the retry policy says a rerun can mend the failure) or failed."""
+        stage, attempt = state.stage, state.attempt
+        seen = len(self.sink.events)
+        try:
+            result = self.run_stage(stage, attempt)
+        except Exception as exc:  # noqa: BLE001 - decided on below: a retry, or the ranks' own error
+            self.attempts.append({"attempt": attempt, "ok": False, "ranks": stage.n, "error": str(exc)[:300]})
+            self.record(seen, stage.n)
+            decision = self.policy.decide(exc, failures_in(str(exc)), state.failed, stopped=self.backend.stopped(),
+                                          failures=self.failures)
+            if decision.failure is not None:
+                self.failures.append(decision.failure)
+            if not decision.retry:
+                return Failed(decision.error, exc)
+            _tell(f"Training stage attempt {state.failed + 1} failed ({one_line(str(decision.error))}); retrying "
+                  f"{_RETRY_FROM[bool(stage.config.model_dir)]}.", depth=2)
+            return Retrying(stage, attempt, state.failed + 1, decision.error)
+        self.attempts.append({"attempt": attempt, "ok": True, "ranks": stage.n, **result.run})
+        self.record(seen, stage.n)
+        self.ranks = stage.n
+        return Growing(stage, attempt, state.failed) if result.stopped else Finished(result)
+
+    def after_retry_wait(self, state: Retrying) -> RunState:
+        """After a failure: as many ranks as there are slots within ``elastic_wait`` (at least ``min_workers``;
+        else a typed error naming the slots): the same stage, or a smaller one."""
+        slots = self.backend.wait_for_slots(self.elastic.num_workers, self.elastic.wait_s)
+        n = self.elastic.ranks_for(slots, self.batch_for_policy())
+        if n < state.stage.n:
+            return Shrinking(state.stage, state.attempt + 1, state.failed, n)
+        stage = state.stage if n == state.stage.n else self.prepare(n)
+        return Running(stage, state.attempt + 1, state.failed)
+
+    def grow(self, state: Growing) -> RunState:
+        """After the ranks stopped to grow: as many ranks as there are slots now (the stage has ended, so every
+        slot is free), from the epoch's checkpoint."""
+        _remove_quietly(self.control, state.stage.config.storage_options)
+        slots = self.backend.free_slots(self.elastic.num_workers, 0)
+        n = self.elastic.ranks_for(slots, self.batch_for_policy())
+        if n == state.stage.n:
+            return Running(state.stage, state.attempt + 1, state.failed)
+        _tell(f"The run goes on with {n} rank(s) (it asked for {self.elastic.num_workers}, had {state.stage.n}; "
+              f"{slots} task slot(s) there).", depth=2)
+        return Running(self.prepare(n), state.attempt + 1, state.failed)
+
+    # ---- what the states do
+
+    def batch_for_policy(self) -> int | None:
+        """The global batch the rank counts must divide (None: a ``tf.data`` input batches itself)."""
+        dataset, _, config = self.data
+        return config.batch_size if dataset.splits_batch else None
+
+    def first_ranks(self, dataset, config: TrainConfig, n: int) -> int:
         """The first attempt's ranks: ``n`` when its slots are there within ``slot_wait``; an elastic run
         starts with fewer (at least ``min_workers``) and grows when the rest come."""
         if not (self.backend.counts_slots or self.elastic.elastic):
@@ -196,75 +283,58 @@ class _DistributedRun:
                 f"num_workers={n}, but the cluster has {slots} task slot(s): a barrier stage must run all its "
                 f"tasks at once. Use num_workers <= {slots}, add executors or cores, or let the run start smaller "
                 "with min_workers.")
-        return self.elastic.ranks_for(slots, None if isinstance(dataset, TFDataDataset) else config.batch_size)
+        return self.elastic.ranks_for(slots, config.batch_size if dataset.splits_batch else None)
 
-    def prepare(self, dataset: TFDataset, validation: TFDataset | None, config: TrainConfig, n: int, per_rank: int,
-                cleanup: Cleanup) -> Stage:
-        """The data, one partition per rank; the validation data; the net and hooks, shipped once.
-        Everything it makes is registered with ``cleanup``."""
-        from optim.spark.datasets import DataFrameDataset, ParquetDataset, with_validation
-
-        if isinstance(dataset, DataFrameDataset) and isinstance(validation, DataFrameDataset):
-            # both DataFrames: one stage reads both; each rank validates on its own rows
-            source, reader = with_validation(dataset, validation, n)
-            kind, data, val = "arrow", None, None
-        else:
-            if isinstance(dataset, ParquetDataset):  # each rank reads its share of the files: no Spark job for data
-                kind, reader, data, source = "files", None, dataset, self.backend.spark.range(n, numPartitions=n)
-            else:
-                kind, reader, data, source = self.backend.source(dataset, n, per_rank, self.startup_timeout)
-            if kind == "arrays" and len(data) < n:
-                raise ValueError(f"The training data has {len(data)} rows, fewer than the {n} workers.")
-            limit = plan_limit(self.backend.spark) if self.backend.mode == "connect" else VALIDATION_ARRAYS_LIMIT
-            val = shippable_validation(validation_for_ranks(validation), limit)
+    def prepare(self, n: int) -> Stage:
+        """The stage for ``n`` ranks: the data staged by its adapter (with the validation data), the net and
+        hooks shipped once. Everything it makes is registered with the call's clean-up."""
+        dataset, validation, config = self.data
+        per_rank = per_rank_batch(dataset, config, n)
+        staged = dataset.stage(self.backend, n, per_rank, cleanup=self.cleanup, validation=validation,
+                               timeout_s=self.startup_timeout)
         opt = self.opt
-        carried = carried_bytes(data, val, (opt.state or []) + list(opt.exchange_state))
-        net, exchange = self.backend.ship_net(opt, config, net_to_bytes(opt.net), carried, cleanup)
-        if kind == "arrays":
-            data = self.backend.ship(data, cleanup)
-        if isinstance(val, ArrayDataset):
-            val = self.backend.ship(val, cleanup)
-        return Stage(n, kind, reader, data, source, val, net, shipped_hooks(opt.net), worker_config(config, per_rank),
-                     exchange=exchange, **self.backend.stage_defaults())
+        carried = carried_bytes(dataset, validation, (opt.state or []) + list(opt.exchange_state))
+        net, exchange = self.backend.ship_net(opt, config, net_to_bytes(opt.net), carried, self.cleanup)
+        return Stage(n, staged, net, shipped_hooks(opt.net), worker_config(config, per_rank), exchange=exchange,
+                     **self.backend.stage_defaults())
 
-    def run_attempts(self, stage: Stage, sink, secret: bytes, cleanup: Cleanup) -> DistributedResult:
-        """Runs the stage until it succeeds, or fails in a way a retry cannot help, or the retries
-        run out. Every attempt runs under the same run id, so a retry resumes from this run's own
-        newest checkpoint (with ``model_dir``) and never from another run's. After a failure, and when
-        an elastic run grows back, the next attempt may have another number of ranks (:meth:`resize`)."""
-        attempt = failed = 0
-        while True:
-            seen = len(sink.events)
-            with self.backend.attempt(secret, stage.n, attempt, sink, stage.config, self.startup_timeout) as channels:
-                job = rank_job(self.opt, stage, attempt, timeout=self.timeout, startup_timeout=self.startup_timeout,
-                               steps_per_epoch=self.steps_per_epoch, verbose=self.verbose,
-                               control=self.control if stage.n < self.elastic.num_workers else None, **channels.job)
-                try:
-                    result = result_from_payload(self.run_stage(stage, job, self.watch(stage, channels.watch)))
-                except Exception as exc:  # noqa: BLE001 - decided on below: a retry, or the ranks' own error
-                    self.attempts.append({"attempt": attempt, "ok": False, "ranks": stage.n, "error": str(exc)[:300]})
-                    self.record(sink, seen, stage.n)
-                    self.after_failure(exc, channels.reports(exc), failed, bool(stage.config.model_dir))
-                    failed += 1
-                    stage = self.resize(stage, cleanup, lost=True)
-                    attempt += 1
-                    continue
-            self.attempts.append({"attempt": attempt, "ok": True, "ranks": stage.n, **result.run})
-            self.record(sink, seen, stage.n)
-            self.ranks = stage.n
-            if not result.run.get("stopped"):
-                return result
-            stage = self.resize(stage, cleanup, lost=False)  # slots came back: grow, from the epoch's checkpoint
-            attempt += 1
+    def run_stage(self, stage: Stage, attempt: int) -> RunResult:
+        """Runs attempt ``attempt`` of the barrier stage (cancelled on Ctrl-C and when the watch names a stuck
+        rank) and returns rank 0's result."""
+        with self.backend.attempt(self.secret, stage.n, attempt, self.sink, stage.config,
+                                  self.startup_timeout) as channels:
+            control = self.control if stage.n < self.elastic.num_workers else None
+            job = rank_job(self.opt, stage, attempt,
+                           dataclasses.replace(channels.channels, exchange=stage.exchange, control=control),
+                           timeout=self.timeout, startup_timeout=self.startup_timeout,
+                           steps_per_epoch=self.steps_per_epoch, verbose=self.verbose)
+
+            def task(rows, job=job):
+                return entry(TRAIN_ENTRY)(job, rows)
+
+            rows = run_job(self.backend.spark, f"training on {job.size} ranks (attempt {attempt + 1})",
+                           lambda: stage.staged.collect(task, RESULT_SCHEMA, barrier=True), kind="train",
+                           watch=self.watch(stage, channels.watch))
+        net = stage.net
+        records = [r[2] or (r[0], r[1]) for r in rows]
+        self.roads = {"net_via": "file" if isinstance(net, str) else "plan" if isinstance(net, bytes) else "broadcast",
+                      "result_via": "file" if any(isinstance(r, str) for r in records) else "rows",
+                      "result_pieces": len(records)}
+        result = unpack_result(read_result(records, stage.config.storage_options))
+        counts_rows = stage.staged.rank_data.counts_rows
+        result.run = {"start_step": result.start_step, "resumed_from": result.resumed_from,
+                      "rows": result.rows if counts_rows else None, "steps_per_epoch": result.steps_per_epoch,
+                      "stopped": result.stopped, "end_step": result.step}
+        return result
 
     def watch(self, stage: Stage, stuck):
         """What the driver checks while the stage runs: a stuck rank (``stuck``), and, for an elastic run
-        on fewer ranks than it asked for, whether the slots are back (then it asks the ranks, through the
-        control file, to stop at the next epoch boundary)."""
-        wanted = self.elastic.num_workers - stage.n
-        if wanted <= 0:
+        on fewer ranks than it asked for, whether to grow (the elastic policy's ``should_grow``; then it asks
+        the ranks, through the control file, to stop at the next epoch boundary)."""
+        if stage.n >= self.elastic.num_workers:
             return stuck
         config = stage.config
+        wanted = self.elastic.num_workers - stage.n
         last = [0.0]
 
         def check() -> str | None:
@@ -272,8 +342,8 @@ class _DistributedRun:
             if why or time.monotonic() - last[0] < self.grow_check_s:
                 return why
             last[0] = time.monotonic()
-            if self.backend.free_slots(wanted, stage.n) >= wanted and not storage.exists(self.control,
-                                                                                           config.storage_options):
+            slots = stage.n + self.backend.free_slots(wanted, stage.n)
+            if self.elastic.should_grow(stage.n, slots) and not storage.exists(self.control, config.storage_options):
                 _tell(f"{wanted} task slot(s) are back: the run grows to {self.elastic.num_workers} ranks at the next "
                       "epoch boundary.", depth=4)
                 storage.write_bytes_atomic(self.control, b"grow", config.storage_options)
@@ -281,63 +351,11 @@ class _DistributedRun:
 
         return check
 
-    def resize(self, stage: Stage, cleanup: Cleanup, lost: bool) -> Stage:
-        """The stage for the next attempt: after a failure (``lost``), with as many ranks as there are
-        slots within ``elastic_wait`` (at least ``min_workers``; else a typed error naming the slots);
-        after a stop to grow, with as many as are there now. Re-prepared when the count changes."""
-        dataset, validation, config = self.data
-        target = self.elastic.num_workers
-        if lost:
-            slots = self.backend.wait_for_slots(target, self.elastic.wait_s)
-        else:
-            _remove_quietly(self.control, config.storage_options)
-            slots = self.backend.free_slots(target, 0)  # the stage has ended: every slot is free
-        batch = None if isinstance(dataset, TFDataDataset) else config.batch_size
-        n = self.elastic.ranks_for(slots, batch)
-        if n == stage.n:
-            return stage
-        _tell(f"The run goes on with {n} rank(s) (it asked for {target}, had {stage.n}; {slots} task slot(s) there).",
-              depth=2)
-        return self.prepare(dataset, validation, config, n, per_rank_batch(dataset, config, n), cleanup)
-
-    def record(self, sink, seen: int, ranks: int) -> None:
+    def record(self, seen: int, ranks: int) -> None:
         """The attempt's start step (rank 0's ``begin`` event after index ``seen``) and its ranks."""
-        begins = [e for e in sink.events[seen:] if e.get("event") == "begin"]
+        begins = [e for e in self.sink.events[seen:] if e.get("event") == "begin"]
         if begins:
             self.members.append((int(begins[0]["initial_step"]), ranks))
-
-    def after_failure(self, exc: Exception, reports: list, attempt: int, has_model_dir: bool) -> None:
-        """Carries out the retry policy's decision: raises its error, or records the failure and warns."""
-        decision = self.policy.decide(exc, reports, attempt, stopped=self.backend.stopped(), failures=self.failures)
-        if decision.failure is not None:
-            self.failures.append(decision.failure)
-        if not decision.retry:
-            raise decision.error from exc
-        _tell(f"Training stage attempt {attempt + 1} failed ({one_line(str(decision.error))}); retrying "
-              f"{_RETRY_FROM[has_model_dir]}.", depth=2)
-
-    def run_stage(self, stage: Stage, job, watch) -> bytes:
-        """Runs the barrier stage (cancelled on Ctrl-C and when ``watch`` names a stuck rank) and returns
-        rank 0's payload."""
-        if stage.kind == "records":
-            action = stage.source.barrier().mapPartitions(lambda it: run_rank(job, it)).collect
-        else:
-            chunk = stage.chunk
-
-            def fn(batches):
-                return run_arrow_task(job, batches, chunk)
-
-            def action():
-                rows = stage.source.mapInArrow(fn, RESULT_SCHEMA, barrier=True).collect()
-                return [r["path"] or (r["piece"], r["chunk"]) for r in rows]
-
-        rows = run_job(self.backend.spark, f"training on {job.size} ranks (attempt {job.attempt + 1})", action,
-                       kind="train", watch=watch)
-        net = stage.net
-        self.roads = {"net_via": "file" if isinstance(net, str) else "plan" if isinstance(net, bytes) else "broadcast",
-                      "result_via": "file" if any(isinstance(r, str) for r in rows) else "rows",
-                      "result_pieces": len(rows)}
-        return _read_result(rows, stage.config.storage_options)
 
 
 _RETRY_FROM = {True: "from this run's newest checkpoint", False: "from the start (no model_dir)"}
@@ -357,46 +375,3 @@ def _tell(message: str, depth: int) -> None:
 def _remove_quietly(path: str | None, options=None) -> None:
     if path and storage.exists(path, options):
         storage.remove(path, options)
-
-
-def _read_result(rows: list, options=None) -> bytes:
-    """Rank 0's payload from the stage's rows: a file in the exchange folder (read, then removed), the
-    payload itself (an RDD stage), or its pieces."""
-    paths = [r for r in rows if isinstance(r, str)]
-    if paths:
-        data = storage.read_bytes(paths[0], options)
-        storage.remove(paths[0], options)
-        return data
-    if rows and isinstance(rows[0], (bytes, bytearray)):
-        if len(rows) != 1:
-            raise DistributedTrainingError(f"Expected one result from rank 0; got {len(rows)}.")
-        return bytes(rows[0])
-    if not rows:
-        raise DistributedTrainingError("Rank 0 returned no result.")
-    return join_chunks(rows)
-
-
-def _run_summary(sink, n: int, failures: list[str], t_call: float) -> dict:
-    """What the run measured: attempts, start-up and wall time, step and allreduce times."""
-    steps = [e for e in sink.events if e.get("event") == "step"]
-    return {
-        "num_workers": n, "attempts": len(failures) + 1, "failures": failures,
-        "startup_s": (sink.first_step_at - t_call) if sink.first_step_at else None,
-        "wall_s": time.monotonic() - t_call,
-        "step_times": [e["logs"].get("step_time") for e in steps],
-        "allreduce_seconds": [e["logs"].get("allreduce_seconds") for e in steps],
-        "refused_progress_clients": sink.refused,
-    }
-
-
-def _print_history(result: DistributedResult) -> None:
-    """When no progress reached this process while the stage ran (a Connect client without
-    ``model_dir``), the per-epoch lines come from the history at the end."""
-    history = result.history
-    epochs = max((len(v) for v in history.values()), default=0)
-    per_epoch, start = result.run.get("steps_per_epoch"), result.run.get("start_step") or 0
-    bar = ProgressBar(2)
-    bar.begin(epochs, per_epoch, start, 0)
-    for e in range(epochs):
-        step = min(result.step, start + (e + 1) * per_epoch) if per_epoch else result.step
-        bar.epoch_end(e, step, {k: v[e] for k, v in history.items() if e < len(v)})

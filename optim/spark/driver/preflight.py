@@ -2,8 +2,8 @@
 
 Horovod on the driver, ``model_dir`` writable, and one small probe task per rank that imports what the
 ranks need, reads the driver's marker in ``model_dir`` and reports what failed, as clear errors. Task
-slots live in :mod:`~optim.spark.driver.slots`, the background warm-up in
-:mod:`~optim.spark.driver.warm_up` (both re-exported here).
+slots live in :mod:`~optim.spark.slots`, the background warm-up in
+:mod:`~optim.spark.warm_up` (both re-exported here).
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 
 from optim.errors import DistributedTrainingError, SparkSetupError, StorageError
-from optim.spark.driver.jobs import run_job
 from optim.spark.driver.retry import stage_error
-from optim.spark.driver.slots import task_slots, wait_for_slots
-from optim.spark.driver.warm_up import WarmUp, ensure_warm_up, probe_job, warm_up_workers
-from optim.spark.worker.probe import import_report_fn
+from optim.spark.jobs import run_job
+from optim.spark.probe import import_report_fn
+from optim.spark.slots import task_slots, wait_for_slots
+from optim.spark.warm_up import WarmUp, ensure_warm_up, probe_job, warm_up_workers
 
 __all__ = ["WarmUp", "check_driver_horovod", "check_model_dir", "ensure_warm_up", "probe_workers", "task_slots",
            "wait_for_slots", "warm_up_workers"]

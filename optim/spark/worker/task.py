@@ -1,5 +1,6 @@
-"""The body of one task of the training stage, in both modes: ``mapInArrow(..., barrier=True)`` over
-the rank's partition. Worker side.
+"""The body of one task of the training stage (:data:`optim.protocol.TRAIN_ENTRY`), in both modes and for
+every kind of data: a barrier task over the rank's partition (Arrow batches of a DataFrame, or an RDD's
+records). Worker side.
 
 Around :func:`optim.spark.worker.rank.run_rank` (the rank itself), a task:
 
@@ -8,10 +9,11 @@ Around :func:`optim.spark.worker.rank.run_rank` (the rank itself), a task:
   rendezvous key) on its host, every rank finds its address (:mod:`optim.transport.store_address`),
   and rank 0 watches the ranks' heartbeats there and ends the stage when one is stuck (in a classic
   session the driver hosts the store and watches);
-* sends rank 0's result as rows of :data:`RESULT_SCHEMA`: the path of the result file when the job
-  has an exchange folder, else the payload in pieces of at most ``chunk_size`` bytes;
-* fails with the rank's failure inside the error text (:func:`optim.transport.failures.failure_text`), so that the
-  driver finds it even where no store outlives the stage.
+* yields rank 0's result as records of :data:`optim.protocol.RESULT_SCHEMA`: the path of the result file
+  when the job has an exchange folder, else the payload in pieces of at most ``limits.chunk_bytes`` bytes;
+* fails with the rank's failure inside the error text (:func:`optim.transport.failures.failure_text`): the
+  one way a failure travels, in both modes, so that the driver finds it even where no store outlives the
+  stage.
 """
 
 from __future__ import annotations
@@ -24,87 +26,115 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 
+from pyspark import BarrierTaskContext
+
+from optim.errors import RendezvousError, WorkerError
+from optim.logs import quiet_worker
+from optim.protocol import RankJob
+from optim.spark.worker.rank import run_rank
+from optim.transport import client as kv
+from optim.transport.chunks import to_chunks
+from optim.transport.failures import WorkerFailure, failure_text, from_exception
+from optim.transport.store import stuck_rank
+from optim.transport.store_address import AddressGather, find_store, start_store
+
+__all__ = ["run_task"]
+
 log = logging.getLogger("tfnet.spark.worker")
 
-RESULT_SCHEMA = "piece int, chunk binary, path string"
 MONITOR_S = 1.0
 DONE_SCOPE = "tfnet_done"
 
 
-def run_arrow_task(job, batches: Iterable, chunk_size: int) -> Iterator:
-    """Yields Arrow record batches of rank 0's result (nothing on the other ranks); see the module."""
-    import pyarrow as pa
-    from pyspark import BarrierTaskContext
-
-    from optim.errors import WorkerError
-    from optim.spark.worker.rank import run_rank
-    from optim.transport.chunks import to_chunks
-    from optim.transport.failures import failure_text, from_exception
-
+def run_task(job: RankJob, rows: Iterable) -> Iterator[tuple]:
+    """Yields rank 0's result as ``(piece, chunk, path)`` records (nothing on the other ranks); see the module."""
+    quiet_worker(job.limits.log_level)
     ctx = BarrierTaskContext.get()
     rank = ctx.partitionId()
     store = monitor = None
-    hosted = job.rendezvous is None  # Spark Connect: the stage hosts its own rendezvous
+    hosted = job.channels.rendezvous is None  # Spark Connect: the stage hosts its own rendezvous
     try:
         if hosted:
             store, job, gather = _rendezvous(job, ctx, rank)
             if store is not None:
                 monitor = _Monitor(store, job).start()
-        results = list(run_rank(job, batches))
+        results = list(run_rank(job, rows, ctx))
         if hosted:
-            gather.result(job.startup_timeout_s)
+            gather.result(job.limits.startup_timeout_s)
             _finish(job, rank, store)  # every rank is done with rank 0's store before rank 0 closes it
     except BaseException as exc:
         failure = from_exception(exc, rank)
-        raise WorkerError(f"{failure_text(failure)} rank {rank}: {failure.cls}: {failure.message[:500]}") from exc
+        spans = [failure_text(f) for f in [failure, *_peers(job, rank, failure)]]
+        raise WorkerError(f"{' '.join(spans)} rank {rank}: {failure.cls}: {failure.message[:500]}") from exc
     finally:
         if monitor is not None:
             monitor.stop()
         if store is not None:
             store.stop()
-    schema = pa.schema([("piece", pa.int32()), ("chunk", pa.binary()), ("path", pa.string())])
     for payload in results:
         if isinstance(payload, str):  # a file in the exchange folder
-            yield pa.RecordBatch.from_pydict({"piece": [0], "chunk": [None], "path": [payload]}, schema=schema)
+            yield 0, None, payload
             continue
-        for index, piece in to_chunks(payload, chunk_size):
-            yield pa.RecordBatch.from_pydict({"piece": [index], "chunk": [piece], "path": [None]}, schema=schema)
+        for index, piece in to_chunks(payload, job.limits.chunk_bytes):
+            yield index, piece, None
 
 
-def _rendezvous(job, ctx, rank: int):
+#: Seconds a rank whose error may be a peer's doing (a broken collective) waits for that peer's failure.
+PEER_WAIT_S = 3.0
+
+
+def _peers(job: RankJob, rank: int, failure: WorkerFailure) -> list[WorkerFailure]:
+    """Failures travel to the driver one way, in the task's error; which task's error Spark reports is a race.
+    So every failing rank leaves its failure in the stage's store, and a rank whose own error may be a peer's
+    doing (a retryable one: a broken collective, a lost connection) waits briefly for the others' and carries
+    them in its error too. The driver then finds the cause (:func:`~optim.transport.failures.pick_root`)
+    whichever error it gets."""
+    addr, key = job.channels.rendezvous, job.channels.rendezvous_key
+    if addr is None:  # Spark Connect, failed before the store was found
+        return []
+    kv.post_failure(addr, rank, failure.to_json(), key)
+    if not failure.retryable:
+        return []
+    out = []
+    for data in kv.peer_failures(addr, rank, job.size, key, PEER_WAIT_S):
+        try:
+            out.append(WorkerFailure.from_json(data))
+        except (ValueError, TypeError, KeyError):
+            continue
+    return out
+
+
+def _rendezvous(job: RankJob, ctx, rank: int):
     """``(store or None, job, gather)``: rank 0 starts the store on its own host; every rank finds its
     address (:mod:`optim.transport.store_address`) while the ``allGather`` of it runs in ``gather``."""
-    from optim.transport.store_address import AddressGather, find_store, start_store
-
     infos = ctx.getTaskInfos()
     hosts = [i.address.rsplit(":", 1)[0] for i in infos] if infos else ["127.0.0.1"] * job.size
-    host = hosts[rank]
-    store = start_store(host, job.size, job.rendezvous_key, job.attempt) if rank == 0 else None
+    host, key = hosts[rank], job.channels.rendezvous_key
+    store = start_store(host, job.size, key, job.attempt) if rank == 0 else None
     try:
         gather = AddressGather(ctx, f"{host}:{store.address[1]}" if store is not None else "")
         address = store.address if store is not None else \
-            find_store(hosts[0], job.rendezvous_key, job.attempt, gather, job.startup_timeout_s)
+            find_store(hosts[0], key, job.attempt, gather, job.limits.startup_timeout_s)
     except BaseException:
         if store is not None:
             store.stop()
         raise
-    return store, dataclasses.replace(job, rendezvous=(address[0], int(address[1]))), gather
+    channels = dataclasses.replace(job.channels, rendezvous=(address[0], int(address[1])))
+    return store, dataclasses.replace(job, channels=channels), gather
 
 
-def _finish(job, rank: int, store) -> None:
+def _finish(job: RankJob, rank: int, store) -> None:
     """The stage's last meeting, in rank 0's store rather than Spark's barrier (which answers a task that
     arrives early at its next one-second tick): each other rank says it is done; rank 0 waits for all."""
-    from optim.errors import RendezvousError
-    from optim.transport import client as kv
-
     if store is None:
-        kv.put(job.rendezvous, DONE_SCOPE, f"rank{rank}", b"1", token=job.rendezvous_key)
+        kv.put(job.channels.rendezvous, DONE_SCOPE, f"rank{rank}", b"1", token=job.channels.rendezvous_key)
         return
-    deadline = time.monotonic() + job.startup_timeout_s
+    limit = job.limits.startup_timeout_s
+    deadline = time.monotonic() + limit
     while len(store.keys(DONE_SCOPE)) < job.size - 1:
         if time.monotonic() > deadline:
             missing = sorted(set(range(1, job.size)) - {int(k.removeprefix("rank")) for k in store.keys(DONE_SCOPE)})
-            raise RendezvousError(f"Ranks {missing} did not finish within {job.startup_timeout_s:.0f} s of rank 0.")
+            raise RendezvousError(f"Ranks {missing} did not finish within {limit:.0f} s of rank 0.")
         time.sleep(0.01)
 
 
@@ -123,12 +153,10 @@ class _Monitor:
         return self
 
     def _run(self) -> None:
-        from optim.transport.store import stuck_rank
-
         started = time.monotonic()
         while not self._stop.wait(MONITOR_S):
             why = stuck_rank(self._store.heartbeats(), self._job.size, time.monotonic(), started,
-                             self._job.startup_timeout_s)
+                             self._job.limits.startup_timeout_s)
             if why:
                 sys.stderr.write(f"tfnet rank 0: the stage is stuck: {why}; ending it.\n")
                 sys.stderr.flush()

@@ -60,20 +60,18 @@ def test_rendezvous_refuses_requests_not_signed_with_the_key():
         assert server.refused == 3
 
 
-def test_a_forged_failure_report_is_refused():
-    """Without the key, a failure report is refused (straight to the store, or replayed with a
-    stolen signature on another body); with it, it is recorded."""
+def test_a_signature_replayed_on_another_body_is_refused():
+    """A signed request's signature covers its body: replayed with a stolen signature on another body, the
+    request is refused; with the key, it is recorded."""
     with SecureRendezvous("127.0.0.1", 2, KEY) as server:
         addr = server.address
-        assert not kv.report_failure(addr, 1, REPORT, token=OTHER)
-        forged = Request(f"http://{addr[0]}:{addr[1]}/tfnet_failures/rank1", data=REPORT.replace(b"m", b"x"),
-                         method="PUT")
-        forged.add_header("X-Tfnet-Auth", sign_request(KEY, "PUT", "/tfnet_failures/rank1", REPORT))
+        forged = Request(f"http://{addr[0]}:{addr[1]}/tfnet_claims/rank1", data=b"forged", method="PUT")
+        forged.add_header("X-Tfnet-Auth", sign_request(KEY, "PUT", "/tfnet_claims/rank1", b"1"))
         with pytest.raises(HTTPError, match="403"):
             urlopen(forged, timeout=5)
-        assert server.failures() == []
-        assert kv.report_failure(addr, 1, REPORT, token=KEY)
-        assert [(f.cls, f.rank) for f in server.failures()] == [("ValueError", 1)]
+        assert kv.get(addr, "tfnet_claims", "rank1", token=KEY) is None
+        kv.put(addr, "tfnet_claims", "rank1", b"1", token=KEY)
+        assert kv.get(addr, "tfnet_claims", "rank1", token=KEY) == b"1"
 
 
 def test_gloo_proxy_forwards_gloo_requests_only():
@@ -96,7 +94,7 @@ def test_gloo_proxy_forwards_gloo_requests_only():
             assert proxy.refused == 7
         finally:
             proxy.stop()
-        assert server.failures() == [] and kv.get(addr, "tfnet_claims", "rank0", token=KEY) is None
+        assert kv.get(addr, "tfnet_claims", "rank0", token=KEY) is None
 
 
 def test_rendezvous_listens_on_the_given_address_and_a_pinned_port():

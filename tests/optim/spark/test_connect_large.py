@@ -8,10 +8,10 @@ import pytest
 
 import optim
 from optim import TFOptimizer
+from optim.data.arrays import ArrayDataset
 from optim.errors import DistributedTrainingError
 from optim.spark.driver.stage import carried_bytes, result_bytes
 from optim.training.config import TrainConfig
-from optim.training.datasets import ArrayDataset
 from tests import digits
 from tests.connect_server import ConnectServer, close_session
 from tfnet import TFNet

@@ -10,8 +10,8 @@ import pytest
 
 import optim
 from optim import TFDataset, TFOptimizer
+from optim.data.base import agree_steps
 from optim.spark.driver.launcher import DistributedTrainingError, scale_learning_rate
-from optim.spark.worker.rank import agree_steps
 from optim.training.checkpoint import CheckpointManager
 from tests import digits
 from tests.spark_utils import BIT_FOR_BIT, kill_rank_after_checkpoints, own_python_workers
@@ -160,7 +160,7 @@ def test_a_tf_data_dataset_object_validates_on_the_ranks(spark, monkeypatch):
     The epoch's ``val_`` figures equal an evaluation of the same rows with the same weights."""
     import tensorflow as tf
 
-    from optim.spark.driver import launcher
+    from optim.spark.driver.backends import classic
 
     x, y = digits.load()
     val = tf.data.Dataset.from_tensor_slices((x[300:400], y[300:400])).batch(16)
@@ -170,7 +170,7 @@ def test_a_tf_data_dataset_object_validates_on_the_ranks(spark, monkeypatch):
     local = opt.evaluate((x[300:400], y[300:400]))
     np.testing.assert_allclose(history["val_loss"][-1], local["loss"], rtol=1e-5)
     assert history["val_accuracy"][-1] == local["accuracy"]
-    monkeypatch.setattr(launcher, "VALIDATION_ARRAYS_LIMIT", 16 << 10)  # the 100 rows hold 26 KB
+    monkeypatch.setattr(classic, "VALIDATION_ARRAYS_LIMIT", 16 << 10)  # the 100 rows hold 26 KB
     with pytest.raises(TypeError, match=r"more than 0 MiB.*Give TFDataset.from_tf_data\(fn\) instead"):
         opt.optimize((x[:256], y[:256]), epochs=1, batch_size=32, validation_data=val, num_workers=2, verbose=0)
 
@@ -208,7 +208,7 @@ def test_clear_errors(spark, monkeypatch):
     with pytest.raises(ValueError, match=r"must split evenly over the 2 workers. Received: batch_size=31"):
         opt.optimize((x[:64], y[:64]), batch_size=31, num_workers=2, verbose=0)
     df = spark.createDataFrame([([0.0] * 64, 1)], "pixels array<float>, label long")
-    with pytest.raises(optim.ColumnError, match=r"Column 'pixel' is not in the DataFrame"):
+    with pytest.raises(optim.ColumnError, match=r"Column 'pixel' is not among the data's columns \['pixels', 'label'\]"):
         TFDataset.from_dataframe(df, "pixel", "label")
     bad = spark.createDataFrame([([0.0] * 64, 1), ([0.0] * 63, 2)] * 4, "pixels array<float>, label long")
     data = TFDataset.from_dataframe(bad.repartition(2), "pixels", "label", feature_shapes={"pixels": (8, 8, 1)})

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from optim.training.datasets import ArrayDataset
+from optim.data.arrays import ArrayDataset
 from optim.training.reporting import Reporter
 from optim.transport import client as kv
 from optim.transport.progress import ProgressServer, RemoteReporter

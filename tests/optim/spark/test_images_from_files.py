@@ -62,7 +62,7 @@ def test_fine_tune_on_png_files_read_with_binary_file(spark, tmp_path):
 
 
 def test_random_crop_flip_is_seeded_and_training_only():
-    from optim.training.datasets import ArrayDataset
+    from optim.data.arrays import ArrayDataset
 
     x = np.arange(2 * 4 * 4 * 1, dtype=np.float32).reshape(2, 4, 4, 1)
     ds = ArrayDataset([x], [np.zeros(2)], augment=RandomCropFlip(padding=1, flip=1.0))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from optim.spark.driver import warm_up
+from optim.spark import warm_up
 
 pytestmark = pytest.mark.spark
 

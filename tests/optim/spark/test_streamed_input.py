@@ -214,7 +214,7 @@ def test_parquet_read_by_the_ranks_equals_the_same_rows_from_a_dataframe(spark, 
     assert sources["s3"].pieces(0, 2) == sources["local"].pieces(0, 2)
     with pytest.raises(optim.DataError, match=r"No Parquet files at '.*nowhere': it does not exist"):
         TFDataset.from_parquet(str(tmp_path / "nowhere"), "pixels", "label")
-    with pytest.raises(optim.ColumnError, match=r"Column 'pixel' is not in the Parquet files at .*; closest: \['pixels'\]"):
+    with pytest.raises(optim.ColumnError, match=r"Column 'pixel' is not among the data's columns \[.*\]; closest: \['pixels'\]"):
         TFDataset.from_parquet(str(folder), "pixel", "label")
 
 

@@ -60,7 +60,7 @@ def no_stage(monkeypatch):
 def test_mistakes_the_driver_can_see_fail_there(spark, no_stage):
     df, _ = cancer(spark)
     opt = TFOptimizer(net(), SCE, optim.SGD(0.1))
-    with pytest.raises(InputSpecError, match=r"feature_shapes gives column 'x' rows of shape \(5, 6\), and input 'x:0' "
+    with pytest.raises(InputSpecError, match=r"Column 'x' has rows of shape \(5, 6\), and input 'x:0' "
                                              r"takes rows of shape \(30,\) \(the net's input is \(None, 30\), the batch "
                                              r"first\)."):
         opt.optimize(TFDataset.from_dataframe(df, "x", "label", feature_shapes=[(5, 6)]), num_workers=2, verbose=0)
@@ -71,7 +71,7 @@ def test_mistakes_the_driver_can_see_fail_there(spark, no_stage):
     with pytest.raises(DataError, match=r"the training data: label column 'label' holds string values, and "
                                         r"SparseCategoricalCrossentropy \(output logits:0\) needs class ids "
                                         r"0..classes-1: index them first, e.g. pyspark.ml.feature.StringIndexer\("
-                                        r"inputCol='label', outputCol='label_index'\)."):
+                                        r"inputCol='label', outputCol='label_index'\) for a DataFrame"):
         opt.optimize(TFDataset.from_dataframe(strings, "x", "label"), num_workers=2, verbose=0)
     with pytest.raises(DataError, match=r"label column 'label' holds string values, and MeanSquaredError \(output "
                                         r"logits:0\) needs numbers: cast the column to a number"):

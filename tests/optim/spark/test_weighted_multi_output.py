@@ -9,8 +9,8 @@ import pytest
 
 import optim
 from optim import TFDataset, TFOptimizer
+from optim.data.dataframe import SPLIT_COLUMN, WEIGHT_COLUMN, with_validation
 from optim.errors import BadRowError, ColumnError
-from optim.spark.datasets import SPLIT_COLUMN, WEIGHT_COLUMN, with_validation
 from tests import digits
 from tfnet import TFNet
 
@@ -122,7 +122,7 @@ def test_the_weight_column_of_either_side_in_the_union(spark):
 def test_bad_weight_columns(spark):
     x, y, w = data(8)
     df = frame(spark, x, y, w)
-    with pytest.raises(ColumnError, match=r"Column 'weight' is not in the DataFrame. Columns: \['pixels', 'digit', "
+    with pytest.raises(ColumnError, match=r"Column 'weight' is not among the data's columns \['pixels', 'digit', "
                                           r"'parity', 'w'\]"):
         TFDataset.from_dataframe(df, "pixels", "digit", weight_col="weight")
     with pytest.raises(ColumnError, match=r"The weight column 'digit' is also a feature or label column"):

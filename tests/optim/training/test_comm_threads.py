@@ -125,6 +125,7 @@ def test_the_idle_record_drops_a_thread_that_ends():
     """``IdleRecord.live()`` (``HorovodSession.idle_threads``) holds only threads that still run;
     ``demoted`` keeps the record made when they were set idle."""
     import threading
+    import time
 
     stops = [threading.Event(), threading.Event()]
     threads = [threading.Thread(target=s.wait) for s in stops]
@@ -138,6 +139,12 @@ def test_the_idle_record_drops_a_thread_that_ends():
         first = min(ids)
         stops[ids.index(first)].set()
         threads[ids.index(first)].join()
+        # join() returns when Python is done with the thread; the OS thread (at idle priority, on a busy
+        # machine) leaves /proc/self/task a little later
+        deadline = time.monotonic() + 30
+        while first in comm_threads.thread_ids() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert first not in comm_threads.thread_ids(), "the thread ended"
         assert record.live() == [max(ids)]  # the ended one is neither counted nor required
         assert record.demoted == tuple(sorted(ids))
         assert comm_threads.IdleRecord(set(ids), idle=False).demoted == ()

@@ -1,5 +1,5 @@
-"""Streaming a rank's rows from stored blocks (optim.training.stream) and the local copy they are stored in
-(optim.spark.worker.spool), without Spark: the order against the in-memory dataset's, resuming mid-epoch,
+"""Streaming a rank's rows from stored blocks (optim.data.stream) and the local copy they are stored in
+(optim.data.spool), without Spark: the order against the in-memory dataset's, resuming mid-epoch,
 the pipeline's errors, a full disk (a real tmpfs) and the sweep of a killed rank's files."""
 
 import os
@@ -10,11 +10,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from optim.data import spool as sp
+from optim.data import stream
+from optim.data.arrays import ArrayDataset
+from optim.data.decode import TensorColumns
 from optim.errors import BadRowError, DataError, StorageError
-from optim.spark.worker import spool as sp
-from optim.training import stream
-from optim.training.datasets import ArrayDataset
-from optim.training.shard import TensorColumns
 
 X, Y = TensorColumns(("x",), (2,)), TensorColumns(("y",), None)
 

@@ -11,7 +11,7 @@ differ (docs/distributed.md has the table):
 quiet console      task-failure loggers off, Spark's bar paused,   the bar of a server in this process paused,
                    one Python worker pool for tfnet's jobs          the client's own bar off
 ranks              task slots counted (and waited for)              ``local[N]``, else ``num_workers`` needed
-data               balanced by a row count, else as it is           repartitioned (no count: no RDDs)
+data (StageHost)   balanced by a row count, else as it is           repartitioned (no count: no RDDs)
 shipping           broadcasts; the net through an exchange folder   in the plan; the net (and rank 0's result)
                    (local disk, shared ``model_dir``)               through ``model_dir`` when too large
 rendezvous         on the driver, which watches the heartbeats      on rank 0, which watches them
@@ -27,22 +27,23 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
+from optim.protocol import Channels
+
 __all__ = ["Attempt", "Backend"]
 
 
 @dataclass
 class Attempt:
-    """How the ranks of one attempt meet and report: ``job`` (the rank job's channel fields:
-    ``rendezvous``, ``progress`` or ``progress_path``, and their keys), ``reports(exc)`` (the ranks'
-    failure reports after ``exc``) and ``watch()`` (a reason to cancel the stage now, or None)."""
+    """How the ranks of one attempt meet and report: ``channels`` (:class:`optim.protocol.Channels`) and
+    ``watch()`` (a reason to cancel the stage now, or None)."""
 
-    job: dict = field(default_factory=dict)
-    reports: Callable[[BaseException], list] = lambda exc: []
+    channels: Channels = field(default_factory=Channels)
     watch: Callable[[], str | None] | None = None
 
 
 class Backend:
-    """One kind of session. ``spark``: the session the data came from (or the active one)."""
+    """One kind of session. ``spark``: the session the data came from (or the active one). A backend is the
+    :class:`~optim.data.base.StageHost` the data stages itself into: it never asks which kind of data it has."""
 
     #: ``"classic"`` or ``"connect"``; recorded in ``last_run["mode"]``.
     mode = ""
@@ -76,9 +77,26 @@ class Backend:
         shrunk run can grow back."""
         raise NotImplementedError
 
-    def source(self, dataset, n: int, per_rank: int, timeout_s: float) -> tuple[str, Any, Any, Any]:
-        """``(kind, reader, data, source)``: how the ranks read ``dataset`` and what the stage runs over
-        (a DataFrame of ``n`` partitions, or an RDD in a classic session)."""
+    # ---- the data's StageHost (optim.data.base.StageHost)
+
+    def placeholder(self, n: int):
+        """A DataFrame of ``n`` partitions for data the ranks read themselves."""
+        return self.spark.range(n, numPartitions=n)
+
+    def balance(self, df, n: int, per_rank: int, timeout_s: float):
+        """``df`` with ``n`` partitions for the stage."""
+        raise NotImplementedError
+
+    def balance_records(self, rdd, n: int, per_rank: int, timeout_s: float):
+        """``rdd`` with ``n`` partitions for the stage (TypeError where the session has no RDDs)."""
+        raise NotImplementedError
+
+    def records(self, rdd):
+        """``rdd`` for a job over its partitions (TypeError where the session has no RDDs)."""
+        raise NotImplementedError
+
+    def validation_limit(self) -> int:
+        """The most bytes of validation arrays collected here and sent to every rank."""
         raise NotImplementedError
 
     def ship(self, value, cleanup):

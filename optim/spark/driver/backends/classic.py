@@ -15,20 +15,23 @@ import uuid
 from contextlib import ExitStack, contextmanager
 
 from optim.errors import DistributedTrainingError
+from optim.protocol import Channels
 from optim.spark.conf import pinned_port, setting, size_setting
 from optim.spark.driver.backends.base import Attempt, Backend
-from optim.spark.driver.jobs import run_job
 from optim.spark.driver.preflight import check_driver_horovod
-from optim.spark.driver.slots import task_slots, wait_for_slots
 from optim.spark.driver.stage import result_bytes
-from optim.training.datasets import ArrayDataset, TFDataDataset
+from optim.spark.jobs import run_job
+from optim.spark.slots import task_slots, wait_for_slots
 from optim.transport.auth import derive_key
-from optim.transport.failures import failures_in
 from optim.transport.progress import ProgressServer
 from optim.transport.store import SecureRendezvous, stuck_rank
 from tfnet import storage
 
 __all__ = ["ClassicBackend", "DRIVER_HEADROOM_BYTES", "balance_dataframe", "balance_rdd", "check_driver_memory"]
+
+#: The most a ``tf.data.Dataset`` object given as distributed validation data may hold once collected to the
+#: driver as arrays (a classic session; under Spark Connect the plan's limit): the arrays go to every rank.
+VALIDATION_ARRAYS_LIMIT = 512 << 20
 
 #: The driver's JVM holds the broadcast net and the collected result while the stage runs; this
 #: much more stays free for Spark itself.
@@ -70,20 +73,17 @@ class ClassicBackend(Backend):
     def free_slots(self, wanted: int, running: int) -> int:
         return max(0, task_slots(self.sc) - running)
 
-    def source(self, dataset, n: int, per_rank: int, timeout_s: float):
-        from optim.spark.datasets import DataFrameDataset, RDDDataset
+    def balance(self, df, n: int, per_rank: int, timeout_s: float):
+        return balance_dataframe(df, n, per_rank, timeout_s)[0]
 
-        if isinstance(dataset, DataFrameDataset):
-            df, _, _ = balance_dataframe(dataset.df.select(*dataset.columns()), n, per_rank, timeout_s)
-            return "arrow", dataset.shard_reader(), None, df
-        if isinstance(dataset, RDDDataset):
-            rdd, _, _ = balance_rdd(dataset.rdd, n, per_rank, timeout_s)
-            return "records", dataset.shard_reader(), None, rdd
-        if isinstance(dataset, ArrayDataset):
-            return "arrays", None, dataset, self.spark.range(n, numPartitions=n)
-        if isinstance(dataset, TFDataDataset):
-            return "tf_data", None, dataset, self.spark.range(n, numPartitions=n)
-        raise TypeError(f"Cannot train on {type(dataset).__name__} over Spark.")
+    def balance_records(self, rdd, n: int, per_rank: int, timeout_s: float):
+        return balance_rdd(rdd, n, per_rank, timeout_s)[0]
+
+    def records(self, rdd):
+        return rdd
+
+    def validation_limit(self) -> int:
+        return VALIDATION_ARRAYS_LIMIT
 
     def ship(self, value, cleanup):
         return cleanup.broadcast(self.sc.broadcast(value))
@@ -117,9 +117,8 @@ class ClassicBackend(Backend):
         with SecureRendezvous(hosts["bind_host"], n, key, port=pinned_port(self.sc, "rendezvous")) as rdv:
             started = time.monotonic()
             yield Attempt(
-                job={"rendezvous": (hosts["host"], rdv.address[1]), "progress": (hosts["host"], sink.port),
-                     "rendezvous_key": key, "progress_key": derive_key(secret, "progress")},
-                reports=lambda exc: rdv.failures() or failures_in(str(exc)),
+                Channels(rendezvous=(hosts["host"], rdv.address[1]), rendezvous_key=key,
+                         progress=(hosts["host"], sink.port), progress_key=derive_key(secret, "progress")),
                 watch=lambda: stuck_rank(rdv.heartbeats(), n, time.monotonic(), started, startup_timeout),
             )
 

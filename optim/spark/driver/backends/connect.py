@@ -17,13 +17,12 @@ import uuid
 from contextlib import ExitStack, contextmanager, nullcontext
 
 from optim.errors import DistributedTrainingError
+from optim.protocol import Channels
 from optim.spark.connect import chunk_bytes, plan_limit, result_limit
 from optim.spark.driver.backends.base import Attempt, Backend
-from optim.spark.driver.slots import connect_slots
 from optim.spark.driver.stage import result_bytes
-from optim.training.datasets import ArrayDataset, TFDataDataset
+from optim.spark.slots import connect_slots
 from optim.transport.auth import derive_key
-from optim.transport.failures import failures_in
 from optim.transport.progress import EventSink
 from tfnet import storage
 
@@ -100,7 +99,7 @@ def concurrent_slots(spark, wanted: int, timeout_s: float = 20.0) -> int:
     small tasks each hold a slot for :data:`PROBE_HOLD_S` seconds, and the most of them that ran at once
     is the answer (tasks beyond the free slots wait for a later wave). 0 when they did not all finish
     within ``timeout_s`` (the job is cancelled)."""
-    from optim.spark.driver.jobs import run_job
+    from optim.spark.jobs import run_job
 
     hold = PROBE_HOLD_S
 
@@ -140,18 +139,18 @@ class ConnectBackend(Backend):
     def ranks(self, num_workers_: int | None) -> int:
         return num_workers(self.spark, num_workers_)
 
-    def source(self, dataset, n: int, per_rank: int, timeout_s: float):
-        from optim.spark.datasets import DataFrameDataset
+    def balance(self, df, n: int, per_rank: int, timeout_s: float):
+        return df.repartition(n)
 
-        if isinstance(dataset, DataFrameDataset):
-            return "arrow", dataset.shard_reader(), None, dataset.df.select(*dataset.columns()).repartition(n)
-        if isinstance(dataset, ArrayDataset):
-            return "arrays", None, dataset, self.spark.range(n, numPartitions=n)
-        if isinstance(dataset, TFDataDataset):
-            return "tf_data", None, dataset, self.spark.range(n, numPartitions=n)
-        raise TypeError(f"Cannot train on {type(dataset).__name__} over Spark"
-                        + (" Connect: it has no RDDs; pass a DataFrame (TFDataset.from_dataframe), numpy arrays or "
-                           "TFDataset.from_tf_data." if hasattr(dataset, "rdd") else "."))
+    def balance_records(self, rdd, n: int, per_rank: int, timeout_s: float):
+        return self.records(rdd)
+
+    def records(self, rdd):
+        raise TypeError("Cannot use an RDD over Spark Connect: it has no RDDs; pass a DataFrame "
+                        "(TFDataset.from_dataframe), Parquet files, numpy arrays or TFDataset.from_tf_data.")
+
+    def validation_limit(self) -> int:
+        return plan_limit(self.spark)
 
     def ship(self, value, cleanup):
         return value
@@ -209,9 +208,7 @@ class ConnectBackend(Backend):
         path = progress_path(config.model_dir, config.run_id, attempt) if config.model_dir else None
         if hasattr(sink, "watch"):
             sink.watch(path)
-        yield Attempt(job={"rendezvous": None, "progress": None, "progress_path": path,
-                           "rendezvous_key": derive_key(secret, "rendezvous")},
-                      reports=lambda exc: failures_in(str(exc)))
+        yield Attempt(Channels(rendezvous=None, rendezvous_key=derive_key(secret, "rendezvous"), progress_path=path))
 
     def stopped(self) -> bool:
         return bool(getattr(self.spark, "is_stopped", False))

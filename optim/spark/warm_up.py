@@ -14,9 +14,9 @@ from __future__ import annotations
 import threading
 
 from optim.spark.connect import is_connect
-from optim.spark.driver.jobs import run_job
-from optim.spark.driver.slots import connect_slots, task_slots
-from optim.spark.worker.probe import REPORT_SCHEMA, arrow_report_fn, import_report_fn
+from optim.spark.jobs import run_job
+from optim.spark.probe import REPORT_SCHEMA, arrow_report_fn, import_report_fn
+from optim.spark.slots import connect_slots, task_slots
 
 __all__ = ["WarmUp", "ensure_warm_up", "probe_job", "started", "warm_up_workers"]
 

@@ -1,11 +1,11 @@
 """A rank's local copy of its partition: Spark's Arrow batches, read once and written still encoded to an
-Arrow IPC file on the executor's local disk, in fixed blocks. Worker side (pure pyarrow: no PySpark).
+Arrow IPC file on the executor's local disk, in fixed blocks. Rank side (pure pyarrow: no PySpark).
 
 * **Where**: ``<local dir>/tfnet-spool/``, the local dir being the first of Spark's ``SPARK_LOCAL_DIRS``
   (which Spark sets for its Python workers), else the system's temporary folder.
-* **Blocks**: :data:`~optim.training.stream.DEFAULT_BLOCK_ROWS` rows each (the last one shorter), cut
+* **Blocks**: :data:`~optim.data.stream.DEFAULT_BLOCK_ROWS` rows each (the last one shorter), cut
   from whatever batches Spark sent, so the epoch's order never depends on how Spark cut them. Each row
-  keeps its position in the partition (:data:`~optim.training.stream.ROW_COLUMN`). Memory: one block
+  keeps its position in the partition (:data:`~optim.data.stream.ROW_COLUMN`). Memory: one block
   and the batch Spark is sending.
 * **Every way out**: the file is removed when the rank is done, when it fails, and when writing fails
   (a full disk raises :class:`~optim.errors.StorageError` naming the folder and the bytes it needed).
@@ -24,12 +24,12 @@ from collections.abc import Callable, Iterable
 
 import pyarrow as pa
 
+from optim.data.stream import DEFAULT_BLOCK_ROWS, BlockSource
 from optim.errors import StorageError
-from optim.training.stream import DEFAULT_BLOCK_ROWS, BlockSource
 
 __all__ = ["SPOOL_FOLDER", "SpoolFile", "SpoolWriter", "local_dir", "spool_folder", "sweep"]
 
-log = logging.getLogger("tfnet.spark.worker")
+log = logging.getLogger("tfnet.data")
 
 SPOOL_FOLDER = "tfnet-spool"
 _NAME = re.compile(r"^tfnet-.*-pid(\d+)\.arrow(\.part)?$")
@@ -106,7 +106,7 @@ class SpoolWriter:
 
     Args:
         path: The file (written as ``path + ".part"``, renamed by :meth:`finish`).
-        block_rows: Rows per block. Default :data:`~optim.training.stream.DEFAULT_BLOCK_ROWS`.
+        block_rows: Rows per block. Default :data:`~optim.data.stream.DEFAULT_BLOCK_ROWS`.
     """
 
     def __init__(self, path: str, block_rows: int = DEFAULT_BLOCK_ROWS):
@@ -120,7 +120,7 @@ class SpoolWriter:
         self._sink = self._writer = None
 
     def write(self, batch: pa.RecordBatch) -> None:
-        """Adds ``batch``'s rows (which carry :data:`~optim.training.stream.ROW_COLUMN`)."""
+        """Adds ``batch``'s rows (which carry :data:`~optim.data.stream.ROW_COLUMN`)."""
         start = 0
         while start < batch.num_rows:
             take = min(self.block_rows - self._have, batch.num_rows - start)

@@ -2,8 +2,8 @@
 or one process). Pure: pyarrow and numpy (TensorFlow only where :mod:`optim.arrow` decodes images).
 
 The rows sit in *blocks* of encoded Arrow rows (images stay compressed bytes, arrays stay Arrow lists): a
-local copy of a Spark partition (:mod:`optim.spark.worker.spool`), or row groups of Parquet files
-(:mod:`optim.training.parquet`). :class:`StreamedDataset` gives the loop its batches for an epoch:
+local copy of a Spark partition (:mod:`optim.data.spool`), or row groups of Parquet files
+(:mod:`optim.data.parquet`). :class:`StreamedDataset` gives the loop its batches for an epoch:
 
 * **order**: with ``shuffle``, a seeded permutation of the blocks (``[seed, epoch, rank, pass]``), then a
   row shuffle inside *windows* of at least ``shuffle_buffer`` rows (consecutive blocks of that order; a
@@ -11,7 +11,7 @@ local copy of a Spark partition (:mod:`optim.spark.worker.spool`), or row groups
   Unlike a full shuffle, a row only moves within its window: rows of one block stay closer together
   than a permutation of the whole partition would leave them;
 * **equal steps**: with ``steps``, exactly that many full batches; a shard that runs out of rows goes on
-  with a new pass (a new block order, new windows), as :class:`~optim.training.datasets.ArrayDataset`
+  with a new pass (a new block order, new windows), as :class:`~optim.data.arrays.ArrayDataset`
   does;
 * **resume**: ``skip=k`` replays the same order and leaves out the first ``k`` batches' rows; windows
   wholly inside them are not even read;
@@ -35,15 +35,16 @@ import numpy as np
 import pyarrow as pa
 
 from optim.arrow import ColumnRead, read_column
+from optim.data.base import Batch, DataAdapter
+from optim.data.decode import row_weights
 from optim.errors import DataError
-from optim.training.datasets import Batch, SampleWeighted, TFDataset
-from optim.training.shard import row_weights
+from optim.losses import SampleWeighted
 
 __all__ = ["DEFAULT_BLOCK_ROWS", "DEFAULT_PREFETCH", "DEFAULT_SHUFFLE_BUFFER", "ROW_COLUMN", "Decoder", "Prefetch",
-           "StreamedDataset", "ArrowStream", "Window", "numbered", "rebatch",
+           "StreamedDataset", "ArrowStream", "Window", "numbered", "positions", "rebatch",
            "row_batches", "windows"]
 
-log = logging.getLogger("tfnet.training")
+log = logging.getLogger("tfnet.data")
 
 #: Rows per stored block: the unit of the block shuffle and of a read.
 DEFAULT_BLOCK_ROWS = 256
@@ -162,14 +163,21 @@ def numbered(batches, first: int = 0) -> Iterator[pa.RecordBatch]:
 
 class Decoder:
     """Encoded rows (an Arrow table) to a batch of numpy arrays: one array per feature spec and per
-    label spec (:class:`optim.training.shard.TensorColumns`), read through :func:`optim.arrow.read_column`.
-    A row that cannot become a tensor raises :class:`~optim.errors.BadRowError` naming its column, its
-    row in the partition (:data:`ROW_COLUMN`) and ``partition``."""
+    label spec (:class:`optim.data.decode.TensorColumns`), read through :func:`optim.arrow.read_column`.
+    A row that cannot become a tensor raises :class:`~optim.errors.BadRowError` naming its column and
+    where the row is: ``locate(row)`` of its position (:data:`ROW_COLUMN`), by default ``"row R of
+    partition P"`` (a Parquet source names the file and the row in it)."""
 
-    def __init__(self, features: Sequence, labels: Sequence, single_label: bool, partition: int, weight=None):
+    def __init__(self, features: Sequence, labels: Sequence, single_label: bool, partition: int, weight=None,
+                 locate: Callable[[int], str] | None = None):
         self.features, self.labels = tuple(features), tuple(labels)
         self.single_label, self.partition = single_label, partition
         self.weight = weight  # the TensorColumns of sample weights, or None
+        self.locate = locate
+
+    def where(self, row: int) -> str:
+        """Where the row at position ``row`` is, as errors name it."""
+        return self.locate(row) if self.locate is not None else f"row {row} of partition {self.partition}"
 
     def __call__(self, table: pa.Table) -> Batch:
         arrays = [self._spec(table, spec) for spec in self.features + self.labels]
@@ -180,9 +188,8 @@ class Decoder:
         if self.weight is None:
             return feats, labels
         column = self.weight.columns[0]
-        rows = (table.column(ROW_COLUMN).to_numpy() if ROW_COLUMN in table.column_names
-                else np.arange(table.num_rows))
-        weights = row_weights(self._column(table, column, None), column, self.partition, rows)
+        rows = positions(table)
+        weights = row_weights(self._column(table, column, None), column, self.partition, rows, where=self.where)
         return feats, SampleWeighted(labels, weights)
 
     def _spec(self, table: pa.Table, spec) -> np.ndarray:
@@ -196,8 +203,15 @@ class Decoder:
         if bad:
             row = min(bad)
             where = int(table.column(ROW_COLUMN)[row].as_py()) if ROW_COLUMN in table.column_names else row
-            raise bad[row].error(column, where, self.partition)
+            raise bad[row].error_at(column, self.where(where))
         return values
+
+
+def positions(table: pa.Table) -> np.ndarray:
+    """Each row's position (:data:`ROW_COLUMN`), or ``0..n-1`` where the table has none."""
+    if ROW_COLUMN in table.column_names:
+        return table.column(ROW_COLUMN).to_numpy()
+    return np.arange(table.num_rows)
 
 
 # ---------------------------------------------------------------- the pipeline
@@ -288,18 +302,18 @@ class BlockSource:
         """Removes what the source holds (a local copy); a no-op for files it does not own."""
 
 
-class StreamedDataset(TFDataset):
+class StreamedDataset(DataAdapter):
     """One rank's rows, read block by block from ``source`` (a :class:`BlockSource`): see the module.
 
     Args:
         source: The blocks.
         decoder: Encoded rows to a batch (:class:`Decoder`).
         augment: ``fn(features, rng) -> features`` for training batches, seeded by ``[seed, epoch,
-            rank, batch]`` as :class:`~optim.training.datasets.ArrayDataset` seeds it. Default: none.
+            rank, batch]`` as :class:`~optim.data.arrays.ArrayDataset` seeds it. Default: none.
         shuffle_buffer: Rows of a shuffle window. Default :data:`DEFAULT_SHUFFLE_BUFFER`.
         prefetch: Decoded batches made ahead of the step. Default :data:`DEFAULT_PREFETCH`.
-        on_batch: ``fn(batch, index) -> batch`` run in the producer on every batch (checks of data
-            that was not checked when stored). Default: none.
+        on_batch: ``fn(batch, index, positions) -> batch`` run in the producer on every batch (checks of
+            data that was not checked when stored; ``positions``: each row's :data:`ROW_COLUMN`). Default: none.
     """
 
     has_labels = True
@@ -326,7 +340,7 @@ class StreamedDataset(TFDataset):
     def batches(self, batch_size, *, epoch=0, seed=0, shuffle=True, skip=0, rank=0, size=1,
                 drop_remainder=False, steps=None, training=False) -> Iterator[Batch]:
         """This rank's batches for one epoch (the arguments of :meth:`ArrayDataset.batches
-        <optim.training.datasets.ArrayDataset.batches>`; the rows are this rank's already)."""
+        <optim.data.arrays.ArrayDataset.batches>`; the rows are this rank's already)."""
         if steps is not None and self.n == 0:
             raise DataError(f"Rank {rank} has no rows to train on.")
         if steps is not None:
@@ -345,9 +359,10 @@ class StreamedDataset(TFDataset):
                                shuffle_buffer=self.shuffle_buffer, passes=passes)
                 for b, table in enumerate(row_batches(reader.read, plan, batch_size, start, stop), start=skip):
                     features, labels = self.decoder(table)
+                    rows = positions(table) if self.on_batch is not None else None
                     del table
                     if self.on_batch is not None:
-                        features, labels = self.on_batch((features, labels), b)
+                        features, labels = self.on_batch((features, labels), b, rows)
                     if augment is not None:
                         features = augment(features, np.random.default_rng([seed, epoch, rank, b, 7]))
                     yield features, labels
@@ -361,7 +376,7 @@ class StreamedDataset(TFDataset):
         self.source.release()
 
 
-class ArrowStream(TFDataset):
+class ArrowStream(DataAdapter):
     """A partition's Arrow record batches read once, in order, a batch at a time, with no copy kept
     (distributed evaluation). :meth:`batches` can be called once."""
 

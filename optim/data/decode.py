@@ -1,4 +1,4 @@
-"""Turning one Spark partition into numpy arrays. Runs in the Python workers.
+"""Turning one Spark partition into numpy arrays. Runs on the ranks (and on the driver for collected data).
 
 A :class:`TensorColumns` says how to read one model input (or the labels) from Arrow columns: one
 column (numbers, arrays of numbers, flat or nested, reshaped to a declared per-row shape, or
@@ -90,9 +90,10 @@ def records_to_arrays(records: Iterable, partition: int) -> tuple[list[np.ndarra
     return arrays, label_arr
 
 
-def row_weights(values: np.ndarray, column: str, partition: int, first=0) -> np.ndarray:
+def row_weights(values: np.ndarray, column: str, partition: int, first=0, where=None) -> np.ndarray:
     """A weight column's values as float32, one per row (``first``: the partition's row of the first, or
-    an array of each row's row in the partition).
+    an array of each row's row in the partition; ``where(row)``: how errors name a row, by default ``"row R of
+    partition P"``).
 
     Raises:
         BadRowError: a value that is not one finite, non-negative number (naming the row).
@@ -103,8 +104,9 @@ def row_weights(values: np.ndarray, column: str, partition: int, first=0) -> np.
     w = values.astype(np.float32)
     bad = np.flatnonzero(~np.isfinite(w) | (w < 0))
     if bad.size:
-        where = int(first[bad[0]]) if isinstance(first, np.ndarray) else first + int(bad[0])
-        raise BadRowError(f"Weight column {column!r} row {where} of partition {partition} holds "
+        row = int(first[bad[0]]) if isinstance(first, np.ndarray) else first + int(bad[0])
+        at = where(row) if where is not None else f"row {row} of partition {partition}"
+        raise BadRowError(f"Weight column {column!r} {at} holds "
                           f"{float(values[bad[0]])!r}; a sample weight must be a finite, non-negative number "
                           f"({bad.size} such row(s)).")
     return w

@@ -1,5 +1,6 @@
 """Training data described by columns (a Spark DataFrame, Parquet files): which columns feed which input,
-with which per-row shape. Pure: no PySpark (each subclass says how it reads its column types).
+with which per-row shape, checked on the driver against the net and the loss (:mod:`optim.data.checks`)
+before any Spark job. Pure: no PySpark (each subclass says what its columns' types are).
 
 A model input (or the labels) comes from one column, reshaped to a declared per-row shape (or decoded, for
 encoded images), or from several scalar columns stacked into a vector: a
@@ -12,9 +13,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from optim.data.base import DataAdapter
+from optim.data.checks import Feed, check_feeds, check_present
+from optim.data.decode import TensorColumns
+from optim.data.values import check_label_types
 from optim.errors import ColumnError
-from optim.training.datasets import TFDataset
-from optim.training.shard import TensorColumns
 from tfnet.errors import closest_names
 
 __all__ = ["ColumnDataset", "shapes_by_column", "tensor_specs"]
@@ -65,7 +68,7 @@ def tensor_specs(cols, shapes: Mapping[str, Sequence[int]] | None, what: str) ->
     return out
 
 
-class ColumnDataset(TFDataset):
+class ColumnDataset(DataAdapter):
     """Features and labels read from named columns.
 
     Subclasses set ``features`` and ``labels`` (lists of TensorColumns), ``input_keys`` (input names,
@@ -124,14 +127,9 @@ class ColumnDataset(TFDataset):
         """The user's name for a column (not the hidden array column of a Vector column)."""
         return {hidden: c for c, hidden in self.vectors.items()}.get(column, column)
 
-    def _check_present(self, existing: list[str], where: str) -> None:
+    def _check_present(self, existing: list[str]) -> None:
         """Raises ColumnError for a column that is not in ``existing`` (naming the closest)."""
-        for spec in self.features + self.labels + self._weights():
-            for c in spec.columns:
-                if c not in existing:
-                    close = closest_names(c, existing)
-                    raise ColumnError(f"Column {c!r} is not in {where}. Columns: {existing}"
-                                      + (f"; closest: {close}" if close else ""))
+        check_present([c for spec in self.features + self.labels + self._weights() for c in spec.columns], existing)
 
     def arrange_inputs(self, input_names: list[str]) -> None:
         """Puts the feature columns in the net's input order, when they were given as a dict by
@@ -156,50 +154,47 @@ class ColumnDataset(TFDataset):
         self.features = [by_input[n] for n in input_names]
         self.input_keys = None
 
-    def column_kinds(self) -> dict[str, str]:
-        """``{column: "flat" | "image" | "other"}``: flat arrays of numbers, binary (encoded images), or else."""
+    def column_types(self) -> dict[str, str]:
+        """``{column: type}`` in Spark's words (``double``, ``array<float>``, ``binary``, ``vector``), by the
+        user's column names."""
         raise NotImplementedError  # pragma: no cover
 
-    def check_inputs(self, input_names: list[str], input_specs) -> None:
-        """Before any Spark job: each per-row shape given (``feature_shapes``, or stacked scalar
-        columns) against its input's, and a flat array column, or a column of encoded images,
-        feeding an input of rank 3 or more needs its per-row shape in ``feature_shapes``.
-
-        Raises:
-            InputSpecError: the column, the input's shape, and the ``feature_shapes`` to pass.
-        """
-        from tfnet.errors import InputSpecError
-
-        if len(self.features) != len(input_names):
-            raise InputSpecError(f"feature_cols gives {len(self.features)} input(s) "
-                                 f"{[self._shown(s.name) for s in self.features]}; the net takes {len(input_names)}: "
-                                 f"{input_names}.")
-        for spec, name, tensor in zip(self.features, input_names, input_specs):
-            if spec.shape is None or tensor.shape.rank is None:
+    def feeds(self) -> list[Feed]:
+        """What feeds each input (:class:`~optim.data.checks.Feed`): the column (or stacked columns), its type
+        and the per-row shape given."""
+        types = self.column_types()
+        out = []
+        for spec in self.features:
+            names = [self._shown(c) for c in spec.columns]
+            if len(names) == 1:
+                out.append(Feed(names[0], types.get(names[0], "other"), spec.shape, declared=spec.shape is not None))
                 continue
-            row = tuple(tensor.shape.as_list()[1:])
-            fits = len(spec.shape) == len(row) and all(d is None or d == g for d, g in zip(row, spec.shape))
-            if not fits:
-                what = (f"feature_shapes gives column {self._shown(spec.columns[0])!r} rows of shape {tuple(spec.shape)}"
-                        if len(spec.columns) == 1 else
-                        f"the {len(spec.columns)} stacked columns {[self._shown(c) for c in spec.columns]} make rows of "
-                        f"shape {tuple(spec.shape)}")
-                raise InputSpecError(f"{what}, and input {name!r} takes rows of shape {row} (the net's input is "
-                                     f"{tuple(tensor.shape.as_list())}, the batch first).")
-        kinds = self.column_kinds()
-        for spec, name, tensor in zip(self.features, input_names, input_specs):
-            if spec.shape is not None or len(spec.columns) != 1 or tensor.shape.rank is None or tensor.shape.rank < 3:
-                continue
-            column = spec.columns[0]
-            kind = kinds.get(column)
-            if kind in ("flat", "image"):
-                row = tuple(tensor.shape.as_list()[1:])
-                shown = {hidden: c for c, hidden in self.vectors.items()}.get(column, column)
-                raise InputSpecError(
-                    f"Column {shown!r} holds {'flat arrays' if kind == 'flat' else 'encoded images'}, and input {name!r} "
-                    f"takes rows of shape {row}: pass feature_shapes={{{shown!r}: {tuple(d or 0 for d in row)}}} (the "
-                    "per-row shape), so that the ranks can reshape or decode it."
-                )
+            kinds = [Feed(n, types.get(n, "other")) for n in names]
+            odd = next((k for k in kinds if k.kind != "numbers" or k.type.startswith("array<")), None)
+            if odd is not None:
+                raise ColumnError(f"Column {odd.name!r} holds {odd.type} values; columns stacked into one input "
+                                  f"{names} must each hold one number per row.")
+            out.append(Feed(spec.name if len(names) > 1 else names[0], "array<double>", spec.shape, declared=True))
+        return out
+
+    def label_kinds(self) -> list[tuple[str, str]]:
+        """``(column, type)`` of each label, for the checks against the loss before any job."""
+        types = self.column_types()
+        return [(self._shown(s.name), types.get(self._shown(s.columns[0]), "other") if len(s.columns) == 1
+                 else "stacked") for s in self.labels]
+
+    def bind(self, input_names, input_specs) -> None:
+        """The feature columns in the net's input order (when given by input name), checked against the
+        net's inputs (:func:`~optim.data.checks.check_feeds`)."""
+        self.arrange_inputs(list(input_names))
+        check_feeds(self.feeds(), list(input_names), list(input_specs))
+
+    def checked(self, loss, net, on_nonfinite: str, where: str, training: bool = True):
+        """The label columns' types against the loss (before any job); the values are checked on the ranks
+        as they read them."""
+        if self.has_labels:
+            check_label_types(self.label_kinds(), loss, net, where)
+        return self
 
     def columns(self) -> list[str]:
         """Every column the ranks read: :meth:`data_columns`, then the weight column."""

@@ -1,0 +1,251 @@
+"""The TFDataset protocol: what every kind of data answers, for the driver and for a rank. Both sides.
+
+A :class:`DataAdapter` is one kind of data (numpy arrays, a ``tf.data`` input, a DataFrame, an RDD,
+Parquet files, a rank's streamed rows). The code that trains, evaluates and launches never asks which
+kind it holds; it asks the adapter:
+
+* **the driver's questions**: whether it trains over Spark by default (:attr:`distributed`); its
+  columns, checked against the net and the loss before any Spark job (:meth:`bind`, :meth:`checked`);
+  whether the global batch is split over the ranks (:attr:`splits_batch`); how it is staged for ``n``
+  ranks (:meth:`stage`: what the stage runs over, and the picklable :class:`RankData` each rank gets);
+  how it goes to the ranks as validation data (:meth:`for_ranks`); how it is evaluated and predicted
+  over Spark (:meth:`evaluation`, :meth:`predict_with`);
+* **a rank's questions**: its batches for an epoch (:meth:`batches`, :meth:`num_batches`), and, through
+  the :class:`RankData` the driver made, how its share is opened (:meth:`RankData.open`), counted and
+  turned into the steps every rank agrees on.
+
+What the driver's side needs from the session it stages into is a :class:`StageHost` (the launcher's
+backend): placeholders, balancing, shipping. The adapters never import the launcher.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from optim.errors import DataError
+
+__all__ = ["Batch", "DataAdapter", "Opened", "RankData", "RankEnv", "Shipped", "StageHost", "Staged", "agree_steps",
+           "unshipped"]
+
+Batch = tuple[list, Any]
+
+
+class StageHost(Protocol):
+    """What an adapter asks of the session it stages into (the launcher's backend)."""
+
+    spark: Any
+
+    def placeholder(self, n: int):
+        """A DataFrame of ``n`` empty-ish partitions (``spark.range(n, numPartitions=n)``), for data the ranks
+        read themselves."""
+
+    def balance(self, df, n: int, per_rank: int, timeout_s: float):
+        """``df`` with ``n`` partitions, balanced as the session can."""
+
+    def balance_records(self, rdd, n: int, per_rank: int, timeout_s: float):
+        """``rdd`` with ``n`` partitions; raises TypeError where the session has no RDDs (Spark Connect)."""
+
+    def records(self, rdd):
+        """``rdd`` as it is, for a job over its partitions; raises TypeError where the session has no RDDs."""
+
+    def ship(self, value, cleanup):
+        """``value`` as the ranks get it: a broadcast, or itself in the plan."""
+
+    def validation_limit(self) -> int:
+        """The most bytes of validation arrays that go to every rank."""
+
+    def partitions(self, requested: int | None) -> int:
+        """Tasks for a job over a placeholder: ``requested`` or the session's default."""
+
+
+class Shipped:
+    """A value as the ranks get it: a Spark broadcast, or the value itself (in the plan)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def get(self):
+        return unshipped(self.value)
+
+
+def unshipped(value):
+    """What a broadcast holds, or ``value`` itself when it came in the plan (Spark Connect)."""
+    cls = type(value)
+    if cls.__name__ == "Broadcast" and cls.__module__.startswith("pyspark"):
+        return value.value
+    return value
+
+
+@dataclass
+class RankEnv:
+    """What a rank offers its data when it opens it (made by the rank).
+
+    Attributes:
+        name: A name for this rank's local copies (the run, the rank and the attempt).
+        checks: ``checks(where)``: the partition checks (:class:`optim.training.checks.PartitionChecks`) of
+            the run's loss, outputs and ``on_nonfinite``, naming the rows as ``where`` says.
+        check_values: ``check_values(dataset, where)``: the same checks on a partition read whole (an
+            :class:`~optim.data.arrays.ArrayDataset`); returns it, or it without its skipped rows.
+    """
+
+    name: str
+    checks: Callable[[str], Any]
+    check_values: Callable[[Any, str], Any]
+
+
+@dataclass
+class Opened:
+    """A rank's data once opened: its training share, its validation share (None: none, or shipped apart), and
+    the local copies it made (removed by :meth:`release` on every way out)."""
+
+    train: Any
+    validation: Any = None
+    local: list = field(default_factory=list)
+
+    def release(self) -> None:
+        for data in self.local:
+            data.release()
+
+
+class RankData:
+    """How a rank opens its share of the data: made by :meth:`DataAdapter.stage` on the driver, shipped in
+    the job (picklable), used on the rank. ``validation`` is shipped validation data (a :class:`Shipped`,
+    or None)."""
+
+    validation: Shipped | None = None
+    #: Whether :meth:`count` counts rows (a ``tf.data`` input counts batches).
+    counts_rows: bool = True
+
+    def open(self, rows: Iterable, rank: int, size: int, env: RankEnv) -> Opened:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def count(self, opened: Opened, rank: int, size: int) -> int:
+        """What the ranks gather to agree on the steps: this rank's rows."""
+        return int(opened.train.rows_on(rank, size))
+
+    def steps(self, counts: list[int], per_rank_batch: int) -> int:
+        """Steps per epoch for every rank, from every rank's :meth:`count` (:func:`agree_steps`)."""
+        return agree_steps(counts, per_rank_batch)
+
+    def evaluate(self, rows: Iterable, partition: int, size: int) -> tuple[Any, int, int]:
+        """For a distributed evaluation (a task per partition): ``(data, rank, size)`` to accumulate over."""
+        raise NotImplementedError  # pragma: no cover - interface
+
+    def open_validation(self):
+        return None if self.validation is None else self.validation.get()
+
+
+def agree_steps(rows: list[int], per_rank_batch: int) -> int:
+    """Steps per epoch for every rank: ``ceil(max(rows) / per_rank_batch)``.
+
+    Each rank takes that many full batches; a rank with fewer rows wraps around (a fresh shuffle of
+    its rows), so every row is seen at least once per epoch and no rank waits in a collective that
+    another rank never joins.
+
+    >>> agree_steps([100, 37], 10)
+    10
+    """
+    if not rows or min(rows) <= 0:
+        empty = [r for r, n in enumerate(rows) if n <= 0]
+        raise DataError(f"Ranks {empty} have no rows to train on (rows per rank: {rows}).")
+    return max(1, -(-max(rows) // per_rank_batch))
+
+
+@dataclass
+class Staged:
+    """A dataset staged for the ranks: ``frame`` (a DataFrame) or ``records`` (an RDD) that the stage runs over,
+    one partition per rank (driver only, never shipped), and ``rank_data``, which each rank gets."""
+
+    rank_data: RankData
+    frame: Any = None
+    records: Any = None
+    #: The tasks of a job over a placeholder (0: one per partition of ``frame`` or ``records``).
+    size: int = 0
+
+    def collect(self, task: Callable[[Iterator], Iterator[tuple]], schema, barrier: bool = True) -> list[tuple]:
+        """Runs ``task`` over every partition (a barrier stage with ``barrier``) and returns what the tasks
+        yielded: tuples of ``schema``'s fields (a ``pyarrow.Schema``)."""
+        if self.records is not None:
+            rdd = self.records.barrier() if barrier else self.records
+            return [tuple(r) for r in rdd.mapPartitions(task).collect()]
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        def arrow_task(batches):
+            import pyarrow as pa
+
+            for record in task(batches):
+                yield pa.RecordBatch.from_pydict({n: [v] for n, v in zip(schema.names, record)}, schema=schema)
+
+        rows = self.frame.mapInArrow(arrow_task, from_arrow_schema(schema), barrier=barrier).collect()
+        return [tuple(r) for r in rows]
+
+
+class DataAdapter:
+    """The TFDataset protocol (see the module). Subclasses implement :meth:`batches` and :meth:`num_batches`,
+    and, to train over Spark, :meth:`stage`."""
+
+    #: Whether ``optimize`` trains on it over Spark by default (a DataFrame, an RDD, Parquet files).
+    distributed: bool = False
+    has_labels: bool = True
+    #: The global batch ``optimize`` uses by default (None: 32).
+    batch_size: int | None = None
+    #: Whether the global batch is split over the ranks (a ``tf.data`` input batches itself on each rank).
+    splits_batch: bool = True
+    #: Rows of the Arrow batches Spark sends a rank while it reads its partition (None: Spark's default).
+    arrow_batch_rows: int | None = None
+
+    # ------------------------------------------------------------ the driver's questions
+
+    def session(self):
+        """The SparkSession the data belongs to, or None."""
+        return None
+
+    def bind(self, input_names: list[str], input_specs) -> None:
+        """Before any Spark job: puts the data's feature columns in the net's input order and checks them
+        against the net's inputs (names, dtypes, per-row shapes). Default: nothing to check."""
+
+    def checked(self, loss, net, on_nonfinite: str, where: str, training: bool = True) -> DataAdapter:
+        """The data with the driver's checks of its labels and values done (or arranged for, where the rows
+        are read later); raises a typed error naming the column and row. Default: itself."""
+        return self
+
+    def stage(self, host: StageHost, n: int, per_rank: int, *, cleanup, validation: DataAdapter | None = None,
+              timeout_s: float = 600.0) -> Staged:
+        """This data staged for ``n`` ranks, each taking ``per_rank`` rows a step, with ``validation`` (None,
+        or an adapter whose :meth:`for_ranks` this may call) travelling with it."""
+        raise TypeError(f"Cannot train on {type(self).__name__} over Spark.")
+
+    def for_ranks(self, host: StageHost, cleanup) -> Shipped:
+        """This data as the validation data of a distributed run: what every rank gets."""
+        raise TypeError(
+            "Distributed validation data must be numpy arrays, a TFDataset (from_ndarrays, from_tf_data, from_dataframe, "
+            f"from_rdd, from_parquet). Received: {type(self).__name__}")
+
+    def carried_bytes(self) -> int:
+        """The bytes that travel with the job when this is staged (numpy arrays); 0 for data the ranks read."""
+        return 0
+
+    def evaluation(self, host: StageHost, partitions: int | None) -> Staged:
+        """This data staged for a distributed evaluation (a task per partition, no barrier)."""
+        raise TypeError(f"Cannot evaluate {type(self).__name__} over Spark.")
+
+    def predict_with(self, predictor, batch_size: int):
+        """The net's outputs over Spark, through ``predictor`` (a :class:`~optim.TFPredictor`)."""
+        raise TypeError(f"Cannot predict on {type(self).__name__} over Spark.")
+
+    def to_local(self) -> DataAdapter:
+        """The data collected to this process (validation data of a distributed run)."""
+        return self
+
+    # ------------------------------------------------------------ a rank's questions
+
+    def batches(self, batch_size: int, *, epoch: int = 0, seed: int = 0, shuffle: bool = True, skip: int = 0,
+                rank: int = 0, size: int = 1, drop_remainder: bool = False, steps: int | None = None,
+                training: bool = False) -> Iterator[Batch]:
+        raise NotImplementedError  # pragma: no cover
+
+    def num_batches(self, batch_size: int, *, rank: int = 0, size: int = 1, drop_remainder: bool = False) -> int | None:
+        """Batches per epoch for this rank, or None when unknown in advance."""
+        raise NotImplementedError  # pragma: no cover

@@ -1,0 +1,234 @@
+"""``TFDataset.from_parquet``: Parquet files read straight by each rank, with no Spark job for the data. Driver
+side (the adapter); the ranks read their rows with :mod:`optim.data.parquet_read`. Pure pyarrow and fsspec
+(no PySpark): a local path, or any URI fsspec knows (``s3://``, ``gs://``, ...).
+
+The driver finds the files as pyarrow's dataset API and Spark do (names starting with ``_`` or ``.`` left
+out; Hive-style folders such as ``.../bucket=3/part-0.parquet`` are columns like any other, ``bucket``
+here), reads their footers once, and checks the columns against the net and the loss before any job, as
+every road of data does (:mod:`optim.data.checks`). A file that cannot be read is named in the error.
+The footers give the rows of every row group, so the rows of each rank, and so the steps per epoch, are
+known before the stage starts. Rank ``r`` of ``n`` takes the rows ``[r * N // n, (r + 1) * N // n)`` of
+the files in order (a row group that straddles two ranks is read by both, each keeping its part), and
+streams them (:mod:`optim.data.stream`): its memory holds one row group (encoded) besides the batch, the
+shuffle window and the prefetched batches. Write Parquet with row groups of a few thousand rows (Spark's
+``parquet.block.size``) for a finer shuffle and a smaller memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from optim.data import stream
+from optim.data.base import Opened, RankData, RankEnv, Shipped, Staged
+from optim.data.checks import spark_type
+from optim.data.columns import ColumnDataset
+from optim.data.parquet_read import BatchCheck, FileRows, ParquetSource, filesystem
+from optim.errors import DataError
+
+__all__ = ["ParquetDataset", "list_parquet"]
+
+
+def _discover(path: str, storage_options):
+    """``(files, partition values per file, schema)``: the Parquet files at ``path`` sorted, the Hive-style
+    partition columns' values of each (``{column: value}``), and the schema of the rows with the partition
+    columns last.
+
+    Raises:
+        DataError: nothing there, no Parquet file there, or a file whose schema cannot be read (named).
+    """
+    import pyarrow.dataset as ds
+    import pyarrow.fs as pafs
+
+    fs, inner = filesystem(path, storage_options)
+    info = fs.get_file_info(inner)
+    if info.type == pafs.FileType.NotFound:
+        raise DataError(f"No Parquet files at {path!r}: it does not exist.")
+    single = info.type == pafs.FileType.File
+    try:
+        found = ds.dataset(inner, format="parquet", filesystem=fs, partitioning=None if single else "hive")
+    except (pa.ArrowInvalid, OSError) as exc:  # the file it read the schema from: name it
+        for name in [inner] if single else _candidates(fs, inner):
+            read_footer(fs, name)
+        raise DataError(f"The Parquet files at {path!r} cannot be read: {_first_line(exc)}") from None
+    fragments = sorted(found.get_fragments(), key=lambda f: f.path)
+    if not fragments:
+        raise DataError(f"No Parquet files at {path!r}: the folder holds none (names starting with _ or . are "
+                        "left out).")
+    values = [{} if single else dict(ds.get_partition_keys(f.partition_expression)) for f in fragments]
+    return [f.path for f in fragments], values, found.schema
+
+
+def _candidates(fs, folder: str) -> list[str]:
+    """The files under ``folder`` pyarrow's discovery would take (names starting with ``_`` or ``.`` left out)."""
+    import posixpath
+
+    import pyarrow.fs as pafs
+
+    out = []
+    for entry in fs.get_file_info(pafs.FileSelector(folder, recursive=True)):
+        parts = posixpath.relpath(entry.path, folder).split("/")
+        if entry.type == pafs.FileType.File and not any(p.startswith(("_", ".")) for p in parts):
+            out.append(entry.path)
+    return sorted(out)
+
+
+def read_footer(fs, name: str):
+    """File ``name``'s Parquet metadata.
+
+    Raises:
+        DataError: the file cannot be read as Parquet (truncated, corrupt, not Parquet), naming it.
+    """
+    import pyarrow.parquet as pq
+
+    try:
+        with fs.open_input_file(name) as handle:
+            return pq.ParquetFile(handle).metadata
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(f"Parquet file {name!r} cannot be read: {_first_line(exc)} (a truncated or corrupt file, or "
+                        "not Parquet).") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def list_parquet(path: str, storage_options=None) -> list[str]:
+    """The Parquet files at ``path`` (a file, or a folder searched recursively), sorted; names starting
+    with ``_`` or ``.`` (Spark's ``_SUCCESS``, checksums) are left out.
+
+    Raises:
+        DataError: no Parquet file is there.
+    """
+    return _discover(str(path), storage_options)[0]
+
+
+class ParquetDataset(ColumnDataset):
+    """``TFDataset.from_parquet(path, feature_cols, label_cols, feature_shapes, storage_options)``: see the
+    module.
+
+    Args:
+        path: A Parquet file, or a folder of them (as Spark writes it, Hive-style partition folders
+            included), a local path or a URI.
+        feature_cols, label_cols, feature_shapes, batch_size, augment: As for
+            :class:`~optim.data.dataframe.DataFrameDataset`.
+        storage_options: fsspec options for a URI (endpoint, credentials); None for the library's
+            defaults. The ranks get them with the job.
+        shuffle_buffer: Rows of a shuffle window (the rank's blocks are shuffled, then the rows within
+            windows of at least this many rows). Default 2048.
+        prefetch: Decoded batches made ahead of the step. Default 2.
+
+    Raises:
+        DataError: no Parquet files at ``path``, or a file that cannot be read (named).
+        ColumnError: a column that the files do not have.
+    """
+
+    distributed = True
+
+    def __init__(self, path: str, feature_cols, label_cols=None, feature_shapes=None, storage_options=None,
+                 batch_size: int | None = None, augment=None, shuffle_buffer: int = stream.DEFAULT_SHUFFLE_BUFFER,
+                 prefetch: int = stream.DEFAULT_PREFETCH):
+        self.path, self.storage_options = str(path), storage_options
+        self.batch_size, self.augment = batch_size, augment
+        self.shuffle_buffer, self.prefetch = int(shuffle_buffer), int(prefetch)
+        self._set_columns(feature_cols, label_cols, feature_shapes)
+        self.files, self.partition_values, schema = _discover(self.path, storage_options)
+        self._check_present(list(schema.names))
+        self.types = {f.name: spark_type(f.type) for f in schema}
+        self.partition_types = {name: schema.field(name).type for name in {k for v in self.partition_values for k in v}}
+        self.groups: list[tuple[int, int, int]] = []  # (file, row group, rows)
+        self.file_rows = [self._footer(f, name) for f, name in enumerate(self.files)]
+        self.check = None
+
+    def _footer(self, index: int, name: str) -> int:
+        """Reads file ``index``'s footer: its row groups go into :attr:`groups`; returns its rows."""
+        fs, _ = filesystem(self.path, self.storage_options)
+        meta = read_footer(fs, name)
+        self.groups.extend((index, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups))
+        return int(meta.num_rows)
+
+    @property
+    def num_rows(self) -> int:
+        return int(sum(rows for _, _, rows in self.groups))
+
+    def column_types(self) -> dict[str, str]:
+        return dict(self.types)
+
+    def pieces(self, rank: int, size: int) -> list[tuple[int, int, int, int]]:
+        """Rank ``rank``'s share: ``(file, row group, first row, end row)`` parts of row groups, in order."""
+        total = self.num_rows
+        lo, hi = rank * total // size, (rank + 1) * total // size
+        out, start = [], 0
+        for f, g, rows in self.groups:
+            a, b = max(lo, start), min(hi, start + rows)
+            if a < b:
+                out.append((f, g, a - start, b - start))
+            start += rows
+        return out
+
+    def rows_on(self, rank: int, size: int) -> int:
+        return int(sum(b - a for _, _, a, b in self.pieces(rank, size)))
+
+    def num_batches(self, batch_size, *, rank=0, size=1, drop_remainder=False) -> int:
+        n = self.rows_on(rank, size)
+        return n // batch_size if drop_remainder else -(-n // batch_size)
+
+    def with_checks(self, check) -> ParquetDataset:
+        """A copy whose batches go through ``check`` (:class:`optim.data.values.PartitionChecks`) as they are
+        decoded, each row named by its file and its row in the file: the rows are not read before training,
+        so each batch is checked on its way."""
+        import copy
+
+        out = copy.copy(self)
+        out.check = check
+        return out
+
+    def locate(self) -> FileRows:
+        """How errors name a row of these files (its file and its row in it)."""
+        return FileRows(self.files, np.concatenate([[0], np.cumsum(self.file_rows)]).astype(np.int64))
+
+    def shard(self, rank: int, size: int) -> stream.StreamedDataset:
+        """Rank ``rank``'s rows as a stream."""
+        file_columns = [c for c in self.columns() if c not in self.partition_types]
+        source = ParquetSource(self.path, self.storage_options, self.files, self.pieces(rank, size), file_columns,
+                               self.partition_values, self.partition_types, self.locate().starts)
+        decoder = stream.Decoder(self.features, self.labels, self.single_label, rank, self.weight, self.locate())
+        on_batch = BatchCheck(self.check, self.locate()) if self.check is not None else None
+        return stream.StreamedDataset(source, decoder, self.augment, self.shuffle_buffer, self.prefetch, on_batch)
+
+    def batches(self, batch_size, *, epoch=0, seed=0, shuffle=True, skip=0, rank=0, size=1,
+                drop_remainder=False, steps=None, training=False):
+        return self.shard(rank, size).batches(batch_size, epoch=epoch, seed=seed, shuffle=shuffle, skip=skip, rank=rank,
+                                              size=size, drop_remainder=drop_remainder, steps=steps, training=training)
+
+    # ------------------------------------------------------------ over Spark
+
+    def stage(self, host, n, per_rank, *, cleanup, validation=None, timeout_s=600.0) -> Staged:
+        """Each rank reads its share of the files itself: the stage runs over a placeholder."""
+        shipped = None if validation is None else validation.for_ranks(host, cleanup)
+        return Staged(ParquetRankData(self, shipped), frame=host.placeholder(n))
+
+    def for_ranks(self, host, cleanup) -> Shipped:
+        return Shipped(self)
+
+    def evaluation(self, host, partitions) -> Staged:
+        n = host.partitions(partitions)
+        return Staged(ParquetRankData(self), frame=host.placeholder(n), size=n)
+
+
+class ParquetRankData(RankData):
+    """A rank's share of the files, checked batch by batch as it is read (rows named by file and row)."""
+
+    def __init__(self, data: ParquetDataset, validation: Shipped | None = None):
+        self.data, self.validation = data, validation
+
+    def open(self, rows, rank: int, size: int, env: RankEnv) -> Opened:
+        for _ in rows:  # the placeholder partition carries nothing
+            pass
+        return Opened(self.data.with_checks(env.checks(f"rank {rank}'s rows")), self.open_validation())
+
+    def evaluate(self, rows, partition: int, size: int):
+        for _ in rows:
+            pass
+        return self.data, partition, size

@@ -1,0 +1,78 @@
+"""``TFDataset.from_rdd``: a Spark RDD of ``(features, label)`` records, one partition per rank. Driver side
+(the adapter), with the small reader each rank runs over its records (:class:`RecordShard`).
+
+A classic session balances the records over the ranks; Spark Connect has no RDDs, and its session refuses
+them when the stage is made (:meth:`~optim.data.base.StageHost.balance_records`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from optim.data.arrays import ArrayDataset
+from optim.data.base import DataAdapter, Opened, RankData, RankEnv, Shipped, Staged
+from optim.data.decode import records_to_arrays
+
+__all__ = ["RDDDataset", "RecordRankData", "RecordShard"]
+
+
+class RDDDataset(DataAdapter):
+    """``TFDataset.from_rdd(rdd)``: an RDD of ``(features, label)`` records, ``features`` an array
+    (or a tuple of arrays, one per model input)."""
+
+    distributed = True
+
+    def __init__(self, rdd, batch_size: int | None = None):
+        self.rdd = rdd
+        self.batch_size = batch_size
+        self.has_labels = True
+        from optim.spark.warm_up import ensure_warm_up
+
+        ensure_warm_up(getattr(rdd, "context", None))
+
+    def to_local(self) -> ArrayDataset:
+        """Collects the records to the driver (validation data of a distributed run)."""
+        return RecordShard()(self.rdd.collect(), 0, presharded=False)
+
+    def num_batches(self, batch_size, **kw):
+        return None
+
+    def stage(self, host, n, per_rank, *, cleanup, validation=None, timeout_s=600.0) -> Staged:
+        records = host.balance_records(self.rdd, n, per_rank, timeout_s)
+        shipped = None if validation is None else validation.for_ranks(host, cleanup)
+        return Staged(RecordRankData(shipped), records=records)
+
+    def for_ranks(self, host, cleanup) -> Shipped:
+        return self.to_local().for_ranks(host, cleanup)
+
+    def evaluation(self, host, partitions) -> Staged:
+        return Staged(RecordRankData(), records=host.records(self.rdd))
+
+    def predict_with(self, predictor, batch_size: int):
+        """An RDD of outputs, aligned with the records."""
+        return predictor.predict(self.rdd.map(lambda record: record[0] if isinstance(record, tuple) else record))
+
+
+class RecordShard:
+    """A partition of records into arrays (empty arrays for an empty partition)."""
+
+    def __call__(self, records, partition: int, presharded: bool = True) -> ArrayDataset:
+        feats, labels = records_to_arrays(records, partition)
+        if not feats:
+            return ArrayDataset([np.zeros((0,), np.float32)], [np.zeros((0,), np.float32)], True, presharded=True)
+        return ArrayDataset(feats, [labels], True, presharded=presharded)
+
+
+class RecordRankData(RankData):
+    """A rank's partition of records, read whole and checked."""
+
+    def __init__(self, validation: Shipped | None = None):
+        self.validation = validation
+
+    def open(self, rows: Iterable, rank: int, size: int, env: RankEnv) -> Opened:
+        return Opened(env.check_values(RecordShard()(rows, rank), f"partition {rank}"), self.open_validation())
+
+    def evaluate(self, rows: Iterable, partition: int, size: int):
+        return RecordShard()(rows, partition), 0, 1

@@ -1,0 +1,188 @@
+"""The driver<->rank protocol: what a rank is asked to do and what it hands back, as plain data. Both sides.
+
+The driver (or a Spark Connect client) builds a :class:`RankJob` for each attempt of the training stage,
+split by concern: :class:`TrainSpec` (what to train and how), the data's
+:class:`~optim.data.base.RankData` (where the rank's data comes from and how it opens it),
+:class:`Channels` (how the ranks meet and report) and :class:`Limits` (how long anything may take). The
+stage runs the entry point named by :data:`TRAIN_ENTRY` on every rank; rank 0 packs its outcome with
+:func:`pack_result`, and the driver reads it back with :func:`unpack_result`. A local run and a distributed
+one end in the same :class:`RunResult`, whose :meth:`RunResult.last_run` is ``TFOptimizer.last_run``.
+
+A rank's failure travels one way, as data: a :class:`~optim.transport.failures.WorkerFailure` inside the
+task's error (:func:`optim.transport.failures.failure_text`), read back on the driver from the error Spark
+raises. Neither side imports the other's package: they meet here, and the driver names the ranks' entry
+points by name (:func:`entry`), as a plugin's entry point is named.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["EVALUATE_ENTRY", "RESULT_FORMAT", "RESULT_SCHEMA", "STATES_SCHEMA", "TRAIN_ENTRY", "Channels", "EvalJob",
+           "Limits", "RankJob", "RunResult", "TrainSpec", "entry", "pack_result", "unpack_result"]
+
+#: The function every task of the training stage runs: ``(job: RankJob, rows) -> iterator of result records``.
+TRAIN_ENTRY = "optim.spark.worker.task:run_task"
+#: The function every task of a distributed evaluation runs: ``(job: EvalJob, rows) -> iterator of records``.
+EVALUATE_ENTRY = "optim.spark.worker.evaluate:evaluate_task"
+#: Rank 0's result, as the stage's rows: the path of the result file, or the payload in numbered pieces.
+RESULT_SCHEMA = pa.schema([("piece", pa.int32()), ("chunk", pa.binary()), ("path", pa.string())])
+#: A partition's loss and metric accumulators (JSON), as an evaluation's rows.
+STATES_SCHEMA = pa.schema([("states", pa.string())])
+#: The format tag of rank 0's payload (:mod:`tfnet.container`).
+RESULT_FORMAT = "tfnet-rank-result-1"
+
+
+def entry(name: str):
+    """The function an entry point names (``"package.module:function"``), imported where it runs."""
+    module, _, function = name.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+@dataclass
+class TrainSpec:
+    """What to train and how: the net (its bytes, a path in the exchange folder, or a broadcast) and its hooks,
+    the loss, the method and the metrics, the ranks' config (``batch_size`` per rank), the state to go on from
+    (the optimiser's, the server method's, the step) and what gives the logged learning rate. ``outputs``: the
+    net's output names and specs, for the checks of labels on the ranks."""
+
+    net: Any
+    hooks: bytes | None
+    loss: Any
+    method: Any
+    metrics: list
+    config: Any
+    state: list | None = None
+    start_step: int = 0
+    exchange_state: list | None = None
+    lr_source: Any = None
+    outputs: tuple = ((), ())
+
+
+@dataclass
+class Channels:
+    """How the ranks of one attempt meet and report: the rendezvous store (the driver's; None: rank 0 hosts it,
+    under Spark Connect) and its key, the progress channel (the driver's) and its key, or the progress file in
+    ``model_dir`` (Spark Connect), the exchange folder the net and rank 0's result go through (None: the job and
+    its result rows), and the control file that asks the ranks to stop at an epoch boundary (elastic training)."""
+
+    rendezvous: tuple[str, int] | None = ("127.0.0.1", 0)
+    rendezvous_key: bytes = b""
+    progress: tuple[str, int] | None = None
+    progress_key: bytes = b""
+    progress_path: str | None = None
+    exchange: str | None = None
+    control: str | None = None
+
+
+@dataclass
+class Limits:
+    """How long anything may take on a rank, and how it behaves: ``timeout_s`` without progress, the start-up
+    bound (launch to first step, and the long phases), the steps per epoch given (None: agreed from the data),
+    the ranks' log level, Horovod's threads (:mod:`optim.training.comm_threads`) and the size of rank 0's
+    result pieces when they come back as rows."""
+
+    timeout_s: float = 300.0
+    startup_timeout_s: float = 600.0
+    steps_per_epoch: int | None = None
+    log_level: int = logging.WARNING
+    horovod_threads: str = "idle"
+    chunk_bytes: int = 1 << 30
+
+    @property
+    def long_s(self) -> float:
+        """The bound of the long phases (compiles, checkpoint writes, waiting for the others' validation) and of
+        Gloo's own waits: the start-up bound, or ``timeout_s`` when that is longer."""
+        return max(float(self.startup_timeout_s), float(self.timeout_s))
+
+
+@dataclass
+class RankJob:
+    """Everything a rank of one attempt needs (picklable): see the module."""
+
+    train: TrainSpec
+    data: Any  # optim.data.base.RankData
+    channels: Channels
+    limits: Limits
+    size: int
+    attempt: int = 0
+
+
+@dataclass
+class EvalJob:
+    """What every task of a distributed evaluation needs (picklable): the net's bytes (a broadcast, or the bytes
+    under Spark Connect) and its hooks, the loss, the metrics, the batch size and the data's
+    :class:`~optim.data.base.RankData`."""
+
+    net: Any
+    loss: Any
+    metrics: list
+    batch_size: int
+    data: Any
+    hooks: bytes | None = None
+    size: int = 1  # the tasks of a job over a placeholder (each reads its share of ``size``)
+
+
+@dataclass
+class RunResult:
+    """One ``optimize()`` run's outcome, local or distributed: the history, the global step, the optimiser state
+    (its leaves) and the server method's, the step the run started from and the checkpoint it resumed, whether it
+    stopped early at an epoch boundary (elastic training), and, from a distributed run, rank 0's final weights
+    (None: trained in place), the rows per rank and the steps per epoch. ``run``: what the run measured
+    (attempts, start-up, step times; the launcher's or the local loop's summary)."""
+
+    history: dict
+    step: int
+    state: list
+    start_step: int = 0
+    resumed_from: str | None = None
+    exchange_state: tuple = ()
+    stopped: bool = False
+    weights: dict | None = None
+    rows: list | None = None
+    steps_per_epoch: int | None = None
+    run: dict = field(default_factory=dict)
+
+    def last_run(self) -> dict:
+        """``TFOptimizer.last_run``: what the run measured, with the step it started from and what it resumed."""
+        return {**self.run, "start_step": self.start_step, "resumed_from": self.resumed_from}
+
+
+def pack_result(weights: dict[str, np.ndarray], result: RunResult, plan: dict) -> bytes:
+    """Rank 0's payload: ``weights`` and the optimiser and server states as arrays, and what the run did (the step
+    it started from and the checkpoint that was, whether it stopped, and ``plan``: the rows per rank, the steps per
+    epoch, the attempt)."""
+    from tfnet.container import pack
+
+    arrays = {f"w{i:05d}": v for i, v in enumerate(weights.values())}
+    arrays.update({f"s{i:05d}": np.asarray(leaf) for i, leaf in enumerate(result.state)})
+    arrays.update({f"x{i:05d}": np.asarray(leaf) for i, leaf in enumerate(result.exchange_state)})
+    header = {"history": result.history, "step": result.step, "weights": list(weights),
+              "state_leaves": len(result.state), "exchange_leaves": len(result.exchange_state),
+              "start_step": result.start_step, "stopped": result.stopped,
+              "resumed_from": result.resumed_from, **plan}
+    return pack(RESULT_FORMAT, header, arrays)
+
+
+def unpack_result(data: bytes) -> RunResult:
+    """The :class:`RunResult` from :func:`pack_result`'s payload (``weights`` set; ``run`` holds the plan's
+    ``attempt``).
+
+    Raises:
+        tfnet.container.ContainerError: not a rank result, or corrupt.
+    """
+    from tfnet.container import unpack
+
+    header, arrays = unpack(data, RESULT_FORMAT, what="rank 0's result")
+    weights = {n: arrays[f"w{i:05d}"] for i, n in enumerate(header["weights"])}
+    state = [arrays[f"s{i:05d}"] for i in range(header["state_leaves"])]
+    exchange = tuple(arrays[f"x{i:05d}"] for i in range(header.get("exchange_leaves", 0)))
+    return RunResult(header["history"], int(header["step"]), state, int(header.get("start_step") or 0),
+                     header.get("resumed_from"), exchange, bool(header.get("stopped", False)), weights,
+                     header.get("rows"), header.get("steps_per_epoch"), {"attempt": header.get("attempt")})
