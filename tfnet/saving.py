@@ -13,6 +13,7 @@ from tensorflow.core.framework import graph_pb2
 
 from tfnet import storage
 from tfnet.errors import GraphLoadError, TensorNameError, unknown_name_message
+from tfnet.freeze import freeze_signature
 from tfnet.graph_io import FROZEN_GRAPH_FILE, META_FILE, PathLike, read_graph_def, read_meta
 
 FORMAT_VERSION = 1
@@ -90,7 +91,7 @@ def write_saved_model(net, path: PathLike) -> None:
     path = os.fspath(path)
     module = tf.Module()
     module.weights = [tf.Variable(v.value(), name=v.name.split(":")[0]) for v in net.weight_variables.values()]
-    module.tables = list(net._tables)  # lookup tables the graph reads (tfnet.tables)
+    module.tables = net.tables  # lookup tables the graph reads (tfnet.tables)
     weights = module.weights
     arg_names = _unique([_identifier(n) for n in net.input_names])
     out_keys = _unique([_identifier(n) for n in net.output_names])
@@ -98,7 +99,7 @@ def write_saved_model(net, path: PathLike) -> None:
 
     @tf.function(input_signature=specs)
     def serve(*xs):
-        outs = net._run_graph(list(xs), [w.value() for w in weights])
+        outs = net.run_graph(list(xs), [w.value() for w in weights])
         return dict(zip(out_keys, outs))
 
     module.serve = serve
@@ -120,8 +121,6 @@ def write_saved_model(net, path: PathLike) -> None:
 
 
 def load_saved_model_signature(path: PathLike, signature: str):
-    from tfnet.freeze import freeze_signature
-
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"SavedModel directory not found: {path!r}")

@@ -11,6 +11,9 @@ import numpy as np
 from tensorflow.core.framework import graph_pb2
 
 from tfnet.container import pack, unpack
+from tfnet.lora import Adapter
+from tfnet.net import TFNet
+from tfnet.parts import NetParts
 
 FORMAT = "tfnet-net-2"
 
@@ -24,11 +27,11 @@ def net_to_bytes(net) -> bytes:
         "trainable": net.trainable,
         "statistics": net.statistics,
         "phase_values": {k: [_jsonable(v) for v in pair] for k, pair in net.phase_values.items()},
-        "fold": net._graph.fold,
+        "fold": net.graph.fold,
         "name": net.name,
         "lora": [ad.to_json() for ad in net.adapters.values()],
     }
-    arrays["template"] = np.frombuffer(net._template.SerializeToString(), np.uint8)
+    arrays["template"] = np.frombuffer(net.template.SerializeToString(), np.uint8)
     return pack(FORMAT, header, arrays)
 
 
@@ -38,17 +41,14 @@ def net_from_bytes(data: bytes):
     Raises:
         tfnet.container.ContainerError: not a serialized TFNet, or corrupt.
     """
-    from tfnet.lora import Adapter
-    from tfnet.net import TFNet
-
     meta, arrays = unpack(data, FORMAT, what="serialized TFNet")
     template = graph_pb2.GraphDef()
     template.ParseFromString(bytes(arrays["template"]))
     values = {name: arrays[f"w{i:05d}"] for i, name in enumerate(meta["weights"])}
-    return TFNet._from_template(template, meta["inputs"], meta["outputs"], values, meta["statistics"],
-                                meta["trainable"], name=meta["name"], fold=meta["fold"],
-                                phase_values={k: tuple(v) for k, v in meta.get("phase_values", {}).items()},
-                                adapters=[Adapter.from_json(item) for item in meta.get("lora", [])])
+    return TFNet.from_parts(NetParts(template, meta["inputs"], meta["outputs"], values, meta["statistics"],
+                                     meta["trainable"], name=meta["name"], fold=meta["fold"],
+                                     phase_values={k: tuple(v) for k, v in meta.get("phase_values", {}).items()},
+                                     adapters=[Adapter.from_json(item) for item in meta.get("lora", [])]))
 
 
 def _jsonable(value):

@@ -92,11 +92,12 @@ class TrainStep:
         self.precision = training_precision(precision)
         self.names = list(net.trainable)
         self._fns: dict[bool, Callable] = {}
-        self._fn_version = net._version
+        self._fn_version = net.version
         self._state_vars = None
 
     def params(self) -> dict[str, tf.Tensor]:
-        return {n: self.net._vars[n].value() for n in self.names}
+        variables = self.net.weight_variables
+        return {n: variables[n].value() for n in self.names}
 
     def init_state(self):
         """The optimiser state for the current trainable weights."""
@@ -112,9 +113,9 @@ class TrainStep:
     def _compiled(self, kind):
         """The compiled function of ``kind``: False (pure step), True (held state), "grads" or
         "apply" (the two halves of a step, for an exchange outside it)."""
-        if self._fn_version != self.net._version:
+        if self._fn_version != self.net.version:
             self._fns = {}
-            self._fn_version = self.net._version
+            self._fn_version = self.net.version
         fn = self._fns.get(kind)
         if fn is None:
             body = {False: self._step, True: self._stateful_step, "grads": self._forward_backward,
@@ -135,22 +136,22 @@ class TrainStep:
     def _forward_backward(self, inputs, targets):
         """Forward, loss and backward: ``(loss, outputs, {weight name: gradient})``."""
         net = self.net
-        all_vars = net._vars
+        all_vars = net.weight_variables
         reads = {n: v.value() for n, v in all_vars.items()}
         sources = [reads[n] for n in self.names]
-        if net._graph.v1_loops:
+        if net.graph.v1_loops:
             # v1 loops differentiate only in graph mode with their loop contexts rebuilt (see
             # tfnet.v1_loops): the outputs' gradient comes from the loss here, the rest from there.
-            raw = net._pure(training=True)(inputs, list(reads.values()))
-            outs = net._forward_hooks.run(net._pack(raw))
+            raw = net.pure_function(training=True)(inputs, list(reads.values()))
+            outs = net.forward_hooks.run(net.pack(raw))
             loss = tf.cast(self.loss_fn(targets, outs), tf.float32)
             grad_raw = [tf.zeros_like(r) if g is None else g for g, r in zip(tf.gradients(loss, raw), raw)]
             index = {n: i for i, n in enumerate(all_vars)}
-            vjp = net._v1_vjp([("weight", index[n]) for n in self.names], True, True, hooks=False)
+            vjp = net.v1_vjp([("weight", index[n]) for n in self.names], True, True, hooks=False)
             grads = vjp(inputs, list(reads.values()), grad_raw)
         else:
-            outs = net._run_graph(inputs, list(reads.values()), training=True)
-            outs = net._forward_hooks.run(net._pack(outs))
+            outs = net.run_graph(inputs, list(reads.values()), training=True)
+            outs = net.forward_hooks.run(net.pack(outs))
             loss = tf.cast(self.loss_fn(targets, outs), tf.float32)
             # The imported graph's ops are created below the Python op layer, where GradientTape
             # does not see them; symbolic gradients walk the graph itself and reach every op.
@@ -183,8 +184,8 @@ class TrainStep:
         """Gradient hooks, the finiteness check, the update and the update hooks: ``(new state,
         finite)``. A non-finite loss or gradient leaves the weights and the state as they were."""
         net = self.net
-        all_vars = net._vars
-        grads = net._gradient_hooks.run(grads)
+        all_vars = net.weight_variables
+        grads = net.gradient_hooks.run(grads)
         finite = tf.math.is_finite(loss)
         for g in grads.values():
             finite = tf.logical_and(finite, tf.math.is_finite(tf.reduce_sum(g)))
@@ -194,9 +195,9 @@ class TrainStep:
             updates, new_state = self.transform.update(grads, state, params)
             for n, u in updates.items():
                 all_vars[n].assign_add(tf.cast(u, all_vars[n].dtype))
-            if net._update_hooks:
+            if net.update_hooks:
                 current = {n: all_vars[n].value() for n in self.names}
-                constrained = net._update_hooks.run(dict(current))
+                constrained = net.update_hooks.run(dict(current))
                 for n, value in constrained.items():
                     if value is not current.get(n):
                         all_vars[n].assign(tf.cast(value, all_vars[n].dtype))
@@ -258,7 +259,8 @@ class TrainStep:
         self._check_current()
         if self._state_vars is None:
             self.set_state(self.init_state())
-        grads = {n: tf.cast(grads[n], self.net._vars[n].dtype) for n in self.names}
+        variables = self.net.weight_variables
+        grads = {n: tf.cast(grads[n], variables[n].dtype) for n in self.names}
         return self._compiled("apply")(grads, tf.convert_to_tensor(loss, tf.float32))
 
     def set_state(self, state) -> None:

@@ -31,8 +31,8 @@ def assert_same_function(folded, plain, x, tol=1e-5):
 def test_keras_conv_bias_batchnorm_is_folded():
     model = models.small_cnn()
     folded, plain = both(lambda f: TFNet.from_keras(model, fold_batch_norm=f))
-    assert folded._graph.folded == 1
-    assert plain._graph.folded == 0
+    assert folded.graph.folded == 1
+    assert plain.graph.folded == 0
     assert_same_function(folded, plain, models.random_images(3, 8))
     # what is saved is the original graph, not the folded one
     ops = {n.op for n in folded.frozen_graph_def().node}
@@ -43,7 +43,7 @@ def test_depthwise_and_pointwise_are_folded():
     model = models.mobilenet_v2(size=32)
     folded, plain = both(lambda f: TFNet.from_keras(model, fold_batch_norm=f))
     n_bn = sum(1 for layer in model.layers if "BatchNormalization" in type(layer).__name__)
-    assert folded._graph.folded == n_bn
+    assert folded.graph.folded == n_bn
     assert_same_function(folded, plain, models.random_images(2, 32))
 
 
@@ -58,7 +58,7 @@ def test_dense_batchnorm_is_folded():
     model = keras.Model(inp, out)
     models._randomise_bn(model, 1)
     folded, plain = both(lambda f: TFNet.from_keras(model, fold_batch_norm=f))
-    assert folded._graph.folded == 1
+    assert folded.graph.folded == 1
     x = np.random.default_rng(1).normal(size=(4, 6)).astype("float32")
     assert_same_function(folded, plain, x)
 
@@ -88,12 +88,12 @@ def _tf1_fused(bias: bool, extra_use: bool = False):
 def test_tf1_fused_batch_norm_is_folded(bias):
     gd = _tf1_fused(bias)
     folded, plain = both(lambda f: TFNet.from_frozen_graph(gd, "x", "y", fold_batch_norm=f))
-    assert folded._graph.folded == 1
-    assert "FusedBatchNormV3" not in {n.op for n in folded._graph.compute_template.node}
+    assert folded.graph.folded == 1
+    assert "FusedBatchNormV3" not in {n.op for n in folded.graph.compute_template.node}
     assert_same_function(folded, plain, np.random.default_rng(2).normal(size=(2, 5, 5, 3)).astype("float32"))
 
 
 def test_conv_output_used_elsewhere_is_left_alone():
     gd = _tf1_fused(True, extra_use=True)
     net = TFNet.from_frozen_graph(gd, "x", "y")
-    assert net._graph.folded == 0
+    assert net.graph.folded == 0

@@ -94,7 +94,7 @@ def test_pooling_and_activation_heads_equal_onnxruntime(tmp_path, head):
 def test_cut_inside_the_nhwc_body_writes_the_transpose(tmp_path):
     body = TFNet.from_onnx(CNN)
     relu = onnx_values(CNN, "Relu")[-1]
-    inner = [t for t, (name, nhwc) in body._onnx_source.values.items() if name == relu and nhwc]
+    inner = [t for t, (name, nhwc) in body.onnx_source.values.items() if name == relu and nhwc]
     assert inner, "the converter keeps that feature map in NHWC"
     keras.utils.set_random_seed(2)
     net = body.cut(inner[0]).add_head([keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(3)])

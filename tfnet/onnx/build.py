@@ -6,6 +6,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from tfnet.inputs import as_name_list
+from tfnet.onnx.convert import convert
+from tfnet.onnx.export import OnnxSource
+from tfnet.onnx.load import read_model
+from tfnet.parts import NetParts
 
 
 def require_onnx() -> None:
@@ -28,12 +32,10 @@ def net_from_onnx(
     relax_batch: bool = True,
 ):
     """See :meth:`tfnet.TFNet.from_onnx`. ``propagate_layout=False`` transposes every NHWC result
-    back to NCHW at once instead of keeping NHWC through element-wise ops (for comparison)."""
-    require_onnx()
-    from tfnet.onnx.convert import convert
-    from tfnet.onnx.export import OnnxSource
-    from tfnet.onnx.load import read_model
+    back to NCHW at once instead of keeping NHWC through element-wise ops (for comparison).
 
+    ``cls`` is the class to build (``TFNet`` or a subclass), through its ``from_parts``."""
+    require_onnx()
     model = read_model(source)
     converted = convert(
         model,
@@ -42,12 +44,12 @@ def net_from_onnx(
         propagate_layout=propagate_layout,
         relax_batch=relax_batch,
     )
-    net = cls._from_template(
+    onnx_source = OnnxSource(model, converted.onnx_weight_names, converted.onnx_values, tuple(converted.outputs),
+                             converted.statistic_copies)
+    net = cls.from_parts(NetParts(
         converted.template, converted.inputs, converted.outputs, converted.values, converted.statistics, None,
-        name=name, fold=fold_batch_norm,
-    )
+        name=name, fold=fold_batch_norm, onnx_source=onnx_source,
+    ))
     if trainable is not None:
         net.trainable = trainable
-    net._onnx_source = OnnxSource(model, converted.onnx_weight_names, converted.onnx_values, tuple(net.output_names),
-                                  converted.statistic_copies)
     return net

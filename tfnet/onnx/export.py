@@ -19,6 +19,8 @@ from tfnet import graph_utils as gu
 from tfnet.atomic import write_bytes_atomic
 from tfnet.graph_io import PathLike
 from tfnet.onnx.errors import NotOnnxNetError
+from tfnet.onnx.export_tf import HeadWriter
+from tfnet.onnx.load import opset_of
 from tfnet.onnx.shared_stats import split_statistics
 
 
@@ -62,7 +64,7 @@ def write_onnx(net, path: PathLike) -> None:
     """
     import onnx
 
-    source = getattr(net, "_onnx_source", None)
+    source = net.onnx_source
     if source is None:
         raise NotOnnxNetError(
             "save_onnx writes nets whose body came from TFNet.from_onnx (cut and add_head on such a net are "
@@ -89,9 +91,6 @@ def extended_model(net, source: OnnxSource):
     import onnx
     from onnx import helper
 
-    from tfnet.onnx.export_tf import HeadWriter
-    from tfnet.onnx.load import opset_of
-
     model = source.model
     weights = net.get_weights()
     body_values = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input} | \
@@ -113,7 +112,7 @@ def extended_model(net, source: OnnxSource):
         transposes.append(helper.make_node("Transpose", [name], [out], name=out, perm=[0, 2, 3, 1]))
         return out
 
-    writer = HeadWriter(net._template, weights, boundary, opset_of(model), taken)
+    writer = HeadWriter(net.template, weights, boundary, opset_of(model), taken)
     outputs, renames = [], []
     for tensor, spec in zip(net.output_names, net.output_specs):
         value = writer.value(tensor)

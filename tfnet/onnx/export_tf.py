@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from tfnet import graph_utils as gu
 from tfnet.onnx.errors import OnnxExportError
+from tfnet.onnx.export_tf_ops import HANDLERS, supported_tf_ops
 
 
 class HeadWriter:
@@ -29,6 +30,10 @@ class HeadWriter:
         boundary: Maps a TensorFlow tensor name to the ONNX value the body makes for it, or None.
         opset: The model's default-domain opset (reductions take ``axes`` as an input from 18).
         taken: ONNX value names already in use.
+
+    Attributes:
+        graph: ``template`` imported into a ``tf.Graph``, for static dtypes, shapes and values
+            (the op handlers of :mod:`tfnet.onnx.export_tf_ops` read it).
     """
 
     def __init__(self, template, weights: Mapping[str, np.ndarray], boundary: Callable[[str], str | None],
@@ -41,8 +46,8 @@ class HeadWriter:
         self.nodes: list = []
         self.initializers: list = []
         self._names: dict[str, str] = {}
-        self._graph = tf.Graph()
-        with self._graph.as_default():
+        self.graph = tf.Graph()
+        with self.graph.as_default():
             tf.graph_util.import_graph_def(template, name="")
 
     # ---------------------------------------------------------------- naming and emitting
@@ -71,12 +76,12 @@ class HeadWriter:
         return name
 
     def static_shape(self, tensor: str) -> list[int | None]:
-        return self._graph.get_tensor_by_name(tensor).shape.as_list()
+        return self.graph.get_tensor_by_name(tensor).shape.as_list()
 
     def const_input(self, node, index: int) -> np.ndarray:
         """Input ``index`` of ``node``, which must be computed from constants only."""
         src = self.nodes_by_name[gu.node_name(node.input[index])]
-        value = tf.get_static_value(self._graph.get_tensor_by_name(gu.tensor_name(node.input[index])))
+        value = tf.get_static_value(self.graph.get_tensor_by_name(gu.tensor_name(node.input[index])))
         if value is not None:
             return value
         if src.op != "Const":
@@ -111,8 +116,6 @@ class HeadWriter:
             return self.constant(gu.const_value(node), node.name)
         if op in ("Identity", "StopGradient", "PreventGradient", "Snapshot"):
             return self.value(data[0])
-        from tfnet.onnx.export_tf_ops import HANDLERS, supported_tf_ops
-
         handler = HANDLERS.get(op)
         if handler is None:
             raise OnnxExportError(

@@ -59,7 +59,7 @@ def _rsqrt(w, node, data):
 
 def _erfc(w, node, data):
     x = w.value(data[0])
-    one = w.constant(np.ones((), w._graph.get_tensor_by_name(node.name + ":0").dtype.as_numpy_dtype), node.name + "/one")
+    one = w.constant(np.ones((), w.graph.get_tensor_by_name(node.name + ":0").dtype.as_numpy_dtype), node.name + "/one")
     return w.emit("Sub", [one, w.emit("Erf", [x], node.name + "/erf")], node.name)
 
 
@@ -74,7 +74,7 @@ def _squared_difference(w, node, data):
 
 
 def _relu6(w, node, data):
-    dtype = w._graph.get_tensor_by_name(node.name + ":0").dtype.as_numpy_dtype
+    dtype = w.graph.get_tensor_by_name(node.name + ":0").dtype.as_numpy_dtype
     lo, hi = w.constant(np.zeros((), dtype), node.name + "/min"), w.constant(np.full((), 6, dtype), node.name + "/max")
     return w.emit("Clip", [w.value(data[0]), lo, hi], node.name)
 

@@ -1,0 +1,81 @@
+"""Writing a :class:`tfnet.TFNet` out: the export folder (:meth:`NetExport.save`), ONNX
+(:meth:`NetExport.save_onnx`), a SavedModel (:meth:`NetExport.save_saved_model`) and the frozen graph
+itself (:meth:`NetExport.frozen_graph_def`).
+
+:class:`NetExport` is one of ``TFNet``'s mixins (see :mod:`tfnet.net`). A net with low-rank adapters
+is written as its :meth:`~tfnet.net_surgery.NetSurgery.merged` net. The writers live in
+:mod:`tfnet.saving` and :mod:`tfnet.onnx.export`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tensorflow.core.framework import graph_pb2
+
+from tfnet import graph_utils as gu
+from tfnet.graph_io import PathLike
+from tfnet.net_surgery import NetSurgery
+from tfnet.onnx.export import write_onnx
+from tfnet.saving import write_export_folder, write_saved_model
+from tfnet.tables import with_init_all_tables
+
+__all__ = ["NetExport"]
+
+
+class NetExport(NetSurgery):
+    """``save``, ``save_onnx``, ``save_saved_model`` and ``frozen_graph_def`` of :class:`tfnet.TFNet`."""
+
+    def save(self, path: PathLike, *, storage_options=None) -> None:
+        """Writes ``path/frozen_inference_graph.pb`` (a frozen graph with the current weights) and
+        ``path/graph_meta.json``, each atomically. Plain TensorFlow can import the graph;
+        :meth:`load` reads it back as an identical layer (a net with adapters as its :meth:`merged`
+        net: checkpoints keep the adapters apart). ``path`` may be a URI fsspec understands
+        (``s3://bucket/run/export``; ``pip install tfnet[s3]``), with its ``storage_options``.
+
+        Args:
+            path: The folder (created if missing).
+            storage_options: fsspec's options for a URI (credentials, endpoint). Default: None.
+        """
+        write_export_folder(self.merged() if self._adapters else self, path, storage_options)
+
+    def save_onnx(self, path: PathLike) -> None:
+        """Writes the net as ONNX with the current weights, atomically, checked by ``onnx.checker``
+        (a net with adapters: its :meth:`merged` net).
+
+        A net made by :meth:`from_onnx` is written as the whole ONNX graph it came from (even if
+        ``outputs`` chose other values). After :meth:`cut` and :meth:`add_head` it is written as the
+        part of that graph the outputs need, followed by the Keras head as ONNX nodes (Dense,
+        activations, Dropout, Flatten, pooling, BatchNormalization). See ``docs/onnx.md``.
+
+        Raises:
+            tfnet.onnx.NotOnnxNetError: the net's body did not come from ``from_onnx`` (a frozen
+                graph, SavedModel or Keras model: use :meth:`save`).
+            tfnet.onnx.OnnxExportError: the head holds an op with no ONNX mapping.
+        """
+        write_onnx(self.merged() if self._adapters else self, path)
+
+    def save_saved_model(self, path: PathLike) -> None:
+        """Writes a SavedModel with a ``serving_default`` signature and the weights as variables (a net
+        with adapters: its :meth:`merged` net)."""
+        write_saved_model(self.merged() if self._adapters else self, path)
+
+    def frozen_graph_def(self, phase: str | None = None) -> graph_pb2.GraphDef:
+        """The graph with the current weights baked in as constants (adapters folded in).
+
+        Args:
+            phase: ``None`` keeps the :attr:`phase_values` tensors as they are (the saved graph
+                can still train); ``"inference"`` or ``"training"`` also bakes in their inference
+                or training values, for a graph that serves on its own. Default: None.
+
+        Raises:
+            ValueError: ``phase`` is none of those.
+        """
+        if phase not in (None, "inference", "training"):
+            raise ValueError(f"`phase` must be None, 'inference' or 'training'. Received: phase={phase!r}")
+        graph_def = with_init_all_tables(gu.placeholders_to_consts(self.template, self._graph_weight_arrays()))
+        if phase is None or not self._graph.phase_values:
+            return graph_def
+        index = 0 if phase == "training" else 1
+        values = {name: np.asarray(pair[index], dtype=self._graph.phase_specs[name].dtype.as_numpy_dtype)
+                  for name, pair in self._graph.phase_values.items()}
+        return gu.bake_tensors(graph_def, values)

@@ -1,0 +1,53 @@
+"""What a :class:`tfnet.TFNet` is built from, as one value: :class:`NetParts`.
+
+``TFNet.from_parts`` takes it (internal interface). Graph surgery (:mod:`tfnet.net_surgery`),
+:mod:`tfnet.serialize` and :mod:`tfnet.onnx.build` describe the nets they make with it, so none of them
+needs the facade's private constructor; this module imports nothing of tfnet but :mod:`tfnet.lora`'s
+``Adapter`` type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tensorflow.core.framework import graph_pb2
+
+from tfnet.lora import Adapter
+
+__all__ = ["NetParts"]
+
+
+@dataclass
+class NetParts:
+    """What a net is built from: a weightless graph and the values of its weights.
+
+    Args:
+        template: The ``GraphDef`` with every weight a ``Placeholder`` named after it.
+        input_names: Input tensor names (``"name:0"``), in the order inputs are passed.
+        output_names: Output tensor names.
+        values: ``{weight name: array}`` for the graph's weights and the adapters' (``adapters``).
+        statistics: The weights that hold normalisation statistics: names, or ``{name: role}``.
+        trainable: The weights that train (names not in the net are skipped). Default: None, every
+            weight except the statistics.
+        name: The module name. Default: ``"tfnet"``.
+        fold: Fold inference-mode batch norm in the graph that runs. Default: True.
+        phase_values: ``{tensor name: (training value, inference value)}``. Default: None (none).
+        adapters: Low-rank adapters (:mod:`tfnet.lora`); their weights' values are in ``values``.
+            Default: none.
+        onnx_source: The ONNX model the net came from (:class:`tfnet.onnx.export.OnnxSource`), for
+            ``save_onnx``. Default: None.
+    """
+
+    template: graph_pb2.GraphDef
+    input_names: Sequence[str]
+    output_names: Sequence[str]
+    values: Mapping[str, Any]
+    statistics: Sequence[str] | Mapping[str, str]
+    trainable: Sequence[str] | None = None
+    name: str = "tfnet"
+    fold: bool = True
+    phase_values: Mapping[str, tuple] | None = None
+    adapters: Sequence[Adapter] = ()
+    onnx_source: Any = None
