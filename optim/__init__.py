@@ -10,13 +10,18 @@
 * :class:`TFNetEstimator`, fine-tuning as a Spark ML ``Estimator`` (``optim.ml``).
 
 Names are imported when first used, so ``import optim.methods`` (or ``optim.transforms``, ...)
-pulls in neither PySpark nor Horovod. See docs/architecture.md for the layout.
+pulls in neither PySpark nor Horovod; TensorFlow comes in first through tfnet, without its start-up
+banner. See docs/architecture.md for the layout.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
+
+# TensorFlow through tfnet's own import, which keeps its start-up banner out of stderr (tfnet.quiet):
+# optim's modules import TensorFlow, and a program may import optim before tfnet
+import tfnet.quiet  # noqa: F401
 
 # public name -> module that defines it
 _EXPORTS = {

@@ -175,7 +175,9 @@ class BinaryCrossentropy(Loss):
         return super().__call__(y_true, y_pred)
 
 
-class _Regression(Loss):
+class RegressionLoss(Loss):
+    """A loss of numbers (regression): labels of shape (n,) pair with outputs of shape (n, 1)."""
+
     def check_shapes(self, y_true_shape, y_pred_shape):
         if len(y_pred_shape) == 2 and y_pred_shape[1] == 1 and tuple(y_true_shape) == (y_pred_shape[0],):
             return
@@ -189,21 +191,21 @@ class _Regression(Loss):
         return tf.reduce_mean(self.call(y_true, y_pred))
 
 
-class MeanSquaredError(_Regression):
+class MeanSquaredError(RegressionLoss):
     name = "mse"
 
     def call(self, y_true, y_pred):
         return tf.reduce_mean(tf.square(y_pred - y_true), axis=-1)
 
 
-class MeanAbsoluteError(_Regression):
+class MeanAbsoluteError(RegressionLoss):
     name = "mae"
 
     def call(self, y_true, y_pred):
         return tf.reduce_mean(tf.abs(y_pred - y_true), axis=-1)
 
 
-class Huber(_Regression):
+class Huber(RegressionLoss):
     """Quadratic within ``delta`` of the label, linear beyond. Default delta 1.0."""
 
     name = "huber"

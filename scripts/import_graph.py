@@ -1,10 +1,11 @@
 """The import graph of ``tfnet/`` and ``optim/``, read from the source with ``ast`` (no third-party tool).
 
-    python scripts/import_graph.py          # which rooms (packages) import which: docs/architecture.md's figure
+    python scripts/import_graph.py          # the layers and which rooms import which: docs/architecture.md's figure
 
 Every import counts, an import inside a function as much as one at the top. tests/test_import_rules.py
-checks the house rules with these functions: no cycle (but one documented edge), no private name
-imported from another module.
+checks the house rules with these functions: no cycle, imports one way down the :data:`LAYERS`, no private
+name imported from another module and no private attribute of another module read, no module over
+:data:`MAX_LINES` lines.
 """
 
 from __future__ import annotations
@@ -98,15 +99,150 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 
+#: The layers, bottom first: ``(name, module prefixes)``. A module may import its own layer's modules and the
+#: layers below; a layer of two sides (``|`` in the name) keeps them apart: neither imports the other.
+LAYERS = [
+    ("tfnet: the layer", ["tfnet"]),
+    ("optim's core: rules, losses, metrics, errors, the driver<->rank protocol",
+     ["optim.errors", "optim.losses", "optim.metrics", "optim.methods", "optim.transforms", "optim.schedules",
+      "optim.sync", "optim.arrow", "optim.logs", "optim._lazy", "optim.keras_compat", "optim.protocol"]),
+    ("Spark plumbing: sessions, settings, cancellable jobs, slots, the warm-up",
+     ["optim.spark.conf", "optim.spark.connect", "optim.spark.session", "optim.spark.jobs", "optim.spark.slots",
+      "optim.spark.warm_up", "optim.spark.probe", "optim.spark.typed_errors", "optim.spark"]),
+    ("data: the TFDataset protocol and one adapter per source", ["optim.data"]),
+    ("the one-worker loop", ["optim.training"]),
+    ("transport: the channels between the driver and the ranks", ["optim.transport"]),
+    ("prediction: TFPredictor, TFNetTransformer", ["optim.predict"]),
+    ("the rank side | the driver side", ["optim.spark.worker", "|", "optim.spark.driver"]),
+    ("TFOptimizer", ["optim.optimizer"]),
+    ("Spark ML: TFNetEstimator", ["optim.ml"]),
+    ("optim's public names (lazy)", ["optim"]),
+]
+#: The longest a module may be.
+MAX_LINES = 500
+
+
+def layer_of(module: str) -> tuple[int, int]:
+    """``(layer, side)`` of a module: the layer whose longest prefix matches it (side 0, or 1 after ``|``)."""
+    best = (-1, -1, 0)
+    for i, (_, prefixes) in enumerate(LAYERS):
+        side = 0
+        for p in prefixes:
+            if p == "|":
+                side = 1
+                continue
+            if (module == p or module.startswith(p + ".")) and len(p) > best[0]:
+                best = (len(p), i, side)
+    if best[1] < 0:
+        raise KeyError(f"{module} is in no layer of LAYERS")
+    return best[1], best[2]
+
+
+def upward(edges: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The imports that go up the layers, or across the two sides of a layer: ``(importer, imported)``."""
+    out = []
+    for mod, targets in sorted(edges.items()):
+        here = layer_of(mod)
+        for t in sorted(targets):
+            there = layer_of(t)
+            if there[0] > here[0] or (there[0] == here[0] and there[1] != here[1]):
+                out.append((mod, t))
+    return out
+
+
+def private_names(mods: dict[str, str]) -> dict[str, set[str]]:
+    """Module -> the private names (``_x``) it defines: module-level functions, classes and variables, methods and
+    attributes (``self._x = ...``) of its classes."""
+    out: dict[str, set[str]] = {}
+    for mod, path in mods.items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        names = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    for leaf in ast.walk(t):
+                        if isinstance(leaf, ast.Name):
+                            names.add(leaf.id)
+                        elif isinstance(leaf, ast.Attribute):
+                            names.add(leaf.attr)
+        out[mod] = {n for n in names if n.startswith("_") and not n.startswith("__")}
+    return out
+
+
+def _class_members(cls: ast.ClassDef) -> set[str]:
+    """The names a class defines: its methods and class attributes, and what its methods assign to ``self``."""
+    names = set()
+    for node in ast.walk(cls):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names
+
+
+def private_reads(mods: dict[str, str]) -> list[tuple[str, str, int, list[str]]]:
+    """Reads of another module's private attribute: ``obj._x`` (``obj`` not ``self`` or ``cls``) where a tfnet or
+    optim module defines ``_x``, unless the read is inside a class that defines ``_x`` itself (another instance of
+    the same class), or ``_x`` is defined in this module and in no other. Each as ``(module, name, line, modules
+    that define it)``. Third-party private members (``sc._jsc``) are no module's of ours, so not counted here."""
+    defined = private_names(mods)
+    owners: dict[str, list[str]] = {}
+    for mod, names in defined.items():
+        for n in names:
+            owners.setdefault(n, []).append(mod)
+    out = []
+    for mod, path in mods.items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        enclosing: dict[int, set[str]] = {}
+        for cls in ast.walk(tree):
+            if isinstance(cls, ast.ClassDef):
+                members = _class_members(cls)
+                for node in ast.walk(cls):
+                    enclosing.setdefault(id(node), set()).update(members)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            name = node.attr
+            if name not in owners or name in enclosing.get(id(node), ()):
+                continue
+            if owners[name] == [mod]:
+                continue
+            out.append((mod, name, node.lineno, sorted(owners[name])))
+    return out
+
+
+def long_modules(mods: dict[str, str]) -> dict[str, int]:
+    """The modules over :data:`MAX_LINES` lines, with their lines."""
+    out = {}
+    for mod, path in mods.items():
+        with open(path, encoding="utf-8") as f:
+            n = sum(1 for _ in f)
+        if n > MAX_LINES:
+            out[mod] = n
+    return out
+
+
 #: Modules that sit on top of their package's others and are rooms of their own in the figure: the
 #: user-facing entry points that reach across packages.
 FACADES = {
-    "tfnet.net": "tfnet.net (TFNet)",
     "tfnet": "tfnet (package: public names)",
+    "tfnet.net": "tfnet.net (TFNet)",
+    "tfnet.net_state": "tfnet.net (TFNet)",
+    "tfnet.net_compute": "tfnet.net (TFNet)",
+    "tfnet.net_loading": "tfnet.net (TFNet)",
+    "tfnet.net_surgery": "tfnet.net (TFNet)",
+    "tfnet.net_export": "tfnet.net (TFNet)",
     "optim": "optim (package: public names)",
     "optim.optimizer": "optim.optimizer (TFOptimizer)",
-    "optim.keras_compat": "optim.optimizer (TFOptimizer)",
-    "optim.spark.driver.evaluate": "optim.spark.driver.evaluate",
 }
 
 
@@ -116,6 +252,8 @@ def room(module: str, mods: dict[str, str] | None = None) -> str:
         return FACADES[module]
     path = (mods or modules()).get(module, "")
     here = module if path.endswith("__init__.py") else module.rpartition(".")[0] or module
+    if here == "optim":
+        return "optim core"
     return "optim.spark.driver" if here.startswith("optim.spark.driver.") else here
 
 
@@ -130,10 +268,27 @@ def rooms() -> dict[str, set[str]]:
     return out
 
 
+def figure() -> str:
+    """The layers, top first, each with its rooms and the rooms each imports (from the code)."""
+    mods = modules()
+    graph = rooms()
+    by_layer: dict[int, set[str]] = {}
+    for mod in mods:
+        by_layer.setdefault(layer_of(mod)[0], set()).add(room(mod, mods))
+    lines = []
+    for i in range(len(LAYERS) - 1, -1, -1):
+        name = LAYERS[i][0]
+        lines.append(f"[{i}] {name}")
+        for here in sorted(by_layer.get(i, ())):
+            shown = ", ".join(sorted(graph.get(here, ()))) or "-"
+            lines.append(f"      {here:34s} -> {shown}")
+        if i:
+            lines.append("       |  imports go down only")
+    return "\n".join(lines)
+
+
 def main() -> None:
-    for here, targets in sorted(rooms().items()):
-        shown = ", ".join(sorted(targets)) or "-"
-        print(f"{here:32s} -> {shown}")
+    print(figure())
 
 
 if __name__ == "__main__":

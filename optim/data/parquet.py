@@ -138,13 +138,27 @@ class ParquetDataset(ColumnDataset):
         self.types = {f.name: spark_type(f.type) for f in schema}
         self.partition_types = {name: schema.field(name).type for name in {k for v in self.partition_values for k in v}}
         self.groups: list[tuple[int, int, int]] = []  # (file, row group, rows)
-        self.file_rows = [self._footer(f, name) for f, name in enumerate(self.files)]
+        wanted = {c: schema.field(c).type for c in self.columns() if c not in self.partition_types}
+        self.file_rows = [self._footer(f, name, wanted) for f, name in enumerate(self.files)]
         self.check = None
 
-    def _footer(self, index: int, name: str) -> int:
-        """Reads file ``index``'s footer: its row groups go into :attr:`groups`; returns its rows."""
+    def _footer(self, index: int, name: str, wanted: dict) -> int:
+        """Reads file ``index``'s footer: its row groups go into :attr:`groups`; returns its rows.
+
+        Raises:
+            DataError: the file cannot be read, or lacks a column read (``wanted``: column -> type) or holds it
+                with another type than the files' schema (a schema mismatch: no retry mends it), naming the file.
+        """
         fs, _ = filesystem(self.path, self.storage_options)
         meta = read_footer(fs, name)
+        own = meta.schema.to_arrow_schema()
+        for column, kind in wanted.items():
+            if column not in own.names:
+                raise DataError(f"Parquet file {name!r} has no column {column!r} (its columns: {own.names}); every "
+                                "file must hold the columns read.")
+            if not own.field(column).type.equals(kind):
+                raise DataError(f"Parquet file {name!r} holds column {column!r} as {spark_type(own.field(column).type)}, "
+                                f"where the files' schema has {spark_type(kind)}: the files do not share one schema.")
         self.groups.extend((index, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups))
         return int(meta.num_rows)
 

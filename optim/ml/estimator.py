@@ -17,8 +17,14 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasLabelCol, HasPredictionCol, HasProbabilityCol, HasRawPredictionCol, HasSeed
 from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 
+from optim import losses, methods
+from optim.data import TFDataset
+from optim.ml.evaluators import check_evaluator, tuning_evaluator
+from optim.optimizer import TFOptimizer
 from optim.predict.classification import MLColumns, check_task, scores_are_logits, task_for_loss, units
 from optim.predict.ml_io import ModelFolderReader, ModelFolderWriter
+from optim.predict.transformer import TFNetTransformer
+from tfnet.serialize import net_from_bytes
 
 __all__ = ["TFNetEstimator"]
 
@@ -127,20 +133,13 @@ class TFNetEstimator(Estimator, HasLabelCol, HasPredictionCol, HasRawPredictionC
         return self.getOrDefault(param) if self.isDefined(param) else None
 
     def _fit(self, dataset):
-        import optim
-        from optim.data import TFDataset
-        from optim.ml.evaluators import check_evaluator, tuning_evaluator
-        from optim.optimizer import TFOptimizer
-        from optim.predict.transformer import TFNetTransformer
-        from tfnet.serialize import net_from_bytes
-
         if self._net_bytes is None:
             raise ValueError("This TFNetEstimator has no net: pass `net`, or load a saved estimator.")
         cols = self._get(self.featureCols)
         if not cols:
             raise ValueError("TFNetEstimator needs featureCols: one column per net input, in input order.")
         net = net_from_bytes(self._net_bytes)  # a copy: the estimator's net is never changed
-        loss = optim.losses.get(self.getOrDefault(self.loss))
+        loss = losses.get(self.getOrDefault(self.loss))
         from_logits = self._from_logits(net)
         if hasattr(loss, "from_logits"):
             loss.from_logits = from_logits
@@ -151,7 +150,7 @@ class TFNetEstimator(Estimator, HasLabelCol, HasPredictionCol, HasRawPredictionC
         evaluator = tuning_evaluator(self)  # inside CrossValidator or TrainValidationSplit: checked before a fold
         if evaluator is not None:
             check_evaluator(evaluator, columns, self.getOrDefault(self.labelCol), net.output_specs[0], dataset.columns)
-        method = getattr(optim, _METHODS[self.getOrDefault(self.method).lower()])(self.getOrDefault(self.learningRate))
+        method = getattr(methods, _METHODS[self.getOrDefault(self.method).lower()])(self.getOrDefault(self.learningRate))
         opt = TFOptimizer(net, loss, method, model_dir=self.getOrDefault(self.modelDir) or None)
         data = TFDataset.from_dataframe(dataset, cols, self.getOrDefault(self.labelCol),
                                         feature_shapes=self._get(self.featureShapes))
@@ -173,11 +172,9 @@ class TFNetEstimator(Estimator, HasLabelCol, HasPredictionCol, HasRawPredictionC
     def mlColumns(self, loss=None) -> MLColumns:  # noqa: N802 (Spark ML names)
         """The Spark ML columns the fitted model adds: its task (``"auto"``: from the loss) and the
         column names."""
-        import optim
-
         task = self.getOrDefault(self.task)
         if task == "auto":
-            task = task_for_loss(loss if loss is not None else optim.losses.get(self.getOrDefault(self.loss)))
+            task = task_for_loss(loss if loss is not None else losses.get(self.getOrDefault(self.loss)))
         return MLColumns(task, self.getOrDefault(self.predictionCol), self.getOrDefault(self.rawPredictionCol),
                          self.getOrDefault(self.probabilityCol))
 

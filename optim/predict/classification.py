@@ -76,7 +76,7 @@ def task_for_loss(loss) -> str:
 
     if isinstance(loss, (L.SparseCategoricalCrossentropy, L.CategoricalCrossentropy, L.BinaryCrossentropy)):
         return "classification"
-    if isinstance(loss, L._Regression):
+    if isinstance(loss, L.RegressionLoss):
         return "regression"
     return "none"
 

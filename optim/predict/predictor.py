@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from optim.errors import BackendError, CalibrationError, ColumnError
-from optim.predict.backends import check_backend, import_openvino, make_payload
+from optim.predict.backends import Payload, check_backend, import_openvino, make_payload
 from optim.predict.columns import ColumnSpec, input_columns, plan_columns
 from optim.predict.quantize import (
     calibration_arrays,
@@ -150,6 +150,23 @@ class TFPredictor:
     def snapshot(self) -> ModelSnapshot:
         """The frozen graph and input/output descriptions this predictor ships."""
         return self._snapshot
+
+    @property
+    def payload(self) -> Payload:
+        """What the workers run: the backend's model and how (internal interface, for
+        :mod:`optim.predict.saving`)."""
+        return self._payload
+
+    @classmethod
+    def restored(cls, snapshot: ModelSnapshot, payload: Payload, settings: dict) -> TFPredictor:
+        """A predictor from what :meth:`save` wrote (internal interface, for :mod:`optim.predict.saving`):
+        ``settings`` holds ``requested_backend``, ``requested_precision`` and the constructor's settings."""
+        predictor = cls.__new__(cls)
+        for k, v in settings.items():
+            setattr(predictor, k, v)
+        predictor._snapshot, predictor._payload = snapshot, payload
+        predictor._spark, predictor._local_stats = None, {}
+        return predictor
 
     def __repr__(self) -> str:
         return (f"TFPredictor(inputs={self.input_names}, outputs={self.output_names}, backend={self.backend!r}, "

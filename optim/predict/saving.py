@@ -28,7 +28,7 @@ def save_predictor(predictor, folder) -> None:
     folder = os.fspath(folder)
     os.makedirs(folder, exist_ok=True)
     predictor.snapshot.save(folder)
-    payload = predictor._payload
+    payload = predictor.payload
     if payload.backend == "openvino":
         os.makedirs(os.path.join(folder, _IR_DIR), exist_ok=True)
         xml, weights = payload.model
@@ -70,14 +70,9 @@ def load_predictor(cls, folder, overrides: dict):
     precision = settings["precision"]
     if precision == "bf16":
         precision = effective_precision(precision, settings["backend"])
-    predictor = cls.__new__(cls)
-    predictor.requested_backend = settings.get("requested_backend", settings["backend"])
-    predictor.requested_precision = settings.get("requested_precision", precision)
-    for k in _SETTINGS:
-        setattr(predictor, k, settings[k])
-    predictor._snapshot = snapshot
-    predictor._payload = Payload(settings["model_id"], settings["backend"], snapshot.inputs, snapshot.outputs,
-                                 model, settings["num_threads"], precision)
-    predictor._spark = None
-    predictor._local_stats = {}
-    return predictor
+    payload = Payload(settings["model_id"], settings["backend"], snapshot.inputs, snapshot.outputs, model,
+                      settings["num_threads"], precision)
+    kept = {"requested_backend": settings.get("requested_backend", settings["backend"]),
+            "requested_precision": settings.get("requested_precision", precision),
+            **{k: settings[k] for k in _SETTINGS}}
+    return cls.restored(snapshot, payload, kept)

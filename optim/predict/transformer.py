@@ -172,24 +172,24 @@ class TFNetTransformer(Transformer, HasInputCols, HasOutputCols, HasPredictionCo
 
     @classmethod
     def read(cls) -> MLReader:
-        return ModelFolderReader(cls, MODEL_FOLDER, _load_snapshot, _upgrade)
+        return ModelFolderReader(cls, MODEL_FOLDER, cls._load_snapshot, cls._upgrade)
 
+    @staticmethod
+    def _load_snapshot(instance, folder: str) -> None:
+        instance._snapshot = ModelSnapshot.load(folder)
 
-def _load_snapshot(instance, folder: str) -> None:
-    instance._snapshot = ModelSnapshot.load(folder)
-
-
-def _upgrade(instance: TFNetTransformer, metadata: dict) -> None:
-    """A transformer saved before ``task`` existed keeps what it wrote: its one raw output under
-    ``"prediction"`` (the old default) and, with a ``predictionCol``, the class index (now as a
-    classifier, which is also right for one sigmoid output)."""
-    saved = {**metadata.get("defaultParamMap", {}), **metadata.get("paramMap", {})}
-    if "task" in saved:
-        return
-    label = saved.get("predictionCol", "")
-    instance._set(task="classification" if label else "none")
-    if not label:
-        instance._set(predictionCol="prediction")
-    if "outputCols" not in saved and instance._snapshot is not None and len(instance._snapshot.outputs) == 1 \
-            and label != "prediction":
-        instance._set(outputCols=["prediction"])
+    @staticmethod
+    def _upgrade(instance: TFNetTransformer, metadata: dict) -> None:
+        """A transformer saved before ``task`` existed keeps what it wrote: its one raw output under
+        ``"prediction"`` (the old default) and, with a ``predictionCol``, the class index (now as a
+        classifier, which is also right for one sigmoid output)."""
+        saved = {**metadata.get("defaultParamMap", {}), **metadata.get("paramMap", {})}
+        if "task" in saved:
+            return
+        label = saved.get("predictionCol", "")
+        instance._set(task="classification" if label else "none")
+        if not label:
+            instance._set(predictionCol="prediction")
+        if "outputCols" not in saved and instance._snapshot is not None and len(instance._snapshot.outputs) == 1 \
+                and label != "prediction":
+            instance._set(outputCols=["prediction"])

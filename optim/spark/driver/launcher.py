@@ -345,7 +345,7 @@ class _DistributedRun:
             slots = stage.n + self.backend.free_slots(wanted, stage.n)
             if self.elastic.should_grow(stage.n, slots) and not storage.exists(self.control, config.storage_options):
                 _tell(f"{wanted} task slot(s) are back: the run grows to {self.elastic.num_workers} ranks at the next "
-                      "epoch boundary.", depth=4)
+                      "epoch boundary.", depth=5)
                 storage.write_bytes_atomic(self.control, b"grow", config.storage_options)
             return None
 

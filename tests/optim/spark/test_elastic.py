@@ -110,6 +110,7 @@ def test_a_lost_worker_that_does_not_come_back_shrinks_the_run_of_a_connect_clie
     run = res["last_run"]
     assert [m["ranks"] for m in run["membership"]] == [2, 1], run["membership"]
     assert run["membership"][1]["step"] > 0, "the smaller run went on from a checkpoint, not from step 0"
+    assert run["states"] == ["starting", "running", "retrying", "shrinking", "running", "finished"], run["states"]
     assert run["num_workers"] == 1 and res["step"] == 12 * STEPS_PER_EPOCH
     assert len(res["history"]["loss"]) == 12
     assert "goes on with 1 rank(s)" in err
@@ -146,6 +147,9 @@ def test_the_run_grows_back_when_a_worker_returns_and_min_workers_out_of_reach_i
     assert steps[0] == 0 < steps[1] < steps[2] and steps[2] % STEPS_PER_EPOCH == 0, members  # grew at an epoch end
     assert res["step"] == 16 * STEPS_PER_EPOCH and len(res["history"]["loss"]) == 16
     assert res["last_run"]["num_workers"] == 2 and res["last_run"]["attempts"] == 2, res["last_run"]
+    # every path of the run, as the launcher's states went (optim.spark.driver.states)
+    assert res["last_run"]["states"] == ["starting", "running", "retrying", "shrinking", "running", "growing",
+                                         "running", "finished"], res["last_run"]["states"]
     assert "grows to 2 ranks at the next epoch boundary" in err
     assert "THEN_ERROR" in lines, (lines, err[-4000:])
     assert lines["THEN_ERROR"]["type"] == "DistributedTrainingError"

@@ -166,6 +166,25 @@ def test_a_truncated_parquet_file_is_named_on_the_driver(spark, tmp_path, rows):
         assert str(err).startswith(f"Parquet file {bad!r} cannot be read: Parquet magic bytes not found"), str(err)
 
 
+def test_a_parquet_file_of_another_schema_is_named_on_the_driver(spark, tmp_path, rows):
+    """A schema mismatch is no retry's to mend: a file without a column read, or with it as another type, is named
+    before any job."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    x, y = rows
+    files = parquet_folder(spark, tmp_path, x, y)
+    pq.write_table(pa.table({"pixels": pa.array(x[:4].reshape(4, 64).tolist(), pa.list_(pa.float32()))}), files[1])
+    err = raised(spark, lambda: TFDataset.from_parquet(os.path.dirname(files[1]), "pixels", "label"), optim.DataError)
+    assert str(err) == (f"Parquet file {files[1]!r} has no column 'label' (its columns: ['pixels']); every file must "
+                        "hold the columns read.")
+    pq.write_table(pa.table({"pixels": pa.array(x[:4].reshape(4, 64).tolist(), pa.list_(pa.float32())),
+                             "label": pa.array(["a"] * 4)}), files[1])
+    err = raised(spark, lambda: TFDataset.from_parquet(os.path.dirname(files[1]), "pixels", "label"), optim.DataError)
+    assert str(err) == (f"Parquet file {files[1]!r} holds column 'label' as string, where the files' schema has "
+                        "bigint: the files do not share one schema.")
+
+
 def test_a_parquet_file_with_corrupt_pages_fails_once_naming_it(spark, tmp_path, rows):
     """The footer reads, a page does not decode: the rank's error names the file and the stage is not retried
     (a retry reads the same bytes)."""

@@ -65,7 +65,7 @@ PLAIN = textwrap.dedent("""
     try:
         opt.optimize(data, batch_size=2, num_workers=2, verbose=0)
     except optim.BadRowError as exc:
-        print("\\nCAUGHT", type(exc).__name__, "traceback attached:", "_run_rank" in exc.worker_traceback)
+        print("\\nCAUGHT", type(exc).__name__, "traceback attached:", "in run_rank" in exc.worker_traceback)
     print("LEVELS RESTORED", levels() == before, before)
     spark.stop()
 """)

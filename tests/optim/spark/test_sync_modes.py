@@ -97,8 +97,9 @@ def test_modes_on_two_ranks(spark):
         assert opt.global_step == 16 and np.isfinite(history["loss"]).all()
         return net, history
 
-    every, h_every = run(None)
-    one_call, _ = run(optim.EveryStep(overlap=False))
+    with own_python_workers(spark, BIT_FOR_BIT):  # the bit-for-bit comparison below: workers with one pool size
+        every, h_every = run(None)
+        one_call, _ = run(optim.EveryStep(overlap=False))
     local1, h_local1 = run(optim.LocalSGD(every=1, server=optim.SGD(1.0)))
     local4, h_local4 = run(optim.LocalSGD(every=4))
     fp16, h_fp16 = run(optim.EveryStep(compression="fp16"))
