@@ -10,9 +10,11 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from optim.errors import RendezvousError
+from optim.transport import store_address
 from optim.transport.auth import derive_key
 from optim.transport.store import SecureRendezvous
 from optim.transport.store_address import AddressGather, find_store, preferred_ports, proof, start_store
+from tests.clock import VirtualClock
 
 KEY = derive_key(b"store address " * 3, "rendezvous")
 
@@ -77,26 +79,48 @@ def test_a_rank_passes_a_foreign_service_and_an_earlier_attempts_store():
         foreign.server_close()
 
 
-def test_all_ports_taken_the_os_picks_and_the_gathered_address_is_used():
+class PolledGather(Gather):
+    """Done at its ``ready``-th poll, with ``value``; counts the polls."""
+
+    def __init__(self, value, ready):
+        super().__init__()
+        self._value, self._ready, self.polls = value, ready, 0
+
+    def done(self):
+        self.polls += 1
+        if self.polls >= self._ready:
+            self.value = self._value
+        return self.value is not None
+
+
+def test_all_ports_taken_the_os_picks_and_the_gathered_address_is_used(monkeypatch):
+    """No preferred port answers: the rank keeps trying them, backing off, until the allGather brings the
+    address, and uses that. The clock is virtual: what is asserted is the order of events, not a speed."""
+    clock = VirtualClock()
     held = [listening(p) for p in preferred_ports(KEY, 2)]
     try:
         with start_store("127.0.0.1", 2, KEY, 2) as store:
             assert store.address[1] not in preferred_ports(KEY, 2)
-            gather = Gather()
-            threading.Timer(0.3, lambda: setattr(gather, "value", f"127.0.0.1:{store.address[1]}")).start()
-            t0 = time.monotonic()
+            gather = PolledGather(f"127.0.0.1:{store.address[1]}", ready=4)
+            monkeypatch.setattr(store_address, "time", clock)
             assert find_store("127.0.0.1", KEY, 2, gather, timeout_s=10) == ("127.0.0.1", store.address[1])
-            assert time.monotonic() - t0 < 5
+            # three rounds over the held ports, a back-off between them, then the gathered address
+            assert gather.polls == 4 and clock.sleeps == [0.005, 0.01, 0.02], clock.sleeps
     finally:
         for s in held:
             s.close()
 
 
-def test_no_store_and_no_gather_is_a_typed_error_within_the_bound():
-    t0 = time.monotonic()
-    with pytest.raises(RendezvousError, match="did not come up within"):
-        find_store("127.0.0.1", KEY, 3, Gather(), timeout_s=0.5)
-    assert time.monotonic() - t0 < 5
+def test_no_store_and_no_gather_is_a_typed_error_at_the_bound(monkeypatch):
+    """Nothing answers and nothing is gathered: a RendezvousError once the (virtual) clock passes the bound,
+    after backing off up to 0.1 s between rounds; never before the bound, never long after it."""
+    clock = VirtualClock()
+    monkeypatch.setattr(store_address, "time", clock)
+    start = clock.now
+    with pytest.raises(RendezvousError, match="did not come up within 5 s"):
+        find_store("127.0.0.1", KEY, 3, Gather(), timeout_s=5.0)
+    assert 5.0 < clock.now - start <= 5.0 + 0.1, clock.now - start
+    assert clock.sleeps[:5] == [0.005, 0.01, 0.02, 0.04, 0.08] and set(clock.sleeps[5:]) == {0.1}, clock.sleeps
 
 
 class Ctx:
