@@ -29,6 +29,8 @@ EXTRAS = {
              "boto3"],
     # model_dir on object stores and HDFS (fsspec's implementations; credentials from the usual places)
     "s3": ["s3fs>=2024.6"],
+    # TFDataset.from_delta: Delta Lake tables read through delta-rs (no Spark connector, no JVM jars)
+    "delta": ["deltalake>=1.1,<2"],
     "gcs": ["gcsfs>=2024.6"],
     "azure": ["adlfs>=2024.4"],
     "hdfs": [],  # fsspec's hdfs:// runs on pyarrow's HadoopFileSystem (needs libhdfs and a Hadoop client)

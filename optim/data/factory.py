@@ -14,6 +14,7 @@ from optim.data import stream
 from optim.data.arrays import ArrayDataset
 from optim.data.base import DataAdapter
 from optim.data.dataframe import DataFrameDataset
+from optim.data.delta import DeltaDataset
 from optim.data.parquet import ParquetDataset
 from optim.data.rdd import RDDDataset
 from optim.data.tf_data import TFDataDataset
@@ -68,6 +69,18 @@ class TFDataset(abc.ABC):  # noqa: B024 - a virtual base: the adapters register 
         :meth:`from_dataframe`; ``storage_options`` are fsspec's (endpoint, credentials)."""
         return ParquetDataset(path, feature_cols, label_cols, feature_shapes, storage_options, batch_size, augment,
                               shuffle_buffer=shuffle_buffer, prefetch=prefetch)
+
+    @staticmethod
+    def from_delta(path, feature_cols, label_cols=None, feature_shapes=None, version: int | None = None,
+                   timestamp=None, storage_options=None, batch_size: int | None = None, augment=None, *,
+                   shuffle_buffer: int = stream.DEFAULT_SHUFFLE_BUFFER,
+                   prefetch: int = stream.DEFAULT_PREFETCH) -> DeltaDataset:
+        """A Delta Lake table (a local path or a URI such as ``s3://``) as of ``version`` or ``timestamp`` (default:
+        the newest), its partition columns readable like any other, each rank reading its share of that version's
+        files as :meth:`from_parquet` does, with the same checks; see :class:`optim.data.delta.DeltaDataset`. Needs
+        the ``deltalake`` package (``pip install tfnet[delta]``); ``storage_options`` are fsspec's."""
+        return DeltaDataset(path, feature_cols, label_cols, feature_shapes, version, timestamp, storage_options,
+                            batch_size, augment, shuffle_buffer=shuffle_buffer, prefetch=prefetch)
 
     @staticmethod
     def from_rdd(rdd, batch_size: int | None = None) -> RDDDataset:

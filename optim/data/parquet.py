@@ -129,11 +129,18 @@ class ParquetDataset(ColumnDataset):
     def __init__(self, path: str, feature_cols, label_cols=None, feature_shapes=None, storage_options=None,
                  batch_size: int | None = None, augment=None, shuffle_buffer: int = stream.DEFAULT_SHUFFLE_BUFFER,
                  prefetch: int = stream.DEFAULT_PREFETCH):
-        self.path, self.storage_options = str(path), storage_options
+        self._set_files(str(path), storage_options, *_discover(str(path), storage_options), feature_cols, label_cols,
+                        feature_shapes, batch_size, augment, shuffle_buffer, prefetch)
+
+    def _set_files(self, path: str, storage_options, files: list[str], values: list[dict], schema: pa.Schema,
+                   feature_cols, label_cols, feature_shapes, batch_size, augment, shuffle_buffer, prefetch) -> None:
+        """Sets up the dataset over ``files`` (paths in ``path``'s file system), ``values`` (each file's
+        partition columns) and ``schema`` (the rows', partition columns included), checked as the module says."""
+        self.path, self.storage_options = path, storage_options
         self.batch_size, self.augment = batch_size, augment
         self.shuffle_buffer, self.prefetch = int(shuffle_buffer), int(prefetch)
         self._set_columns(feature_cols, label_cols, feature_shapes)
-        self.files, self.partition_values, schema = _discover(self.path, storage_options)
+        self.files, self.partition_values = list(files), list(values)
         self._check_present(list(schema.names))
         self.types = {f.name: spark_type(f.type) for f in schema}
         self.partition_types = {name: schema.field(name).type for name in {k for v in self.partition_values for k in v}}

@@ -1,0 +1,164 @@
+"""``TFDataset.from_delta``: a Delta Lake table as of a version or a time, read like Parquet files. Driver side
+(the table's log, through the ``deltalake`` package, delta-rs: ``pip install tfnet[delta]``); the ranks read
+their share of that version's files as :mod:`optim.data.parquet` has them do, with no Delta code on the ranks.
+
+A Delta table is Parquet files and a log of which files make each version. The driver reads the log once
+(``deltalake.DeltaTable``, no Spark and no JVM connector), takes the version's files and each file's partition
+values, and hands them to the Parquet adapter: the same checks before any job, the same errors naming the file
+and the row, the same streamed reading on the ranks. ``storage_options`` are fsspec's, as for ``from_parquet``
+and ``model_dir`` (``endpoint_url``, ``key``, ``secret``); the driver gives delta-rs the same endpoint and keys.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from optim.data import stream
+from optim.data.parquet import ParquetDataset
+from optim.errors import DataError
+from tfnet import storage
+
+__all__ = ["DeltaDataset"]
+
+
+def _import_deltalake():
+    try:
+        import deltalake
+    except ImportError:
+        raise ImportError("TFDataset.from_delta reads Delta tables with the deltalake package (delta-rs): "
+                          "pip install 'tfnet[delta]' (or deltalake).") from None
+    return deltalake
+
+
+def delta_options(path: str, storage_options) -> dict | None:
+    """fsspec's ``storage_options`` as delta-rs (``object_store``) takes them, for an ``s3://`` table: the endpoint,
+    the keys, and plain HTTP allowed for an ``http://`` endpoint. None for a local table."""
+    if not storage.is_remote(path):
+        return None
+    options = dict(storage_options or {})
+    out = {}
+    endpoint = options.get("endpoint_url") or (options.get("client_kwargs") or {}).get("endpoint_url")
+    if endpoint:
+        out["AWS_ENDPOINT_URL"] = endpoint
+        if endpoint.startswith("http://"):
+            out["AWS_ALLOW_HTTP"] = "true"
+    if options.get("key"):
+        out["AWS_ACCESS_KEY_ID"] = options["key"]
+    if options.get("secret"):
+        out["AWS_SECRET_ACCESS_KEY"] = options["secret"]
+    region = options.get("region") or (options.get("client_kwargs") or {}).get("region_name")
+    out["AWS_REGION"] = region or "us-east-1"
+    return out
+
+
+class DeltaDataset(ParquetDataset):
+    """``TFDataset.from_delta(path, feature_cols, label_cols, feature_shapes, version, timestamp, storage_options)``:
+    see the module.
+
+    Args:
+        path: The table's folder, a local path or a URI (``s3://bucket/table``).
+        version: The table as of this version. Default: the newest.
+        timestamp: The table as of this time (a ``datetime`` or an ISO 8601 string); not with ``version``.
+        Others: as for :class:`~optim.data.parquet.ParquetDataset`.
+
+    Raises:
+        DataError: no Delta table at ``path``, a version that does not exist (naming those that do), a table whose
+            rows the files alone do not give (deletion vectors), or a file that cannot be read.
+        ColumnError: a column the table does not have.
+    """
+
+    def __init__(self, path: str, feature_cols, label_cols=None, feature_shapes=None, version: int | None = None,
+                 timestamp=None, storage_options=None, batch_size: int | None = None, augment=None,
+                 shuffle_buffer: int = stream.DEFAULT_SHUFFLE_BUFFER, prefetch: int = stream.DEFAULT_PREFETCH):
+        import pyarrow as pa
+
+        if version is not None and timestamp is not None:
+            raise ValueError(f"Give `version` or `timestamp`, not both. Received: version={version!r}, "
+                             f"timestamp={timestamp!r}")
+        path = str(path)
+        table = _open(path, version, timestamp, storage_options)
+        self.version = int(table.version())
+        features = set(getattr(table.protocol(), "reader_features", None) or [])
+        if "deletionVectors" in features and _has_deletion_vectors(table):
+            raise DataError(f"The Delta table at {path!r} (version {self.version}) has deletion vectors: its files hold "
+                            "rows that were deleted. Rewrite it without them (OPTIMIZE, or purge) to read it here.")
+        schema = pa.schema(table.schema().to_arrow())
+        actions = pa.table(table.get_add_actions(flatten=True))
+        columns = list(table.metadata().partition_columns)
+        files, values = [], []
+        paths = actions.column("path").to_pylist()
+        for i, relative in enumerate(paths):
+            files.append(_in_filesystem(storage.join(path, relative) if "://" not in relative and not
+                                        relative.startswith("/") else relative))
+            values.append({c: _typed(actions.column(f"partition.{c}")[i].as_py(), schema.field(c).type)
+                           for c in columns})
+        if not files:
+            raise DataError(f"The Delta table at {path!r} holds no rows at version {self.version}.")
+        order = sorted(range(len(files)), key=lambda k: files[k])
+        self._set_files(path, storage_options, [files[k] for k in order], [values[k] for k in order], schema,
+                        feature_cols, label_cols, feature_shapes, batch_size, augment, shuffle_buffer, prefetch)
+
+
+def _open(path: str, version, timestamp, storage_options):
+    """The table as of ``version`` or ``timestamp``, or the newest."""
+    deltalake = _import_deltalake()
+    options = delta_options(path, storage_options)
+    if not deltalake.DeltaTable.is_deltatable(path, storage_options=options):
+        raise DataError(f"No Delta table at {path!r}: it has no _delta_log.")
+    table = deltalake.DeltaTable(path, storage_options=options)
+    newest = table.version()
+    if version is not None:
+        if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= newest:
+            known = sorted({int(h["version"]) for h in table.history() if "version" in h})
+            raise DataError(f"The Delta table at {path!r} has no version {version!r}; it has versions {known}.")
+        table.load_as_version(version)
+    elif timestamp is not None:
+        when = _moment(timestamp)
+        commits = {int(h["version"]): int(h["timestamp"]) for h in table.history() if "version" in h}
+        first = min(commits.items())
+        if when.timestamp() * 1000 < first[1]:
+            made = datetime.datetime.fromtimestamp(first[1] / 1000, datetime.timezone.utc).isoformat()
+            raise DataError(f"The Delta table at {path!r} has no version as of {timestamp!r}: its first version "
+                            f"({first[0]}) was written at {made}.")
+        table.load_as_version(when)
+    return table
+
+
+def _moment(timestamp) -> datetime.datetime:
+    """``timestamp`` (a ``datetime``, naive ones in UTC, or an ISO 8601 string) as an aware ``datetime``."""
+    if isinstance(timestamp, str):
+        try:
+            timestamp = datetime.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"`timestamp` must be a datetime or an ISO 8601 string. Received: {timestamp!r}") from None
+    if not isinstance(timestamp, datetime.datetime):
+        raise TypeError(f"`timestamp` must be a datetime or an ISO 8601 string. Received: {timestamp!r}")
+    return timestamp if timestamp.tzinfo else timestamp.replace(tzinfo=datetime.timezone.utc)
+
+
+def _has_deletion_vectors(table) -> bool:
+    import pyarrow as pa
+
+    actions = pa.table(table.get_add_actions(flatten=True))
+    return any(name.startswith("deletionVector") for name in actions.column_names) and any(
+        v is not None for name in actions.column_names if name.startswith("deletionVector")
+        for v in actions.column(name).to_pylist())
+
+
+def _in_filesystem(uri: str) -> str:
+    """A file's path as the reading file system names it: ``bucket/key`` for ``s3://bucket/key``, a local path
+    as it is."""
+    if storage.is_remote(uri):
+        from fsspec.core import split_protocol
+
+        return split_protocol(uri)[1]
+    return uri[len("file://"):] if uri.startswith("file://") else uri
+
+
+def _typed(value, kind):
+    """A partition value (Delta's log keeps them as text) as its column's type."""
+    import pyarrow as pa
+
+    if value is None:
+        return None
+    return pa.array([value]).cast(kind)[0].as_py()
