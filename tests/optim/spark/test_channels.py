@@ -74,6 +74,37 @@ def test_a_signature_replayed_on_another_body_is_refused():
         assert kv.get(addr, "tfnet_claims", "rank1", token=KEY) == b"1"
 
 
+def test_a_peers_failure_rides_in_the_error_of_the_rank_whose_collective_broke():
+    """Failures reach the driver one way, in a task's error, and Spark reports whichever task failed first. Rank 1
+    fails on a bad row and leaves its failure in the store; rank 0's collective then breaks (a retryable error),
+    and rank 0 carries rank 1's failure in its own error: from rank 0's text alone the driver finds the cause,
+    which no retry mends. A failure left without the key is refused."""
+    from optim.errors import BadRowError
+    from optim.transport.failures import failure_text, failures_in, from_exception, pick_root
+
+    def failed(exc):
+        try:
+            raise exc
+        except Exception as caught:  # noqa: BLE001 - what a rank does with any error
+            return caught
+
+    with SecureRendezvous("127.0.0.1", 2, KEY) as server:
+        addr = server.address
+        root = from_exception(failed(BadRowError("Column 'x' is null at row 3 of partition 1")), rank=1)
+        assert not root.retryable
+        assert not kv.post_failure(addr, 1, root.to_json(), OTHER)  # refused without the key
+        assert kv.peer_failures(addr, 0, 2, KEY, wait_s=0.2) == []
+        assert kv.post_failure(addr, 1, root.to_json(), KEY)
+        peer = from_exception(failed(ConnectionResetError("Connection reset by peer")), rank=0)
+        assert peer.retryable
+        carried = [type(root).from_json(d) for d in kv.peer_failures(addr, 0, 2, KEY, wait_s=5)]
+        text = " ".join(failure_text(f) for f in [peer, *carried]) + " rank 0: ConnectionResetError"
+    found = failures_in(f"org.apache.spark.api.python.PythonException: ... WorkerError: {text} ...")
+    assert [(f.cls, f.rank) for f in found] == [("ConnectionResetError", 0), ("BadRowError", 1)]
+    assert pick_root(found).cls == "BadRowError"
+    assert pick_root(failures_in(failure_text(peer))).cls == "ConnectionResetError", "without the peer's: retryable"
+
+
 def test_gloo_proxy_forwards_gloo_requests_only():
     """The rank's proxy signs what Gloo's rendezvous sends and refuses the rest: tfnet's own
     scopes (a local process cannot post a failure report or a claim through it), other paths and
