@@ -135,7 +135,9 @@ class RunResult:
     (its leaves) and the server method's, the step the run started from and the checkpoint it resumed, whether it
     stopped early at an epoch boundary (elastic training), and, from a distributed run, rank 0's final weights
     (None: trained in place), the rows per rank and the steps per epoch. ``run``: what the run measured
-    (attempts, start-up, step times; the launcher's or the local loop's summary)."""
+    (attempts, start-up, step times; the launcher's or the local loop's summary). ``start_sha256``: a run that
+    resumed from a checkpoint, the SHA-256 of the state it started from
+    (:func:`optim.training.restore.state_digest`), to check against the checkpoint's."""
 
     history: dict
     step: int
@@ -148,6 +150,7 @@ class RunResult:
     rows: list | None = None
     steps_per_epoch: int | None = None
     run: dict = field(default_factory=dict)
+    start_sha256: str | None = None
 
     def last_run(self) -> dict:
         """``TFOptimizer.last_run``: what the run measured, with the step it started from and what it resumed."""
@@ -166,7 +169,7 @@ def pack_result(weights: dict[str, np.ndarray], result: RunResult, plan: dict) -
     header = {"history": result.history, "step": result.step, "weights": list(weights),
               "state_leaves": len(result.state), "exchange_leaves": len(result.exchange_state),
               "start_step": result.start_step, "stopped": result.stopped,
-              "resumed_from": result.resumed_from, **plan}
+              "resumed_from": result.resumed_from, "start_sha256": result.start_sha256, **plan}
     return pack(RESULT_FORMAT, header, arrays)
 
 
@@ -185,4 +188,5 @@ def unpack_result(data: bytes) -> RunResult:
     exchange = tuple(arrays[f"x{i:05d}"] for i in range(header.get("exchange_leaves", 0)))
     return RunResult(header["history"], int(header["step"]), state, int(header.get("start_step") or 0),
                      header.get("resumed_from"), exchange, bool(header.get("stopped", False)), weights,
-                     header.get("rows"), header.get("steps_per_epoch"), {"attempt": header.get("attempt")})
+                     header.get("rows"), header.get("steps_per_epoch"), {"attempt": header.get("attempt")},
+                     header.get("start_sha256"))

@@ -38,6 +38,9 @@ class Exchange:
 
     #: The bytes this rank has sent to the others since the start of the call.
     bytes_sent: int = 0
+    #: Whether each rank keeps a worker-method state of its own (local SGD), which a checkpoint then holds for every
+    #: rank; else every rank holds rank 0's.
+    per_rank_state: bool = False
 
     def __init__(self, net, collective: Collective):
         self.net, self.collective = net, collective
@@ -94,6 +97,8 @@ class EveryStepExchange(Exchange):
 class LocalSGDExchange(Exchange):
     """``every`` local steps, then one averaging of the weights' moves, applied by the server
     method to the anchor (the weights at the last exchange)."""
+
+    per_rank_state = True
 
     def __init__(self, net, collective: Collective, mode: LocalSGD):
         super().__init__(net, collective)

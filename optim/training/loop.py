@@ -38,15 +38,18 @@ from optim.training.exchange import make_exchange
 from optim.training.liveness import Liveness
 from optim.training.reporting import EpochClock, Reporter
 from optim.training.restore import (
+    PEERS_KEY,
     check_state,
     load_state,
     match_weights,
     saved_weights,
     split_exchange_state,
     state_arrays,
+    state_digest,
 )
 from optim.training.start import Start, load_initial_state, previous_server_state, resume_checkpoint
 from tfnet import storage
+from tfnet.lora import carried_weight_names
 
 # TrainConfig, accumulate, evaluate, logs_from_states and metrics_copy are re-exported: this was their home.
 __all__ = ["TrainConfig", "accumulate", "evaluate", "logs_from_states", "metrics_copy", "train",
@@ -157,6 +160,7 @@ class _Run:
         self.checked = False
         self.epoch_sent_from = self.epoch_steps = 0  # the exchange's byte count at the epoch's start; its steps
         self.stopped = False
+        self.start_sha256: str | None = None  # a resumed run's start state (rank 0): state_digest
         self.saved: dict = {}  # what saved_weights keeps for the run (the base weights' fingerprint)
 
     # ---- set-up
@@ -172,9 +176,10 @@ class _Run:
         start = Start.of(ckpt) if ckpt is not None else Start(start_step)
         start = Start(**collective.broadcast_json(start._asdict()))
         server: list = []
+        peers: list[list] = []
         if ckpt is not None:
             weights = match_weights(ckpt, net)
-            ckpt, server = split_exchange_state(ckpt)
+            ckpt, server, peers = split_exchange_state(ckpt)
             check_state(ckpt, net, self.template)
             leaves = ckpt.state
         else:
@@ -190,13 +195,39 @@ class _Run:
             leaves, server = both[:len(leaves)], both[len(leaves):]
             net.set_weights(dict(zip(net.weight_names, weights)))
             load_state(self.step_fn, leaves, self.template)
+            self._own_state(peers, leaves)
         if server:
             self.exchange.load_state(server)
+        if ckpt is not None:  # what the run holds now, for a check against the checkpoint (rank 0's record)
+            held = list(net.get_weights(carried_weight_names(net)).values())
+            peer_leaves = [a for p in peers for a in p]  # the other ranks' own states, as loaded (local SGD)
+            self.start_sha256 = state_digest(held + state_arrays(self.step_fn) + list(self.exchange.state()) + peer_leaves)
         self.exchange.start(self.step_fn)
         self.history = {k: list(v) for k, v in (start.history or {}).items()}
         self.global_step, self.skipped = start.step, start.skipped
         self.start_step = start.step
         return start
+
+    def _own_state(self, peers: list[list], leaves: list) -> None:
+        """Local SGD, each rank with a worker-method state of its own: rank r takes back the one the checkpoint holds
+        for rank r (rank 0's when it holds none: a checkpoint of fewer ranks)."""
+        collective = self.collective
+        if not (self.exchange.per_rank_state and collective.size > 1):
+            return
+        stored = int(collective.broadcast_json(len(peers)))
+        for r in range(1, min(stored + 1, collective.size)):
+            got = collective.broadcast(peers[r - 1] if self.chief else leaves, root=0)
+            if collective.rank == r:
+                load_state(self.step_fn, got, self.template)
+
+    def _peer_states(self) -> list[list[np.ndarray]]:
+        """Local SGD on several ranks: every other rank's worker-method state (rank 0 gets them, for its checkpoint;
+        every rank takes part)."""
+        collective = self.collective
+        if not (self.exchange.per_rank_state and collective.size > 1):
+            return []
+        mine = state_arrays(self.step_fn)
+        return [collective.broadcast(mine, root=r) for r in range(1, collective.size)]
 
     def batches_per_epoch(self, data: TFDataset) -> int | None:
         """This rank's batches per epoch, when the data knows it."""
@@ -339,12 +370,13 @@ class _Run:
             return
         self.settle()
         with self.alive.phase("writing a checkpoint"):
+            peers = self._peer_states()
             if self.chief:
-                self._write_checkpoint(epoch, batch)
+                self._write_checkpoint(epoch, batch, peers)
             if self.collective.size > 1:
                 self.collective.allreduce_sum(np.zeros(1))  # the others wait here, not in the next step
 
-    def _write_checkpoint(self, epoch: int, batch: int) -> None:
+    def _write_checkpoint(self, epoch: int, batch: int, peers: list[list[np.ndarray]]) -> None:
         seed = self.config.seed
         extra = {
             "history": self.history,
@@ -356,15 +388,18 @@ class _Run:
         server = self.exchange.state()
         if server:  # the server method's state (local SGD) follows the worker method's
             extra["exchange_state"] = len(server)
+        if peers:  # each rank's own worker-method state (local SGD) follows the server method's
+            extra[PEERS_KEY] = len(peers)
         weights, base = saved_weights(self.net, self.saved)  # a net with adapters: those and the base's fingerprint
         extra.update(base)
-        self.manager.save(Checkpoint(self.global_step, epoch, batch, weights, state_arrays(self.step_fn) + server, extra))
+        state = state_arrays(self.step_fn) + server + [a for p in peers for a in p]
+        self.manager.save(Checkpoint(self.global_step, epoch, batch, weights, state, extra))
 
     def outcome(self) -> RunResult:
         if self.skipped:
             self.history["skipped_steps"] = [self.skipped]
         return RunResult(self.history, self.global_step, state_arrays(self.step_fn), self.start_step,
-                            self.resumed_from, tuple(self.exchange.state()), self.stopped)
+                         self.resumed_from, tuple(self.exchange.state()), self.stopped, start_sha256=self.start_sha256)
 
 
 def _learning_rate(method, step: int) -> float:

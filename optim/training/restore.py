@@ -7,6 +7,7 @@ from the worker method's, and the optimiser state checked against the step's. Be
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import warnings
 from collections.abc import Sequence
 
@@ -17,8 +18,8 @@ from optim.errors import CheckpointError, CheckpointWarning
 from optim.training.checkpoint import Checkpoint
 from tfnet.lora import carried_weight_names, fingerprint
 
-__all__ = ["BASE_KEY", "base_record", "check_state", "fits", "load_state", "match_weights", "saved_weights",
-           "split_exchange_state", "state_arrays"]
+__all__ = ["BASE_KEY", "PEERS_KEY", "base_record", "check_state", "fits", "load_state", "match_weights", "saved_weights",
+           "split_exchange_state", "state_arrays", "state_digest"]
 
 #: A checkpoint's ``extra`` entry for a net with adapters: ``{"sha256": the fingerprint of the weights
 #: it leaves out (the frozen base), "count": how many they are}``.
@@ -102,13 +103,21 @@ def _match_adapted(ckpt: Checkpoint, net, base: dict) -> list[np.ndarray]:
     return [ckpt.weights[n] if n in ckpt.weights else current[n].numpy() for n in names]
 
 
-def split_exchange_state(ckpt: Checkpoint) -> tuple[Checkpoint, list]:
-    """The checkpoint with the worker method's state only, and the server method's state that
-    follows it (local SGD; ``extra["exchange_state"]`` arrays)."""
-    n = int(ckpt.extra.get("exchange_state", 0))
-    if not n:
-        return ckpt, []
-    return dataclasses.replace(ckpt, state=ckpt.state[:-n]), list(ckpt.state[-n:])
+#: A checkpoint's ``extra`` entry for local SGD on several ranks, where each rank keeps a worker-method state of its
+#: own: how many other ranks' states follow the server method's (ranks 1, 2, ...; each as many arrays as rank 0's).
+PEERS_KEY = "peer_states"
+
+
+def split_exchange_state(ckpt: Checkpoint) -> tuple[Checkpoint, list, list[list]]:
+    """The checkpoint with rank 0's worker-method state only; the server method's state that follows it (local
+    SGD; ``extra["exchange_state"]`` arrays); and the other ranks' worker-method states after that
+    (``extra[PEERS_KEY]`` of them)."""
+    n, k = int(ckpt.extra.get("exchange_state", 0)), int(ckpt.extra.get(PEERS_KEY, 0))
+    state = list(ckpt.state)
+    leaves = (len(state) - n) // (k + 1)
+    rest = state[leaves + n:]
+    peers = [rest[i * leaves:(i + 1) * leaves] for i in range(k)]
+    return dataclasses.replace(ckpt, state=state[:leaves]), state[leaves:leaves + n], peers
 
 
 def check_state(ckpt: Checkpoint, net, template) -> None:
@@ -136,3 +145,15 @@ def load_state(step_fn, leaves: Sequence[np.ndarray], template) -> None:
     step_fn.set_state(tf.nest.pack_sequence_as(
         template, [tf.constant(a, dtype=t.dtype) for a, t in zip(leaves, tf.nest.flatten(template))]
     ))
+
+
+def state_digest(arrays: Sequence[np.ndarray]) -> str:
+    """SHA-256 over ``arrays`` in order: each one's dtype, shape and bytes. Of a resumed run's start (the weights a
+    checkpoint holds, in the net's order, then the optimiser's and the server method's state), it equals the
+    same digest of that checkpoint's weights and state exactly when the run starts from them bit for bit."""
+    h = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()

@@ -156,10 +156,12 @@ class _DistributedRun:
         self.ranks = 0  # the ranks of the last attempt that finished
         self.roads: dict = {}  # how the net went out and rank 0's result came back (last_run's net_via, result_via)
         self.grow_check_s = GROW_CHECK_S
+        self.slot_check_s = SLOT_CHECK_S
+        self.t_call = time.monotonic()
 
     def __call__(self, dataset, config: TrainConfig, validation, num_workers: int | None, min_workers: int | None,
                  elastic_wait: float) -> RunResult:
-        t_call = time.monotonic()
+        t_call = self.t_call = time.monotonic()
         config = copy.copy(config)
         config.run_id = config.run_id or new_run_id()
         n = self.backend.ranks(num_workers)
@@ -222,10 +224,12 @@ class _DistributedRun:
         slots that came back), retrying (the retry policy says a rerun can mend the failure) or failed."""
         stage, attempt = state.stage, state.attempt
         seen = len(self.sink.events)
+        started = self.clock()
         try:
             result = self.run_stage(stage, attempt)
         except Exception as exc:  # noqa: BLE001 - decided on below: a retry, or the ranks' own error
-            self.attempts.append({"attempt": attempt, "ok": False, "ranks": stage.n, "error": str(exc)[:300]})
+            self.attempts.append({"attempt": attempt, "ok": False, "ranks": stage.n, "error": str(exc)[:300],
+                                  "started_s": started, "ended_s": self.clock()})
             self.record(seen, stage.n)
             decision = self.policy.decide(exc, failures_in(str(exc)), state.failed, stopped=self.backend.stopped(),
                                           failures=self.failures)
@@ -236,7 +240,8 @@ class _DistributedRun:
             _tell(f"Training stage attempt {state.failed + 1} failed ({one_line(str(decision.error))}); retrying "
                   f"{_RETRY_FROM[bool(stage.config.model_dir)]}.", depth=2)
             return Retrying(stage, attempt, state.failed + 1, decision.error)
-        self.attempts.append({"attempt": attempt, "ok": True, "ranks": stage.n, **result.run})
+        self.attempts.append({"attempt": attempt, "ok": True, "ranks": stage.n, "started_s": started,
+                              "ended_s": self.clock(), **result.run})
         self.record(seen, stage.n)
         self.ranks = stage.n
         return Growing(stage, attempt, state.failed) if result.stopped else Finished(result)
@@ -264,6 +269,10 @@ class _DistributedRun:
         return Running(self.prepare(n), state.attempt + 1, state.failed)
 
     # ---- what the states do
+
+    def clock(self) -> float:
+        """Seconds since the call began (``attempt_log``'s ``started_s`` and ``ended_s``)."""
+        return round(time.monotonic() - self.t_call, 3)
 
     def batch_for_policy(self) -> int | None:
         """The global batch the rank counts must divide (None: a ``tf.data`` input batches itself)."""
@@ -324,21 +333,23 @@ class _DistributedRun:
         counts_rows = stage.staged.rank_data.counts_rows
         result.run = {"start_step": result.start_step, "resumed_from": result.resumed_from,
                       "rows": result.rows if counts_rows else None, "steps_per_epoch": result.steps_per_epoch,
-                      "stopped": result.stopped, "end_step": result.step}
+                      "stopped": result.stopped, "end_step": result.step, "start_sha256": result.start_sha256}
         return result
 
     def watch(self, stage: Stage, stuck):
-        """What the driver checks while the stage runs: a stuck rank (``stuck``), and, for an elastic run
-        on fewer ranks than it asked for, whether to grow (the elastic policy's ``should_grow``; then it asks
-        the ranks, through the control file, to stop at the next epoch boundary)."""
+        """What the driver checks while the stage runs: a stuck rank (``stuck``), task slots lost under the stage
+        (:meth:`lost_slots`), and, for an elastic run on fewer ranks than it asked for, whether to grow (the
+        elastic policy's ``should_grow``; then it asks the ranks, through the control file, to stop at the next
+        epoch boundary)."""
+        lost = self.lost_slots(stage)
         if stage.n >= self.elastic.num_workers:
-            return stuck
+            return _first(stuck, lost)
         config = stage.config
         wanted = self.elastic.num_workers - stage.n
         last = [0.0]
 
         def check() -> str | None:
-            why = stuck() if stuck is not None else None
+            why = _first(stuck, lost)()
             if why or time.monotonic() - last[0] < self.grow_check_s:
                 return why
             last[0] = time.monotonic()
@@ -347,6 +358,28 @@ class _DistributedRun:
                 _tell(f"{wanted} task slot(s) are back: the run grows to {self.elastic.num_workers} ranks at the next "
                       "epoch boundary.", depth=5)
                 storage.write_bytes_atomic(self.control, b"grow", config.storage_options)
+            return None
+
+        return check
+
+    def lost_slots(self, stage: Stage):
+        """A check, every ``slot_check_s``, that the cluster still has the task slots the stage's ranks need
+        (where the session counts them cheaply: a classic one). When an executor is lost, Spark fails a barrier
+        stage and resubmits it, and the resubmitted stage waits for slots the cluster no longer has (up to Spark's
+        own check, minutes); a retry launched before Spark declared the executor lost waits likewise, with a rank
+        that never starts. Both end as soon as the loss is known, and the retry goes on with the slots there are."""
+        if not self.backend.counts_slots:
+            return None
+        last = [time.monotonic()]
+
+        def check() -> str | None:
+            if time.monotonic() - last[0] < self.slot_check_s:
+                return None
+            last[0] = time.monotonic()
+            slots = self.backend.slots_now()
+            if slots is not None and slots < stage.n:
+                return (f"the cluster has {slots} task slot(s) now, fewer than the stage's {stage.n} ranks (an "
+                        "executor was lost)")
             return None
 
         return check
@@ -361,6 +394,22 @@ class _DistributedRun:
 _RETRY_FROM = {True: "from this run's newest checkpoint", False: "from the start (no model_dir)"}
 #: Seconds between the checks for returned slots while an elastic run has fewer ranks than it asked for.
 GROW_CHECK_S = 5.0
+#: Seconds between the checks that the cluster still has the slots a running stage needs.
+SLOT_CHECK_S = 2.0
+
+
+def _first(*checks):
+    """One check from several (None: none): the first reason any of them gives."""
+    checks = [c for c in checks if c is not None]
+
+    def check() -> str | None:
+        for c in checks:
+            why = c()
+            if why:
+                return why
+        return None
+
+    return check
 
 
 def _tell(message: str, depth: int) -> None:

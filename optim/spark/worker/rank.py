@@ -26,6 +26,7 @@ from optim.data.values import PartitionChecks, check_labels, finite_rows_only
 from optim.errors import StageRetryError
 from optim.protocol import RankJob, RunResult, pack_result
 from optim.spark.worker.network import check_process_sets, gloo_iface, iface_address
+from optim.spark.worker.tally import EpochTally
 from optim.spark.worker.watchdog import Watchdog
 from optim.training.horovod import HorovodSession, horovod_env
 from optim.training.loop import train
@@ -58,6 +59,17 @@ def _write_rank_info(job: RankJob, rank: int, **extra) -> None:
                                json.dumps(info).encode(), config.storage_options)
 
 
+def _tally(job: RankJob, rank: int, data, count: int) -> EpochTally:
+    """The rank's training data, counting what each epoch trains on (:mod:`optim.spark.worker.tally`), written to
+    ``model_dir/ranks/<run id>/epochs-a<attempt>-r<rank>.json`` with ``count`` (what the rank's data reported to
+    agree on the steps: its rows; batches for ``tf.data`` input)."""
+    config = job.train.config
+    path = storage.join(config.model_dir, "ranks", config.run_id or "", f"epochs-a{job.attempt}-r{rank}.json") \
+        if config.model_dir else None
+    return EpochTally(data, path, config.storage_options,
+                      {"rank": rank, "attempt": job.attempt, "size": job.size, "count": int(count)})
+
+
 def run_rank(job: RankJob, partition: Iterable, ctx) -> Iterator[bytes | str]:
     """The body of one barrier task (``ctx``: its ``BarrierTaskContext``). Yields one result on rank 0 (the
     payload, or its path in the exchange folder), nothing elsewhere."""
@@ -68,7 +80,7 @@ def run_rank(job: RankJob, partition: Iterable, ctx) -> Iterator[bytes | str]:
     opened = None
     dog = Watchdog(limits.startup_timeout_s, f"tfnet rank {rank}", long_timeout_s=limits.long_s,
                    beat=_heartbeat_sender(job, rank)).start()
-    hvd = None
+    hvd = tally = None
     try:
         cpus = max(1, int(ctx.cpus()))
         if not set_num_threads(cpus, max(1, min(2, cpus)), strict=False):
@@ -90,10 +102,12 @@ def run_rank(job: RankJob, partition: Iterable, ctx) -> Iterator[bytes | str]:
             reporter = _reporter(job, rank)
         dog.kick("training")
         spec = job.train
-        result = train(net, spec.loss, spec.method, spec.metrics, opened.train, config, collective=hvd.collective,
+        tally = _tally(job, rank, opened.train, counts[rank])
+        result = train(net, spec.loss, spec.method, spec.metrics, tally, config, collective=hvd.collective,
                        reporter=reporter, validation_data=opened.validation, steps_per_epoch=steps,
                        initial_state=spec.state, start_step=spec.start_step, lr_source=spec.lr_source, liveness=dog,
                        initial_exchange_state=spec.exchange_state, stop_check=_stop_check(job))
+        tally.close()
         _write_rank_info(job, rank, horovod_idle_threads=len(hvd.idle.demoted), tf_threads=threads, **network,
                          **_memory(opened.local))
         if rank == 0:
@@ -101,6 +115,8 @@ def run_rank(job: RankJob, partition: Iterable, ctx) -> Iterator[bytes | str]:
             yield _result(job, net, result, counts, steps)
     finally:
         dog.kick("shutting down")
+        if tally is not None:
+            tally.close()  # what the epochs before a failure trained on, too
         if opened is not None:
             opened.release()
         if hvd is not None:

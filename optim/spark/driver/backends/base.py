@@ -72,6 +72,10 @@ class Backend:
         """Before a retry: waits up to ``wait_s`` seconds for ``n`` task slots; returns the slots seen."""
         raise NotImplementedError
 
+    def slots_now(self) -> int | None:
+        """The task slots the cluster has now, asked while a stage runs (None: this kind cannot tell cheaply)."""
+        return None
+
     def free_slots(self, wanted: int, running: int) -> int:
         """Task slots free now beside a stage of ``running`` ranks (counted up to ``wanted``): whether a
         shrunk run can grow back."""

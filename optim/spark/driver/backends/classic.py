@@ -70,6 +70,9 @@ class ClassicBackend(Backend):
         # a local master cannot grow: its slots are what it has now, so there is nothing to wait for
         return wait_for_slots(self.sc, n, 0.0 if self.sc.master.startswith("local") else wait_s)
 
+    def slots_now(self) -> int:
+        return task_slots(self.sc)
+
     def free_slots(self, wanted: int, running: int) -> int:
         return max(0, task_slots(self.sc) - running)
 
