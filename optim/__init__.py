@@ -27,6 +27,7 @@ import tfnet.quiet  # noqa: F401
 _EXPORTS = {
     "TFOptimizer": "optim.optimizer",
     "TFDataset": "optim.data",
+    "History": "optim.training.history",
     "TFPredictor": "optim.predict.predictor",
     "TFNetTransformer": "optim.predict.transformer",
     "TFNetEstimator": "optim.ml.estimator",

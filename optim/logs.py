@@ -17,11 +17,12 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 
 __all__ = ["VERBOSE_ENV", "configure", "console_error", "import_tensorflow", "noisy", "paused_console_progress",
-           "quiet_task_failures", "quiet_worker", "spark_log_conf"]
+           "quiet_lazy_task_failures", "quiet_task_failures", "quiet_worker", "spark_log_conf", "wait_for_running_tasks"]
 
 from tfnet.quiet import VERBOSE_ENV, import_tensorflow, noisy  # noqa: F401 (part of this module's API)
 
@@ -29,19 +30,49 @@ logging.getLogger("tfnet").addHandler(logging.NullHandler())
 
 
 def configure(verbose: int = 1, stream=None) -> logging.Logger:
-    """Gives the ``tfnet`` logger one console handler (idempotent) for scripts: INFO at
-    ``verbose >= 1``, DEBUG at ``verbose >= 2``, WARNING at 0. ``verbose >= 2`` also sets
-    ``TFNET_VERBOSE`` so that TensorFlow's and Spark's own lines come back. Returns the logger."""
+    """Sets the ``tfnet`` logger's level (INFO at ``verbose >= 1``, DEBUG at ``verbose >= 2``,
+    WARNING at 0) and, for a script that has not configured logging, gives it a console handler
+    (idempotent). ``verbose >= 2`` also sets ``TFNET_VERBOSE`` so that TensorFlow's and Spark's own
+    lines come back. Returns the logger.
+
+    As the logging HOWTO asks of a library ("Configuring Logging for a Library"), tfnet adds no
+    handler where logging is configured already: with ``logging.basicConfig(...)`` (or a handler of
+    your own on ``tfnet``) tfnet's lines go through your handlers only, once each. The console
+    handler also stays silent for any line that a handler configured later would print (the root's,
+    say, which ``logging.basicConfig`` or a library's module-level ``logging.info(...)`` adds)."""
     logger = logging.getLogger("tfnet")
     logger.setLevel(logging.DEBUG if verbose >= 2 else logging.INFO if verbose >= 1 else logging.WARNING)
-    if not any(getattr(h, "_tfnet_console", False) for h in logger.handlers):
-        handler = logging.StreamHandler(stream or sys.stderr)
+    configured = [h for h in _handlers_from(logger) if not isinstance(h, (logging.NullHandler, _Console))]
+    if not configured and not any(isinstance(h, _Console) for h in logger.handlers):
+        handler = _Console(stream or sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))
-        handler._tfnet_console = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
     if verbose >= 2:
         os.environ[VERBOSE_ENV] = "1"
     return logger
+
+
+def _handlers_from(logger: logging.Logger) -> list[logging.Handler]:
+    """Every handler a record logged to ``logger`` reaches: its own and, while loggers propagate, its
+    ancestors' (as ``Logger.callHandlers`` walks them)."""
+    found: list[logging.Handler] = []
+    current: logging.Logger | None = logger
+    while current is not None:
+        found.extend(current.handlers)
+        current = current.parent if current.propagate else None
+    return found
+
+
+class _Console(logging.StreamHandler):
+    """:func:`configure`'s console handler: it prints a record only when no other handler that the
+    record reaches would print it too, so no line is printed twice."""
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        others = [h for h in _handlers_from(logging.getLogger(record.name))
+                  if h is not self and not isinstance(h, logging.NullHandler) and record.levelno >= h.level]
+        if others:
+            return False
+        return super().handle(record)
 
 
 def quiet_worker(level: int = logging.WARNING) -> None:
@@ -137,6 +168,46 @@ def spark_log_conf(verbose: int = 1) -> dict[str, str]:
 #: The JVM loggers that print a failed task's whole Python and Java traceback (about 45 lines each,
 #: per task): tfnet raises the rank's own error, with that traceback attached, instead.
 TASK_FAILURE_LOGGERS = ("org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager")
+#: The JVM loggers that say, for each task of a cancelled stage (Ctrl-C), that its Python worker is being
+#: killed ("Incomplete task interrupted: Attempting to kill Python Worker").
+TASK_KILL_LOGGERS = ("org.apache.spark.sql.execution.python", "org.apache.spark.api.python")
+
+
+#: A message that carries a tfnet error raised on a worker (the worker's traceback ends with its line).
+TYPED_ERROR_MESSAGE = r"(?s).*\b(?:optim|tfnet)\.errors\.[A-Za-z_]\w*(?:Error|Exception): .*"
+#: The executor's own line for a failed task, which the scheduler's "Lost task" line repeats.
+EXECUTOR_TASK_ERROR = r"(?s)Exception in task \d.*"
+_LAZY_QUIET: set = set()
+
+
+def quiet_lazy_task_failures(sc) -> None:
+    """A lazy result (the DataFrame or RDD that ``TFPredictor.predict`` returns) fails in the user's
+    own action, outside any job tfnet runs, so :func:`quiet_task_failures` cannot bracket it: Spark's
+    console would show each failed task's Python and Java traces (about 30 lines each, from the
+    executor and again from the scheduler) before tfnet's one-line error. Once per driver JVM, its
+    console appenders stop showing those lines (Spark's other appenders, its log files, keep them):
+    every line that names a tfnet error raised on a worker (the scheduler's ``Lost task ...``) and,
+    where the executor runs in the driver's JVM (a ``local`` master), the executor's ``Exception in
+    task ...``, which the scheduler's line repeats. Nothing changes at ``TFNET_VERBOSE=1``, without a
+    JVM (a Spark Connect client) or with another logging back-end."""
+    if noisy() or sc is None:
+        return
+    try:
+        key = sc.applicationId
+        if key in _LAZY_QUIET:
+            return
+        core = sc._jvm.org.apache.logging.log4j.core
+        result = core.Filter.Result
+        patterns = [TYPED_ERROR_MESSAGE] + ([EXECUTOR_TASK_ERROR] if sc.master.startswith("local") else [])
+        filters = [core.filter.RegexFilter.createFilter(p, None, False, result.DENY, result.NEUTRAL) for p in patterns]
+        appenders = core.LoggerContext.getContext(False).getConfiguration().getAppenders().values()
+        for appender in appenders:
+            if appender.getClass().getName() == "org.apache.logging.log4j.core.appender.ConsoleAppender":
+                for f in filters:
+                    appender.addFilter(f)
+        _LAZY_QUIET.add(key)
+    except Exception:  # noqa: BLE001 - no JVM view, or another logging back-end: leave the console as it is
+        pass
 
 
 @contextmanager
@@ -159,32 +230,59 @@ def paused_console_progress(sc) -> Iterator[None]:
     true, which ``spark-submit`` sets for its shells, ``pyspark-shell`` among them, and PySpark
     starts every driver JVM, a plain ``python script.py`` too, as ``pyspark-shell``: so a session
     the user built has the bar unless they turned it off. During tfnet's training stage it would
-    say ``(0 + 2) / 2`` until the end and redraw itself over tfnet's progress bar on the same line.
+    say ``(0 + 2) / 2`` until the end and redraw itself over tfnet's progress bar on the same line;
+    tfnet's background warm-up would show as a stage the user never started.
 
-    Through the JVM (``SparkContext._progressBar``, a private field, set by reflection): nothing
-    happens without a bar, or without a JVM (a Spark Connect client), or when the JVM does not
-    have that field (another Spark version); the bar is put back only if the context still runs."""
-    jsc = field = None
-    try:
-        jsc = sc._jsc.sc()
-        bar = jsc.progressBar()
-        if bar.isDefined():
-            field = jsc.getClass().getDeclaredField("_progressBar")
-            field.setAccessible(True)
-            field.set(jsc, sc._jvm.scala.Option.empty())  # runJob's finishAll() finds no bar
-            bar.get().finishAll()  # clears a bar on the screen now
-            bar.get().stop()  # its timer: no more redraws
-    except Exception:  # noqa: BLE001 - no JVM view, or another Spark: leave the bar alone
-        field = None
+    Pauses nest, from any thread (the warm-up's runs beside a training call): the bar comes back
+    when the last one ends. Through the JVM (``SparkContext._progressBar``, a private field, set
+    by reflection): nothing happens without a bar, or without a JVM (a Spark Connect client), or
+    when the JVM does not have that field (another Spark version); the bar is put back only if the
+    context still runs."""
+    key = id(sc)
+    with _PAUSES_LOCK:
+        pause = _PAUSES.get(key)
+        if pause is None:
+            pause = _PAUSES[key] = {"count": 0, "field": _remove_progress_bar(sc)}
+        pause["count"] += 1
     try:
         yield
     finally:
-        if field is not None:
-            try:
-                if not jsc.isStopped():
-                    field.set(jsc, sc._jvm.scala.Some(sc._jvm.org.apache.spark.ui.ConsoleProgressBar(jsc)))
-            except Exception:  # noqa: BLE001 - the JVM is gone
-                pass
+        with _PAUSES_LOCK:
+            pause["count"] -= 1
+            if pause["count"] == 0:
+                del _PAUSES[key]
+                if pause["field"] is not None:
+                    _restore_progress_bar(sc, pause["field"])
+
+
+_PAUSES: dict = {}  # id(SparkContext) -> {"count": pauses running, "field": the bar's field, when one was removed}
+_PAUSES_LOCK = threading.Lock()
+
+
+def _remove_progress_bar(sc):
+    """Takes the context's console progress bar away; returns the reflected field to put one back, or None."""
+    try:
+        jsc = sc._jsc.sc()
+        bar = jsc.progressBar()
+        if not bar.isDefined():
+            return None
+        field = jsc.getClass().getDeclaredField("_progressBar")
+        field.setAccessible(True)
+        field.set(jsc, sc._jvm.scala.Option.empty())  # runJob's finishAll() finds no bar
+        bar.get().finishAll()  # clears a bar on the screen now
+        bar.get().stop()  # its timer: no more redraws
+        return field
+    except Exception:  # noqa: BLE001 - no JVM view, or another Spark: leave the bar alone
+        return None
+
+
+def _restore_progress_bar(sc, field) -> None:
+    try:
+        jsc = sc._jsc.sc()
+        if not jsc.isStopped():
+            field.set(jsc, sc._jvm.scala.Some(sc._jvm.org.apache.spark.ui.ConsoleProgressBar(jsc)))
+    except Exception:  # noqa: BLE001 - the JVM is gone
+        pass
 
 
 @contextmanager
@@ -202,7 +300,7 @@ def _quiet_levels(sc, verbose: int) -> Iterator[None]:
         log4j = sc._jvm.org.apache.logging.log4j
         configurator = log4j.core.config.Configurator
         context = log4j.core.LoggerContext.getContext(False)
-        for name in TASK_FAILURE_LOGGERS:
+        for name in TASK_FAILURE_LOGGERS + TASK_KILL_LOGGERS:
             own = context.getConfiguration().getLoggerConfig(name).getName() == name
             saved[name] = log4j.LogManager.getLogger(name).getLevel() if own else None
             configurator.setLevel(name, log4j.Level.OFF)
@@ -212,7 +310,7 @@ def _quiet_levels(sc, verbose: int) -> Iterator[None]:
         yield
     finally:
         if saved:
-            _wait_for_running_tasks(sc)
+            wait_for_running_tasks(sc)
         for name, level in saved.items():
             try:
                 if level is None:
@@ -224,17 +322,21 @@ def _quiet_levels(sc, verbose: int) -> Iterator[None]:
                 break
 
 
-def _wait_for_running_tasks(sc, timeout_s: float = 15.0) -> None:
-    """Waits (bounded) until no executor runs a task: a failed barrier stage's other tasks are
-    killed after the job has failed, and the executor logs each kill; the levels go back after."""
+def wait_for_running_tasks(sc, timeout_s: float = 15.0) -> None:
+    """Waits (bounded) until the driver's task scheduler runs no task: a cancelled or failed stage's
+    other tasks are killed after its job has ended, and the executor and the scheduler log each kill.
+    The scheduler's own count is live (the status tracker's lags for a stage that ran long)."""
     import time
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            infos = sc._jsc.sc().statusTracker().getExecutorInfos()
-            if sum(int(info.numRunningTasks()) for info in infos) == 0:
-                return
-        except Exception:  # noqa: BLE001 - no JVM view: nothing to wait for
+            counts = sc._jsc.sc().taskScheduler().runningTasksByExecutors().valuesIterator()
+            running = 0
+            while counts.hasNext():
+                running += int(counts.next())
+        except Exception:  # noqa: BLE001 - no JVM view (another Spark, a stopped context): nothing to wait for
+            return
+        if running == 0:
             return
         time.sleep(0.1)

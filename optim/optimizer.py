@@ -23,8 +23,17 @@ from optim.training.checkpoint import new_run_id, resolve_resume
 from optim.training.checks import warn_if_logits_to_probability_loss
 from optim.training.config import TrainConfig
 from optim.training.evaluation import evaluate, metrics_copy
+from optim.training.history import History
+from optim.training.interrupts import Interruptible
 from optim.training.loop import train
-from optim.training.reporting import MultiReporter, ProgressBar, StepRecorder, TensorBoardWriter, tensorboard_dir
+from optim.training.reporting import (
+    MultiReporter,
+    ProgressBar,
+    StepRecorder,
+    TensorBoardWriter,
+    check_verbose,
+    tensorboard_dir,
+)
 from optim.transforms import assign_groups, partition
 from tfnet import TFNet, storage
 from tfnet.errors import TFNetError
@@ -158,14 +167,19 @@ class TFOptimizer:
         checkpoint_every: int | None = None,
         keep_checkpoints: int = 3,
         on_nonfinite: str = "raise",
-        verbose: int = 1,
+        verbose: int | str = "auto",
         num_workers: int | None = None,
         precision: str = "fp32",
         sync=None,
         **distributed_options,
-    ) -> dict[str, list]:
+    ) -> History:
         """Trains and returns the history: per-epoch lists of ``loss``, each metric, and their
-        ``val_`` versions.
+        ``val_`` versions, as a Keras ``History`` (``history.history["loss"]``, ``history.epoch``) that
+        is also a dict (``history["loss"]``).
+
+        Ctrl-C stops the run (a distributed run's stage is cancelled and its ranks end first) and
+        raises ``KeyboardInterrupt`` from this call, with a short traceback; a second Ctrl-C while it
+        stops is ignored.
 
         Args:
             data: A tuple of numpy arrays ``(features, labels)``, a batched ``tf.data.Dataset`` of
@@ -195,7 +209,9 @@ class TFOptimizer:
             keep_checkpoints: How many checkpoints to keep. Default 3.
             on_nonfinite: ``"raise"`` (default) stops with NonFiniteLossError at a NaN or infinite
                 loss or gradient, weights left at their last good state; ``"skip"`` skips the step.
-            verbose: 0 quiet, 1 progress bar, 2 one line per epoch. Default 1.
+            verbose: As Keras's ``fit``: 0 quiet, 1 a progress bar (in a terminal or a notebook; one
+                line per epoch without one, as in a log file), 2 one line per epoch, ``"auto"`` (the
+                default) as 1.
             num_workers: Ranks for distributed training. Default: Spark's default parallelism
                 when the data is distributed.
             precision: ``"fp32"`` (default) or ``"bf16"``: forward and backward in bfloat16 with
@@ -212,16 +228,23 @@ class TFOptimizer:
                 they return), ``max_retries``, ``timeout``, ``startup_timeout``, ``slot_wait`` and
                 ``steps_per_epoch``; see :func:`optim.spark.driver.launcher.optimize_distributed`.
         """
-        dataset, val, batch_size = self._inputs(data, batch_size, validation_data, sample_weight, on_nonfinite)
-        config = self._config(epochs=epochs, batch_size=batch_size, shuffle=shuffle, seed=seed,
-                              validate_every=validate_every, checkpoint_every=checkpoint_every,
-                              keep_checkpoints=keep_checkpoints, resume=resume, on_nonfinite=on_nonfinite,
-                              max_steps=max_steps, precision=precision, sync=sync)
-        if dataset.distributed or num_workers is not None:
-            return self._train_distributed(dataset, config, val, num_workers, verbose, distributed_options)
-        if distributed_options:
-            raise TypeError(f"Unknown arguments {sorted(distributed_options)} for local training.")
-        return self._train_locally(dataset, config, val, verbose)
+        verbose = check_verbose(verbose)
+        with Interruptible():
+            try:
+                dataset, val, batch_size = self._inputs(data, batch_size, validation_data, sample_weight, on_nonfinite)
+                config = self._config(epochs=epochs, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                                      validate_every=validate_every, checkpoint_every=checkpoint_every,
+                                      keep_checkpoints=keep_checkpoints, resume=resume, on_nonfinite=on_nonfinite,
+                                      max_steps=max_steps, precision=precision, sync=sync)
+                if dataset.distributed or num_workers is not None:
+                    history = self._train_distributed(dataset, config, val, num_workers, verbose, distributed_options)
+                elif distributed_options:
+                    raise TypeError(f"Unknown arguments {sorted(distributed_options)} for local training.")
+                else:
+                    history = self._train_locally(dataset, config, val, verbose)
+            except KeyboardInterrupt:  # Ctrl-C: the run stopped (a Spark stage: cancelled, its ranks gone)
+                raise KeyboardInterrupt from None
+        return History(history, {"epochs": epochs, "verbose": verbose})
 
     def _config(self, epochs: int | None, max_steps: int | None, precision: str, sync, **settings) -> TrainConfig:
         """This call's TrainConfig (a new run id), checked, with what it resumes from chosen once here."""
@@ -340,10 +363,13 @@ class TFOptimizer:
         if dataset.distributed or num_workers is not None:
             from optim.spark.driver.evaluate import evaluate_distributed
 
-            try:
-                return evaluate_distributed(self, dataset, batch_size, num_workers)
-            except TFNetError as err:
-                raise console_error(err)  # noqa: B904 (its cause is kept as err.spark_error)
+            with Interruptible():
+                try:
+                    return evaluate_distributed(self, dataset, batch_size, num_workers)
+                except TFNetError as err:
+                    raise console_error(err)  # noqa: B904 (its cause is kept as err.spark_error)
+                except KeyboardInterrupt:  # Ctrl-C: the Spark job cancelled, its tasks gone
+                    raise KeyboardInterrupt from None
         return evaluate(self.net, self.loss, metrics_copy(self.metrics), dataset, batch_size)
 
     def predict(self, data, batch_size: int | None = None):

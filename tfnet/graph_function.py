@@ -7,8 +7,9 @@ dtypes and shapes of its inputs, outputs and weights, and imports the graph into
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
@@ -188,3 +189,13 @@ def _check_unfed_placeholders(template, input_names, output_names, weight_names)
             f"The outputs {list(output_names)} depend on placeholders {unfed} that are not among "
             f"the inputs {list(input_names)}. Add them to `inputs`."
         )
+
+
+def own_function(fn: Callable, **options):
+    """``tf.function(fn, **options)``, its tracing counted on its own. TensorFlow keys its "N out of the
+    last M calls to <function> triggered tf.function retracing" warning by the Python code object,
+    which the functions of every net (or step) share: five nets traced once each looked like one
+    function retraced five times. A ``functools.partial`` has no code object, so the key is the
+    function itself."""
+    return tf.function(functools.partial(fn), **options)
+

@@ -16,7 +16,7 @@ from typing import Any
 import tensorflow as tf
 
 from tfnet.errors import GraphExecutionError, InputSpecError, NoWeightsError
-from tfnet.graph_function import first_line
+from tfnet.graph_function import first_line, own_function
 from tfnet.hooks import HookHandle, HookList
 from tfnet.inputs import arrange, batch_size_of, convert
 from tfnet.lora import adapted_weights
@@ -71,7 +71,7 @@ class NetCompute(NetState):
                 def fn(inputs, weights):
                     return wrapped(*inputs, *weights)
             else:
-                fn = tf.function(run, input_signature=signature, autograph=False)
+                fn = own_function(run, input_signature=signature, autograph=False)
             self._compiled[key] = fn
         return fn
 

@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfnet.errors import NoWeightsError, TFNetError
+from tfnet.graph_function import own_function
 from tfnet.precision import bf16_rewrite, check_precision, training_precision
 
 
@@ -120,7 +121,7 @@ class TrainStep:
         if fn is None:
             body = {False: self._step, True: self._stateful_step, "grads": self._forward_backward,
                     "apply": self._stateful_apply}[kind]
-            fn = tf.function(body, reduce_retracing=True, autograph=False)
+            fn = own_function(body, reduce_retracing=True, autograph=False)
             self._fns[kind] = fn
         return fn
 

@@ -13,9 +13,13 @@ batch are still predicted.
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import sys
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,11 +108,12 @@ def load_count(model_id: str) -> int:
     return _LOADS.get(model_id, 0)
 
 
-def _partition_id() -> int:
+def _partition_id(default: int | None = 0) -> int | None:
+    """This Spark task's partition, or ``default`` outside a task."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
-    return ctx.partitionId() if ctx is not None else 0
+    return ctx.partitionId() if ctx is not None else default
 
 
 def _row_error(column: str | None, row: int, partition: int, reason: str) -> BadRowError:
@@ -122,15 +127,77 @@ def _row_error(column: str | None, row: int, partition: int, reason: str) -> Bad
 # ---------------------------------------------------------------------------- DataFrames
 
 
+#: The worker's own SIGPIPE handling, saved while tfnet's outputs are written and until the worker's next task.
+_PIPE: dict = {}
+
+
+@contextmanager
+def _ends_quietly_when_unread() -> Iterator[None]:
+    """While a partition's outputs are written, the Python worker ends quietly (``SIGPIPE``'s default:
+    the process ends) if the JVM stops reading them. ``show(n)``, ``limit(n)`` and ``take(n)`` stop
+    reading a partition once they have their rows and close the worker's socket; the worker's next
+    write (its outputs, pyspark's closing flush, or the error it writes when its next read finds the
+    socket closed) then fails and pyspark's daemon prints that ``BrokenPipeError``, with its
+    traceback, on the console, for every such task. Python ignores ``SIGPIPE`` (hence the error).
+    The worker's own handling comes back when its next task arrives (:func:`_until_next_task`), so
+    its later tasks (the user's own UDFs too) see a failed write as usual. Only in a Spark task, on
+    the worker's main thread (where signals are set)."""
+    if _partition_id(default=None) is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    try:
+        previous = signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    except (ValueError, OSError, AttributeError):  # no SIGPIPE (Windows), or not allowed here
+        yield
+        return
+    _PIPE.setdefault("saved", previous)  # a task after a tfnet task: the handling saved before still stands
+    try:
+        yield
+    finally:
+        _until_next_task()
+
+
+def _until_next_task() -> None:
+    """Until the JVM sends this worker its next task, ``SIGPIPE`` ends the worker. pyspark's daemon
+    looks its worker module's ``main`` up for every task; tfnet's stands in front of it once: when the
+    next task's first bytes arrive it puts the worker's own ``SIGPIPE`` handling back and runs pyspark's
+    ``main``; when the socket is closed instead (the JVM keeps no worker whose output it left unread)
+    the worker ends quietly, where pyspark would print a ``BrokenPipeError`` writing its error back.
+    Without such a module (another pyspark), the handling comes back at once."""
+    name = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1].startswith("pyspark") else "pyspark.worker"
+    module = sys.modules.get(name)
+    pyspark_main = getattr(module, "main", None)
+    if getattr(pyspark_main, "tfnet_next_task", False):
+        return  # in front already
+    if pyspark_main is None:
+        signal.signal(signal.SIGPIPE, _PIPE.pop("saved"))
+        return
+
+    def main(infile, outfile):
+        module.main = pyspark_main
+        try:
+            closed = infile.peek(1) == b""
+        except OSError:  # reset by the JVM
+            closed = True
+        if closed:
+            os._exit(0)
+        signal.signal(signal.SIGPIPE, _PIPE.pop("saved"))
+        return pyspark_main(infile, outfile)
+
+    main.tfnet_next_task = True  # type: ignore[attr-defined]
+    module.main = main
+
+
 def predict_arrow(batches: Iterable, job: WorkerJob) -> Iterator:
     """``mapInArrow`` body: yields each input batch, in order, with the output columns added.
     The model runs on ``job.batch_size`` rows at a time."""
     partition, row = _partition_id(), 0
-    for batch in batches:
-        for start in range(0, batch.num_rows, job.batch_size):
-            chunk = batch.slice(start, job.batch_size)
-            yield _predict_chunk(chunk, job, partition, row)
-            row += chunk.num_rows
+    with _ends_quietly_when_unread():
+        for batch in batches:
+            for start in range(0, batch.num_rows, job.batch_size):
+                chunk = batch.slice(start, job.batch_size)
+                yield _predict_chunk(chunk, job, partition, row)
+                row += chunk.num_rows
 
 
 def _predict_chunk(chunk, job: WorkerJob, partition: int, first_row: int):
@@ -207,14 +274,15 @@ def predict_rdd_partition(index: int, rows: Iterable, job: WorkerJob) -> Iterato
     (one output) or a list of arrays. With ``on_error="null"`` a bad element gives None."""
     payload = job.payload if isinstance(job.payload, Payload) else job.payload.value
     buffer, first = [], 0
-    for row in rows:
-        buffer.append(row)
-        if len(buffer) == job.batch_size:
+    with _ends_quietly_when_unread():
+        for row in rows:
+            buffer.append(row)
+            if len(buffer) == job.batch_size:
+                yield from _predict_rows(buffer, job, payload, index, first)
+                first += len(buffer)
+                buffer = []
+        if buffer:
             yield from _predict_rows(buffer, job, payload, index, first)
-            first += len(buffer)
-            buffer = []
-    if buffer:
-        yield from _predict_rows(buffer, job, payload, index, first)
 
 
 def _predict_rows(rows: list, job: WorkerJob, payload: Payload, partition: int, first_row: int) -> Iterator:

@@ -5,7 +5,9 @@ runs here: the action (a ``collect``) in a thread of its own, inside a job group
 classic session) or under a tag of its own (a Connect client), while the caller waits. The job is
 cancelled, and the waiting caller gets an error, when it runs past its bound, when ``watch`` names a
 reason (a stuck rank), and when the caller is interrupted (Ctrl-C): in both modes the stage's tasks
-are killed, so no rank outlives its ``optimize()``.
+are killed, so no rank outlives its ``optimize()``; the caller goes on once they have ended (or after
+a bound), so that Spark's lines about the killed tasks do not follow it onto the console. The other half
+of Ctrl-C is at the public call (:class:`optim.training.interrupts.Interruptible`).
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ import uuid
 from collections.abc import Callable
 
 from optim.errors import DistributedTrainingError
+from optim.logs import wait_for_running_tasks
 from optim.spark.connect import is_connect
 
 __all__ = ["run_job", "CANCEL_GRACE_S"]
 
 #: Seconds a cancelled job gets to end its tasks before the caller goes on.
 CANCEL_GRACE_S = 30.0
+#: Of those, the most the caller waits for the scheduler to run no task (which counts other jobs' tasks too).
+TASKS_END_S = 10.0
 
 
 class _Job:
@@ -39,19 +44,28 @@ class _Job:
             self.spark.addTag(self.group)
         else:
             self.sc.setJobGroup(self.group, f"tfnet: {self.description}", interruptOnCancel=True)
+            self.sc.addJobTag(self.group)  # cancelled by its tag: quiet when pyspark's Ctrl-C handler was first
 
     def leave(self) -> None:
         if self.connect:
             self.spark.removeTag(self.group)
+        else:
+            self.sc.removeJobTag(self.group)
 
     def cancel(self) -> None:
         try:
             if self.connect:
                 self.spark.interruptTag(self.group)
-            else:
-                self.sc.cancelJobGroup(self.group)
+            else:  # (cancelJobGroup warns "Failed to cancel job group" when the job is gone already)
+                self.sc.cancelJobsWithTag(self.group)
         except Exception:  # noqa: BLE001 - a stopped session has nothing left to cancel
             pass
+
+    def wait_for_tasks(self, timeout_s: float) -> None:
+        """Waits (bounded) until the scheduler runs no task: a cancelled job's tasks are killed after its
+        action has failed, and each kill is logged (classic; a Connect client does not see the scheduler)."""
+        if not self.connect:
+            wait_for_running_tasks(self.sc, timeout_s)
 
 
 def run_job(spark, description: str, action: Callable, *, kind: str = "job", timeout_s: float | None = None,
@@ -105,9 +119,11 @@ def run_job(spark, description: str, action: Callable, *, kind: str = "job", tim
             if reason:
                 why = f"The stage was cancelled: {reason}."
                 break
-    except BaseException:  # Ctrl-C (or any error while waiting): the job goes too
+    except BaseException:  # Ctrl-C (or any error while waiting): the job goes too, and its tasks end first
+        deadline = time.monotonic() + CANCEL_GRACE_S
         job.cancel()
         thread.join(CANCEL_GRACE_S)
+        job.wait_for_tasks(min(TASKS_END_S, max(0.0, deadline - time.monotonic())))
         raise
     if why is not None:
         job.cancel()

@@ -23,6 +23,7 @@ import functools
 import logging
 
 from optim.errors import typed_spark_error
+from optim.logs import quiet_lazy_task_failures
 
 __all__ = ["install"]
 
@@ -55,7 +56,15 @@ def _wrap(fn):
 
 
 def install() -> None:
-    """Idempotent; again after a new SparkContext (pyspark puts its own handler back then)."""
+    """Idempotent; again after a new SparkContext (pyspark puts its own handler back then). The
+    console of a classic session's driver stops showing the failed tasks' traces that the worker's
+    error comes with (:func:`optim.logs.quiet_lazy_task_failures`)."""
+    try:
+        from pyspark import SparkContext
+
+        quiet_lazy_task_failures(SparkContext._active_spark_context)
+    except ImportError:  # pragma: no cover - pyspark is there whenever a lazy result is
+        pass
     try:
         import py4j.java_gateway as gateway
     except ImportError:  # pragma: no cover - pyspark always ships py4j

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from optim.training.interrupts import stopping
+
 _HIDDEN = ("step_time", "allreduce_seconds", "learning_rate")
 
 
@@ -86,16 +88,47 @@ class StepRecorder(Reporter):
         self.allreduce_seconds.append(logs.get("allreduce_seconds"))
 
 
+def check_verbose(verbose) -> int:
+    """``verbose`` as Keras takes it: 0, 1, 2, or ``"auto"`` (1, as Keras's ``fit`` resolves it);
+    ``True`` and ``False`` are 1 and 0.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if verbose == "auto":
+        return 1
+    if isinstance(verbose, bool):  # True, False: 1, 0, as Python counts them
+        return int(verbose)
+    if verbose not in (0, 1, 2):
+        raise ValueError(f"`verbose` must be 0 (quiet), 1 (a progress bar), 2 (one line per epoch) or 'auto'. "
+                         f"Received: verbose={verbose!r}")
+    return int(verbose)
+
+
+def is_terminal(stream) -> bool:
+    """Whether ``stream`` shows a redrawn bar as a bar: a terminal, or a notebook (where tqdm draws
+    a widget), as Keras's progress bar decides."""
+    try:
+        return bool(stream.isatty()) or "ipykernel" in sys.modules
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return "ipykernel" in sys.modules
+
+
 class ProgressBar(Reporter):
     """One tqdm bar per epoch showing loss, metrics, samples per second and the ETA.
 
     Args:
-        verbose: 0 is quiet, 1 shows bars, 2 prints one line per epoch (for logs). Default: 1.
+        verbose: 0 is quiet, 1 shows bars (in a terminal or a notebook; elsewhere, a log file or a
+            pipe, one line per epoch and no redraws, as Keras does), 2 prints one line per epoch,
+            ``"auto"`` is 1. Default: 1.
+        file: Where the bar goes. Default: ``sys.stderr``.
     """
 
-    def __init__(self, verbose: int = 1, file=None):
-        self.verbose = verbose
+    def __init__(self, verbose: int | str = 1, file=None):
         self.file = file or sys.stderr
+        self.verbose = check_verbose(verbose)
+        if self.verbose == 1 and not is_terminal(self.file):
+            self.verbose = 2
         self.bar = None
         self.epochs = 0
         self.steps_per_epoch = None
@@ -114,6 +147,8 @@ class ProgressBar(Reporter):
 
     def step(self, step, epoch, logs):
         self._speed = logs.get("samples_per_sec")
+        if stopping():  # Ctrl-C: the call stops; rank 0 reports on until its task is killed
+            return
         bar = self._bar(epoch)
         if bar is not None:
             bar.update(1)
@@ -121,7 +156,8 @@ class ProgressBar(Reporter):
 
     def validation(self, step, logs):
         # Mid-epoch validations get a line; the epoch-end one shows in the bar's final postfix.
-        if self.verbose == 1 and self.bar is not None and (self.bar.total is None or self.bar.n < self.bar.total):
+        mid_epoch = self.bar is not None and (self.bar.total is None or self.bar.n < self.bar.total)
+        if self.verbose == 1 and mid_epoch and not stopping():
             self.bar.write(f"  step {step}: " + ", ".join(f"{k}={v}" for k, v in _fmt(logs).items()), file=self.file)
 
     def epoch_end(self, epoch, step, logs):
@@ -132,7 +168,7 @@ class ProgressBar(Reporter):
             self.bar.set_postfix(_fmt(logs))
             self.bar.close()
             self.bar = None
-        if self.verbose == 2:
+        if self.verbose == 2 and not stopping():
             print(f"epoch {epoch + 1}/{self.epochs} (step {step}): "
                   + ", ".join(f"{k}={v}" for k, v in _fmt(logs).items()), file=self.file, flush=True)
 

@@ -4,6 +4,7 @@ resume, NaN handling, TensorBoard, Keras compatibility and bad arguments."""
 import glob
 import os
 import re
+import sys
 
 import keras
 import numpy as np
@@ -259,14 +260,19 @@ def test_bad_optimize_arguments(tmp_path):
         opt.optimize("data.csv")
 
 
-def test_progress_bar_and_quiet_mode(capsys):
+def test_progress_bar_and_quiet_mode(capsys, monkeypatch):
     x, y = data(128)
     opt = TFOptimizer(small_net(), SCE, optim.SGD(0.05), metrics=["accuracy"])
-    opt.optimize((x, y), epochs=1, batch_size=32, verbose=1)
+    with monkeypatch.context() as terminal:
+        terminal.setattr(sys.stderr, "isatty", lambda: True)  # as in a terminal: the bar
+        opt.optimize((x, y), epochs=1, batch_size=32, verbose=1)
     err = capsys.readouterr().err
     assert "epoch 1/1" in err and "4/4" in err
     assert re.search(r"loss=[\d.]+", err) and "accuracy=" in err and "samples_per_sec=" in err
     assert re.search(r"<00:00|\d+:\d+<", err), "the bar shows an ETA"
+    opt.optimize((x, y), epochs=2, batch_size=32, verbose=1)  # no terminal (a log file): a line per epoch
+    err = capsys.readouterr().err
+    assert "\r" not in err and [line[:9] for line in err.strip().splitlines()] == ["epoch 1/2", "epoch 2/2"]
     opt.optimize((x, y), epochs=2, batch_size=32, verbose=2)
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2 and lines[1].startswith("epoch 2/2 (step")

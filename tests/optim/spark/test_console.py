@@ -1,0 +1,155 @@
+"""What a new user's console shows around Spark, each program run as a process of its own with a plain
+``SparkSession.builder...getOrCreate()`` (the user's session, not tfnet's) and everything it prints
+captured, the Python workers' and the JVM's output included:
+
+* the README's bad-row example prints a few lines (71 before: Spark's task-failure Java traces);
+* ``show(3)`` and ``limit(n)`` after ``TFPredictor.predict`` print the rows only (pyspark's daemon printed
+  a ``BrokenPipeError`` traceback for each worker whose output was left unread);
+* a distributed run written to a log file: one line per epoch, no ``\\r``, and no ``[Stage`` bar from
+  tfnet's background warm-up;
+* Ctrl-C, once and twice: ``KeyboardInterrupt`` from the user's call in 5 lines (33 before, and 164
+  more lines of py4j tracebacks for a second Ctrl-C).
+"""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.spark, pytest.mark.parallel, pytest.mark.slow]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def user_env() -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+               PYSPARK_PYTHON=sys.executable)  # the user's own setting, as for any PySpark job with a venv
+    for key in ("TFNET_VERBOSE", "PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET", "SPARK_REMOTE"):
+        env.pop(key, None)
+    return env
+
+
+# The README's quick-start net and its bad-row example, then show(3) and limit(5) on a predicted DataFrame.
+PREDICT = textwrap.dedent("""
+    from tfnet import TFNet
+    import keras
+    import numpy as np
+    import optim
+    from optim import TFPredictor
+    from pyspark.sql import SparkSession
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8, 8, 1), name="image"),
+                              keras.layers.Conv2D(16, 3, activation="relu", name="conv"),
+                              keras.layers.Flatten(name="features"),
+                              keras.layers.Dense(10, name="logits")], name="digits")
+    net = TFNet.from_keras(model)
+    spark = SparkSession.builder.master("local[2]").getOrCreate()
+    predictor = TFPredictor(net, batch_per_thread=32)
+
+    short = spark.createDataFrame([([0.5] * 63,)], "pixels array<float>")   # 63 values; the input takes 64
+    try:
+        predictor.predict(short, feature_cols="pixels").collect()   # raises optim.BadRowError, not PythonException
+    except optim.BadRowError as error:
+        message = str(error)                  # names the column, the partition and the row
+    print(message)
+    print("<<BAD ROW DONE>>", flush=True)
+
+    df = spark.createDataFrame([([0.5] * 64, i) for i in range(2000)], "pixels array<float>, id long").repartition(2)
+    df.cache().count()
+    print("<<SHOW>>", flush=True)
+    predictor.predict(df, feature_cols="pixels").select("id", "output").show(3, truncate=30)
+    print("ROWS", predictor.predict(df, feature_cols="pixels").limit(5).count(), flush=True)
+    images = df.rdd.map(lambda row: np.array(row.pixels, np.float32).reshape(8, 8, 1))   # an RDD of arrays
+    print("TAKEN", len(predictor.predict(images).take(4)), flush=True)
+    print("<<END>>", flush=True)
+""")
+
+
+def test_a_bad_row_and_show_after_tfpredictor_print_what_the_user_asked_for(tmp_path):
+    proc = subprocess.run([sys.executable, "-u", "-c", PREDICT], cwd=tmp_path, env=user_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=500)
+    out = proc.stdout
+    assert proc.returncode == 0 and "<<END>>" in out, out[-4000:]
+    bad_row, rest = out.split("<<BAD ROW DONE>>")
+    lines = bad_row.strip().split("\n")  # as a terminal shows them: "\r" redraws a line
+    assert len(lines) <= 25, bad_row
+    assert "Column 'pixels', row 0 of partition" in bad_row and "63 values" in bad_row
+    assert not [line for line in lines if line.lstrip().startswith("at ") or "ERROR Executor" in line
+                or "PythonException" in line or "Lost task" in line], bad_row
+    shown = rest.split("<<SHOW>>")[1].split("<<END>>")[0]
+    assert "only showing top 3 rows" in shown and "ROWS 5" in shown and "TAKEN 4" in shown, shown
+    assert "Traceback" not in shown and "BrokenPipeError" not in shown and "Error" not in shown, shown
+
+
+# A user's training script, fed to ``python -`` (so its own frames print as "<stdin>", as in a REPL):
+# a plain session, the digits as a DataFrame (which starts tfnet's warm-up), a run long enough to stop.
+TRAIN = textwrap.dedent("""
+    from tfnet import TFNet
+    import sys
+    import optim
+    from optim import TFDataset, TFOptimizer
+    from pyspark.sql import SparkSession
+    from tests import digits
+
+    spark = SparkSession.builder.master("local[2]").getOrCreate()
+    x, y = digits.load()
+    df = spark.createDataFrame([(image.ravel().tolist(), int(label)) for image, label in zip(x[:256], y[:256])],
+                               "pixels array<float>, label long")
+    data = TFDataset.from_dataframe(df, "pixels", "label", feature_shapes={"pixels": (8, 8, 1)})
+    opt = TFOptimizer(TFNet.from_keras(digits.cnn(classes=10, seed=0)),
+                      optim.losses.SparseCategoricalCrossentropy(from_logits=True), optim.SGD(0.05),
+                      metrics=["accuracy"], model_dir=MODEL_DIR)
+    opt.optimize(data, epochs=500, batch_size=32, num_workers=2, checkpoint_every=4)
+""")
+
+
+def interrupted_run(tmp_path, signals: int) -> tuple[str, str, int]:
+    """Runs :data:`TRAIN` with its output to a file (no terminal), sends ``signals`` Ctrl-Cs half a second
+    apart once it has trained a few steps, and returns ``(what it printed before, after, exit status)``."""
+    model_dir = tmp_path / "run"
+    log = tmp_path / "console.log"
+    with open(log, "wb") as f:
+        proc = subprocess.Popen([sys.executable, "-"], cwd=tmp_path, env=user_env(), stdin=subprocess.PIPE,
+                                stdout=f, stderr=subprocess.STDOUT)
+        proc.stdin.write(TRAIN.replace("MODEL_DIR", repr(str(model_dir))).encode())
+        proc.stdin.close()
+        try:
+            deadline = time.monotonic() + 420
+            while not (glob.glob(str(model_dir / "checkpoints" / "*" / "ckpt-*.npz"))
+                       and "epoch 1/500" in log.read_text(errors="replace")):
+                assert proc.poll() is None, log.read_text()[-4000:]
+                assert time.monotonic() < deadline, "no checkpoint and no epoch within 420 s"
+                time.sleep(0.5)
+            mark = os.path.getsize(log)
+            for i in range(signals):
+                if i:
+                    time.sleep(0.5)
+                proc.send_signal(signal.SIGINT)  # Ctrl-C
+            status = proc.wait(60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = log.read_bytes().decode(errors="replace")
+    return text[:mark], text[mark:], status
+
+
+@pytest.mark.parametrize("signals", [1, 2])
+def test_ctrl_c_prints_five_lines_once_or_twice_and_a_log_file_gets_clean_lines(tmp_path, signals):
+    before, after, status = interrupted_run(tmp_path, signals)
+    assert status in (-signal.SIGINT, 130), (status, after)
+    lines = after.strip().split("\n")
+    assert len(lines) <= 5, after
+    assert lines[0] == "Traceback (most recent call last):" and lines[-1] == "KeyboardInterrupt", after
+    assert 'File "<stdin>"' in lines[1] and "in optimize" in lines[2], after  # from the user's call
+    # before Ctrl-C, written to a file: one line per epoch, no redraws, no Spark stage bar (the warm-up's)
+    assert "\r" not in before and "[Stage" not in before, repr(before[-2000:])
+    epochs = [line for line in before.splitlines() if line.startswith("epoch ")]
+    assert epochs and epochs[0].startswith("epoch 1/500 (step 8): loss="), before[-3000:]
+    assert len({line.split(" (")[0] for line in epochs}) == len(epochs), before[-3000:]

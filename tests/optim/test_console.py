@@ -1,0 +1,142 @@
+"""What a new user's console shows, without Spark: each tfnet line once whatever logging the program
+configured (the logging HOWTO's library conventions), Keras's ``verbose`` ("auto": a bar in a terminal,
+one line per epoch elsewhere, no ``\\r`` in a log file), the Keras-style history ``optimize`` returns,
+and Ctrl-C at a public call. The programs run as processes of their own, as a user runs them (a real
+pseudo-terminal where a terminal is meant)."""
+
+import collections
+import fcntl
+import json
+import os
+import pty
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+TRAIN = textwrap.dedent("""
+    import sys
+    from tfnet import TFNet
+    import optim
+    from optim import TFOptimizer
+    from tests import digits
+
+    x, y = digits.load()
+    opt = TFOptimizer(TFNet.from_keras(digits.cnn(classes=10, seed=0)),
+                      optim.losses.SparseCategoricalCrossentropy(from_logits=True), optim.SGD(0.05),
+                      metrics=["accuracy"], model_dir=sys.argv[1])
+""")
+
+
+def run(code: str, *args: str, terminal: bool = False) -> tuple[int, str]:
+    """Runs ``code`` in a fresh interpreter from the repository root: ``(exit status, everything it
+    printed, stdout and stderr together)``; on a pseudo-terminal of 24x100 with ``terminal``, else
+    into pipes (as into a log file)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    env.pop("TFNET_VERBOSE", None)
+    cmd = [sys.executable, "-c", code, *args]
+    if not terminal:
+        done = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=300)
+        return done.returncode, done.stdout.decode()
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=follower, stdout=follower, stderr=follower)
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the other side closed: the process ended
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(leader)
+    return proc.wait(timeout=300), out.decode(errors="replace")
+
+
+@pytest.mark.parametrize("order", ["basicConfig first", "configure first"])
+def test_each_tfnet_line_prints_once_whatever_logging_the_program_configured(order, tmp_path):
+    """``logging.basicConfig(level=INFO)`` and ``optim.logs.configure(1)`` in one program (before the
+    fix every tfnet line printed twice: once by tfnet's handler, once by the root's)."""
+    first, second = ("logging.basicConfig(level=logging.INFO)", "optim.logs.configure(1)")
+    if order == "configure first":
+        first, second = second, first
+    code = "import logging\nimport optim.logs\n" + first + "\n" + second + "\n" + TRAIN + textwrap.dedent("""
+        opt.optimize((x[:64], y[:64]), epochs=1, batch_size=32, verbose=0, resume=True)  # a warning: no run yet
+        opt.optimize((x[:64], y[:64]), epochs=2, batch_size=32, verbose=0, resume=True)  # info: resumes that run
+        print("DONE")
+    """)
+    status, out = run(code, str(tmp_path / "run"))
+    assert status == 0 and "DONE" in out, out[-3000:]
+    assert "a fresh start (resume=True" in out and "resumes from run" in out, out[-3000:]  # warning, info lines
+    counts = collections.Counter(line.split(":")[-1] if line.startswith(("INFO:", "WARNING:")) else line
+                                 for line in out.splitlines() if line.strip())
+    assert [line for line, n in counts.items() if n > 1] == [], out[-3000:]
+
+
+def test_verbose_auto_draws_a_bar_in_a_terminal_and_one_line_per_epoch_in_a_log(tmp_path):
+    """Keras's ``verbose="auto"``: a progress bar in a terminal; written to a file or a pipe, one line per
+    epoch and no ``\\r`` redraws (before: 4-5 redraws per epoch line, about 700 characters)."""
+    code = TRAIN + textwrap.dedent("""
+        history = opt.optimize((x[:256], y[:256]), epochs=3, batch_size=32, verbose="auto")
+        print("HISTORY", history.epoch, history.history["loss"] == history["loss"], "loss" in history)
+    """)
+    status, logged = run(code, str(tmp_path / "log"))
+    assert status == 0, logged[-3000:]
+    assert "\r" not in logged, repr(logged[-2000:])
+    epochs = [line for line in logged.splitlines() if line.startswith("epoch ")]
+    assert [line.split(" (")[0] for line in epochs] == ["epoch 1/3", "epoch 2/3", "epoch 3/3"], logged[-2000:]
+    assert all("loss=" in line and "accuracy=" in line for line in epochs)
+    assert "HISTORY [0, 1, 2] True True" in logged
+    status, shown = run(code, str(tmp_path / "tty"), terminal=True)
+    assert status == 0, shown[-3000:]
+    assert "step/s" in shown and "\repoch 3/3" in shown, repr(shown[-2000:])  # tqdm's bar, redrawn in place
+
+
+def test_optimize_returns_a_keras_history_that_is_also_the_dict_it_was():
+    import optim
+    from optim import TFOptimizer
+    from tests import digits
+    from tfnet import TFNet
+
+    x, y = digits.load()
+    opt = TFOptimizer(TFNet.from_keras(digits.cnn(classes=10, seed=0)),
+                      optim.losses.SparseCategoricalCrossentropy(from_logits=True), optim.SGD(0.05),
+                      metrics=["accuracy"])
+    history = opt.optimize((x[:128], y[:128]), epochs=2, batch_size=32, validation_data=(x[-64:], y[-64:]),
+                           verbose=0)
+    assert isinstance(history, optim.History) and isinstance(history, dict)
+    assert history.epoch == [0, 1]
+    assert sorted(history.history) == ["accuracy", "loss", "val_accuracy", "val_loss"]
+    assert history.history["loss"] is history["loss"] and len(history["val_loss"]) == 2
+    assert history.params == {"epochs": 2, "verbose": 0}
+    assert json.loads(json.dumps(history)) == {k: list(v) for k, v in history.items()}
+    with pytest.raises(ValueError, match="verbose.*Received: verbose=3"):
+        opt.optimize((x[:64], y[:64]), epochs=1, verbose=3)
+
+
+def test_a_second_ctrl_c_while_a_call_stops_is_ignored():
+    """The first Ctrl-C goes to the process's handler (Python's: ``KeyboardInterrupt``); one more while
+    the call winds down changes nothing; the handler is back afterwards."""
+    from optim.training.interrupts import Interruptible
+
+    before = signal.getsignal(signal.SIGINT)
+    stopped = []
+    with pytest.raises(KeyboardInterrupt):
+        with Interruptible():
+            try:
+                signal.raise_signal(signal.SIGINT)
+            except KeyboardInterrupt:
+                signal.raise_signal(signal.SIGINT)  # the second, while stopping: ignored
+                stopped.append(True)
+                raise
+    assert stopped == [True]
+    assert signal.getsignal(signal.SIGINT) is before
