@@ -7,7 +7,8 @@
 * :class:`TFOptimizer`, which trains a TFNet on one worker (``optim.training``) or over Spark
   (``optim.spark``), and :class:`TFDataset`;
 * :class:`TFPredictor` and :class:`TFNetTransformer` (``optim.predict``);
-* :class:`TFNetEstimator`, fine-tuning as a Spark ML ``Estimator`` (``optim.ml``).
+* :class:`TFNetEstimator`, fine-tuning as a Spark ML ``Estimator``, and :class:`TFNetModel`, what it
+  fits (``optim.ml``).
 
 Names are imported when first used, so ``import optim.methods`` (or ``optim.transforms``, ...)
 pulls in neither PySpark nor Horovod; TensorFlow comes in first through tfnet, without its start-up
@@ -31,6 +32,7 @@ _EXPORTS = {
     "TFPredictor": "optim.predict.predictor",
     "TFNetTransformer": "optim.predict.transformer",
     "TFNetEstimator": "optim.ml.estimator",
+    "TFNetModel": "optim.ml.model",
     "warm_up_workers": "optim.spark.warm_up",
     "SGD": "optim.methods",
     "Adam": "optim.methods",

@@ -2,8 +2,9 @@
 ``TrainValidationSplit``. Driver side.
 
 ``fit(df)`` copies the net, trains it over Spark exactly as ``TFOptimizer.optimize`` does with a
-DataFrame, and returns a :class:`~optim.predict.transformer.TFNetTransformer` holding the fine-tuned
-weights. Every setting is a ``Param`` (so ``copy(extra)`` and ``ParamGridBuilder`` reach all of
+DataFrame, and returns a :class:`~optim.ml.model.TFNetModel` (a
+:class:`~optim.predict.transformer.TFNetTransformer`) holding the fine-tuned weights and the training
+params. Every setting is a ``Param`` (so ``copy(extra)`` and ``ParamGridBuilder`` reach all of
 them), and both save and load with the pipeline (``MLWritable`` / ``MLReadable``): the params as
 JSON, the initial net in the export-folder layout.
 """
@@ -14,16 +15,17 @@ import os
 
 from pyspark.ml import Estimator
 from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import HasLabelCol, HasPredictionCol, HasProbabilityCol, HasRawPredictionCol, HasSeed
+from pyspark.ml.param.shared import HasPredictionCol, HasProbabilityCol, HasRawPredictionCol
 from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 
 from optim import losses, methods
 from optim.data import TFDataset
 from optim.ml.evaluators import check_evaluator, tuning_evaluator
+from optim.ml.model import TFNetModel
+from optim.ml.params import TRAINING_DEFAULTS, TrainingParams
 from optim.optimizer import TFOptimizer
 from optim.predict.classification import MLColumns, check_task, scores_are_logits, task_for_loss, units
 from optim.predict.ml_io import ModelFolderReader, ModelFolderWriter
-from optim.predict.transformer import TFNetTransformer
 from tfnet.serialize import net_from_bytes
 
 __all__ = ["TFNetEstimator"]
@@ -32,19 +34,11 @@ MODEL_FOLDER = "initial_model"
 _METHODS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "rmsprop": "RMSprop", "adagrad": "Adagrad"}
 
 
-def _shapes(value):
-    if value is None:
-        return None
-    if not isinstance(value, (list, tuple)) or not all(
-            s is None or (isinstance(s, (list, tuple)) and all(isinstance(d, int) for d in s)) for s in value):
-        raise TypeError(f"featureShapes must be a list of per-row shapes, one per feature column (e.g. [[8, 8, 1]]). "
-                        f"Received: {value!r}")
-    return [None if s is None else list(s) for s in value]
-
-
-class TFNetEstimator(Estimator, HasLabelCol, HasPredictionCol, HasRawPredictionCol, HasProbabilityCol, HasSeed,
+class TFNetEstimator(Estimator, TrainingParams, HasPredictionCol, HasRawPredictionCol, HasProbabilityCol,
                      MLReadable, MLWritable):
-    """Fine-tunes a TFNet over Spark; ``fit`` returns a :class:`TFNetTransformer`.
+    """Fine-tunes a TFNet over Spark; ``fit`` returns a :class:`~optim.ml.model.TFNetModel` (a
+    :class:`TFNetTransformer` that carries this estimator's training params, as Spark ML's models do:
+    ``cv.fit(df).bestModel.getOrDefault("learningRate")`` is the rate the search chose).
 
     The fitted model is a Spark ML classifier or regressor, as the loss says: a cross-entropy gives
     ``rawPrediction`` and ``probability`` vectors and a ``prediction`` double (the class index;
@@ -83,18 +77,8 @@ class TFNetEstimator(Estimator, HasLabelCol, HasPredictionCol, HasRawPredictionC
         verbose: As ``optimize``'s. Default 0.
     """
 
-    featureCols = Param(Params._dummy(), "featureCols", "one column per net input", TypeConverters.toListString)
-    featureShapes = Param(Params._dummy(), "featureShapes", "per-row shapes of the feature columns", _shapes)
     outputCols = Param(Params._dummy(), "outputCols", "the fitted model's output columns", TypeConverters.toListString)
-    loss = Param(Params._dummy(), "loss", "a loss name", TypeConverters.toString)
     fromLogits = Param(Params._dummy(), "fromLogits", "the outputs are logits", TypeConverters.toBoolean)
-    method = Param(Params._dummy(), "method", "the optimisation method", TypeConverters.toString)
-    learningRate = Param(Params._dummy(), "learningRate", "the learning rate", TypeConverters.toFloat)
-    epochs = Param(Params._dummy(), "epochs", "epochs", TypeConverters.toInt)
-    batchSize = Param(Params._dummy(), "batchSize", "the global batch", TypeConverters.toInt)
-    numWorkers = Param(Params._dummy(), "numWorkers", "ranks (0: Spark's default parallelism)", TypeConverters.toInt)
-    modelDir = Param(Params._dummy(), "modelDir", "checkpoints and TensorBoard events", TypeConverters.toString)
-    verbose = Param(Params._dummy(), "verbose", "0 quiet, 1 progress bar, 2 a line per epoch", TypeConverters.toInt)
     task = Param(Params._dummy(), "task", "'auto', 'none', 'classification' or 'regression'", TypeConverters.toString)
 
     def __init__(self, net=None, *, featureCols=None, labelCol="label", featureShapes=None, outputCols=None,  # noqa: N803
@@ -102,10 +86,8 @@ class TFNetEstimator(Estimator, HasLabelCol, HasPredictionCol, HasRawPredictionC
                  learningRate=0.001, epochs=1, batchSize=32, numWorkers=0, modelDir="", seed=0, verbose=0,
                  task="auto", rawPredictionCol="rawPrediction", probabilityCol="probability"):
         super().__init__()
-        self._setDefault(labelCol="label", predictionCol="prediction", loss="sparse_categorical_crossentropy",
-                         method="adam", learningRate=0.001, epochs=1, batchSize=32, numWorkers=0,
-                         modelDir="", seed=0, verbose=0, task="auto", rawPredictionCol="rawPrediction",
-                         probabilityCol="probability")
+        self._setDefault(**TRAINING_DEFAULTS, predictionCol="prediction", task="auto",
+                         rawPredictionCol="rawPrediction", probabilityCol="probability")
         self._set(labelCol=labelCol, predictionCol=predictionCol, loss=loss, method=method,
                   learningRate=learningRate, epochs=epochs, batchSize=batchSize, numWorkers=numWorkers,
                   modelDir=modelDir, seed=seed, verbose=verbose, task=task, rawPredictionCol=rawPredictionCol,
@@ -122,9 +104,6 @@ class TFNetEstimator(Estimator, HasLabelCol, HasPredictionCol, HasRawPredictionC
 
     def setLearningRate(self, value: float) -> TFNetEstimator:  # noqa: N802 (Spark ML names)
         return self._set(learningRate=value)
-
-    def getLearningRate(self) -> float:  # noqa: N802
-        return self.getOrDefault(self.learningRate)
 
     def setEpochs(self, value: int) -> TFNetEstimator:  # noqa: N802
         return self._set(epochs=value)
@@ -157,9 +136,10 @@ class TFNetEstimator(Estimator, HasLabelCol, HasPredictionCol, HasRawPredictionC
         workers = self.getOrDefault(self.numWorkers) or None
         opt.optimize(data, epochs=self.getOrDefault(self.epochs), batch_size=self.getOrDefault(self.batchSize),
                      seed=self.getOrDefault(self.seed), verbose=self.getOrDefault(self.verbose), num_workers=workers)
-        model = TFNetTransformer(net, inputCols=cols, outputCols=outputs, task=columns.task, fromLogits=from_logits,
-                                 predictionCol=columns.prediction, rawPredictionCol=columns.raw_prediction,
-                                 probabilityCol=columns.probability)
+        model = TFNetModel(net, inputCols=cols, outputCols=outputs, task=columns.task, fromLogits=from_logits,
+                           predictionCol=columns.prediction, rawPredictionCol=columns.raw_prediction,
+                           probabilityCol=columns.probability)
+        self.copy_training_params(model)  # the model carries what it was trained with (saved with it)
         model.history = opt.last_run  # what the fit measured (not saved)
         return model
 

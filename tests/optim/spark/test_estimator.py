@@ -1,6 +1,7 @@
 """TFNetEstimator as Spark ML users use an Estimator: in a Pipeline, under CrossValidator with a
 ParamGridBuilder over the learning rate (two rates, two folds), evaluated by Spark ML's own
-MulticlassClassificationEvaluator, saved and loaded with the pipeline. Real local[2] Spark, two
+MulticlassClassificationEvaluator, saved and loaded with the pipeline; the best model carries the
+estimator's params (the rate the search chose), saved and loaded too. Real local[2] Spark, two
 Horovod ranks per fit, digits."""
 
 import keras
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 import optim
-from optim import TFNetEstimator, TFNetTransformer, TFOptimizer
+from optim import TFNetEstimator, TFNetModel, TFNetTransformer, TFOptimizer
 from tests import digits
 from tfnet import TFNet
 
@@ -47,13 +48,17 @@ def test_cross_validator_chooses_a_rate_and_the_model_saves_with_the_pipeline(sp
     model = cv.fit(train)
     assert model.avgMetrics[1] > model.avgMetrics[0], model.avgMetrics  # 0.01 learns; 1e-5 barely moves
     chosen = model.bestModel.stages[-1]
-    assert isinstance(chosen, TFNetTransformer)
+    assert isinstance(chosen, TFNetTransformer) and isinstance(chosen, TFNetModel)
+    # the model carries its estimator's params, as Spark ML's models do: the rate the search chose
+    assert chosen.getOrDefault("learningRate") == 0.01 and chosen.getOrDefault("epochs") == 6
     accuracy = evaluator.evaluate(model.transform(test))
     assert accuracy >= 0.95, (accuracy, model.avgMetrics)
     # saved and loaded with the pipeline, it scores the same
     model.bestModel.write().overwrite().save(str(tmp_path / "best"))
     loaded = PipelineModel.load(str(tmp_path / "best"))
     assert evaluator.evaluate(loaded.transform(test)) == accuracy
+    assert type(loaded.stages[-1]) is TFNetModel and loaded.stages[-1].getOrDefault("learningRate") == 0.01
+    assert loaded.stages[-1].getOrDefault("featureShapes") == [[8, 8, 1]]
     cv_path = str(tmp_path / "cv")
     model.write().overwrite().save(cv_path)
     assert CrossValidatorModel.load(cv_path).avgMetrics == model.avgMetrics
