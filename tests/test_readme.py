@@ -1,22 +1,17 @@
 """README.md's examples run as written: every ```python block, in order, in one namespace (as a
-user pastes them into one session), in a fresh folder, on the suite's local[2] Spark (the README's
-own ``SparkSession.builder...getOrCreate()`` gets that session). ```bash blocks are not run. A
-block that cannot run here is marked right above its fence with
-``<!-- readme-test: skip (the reason) -->``.
-
-The only set-up is what a user would already have: ``resnet18.onnx`` (the ONNX block's exported
-PyTorch model; a fixture of the suite) and ``photos/cat/*.png``, ``photos/dog/*.png`` (the data lake
-block's images: crops of scikit-learn's two sample photos). The README makes everything else.
+user pastes them into one session), in a fresh process started in an empty folder: no set-up, no
+fixture. The README makes its own inputs (a frozen graph and a DataFrame from scikit-learn's digits,
+an ONNX file written with the ``onnx`` package, PNG files cut from scikit-learn's sample photos) and
+its own ``SparkSession``. ```bash blocks are not run. A block that cannot run here is marked right
+above its fence with ``<!-- readme-test: skip (the reason) -->``.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,19 +65,6 @@ def test_the_readme_blocks_are_python_or_bash_and_few_are_skipped():
     assert not stray, f"malformed readme-test markers on lines {stray}"
 
 
-def _photos(folder: Path, per_class: int = 24, size: int = 40) -> None:
-    """photos/cat/*.png and photos/dog/*.png: random crops of scikit-learn's two sample photos."""
-    import tensorflow as tf
-    from sklearn.datasets import load_sample_images
-
-    rng = np.random.default_rng(0)
-    for name, photo in zip(("cat", "dog"), load_sample_images().images):
-        (folder / name).mkdir(parents=True)
-        for i in range(per_class):
-            top, left = rng.integers(0, photo.shape[0] - size), rng.integers(0, photo.shape[1] - size)
-            (folder / name / f"{i:03d}.png").write_bytes(tf.io.encode_png(photo[top:top + size, left:left + size]).numpy())
-
-
 #: What the README says of its results, checked after its last block (expressions in its namespace).
 CHECKS = {
     "weight names": 'net.weight_names[:2] == ["digits/conv/kernel", "digits/conv/bias"]',
@@ -91,6 +73,9 @@ CHECKS = {
     "the digits net learns (ln 10 = 2.3 at chance)": 'len(history["loss"]) == 5 and history["loss"][-1] < 0.5',
     "predict equals forward": "bool(np.allclose(logits, opt.net.forward(x), atol=1e-5))",
     "the bad row's error": "'pixels' in message and 'partition' in message and '63' in message",
+    "the images the README wrote were read": "photos.count() == 48",
+    "the best model carries the rate the search chose, saved and loaded": 'best.getOrDefault("learningRate") in '
+        '(1e-3, 1e-2) and PipelineModel.load("best").stages[-1].getOrDefault("learningRate") == best.getLearningRate()',
 }
 
 
@@ -121,20 +106,21 @@ def run_readme(out: str) -> None:
 @pytest.mark.spark
 @pytest.mark.parallel
 def test_every_python_block_of_the_readme_runs_in_order(tmp_path):
-    """In a fresh process and folder, as a user runs them: the README makes its own SparkSession."""
+    """In a fresh process and an empty folder, as a user runs them: the README makes its own inputs and
+    SparkSession."""
     import json
     import os
     import subprocess
     import sys
 
-    shutil.copy(ROOT / "tests" / "fixtures" / "onnx" / "resnet18.onnx", tmp_path / "resnet18.onnx")
-    _photos(tmp_path / "photos")
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    report = tmp_path / "report.json"  # outside the user's folder
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                PYSPARK_PYTHON=sys.executable)
     env.pop("TFNET_VERBOSE", None)
-    report = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, "-c", f"from tests.test_readme import run_readme; run_readme({str(report)!r})"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     result = json.loads(report.read_text())
     ran = [line for line, _ in result["blocks"]]

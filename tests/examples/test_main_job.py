@@ -19,6 +19,10 @@ def test_main_job_end_to_end(spark, tmp_path, capsys):
     assert summary["ranks"] == 2
     assert summary["accuracy after fine-tuning"] > max(0.8, summary["accuracy before fine-tuning (new head)"])
     assert summary["TFPredictor accuracy (DataFrame)"] == pytest.approx(summary["accuracy after fine-tuning"], abs=1e-6)
+    # fp32 and INT8 throughputs measured alike: both on a warm second pass, and said so
+    assert summary["TFPredictor rows/s (warm: a second pass)"] > 0
+    assert "fp32 / INT8 accuracy, rows/s warm (DataFrame)" in summary
+    assert "first pass" in out and "warm" in out
     assert os.path.exists(tmp_path / "pretrained_digits.pb")
     assert os.path.exists(tmp_path / "fine_tuned" / "frozen_inference_graph.pb")
     assert spark.sparkContext._jsc is not None  # the shared session is left running
