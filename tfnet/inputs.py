@@ -67,7 +67,8 @@ def convert(value: Any, spec: tf.TensorSpec, name: str) -> tf.Tensor:
     """Converts one value to a tensor of ``spec``'s dtype, checking kind, rank and shape.
 
     Floats take any float, integer or bool input (cast); integers take integers; strings take
-    str/bytes/object arrays; bools take bools.
+    str/bytes/object arrays; bools take bools. A batch of scalars ``(N,)`` feeds an input of shape
+    ``(None, 1)`` as ``(N, 1)``, as Keras takes it.
     """
     want = spec.dtype
     if value is None:
@@ -87,6 +88,9 @@ def convert(value: Any, spec: tf.TensorSpec, name: str) -> tf.Tensor:
         tensor = arr
     _check_kind(got, want, name, spec)
     shape = tuple(tensor.shape)
+    if one_value_per_row(shape, spec):  # (N,) for a (None, 1) input, as Keras takes it
+        tensor = tensor.reshape(shape + (1,)) if isinstance(tensor, np.ndarray) else tf.expand_dims(tensor, -1)
+        shape = shape + (1,)
     _check_shape(shape, spec, name)
     if isinstance(tensor, np.ndarray):
         if want == tf.string:
@@ -134,6 +138,17 @@ def _check_kind(got, want: tf.DType, name: str, spec: tf.TensorSpec) -> None:
             f"Input {name!r} expects dtype {want.name} (shape {spec.shape}); received dtype "
             f"{got_name}, which cannot be converted without loss."
         )
+
+
+def one_value_per_row(shape: tuple, spec: tf.TensorSpec) -> bool:
+    """Whether a value of ``shape`` holds one value per row for an input of per-row shape ``(1,)``: a batch of
+    scalars, which Keras takes for a ``(None, 1)`` input (it adds the last axis).
+
+    >>> one_value_per_row((32,), tf.TensorSpec((None, 1)))
+    True
+    """
+    want = spec.shape
+    return len(shape) == 1 and want.rank == 2 and want[1] == 1
 
 
 def _check_shape(shape: tuple, spec: tf.TensorSpec, name: str) -> None:

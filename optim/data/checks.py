@@ -193,5 +193,20 @@ def _check_shape(feed: Feed, name: str, spec) -> None:
         return  # one number per row for a (None, 1) input, as Keras takes it
     fits = len(feed.shape) == len(row) and all(d is None or d == g for d, g in zip(row, feed.shape))
     if not fits:
+        want = tuple(d or 0 for d in row)
+        if feed.shape == ():
+            fix = ("the column holds one value per row: make it an array column (pyspark.sql.functions.array, or "
+                   "Spark ML's VectorAssembler), or give several scalar columns as a list, stacked into one input")
+        else:
+            fix = (f"if its rows hold {_size(want)} values, pass feature_shapes={{{feed.name!r}: {want}}} (a DataFrame "
+                   f"or Parquet files) or reshape the array to (n, {', '.join(str(d) for d in want)})")
         raise InputSpecError(f"Column {feed.name!r} has rows of shape {tuple(feed.shape)}, and input {name!r} takes "
-                             f"rows of shape {row} (the net's input is {tuple(shape.as_list())}, the batch first).")
+                             f"rows of shape {row} (the net's input is {tuple(shape.as_list())}, the batch first): "
+                             f"{fix}.")
+
+
+def _size(shape: tuple) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out

@@ -167,7 +167,12 @@ class ColumnDataset(DataAdapter):
         for spec in self.features:
             names = [self._shown(c) for c in spec.columns]
             if len(names) == 1:
-                out.append(Feed(names[0], types.get(names[0], "other"), spec.shape, declared=spec.shape is not None))
+                kind = types.get(names[0], "other")
+                shape = spec.shape
+                if shape is None and Feed(names[0], kind).kind in ("numbers", "strings") and "<" not in kind \
+                        and kind != "vector":
+                    shape = ()  # one number or one string per row
+                out.append(Feed(names[0], kind, shape, declared=spec.shape is not None))
                 continue
             kinds = [Feed(n, types.get(n, "other")) for n in names]
             odd = next((k for k in kinds if k.kind != "numbers" or k.type.startswith("array<")), None)

@@ -146,7 +146,8 @@ def test_a_per_row_shape_that_differs_from_the_input(spark, tmp_path, rows):
                          feature_shapes={"pixels": (8, 8)})
     message = same(errors, {"'features'": "'pixels'"})
     assert message == ("Column 'pixels' has rows of shape (8, 8), and input 'x:0' takes rows of shape (64,) (the net's "
-                       "input is (None, 64), the batch first).")
+                       "input is (None, 64), the batch first): if its rows hold 64 values, pass "
+                       "feature_shapes={'pixels': (64,)} (a DataFrame or Parquet files) or reshape the array to (n, 64).")
 
 
 def parquet_folder(spark, tmp_path, x, y, files: int = 2) -> list[str]:

@@ -65,3 +65,34 @@ def test_a_text_model_fine_tunes_on_a_string_column_and_predicts(spark, tmp_path
         fallback = TFPredictor(tmp_path / "export", backend="openvino")
     assert fallback.backend == "tensorflow"
     np.testing.assert_allclose(fallback.predict(held), net.forward(held), rtol=1e-6)
+
+
+def test_keras_docs_input_of_shape_1_from_a_string_and_a_double_column(spark):
+    """Keras's own text example, ``keras.Input(shape=(1,), dtype="string")`` then TextVectorization, fed from a plain
+    string column over two ranks, and a numeric ``keras.Input((1,))`` fed from a double column: a column of one
+    value per row feeds an input of per-row shape ``(1,)``, as Keras's ``fit`` takes such arrays. TFPredictor and
+    ``evaluate`` take the same columns; ``net.forward`` takes the ``(n,)`` arrays."""
+    texts, labels = reviews(300)
+    keras.utils.set_random_seed(0)
+    vectorize = keras.layers.TextVectorization(max_tokens=32, output_sequence_length=8, name="vectorize")
+    vectorize.adapt(texts.astype(str))
+    text = keras.Input(shape=(1,), dtype="string", name="text")
+    pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(32, 8)(vectorize(text)))
+    net = TFNet.from_keras(keras.Model(text, keras.layers.Dense(1, activation="sigmoid")(pooled)))
+    df = spark.createDataFrame([(str(texts[i]), float(labels[i])) for i in range(300)], "text string, label double")
+    opt = TFOptimizer(net, "binary_crossentropy", optim.Adam(0.05), metrics=["accuracy"])
+    data = TFDataset.from_dataframe(df.repartition(2), "text", "label")
+    history = opt.optimize(data, epochs=4, batch_size=32, num_workers=2, verbose=0)
+    assert history["accuracy"][-1] > 0.9, history
+    assert opt.evaluate(data)["accuracy"] == pytest.approx(
+        float(np.mean((net.forward(texts)[:, 0] > 0.5) == labels)), abs=1e-6)
+    scored = TFPredictor(net, batch_per_thread=16).predict(df.limit(20), feature_cols="text").collect()
+    np.testing.assert_allclose(np.array([r.output for r in scored]), net.forward(texts[:20]), rtol=1e-6, atol=1e-6)
+    # a number per row for Input((1,)): y = 3x - 1, learnt over two ranks from a double column
+    keras.utils.set_random_seed(0)
+    line = TFNet.from_keras(keras.Sequential([keras.Input((1,), name="x"), keras.layers.Dense(1, name="y")]))
+    xs = np.linspace(-1, 1, 256)
+    numbers = spark.createDataFrame([(float(v), float(3 * v - 1)) for v in xs], "x double, y double").repartition(2)
+    fit = TFOptimizer(line, "mse", optim.SGD(0.5))
+    fit.optimize(TFDataset.from_dataframe(numbers, "x", "y"), epochs=8, batch_size=32, num_workers=2, verbose=0)
+    np.testing.assert_allclose(line.forward(np.array([0.0, 1.0], np.float32))[:, 0], [-1.0, 2.0], atol=0.05)
