@@ -137,7 +137,8 @@ class RunResult:
     (None: trained in place), the rows per rank and the steps per epoch. ``run``: what the run measured
     (attempts, start-up, step times; the launcher's or the local loop's summary). ``start_sha256``: a run that
     resumed from a checkpoint, the SHA-256 of the state it started from
-    (:func:`optim.training.restore.state_digest`), to check against the checkpoint's."""
+    (:func:`optim.training.restore.state_digest`), to check against the checkpoint's; ``skipped_checkpoints``: why
+    it passed over newer checkpoints (corrupt or truncated files, each named)."""
 
     history: dict
     step: int
@@ -151,6 +152,7 @@ class RunResult:
     steps_per_epoch: int | None = None
     run: dict = field(default_factory=dict)
     start_sha256: str | None = None
+    skipped_checkpoints: list = field(default_factory=list)
 
     def last_run(self) -> dict:
         """``TFOptimizer.last_run``: what the run measured, with the step it started from and what it resumed."""
@@ -169,7 +171,8 @@ def pack_result(weights: dict[str, np.ndarray], result: RunResult, plan: dict) -
     header = {"history": result.history, "step": result.step, "weights": list(weights),
               "state_leaves": len(result.state), "exchange_leaves": len(result.exchange_state),
               "start_step": result.start_step, "stopped": result.stopped,
-              "resumed_from": result.resumed_from, "start_sha256": result.start_sha256, **plan}
+              "resumed_from": result.resumed_from, "start_sha256": result.start_sha256,
+              "skipped_checkpoints": list(result.skipped_checkpoints), **plan}
     return pack(RESULT_FORMAT, header, arrays)
 
 
@@ -189,4 +192,4 @@ def unpack_result(data: bytes) -> RunResult:
     return RunResult(header["history"], int(header["step"]), state, int(header.get("start_step") or 0),
                      header.get("resumed_from"), exchange, bool(header.get("stopped", False)), weights,
                      header.get("rows"), header.get("steps_per_epoch"), {"attempt": header.get("attempt")},
-                     header.get("start_sha256"))
+                     header.get("start_sha256"), list(header.get("skipped_checkpoints") or []))

@@ -53,10 +53,14 @@ def jobs_since(spark, before: list[tuple[int, str]]) -> list[str]:
             for group in [job[1]] if not group.startswith("tfnet-warm-up-")]
 
 
-def kill_rank_after_checkpoints(model_dir, checkpoints: int, rank: int = 1, deadline_s: float = 240.0) -> dict:
+def kill_rank_after_checkpoints(model_dir, checkpoints: int, rank: int = 1, deadline_s: float = 240.0,
+                                truncate_newest: bool = False) -> dict:
     """From a thread: kills ``rank``'s Python process (SIGKILL) once ``model_dir`` (a local folder)
     holds ``checkpoints`` checkpoints and the rank's ``rank-N.json``, that is mid-training. Returns a
-    dict that gets ``pid``, ``after`` (the newest checkpoint then) and has ``thread``."""
+    dict that gets ``pid``, ``after`` (the newest checkpoint then) and has ``thread``. With
+    ``truncate_newest``, a second later (when rank 0, waiting for the dead rank, can write no more) the newest
+    checkpoint is cut to half its length, as a crash in the middle of a write to a file system without atomic
+    renames would leave it; ``truncated`` names it."""
     import glob
     import json
     import signal
@@ -75,6 +79,14 @@ def kill_rank_after_checkpoints(model_dir, checkpoints: int, rank: int = 1, dead
                     pid = json.load(f)["pid"]
                 os.kill(pid, signal.SIGKILL)
                 killed["after"] = sorted(ckpts)[-1]
+                if truncate_newest:
+                    time.sleep(1.0)
+                    newest = sorted(glob.glob(os.path.join(model_dir, "checkpoints", "*", "ckpt-*.npz")))[-1]
+                    with open(newest, "rb") as f:
+                        data = f.read()
+                    with open(newest, "wb") as f:
+                        f.write(data[:len(data) // 2])
+                    killed["truncated"] = newest
                 killed["pid"] = pid
             time.sleep(0.05)
 

@@ -16,9 +16,12 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import re
 import secrets
+import shutil
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -26,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from optim.errors import CheckpointError, CheckpointWarning
+from optim.errors import CheckpointError, CheckpointWarning, StorageError
 from tfnet import storage
 
 __all__ = ["Checkpoint", "CheckpointManager", "CheckpointWarning", "CheckpointError", "new_run_id", "list_runs",
@@ -119,12 +122,34 @@ class CheckpointManager:
             storage.write_bytes_atomic(path, data, self.storage_options)
         except OSError as exc:
             # a full disk, a read-only or vanished folder: a retry would fail the same way
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise self._full(path, len(data), exc) from exc
             raise CheckpointError(
                 f"Cannot write the checkpoint {path} ({type(exc).__name__}: {exc}); training stopped so that "
                 "no progress is lost silently. Free space or give model_dir another place."
             ) from exc
         self._prune()
         return path
+
+    def _full(self, path: str, needed: int, exc: OSError) -> StorageError:
+        """The error for a checkpoint that does not fit: the folder, the bytes it needed (and had, on a local
+        disk), and the newest checkpoint that stays (the write left nothing: it was to a temporary name)."""
+        free = ""
+        if not storage.is_remote(self.directory):
+            try:
+                free = f", {shutil.disk_usage(self.directory).free:,} free"
+            except OSError:
+                pass
+        steps = self.all_steps()
+        kept = f"the newest that stays is {self.path_for(steps[-1])}" if steps else "no earlier one was written"
+        err = StorageError(
+            f"Cannot write the checkpoint {path}: {self.directory} is full ({os.strerror(exc.errno)}); the checkpoint "
+            f"needs {needed:,} bytes there{free}. Training stopped so that no progress is lost silently; the earlier "
+            f"checkpoints are intact ({kept}). Free space, or give model_dir another place, and resume from it "
+            "(resume=True, or resume='<that checkpoint>')."
+        )
+        err.folder, err.needed = self.directory, needed  # type: ignore[attr-defined]
+        return err
 
     def all_steps(self) -> list[int]:
         names = storage.listdir(self.directory, self.storage_options)

@@ -19,7 +19,7 @@ import numpy as np
 from optim import losses as L
 from optim import metrics as M
 from optim.data.base import DataAdapter as TFDataset
-from optim.errors import NonFiniteLossError
+from optim.errors import CheckpointWarning, NonFiniteLossError
 from optim.protocol import RunResult
 from optim.training.checkpoint import Checkpoint, CheckpointManager, new_run_id
 from optim.training.checks import check_batch_labels
@@ -161,6 +161,7 @@ class _Run:
         self.epoch_sent_from = self.epoch_steps = 0  # the exchange's byte count at the epoch's start; its steps
         self.stopped = False
         self.start_sha256: str | None = None  # a resumed run's start state (rank 0): state_digest
+        self.skipped_checkpoints: list[str] = []  # why rank 0 passed over newer checkpoints (corrupt, truncated)
         self.saved: dict = {}  # what saved_weights keeps for the run (the base weights' fingerprint)
 
     # ---- set-up
@@ -171,7 +172,7 @@ class _Run:
         (the server method's included: a checkpoint's, or else the previous call's when it fits)."""
         load_initial_state(self.step_fn, self.template, initial_state)
         collective, net = self.collective, self.net
-        ckpt = resume_checkpoint(self.manager, self.config, self.run_id) if self.chief else None
+        ckpt = self._resume_checkpoint() if self.chief else None
         self.resumed_from = ckpt.path if ckpt is not None else None
         start = Start.of(ckpt) if ckpt is not None else Start(start_step)
         start = Start(**collective.broadcast_json(start._asdict()))
@@ -207,6 +208,19 @@ class _Run:
         self.global_step, self.skipped = start.step, start.skipped
         self.start_step = start.step
         return start
+
+    def _resume_checkpoint(self):
+        """Rank 0's checkpoint to start from (:func:`~optim.training.start.resume_checkpoint`); the warnings for
+        the newer ones it passed over (corrupt, truncated) are kept for the result (the driver repeats them) and
+        given on."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ckpt = resume_checkpoint(self.manager, self.config, self.run_id)
+        for w in caught:
+            if issubclass(w.category, CheckpointWarning):
+                self.skipped_checkpoints.append(str(w.message))
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return ckpt
 
     def _own_state(self, peers: list[list], leaves: list) -> None:
         """Local SGD, each rank with a worker-method state of its own: rank r takes back the one the checkpoint holds
@@ -399,7 +413,8 @@ class _Run:
         if self.skipped:
             self.history["skipped_steps"] = [self.skipped]
         return RunResult(self.history, self.global_step, state_arrays(self.step_fn), self.start_step,
-                         self.resumed_from, tuple(self.exchange.state()), self.stopped, start_sha256=self.start_sha256)
+                         self.resumed_from, tuple(self.exchange.state()), self.stopped, start_sha256=self.start_sha256,
+                         skipped_checkpoints=list(self.skipped_checkpoints))
 
 
 def _learning_rate(method, step: int) -> float:

@@ -61,21 +61,24 @@ def _authenticated(sock: socket.socket, authkey: bytes, server: bool) -> Connect
 
 
 class EventSink:
-    """Hands rank 0's reporter events to ``reporter`` and keeps them (``events``), with when the
-    first step arrived (``first_step_at``). The progress server and, under Spark Connect, the
-    progress poller (:mod:`optim.transport.progress_store`) are both one."""
+    """Hands rank 0's reporter events to ``reporter`` and keeps them (``events``, and when each arrived:
+    ``arrived``, on this process's monotonic clock), with when the first step arrived (``first_step_at``).
+    The progress server and, under Spark Connect, the progress poller
+    (:mod:`optim.transport.progress_store`) are both one."""
 
     def __init__(self, reporter: Reporter):
         self.reporter = reporter
         self.last_event = time.monotonic()
         self.first_step_at: float | None = None
         self.events: list[dict] = []
+        self.arrived: list[float] = []
         self.refused = 0
 
     def dispatch(self, event: dict) -> None:
         self.last_event = time.monotonic()
         kind = event.get("event")
         self.events.append(event)
+        self.arrived.append(self.last_event)
         if kind == "begin":
             self.reporter.begin(event["epochs"], event["steps_per_epoch"], event["initial_step"], event["initial_epoch"])
         elif kind == "step":

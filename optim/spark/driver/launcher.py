@@ -24,7 +24,12 @@ import secrets
 import time
 import warnings
 
-from optim.errors import DistributedTrainingError, NonFiniteLossError, SparkSetupError  # noqa: F401 (re-exported)
+from optim.errors import (  # noqa: F401 (DistributedTrainingError, NonFiniteLossError, SparkSetupError: re-exported)
+    CheckpointWarning,
+    DistributedTrainingError,
+    NonFiniteLossError,
+    SparkSetupError,
+)
 from optim.protocol import RESULT_SCHEMA, TRAIN_ENTRY, RunResult, entry, unpack_result
 from optim.spark.connect import is_connect
 from optim.spark.driver.backends.base import Backend
@@ -162,6 +167,7 @@ class _DistributedRun:
     def __call__(self, dataset, config: TrainConfig, validation, num_workers: int | None, min_workers: int | None,
                  elastic_wait: float) -> RunResult:
         t_call = self.t_call = time.monotonic()
+        started_at = time.time()  # attempt_log's started_s, ended_s and first_step_s count from here
         config = copy.copy(config)
         config.run_id = config.run_id or new_run_id()
         n = self.backend.ranks(num_workers)
@@ -194,7 +200,7 @@ class _DistributedRun:
         if self.verbose and not self.sink.events:  # no progress reached here while the stage ran
             print_history(result)
         result.run = {**run_summary(self.sink, n, self.failures, t_call), **result.run, "attempt_log": self.attempts,
-                      "run_id": config.run_id, "mode": self.backend.mode, "states": self.states,
+                      "run_id": config.run_id, "started_at": started_at, "mode": self.backend.mode, "states": self.states,
                       "membership": membership(self.members), "num_workers": self.ranks, **self.roads}
         return result
 
@@ -242,6 +248,11 @@ class _DistributedRun:
             return Retrying(stage, attempt, state.failed + 1, decision.error)
         self.attempts.append({"attempt": attempt, "ok": True, "ranks": stage.n, "started_s": started,
                               "ended_s": self.clock(), **result.run})
+        for why in result.skipped_checkpoints:  # rank 0 passed over a newer checkpoint: say so here, once
+            message = (f"Attempt {attempt + 1} resumed from {result.resumed_from or 'the start'}, passing over a newer "
+                       f"checkpoint: {why}")
+            log.warning(message)
+            warnings.warn(message, CheckpointWarning, stacklevel=_DEPTH + 1)
         self.record(seen, stage.n)
         self.ranks = stage.n
         return Growing(stage, attempt, state.failed) if result.stopped else Finished(result)
@@ -333,7 +344,8 @@ class _DistributedRun:
         counts_rows = stage.staged.rank_data.counts_rows
         result.run = {"start_step": result.start_step, "resumed_from": result.resumed_from,
                       "rows": result.rows if counts_rows else None, "steps_per_epoch": result.steps_per_epoch,
-                      "stopped": result.stopped, "end_step": result.step, "start_sha256": result.start_sha256}
+                      "stopped": result.stopped, "end_step": result.step, "start_sha256": result.start_sha256,
+                      "skipped_checkpoints": result.skipped_checkpoints}
         return result
 
     def watch(self, stage: Stage, stuck):
@@ -385,10 +397,16 @@ class _DistributedRun:
         return check
 
     def record(self, seen: int, ranks: int) -> None:
-        """The attempt's start step (rank 0's ``begin`` event after index ``seen``) and its ranks."""
-        begins = [e for e in self.sink.events[seen:] if e.get("event") == "begin"]
+        """The attempt's start step (rank 0's ``begin`` event after index ``seen``) and its ranks; and, in its
+        ``attempt_log`` entry, when its first step reached here (``first_step_s``, on the clock of ``started_s``)."""
+        events = self.sink.events[seen:]
+        begins = [e for e in events if e.get("event") == "begin"]
         if begins:
             self.members.append((int(begins[0]["initial_step"]), ranks))
+        steps = [i for i, e in enumerate(events, seen) if e.get("event") == "step"]
+        arrived = getattr(self.sink, "arrived", [])
+        if steps and steps[0] < len(arrived):
+            self.attempts[-1]["first_step_s"] = round(arrived[steps[0]] - self.t_call, 3)
 
 
 _RETRY_FROM = {True: "from this run's newest checkpoint", False: "from the start (no model_dir)"}
@@ -418,7 +436,12 @@ def _tell(message: str, depth: int) -> None:
     ``_DistributedRun.__call__`` (after which ``optimize_distributed``, ``TFOptimizer._train_distributed``
     and ``optimize`` stand between it and the user's code)."""
     log.warning(message)
-    warnings.warn(message, RuntimeWarning, stacklevel=depth + 6)
+    warnings.warn(message, RuntimeWarning, stacklevel=depth + _DEPTH)
+
+
+#: Frames from ``_DistributedRun.__call__`` up to the user's call of ``TFOptimizer.optimize`` (through
+#: ``optimize_distributed``, ``TFOptimizer._train_distributed`` and ``optimize``), plus ``__call__`` itself and ``warn``.
+_DEPTH = 6
 
 
 def _remove_quietly(path: str | None, options=None) -> None:

@@ -93,20 +93,26 @@ def test_agree_steps_rule():
 
 
 def test_kill_one_rank_retries_and_finishes(spark, tmp_path):
+    """Rank 1 killed mid-run, and the newest checkpoint then truncated (a torn write): the retry takes the newest
+    checkpoint that loads, says once which one it passed over, and finishes equal to an unbroken run."""
     with own_python_workers(spark, BIT_FOR_BIT):
         x, y = digits.load()
         x, y = x[:512], y[:512]
         model_dir = tmp_path / "run"
         net = cnn_net()
         opt = TFOptimizer(net, SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(model_dir))
-        killed = kill_rank_after_checkpoints(str(model_dir), checkpoints=3)  # rank 1's Python process, after step 12 of 64
+        killed = kill_rank_after_checkpoints(str(model_dir), checkpoints=3, truncate_newest=True)  # after step 12 of 64
         with pytest.warns(RuntimeWarning, match="Training stage attempt 1 failed.*retrying from this run's newest checkpoint") \
                 as warned:
             history = opt.optimize((x, y), epochs=4, batch_size=32, num_workers=2, checkpoint_every=4,
                                    keep_checkpoints=100, verbose=0, timeout=60, max_retries=2)
         assert [w.filename for w in warned if "retrying" in str(w.message)] == [__file__], "it points at the caller"
         killed["thread"].join(5)
-        assert "pid" in killed, "rank 1 was killed"
+        assert "pid" in killed and "truncated" in killed, "rank 1 was killed, and the newest checkpoint truncated"
+        passed_over = [w for w in warned if issubclass(w.category, optim.CheckpointWarning)]
+        assert len(passed_over) == 1 and passed_over[0].filename == __file__, [str(w.message) for w in warned]
+        assert f"passing over a newer checkpoint: Skipping checkpoint {killed['truncated']}: unreadable" in \
+            str(passed_over[0].message), str(passed_over[0].message)
         run = opt.last_run
         assert run["attempts"] == 2
         assert opt.global_step == 4 * 16, "the run finishes with the planned number of steps"
@@ -115,6 +121,7 @@ def test_kill_one_rank_retries_and_finishes(spark, tmp_path):
         # 64 a restart would, and started exactly where that checkpoint stood
         resumed = run["resumed_from"]
         assert resumed and os.path.dirname(resumed) == str(model_dir / "checkpoints" / run["run_id"])
+        assert resumed < killed["truncated"], "the retry took the checkpoint before the truncated one"
         start = CheckpointManager.load(resumed).step
         assert run["attempt_log"][-1]["start_step"] == start >= 12
         assert run["attempt_log"][-1]["end_step"] - start < 64
