@@ -19,6 +19,7 @@ from optim.data import as_dataset, in_input_order, resolve_batch_size
 from optim.logs import console_error
 from optim.protocol import RunResult, TrainSpec
 from optim.sync import check_sync
+from optim.training.callbacks import check_callbacks, shippable_callbacks
 from optim.training.checkpoint import new_run_id, resolve_resume
 from optim.training.checks import warn_if_logits_to_probability_loss
 from optim.training.config import TrainConfig
@@ -171,6 +172,7 @@ class TFOptimizer:
         num_workers: int | None = None,
         precision: str = "fp32",
         sync=None,
+        callbacks=None,
         **distributed_options,
     ) -> History:
         """Trains and returns the history: per-epoch lists of ``loss``, each metric, and their
@@ -223,6 +225,11 @@ class TFOptimizer:
                 averages the weights' moves every K local steps through a server method;
                 ``optim.Asynchronous(staleness=1)`` exchanges each step's gradients in the
                 background and applies them a step later. Default: None.
+            callbacks: Keras callbacks (``keras.callbacks.EarlyStopping``, ``ReduceLROnPlateau``,
+                ``TerminateOnNaN``, ``LambdaCallback``, your own subclass), called as ``model.fit``
+                calls them: in this process for local data, on rank 0 of a distributed run (so they must
+                pickle, and what they keep stays there), their decisions taken by every rank at the same
+                step (:mod:`optim.training.callbacks`). Default: none.
             **distributed_options: For distributed data: ``min_workers`` and ``elastic_wait``
                 (elastic training: go on with fewer ranks when executors are lost, grow back when
                 they return), ``max_retries``, ``timeout``, ``startup_timeout``, ``slot_wait`` and
@@ -235,8 +242,9 @@ class TFOptimizer:
                 config = self._config(epochs=epochs, batch_size=batch_size, shuffle=shuffle, seed=seed,
                                       validate_every=validate_every, checkpoint_every=checkpoint_every,
                                       keep_checkpoints=keep_checkpoints, resume=resume, on_nonfinite=on_nonfinite,
-                                      max_steps=max_steps, precision=precision, sync=sync)
+                                      max_steps=max_steps, precision=precision, sync=sync, callbacks=callbacks)
                 if dataset.distributed or num_workers is not None:
+                    shippable_callbacks(config.callbacks)
                     history = self._train_distributed(dataset, config, val, num_workers, verbose, distributed_options)
                 elif distributed_options:
                     raise TypeError(f"Unknown arguments {sorted(distributed_options)} for local training.")
@@ -246,13 +254,14 @@ class TFOptimizer:
                 raise KeyboardInterrupt from None
         return History(history, {"epochs": epochs, "verbose": verbose})
 
-    def _config(self, epochs: int | None, max_steps: int | None, precision: str, sync, **settings) -> TrainConfig:
+    def _config(self, epochs: int | None, max_steps: int | None, precision: str, sync, callbacks=None,
+                **settings) -> TrainConfig:
         """This call's TrainConfig (a new run id), checked, with what it resumes from chosen once here."""
         if epochs is None:
             epochs = 1 if max_steps is None else 1 << 30  # bounded by max_steps
         config = TrainConfig(epochs=epochs, max_steps=max_steps, precision=check_precision(precision),
                              sync=check_sync(sync), model_dir=self.model_dir, storage_options=self.storage_options,
-                             run_id=new_run_id(), **settings)
+                             run_id=new_run_id(), callbacks=check_callbacks(callbacks), **settings)
         config.check()
         config.resume = self._resume_source(config)
         return config

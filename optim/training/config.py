@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from optim.sync import check_sync
+from optim.training.callbacks import check_callbacks
 from optim.training.checkpoint import RUN_ID
 
 __all__ = ["TrainConfig"]
@@ -36,6 +37,8 @@ class TrainConfig:
     precision: str = "fp32"
     #: how often the ranks exchange (optim.sync): None (every step), LocalSGD or Asynchronous
     sync: Any = None
+    #: Keras callbacks, called on rank 0 as ``model.fit`` calls them (optim.training.callbacks)
+    callbacks: list = field(default_factory=list)
 
     def check(self) -> None:
         for name in ("epochs", "batch_size"):
@@ -55,3 +58,4 @@ class TrainConfig:
         if isinstance(self.resume, str) and RUN_ID.match(self.resume) and not self.model_dir:
             raise ValueError(f"`resume={self.resume!r}` names a run; it needs the `model_dir` the run wrote to.")
         self.sync = check_sync(self.sync)
+        self.callbacks = check_callbacks(self.callbacks)

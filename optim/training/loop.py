@@ -21,6 +21,7 @@ from optim import metrics as M
 from optim.data.base import DataAdapter as TFDataset
 from optim.errors import CheckpointWarning, NonFiniteLossError
 from optim.protocol import RunResult
+from optim.training.callbacks import CallbackRun
 from optim.training.checkpoint import Checkpoint, CheckpointManager, new_run_id
 from optim.training.checks import check_batch_labels
 from optim.training.collective import Collective, LocalCollective
@@ -80,6 +81,7 @@ def train(
     liveness: Liveness | None = None,
     initial_exchange_state: Sequence[np.ndarray] | None = None,
     stop_check: Callable[[], bool] | None = None,
+    callbacks: Sequence | None = None,
 ) -> RunResult:
     """Trains ``net`` in place.
 
@@ -100,33 +102,54 @@ def train(
         stop_check: Asked by rank 0 at every epoch boundary but the last, after that epoch's
             checkpoint; when it says True, every rank stops there (``RunResult.stopped``; the
             launcher then goes on with another number of ranks). Default: never.
+        callbacks: Keras callbacks, called as ``model.fit`` calls them, on rank 0
+            (:mod:`optim.training.callbacks`); their decisions reach every rank. Default:
+            ``config.callbacks``.
 
     Returns:
         The history (per-epoch lists), the global step and the final optimiser state.
     """
     config.check()
     alive = liveness or Liveness()
+    collective = collective or LocalCollective()
+    hooks = None
+    callbacks = config.callbacks if callbacks is None else callbacks
+    if callbacks:
+        hooks = CallbackRun(list(callbacks), net, method, collective, config.epochs,
+                            lr_source if lr_source is not None else method)
+        method, lr_source = hooks.rate, hooks.rate
     with alive.phase("preparing the step and the start state"):
-        run = _Run(net, L.get(loss), method, metrics, config, collective or LocalCollective(),
+        run = _Run(net, L.get(loss), method, metrics, config, collective,
                    reporter or Reporter(), validation_data, lr_source if lr_source is not None else method, alive)
+        run.callbacks = hooks
         start = run.start(initial_state, start_step, initial_exchange_state)
     steps = steps_per_epoch if steps_per_epoch is not None else run.batches_per_epoch(data)
     run.reporter.begin(config.epochs, steps, run.global_step, start.epoch)
+    if hooks is not None:
+        hooks.train_begin()
     try:
         for epoch in range(start.epoch, config.epochs):
             if run.done():
                 break
+            if hooks is not None:
+                hooks.epoch_begin(epoch)
             skip = start.batch if epoch == start.epoch else 0
             run.epoch(data, epoch, skip, start.epoch_states if skip else None, steps, fixed_steps=steps_per_epoch)
-            if run.done() and steps is not None and run.batch < steps:
-                # max_steps stopped mid-epoch: the checkpoint says so, and a resume continues this epoch
+            if (run.done() or run.callback_stop) and steps is not None and run.batch < steps:
+                # max_steps (or a callback) stopped mid-epoch: the checkpoint says so, and a resume continues it
                 run.save_checkpoint(epoch, run.batch)
                 run.end_epoch(epoch, checkpoint=False)
+                if run.callback_stop:
+                    break
             else:
                 run.end_epoch(epoch)
+                if hooks is not None and hooks.epoch_end(epoch, run.global_step, run.last_logs()):
+                    break
                 if epoch + 1 < config.epochs and not run.done() and run.stop_requested(stop_check):
                     break
         run.settle()
+        if hooks is not None:
+            hooks.train_end(run.last_logs())
     finally:
         run.exchange.close()
     run.reporter.end()
@@ -160,6 +183,8 @@ class _Run:
         self.checked = False
         self.epoch_sent_from = self.epoch_steps = 0  # the exchange's byte count at the epoch's start; its steps
         self.stopped = False
+        self.callbacks: CallbackRun | None = None  # Keras callbacks, when given (train sets them)
+        self.callback_stop = False  # a callback stopped the run in the middle of an epoch
         self.start_sha256: str | None = None  # a resumed run's start state (rank 0): state_digest
         self.skipped_checkpoints: list[str] = []  # why rank 0 passed over newer checkpoints (corrupt, truncated)
         self.saved: dict = {}  # what saved_weights keeps for the run (the base weights' fingerprint)
@@ -282,10 +307,22 @@ class _Run:
             self.alive.kick("training")
             if not bool(result.finite):
                 self._nonfinite(result, epoch, b)
-                continue
-            self._record(result, labels, n, epoch, step_time, clock)
-            self._every_n_steps(epoch, b)
+            else:
+                self._record(result, labels, n, epoch, step_time, clock)
+                self._every_n_steps(epoch, b)
+            if self.callbacks is not None and self.callbacks.batch_hooks and self._batch_end(result, b):
+                self.callback_stop = True
+                break
         self.batch = b
+
+    def _batch_end(self, result, batch: int) -> bool:
+        """The callbacks' batch hooks after a step (a skipped one with its NaN loss); True to stop now."""
+        loss = float(result.loss) if not bool(result.finite) else self.acc.logs().get("loss", float("nan"))
+        return self.callbacks.batch_end(batch - 1, self.global_step, {"loss": loss})
+
+    def last_logs(self) -> dict:
+        """The newest entry of each history list: the logs of the epoch just ended."""
+        return {k: v[-1] for k, v in self.history.items() if v}
 
     def stop_requested(self, stop_check: Callable[[], bool] | None) -> bool:
         """Rank 0 asks ``stop_check``; every rank gets its answer (all stop at the same boundary)."""
