@@ -31,6 +31,8 @@ EXTRAS = {
     "s3": ["s3fs>=2024.6"],
     # TFDataset.from_delta: Delta Lake tables read through delta-rs (no Spark connector, no JVM jars)
     "delta": ["deltalake>=1.1,<2"],
+    # optim.callbacks.MLflowLogger: experiment tracking (imported only when the logger is used)
+    "mlflow": ["mlflow>=3.1,<4"],
     "gcs": ["gcsfs>=2024.6"],
     "azure": ["adlfs>=2024.4"],
     "hdfs": [],  # fsspec's hdfs:// runs on pyarrow's HadoopFileSystem (needs libhdfs and a Hadoop client)

@@ -48,6 +48,10 @@ class Method:
         lr = self.learning_rate
         return float(lr(tf.constant(step, tf.int64)) if callable(lr) else lr)
 
+    def get_config(self) -> dict:
+        """The method's hyperparameters as it was made with them (Keras's optimizer ``get_config``)."""
+        return dict(self._config)
+
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self._config.items())
         return f"{type(self).__name__}({args})"

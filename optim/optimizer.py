@@ -15,6 +15,7 @@ import numpy as np
 
 from optim import losses as L
 from optim import metrics as M
+from optim.callbacks import Callback, run_info
 from optim.data import as_dataset, in_input_order, resolve_batch_size
 from optim.logs import console_error
 from optim.protocol import RunResult, TrainSpec
@@ -30,6 +31,7 @@ from optim.training.loop import train
 from optim.training.reporting import (
     MultiReporter,
     ProgressBar,
+    Reporter,
     StepRecorder,
     TensorBoardWriter,
     check_verbose,
@@ -239,17 +241,22 @@ class TFOptimizer:
         with Interruptible():
             try:
                 dataset, val, batch_size = self._inputs(data, batch_size, validation_data, sample_weight, on_nonfinite)
+                ours = [c for c in (callbacks or []) if isinstance(c, Callback)]  # run here, not in the loop
                 config = self._config(epochs=epochs, batch_size=batch_size, shuffle=shuffle, seed=seed,
                                       validate_every=validate_every, checkpoint_every=checkpoint_every,
                                       keep_checkpoints=keep_checkpoints, resume=resume, on_nonfinite=on_nonfinite,
-                                      max_steps=max_steps, precision=precision, sync=sync, callbacks=callbacks)
-                if dataset.distributed or num_workers is not None:
-                    shippable_callbacks(config.callbacks)
-                    history = self._train_distributed(dataset, config, val, num_workers, verbose, distributed_options)
-                elif distributed_options:
+                                      max_steps=max_steps, precision=precision, sync=sync,
+                                      callbacks=[c for c in (callbacks or []) if not isinstance(c, Callback)])
+                distributed = dataset.distributed or num_workers is not None
+                if not distributed and distributed_options:
                     raise TypeError(f"Unknown arguments {sorted(distributed_options)} for local training.")
-                else:
-                    history = self._train_locally(dataset, config, val, verbose)
+                if distributed:
+                    shippable_callbacks(config.callbacks)
+                history = self._run_with(ours, run_info(self, dataset, config, num_workers, distributed_options),
+                                         lambda reporters: self._train_distributed(
+                                             dataset, config, val, num_workers, verbose, distributed_options, reporters)
+                                         if distributed else self._train_locally(dataset, config, val, verbose,
+                                                                                 reporters))
             except KeyboardInterrupt:  # Ctrl-C: the run stopped (a Spark stage: cancelled, its ranks gone)
                 raise KeyboardInterrupt from None
         return History(history, {"epochs": epochs, "verbose": verbose})
@@ -281,22 +288,39 @@ class TFOptimizer:
         val = self._checked(val, on_nonfinite, "the validation data", training=False)
         return dataset, val, batch_size
 
+    def _run_with(self, callbacks: list, info, train) -> dict[str, list]:
+        """Runs ``train(reporters)`` with tfnet's own callbacks told of the start, of each epoch's logs as they
+        reach this process (through ``reporters``) and of the end; what they return joins ``last_run``."""
+        if not callbacks:
+            return train([])
+        for cb in callbacks:
+            cb.on_run_begin(info)
+        try:
+            history = train([_EpochsTo(callbacks)])
+        except BaseException as exc:
+            for cb in callbacks:
+                cb.on_run_end(info, {}, dict(self.last_run), error=exc)
+            raise
+        for cb in callbacks:
+            self.last_run.update(cb.on_run_end(info, history, dict(self.last_run)) or {})
+        return history
+
     def _train_distributed(self, dataset, config: TrainConfig, val, num_workers: int | None, verbose: int,
-                           options: dict) -> dict[str, list]:
+                           options: dict, reporters=()) -> dict[str, list]:
         """Over Spark (:func:`optim.spark.driver.launcher.optimize_distributed`); keeps what rank 0 returned."""
         from optim.spark.driver.launcher import optimize_distributed
 
         try:
             result = optimize_distributed(self, dataset, config, val, num_workers=num_workers, verbose=verbose,
-                                          **options)
+                                          reporters=list(reporters), **options)
         except TFNetError as err:  # a rank's typed error: short on the console (its traces are attributes)
             raise console_error(err)  # noqa: B904 (its cause is kept as err.spark_error)
         return self._finish(result)
 
-    def _train_locally(self, dataset, config: TrainConfig, val, verbose: int) -> dict[str, list]:
+    def _train_locally(self, dataset, config: TrainConfig, val, verbose: int, reporters=()) -> dict[str, list]:
         """In this process, with the same loop every rank runs."""
         recorder = StepRecorder()
-        reporter = MultiReporter([self._reporter(verbose, config.run_id), recorder])
+        reporter = MultiReporter([self._reporter(verbose, config.run_id), recorder, *reporters])
         spec = self.train_spec(config)
         result = train(self.net, spec.loss, spec.method, spec.metrics, dataset, config, reporter=reporter,
                        validation_data=val, initial_state=spec.state, start_step=spec.start_step,
@@ -401,3 +425,14 @@ class TFOptimizer:
             raise TFNetError("predict() received no data.")
         outs = [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]
         return outs[0] if len(outs) == 1 else outs
+
+
+class _EpochsTo(Reporter):
+    """Each epoch's logs, as they reach this process, to tfnet's own callbacks."""
+
+    def __init__(self, callbacks: list):
+        self.callbacks = callbacks
+
+    def epoch_end(self, epoch: int, step: int, logs: dict) -> None:
+        for cb in self.callbacks:
+            cb.on_epoch_end(epoch, dict(logs))

