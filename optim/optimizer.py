@@ -175,6 +175,7 @@ class TFOptimizer:
         precision: str = "fp32",
         sync=None,
         callbacks=None,
+        class_weight: dict | None = None,
         **distributed_options,
     ) -> History:
         """Trains and returns the history: per-epoch lists of ``loss``, each metric, and their
@@ -232,6 +233,9 @@ class TFOptimizer:
                 calls them: in this process for local data, on rank 0 of a distributed run (so they must
                 pickle, and what they keep stays there), their decisions taken by every rank at the same
                 step (:mod:`optim.training.callbacks`). Default: none.
+            class_weight: ``{class id: weight}``: each training example's loss weighs its class's weight
+                (1.0 for a class left out), times its sample weight when it has one, as Keras's
+                ``class_weight``; one output only. Default: none.
             **distributed_options: For distributed data: ``min_workers`` and ``elastic_wait``
                 (elastic training: go on with fewer ranks when executors are lost, grow back when
                 they return), ``max_retries``, ``timeout``, ``startup_timeout``, ``slot_wait`` and
@@ -245,7 +249,7 @@ class TFOptimizer:
                 config = self._config(epochs=epochs, batch_size=batch_size, shuffle=shuffle, seed=seed,
                                       validate_every=validate_every, checkpoint_every=checkpoint_every,
                                       keep_checkpoints=keep_checkpoints, resume=resume, on_nonfinite=on_nonfinite,
-                                      max_steps=max_steps, precision=precision, sync=sync,
+                                      max_steps=max_steps, precision=precision, sync=sync, class_weight=class_weight,
                                       callbacks=[c for c in (callbacks or []) if not isinstance(c, Callback)])
                 distributed = dataset.distributed or num_workers is not None
                 if not distributed and distributed_options:

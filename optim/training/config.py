@@ -8,6 +8,7 @@ from typing import Any
 from optim.sync import check_sync
 from optim.training.callbacks import check_callbacks
 from optim.training.checkpoint import RUN_ID
+from optim.training.weights import check_class_weight
 
 __all__ = ["TrainConfig"]
 
@@ -39,6 +40,8 @@ class TrainConfig:
     sync: Any = None
     #: Keras callbacks, called on rank 0 as ``model.fit`` calls them (optim.training.callbacks)
     callbacks: list = field(default_factory=list)
+    #: {class id: weight} for the training loss (optim.training.weights), as Keras's class_weight
+    class_weight: dict | None = None
 
     def check(self) -> None:
         for name in ("epochs", "batch_size"):
@@ -59,3 +62,4 @@ class TrainConfig:
             raise ValueError(f"`resume={self.resume!r}` names a run; it needs the `model_dir` the run wrote to.")
         self.sync = check_sync(self.sync)
         self.callbacks = check_callbacks(self.callbacks)
+        self.class_weight = check_class_weight(self.class_weight)

@@ -49,6 +49,7 @@ from optim.training.restore import (
     state_digest,
 )
 from optim.training.start import Start, load_initial_state, previous_server_state, resume_checkpoint
+from optim.training.weights import ClassWeights
 from tfnet import storage
 from tfnet.lora import carried_weight_names
 
@@ -287,9 +288,12 @@ class _Run:
                                skip=skip, rank=collective.rank, size=collective.size,
                                drop_remainder=config.drop_remainder, steps=fixed_steps, training=True)
         b = skip
+        weigh = ClassWeights(config.class_weight) if config.class_weight else None
         for features, labels in batches:
             if (steps is not None and b >= steps) or self.done():
                 break
+            if weigh is not None:
+                labels = weigh(labels)
             n = batch_len(features)
             if not self.checked:
                 check_batch_labels(self.loss, labels, self.net, n, self.metrics)
