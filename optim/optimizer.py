@@ -17,6 +17,7 @@ from optim import losses as L
 from optim import metrics as M
 from optim.callbacks import Callback, run_info
 from optim.data import as_dataset, in_input_order, resolve_batch_size
+from optim.data.holdout import HoldOut, check_split
 from optim.logs import console_error
 from optim.protocol import RunResult, TrainSpec
 from optim.sync import check_sync
@@ -176,6 +177,7 @@ class TFOptimizer:
         sync=None,
         callbacks=None,
         class_weight: dict | None = None,
+        validation_split: float | None = None,
         **distributed_options,
     ) -> History:
         """Trains and returns the history: per-epoch lists of ``loss``, each metric, and their
@@ -202,6 +204,11 @@ class TFOptimizer:
                 A stop in the middle of an epoch writes a checkpoint there. Default: none.
             validation_data: Same forms as ``data``; evaluated at every epoch end (and every
                 ``validate_every`` steps). Default: none.
+            validation_split: A fraction of the training rows held out for validation, as Keras's: the rows a
+                hash of their values (keyed by ``seed``) picks, so the same rows on every attempt and every data
+                road (numpy arrays, a DataFrame, an RDD, Parquet or Delta files; not a ``tf.data`` input);
+                a distributed run's ranks hold out their own rows as they read them. ``validation_data`` wins
+                when both are given. Default: none.
             resume: ``True`` continues the newest run in ``model_dir`` from its newest valid
                 checkpoint; a run id (``last_run["run_id"]`` of an earlier call) continues that run;
                 a checkpoint path continues from that file. ``epochs`` counts from the start of the
@@ -244,7 +251,8 @@ class TFOptimizer:
         verbose = check_verbose(verbose)
         with Interruptible():
             try:
-                dataset, val, batch_size = self._inputs(data, batch_size, validation_data, sample_weight, on_nonfinite)
+                dataset, val, batch_size = self._inputs(data, batch_size, validation_data, sample_weight, on_nonfinite,
+                                                        validation_split, seed)
                 ours = [c for c in (callbacks or []) if isinstance(c, Callback)]  # run here, not in the loop
                 config = self._config(epochs=epochs, batch_size=batch_size, shuffle=shuffle, seed=seed,
                                       validate_every=validate_every, checkpoint_every=checkpoint_every,
@@ -277,8 +285,11 @@ class TFOptimizer:
         config.resume = self._resume_source(config)
         return config
 
-    def _inputs(self, data, batch_size, validation_data, sample_weight, on_nonfinite: str):
-        """``(training data, validation data, batch size)`` as TFDatasets, checked on the driver."""
+    def _inputs(self, data, batch_size, validation_data, sample_weight, on_nonfinite: str, validation_split=None,
+                seed: int = 0):
+        """``(training data, validation data, batch size)`` as TFDatasets, checked on the driver; with
+        ``validation_split`` (and no ``validation_data``, which wins, as in Keras) the rows a seeded hash holds out
+        (:mod:`optim.data.holdout`)."""
         if sample_weight is not None:
             if not (isinstance(data, tuple) and len(data) == 2):
                 raise TypeError("`sample_weight` goes with numpy data given as (features, labels); for a tf.data.Dataset, "
@@ -288,6 +299,9 @@ class TFOptimizer:
         dataset = self._dataset(data, batch_size)
         batch_size = resolve_batch_size(dataset, batch_size)
         val = self._dataset(validation_data, batch_size) if validation_data is not None else None
+        fraction = check_split(validation_split)
+        if fraction is not None and val is None:
+            dataset, val = dataset.hold_out(HoldOut(fraction, seed))
         dataset = self._checked(dataset, on_nonfinite, "the training data")
         val = self._checked(val, on_nonfinite, "the validation data", training=False)
         return dataset, val, batch_size

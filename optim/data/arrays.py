@@ -167,6 +167,11 @@ class ArrayDataset(DataAdapter):
     def for_ranks(self, host, cleanup) -> Shipped:
         return Shipped(host.ship(self, cleanup))
 
+    def hold_out(self, holdout):
+        """The rows ``holdout`` keeps for validation, split off here: ``(training rows, validation rows)``."""
+        held = holdout.mask(list(self.features) + list(self.labels or []))
+        return self.subset(np.flatnonzero(~held)), self.subset(np.flatnonzero(held))
+
     def carried_bytes(self) -> int:
         return sum(int(np.asarray(a).nbytes) for a in list(self.features) + list(self.labels or []))
 

@@ -223,6 +223,17 @@ class DataAdapter:
             "Distributed validation data must be numpy arrays, a TFDataset (from_ndarrays, from_tf_data, from_dataframe, "
             f"from_rdd, from_parquet). Received: {type(self).__name__}")
 
+    def hold_out(self, holdout) -> tuple[DataAdapter, DataAdapter | None]:
+        """``validation_split``: ``(training data, validation data)`` without and with the rows ``holdout`` (an
+        :class:`optim.data.holdout.HoldOut`) holds out; validation data of None means each rank holds out its own
+        rows as it reads them.
+
+        Raises:
+            ValueError: data whose rows cannot be split (a ``tf.data`` input).
+        """
+        raise ValueError(f"`validation_split` holds out rows of numpy arrays, a DataFrame, an RDD or Parquet files; "
+                         f"{type(self).__name__} has no rows to split: pass validation_data.")
+
     def carried_bytes(self) -> int:
         """The bytes that travel with the job when this is staged (numpy arrays); 0 for data the ranks read."""
         return 0

@@ -90,6 +90,7 @@ class DataFrameDataset(ColumnDataset):
         self._set_weight(weight_col, label_cols)
         self._check_present(list(df.columns))
         self.types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+        self.holdout = None  # validation_split: an optim.data.holdout.HoldOut, applied on the ranks
         # Spark ML Vector columns are read through a hidden array column (vector_to_array)
         self.df, self.vectors = vectors_as_arrays(df, [c for s in self.features + self.labels for c in s.columns])
         if self.vectors:
@@ -117,6 +118,15 @@ class DataFrameDataset(ColumnDataset):
                                self.shuffle_buffer, self.prefetch, self.block_rows, self.local_dir, self.weight)
         return ArrowShard(tuple(self.features), tuple(self.labels), self.single_label, self.augment, self.weight)
 
+    def held_out_reader(self):
+        """A reader that splits a partition into ``(training, validation)`` by the hold-out's hash."""
+        rule = (self.holdout, self.data_columns())
+        reader = self.shard_reader()
+        if isinstance(reader, StreamShard):
+            return SplitStreamShard(reader, self.weight, holdout=rule)
+        return SplitShard(reader, ArrowShard(tuple(self.features), tuple(self.labels), self.single_label,
+                                             weight=self.weight), holdout=rule)
+
     def to_local(self) -> ArrayDataset:
         """Collects the whole DataFrame to the driver (for validation data)."""
         table = self.df.select(*self.columns()).toArrow()
@@ -128,13 +138,24 @@ class DataFrameDataset(ColumnDataset):
 
     # ------------------------------------------------------------ over Spark
 
+    def hold_out(self, holdout):
+        """Each rank holds out its own rows as it reads its partition (:mod:`optim.data.holdout`)."""
+        import copy
+
+        out = copy.copy(self)
+        out.holdout = holdout
+        return out, None
+
     def stage(self, host, n, per_rank, *, cleanup, validation=None, timeout_s=600.0) -> Staged:
         """The DataFrame with ``n`` partitions: balanced by the session (``host.balance``), or, with a
-        DataFrame of validation data, both in one (:func:`with_validation`)."""
+        DataFrame of validation data, both in one (:func:`with_validation`); with a hold-out
+        (``validation_split``), each rank splits its partition as it reads it."""
         if isinstance(validation, DataFrameDataset):
             frame, reader = with_validation(self, validation, n)
             return Staged(FrameRankData(reader), frame=frame)
         frame = host.balance(self.df.select(*self.columns()), n, per_rank, timeout_s)
+        if self.holdout is not None and validation is None:
+            return Staged(FrameRankData(self.held_out_reader()), frame=frame)
         shipped = None if validation is None else validation.for_ranks(host, cleanup)
         return Staged(FrameRankData(self.shard_reader(), shipped), frame=frame)
 

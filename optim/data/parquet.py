@@ -148,6 +148,7 @@ class ParquetDataset(ColumnDataset):
         wanted = {c: schema.field(c).type for c in self.columns() if c not in self.partition_types}
         self.file_rows = [self._footer(f, name, wanted) for f, name in enumerate(self.files)]
         self.check = None
+        self.holdout = None  # validation_split: an optim.data.holdout.HoldOut, applied on the ranks
 
     def _footer(self, index: int, name: str, wanted: dict) -> int:
         """Reads file ``index``'s footer: its row groups go into :attr:`groups`; returns its rows.
@@ -209,14 +210,38 @@ class ParquetDataset(ColumnDataset):
         """How errors name a row of these files (its file and its row in it)."""
         return FileRows(self.files, np.concatenate([[0], np.cumsum(self.file_rows)]).astype(np.int64))
 
-    def shard(self, rank: int, size: int) -> stream.StreamedDataset:
-        """Rank ``rank``'s rows as a stream."""
+    def _source(self, rank: int, size: int) -> ParquetSource:
         file_columns = [c for c in self.columns() if c not in self.partition_types]
-        source = ParquetSource(self.path, self.storage_options, self.files, self.pieces(rank, size), file_columns,
-                               self.partition_values, self.partition_types, self.locate().starts)
+        return ParquetSource(self.path, self.storage_options, self.files, self.pieces(rank, size), file_columns,
+                             self.partition_values, self.partition_types, self.locate().starts)
+
+    def shard(self, rank: int, size: int, source=None, checked: bool = True) -> stream.StreamedDataset:
+        """Rank ``rank``'s rows as a stream (``source``: those rows, filtered; default: all of them)."""
         decoder = stream.Decoder(self.features, self.labels, self.single_label, rank, self.weight, self.locate())
-        on_batch = BatchCheck(self.check, self.locate()) if self.check is not None else None
-        return stream.StreamedDataset(source, decoder, self.augment, self.shuffle_buffer, self.prefetch, on_batch)
+        on_batch = BatchCheck(self.check, self.locate()) if self.check is not None and checked else None
+        return stream.StreamedDataset(source or self._source(rank, size), decoder, self.augment if checked else None,
+                                      self.shuffle_buffer, self.prefetch, on_batch)
+
+    def held_out_shards(self, rank: int, size: int, holdout) -> tuple[stream.StreamedDataset, stream.StreamedDataset]:
+        """Rank ``rank``'s rows split by ``holdout`` (``validation_split``): ``(training, validation)`` streams. The
+        rows are read once first, to know which are held out (the hash is of their values)."""
+        source = self._source(rank, size)
+        reader = source.open()
+        try:
+            held = [holdout.mask_arrow(reader.read(b), self.data_columns()) for b in range(len(source.block_rows))]
+        finally:
+            reader.close()
+        train = self.shard(rank, size, stream.FilteredSource(source, [~h for h in held]))
+        val = self.shard(rank, size, stream.FilteredSource(source, held), checked=False)
+        return train, val
+
+    def hold_out(self, holdout):
+        """Each rank holds out its own rows as it reads them (:mod:`optim.data.holdout`)."""
+        import copy
+
+        out = copy.copy(self)
+        out.holdout = holdout
+        return out, None
 
     def batches(self, batch_size, *, epoch=0, seed=0, shuffle=True, skip=0, rank=0, size=1,
                 drop_remainder=False, steps=None, training=False):
@@ -247,7 +272,11 @@ class ParquetRankData(RankData):
     def open(self, rows, rank: int, size: int, env: RankEnv) -> Opened:
         for _ in rows:  # the placeholder partition carries nothing
             pass
-        return Opened(self.data.with_checks(env.checks(f"rank {rank}'s rows")), self.open_validation())
+        data = self.data.with_checks(env.checks(f"rank {rank}'s rows"))
+        if data.holdout is not None and self.validation is None:
+            train, val = data.held_out_shards(rank, size, data.holdout)
+            return Opened(train, val)
+        return Opened(data, self.open_validation())
 
     def evaluate(self, rows, partition: int, size: int):
         for _ in rows:

@@ -66,19 +66,28 @@ class ArrowShard:
                             weights=w)
 
 
+def held_mask(batch, holdout=None) -> pa.Array:
+    """Which rows of ``batch`` are validation rows: :data:`SPLIT_COLUMN`, or those ``holdout`` holds out (a pair of an
+    :class:`~optim.data.holdout.HoldOut` and the columns it hashes: ``validation_split``)."""
+    if holdout is None:
+        return batch.column(batch.schema.get_field_index(SPLIT_COLUMN))
+    rule, columns = holdout
+    return pa.array(rule.mask_arrow(batch, columns))
+
+
 class SplitShard:
     """``(batches, partition) -> (training ArrayDataset, validation ArrayDataset or None)``, split by
-    :data:`SPLIT_COLUMN`; only the training shard is augmented."""
+    :data:`SPLIT_COLUMN` (or by ``holdout``: :func:`held_mask`); only the training shard is augmented."""
 
-    def __init__(self, reader: ArrowShard, val_reader: ArrowShard):
-        self.reader, self.val_reader = reader, val_reader
+    def __init__(self, reader: ArrowShard, val_reader: ArrowShard, holdout=None):
+        self.reader, self.val_reader, self.holdout = reader, val_reader, holdout
 
     def __call__(self, batches, partition: int, presharded: bool = True):
         import pyarrow.compute as pc
 
         train, val = [], []
         for batch in batches:
-            mask = batch.column(batch.schema.get_field_index(SPLIT_COLUMN))
+            mask = held_mask(batch, self.holdout)
             train.append(batch.filter(pc.invert(mask)))
             val.append(batch.filter(mask))
         shard = self.reader(train, partition, presharded)
@@ -179,8 +188,8 @@ class SplitStreamShard:
     """:class:`SplitShard` streamed: one read of the partition into two local copies, the training rows
     (checked) and the validation rows."""
 
-    def __init__(self, reader: StreamShard, val_weight: TensorColumns | None = None):
-        self.reader, self.val_weight = reader, val_weight
+    def __init__(self, reader: StreamShard, val_weight: TensorColumns | None = None, holdout=None):
+        self.reader, self.val_weight, self.holdout = reader, val_weight, holdout
         self.local_dir = reader.local_dir
 
     def spool(self, batches, partition: int, folder: str, name: str, check=None):
@@ -190,7 +199,7 @@ class SplitStreamShard:
         counts = {"train": 0, "val": 0}
 
         def route(batch):
-            mask = batch.column(batch.schema.get_field_index(SPLIT_COLUMN))
+            mask = held_mask(batch, self.holdout)
             batch = batch.select([i for i, n in enumerate(batch.schema.names) if n != SPLIT_COLUMN])
             out = {}
             for key, part in (("train", batch.filter(pc.invert(mask))), ("val", batch.filter(mask))):

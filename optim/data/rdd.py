@@ -28,6 +28,7 @@ class RDDDataset(DataAdapter):
         self.rdd = rdd
         self.batch_size = batch_size
         self.has_labels = True
+        self.holdout = None  # validation_split: an optim.data.holdout.HoldOut, applied on the ranks
         from optim.spark.warm_up import ensure_warm_up
 
         ensure_warm_up(getattr(rdd, "context", None))
@@ -39,10 +40,18 @@ class RDDDataset(DataAdapter):
     def num_batches(self, batch_size, **kw):
         return None
 
+    def hold_out(self, holdout):
+        """Each rank holds out its own records as it reads them (:mod:`optim.data.holdout`)."""
+        import copy
+
+        out = copy.copy(self)
+        out.holdout = holdout
+        return out, None
+
     def stage(self, host, n, per_rank, *, cleanup, validation=None, timeout_s=600.0) -> Staged:
         records = host.balance_records(self.rdd, n, per_rank, timeout_s)
         shipped = None if validation is None else validation.for_ranks(host, cleanup)
-        return Staged(RecordRankData(shipped), records=records)
+        return Staged(RecordRankData(shipped, self.holdout if validation is None else None), records=records)
 
     def for_ranks(self, host, cleanup) -> Shipped:
         return self.to_local().for_ranks(host, cleanup)
@@ -68,11 +77,15 @@ class RecordShard:
 class RecordRankData(RankData):
     """A rank's partition of records, read whole and checked."""
 
-    def __init__(self, validation: Shipped | None = None):
-        self.validation = validation
+    def __init__(self, validation: Shipped | None = None, holdout=None):
+        self.validation, self.holdout = validation, holdout
 
     def open(self, rows: Iterable, rank: int, size: int, env: RankEnv) -> Opened:
-        return Opened(env.check_values(RecordShard()(rows, rank), f"partition {rank}"), self.open_validation())
+        shard = RecordShard()(rows, rank)
+        if self.holdout is not None:
+            train, val = shard.hold_out(self.holdout)
+            return Opened(env.check_values(train, f"partition {rank}"), val)
+        return Opened(env.check_values(shard, f"partition {rank}"), self.open_validation())
 
     def evaluate(self, rows: Iterable, partition: int, size: int):
         return RecordShard()(rows, partition), 0, 1

@@ -40,7 +40,8 @@ from optim.data.decode import row_weights
 from optim.errors import DataError
 from optim.losses import SampleWeighted
 
-__all__ = ["DEFAULT_BLOCK_ROWS", "DEFAULT_PREFETCH", "DEFAULT_SHUFFLE_BUFFER", "ROW_COLUMN", "Decoder", "Prefetch",
+__all__ = ["DEFAULT_BLOCK_ROWS", "DEFAULT_PREFETCH", "DEFAULT_SHUFFLE_BUFFER", "ROW_COLUMN", "Decoder", "FilteredSource",
+           "Prefetch",
            "StreamedDataset", "ArrowStream", "Window", "numbered", "positions", "rebatch",
            "row_batches", "windows"]
 
@@ -300,6 +301,31 @@ class BlockSource:
 
     def release(self) -> None:
         """Removes what the source holds (a local copy); a no-op for files it does not own."""
+
+
+class FilteredSource(BlockSource):
+    """Some rows of another source's blocks: ``keep[b]`` (a boolean per row of block ``b``) says which."""
+
+    def __init__(self, source: BlockSource, keep: list[np.ndarray]):
+        self.source, self.keep = source, [np.asarray(k, bool) for k in keep]
+        self.block_rows = [int(k.sum()) for k in self.keep]
+
+    def open(self):
+        return _FilteredReader(self.source.open(), self.keep)
+
+    def release(self) -> None:
+        self.source.release()
+
+
+class _FilteredReader:
+    def __init__(self, reader, keep: list[np.ndarray]):
+        self.reader, self.keep = reader, keep
+
+    def read(self, block: int) -> pa.Table:
+        return self.reader.read(block).filter(pa.array(self.keep[block]))
+
+    def close(self) -> None:
+        self.reader.close()
 
 
 class StreamedDataset(DataAdapter):

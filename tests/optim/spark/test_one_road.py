@@ -249,3 +249,30 @@ def test_a_hive_partition_column_trains_as_a_label(spark, tmp_path):
     opt = TFOptimizer(dense_net(), SCE, optim.Adam(0.05), metrics=["accuracy"])
     opt.optimize(data, epochs=4, batch_size=40, num_workers=2, verbose=0)
     assert opt.evaluate((x.reshape(len(x), 64), y))["accuracy"] > 0.85
+
+
+def test_validation_split_holds_out_the_same_rows_on_every_road(spark, tmp_path):
+    """``validation_split=0.25``: numpy arrays split on the driver; a DataFrame and the Parquet files Spark wrote
+    from it split on the ranks as they read their rows. The rows held out are the same on every road (a hash of
+    their values, keyed by the seed): each run's last validation accuracy is the evaluation of those very rows."""
+    from optim.data.holdout import HoldOut
+
+    x, y = digits.load()
+    x, y = x[:320].reshape(320, 64), y[:320]
+    held = HoldOut(0.25, seed=5).mask([x, y])
+    assert 50 < held.sum() < 110
+    df = frame(spark, {"pixels": x.tolist(), "label": y.tolist()}, "pixels array<float>, label long")
+    folder = written(df, tmp_path / "split")
+    roads = {"arrays": (x, y), "dataframe": TFDataset.from_dataframe(df, "pixels", "label"),
+             "parquet": TFDataset.from_parquet(folder, "pixels", "label")}
+    for road, data in roads.items():
+        opt = TFOptimizer(dense_net(), SCE, optim.Adam(0.02), metrics=["accuracy"])
+        history = opt.optimize(data, epochs=2, batch_size=16, seed=5, validation_split=0.25, num_workers=2,
+                               verbose=0)
+        on_held = opt.evaluate((x[held], y[held]))
+        assert history["val_accuracy"][-1] == pytest.approx(on_held["accuracy"], abs=1e-6), road
+        assert history["val_loss"][-1] == pytest.approx(on_held["loss"], rel=1e-4), road
+        assert sum(opt.last_run["rows"]) == int((~held).sum()), road  # the ranks trained on the rest only
+    with pytest.raises(ValueError, match=r"`validation_split` must be a fraction between 0 and 1. Received: "
+                                         r"validation_split=1.5"):
+        TFOptimizer(dense_net(), SCE, optim.SGD(0.1)).optimize((x, y), validation_split=1.5, verbose=0)
