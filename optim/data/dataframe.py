@@ -73,15 +73,19 @@ class DataFrameDataset(ColumnDataset):
         prefetch: With ``streaming``, decoded batches made ahead of the step. Default 2.
         local_dir: With ``streaming``, the folder on each executor for the local copies. Default: Spark's
             local dir (``spark.local.dir``, ``SPARK_LOCAL_DIRS``).
+        decode_once: With ``streaming``, encoded images are decoded once, as the partition is stored, and the
+            local copy holds their pixels (float32: 48 KiB a 64x64x3 row), so no epoch decodes them again;
+            False keeps them encoded on disk (smaller) and decodes each batch every epoch. Default True.
     """
 
     distributed = True
 
     def __init__(self, df, feature_cols, label_cols=None, feature_shapes=None, batch_size: int | None = None,
                  augment=None, weight_col: str | None = None, streaming: bool = True, shuffle_buffer: int = stream.DEFAULT_SHUFFLE_BUFFER,
-                 prefetch: int = stream.DEFAULT_PREFETCH, local_dir: str | None = None):
+                 prefetch: int = stream.DEFAULT_PREFETCH, local_dir: str | None = None, decode_once: bool = True):
         self.batch_size = batch_size
         self.local_dir = local_dir
+        self.decode_once = bool(decode_once)
         self.augment = augment
         self.streaming = bool(streaming)
         self.shuffle_buffer, self.prefetch = _positive("shuffle_buffer", shuffle_buffer), _positive("prefetch", prefetch)
@@ -115,7 +119,8 @@ class DataFrameDataset(ColumnDataset):
         disk (training) or reads it once (evaluation); else ``(arrow_batches, partition) -> ArrayDataset``."""
         if self.streaming:
             return StreamShard(tuple(self.features), tuple(self.labels), self.single_label, self.augment,
-                               self.shuffle_buffer, self.prefetch, self.block_rows, self.local_dir, self.weight)
+                               self.shuffle_buffer, self.prefetch, self.block_rows, self.local_dir, self.weight,
+                               decode_images=self.decode_once)
         return ArrowShard(tuple(self.features), tuple(self.labels), self.single_label, self.augment, self.weight)
 
     def held_out_reader(self):

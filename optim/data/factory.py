@@ -45,7 +45,7 @@ class TFDataset(abc.ABC):  # noqa: B024 - a virtual base: the adapters register 
     def from_dataframe(df, feature_cols, label_cols=None, feature_shapes=None, batch_size: int | None = None,
                        augment=None, weight_col: str | None = None, *, streaming: bool = True,
                        shuffle_buffer: int = stream.DEFAULT_SHUFFLE_BUFFER, prefetch: int = stream.DEFAULT_PREFETCH,
-                       local_dir: str | None = None) -> DataFrameDataset:
+                       local_dir: str | None = None, decode_once: bool = True) -> DataFrameDataset:
         """A Spark DataFrame; see :class:`optim.data.dataframe.DataFrameDataset`. ``batch_size``, as
         Analytics Zoo's TFDataset took it, is the global batch ``optimize`` uses by default;
         ``augment`` runs on the ranks, on training batches only; ``weight_col`` names a column of
@@ -54,10 +54,12 @@ class TFDataset(abc.ABC):  # noqa: B024 - a virtual base: the adapters register 
         memory does not grow with its rows; ``streaming=False`` decodes the whole partition into memory
         first. ``shuffle_buffer`` (rows of a shuffle window, default 2048) and ``prefetch`` (decoded
         batches made ahead of the step, default 2) set a streaming rank's memory with the batch;
-        ``local_dir`` is where the local copies go (default: Spark's local dir)."""
+        ``local_dir`` is where the local copies go (default: Spark's local dir). With ``decode_once`` (the
+        default) a streamed rank decodes encoded images once, as it stores its partition, and every epoch reads
+        their pixels from the local copy."""
         return DataFrameDataset(df, feature_cols, label_cols, feature_shapes, batch_size, augment, weight_col,
                                 streaming=streaming, shuffle_buffer=shuffle_buffer, prefetch=prefetch,
-                                local_dir=local_dir)
+                                local_dir=local_dir, decode_once=decode_once)
 
     @staticmethod
     def from_parquet(path, feature_cols, label_cols=None, feature_shapes=None, storage_options=None,

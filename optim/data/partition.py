@@ -105,10 +105,12 @@ class StreamShard:
     evaluation, read once batch by batch (:meth:`__call__`)."""
 
     def __init__(self, features, labels, single_label, augment, shuffle_buffer, prefetch, block_rows, local_dir=None,
-                 weight: TensorColumns | None = None):
+                 weight: TensorColumns | None = None, decode_images: bool = True):
         self.features, self.labels, self.single_label, self.augment = features, labels, single_label, augment
         self.shuffle_buffer, self.prefetch, self.block_rows = shuffle_buffer, prefetch, block_rows
         self.local_dir, self.weight = local_dir, weight
+        #: store encoded images decoded (once, as the partition is stored) rather than decode them every epoch
+        self.decode_images = decode_images
 
     def __call__(self, batches, partition: int, presharded: bool = True) -> stream.ArrowStream:
         return stream.ArrowStream(batches, self.decoder(partition))
@@ -136,9 +138,9 @@ class StreamShard:
 
 class CheckedParts:
     """Each numbered part of a partition, checked as it is stored: the rows of number columns read (a bad
-    row raises BadRowError, as in memory), image columns checked for nulls (an image that does not
-    decode raises when its batch is decoded), and ``check`` run on what was read; rows it leaves out are
-    dropped."""
+    row raises BadRowError, as in memory), image columns decoded and stored as pixels (``decode_images``: an
+    image that does not decode raises here, naming its row; without it they are checked for nulls and decoded
+    each epoch), and ``check`` run on what was read; rows it leaves out are dropped."""
 
     def __init__(self, reader: StreamShard, partition: int, check=None):
         self.reader, self.partition, self.check = reader, partition, check
@@ -157,6 +159,13 @@ class CheckedParts:
                 col = batch.column(batch.schema.get_field_index(c))
                 binary = pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)
                 if len(spec.columns) == 1 and binary and is_image_shape(spec.shape):
+                    if self.reader.decode_images:  # decoded once here; every epoch then reads pixels
+                        pixels = read_column(col, ColumnRead(shape=spec.shape), on_bad="raise", column=c,
+                                             partition=self.partition, row_offset=first).values
+                        batch = batch.set_column(batch.schema.get_field_index(c), c, pa.FixedSizeListArray.from_arrays(
+                            pa.array(pixels.reshape(-1)), int(np.prod(spec.shape))))
+                        parts.append(pixels)
+                        break
                     if col.null_count:
                         row = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
                         raise NULL.error(c, first + row, self.partition)
