@@ -25,6 +25,11 @@ or :data:`LINK_PREFIX` (links in the root namespace) and the creating process's 
 removes those of processes that no longer run (a run that was killed), and :meth:`Network.stop` its
 own on every way out: the processes still inside its namespaces are killed first. Every command has
 a timeout.
+
+Faults on one host (issue 42): :meth:`Network.partition` cuts it off (``iptables`` DROP of everything in and out
+of its ``eth0``) and :meth:`Network.heal` joins it again; :meth:`Network.impair` makes its link lossy (a random
+fraction of what it sends dropped: ``-m statistic``) or slow (what it sends held ``delay_ms`` in its own namespace
+by :mod:`tests.netns_delay` on a netfilter queue), as ``netem loss``/``netem delay`` on the link's end would.
 """
 
 from __future__ import annotations
@@ -210,6 +215,7 @@ class Network:
         self._made: list[tuple[str, str]] = []  # ("ns", name) / ("link", name), to take away
         self._delay: subprocess.Popen | None = None
         self.delay_stats: dict | None = None
+        self._impaired: dict[str, tuple[list[list[str]], subprocess.Popen | None]] = {}  # host name -> (rules, delay)
 
     # ------------------------------------------------------------ making it
 
@@ -361,6 +367,71 @@ class Network:
             raise ValueError("The root host is this machine: it cannot be killed.")
         _kill_namespace(host.ns)
 
+    # ------------------------------------------------------------ faults on one host
+
+    _CUT = (["INPUT", "-i", "eth0", "-j", "DROP"], ["OUTPUT", "-o", "eth0", "-j", "DROP"])
+
+    def partition(self, host: Host) -> None:
+        """Cuts ``host`` off: every packet into or out of its link dropped (its processes run on, unreachable)."""
+        if host.ns is None:
+            raise ValueError("The root host is this machine: it cannot be cut off.")
+        for rule in self._CUT:
+            sh("iptables", "-w", "-I", rule[0], "1", *rule[1:], ns=host.ns)
+
+    def heal(self, host: Host) -> None:
+        """Undoes :meth:`partition`."""
+        for rule in self._CUT:
+            sh("iptables", "-w", "-D", *rule, ns=host.ns, check=False)
+
+    def impair(self, host: Host, loss: float = 0.0, delay_ms: float = 0.0) -> None:
+        """What ``host`` sends is dropped with probability ``loss`` and held ``delay_ms`` before it leaves (one end
+        of its link, as ``netem loss`` and ``netem delay`` on it). :meth:`unimpair` takes it away."""
+        if host.ns is None:
+            raise ValueError("The root host is this machine: impair a namespaced host.")
+        self.unimpair(host)
+        rules, delay = [], None
+        if delay_ms:
+            stats = os.path.join(self.dir, f"delay-{host.name}.json")
+            delay = subprocess.Popen(["ip", "netns", "exec", host.ns, sys.executable, "-m", "tests.netns_delay", "1",
+                                      str(delay_ms), stats], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                     stderr=open(os.path.join(self.dir, f"delay-{host.name}.log"), "wb"),
+                                     start_new_session=True)
+            deadline = time.monotonic() + 20
+            while not os.path.exists(stats + ".ready"):
+                if delay.poll() is not None or time.monotonic() > deadline:
+                    raise NetworkSetupError(f"The delay on {host.name} did not start.")
+                time.sleep(0.05)
+            rules.append(["OUTPUT", "-o", "eth0", "-j", "NFQUEUE", "--queue-num", "1", "--queue-bypass"])
+        if loss:
+            rules.append(["OUTPUT", "-o", "eth0", "-m", "statistic", "--mode", "random", "--probability", str(loss),
+                          "-j", "DROP"])
+        for rule in rules:
+            sh("iptables", "-w", "-I", rule[0], "1", *rule[1:], ns=host.ns)
+        self._impaired[host.name] = (rules, delay)
+
+    def unimpair(self, host: Host) -> None:
+        """Takes :meth:`impair` away (the rules, then the delay's process)."""
+        rules, delay = self._impaired.pop(host.name, ([], None))
+        for rule in rules:
+            sh("iptables", "-w", "-D", *rule, ns=host.ns, check=False)
+        if delay is not None and delay.poll() is None:
+            os.killpg(delay.pid, signal.SIGTERM)
+            try:
+                delay.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(delay.pid, signal.SIGKILL)
+                delay.wait(10)
+
+    def dropped(self, host: Host) -> int:
+        """Packets :meth:`impair` and :meth:`partition` have dropped on ``host`` (its DROP rules' counters)."""
+        total = 0
+        for chain in ("INPUT", "OUTPUT"):
+            for line in sh("iptables", "-w", "-nvxL", chain, ns=host.ns).splitlines():
+                parts = line.split()
+                if len(parts) > 2 and parts[0].isdigit() and parts[2] == "DROP":
+                    total += int(parts[0])
+        return total
+
     def count_traffic(self) -> None:
         """Starts counting the bytes each namespaced host sends to each other host (iptables
         rules without a target in its ``OUTPUT`` chain); read them with :meth:`sent_bytes`."""
@@ -405,6 +476,8 @@ class Network:
     def stop(self) -> None:
         """Stops the switch's delay (its figures go to ``delay_stats``), kills every process in the
         network's namespaces, then removes them and the links. Safe to call twice."""
+        for host in [h for h in self.hosts if h.name in self._impaired]:
+            self.unimpair(host)
         if self._delay is not None:
             if self._delay.poll() is None:
                 os.killpg(self._delay.pid, signal.SIGTERM)

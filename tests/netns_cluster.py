@@ -25,19 +25,29 @@ __all__ = ["NetnsCluster"]
 
 class NetnsCluster(StandaloneCluster):
     """A master on ``network``'s services host and one worker (``cores`` cores) on each of its hosts.
+    ``worker_timeout_s``: Spark's ``spark.worker.timeout`` for the master and the workers (the master declares a
+    worker lost, and its executors with it, after that long without a heartbeat; Spark's default is 60 s).
 
     Attributes:
         hosts: The host each worker runs on, by worker index.
     """
 
-    def __init__(self, network: Network, cores: int = 1, memory: str = "2g"):
+    def __init__(self, network: Network, cores: int = 1, memory: str = "2g", worker_timeout_s: int | None = None):
         if network.services is None:
             raise ValueError("NetnsCluster runs its master on the network's services host: make the Network with "
                              "services=True.")
         super().__init__(workers=len(network.hosts), cores=cores, memory=memory, host=network.services.address)
         self.network = network
+        self.worker_timeout_s = worker_timeout_s
         self.hosts: list[Host] = []
         self.s3: subprocess.Popen | None = None
+
+    def _env(self, **extra) -> dict:
+        env = super()._env(**extra)
+        if self.worker_timeout_s:
+            env["SPARK_DAEMON_JAVA_OPTS"] = (env.get("SPARK_DAEMON_JAVA_OPTS", "") +
+                                             f" -Dspark.worker.timeout={int(self.worker_timeout_s)}").strip()
+        return env
 
     def _spawn(self, role: str, log: str, wrap=None, **env) -> subprocess.Popen:
         if role == "master":

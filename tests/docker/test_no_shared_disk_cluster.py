@@ -2,7 +2,8 @@
 each container its own /shared), as on separate hosts: a distributed fine-tuning run on digits keeps its
 model_dir on an S3 server (moto, on this host, reached from the containers as host.docker.internal),
 loses a `docker kill`ed worker container that does not come back, goes on with one rank from the checkpoint
-in the store (``min_workers=1``: elastic training on the compose cluster), and finishes."""
+in the store (``min_workers=1``: elastic training on the compose cluster), and finishes: from that checkpoint bit
+for bit, and taking each row once in every epoch it trains whole (issue 42)."""
 
 import json
 import os
@@ -167,3 +168,19 @@ def test_fine_tuning_on_s3_goes_on_with_one_rank_after_a_killed_worker_container
         client.download_file(BUCKET, key, str(path))
         steps.append(CheckpointManager.load(str(path)).step)
     assert max(steps) == EPOCHS * STEPS_PER_EPOCH, steps
+    # the one-rank attempt started from the checkpoint it names, bit for bit (weights and Adam's moments) ...
+    from tests import digits
+    from tests.elastic_checks import checkpoint_digest, data_fingerprint, full_epochs
+
+    shrunk = res["last_run"]["attempt_log"][-1]
+    resumed = tmp_path / "resumed.npz"
+    client.download_file(BUCKET, shrunk["resumed_from"][len(f"s3://{BUCKET}/"):], str(resumed))
+    assert shrunk["start_sha256"] == checkpoint_digest(str(resumed)), shrunk
+    # ... and each epoch it trained whole took each of the 1,024 rows once
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="kill/run/ranks/")
+    tallies = [json.loads(client.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read())
+               for page in pages for o in page.get("Contents", []) if re.search(r"/epochs-a\d+-r\d+\.json$", o["Key"])]
+    whole = full_epochs(tallies, STEPS_PER_EPOCH)
+    x, y = digits.load()
+    assert any(a == shrunk["attempt"] for a, _ in whole), sorted(whole)
+    assert all(v == data_fingerprint(x[:1024], y[:1024]) for v in whole.values()), whole

@@ -1,13 +1,13 @@
 """A user's driver script for tests/optim/spark/test_hosts.py, run as its own process on the test
 network's root host against a cluster whose workers are hosts of their own (:mod:`tests.netns_cluster`):
 
-    python -m tests.optim.spark.hosts_driver MASTER_URL DRIVER_HOST MODEL_DIR S3_ENDPOINT EPOCHS MIN_WORKERS ELASTIC_WAIT STEP_SLEEP
+    python -m tests.optim.spark.hosts_driver MASTER_URL DRIVER_HOST MODEL_DIR S3_ENDPOINT EPOCHS MIN_WORKERS ELASTIC_WAIT STEP_SLEEP [TIMEOUT]
 
 It fine-tunes the digits CNN on 1,024 rows as a DataFrame (2 ranks wanted, global batch 32, Adam) with
 ``model_dir`` on the S3 server at S3_ENDPOINT (dummy keys, given as ``storage_options``), and prints
-``RESULT`` with the run's summary and the accuracy on the other 773 rows (held out). STEP_SLEEP > 0
+``RESULT`` with the run's summary, the accuracy on the other 773 rows (held out) and when it printed. STEP_SLEEP > 0
 makes every step that much slower (an update hook that sleeps; the numbers are unchanged), so that a
-test has time to lose a host during the run.
+test has time to lose a host during the run. TIMEOUT: the seconds a rank may go without a step (default 60).
 """
 
 import json
@@ -18,6 +18,7 @@ import time
 
 def main() -> None:
     url, host, model_dir, endpoint, epochs, min_workers, wait, sleep = sys.argv[1:9]
+    timeout = float(sys.argv[9]) if len(sys.argv) > 9 else 60.0
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
@@ -45,11 +46,16 @@ def main() -> None:
     opt = TFOptimizer(net, optim.losses.SparseCategoricalCrossentropy(from_logits=True), optim.Adam(0.005),
                       metrics=["accuracy"], model_dir=model_dir, storage_options=options)
     history = opt.optimize(data, epochs=int(epochs), batch_size=32, num_workers=2, min_workers=int(min_workers),
-                           elastic_wait=float(wait), checkpoint_every=8, verbose=2, timeout=60, max_retries=2)
+                           elastic_wait=float(wait), checkpoint_every=8, keep_checkpoints=1000, verbose=2,
+                           timeout=timeout, max_retries=2)
     held_out = opt.evaluate((x[1024:], y[1024:]), batch_size=256)["accuracy"]
     trainable = sum(int(v.shape.num_elements()) for v in net.trainable_variables)
     print("RESULT " + json.dumps({"step": opt.global_step, "last_run": opt.last_run, "history": history,
-                                  "held_out": held_out, "trainable": trainable}), flush=True)
+                                  "held_out": held_out, "trainable": trainable, "time": time.time()}), flush=True)
+    # After a partition this process took 91 s more to end (Spark's shutdown with a host it cannot reach); the test
+    # has what it needs
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,11 @@ import pytest
 
 from optim.errors import DistributedTrainingError
 from optim.spark.driver.elastic import ElasticPolicy, membership
+from optim.training.checkpoint import CheckpointManager
+from tests import digits
 from tests.cluster import ROOT, StandaloneCluster
 from tests.connect_server import ConnectServer
+from tests.elastic_checks import checkpoint_digest, data_fingerprint, full_epochs, same_checkpoints
 
 STEPS_PER_EPOCH = 1024 // 32  # global batch 32, whatever the ranks
 
@@ -39,10 +42,10 @@ def test_the_rank_count_keeps_the_global_batch_whole():
                                                              {"step": 96, "ranks": 2}]
 
 
-def start(cluster, model_dir, epochs, min_workers, wait, sleep, then=None, url=None) -> subprocess.Popen:
+def start(cluster, model_dir, epochs, min_workers, wait, sleep, *options, url=None, stderr=None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "tests.optim.spark.elastic_driver", url or cluster.url, model_dir, str(epochs),
-           str(min_workers), str(wait), str(sleep)] + ([then] if then else [])
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+           str(min_workers), str(wait), str(sleep), *options]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr or subprocess.PIPE, text=True,
                             env=dict(os.environ, PYSPARK_PYTHON=sys.executable))
 
 
@@ -51,7 +54,7 @@ def wait_for(what, ok, driver, timeout=420):
     while not ok():
         if driver.poll() is not None:
             out, err = driver.communicate()
-            pytest.fail(f"the driver ended before {what}:\n{out[-2000:]}\n{err[-4000:]}")
+            pytest.fail(f"the driver ended before {what}:\n{out[-2000:]}\n{(err or '')[-4000:]}")
         if time.time() > deadline:
             pytest.fail(f"no {what} within {timeout} s")
         time.sleep(0.3)
@@ -59,6 +62,25 @@ def wait_for(what, ok, driver, timeout=420):
 
 def checkpointed(model_dir):
     return lambda: bool(glob.glob(os.path.join(model_dir, "checkpoints", "*", "ckpt-*.npz")))
+
+
+def epoch_written(model_dir, attempt, epoch, ranks):
+    """Every rank of ``attempt`` has written its tally of ``epoch`` (it does so as the next epoch starts, after the
+    epoch's checkpoint): the run is past an epoch boundary."""
+    def ok():
+        infos = epoch_infos(model_dir)
+        return sum(1 for i in infos if i["attempt"] == attempt and str(epoch) in i["epochs"]) >= ranks
+    return ok
+
+
+def epoch_infos(model_dir):
+    out = []
+    for path in glob.glob(os.path.join(model_dir, "ranks", "*", "epochs-a*-r*.json")):
+        try:
+            out.append(json.load(open(path)))
+        except (OSError, ValueError):
+            pass
+    return out
 
 
 def running_on(model_dir, size):
@@ -81,10 +103,49 @@ def finish(driver, timeout=900):
     finally:
         if driver.poll() is None:
             driver.kill()
+    err = err or ""
     lines = {line.split(" ", 1)[0]: json.loads(line.split(" ", 1)[1]) for line in out.splitlines()
-             if line.split(" ", 1)[0] in ("RESULT", "RESULT_ERROR", "THEN", "THEN_ERROR")}
+             if line.split(" ", 1)[0] in ("RESULT", "RESULT_ERROR", "THEN", "THEN_ERROR", "RESUMED", "REFERENCE")}
     assert lines, out[-2000:] + err[-5000:]
     return lines, err
+
+
+def checkpoints(model_dir, run_id):
+    """``{step: path}`` of a run's checkpoints."""
+    return {int(os.path.basename(p)[5:14]): p for p in glob.glob(os.path.join(model_dir, "checkpoints", run_id,
+                                                                              "ckpt-*.npz"))}
+
+
+def every_checkpoint_loads(model_dir):
+    paths = glob.glob(os.path.join(model_dir, "checkpoints", "*", "ckpt-*.npz"))
+    assert paths
+    for path in paths:
+        CheckpointManager.load(path)  # raises CheckpointError on a torn or corrupt file
+    return len(paths)
+
+
+def assert_resumed_bit_for_bit(run):
+    """Every attempt that resumed from a checkpoint (a shrink, a growth, a retry) started from exactly what that
+    checkpoint holds: its weights and optimiser state, bit for bit (the digest of what the attempt held, recorded by
+    its rank 0, against the digest of the file computed here)."""
+    resumed = [a for a in run["attempt_log"] if a.get("ok") and a.get("resumed_from")]
+    assert resumed, run["attempt_log"]
+    for a in resumed:
+        assert a["start_sha256"] == checkpoint_digest(a["resumed_from"]), a
+    return resumed
+
+
+def assert_every_row_once_per_epoch(model_dir, last_attempt, epochs, shrink_epoch):
+    """Each epoch an attempt trained whole took each of the 1,024 rows exactly once: before the shrink on two ranks
+    (epoch 0 at least), and after it on one, every epoch after the one it resumed in."""
+    x, y = digits.load()
+    want = data_fingerprint(x[:1024], y[:1024])
+    whole = full_epochs(epoch_infos(model_dir), STEPS_PER_EPOCH)
+    assert (0, 0) in whole, sorted(whole)
+    after = sorted(e for a, e in whole if a == last_attempt)
+    assert after == list(range(shrink_epoch + 1, epochs)) or after == list(range(shrink_epoch, epochs)), sorted(whole)
+    for key, got in whole.items():
+        assert got == want, (key, got, want)
 
 
 @pytest.mark.spark
@@ -92,15 +153,17 @@ def finish(driver, timeout=900):
 @pytest.mark.slow
 def test_a_lost_worker_that_does_not_come_back_shrinks_the_run_of_a_connect_client(tmp_path):
     """From a Spark Connect client of a server on the cluster (the grow test below covers a classic
-    session): the client cannot count slots, so the launcher's probe measures the free ones."""
+    session): the client cannot count slots, so the launcher's probe measures the free ones. The shrunk run starts
+    from its checkpoint bit for bit, takes every row once per epoch on two ranks and then on one, and equals, step
+    for step, an uninterrupted one-rank run from the same checkpoint."""
     model_dir = str(tmp_path / "elastic")
     with StandaloneCluster(workers=2, cores=1) as cluster:
         server = ConnectServer(master=cluster.url, conf={
             "spark.executor.memory": "1g", "spark.executor.cores": "1",
             "spark.executorEnv.TF_CPP_MIN_LOG_LEVEL": "2"}).start()
         try:
-            driver = start(cluster, model_dir, epochs=12, min_workers=1, wait=5, sleep=0.0, url=server.url)
-            wait_for("a checkpoint of the elastic run", checkpointed(model_dir), driver)
+            driver = start(cluster, model_dir, 12, 1, 5, 0.0, "--reference", url=server.url)
+            wait_for("the first epoch on both ranks", epoch_written(model_dir, 0, 0, 2), driver)
             cluster.kill_worker(1)  # its executor and its Python workers; no replacement
             lines, err = finish(driver)
         finally:
@@ -109,15 +172,27 @@ def test_a_lost_worker_that_does_not_come_back_shrinks_the_run_of_a_connect_clie
     res = lines["RESULT"]
     run = res["last_run"]
     assert [m["ranks"] for m in run["membership"]] == [2, 1], run["membership"]
-    assert run["membership"][1]["step"] > 0, "the smaller run went on from a checkpoint, not from step 0"
+    shrink = run["membership"][1]["step"]
+    assert shrink >= STEPS_PER_EPOCH, "the smaller run went on from a checkpoint after the first epoch, not from step 0"
     assert run["states"] == ["starting", "running", "retrying", "shrinking", "running", "finished"], run["states"]
     assert run["num_workers"] == 1 and res["step"] == 12 * STEPS_PER_EPOCH
     assert len(res["history"]["loss"]) == 12
     assert "goes on with 1 rank(s)" in err
-    # the same arithmetic (the global batch whole), but one shard's order after the shrink instead of two,
-    # as another seed gives: the same run without min_workers reached 0.928 to 0.959 on the 773 held-out
-    # rows here, the shrunk ones 0.946 to 0.952; an unbroken run of this length reaches 0.9
+    # the shrunk attempt started from its checkpoint, weights and Adam's moments, bit for bit
+    (shrunk,) = assert_resumed_bit_for_bit(run)
+    assert shrunk["start_step"] == shrink and run["rows"] == [1024], run["rows"]
+    assert_every_row_once_per_epoch(model_dir, shrunk["attempt"], 12, shrink // STEPS_PER_EPOCH)
+    # and it equals, checkpoint by checkpoint, an uninterrupted one-rank run from that checkpoint
+    ref = lines["REFERENCE"]
+    assert ref["last_run"]["attempts"] == 1 and ref["last_run"]["resumed_from"] == shrunk["resumed_from"]
+    steps = same_checkpoints(checkpoints(model_dir, run["run_id"]),
+                             checkpoints(model_dir + "-reference", ref["last_run"]["run_id"]), shrink)
+    assert steps == list(range(shrink + 8, 12 * STEPS_PER_EPOCH + 1, 8)), steps
+    assert ref["history"] == res["history"]
+    # an unbroken run of this length reaches 0.9 (the run without min_workers reached 0.928 to 0.959 on the 773
+    # held-out rows here, the shrunk ones 0.946 to 0.952)
     assert res["held_out"] >= 0.9, res["held_out"]
+    assert every_checkpoint_loads(model_dir) == 12 * STEPS_PER_EPOCH // 8
 
 
 @pytest.mark.spark
@@ -125,32 +200,80 @@ def test_a_lost_worker_that_does_not_come_back_shrinks_the_run_of_a_connect_clie
 @pytest.mark.slow
 def test_the_run_grows_back_when_a_worker_returns_and_min_workers_out_of_reach_is_a_typed_error(tmp_path):
     """A classic session: the run shrinks to 1 rank when a worker is lost and grows back to 2 when one is
-    added. Then, in the same application, a run with ``min_workers=2`` loses a worker: a typed error
-    within ``elastic_wait`` (5 s), naming the slots seen. (Two tests once, one cluster now: the suite's
-    time.)"""
-    model_dir, then_dir = str(tmp_path / "elastic"), str(tmp_path / "then")
+    added; each change starts from its checkpoint bit for bit, and every epoch takes every row once. Then, in the
+    same application, a run with ``min_workers=2`` loses a worker: a typed error after ``elastic_wait`` (5 s, measured
+    from the loss), naming the slots seen, and a resume of that run finishes it on the slot left. Last, a driver is
+    killed while its run waits to shrink: a new driver with ``resume=True`` finishes the run. (One cluster: the
+    suite's time.)"""
+    model_dir, then_dir, killed_dir = str(tmp_path / "elastic"), str(tmp_path / "then"), str(tmp_path / "killed")
     with StandaloneCluster(workers=2, cores=1) as cluster:
-        # 20 ms more per step: the smaller run lasts long enough for a worker to come back
-        driver = start(cluster, model_dir, epochs=16, min_workers=1, wait=10, sleep=0.02, then=then_dir)
-        wait_for("a checkpoint", checkpointed(model_dir), driver)
+        # 50 ms more per step: the smaller run lasts long enough for a worker to come back (with 20 ms it trained its
+        # 15 epochs in 16 s, before the new worker's executor had registered)
+        driver = start(cluster, model_dir, 16, 1, 10, 0.05, "--then", then_dir)
+        wait_for("the first epoch on both ranks", epoch_written(model_dir, 0, 0, 2), driver)
         cluster.kill_worker(1)
         wait_for("the run on 1 rank", running_on(model_dir, 1), driver)
         cluster.add_worker()  # what a cluster manager does, later
         wait_for("a checkpoint of the second run", checkpointed(then_dir), driver)
         cluster.kill_worker(2)  # the worker that came back
+        t_lost = time.time()
         lines, err = finish(driver)
+
+        # the driver killed while its run waits for the lost slot (elastic_wait 60 s): a new driver resumes the run
+        cluster.add_worker()
+        cluster.wait_for_workers(2)
+        log = tmp_path / "killed-driver.log"
+        with open(log, "w") as stderr:
+            first = start(cluster, killed_dir, 2, 1, 60, 0.0, stderr=stderr)
+            wait_for("the first epoch of the run", epoch_written(killed_dir, 0, 0, 2), first)
+            cluster.kill_worker(3)
+            wait_for("the retry", lambda: "retrying from this run's newest checkpoint" in log.read_text(), first)
+            first.kill()
+            first.wait(30)
+        second = start(cluster, killed_dir, 2, 1, 5, 0.0, "--resume")
+        again, again_err = finish(second)
     assert "RESULT" in lines, (lines, err[-4000:])
     res = lines["RESULT"]
-    members = res["last_run"]["membership"]
-    assert [m["ranks"] for m in members] == [2, 1, 2], members
+    run = res["last_run"]
+    members = run["membership"]
+    assert [m["ranks"] for m in members] == [2, 1, 2], (members, run["attempt_log"], err[-6000:])
     steps = [m["step"] for m in members]
-    assert steps[0] == 0 < steps[1] < steps[2] and steps[2] % STEPS_PER_EPOCH == 0, members  # grew at an epoch end
+    assert STEPS_PER_EPOCH <= steps[1] < steps[2] and steps[2] % STEPS_PER_EPOCH == 0, members  # grew at an epoch end
     assert res["step"] == 16 * STEPS_PER_EPOCH and len(res["history"]["loss"]) == 16
-    assert res["last_run"]["num_workers"] == 2 and res["last_run"]["attempts"] == 2, res["last_run"]
+    assert run["num_workers"] == 2 and run["attempts"] == 2, run
     # every path of the run, as the launcher's states went (optim.spark.driver.states)
-    assert res["last_run"]["states"] == ["starting", "running", "retrying", "shrinking", "running", "growing",
-                                         "running", "finished"], res["last_run"]["states"]
+    assert run["states"] == ["starting", "running", "retrying", "shrinking", "running", "growing", "running",
+                             "finished"], run["states"]
     assert "grows to 2 ranks at the next epoch boundary" in err
+    # the shrink waited elastic_wait (10 s) from the failure for the lost slot, on the driver's clock
+    log_ = run["attempt_log"]
+    assert log_[1]["started_s"] - log_[0]["ended_s"] >= 10, log_
+    # the shrink and the growth each started from their checkpoint, bit for bit; every whole epoch took every row once
+    shrunk, grown = assert_resumed_bit_for_bit(run)
+    assert (shrunk["ranks"], grown["ranks"]) == (1, 2) and grown["start_step"] == steps[2]
+    x, y = digits.load()
+    want = data_fingerprint(x[:1024], y[:1024])
+    whole = full_epochs(epoch_infos(model_dir), STEPS_PER_EPOCH)
+    assert {0, 2} <= {a for a, _ in whole} and all(got == want for got in whole.values()), whole
+    assert every_checkpoint_loads(model_dir) >= 16 * STEPS_PER_EPOCH // 8
+
+    # min_workers out of reach: the typed error, after elastic_wait measured from the loss (not read from a message)
     assert "THEN_ERROR" in lines, (lines, err[-4000:])
     assert lines["THEN_ERROR"]["type"] == "DistributedTrainingError"
     assert "offered 1 task slot(s) within 5 s (elastic_wait), fewer than min_workers=2" in lines["THEN_ERROR"]["message"]
+    waited = lines["THEN_ERROR"]["time"] - t_lost
+    assert 5 <= waited < 5 + 60, waited  # elastic_wait, plus Spark noticing a killed worker (seconds)
+    # ... and its last good checkpoint resumes: the run finishes its 6 epochs on the slot left
+    resumed = lines["RESUMED"]
+    assert resumed["step"] == 6 * STEPS_PER_EPOCH and resumed["last_run"]["num_workers"] == 1
+    assert os.path.dirname(os.path.dirname(resumed["last_run"]["resumed_from"])) == os.path.join(then_dir, "checkpoints")
+    assert_resumed_bit_for_bit(resumed["last_run"])
+
+    # the killed driver's run, finished by a new driver from its newest checkpoint
+    assert "RESULT" in again, (again, again_err[-4000:])
+    after = again["RESULT"]
+    assert after["step"] == 2 * STEPS_PER_EPOCH and after["last_run"]["resumed_from"], after["last_run"]
+    first_run = [r for r in os.listdir(os.path.join(killed_dir, "checkpoints")) if r != after["last_run"]["run_id"]]
+    assert len(first_run) == 1 and f"/checkpoints/{first_run[0]}/" in after["last_run"]["resumed_from"]
+    assert_resumed_bit_for_bit(after["last_run"])
+    every_checkpoint_loads(killed_dir)

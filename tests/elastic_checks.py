@@ -1,0 +1,83 @@
+"""Checks that a wrong elastic implementation fails (issue 42), read from what a run leaves in ``model_dir``:
+
+* :func:`checkpoint_digest`: the SHA-256 of a checkpoint's weights and state, computed here from the file alone, for
+  ``attempt_log[i]["start_sha256"]`` (what the attempt held when it started): equal exactly when the attempt started
+  from that checkpoint bit for bit, weights and optimiser state (not from fresh weights, nor without its moments);
+* :func:`full_epochs`: from the ranks' ``epochs-a<attempt>-r<rank>.json`` (:mod:`optim.spark.worker.tally`), the rows
+  and the fingerprint of every epoch an attempt's ranks trained whole; :func:`data_fingerprint` is the data's own;
+  equal exactly when the epoch took every row once (a shrink that dropped the lost rank's rows takes the survivor's
+  rows twice: the same count, another fingerprint);
+* :func:`same_checkpoints`: two runs' checkpoints of the same steps, equal bit for bit (step for step).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+import numpy as np
+
+from optim.spark.worker.tally import fingerprint
+from optim.training.checkpoint import CheckpointManager
+
+_MOD = 1 << 64
+
+
+def checkpoint_digest(path: str, storage_options=None) -> str:
+    """SHA-256 over the checkpoint's weights in order, then its state (the worker method's, then the server
+    method's): each array's dtype, shape and bytes."""
+    ckpt = CheckpointManager.load(path, storage_options)
+    h = hashlib.sha256()
+    for a in [*ckpt.weights.values(), *ckpt.state]:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def data_fingerprint(features, labels) -> tuple[int, int]:
+    """``(rows, fingerprint)`` of the whole data, as the ranks read it."""
+    return fingerprint(features, labels)
+
+
+def full_epochs(infos: list[dict], steps_per_epoch: int) -> dict[tuple[int, int], tuple[int, int]]:
+    """``{(attempt, epoch): (rows, fingerprint)}`` summed over the attempt's ranks, for every epoch that each of the
+    attempt's ``size`` ranks trained from its first batch to its last."""
+    by_attempt: dict[int, list[dict]] = {}
+    for info in infos:
+        by_attempt.setdefault(int(info["attempt"]), []).append(info)
+    out = {}
+    for attempt, ranks in by_attempt.items():
+        if len(ranks) != ranks[0]["size"]:
+            continue  # a rank that never wrote (killed in its first epoch): no epoch of this attempt is whole
+        epochs = set.intersection(*(set(r["epochs"]) for r in ranks))
+        for e in sorted(epochs, key=int):
+            parts = [r["epochs"][e] for r in ranks]
+            if all(p["from_batch"] == 0 and p["batches"] == steps_per_epoch for p in parts):
+                out[(attempt, int(e))] = (sum(p["rows"] for p in parts),
+                                          sum(int(p["fingerprint"]) for p in parts) % _MOD)
+    return out
+
+
+def is_epoch_file(name: str) -> bool:
+    return re.search(r"epochs-a\d+-r\d+\.json$", name) is not None
+
+
+def read_json(data: bytes | str) -> dict:
+    return json.loads(data)
+
+
+def same_checkpoints(ours: dict[int, str], theirs: dict[int, str], from_step: int, storage_options=None) -> list[int]:
+    """The steps after ``from_step`` both runs checkpointed (``{step: path}`` each), having checked that each pair
+    holds the same weights and state bit for bit; AssertionError naming the first step that differs."""
+    steps = sorted(s for s in set(ours) & set(theirs) if s > from_step)
+    for step in steps:
+        a, b = (CheckpointManager.load(p, storage_options) for p in (ours[step], theirs[step]))
+        assert list(a.weights) == list(b.weights), step
+        for name in a.weights:
+            assert np.array_equal(a.weights[name], b.weights[name]), (step, name)
+        assert len(a.state) == len(b.state), step
+        for i, (x, y) in enumerate(zip(a.state, b.state)):
+            assert np.array_equal(x, y), (step, f"state leaf {i}")
+    return steps
