@@ -13,8 +13,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
-import re
 
 import numpy as np
 
@@ -58,14 +56,6 @@ def full_epochs(infos: list[dict], steps_per_epoch: int) -> dict[tuple[int, int]
                 out[(attempt, int(e))] = (sum(p["rows"] for p in parts),
                                           sum(int(p["fingerprint"]) for p in parts) % _MOD)
     return out
-
-
-def is_epoch_file(name: str) -> bool:
-    return re.search(r"epochs-a\d+-r\d+\.json$", name) is not None
-
-
-def read_json(data: bytes | str) -> dict:
-    return json.loads(data)
 
 
 def same_checkpoints(ours: dict[int, str], theirs: dict[int, str], from_step: int, storage_options=None) -> list[int]:
