@@ -12,6 +12,11 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# gcsfs 2026.3 and later ask the Storage Control API (gRPC over TLS) what kind each bucket is, before every
+# operation, and retry for 60 s where it is not there: the GCS emulator of the tests (tests/gcs_server.py) has no
+# such API. gcsfs reads this at import, so it is set before anything imports it; Spark's Python workers,
+# started later, inherit it.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 import pytest  # noqa: E402
 

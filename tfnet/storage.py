@@ -8,9 +8,14 @@ credentials come from where that library looks (the environment, an instance pro
 config files), or from ``storage_options`` given by the caller (fsspec's keyword, as pandas and
 Dask take it), never from tfnet's files.
 
-Writes are atomic on both: the bytes go to a temporary name in the same folder (``.tmp-...``) and
-are then moved into place (on an object store: copied server-side, then the temporary deleted), so
-a reader never sees part of a file under its final name.
+Writes are atomic everywhere, so a reader never sees part of a file under its final name. On a file
+system (local, HDFS) the bytes go to a temporary name in the same folder (``.tmp-...``) and are then
+moved into place. On an object store (``s3://``, ``gs://``, ``abfs://``) one upload is already atomic:
+an object appears under its name whole when its upload completes (S3's PutObject and multipart
+completion, GCS's uploads, Azure's block-blob commit), and until then the name keeps its old object or
+none; so the bytes go straight to their name. A move there would be a server-side copy and a delete:
+twice the traffic, and with gcsfs, where the store does not offer GCS's moveTo call (an emulator), a
+fallback after about 30 s of retries on every write.
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ __all__ = ["StorageUnavailableError", "exists", "filesystem", "is_remote", "isdi
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "abfs": "azure", "abfss": "azure", "az": "azure",
            "hdfs": "hdfs", "viewfs": "hdfs"}
 
+#: Schemes of object stores: keys, no folders (making one would make a bucket, or nothing), and an upload is
+#: atomic (an object appears whole when its upload completes).
+_OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az"}
+
 
 class StorageUnavailableError(TFNetError, ImportError):
     """A URI whose file system is not installed (``pip install tfnet[s3]``, ...)."""
@@ -42,6 +51,10 @@ def is_remote(path: str | os.PathLike | None) -> bool:
         return False
     text = os.fspath(path)
     return "://" in text and not text.startswith("file://")
+
+
+def _scheme(path) -> str:
+    return os.fspath(path).split("://", 1)[0].lower()
 
 
 def _local(path) -> str:
@@ -91,11 +104,15 @@ def read_bytes(path, storage_options=None) -> bytes:
 
 
 def write_bytes_atomic(path, data: bytes, storage_options=None) -> None:
-    """Writes ``data`` to ``path`` through a temporary name in the same folder and a move."""
+    """Writes ``data`` to ``path`` atomically: on an object store as one upload (atomic there), elsewhere through
+    a temporary name in the same folder and a move."""
     if not is_remote(path):
         write_local(_local(path), data)
         return
     fs, p = filesystem(os.fspath(path), storage_options)
+    if _scheme(path) in _OBJECT_STORES:
+        fs.pipe_file(p, data)
+        return
     folder, name = posixpath.split(p)
     tmp = posixpath.join(folder, f".tmp-{secrets.token_hex(6)}-{name}")
     fs.pipe_file(tmp, data)
@@ -106,17 +123,29 @@ def write_bytes_atomic(path, data: bytes, storage_options=None) -> None:
             fs.rm(tmp)
 
 
+def _fresh(path, storage_options):
+    """``(file system, path inside it)`` with what the file system remembers of ``path`` and its folder forgotten.
+    fsspec keeps one file system per set of options in a process, and caches listings in it; the files here are
+    written by other processes (the ranks, the driver), so every question asks the store. (``ls(refresh=True)``
+    is not enough: adlfs reads ``invalidate_cache=`` instead, and answers ``exists`` from a cached listing of the
+    folder, a missing file as a folder.)"""
+    fs, p = filesystem(os.fspath(path), storage_options)
+    fs.invalidate_cache(p.rstrip("/"))
+    fs.invalidate_cache(posixpath.dirname(p.rstrip("/")))
+    return fs, p
+
+
 def exists(path, storage_options=None) -> bool:
     if not is_remote(path):
         return os.path.exists(_local(path))
-    fs, p = filesystem(os.fspath(path), storage_options)
+    fs, p = _fresh(path, storage_options)
     return fs.exists(p)
 
 
 def isdir(path, storage_options=None) -> bool:
     if not is_remote(path):
         return os.path.isdir(_local(path))
-    fs, p = filesystem(os.fspath(path), storage_options)
+    fs, p = _fresh(path, storage_options)
     return fs.isdir(p)
 
 
@@ -127,16 +156,12 @@ def listdir(path, storage_options=None) -> list[str]:
             return sorted(os.listdir(_local(path)))
         except (FileNotFoundError, NotADirectoryError):
             return []
-    fs, p = filesystem(os.fspath(path), storage_options)
+    fs, p = _fresh(path, storage_options)
     try:
         entries = fs.ls(p, detail=False, refresh=True)
     except FileNotFoundError:
         return []
     return sorted(posixpath.basename(e.rstrip("/")) for e in entries if e.rstrip("/") != p.rstrip("/"))
-
-
-#: Schemes of object stores: keys, no folders (making one would make a bucket, or nothing).
-_OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az"}
 
 
 def makedirs(path, storage_options=None) -> None:
@@ -145,7 +170,7 @@ def makedirs(path, storage_options=None) -> None:
     if not is_remote(path):
         os.makedirs(_local(path), exist_ok=True)
         return
-    if os.fspath(path).split("://", 1)[0].lower() in _OBJECT_STORES:
+    if _scheme(path) in _OBJECT_STORES:
         return
     fs, p = filesystem(os.fspath(path), storage_options)
     fs.makedirs(p, exist_ok=True)

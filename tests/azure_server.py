@@ -1,0 +1,97 @@
+"""A real Azure Blob server for tests: Azurite (npm's ``azurite``, which `make` installs into
+``~/.cache/tfnet/azurite``, or ``$TFNET_AZURITE_DIR``), a separate process on loopback, listening on port 0 (the OS
+picks it; Azurite prints it), its data in the test's folder, no telemetry, stopped on every way out."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+
+__all__ = ["ACCOUNT", "KEY", "Azurite", "azurite_blob", "missing"]
+
+#: Azurite's well-known development account and key (public, in Azure's documentation).
+ACCOUNT = "devstoreaccount1"
+KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+def azurite_blob() -> str:
+    """Where ``azurite-blob`` is: where scripts/install.sh puts it (``$TFNET_AZURITE_DIR``, by default
+    ``~/.cache/tfnet/azurite``)."""
+    folder = os.environ.get("TFNET_AZURITE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tfnet", "azurite")
+    return os.path.join(folder, "node_modules", ".bin", "azurite-blob")
+
+
+def missing() -> str | None:
+    """Why Azurite or the client cannot run here, or None."""
+    if not shutil.which("node"):
+        return "node is not on PATH: Azurite needs Node.js (20 or newer)"
+    if not os.access(azurite_blob(), os.X_OK):
+        return f"Azurite is not installed at {azurite_blob()}: run `make install` (scripts/install.sh installs it)"
+    try:
+        import adlfs  # noqa: F401
+    except ImportError:
+        return "adlfs is not installed: run `make install` (it installs tfnet[test])"
+    return None
+
+
+class Azurite:
+    """``with Azurite(tmp_dir, container="tfnet") as az:`` an Azure Blob server with ``container`` made;
+    ``az.endpoint`` is its blob URL, ``az.connection_string`` the development account's, and ``az.options``
+    fsspec's (adlfs's) ``storage_options`` for it."""
+
+    def __init__(self, folder, container: str = "tfnet", start_s: float = 60.0):
+        self.folder, self.container, self.start_s = str(folder), container, start_s
+        self.proc = None
+        self._out = None
+        self.endpoint = ""
+
+    @property
+    def connection_string(self) -> str:
+        return (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
+                f"BlobEndpoint={self.endpoint}/{ACCOUNT};")
+
+    @property
+    def options(self) -> dict:
+        return {"connection_string": self.connection_string}
+
+    def __enter__(self) -> Azurite:
+        data = os.path.join(self.folder, "azurite-data")
+        os.makedirs(data, exist_ok=True)
+        log = os.path.join(self.folder, "azurite.log")
+        self._out = open(log, "wb")
+        self.proc = subprocess.Popen(
+            [azurite_blob(), "--blobHost", "127.0.0.1", "--blobPort", "0", "--location", data, "--silent",
+             "--skipApiVersionCheck", "--loose", "--disableTelemetry"], stdout=self._out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + self.start_s
+            while not self.endpoint:
+                with open(log, errors="replace") as f:
+                    found = re.search(r"listens on (http://127\.0\.0\.1:\d+)", f.read())
+                if found:
+                    self.endpoint = found.group(1)
+                elif self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"Azurite did not start: {open(log, errors='replace').read()[-2000:]}")
+                else:
+                    time.sleep(0.1)
+            from azure.storage.blob import BlobServiceClient
+
+            BlobServiceClient.from_connection_string(self.connection_string).create_container(self.container)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._out is not None:
+            self._out.close()
