@@ -24,9 +24,10 @@ INSTALL_REQUIRES = [
 ]
 
 EXTRAS = {
-    # a real S3 server for the object-store tests (moto_server lands in .venv/bin) and its client
+    # real object stores for the tests, each with its client: S3 (moto_server lands in .venv/bin) and GCS
+    # (gcp-storage-emulator); Azure's (Azurite) is an npm package, which scripts/install.sh installs
     "test": ["pytest>=8", "pytest-timeout>=2.3", "scikit-learn>=1.4", "ruff>=0.6", "moto[server]>=5", "s3fs>=2024.6",
-             "boto3"],
+             "boto3", "gcp-storage-emulator>=2024.8", "gcsfs>=2024.6", "adlfs>=2024.4"],
     # model_dir on object stores and HDFS (fsspec's implementations; credentials from the usual places)
     "s3": ["s3fs>=2024.6"],
     # TFDataset.from_delta: Delta Lake tables read through delta-rs (no Spark connector, no JVM jars)
@@ -47,8 +48,8 @@ EXTRAS = {
     "onnx": ["onnx>=1.16", "onnxruntime>=1.18"],
     "examples": ["matplotlib>=3.8"],
 }
-# what `make` installs: everything but the cloud file systems the tests do not use
-EXTRAS["all"] = sorted({r for name, reqs in EXTRAS.items() if name not in ("gcs", "azure") for r in reqs})
+# what `make` installs: everything
+EXTRAS["all"] = sorted({r for reqs in EXTRAS.values() for r in reqs})
 
 setup(
     name="tfnet",

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and install everything tfnet needs: TensorFlow, PySpark, the test and OpenVINO extras,
-# and Horovod built from source against that TensorFlow (scripts/build_horovod.sh).
+# and Horovod built from source against that TensorFlow (scripts/build_horovod.sh); and the tests' Azure
+# server (Azurite, from npm, into ~/.cache/tfnet/azurite).
 # Safe to run again: pip skips what is installed and the Horovod wheel is cached.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,4 +37,21 @@ fi
 # in site-packages (it made every interpreter of the environment import tfnet's banner filter)
 rm -f "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/tfnet-quiet.pth"
 bash scripts/build_horovod.sh "$VENV/bin/python"
+
+# Azurite, the Azure Blob server of the tests (tests/azure_server.py), from npm into a cache outside the
+# repository, reused when there; the tests find it there (or at $TFNET_AZURITE) and run offline.
+AZURITE_DIR=${TFNET_AZURITE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tfnet/azurite}
+AZURITE_VERSION=${AZURITE_VERSION:-3.35.0}
+if [ ! -x "$AZURITE_DIR/node_modules/.bin/azurite-blob" ] \
+        || ! grep -q "\"version\": \"$AZURITE_VERSION\"" "$AZURITE_DIR/node_modules/azurite/package.json" 2>/dev/null; then
+    if command -v npm >/dev/null 2>&1; then
+        mkdir -p "$AZURITE_DIR"
+        npm install --prefix "$AZURITE_DIR" --no-audit --no-fund --loglevel=error "azurite@$AZURITE_VERSION"
+    else
+        # the Azure tests skip without it, and fail under CI=true: there it is an error here already
+        echo "[tfnet] npm was not found: the tests' Azure server (Azurite) needs Node.js 20 or newer with npm" \
+             "(e.g. apt-get install -y nodejs npm)." >&2
+        case "${CI:-}" in 1|true|TRUE|True|yes) exit 1 ;; esac
+    fi
+fi
 echo "[tfnet] environment ready in $VENV"

@@ -18,7 +18,7 @@ from optim.data.parquet import ParquetDataset
 from optim.errors import DataError
 from tfnet import storage
 
-__all__ = ["DeltaDataset"]
+__all__ = ["DeltaDataset", "delta_options", "delta_uri"]
 
 
 def _import_deltalake():
@@ -31,11 +31,38 @@ def _import_deltalake():
 
 
 def delta_options(path: str, storage_options) -> dict | None:
-    """fsspec's ``storage_options`` as delta-rs (``object_store``) takes them, for an ``s3://`` table: the endpoint,
-    the keys, and plain HTTP allowed for an ``http://`` endpoint. None for a local table."""
+    """fsspec's ``storage_options`` (s3fs's, gcsfs's or adlfs's, as ``from_parquet`` and ``model_dir`` take them) as
+    delta-rs (``object_store``) takes them for the table's scheme. None for a local table.
+
+    * ``s3://``: ``endpoint_url`` (or ``client_kwargs["endpoint_url"]``), ``key``, ``secret``, ``region``.
+    * ``gs://``: ``endpoint_url`` (an emulator's; ``google_base_url``), ``token``: ``"anon"`` (no signature), a
+      service-account file's path, or its contents as a dict. Other tokens (``"google_default"``, ``"cloud"``):
+      delta-rs finds the application default credentials itself.
+    * ``abfs://``, ``abfss://``, ``az://``: ``connection_string`` (its account, key, SAS and blob endpoint, or
+      ``UseDevelopmentStorage=true``), ``account_name``, ``account_key``, ``sas_token``, ``tenant_id``,
+      ``client_id``, ``client_secret``, ``account_host``, ``anon``.
+
+    An ``http://`` endpoint is allowed (``allow_http``), as fsspec's libraries allow it.
+    """
     if not storage.is_remote(path):
         return None
+    scheme = path.split("://", 1)[0].lower()
     options = dict(storage_options or {})
+    if scheme in ("gs", "gcs"):
+        return _gcs_options(options)
+    if scheme in ("abfs", "abfss", "az"):
+        return _azure_options(options)
+    return _s3_options(options)
+
+
+def delta_uri(path: str) -> str:
+    """The table's URI as delta-rs names its scheme: ``gs://`` for fsspec's ``gcs://`` too (delta-rs takes ``gcs://``
+    down another road, OpenDAL's, which reads none of the options above and looks for credentials elsewhere)."""
+    scheme, sep, rest = path.partition("://")
+    return f"gs://{rest}" if sep and scheme.lower() == "gcs" else path
+
+
+def _s3_options(options: dict) -> dict:
     out = {}
     endpoint = options.get("endpoint_url") or (options.get("client_kwargs") or {}).get("endpoint_url")
     if endpoint:
@@ -48,6 +75,61 @@ def delta_options(path: str, storage_options) -> dict | None:
         out["AWS_SECRET_ACCESS_KEY"] = options["secret"]
     region = options.get("region") or (options.get("client_kwargs") or {}).get("region_name")
     out["AWS_REGION"] = region or "us-east-1"
+    return out
+
+
+def _gcs_options(options: dict) -> dict:
+    import json
+
+    out = {}
+    if options.get("endpoint_url"):
+        out["google_base_url"] = str(options["endpoint_url"]).rstrip("/")
+        if out["google_base_url"].startswith("http://"):
+            out["allow_http"] = "true"
+    token = options.get("token")
+    if token == "anon":
+        out["google_skip_signature"] = "true"
+    elif isinstance(token, dict):
+        out["google_service_account_key"] = json.dumps(token)
+    elif isinstance(token, str) and token.endswith(".json"):
+        out["google_application_credentials"] = token
+    return out
+
+
+#: adlfs's keywords -> object_store's Azure keys
+_AZURE_KEYS = {"account_name": "azure_storage_account_name", "account_key": "azure_storage_account_key",
+               "sas_token": "azure_storage_sas_token", "tenant_id": "azure_storage_tenant_id",
+               "client_id": "azure_storage_client_id", "client_secret": "azure_storage_client_secret"}
+#: a connection string's fields -> adlfs's keywords
+_CONNECTION_FIELDS = {"accountname": "account_name", "accountkey": "account_key", "sharedaccesssignature": "sas_token"}
+
+
+def _azure_options(options: dict) -> dict:
+    out = {}
+    fields = {}
+    for part in str(options.get("connection_string") or "").split(";"):
+        name, _, value = part.partition("=")
+        if name.strip():
+            fields[name.strip().lower()] = value.strip()
+    if fields.get("usedevelopmentstorage", "").lower() == "true":
+        out["azure_storage_use_emulator"] = "true"  # Azurite at its default address (object_store's choice)
+    for field, keyword in _CONNECTION_FIELDS.items():
+        if fields.get(field):
+            out[_AZURE_KEYS[keyword]] = fields[field]
+    for keyword, key in _AZURE_KEYS.items():
+        if options.get(keyword):
+            out[key] = str(options[keyword])
+    if fields.get("blobendpoint"):
+        out["azure_storage_endpoint"] = fields["blobendpoint"].rstrip("/")
+    elif options.get("account_host"):
+        out["azure_storage_endpoint"] = f"https://{options['account_host']}"
+    elif fields.get("endpointsuffix") and fields.get("accountname"):
+        protocol = fields.get("defaultendpointsprotocol") or "https"
+        out["azure_storage_endpoint"] = f"{protocol}://{fields['accountname']}.blob.{fields['endpointsuffix']}"
+    if options.get("anon") is True:
+        out["azure_skip_signature"] = "true"
+    if out.get("azure_storage_endpoint", "").startswith("http://"):
+        out["allow_http"] = "true"
     return out
 
 
@@ -103,9 +185,10 @@ def _open(path: str, version, timestamp, storage_options):
     """The table as of ``version`` or ``timestamp``, or the newest."""
     deltalake = _import_deltalake()
     options = delta_options(path, storage_options)
-    if not deltalake.DeltaTable.is_deltatable(path, storage_options=options):
+    uri = delta_uri(path)
+    if not deltalake.DeltaTable.is_deltatable(uri, storage_options=options):
         raise DataError(f"No Delta table at {path!r}: it has no _delta_log.")
-    table = deltalake.DeltaTable(path, storage_options=options)
+    table = deltalake.DeltaTable(uri, storage_options=options)
     newest = table.version()
     if version is not None:
         if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= newest:

@@ -68,6 +68,9 @@ class TFPredictor:
             None (plain post-training quantisation).
         metric: With ``validation``: ``metric(labels, outputs) -> float``, higher is better.
         max_drop: With ``validation``: the largest metric drop allowed against fp32. Default 0.01.
+        storage_options: fsspec's options for an export folder at a URI (``gs://``, ``abfs://``, ``s3://``: the
+            endpoint, credentials), as ``TFNet.load`` takes them; used here on the driver only (the workers get the
+            model, not the path). Default: None (the file system's own defaults: its environment variables).
 
     Example:
         >>> predictor = TFPredictor(net, batch_per_thread=16)            # doctest: +SKIP
@@ -88,7 +91,7 @@ class TFPredictor:
                  on_error: str = "raise", error_col: str = "prediction_error", num_threads: int | None = None,
                  precision: str = "fp32", calibration: Any = None, calibration_size: int = 300,
                  calibration_cols: ColumnSpec = None, validation: tuple | None = None, metric=None,
-                 max_drop: float = 0.01):
+                 max_drop: float = 0.01, storage_options: dict | None = None):
         if not _positive_int(batch_per_thread):
             raise ValueError(
                 f"`batch_per_thread` must be a positive integer. Received: batch_per_thread={batch_per_thread!r}")
@@ -109,7 +112,7 @@ class TFPredictor:
         self.num_threads = num_threads
         self.requested_backend = backend
         self.requested_precision = precision
-        self._snapshot = ModelSnapshot.from_source(net_or_path, inputs, outputs)
+        self._snapshot = ModelSnapshot.from_source(net_or_path, inputs, outputs, storage_options)
         self._spark: tuple | None = None  # (SparkContext, broadcast, stats accumulator, model id)
         self._local_stats: dict = {}
         int8 = None

@@ -96,13 +96,13 @@ class ModelSnapshot:
         return cls.create(graph, inputs, outputs)
 
     @classmethod
-    def from_source(cls, source: ModelSource, inputs=None, outputs=None) -> ModelSnapshot:
-        """From a TFNet, an export folder (what ``TFNet.save`` writes), a SavedModel folder, or a
-        frozen graph (a ``.pb`` path, bytes or a ``GraphDef``; these need ``inputs`` and
-        ``outputs``). A snapshot is returned as it is."""
+    def from_source(cls, source: ModelSource, inputs=None, outputs=None, storage_options=None) -> ModelSnapshot:
+        """From a TFNet, an export folder (what ``TFNet.save`` writes; local, or a URI read with fsspec's
+        ``storage_options``), a SavedModel folder, or a frozen graph (a ``.pb`` path, bytes or a ``GraphDef``;
+        these need ``inputs`` and ``outputs``). A snapshot is returned as it is."""
         if isinstance(source, ModelSnapshot):
             return source
-        return cls.from_net(load_net(source, inputs, outputs))
+        return cls.from_net(load_net(source, inputs, outputs, storage_options))
 
     @property
     def input_names(self) -> list[str]:
@@ -142,8 +142,9 @@ class ModelSnapshot:
         )
 
 
-def load_net(source: ModelSource, inputs=None, outputs=None):
-    """A TFNet from any source :class:`TFPredictor` takes. A TFNet is returned as it is."""
+def load_net(source: ModelSource, inputs=None, outputs=None, storage_options=None):
+    """A TFNet from any source :class:`TFPredictor` takes (an export folder at a URI read with fsspec's
+    ``storage_options``). A TFNet is returned as it is."""
     from tfnet import TFNet
 
     if isinstance(source, TFNet):
@@ -151,7 +152,7 @@ def load_net(source: ModelSource, inputs=None, outputs=None):
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if storage.is_remote(path):  # an export folder on an object store (what TFNet.save wrote there)
-            return TFNet.load(path)
+            return TFNet.load(path, storage_options=storage_options)
         if os.path.isdir(path) and os.path.exists(os.path.join(path, META_FILE)):
             return TFNet.load(path)
         if os.path.isdir(path) and os.path.exists(os.path.join(path, "saved_model.pb")):
