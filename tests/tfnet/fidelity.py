@@ -102,12 +102,34 @@ def keras_oracle_step(model, x, grad_out, by_name: dict[str, object]) -> Oracle:
     )
 
 
-def keras_cases(name: str, model, x: np.ndarray, tmp: str, seed: int = 0) -> list[Case]:
-    """Freezes ``model`` both ways into ``tmp`` and computes the Keras oracle for each."""
+def keras_cases(name: str, model, x: np.ndarray, tmp: str, seed: int = 0, twin=None,
+                paths: tuple[str, ...] = ("from_keras", "converter")) -> list[Case]:
+    """Freezes ``model`` in each of ``paths`` into ``tmp`` and computes the Keras oracle for each: on ``model``
+    itself, or on ``twin``, the same architecture with the same weights in another dtype (a float64 twin gives the
+    truth that float32 rounding is measured against); the twin's variables are matched by position."""
     rng = np.random.default_rng(seed)
-    spec = tf.TensorSpec([None, *x.shape[1:]], tf.as_dtype(x.dtype), name="x")
+    position = {id(v): i for i, v in enumerate(model.variables)}
+
+    def oracle(by_name: dict[str, object]) -> Oracle:
+        if twin is None:
+            return keras_oracle_step(model, x, grad_out, by_name)
+        twins = {n: twin.variables[position[id(v)]] for n, v in by_name.items()}
+        found = keras_oracle_step(twin, x.astype(twin.variables[0].dtype), grad_out, twins)
+        found.x = x
+        return found
+
     cases = []
-    # 1. tfnet's own freezer: weight names are the Keras variable paths.
+    y_shape = tuple(model(x, training=False).shape)
+    grad_out = rng.normal(size=y_shape).astype(np.float64)
+    if "from_keras" in paths:
+        cases.append(_from_keras_case(name, model, tmp, oracle))
+    if "converter" in paths:
+        cases.append(_converter_case(name, model, x, tmp, oracle))
+    return cases
+
+
+def _from_keras_case(name: str, model, tmp: str, oracle) -> Case:
+    """1. tfnet's own freezer: weight names are the Keras variable paths."""
     net = TFNet.from_keras(model)
     pb = os.path.join(tmp, f"{name}_from_keras.pb")
     with open(pb, "wb") as f:
@@ -116,12 +138,12 @@ def keras_cases(name: str, model, x: np.ndarray, tmp: str, seed: int = 0) -> lis
     from tfnet.freeze import clean_node_name
 
     by_name = {w: by_path[p] for w in net.weight_names for p in by_path if clean_node_name(p) == w}
-    y_shape = tuple(model(x, training=False).shape)
-    grad_out = rng.normal(size=y_shape).astype(np.float64)
-    oracle = keras_oracle_step(model, x, grad_out, by_name)
-    cases.append(Case(name, "from_keras", pb, net.input_names, net.output_names, oracle))
-    del net
-    # 2. TensorFlow's converter, the standard TF 2 recipe.
+    return Case(name, "from_keras", pb, net.input_names, net.output_names, oracle(by_name))
+
+
+def _converter_case(name: str, model, x: np.ndarray, tmp: str, oracle) -> Case:
+    """2. TensorFlow's converter, the standard TF 2 recipe."""
+    spec = tf.TensorSpec([None, *x.shape[1:]], tf.as_dtype(x.dtype), name="x")
     fn = tf.function(lambda t: model(t, training=False)).get_concrete_function(spec)
     frozen = convert_variables_to_constants_v2(fn)
     graph_def = frozen.graph.as_graph_def()
@@ -134,10 +156,8 @@ def keras_cases(name: str, model, x: np.ndarray, tmp: str, seed: int = 0) -> lis
         var = handles.get(id(external))
         if var is not None:
             by_name[internal.op.name] = var
-    oracle = keras_oracle_step(model, x, grad_out, by_name)
     out = [t.name for t in frozen.outputs]
-    cases.append(Case(name, "converter", pb, [t.name for t in frozen.inputs], out, oracle))
-    return cases
+    return Case(name, "converter", pb, [t.name for t in frozen.inputs], out, oracle(by_name))
 
 
 # ----------------------------------------------------------------------------- comparison

@@ -34,18 +34,37 @@ def randomise_statistics(model, seed: int = 0) -> None:
             v.assign(rng.uniform(0.5, 1.5, v.shape).astype(v.dtype))
 
 
-def application(name: str, seed: int = 0):
-    """The family at its small input size with a 5-class linear head, and a batch of 2 inputs."""
+def application(name: str, seed: int = 0, size: int | None = None):
+    """The family at its small input size (or ``size``) with a 5-class linear head, and a batch of 2 inputs."""
     import keras
 
     keras.utils.set_random_seed(seed)
-    size = APPLICATIONS[name]
+    size = size or APPLICATIONS[name]
     model = getattr(keras.applications, name)(
         weights=None, classes=5, input_shape=(size, size, 3), classifier_activation=None
     )
     randomise_statistics(model, seed)
     x = np.random.default_rng(seed).normal(size=(2, size, size, 3)).astype(np.float32)
     return model, x
+
+
+def float64_twin(name: str, model, size: int | None = None):
+    """The family ``name`` built again under Keras's float64 dtype policy with ``model``'s weights: the float64
+    truth that a float32 net's rounding is measured against."""
+    import keras
+
+    size = size or APPLICATIONS[name]
+    before = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("float64")
+    try:
+        twin = getattr(keras.applications, name)(
+            weights=None, classes=5, input_shape=(size, size, 3), classifier_activation=None
+        )
+    finally:
+        keras.config.set_dtype_policy(before)
+    assert all(v.dtype == "float64" for v in twin.variables)
+    twin.set_weights([w.astype(np.float64) for w in model.get_weights()])
+    return twin
 
 
 def sequence_model(name: str, seed: int = 0):
