@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import interleaved, machine, median, peak_rss_mb, setup_env, write_json  # noqa: E402
+from common import banner, interleaved, machine, median, peak_rss_mb, setup_env, write_json  # noqa: E402
 
 MOM = float(os.environ.get("BENCH_MOMENTUM", "0.9"))
 
@@ -69,6 +69,7 @@ def main(argv=None):
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     setup_env(bool(args.onednn))
+    print(banner(), flush=True)
 
     if args.side:  # one side alone: warm-up epoch + one epoch, then report peak RSS
         fns, n = build(args, sides=(args.side,))

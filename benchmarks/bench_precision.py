@@ -25,10 +25,10 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import banner, interleaved, machine, median, setup_env, write_json  # noqa: E402
+from common import banner, ceilings_line, interleaved, machine, matmul_ceilings, median, resnet50_gflop, setup_env, write_json  # noqa: E402
 
 
-def fine_tuning(args, x, y) -> dict:
+def fine_tuning(args, x, y, ceilings: dict) -> dict:
     import keras
     import tensorflow as tf
 
@@ -73,6 +73,12 @@ def fine_tuning(args, x, y) -> dict:
     print("(a) fine-tuning step, img/s: " + "   ".join(f"{k} {v:6.2f}" for k, v in img_s.items()))
     print(f"    TFNet bf16 / TFNet fp32 {out['bf16_vs_fp32']:.2f} (target >= 1.6)   TFNet bf16 / Keras mixed_bfloat16 "
           f"{out['bf16_vs_keras_bf16']:.2f} (target > 1)   Keras bf16 / Keras fp32 {out['keras_bf16_vs_keras_fp32']:.2f}")
+    gflop = resnet50_gflop(args.size, training=True)
+    out["bf16_share_of_bf16_ceiling"] = img_s["tfnet_bf16"] * gflop / ceilings["bf16_gflops"]
+    out["fp32_share_of_fp32_ceiling"] = img_s["tfnet_fp32"] * gflop / ceilings["fp32_gflops"]
+    print(f"    of the matmul ceilings ({gflop:.1f} GFLOP an image): TFNet bf16 {100 * out['bf16_share_of_bf16_ceiling']:.0f}% "
+          f"of bf16 (target >= 70% with AMX)   TFNet fp32 {100 * out['fp32_share_of_fp32_ceiling']:.0f}% of fp32 "
+          f"(target >= 88%)")
     return out
 
 
@@ -194,14 +200,16 @@ def main(argv=None) -> dict:
     from tfnet import TFNet
 
     print(banner(), flush=True)
+    ceilings = matmul_ceilings()
+    print(ceilings_line(ceilings), flush=True)
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (args.images, args.size, args.size, 3)).astype("float32")
     y = rng.integers(0, 1000, args.images).astype("int64")
     results = {"machine": machine(), "batch": args.batch, "size": args.size, "images": args.images,
-               "rounds": args.rounds, "calibration_images": args.calibration,
+               "rounds": args.rounds, "ceilings": ceilings, "calibration_images": args.calibration,
                "command": "python benchmarks/bench_precision.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     if args.only in (None, "train"):
-        results["train"] = fine_tuning(args, x, y)
+        results["train"] = fine_tuning(args, x, y, ceilings)
     if args.only in (None, "local", "spark"):
         keras.utils.set_random_seed(0)
         net = TFNet.from_keras(keras.applications.ResNet50(weights=None, input_shape=(args.size, args.size, 3)))

@@ -20,7 +20,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import interleaved, machine, median, setup_env, write_json  # noqa: E402
+from common import banner, interleaved, machine, matmul_ceilings, median, setup_env, write_json  # noqa: E402
 
 GFLOP_PER_IMAGE = 8.2  # ResNet-50 forward at 224x224: about 4.1 GMACs
 
@@ -57,23 +57,6 @@ def fp32_peak(cores: int, ghz: float, flop_per_cycle: int) -> float:
     return cores * ghz * flop_per_cycle
 
 
-def measured_matmul_gflops(threads: int) -> float:
-    """fp32 matmul speed through TensorFlow (oneDNN), for a practical ceiling."""
-    import time
-
-    import tensorflow as tf
-
-    a = tf.random.uniform((2048, 2048))
-    f = tf.function(lambda m: tf.matmul(m, m))
-    f(a).numpy()
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        f(a).numpy()
-        best = min(best, time.perf_counter() - t0)
-    return 2 * 2048**3 / best / 1e9
-
-
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--images", type=int, default=64, help="images per round (a multiple of 2 x batch)")
@@ -87,6 +70,7 @@ def main(argv=None) -> dict:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     setup_env(onednn=True)
+    print(banner(), flush=True)
 
     import keras
     import numpy as np
@@ -139,7 +123,7 @@ def main(argv=None) -> dict:
 
         peak = fp32_peak(args.cores, args.ghz, args.flop_per_cycle)
         ov_gflops = args.images / t_ov * GFLOP_PER_IMAGE
-        matmul = measured_matmul_gflops(threads)
+        matmul = matmul_ceilings()["fp32_gflops"]
         results["openvino"] = {
             "openvino_img_s": args.images / t_ov, "tensorflow_img_s": args.images / t_tf,
             "ratio": t_tf / t_ov, "ratio_best": min(times["tensorflow"]) / min(times["openvino"]),

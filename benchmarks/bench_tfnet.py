@@ -13,7 +13,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import interleaved, machine, median, setup_env, write_json  # noqa: E402
+from common import banner, ceilings_line, interleaved, machine, matmul_ceilings, median, resnet50_gflop, setup_env, write_json  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -42,7 +42,10 @@ def main(argv=None) -> dict:
     lr = 1e-3
 
     net = TFNet.from_keras(model)  # BN statistics frozen; every other weight trains
-    results = {"machine": machine(), "batch": args.batch, "size": args.size}
+    results = {"machine": machine(), "batch": args.batch, "size": args.size, "ceilings": matmul_ceilings()}
+    print(banner(), flush=True)
+    print(ceilings_line(results["ceilings"]), flush=True)
+    fp32_ceiling = results["ceilings"]["fp32_gflops"]
 
     if args.only in (None, "train"):
         for layer in model.layers:  # Keras side: BN frozen (inference mode in Keras 3)
@@ -75,6 +78,10 @@ def main(argv=None) -> dict:
         }
         print(f"fine-tune step   TFNet {args.batch / t_tfnet:6.2f} img/s   Keras train_on_batch "
               f"{args.batch / t_keras:6.2f} img/s   ratio {t_keras / t_tfnet:.2f}  (target >= 1.0)")
+        share = args.batch / t_tfnet * resnet50_gflop(args.size, training=True) / fp32_ceiling
+        results["train"]["tfnet_share_of_fp32_ceiling"] = share
+        print(f"                 TFNet at {100 * share:.0f}% of the fp32 matmul ceiling "
+              f"({resnet50_gflop(args.size, training=True):.1f} GFLOP an image; target >= 88%)")
 
     if args.only in (None, "forward"):
         xt = tf.constant(x)
@@ -96,6 +103,9 @@ def main(argv=None) -> dict:
         }
         print(f"forward          TFNet {args.batch / t_tfnet:6.2f} img/s   Keras predict          "
               f"{args.batch / t_keras:6.2f} img/s   ratio {t_keras / t_tfnet:.2f}  (target >= 1.0)")
+        share = args.batch / t_tfnet * resnet50_gflop(args.size) / fp32_ceiling
+        results["forward"]["tfnet_share_of_fp32_ceiling"] = share
+        print(f"                 TFNet at {100 * share:.0f}% of the fp32 matmul ceiling")
     print(f"machine: {results['machine']}")
     write_json(args.json, results)
     return results

@@ -18,7 +18,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import interleaved, machine, median, setup_env, write_json  # noqa: E402
+from common import banner, interleaved, machine, median, setup_env, write_json  # noqa: E402
 
 METHODS = {
     "sgd momentum": (lambda optim: optim.SGD(0.01, momentum=0.9), lambda k: k.SGD(0.01, momentum=0.9),
@@ -96,6 +96,7 @@ def main(argv=None):
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     setup_env(True)
+    print(banner(), flush=True)
     import keras
     import tensorflow as tf
 

@@ -52,6 +52,43 @@ def banner() -> str:
             f"oneDNN {m['onednn']}, {m['date']}")
 
 
+def matmul_ceilings(n: int = 2048, rounds: int = 5) -> dict:
+    """TensorFlow's own matmul speed on this machine, the practical ceiling a model's step is measured
+    against (issue 43): GFLOP/s of an ``n`` x ``n`` ``tf.linalg.matmul`` in float32 and in bfloat16 (the best of
+    ``rounds``, after a warm-up), with oneDNN as the environment set it. bfloat16 is native only with
+    ``avx512_bf16`` or ``amx_bf16``; elsewhere it is emulated and the figure says so."""
+    import tensorflow as tf
+
+    out = {"n": n}
+    for name, dtype in (("fp32", tf.float32), ("bf16", tf.bfloat16)):
+        a = tf.cast(tf.random.stateless_uniform((n, n), seed=(0, 1)), dtype)
+        f = tf.function(lambda m: tf.linalg.matmul(m, m))
+        f(a).numpy()
+        best = float("inf")
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            f(a).numpy()
+            best = min(best, time.perf_counter() - t0)
+        out[f"{name}_gflops"] = 2 * n ** 3 / best / 1e9
+    flags = set(machine()["flags"])
+    out["bf16_native"] = bool(flags & {"avx512_bf16", "amx_bf16"})
+    out["amx"] = "amx_bf16" in flags
+    return out
+
+
+def ceilings_line(c: dict) -> str:
+    """One line of :func:`matmul_ceilings`' figures, printed beside a benchmark's own."""
+    kind = "AMX" if c["amx"] else "avx512_bf16" if c["bf16_native"] else "emulated, no native bf16"
+    return (f"# ceilings: TF {c['n']}x{c['n']} matmul fp32 {c['fp32_gflops']:.0f} GFLOP/s, bf16 {c['bf16_gflops']:.0f} "
+            f"GFLOP/s ({kind}; {c['bf16_gflops'] / c['fp32_gflops']:.2f}x fp32)")
+
+
+def resnet50_gflop(size: int = 224, training: bool = False) -> float:
+    """GFLOP an image of Keras's ResNet-50 at ``size`` x ``size``: 4.1 GMACs forward at 224 (8.2 GFLOP), scaling
+    with the pixels; a training step (forward, input and weight gradients) about three times that."""
+    return 8.2 * (size / 224) ** 2 * (3 if training else 1)
+
+
 def interleaved(fns: dict[str, Callable[[], None]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:
     """Times each function ``rounds`` times, alternating between them so drift in machine speed
     hits every side alike. Returns seconds per call for each."""
