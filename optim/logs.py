@@ -22,11 +22,25 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 
 __all__ = ["VERBOSE_ENV", "configure", "console_error", "import_tensorflow", "noisy", "paused_console_progress",
-           "quiet_lazy_task_failures", "quiet_task_failures", "quiet_worker", "spark_log_conf", "wait_for_running_tasks"]
+           "quiet_lazy_task_failures", "quiet_task_failures", "quiet_worker", "spark_log_conf", "user_stacklevel",
+           "wait_for_running_tasks"]
 
 from tfnet.quiet import VERBOSE_ENV, import_tensorflow, noisy  # noqa: F401 (part of this module's API)
 
 logging.getLogger("tfnet").addHandler(logging.NullHandler())
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGES = tuple(os.path.join(_ROOT, package) + os.sep for package in ("optim", "tfnet"))
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` for :func:`warnings.warn`, called from the function that warns, that points the
+    warning at the first frame outside tfnet's packages (``optim``, ``tfnet``): the user's call, however many of
+    tfnet's frames stand between (Python 3.12's ``skip_file_prefixes``, for 3.11)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGES):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def configure(verbose: int = 1, stream=None) -> logging.Logger:

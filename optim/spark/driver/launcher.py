@@ -30,6 +30,7 @@ from optim.errors import (  # noqa: F401 (DistributedTrainingError, NonFiniteLos
     NonFiniteLossError,
     SparkSetupError,
 )
+from optim.logs import user_stacklevel
 from optim.protocol import RESULT_SCHEMA, TRAIN_ENTRY, RunResult, entry, unpack_result
 from optim.spark.connect import is_connect
 from optim.spark.driver.backends.base import Backend
@@ -221,7 +222,7 @@ class _DistributedRun:
                 return self.after_retry_wait(state)
             if isinstance(state, Shrinking):
                 _tell(f"The run goes on with {state.ranks} rank(s) (it asked for {self.elastic.num_workers}, had "
-                      f"{state.stage.n}).", depth=1)
+                      f"{state.stage.n}).")
                 return Running(self.prepare(state.ranks), state.attempt, state.failed)
             if isinstance(state, Growing):
                 return self.grow(state)
@@ -248,7 +249,7 @@ class _DistributedRun:
             if not decision.retry:
                 return Failed(decision.error, exc)
             _tell(f"Training stage attempt {state.failed + 1} failed ({one_line(str(decision.error))}); retrying "
-                  f"{_RETRY_FROM[bool(stage.config.model_dir)]}.", depth=2)
+                  f"{_RETRY_FROM[bool(stage.config.model_dir)]}.")
             return Retrying(stage, attempt, state.failed + 1, decision.error)
         self.attempts.append({"attempt": attempt, "ok": True, "ranks": stage.n, "started_s": started,
                               "ended_s": self.clock(), **result.run})
@@ -256,7 +257,7 @@ class _DistributedRun:
             message = (f"Attempt {attempt + 1} resumed from {result.resumed_from or 'the start'}, passing over a newer "
                        f"checkpoint: {why}")
             log.warning(message)
-            warnings.warn(message, CheckpointWarning, stacklevel=_DEPTH + 1)
+            warnings.warn(message, CheckpointWarning, stacklevel=user_stacklevel())
         self.record(seen, stage.n)
         self.ranks = stage.n
         return Growing(stage, attempt, state.failed) if result.stopped else Finished(result)
@@ -280,7 +281,7 @@ class _DistributedRun:
         if n == state.stage.n:
             return Running(state.stage, state.attempt + 1, state.failed)
         _tell(f"The run goes on with {n} rank(s) (it asked for {self.elastic.num_workers}, had {state.stage.n}; "
-              f"{slots} task slot(s) there).", depth=2)
+              f"{slots} task slot(s) there).")
         return Running(self.prepare(n), state.attempt + 1, state.failed)
 
     # ---- what the states do
@@ -372,7 +373,7 @@ class _DistributedRun:
             slots = stage.n + self.backend.free_slots(wanted, stage.n)
             if self.elastic.should_grow(stage.n, slots) and not storage.exists(self.control, config.storage_options):
                 _tell(f"{wanted} task slot(s) are back: the run grows to {self.elastic.num_workers} ranks at the next "
-                      "epoch boundary.", depth=5)
+                      "epoch boundary.")
                 storage.write_bytes_atomic(self.control, b"grow", config.storage_options)
             return None
 
@@ -434,18 +435,11 @@ def _first(*checks):
     return check
 
 
-def _tell(message: str, depth: int) -> None:
-    """Logs ``message`` and warns with it (a RuntimeWarning) pointing at the caller of
-    ``TFOptimizer.optimize``. ``depth``: the frames from the caller of ``_tell`` up to, not counting,
-    ``_DistributedRun.__call__`` (after which ``optimize_distributed``, ``TFOptimizer._train_distributed``
-    and ``optimize`` stand between it and the user's code)."""
+def _tell(message: str) -> None:
+    """Logs ``message`` and warns with it (a RuntimeWarning) pointing at the user's call of
+    ``TFOptimizer.optimize`` (the first frame outside tfnet)."""
     log.warning(message)
-    warnings.warn(message, RuntimeWarning, stacklevel=depth + _DEPTH)
-
-
-#: Frames from ``_DistributedRun.__call__`` up to the user's call of ``TFOptimizer.optimize`` (through
-#: ``optimize_distributed``, ``TFOptimizer._train_distributed`` and ``optimize``), plus ``__call__`` itself and ``warn``.
-_DEPTH = 6
+    warnings.warn(message, RuntimeWarning, stacklevel=user_stacklevel())
 
 
 def _remove_quietly(path: str | None, options=None) -> None:
