@@ -385,7 +385,7 @@ class _DistributedRun:
         stage and resubmits it, and the resubmitted stage waits for slots the cluster no longer has (up to Spark's
         own check, minutes); a retry launched before Spark declared the executor lost waits likewise, with a rank
         that never starts. Both end as soon as the loss is known, and the retry goes on with the slots there are."""
-        if True:  # BREAKAGE: no slot watch
+        if not self.backend.counts_slots:
             return None
         last = [time.monotonic()]
 
