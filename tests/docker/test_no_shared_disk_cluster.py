@@ -51,7 +51,8 @@ FINE_TUNE = textwrap.dedent("""
     opt = TFOptimizer(TFNet.from_keras(model), optim.losses.SparseCategoricalCrossentropy(from_logits=True),
                       optim.Adam(0.005), metrics=["accuracy"], model_dir="MODEL_DIR")
     history = opt.optimize(data, epochs=EPOCHS, batch_size=32, num_workers=2, min_workers=1, elastic_wait=5,
-                           checkpoint_every=8, verbose=2, timeout=60, max_retries=2)
+                           checkpoint_every=8, keep_checkpoints=100, verbose=2, timeout=60,
+                           max_retries=2)
     print("RESULT " + json.dumps({"step": opt.global_step, "last_run": opt.last_run, "history": history}), flush=True)
 """)
 EPOCHS = 6
