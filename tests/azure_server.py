@@ -8,7 +8,8 @@ import os
 import re
 import shutil
 import subprocess
-import time
+
+from tests.local_server import LocalServer, in_log
 
 __all__ = ["ACCOUNT", "KEY", "Azurite", "azurite_blob", "missing"]
 
@@ -55,16 +56,16 @@ def missing() -> str | None:
     return None
 
 
-class Azurite:
+class Azurite(LocalServer):
     """``with Azurite(tmp_dir, container="tfnet") as az:`` an Azure Blob server with ``container`` made;
     ``az.endpoint`` is its blob URL, ``az.connection_string`` the development account's, and ``az.options``
     fsspec's (adlfs's) ``storage_options`` for it."""
 
+    name = "Azurite"
+
     def __init__(self, folder, container: str = "tfnet", start_s: float = 60.0):
-        self.folder, self.container, self.start_s = str(folder), container, start_s
-        self.proc = None
-        self._out = None
-        self.endpoint = ""
+        super().__init__(folder, start_s)
+        self.container = container
 
     @property
     def connection_string(self) -> str:
@@ -78,22 +79,10 @@ class Azurite:
     def __enter__(self) -> Azurite:
         data = os.path.join(self.folder, "azurite-data")
         os.makedirs(data, exist_ok=True)
-        log = os.path.join(self.folder, "azurite.log")
-        self._out = open(log, "wb")
-        self.proc = subprocess.Popen(
-            [node(), os.path.realpath(azurite_blob()), "--blobHost", "127.0.0.1", "--blobPort", "0", "--location", data, "--silent",
-             "--skipApiVersionCheck", "--loose", "--disableTelemetry"], stdout=self._out, stderr=subprocess.STDOUT)
+        self.launch([node(), os.path.realpath(azurite_blob()), "--blobHost", "127.0.0.1", "--blobPort", "0", "--location",
+                     data, "--silent", "--skipApiVersionCheck", "--loose", "--disableTelemetry"], "azurite.log")
         try:
-            deadline = time.monotonic() + self.start_s
-            while not self.endpoint:
-                with open(log, errors="replace") as f:
-                    found = re.search(r"listens on (http://127\.0\.0\.1:\d+)", f.read())
-                if found:
-                    self.endpoint = found.group(1)
-                elif self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"Azurite did not start: {open(log, errors='replace').read()[-2000:]}")
-                else:
-                    time.sleep(0.1)
+            self.wait_for_endpoint(in_log(r"listens on (http://127\.0\.0\.1:\d+)"))
             from azure.storage.blob import BlobServiceClient
 
             BlobServiceClient.from_connection_string(self.connection_string).create_container(self.container)
@@ -101,14 +90,3 @@ class Azurite:
             self.__exit__()
             raise
         return self
-
-    def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self._out is not None:
-            self._out.close()

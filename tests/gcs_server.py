@@ -5,9 +5,9 @@ the test's folder, stopped on every way out."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import time
+
+from tests.local_server import LocalServer
 
 __all__ = ["GCSEmulator", "missing"]
 
@@ -22,55 +22,39 @@ def missing() -> str | None:
     return None
 
 
-class GCSEmulator:
+def _listening_port(server: LocalServer) -> str | None:
+    """The emulator's endpoint, once its process listens (it prints no port)."""
+    import psutil
+
+    try:
+        ports = [c.laddr.port for c in psutil.Process(server.proc.pid).net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN]
+    except psutil.Error:
+        ports = []
+    return f"http://127.0.0.1:{ports[0]}" if ports else None
+
+
+class GCSEmulator(LocalServer):
     """``with GCSEmulator(tmp_dir, bucket="tfnet") as gcs:`` a GCS server with ``bucket`` made; ``gcs.endpoint`` is
     its URL and ``gcs.options`` fsspec's (gcsfs's) ``storage_options`` for it (anonymous)."""
 
+    name = "gcp-storage-emulator"
+
     def __init__(self, folder, bucket: str = "tfnet", start_s: float = 60.0):
-        self.folder, self.bucket, self.start_s = str(folder), bucket, start_s
-        self.proc = None
-        self._out = None
-        self.endpoint = ""
+        super().__init__(folder, start_s)
+        self.bucket = bucket
 
     @property
     def options(self) -> dict:
         return {"endpoint_url": self.endpoint, "token": "anon", "project": "tfnet"}
 
     def __enter__(self) -> GCSEmulator:
-        import psutil
-
-        log = os.path.join(self.folder, "gcs-emulator.log")
-        self._out = open(log, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gcp_storage_emulator", "--data-dir", os.path.join(self.folder, "gcs-data"),
-             "start", "--host", "127.0.0.1", "--port", "0", "--default-bucket", self.bucket, "--quiet"],
-            stdout=self._out, stderr=subprocess.STDOUT)
+        self.launch([sys.executable, "-m", "gcp_storage_emulator", "--data-dir", os.path.join(self.folder, "gcs-data"),
+                     "start", "--host", "127.0.0.1", "--port", "0", "--default-bucket", self.bucket, "--quiet"],
+                    "gcs-emulator.log")
         try:
-            deadline = time.monotonic() + self.start_s
-            while not self.endpoint:
-                try:
-                    ports = [c.laddr.port for c in psutil.Process(self.proc.pid).net_connections("tcp")
-                             if c.status == psutil.CONN_LISTEN]
-                except psutil.Error:
-                    ports = []
-                if ports:
-                    self.endpoint = f"http://127.0.0.1:{ports[0]}"
-                elif self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"gcp-storage-emulator did not start: {open(log, errors='replace').read()[-2000:]}")
-                else:
-                    time.sleep(0.1)
+            self.wait_for_endpoint(_listening_port)
         except BaseException:
             self.__exit__()
             raise
         return self
-
-    def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self._out is not None:
-            self._out.close()
