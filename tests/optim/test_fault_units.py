@@ -2,7 +2,6 @@
 a rank's per-epoch tally of the rows it trained on, and the launcher's check that a running stage still has its
 task slots."""
 
-import hashlib
 import json
 import os
 from types import SimpleNamespace
@@ -15,25 +14,13 @@ from optim.protocol import RunResult, pack_result, unpack_result
 from optim.spark.driver.launcher import _DistributedRun
 from optim.spark.driver.retry import RetryPolicy
 from optim.spark.worker.tally import EpochTally, fingerprint
-from optim.training.checkpoint import CheckpointManager
 from optim.training.config import TrainConfig
 from optim.training.loop import train
 from tests import digits
+from tests.elastic_checks import checkpoint_digest
 from tfnet import TFNet
 
 SCE = optim.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-
-def checkpoint_digest(path) -> str:
-    """What a run resumed from ``path`` must start from, read from the file alone: its weights in order, then its
-    state (the worker method's, then the server method's), each array's dtype, shape and bytes."""
-    ckpt = CheckpointManager.load(path)
-    h = hashlib.sha256()
-    for a in [*ckpt.weights.values(), *ckpt.state]:
-        a = np.ascontiguousarray(a)
-        h.update(f"{a.dtype.str}{a.shape}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
 
 
 def test_a_resumed_run_records_the_digest_of_the_checkpoint_it_started_from(tmp_path):
