@@ -143,8 +143,8 @@ def optimize_distributed(opt, dataset, config: TrainConfig, validation, *,
     """
     backend = backend_for(dataset.session() or get_spark())
     run = _DistributedRun(opt, backend, RetryPolicy(max_retries), verbose=verbose, timeout=timeout,
-                          startup_timeout=startup_timeout, slot_wait=slot_wait, steps_per_epoch=steps_per_epoch)
-    run.reporters = list(reporters)  # more reporters of the progress that reaches this process (tfnet's callbacks)
+                          startup_timeout=startup_timeout, slot_wait=slot_wait, steps_per_epoch=steps_per_epoch,
+                          reporters=reporters)
     with backend.quiet(verbose), small_arrow_batches(backend.spark, dataset.arrow_batch_rows):
         return run(dataset, config, validation, num_workers, min_workers, elastic_wait)
 
@@ -153,8 +153,9 @@ class _DistributedRun:
     """One distributed ``optimize()`` call: its settings, its states, and what it does in each."""
 
     def __init__(self, opt, backend: Backend, policy: RetryPolicy, *, verbose: int, timeout: float,
-                 startup_timeout: float, slot_wait: float, steps_per_epoch: int | None):
+                 startup_timeout: float, slot_wait: float, steps_per_epoch: int | None, reporters=()):
         self.opt, self.backend, self.policy = opt, backend, policy
+        self.reporters = list(reporters)  # more reporters of the progress that reaches this process (tfnet's callbacks)
         self.verbose, self.timeout, self.startup_timeout = verbose, timeout, startup_timeout
         self.slot_wait, self.steps_per_epoch = slot_wait, steps_per_epoch
         self.failures: list[str] = []
@@ -165,7 +166,6 @@ class _DistributedRun:
         self.ranks = 0  # the ranks of the last attempt that finished
         self.roads: dict = {}  # how the net went out and rank 0's result came back (last_run's net_via, result_via)
         self.grow_check_s = GROW_CHECK_S
-        self.reporters: list = []
         self.slot_check_s = SLOT_CHECK_S
         self.t_call = time.monotonic()
 
