@@ -16,6 +16,7 @@ import pytest
 import optim
 from optim import TFOptimizer
 from tests import digits
+from tests.spark_utils import BIT_FOR_BIT, own_python_workers
 from tfnet import TFNet, TFNetError
 
 pytestmark = [pytest.mark.spark, pytest.mark.parallel]
@@ -59,18 +60,19 @@ def test_a_retry_never_resumes_another_runs_checkpoint(spark, tmp_path):
     x, y = digits.load()
     x, y = x[:256], y[:256]
     model_dir = str(tmp_path / "shared")
-    first = TFOptimizer(cnn_net(0), SCE, optim.SGD(0.05, momentum=0.9), model_dir=model_dir)
-    first.optimize((x, y), epochs=2, batch_size=32, num_workers=2, verbose=0)
-    killed = _kill_rank_of_new_run(model_dir, {first.last_run["run_id"]})
-    second = TFOptimizer(cnn_net(1), SCE, optim.SGD(0.05, momentum=0.9), model_dir=model_dir)
-    with pytest.warns(RuntimeWarning, match="Training stage attempt 1 failed"):
-        h_second = second.optimize((x, y), epochs=2, batch_size=32, num_workers=2, verbose=0, timeout=60)
-    killed["thread"].join(5)
+    with own_python_workers(spark, BIT_FOR_BIT):  # compared bit for bit: workers with one pool size
+        first = TFOptimizer(cnn_net(0), SCE, optim.SGD(0.05, momentum=0.9), model_dir=model_dir)
+        first.optimize((x, y), epochs=2, batch_size=32, num_workers=2, verbose=0)
+        killed = _kill_rank_of_new_run(model_dir, {first.last_run["run_id"]})
+        second = TFOptimizer(cnn_net(1), SCE, optim.SGD(0.05, momentum=0.9), model_dir=model_dir)
+        with pytest.warns(RuntimeWarning, match="Training stage attempt 1 failed"):
+            h_second = second.optimize((x, y), epochs=2, batch_size=32, num_workers=2, verbose=0, timeout=60)
+        killed["thread"].join(5)
+        straight = TFOptimizer(cnn_net(1), SCE, optim.SGD(0.05, momentum=0.9))
+        h_straight = straight.optimize((x, y), epochs=2, batch_size=32, num_workers=2, verbose=0)
     assert "pid" in killed and killed["ckpts_then"] == [], "rank 1 died before the run's first checkpoint"
     assert second.last_run["attempts"] == 2 and second.last_run["run_id"] == killed["run"]
     assert second.last_run["resumed_from"] is None and second.last_run["attempt_log"][-1]["start_step"] == 0
-    straight = TFOptimizer(cnn_net(1), SCE, optim.SGD(0.05, momentum=0.9))
-    h_straight = straight.optimize((x, y), epochs=2, batch_size=32, num_workers=2, verbose=0)
     for name, w in straight.net.get_weights().items():
         assert np.array_equal(second.net.get_weights()[name], w), name
         assert not np.array_equal(first.net.get_weights()[name], w), name

@@ -62,13 +62,15 @@ def test_streamed_equals_in_memory_and_leaves_no_local_copy(spark, tmp_path):
     x, y = digits.load()
     df = digits_df(spark, x[:203], y[:203])
     nets = {}
-    for streaming in (True, False):
-        data = TFDataset.from_dataframe(df, "pixels", "label", feature_shapes={"pixels": (8, 8, 1)},
-                                        streaming=streaming)
-        nets[streaming] = cnn_net()
-        opt = TFOptimizer(nets[streaming], SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(tmp_path / str(streaming)))
-        opt.optimize(data, epochs=2, batch_size=32, shuffle=False, num_workers=2, verbose=0)
-        assert opt.last_run["rows"] == [102, 101] and opt.last_run["steps_per_epoch"] == 7
+    with own_python_workers(spark, BIT_FOR_BIT):  # compared bit for bit: workers with one pool size
+        for streaming in (True, False):
+            data = TFDataset.from_dataframe(df, "pixels", "label", feature_shapes={"pixels": (8, 8, 1)},
+                                            streaming=streaming)
+            nets[streaming] = cnn_net()
+            opt = TFOptimizer(nets[streaming], SCE, optim.SGD(0.05, momentum=0.9),
+                              model_dir=str(tmp_path / str(streaming)))
+            opt.optimize(data, epochs=2, batch_size=32, shuffle=False, num_workers=2, verbose=0)
+            assert opt.last_run["rows"] == [102, 101] and opt.last_run["steps_per_epoch"] == 7
     same_weights(nets[True], nets[False])
     infos = rank_infos(tmp_path / "True")
     copies = [p for info in infos.values() for p in info["local_copies"]]
@@ -201,10 +203,11 @@ def test_parquet_read_by_the_ranks_equals_the_same_rows_from_a_dataframe(spark, 
     }
     assert sources["local"].pieces(1, 2) == [(0, 2, 20, 40), (1, 0, 0, 40), (1, 1, 0, 40)]
     opts = {}
-    for name in ("dataframe", "local"):
-        opts[name] = TFOptimizer(cnn_net(), SCE, optim.SGD(0.05, momentum=0.9), metrics=["accuracy"])
-        opts[name].optimize(sources[name], epochs=1, batch_size=32, shuffle=False, num_workers=2, verbose=0)
-        assert opts[name].last_run["rows"] == [100, 100] and opts[name].last_run["steps_per_epoch"] == 7
+    with own_python_workers(spark, BIT_FOR_BIT):  # compared bit for bit: workers with one pool size
+        for name in ("dataframe", "local"):
+            opts[name] = TFOptimizer(cnn_net(), SCE, optim.SGD(0.05, momentum=0.9), metrics=["accuracy"])
+            opts[name].optimize(sources[name], epochs=1, batch_size=32, shuffle=False, num_workers=2, verbose=0)
+            assert opts[name].last_run["rows"] == [100, 100] and opts[name].last_run["steps_per_epoch"] == 7
     same_weights(opts["dataframe"].net, opts["local"].net)
     # S3 through the ranks' reads of a distributed evaluation (after the trainings: a Python worker that
     # evaluated first may run a later rank with other thread pools)

@@ -97,14 +97,14 @@ def test_modes_on_two_ranks(spark):
         assert opt.global_step == 16 and np.isfinite(history["loss"]).all()
         return net, history
 
-    with own_python_workers(spark, BIT_FOR_BIT):  # the bit-for-bit comparison below: workers with one pool size
+    with own_python_workers(spark, BIT_FOR_BIT):  # the bit-for-bit comparisons below: workers with one pool size
         every, h_every = run(None)
         one_call, _ = run(optim.EveryStep(overlap=False))
+        async0, h_async0 = run(optim.Asynchronous(staleness=0))
     local1, h_local1 = run(optim.LocalSGD(every=1, server=optim.SGD(1.0)))
     local4, h_local4 = run(optim.LocalSGD(every=4))
     fp16, h_fp16 = run(optim.EveryStep(compression="fp16"))
     bf16, h_bf16 = run(optim.EveryStep(compression="bf16"))
-    async0, h_async0 = run(optim.Asynchronous(staleness=0))
     async1, h_async1 = run(optim.Asynchronous(staleness=1))
     async1_bf16, h_async1_bf16 = run(optim.Asynchronous(staleness=1, compression="bf16"))
     # the oracle: plain TensorFlow, one replica per rule
@@ -149,12 +149,13 @@ def test_local_sgd_carries_the_server_momentum_to_the_next_call(spark):
         net = TFNet.from_keras(digits.cnn(classes=10, seed=0))
         return net, TFOptimizer(net, SCE, optim.SGD(0.05))
 
-    once, opt1 = make()
-    opt1.optimize((x, y), epochs=2, batch_size=32, shuffle=False, num_workers=2, verbose=0, sync=sync)
-    twice, opt2 = make()
-    for _ in range(2):
-        opt2.optimize((x, y), epochs=1, batch_size=32, shuffle=False, num_workers=2, verbose=0, sync=sync)
-        assert opt2.exchange_state and any(np.abs(a).max() > 0 for a in opt2.exchange_state)
+    with own_python_workers(spark, BIT_FOR_BIT):  # compared bit for bit: workers with one pool size
+        once, opt1 = make()
+        opt1.optimize((x, y), epochs=2, batch_size=32, shuffle=False, num_workers=2, verbose=0, sync=sync)
+        twice, opt2 = make()
+        for _ in range(2):
+            opt2.optimize((x, y), epochs=1, batch_size=32, shuffle=False, num_workers=2, verbose=0, sync=sync)
+            assert opt2.exchange_state and any(np.abs(a).max() > 0 for a in opt2.exchange_state)
     assert opt1.global_step == opt2.global_step == 8
     assert _max_diff(once, twice) == 0.0
 
