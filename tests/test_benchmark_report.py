@@ -1,0 +1,77 @@
+"""docs/benchmarks.md's figures by topic are generated from the JSON the benchmarks wrote (benchmarks/report.py):
+the committed block is what the committed JSON gives, a changed figure changes the table, the ratio and the bar
+drawn, and a missing file or figure is an error that names it."""
+
+import importlib.util
+import json
+import os
+import shutil
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(ROOT, "docs")
+
+
+def _report():
+    spec = importlib.util.spec_from_file_location("bench_report", os.path.join(ROOT, "benchmarks", "report.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def docs_copy(tmp_path):
+    for name in os.listdir(DOCS):
+        if name.endswith(".json") or name == "benchmarks.md":
+            shutil.copy(os.path.join(DOCS, name), tmp_path / name)
+    return tmp_path
+
+
+def test_the_committed_figures_by_topic_are_what_the_committed_json_gives(capsys):
+    report = _report()
+    assert report.main(["--check"]) == 0, capsys.readouterr().err
+    block, topics = report.render()
+    with open(os.path.join(DOCS, "benchmarks.md")) as f:
+        assert block in f.read()
+    for t in topics:  # every topic's plot is committed beside it
+        assert os.path.getsize(os.path.join(DOCS, "plots", f"{t.slug}.png")) > 0, t.slug
+
+
+def test_a_changed_figure_changes_the_table_the_ratio_and_the_bar(docs_copy, capsys):
+    report = _report()
+    path = docs_copy / "bench_precision.json"
+    results = json.loads(path.read_text())
+    keras_fp32 = results["train"]["img_s"]["keras_fp32"]
+    results["train"]["img_s"]["tfnet_bf16"] = 123.0
+    path.write_text(json.dumps(results))
+    assert report.main(["--check", "--docs", str(docs_copy)]) == 1
+    assert "differ from the JSON" in capsys.readouterr().err
+    assert report.main(["--docs", str(docs_copy)]) == 0
+    markdown = (docs_copy / "benchmarks.md").read_text()
+    assert f"| tfnet bf16 | 123.0 img/s | {123.0 / keras_fp32:.2f} |" in markdown
+    assert markdown.count(report.START) == markdown.count(report.END) == 1
+    assert report.main(["--check", "--docs", str(docs_copy)]) == 0
+    training = next(t for t in report.render(str(docs_copy))[1] if t.slug == "training")
+    drawn = report.plot(training, str(docs_copy / "training.png"))
+    assert drawn == [f.value for f in training.figures] and 123.0 in drawn
+    assert (docs_copy / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_missing_file_or_figure_is_an_error_naming_it(docs_copy, capsys):
+    report = _report()
+    path = docs_copy / "bench_startup.json"
+    results = json.loads(path.read_text())
+    del results["tfnet_warm_s"]
+    path.write_text(json.dumps(results))
+    with pytest.raises(report.ReportError, match=r"^bench_startup.json has no tfnet_warm_s$"):
+        report.render(str(docs_copy))
+    path.unlink()
+    with pytest.raises(report.ReportError, match=r"bench_startup.json is missing: run the benchmark that writes it"):
+        report.render(str(docs_copy))
+    before = (docs_copy / "benchmarks.md").read_text()
+    assert report.main(["--docs", str(docs_copy)]) == 2
+    assert "bench_startup.json is missing" in capsys.readouterr().err
+    assert (docs_copy / "benchmarks.md").read_text() == before, "nothing written on an error"
