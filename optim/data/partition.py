@@ -162,8 +162,7 @@ class CheckedParts:
                     if self.reader.decode_images:  # decoded once here; every epoch then reads pixels
                         pixels = read_column(col, ColumnRead(shape=spec.shape), on_bad="raise", column=c,
                                              partition=self.partition, row_offset=first).values
-                        batch = batch.set_column(batch.schema.get_field_index(c), c, pa.FixedSizeListArray.from_arrays(
-                            pa.array(pixels.reshape(-1)), int(np.prod(spec.shape))))
+                        batch = batch.set_column(batch.schema.get_field_index(c), *stream.pixel_column(c, pixels))
                         parts.append(pixels)
                         break
                     if col.null_count:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 
 import pyarrow as pa
 
-from optim.data.stream import DEFAULT_BLOCK_ROWS, BlockSource
+from optim.data.stream import DEFAULT_BLOCK_ROWS, PIXELS_KEY, BlockSource
 from optim.errors import StorageError
 
 __all__ = ["SPOOL_FOLDER", "SpoolFile", "SpoolWriter", "local_dir", "spool_folder", "sweep"]
@@ -118,9 +118,18 @@ class SpoolWriter:
         self._pending: list[pa.RecordBatch] = []
         self._have = 0
         self._sink = self._writer = None
+        self._file_schema: pa.Schema | None = None
 
     def write(self, batch: pa.RecordBatch) -> None:
-        """Adds ``batch``'s rows (which carry :data:`~optim.data.stream.ROW_COLUMN`)."""
+        """Adds ``batch``'s rows (which carry :data:`~optim.data.stream.ROW_COLUMN`). A column of decoded pixels
+        stored as uint8 so far that comes as float32 (:func:`~optim.data.stream.pixel_column`: an image resized)
+        widens the file to float32 (the blocks written are rewritten once); a later uint8 part is stored widened."""
+        schema = self._schema()
+        if schema is not None and not batch.schema.equals(schema):
+            wide = _widened(schema, batch.schema)
+            if not wide.equals(schema):
+                self._widen(wide)
+            batch = batch.cast(wide)
         start = 0
         while start < batch.num_rows:
             take = min(self.block_rows - self._have, batch.num_rows - start)
@@ -129,6 +138,39 @@ class SpoolWriter:
             start += take
             if self._have == self.block_rows:
                 self._flush()
+
+    def _schema(self) -> pa.Schema | None:
+        if self._pending:
+            return self._pending[0].schema
+        return self._file_schema
+
+    def _widen(self, schema: pa.Schema) -> None:
+        """Rewrites the blocks written so far, and casts the pending rows, to ``schema``."""
+        self._pending = [b.cast(schema) for b in self._pending]
+        if self._writer is None:
+            return
+        try:
+            self._writer.close()
+            self._sink.close()
+            os.replace(self.part, self.part + ".narrow")
+            with pa.OSFile(self.part + ".narrow", "rb") as old:
+                reader = pa.ipc.open_file(old)
+                self._sink = pa.OSFile(self.part, "wb")
+                self._writer = pa.ipc.new_file(self._sink, schema)
+                self._file_schema = schema
+                self.written = 0
+                for i in range(reader.num_record_batches):
+                    block = reader.get_batch(i).cast(schema)
+                    self._writer.write_batch(block)
+                    self.written += block.nbytes
+        except OSError as exc:
+            self.abort()
+            raise _storage_error(exc, self.folder, self.written, 0) from None
+        finally:
+            try:
+                os.remove(self.part + ".narrow")
+            except OSError:
+                pass
 
     def _flush(self) -> None:
         if not self._have:
@@ -140,6 +182,7 @@ class SpoolWriter:
             if self._writer is None:
                 self._sink = pa.OSFile(self.part, "wb")
                 self._writer = pa.ipc.new_file(self._sink, block.schema)
+                self._file_schema = block.schema
             self._writer.write_batch(block)
         except OSError as exc:
             needed = block.nbytes
@@ -217,6 +260,24 @@ class SpoolFile(BlockSource):
                 os.remove(self.path)
             except FileNotFoundError:
                 pass
+
+
+def _widened(stored: pa.Schema, incoming: pa.Schema) -> pa.Schema:
+    """The schema that holds both: a pixel column (:data:`~optim.data.stream.PIXELS_KEY`) stored as uint8 in one
+    and as float32 in the other is float32; any other difference is a bug upstream (every part of a partition is
+    read into the same columns)."""
+    if stored.names != incoming.names:
+        raise ValueError(f"A local copy's parts differ in their columns: {stored.names} against {incoming.names}")
+    fields = []
+    for a, b in zip(stored, incoming):
+        if a.type == b.type:
+            fields.append(a)
+        elif PIXELS_KEY in (a.metadata or {}) and pa.types.is_fixed_size_list(a.type) and \
+                pa.types.is_fixed_size_list(b.type) and a.type.list_size == b.type.list_size:
+            fields.append(a if pa.types.is_floating(a.type.value_type) else b)
+        else:
+            raise ValueError(f"A local copy's parts differ in column {a.name!r}: {a.type} against {b.type}")
+    return pa.schema(fields, metadata=stored.metadata)
 
 
 def spool_path(folder: str, name: str) -> str:

@@ -146,32 +146,51 @@ def test_an_undecodable_image_names_its_row_in_the_partition(tmp_path):
 
 def test_images_decoded_once_as_stored_give_the_batches_decoding_every_epoch_gives(tmp_path):
     """``decode_once``: a partition's PNG rows stored as pixels give, for a seeded epoch and for one resumed in its
-    middle, exactly the batches (order, pixels, labels) that storing them encoded and decoding every batch gives;
-    the pixel copy is what the epochs read; an image that does not decode is named as it is stored."""
+    middle, exactly the batches (order, float32 pixels, labels) that storing them encoded and decoding every batch
+    gives; pixels decoded at their own size are stored as uint8 (a quarter of float32's bytes), and a partition
+    whose later part holds an image that had to be resized (float pixels) widens the copy to float32, as does one
+    whose first part did: the batches stay the decoded ones; an image that does not decode is named as it is
+    stored."""
     import tensorflow as tf
 
     from optim.data.partition import StreamShard
 
     rng = np.random.default_rng(0)
     images = [tf.io.encode_png(rng.integers(0, 255, (6, 5, 3), dtype=np.uint8)).numpy() for _ in range(45)]
-    part = [pa.record_batch({"img": pa.array(images[a:b], pa.binary()), "y": pa.array(np.arange(a, b))})
-            for a, b in ((0, 13), (13, 30), (30, 45))]
+    larger = tf.io.encode_png(rng.integers(0, 255, (9, 7, 3), dtype=np.uint8)).numpy()  # resized: float pixels
+
+    def parts(images):
+        return [pa.record_batch({"img": pa.array(images[a:b], pa.binary()), "y": pa.array(np.arange(a, b))})
+                for a, b in ((0, 13), (13, 30), (30, 45))]
+
     img = TensorColumns(("img",), (6, 5, 3))
 
-    def stored(decode: bool, name: str, batches=part):
+    def stored(decode: bool, name: str, batches):
         reader = StreamShard((img,), (Y,), True, None, 16, 2, 8, decode_images=decode)
         return reader.spool(iter(batches), 1, str(tmp_path), name)
 
-    once, every = stored(True, "once"), stored(False, "every")
-    assert once.source.nbytes > every.source.nbytes  # pixels, not PNG
-    for kw in ({"epoch": 0}, {"epoch": 3}, {"epoch": 3, "skip": 2}):
-        a = list(once.batches(4, seed=5, shuffle=True, **kw))
-        b = list(every.batches(4, seed=5, shuffle=True, **kw))
-        assert len(a) == len(b) > 0
-        for (fa, la), (fb, lb) in zip(a, b):
-            np.testing.assert_array_equal(fa[0], fb[0])
-            np.testing.assert_array_equal(la, lb)
-    once.release(), every.release()
+    def stored_type(ds):
+        with pa.OSFile(ds.source.path, "rb") as f:
+            return pa.ipc.open_file(f).schema.field("img").type.value_type
+
+    cases = {"own size": (images, pa.uint8()), "a later part resized": (images[:20] + [larger] + images[21:], pa.float32()),
+             "the first part resized": ([larger] + images[1:], pa.float32())}
+    for case, (rows, kind) in cases.items():
+        once, every = stored(True, "once", parts(rows)), stored(False, "every", parts(rows))
+        assert stored_type(once) == kind, case
+        if kind == pa.uint8():
+            assert once.source.nbytes < 45 * 90 * 2, "uint8 pixels, not float32"
+        for kw in ({"epoch": 0}, {"epoch": 3}, {"epoch": 3, "skip": 2}):
+            a = list(once.batches(4, seed=5, shuffle=True, **kw))
+            b = list(every.batches(4, seed=5, shuffle=True, **kw))
+            assert len(a) == len(b) > 0
+            for (fa, la), (fb, lb) in zip(a, b):
+                assert fa[0].dtype == fb[0].dtype == np.float32, case
+                np.testing.assert_array_equal(fa[0], fb[0], err_msg=case)
+                np.testing.assert_array_equal(la, lb)
+        if case != "own size":
+            assert any(not np.array_equal(f[0], np.rint(f[0])) for f, _ in a), "a resized image's float pixels came back"
+        once.release(), every.release()
     broken = [pa.record_batch({"img": pa.array(images[:4] + [b"not an image"], pa.binary()), "y": pa.array(range(5))})]
     with pytest.raises(BadRowError, match=r"Column 'img' row 4 of partition 1: the image could not be decoded"):
         stored(True, "broken", broken)
