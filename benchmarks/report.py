@@ -191,7 +191,35 @@ def onnx(r: Reader) -> Topic:
     return t
 
 
-TOPICS: list[Callable[[Reader], Topic]] = [training, inference, predictor, scaling, sync_accuracy, startup, onnx]
+def streamed_input(r: Reader) -> Topic:
+    src = "bench_input.json"
+    args = r.get(src, "args")
+    t = Topic("input", f"Does the input keep up? A small CNN on {args['rows']:,} PNG rows of 64x64x3, two ranks",
+              "Images a second of the training steps (the wait for input included) by where a rank's rows come from; "
+              "the ratio is against the partition held in memory in the same epoch (medians of the rounds).", [src], unit="images/s")
+
+    def median(path: str, key: str, epoch: int | None = None) -> float:
+        runs = r.get(src, "runs", path)
+        values = sorted(run[key][epoch] if epoch is not None else run[key] for run in runs)
+        mid = len(values) // 2
+        return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+    last = args["epochs"]
+    first = _ratios([Figure("in memory, epoch 1", median("memory", "epoch_img_s", 0), "img/s"),
+                     Figure("streamed from the local copy, epoch 1", median("streamed", "epoch_img_s", 0), "img/s"),
+                     Figure("from_parquet (decoded every epoch), epoch 1", median("parquet", "epoch_img_s", 0),
+                            "img/s")])
+    t.figures = first + _ratios([Figure(f"in memory, epoch {last}", median("memory", "epoch_img_s", -1), "img/s"),
+                                 Figure(f"streamed from the local copy, epoch {last}",
+                                        median("streamed", "epoch_img_s", -1), "img/s")])
+    t.notes.append(f"The whole call (start-up included), streamed against in memory: "
+                   f"{r.get(src, 'ratios', 'streamed_overall_vs_memory'):.2f}; from_parquet against in memory: "
+                   f"{r.get(src, 'ratios', 'parquet_overall_vs_memory'):.2f}.")
+    return t
+
+
+TOPICS: list[Callable[[Reader], Topic]] = [training, inference, predictor, scaling, sync_accuracy, startup,
+                                           streamed_input, onnx]
 
 
 def _fmt(v: float) -> str:
