@@ -21,7 +21,7 @@ from optim.data.holdout import HoldOut, check_split
 from optim.logs import console_error
 from optim.protocol import RunResult, TrainSpec
 from optim.sync import check_sync
-from optim.training.callbacks import check_callbacks, shippable_callbacks
+from optim.training.callbacks import callback_list, check_callbacks, shippable_callbacks
 from optim.training.checkpoint import new_run_id, resolve_resume
 from optim.training.checks import warn_if_logits_to_probability_loss
 from optim.training.config import TrainConfig
@@ -253,12 +253,13 @@ class TFOptimizer:
             try:
                 dataset, val, batch_size = self._inputs(data, batch_size, validation_data, sample_weight, on_nonfinite,
                                                         validation_split, seed)
-                ours = [c for c in (callbacks or []) if isinstance(c, Callback)]  # run here, not in the loop
+                callbacks = callback_list(callbacks)
+                ours = [c for c in callbacks if isinstance(c, Callback)]  # run here, not in the loop
                 config = self._config(epochs=epochs, batch_size=batch_size, shuffle=shuffle, seed=seed,
                                       validate_every=validate_every, checkpoint_every=checkpoint_every,
                                       keep_checkpoints=keep_checkpoints, resume=resume, on_nonfinite=on_nonfinite,
                                       max_steps=max_steps, precision=precision, sync=sync, class_weight=class_weight,
-                                      callbacks=[c for c in (callbacks or []) if not isinstance(c, Callback)])
+                                      callbacks=[c for c in callbacks if not isinstance(c, Callback)])
                 distributed = dataset.distributed or num_workers is not None
                 if not distributed and distributed_options:
                     raise TypeError(f"Unknown arguments {sorted(distributed_options)} for local training.")

@@ -22,9 +22,26 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["CallbackRun", "ModelView", "ScaledRate", "check_callbacks", "shippable_callbacks"]
+from optim.callbacks import Callback
+
+__all__ = ["CallbackRun", "ModelView", "ScaledRate", "callback_list", "check_callbacks", "shippable_callbacks"]
 
 _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
+
+
+def callback_list(callbacks) -> list:
+    """``callbacks`` as a list, as Keras's ``fit`` takes them: None is none, one callback is a list of one.
+
+    Raises:
+        TypeError: neither a list nor a callback (Keras's, with ``on_epoch_end`` and ``set_model``, or tfnet's).
+    """
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, (list, tuple)):
+        return list(callbacks)
+    if isinstance(callbacks, Callback) or (hasattr(callbacks, "on_epoch_end") and hasattr(callbacks, "set_model")):
+        return [callbacks]
+    raise TypeError(f"`callbacks` must be a list of keras.callbacks.Callback. Received: {callbacks!r}")
 
 
 def check_callbacks(callbacks) -> list:

@@ -63,6 +63,15 @@ def test_early_stopping_leaves_the_weights_of_a_run_planned_for_that_many_epochs
         np.testing.assert_array_equal(value, planned.net.get_weights()[name])
 
 
+def test_one_callback_not_in_a_list_is_taken_as_keras_fit_takes_it():
+    x, y = data()
+    stop = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=1e9)
+    history = opt_().optimize((x, y), epochs=6, batch_size=32, verbose=0, callbacks=stop)
+    assert len(history.history["loss"]) == 2 and stop.stopped_epoch == 1
+    with pytest.raises(TypeError, match=r"^`callbacks` must be a list of keras.callbacks.Callback. Received: 'stop'$"):
+        opt_().optimize((x, y), epochs=1, batch_size=32, verbose=0, callbacks="stop")
+
+
 def test_restore_best_weights_returns_the_best_epochs_weights():
     x, y = data()
     kept = []
