@@ -157,12 +157,51 @@ def _ends_quietly_when_unread() -> Iterator[None]:
         _until_next_task()
 
 
+class _UnreadStderr:
+    """The worker's stderr between a tfnet task and its next one: lines pass through, except a traceback whose
+    error is the JVM's closed or reset socket (``ConnectionResetError``, ``BrokenPipeError``). pyspark's daemon
+    flushes the worker's output after each task; when the JVM stopped reading it (``show(n)``), that flush can
+    fail with ``ECONNRESET``, which no ``SIGPIPE`` ends, and the daemon prints it before the worker exits."""
+
+    QUIET = ("ConnectionResetError", "BrokenPipeError")
+
+    def __init__(self, stream):
+        self.stream, self._held, self._partial = stream, [], ""
+
+    def write(self, text: str) -> int:
+        self._partial += text
+        *lines, self._partial = self._partial.split("\n")
+        for line in lines:
+            self._line(line + "\n")
+        return len(text)
+
+    def _line(self, line: str) -> None:
+        if line.startswith("Traceback (most recent call last):") or (self._held and line.startswith(" ")):
+            self._held.append(line)  # a traceback's frames: held until its error line says whose it is
+            return
+        held, self._held = self._held, []
+        if held and line.startswith(self.QUIET):
+            return
+        self.stream.write("".join(held) + line)
+        self.stream.flush()
+
+    def flush(self) -> None:
+        if self._partial and not self._held:
+            self.stream.write(self._partial)
+            self._partial = ""
+        self.stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
 def _until_next_task() -> None:
     """Until the JVM sends this worker its next task, ``SIGPIPE`` ends the worker. pyspark's daemon
     looks its worker module's ``main`` up for every task; tfnet's stands in front of it once: when the
-    next task's first bytes arrive it puts the worker's own ``SIGPIPE`` handling back and runs pyspark's
-    ``main``; when the socket is closed instead (the JVM keeps no worker whose output it left unread)
-    the worker ends quietly, where pyspark would print a ``BrokenPipeError`` writing its error back.
+    next task's first bytes arrive it puts the worker's own ``SIGPIPE`` handling and stderr back and runs
+    pyspark's ``main``; when the socket is closed instead (the JVM keeps no worker whose output it left
+    unread) the worker ends quietly, where pyspark would print a ``BrokenPipeError`` writing its error back.
+    Until then stderr drops the daemon's traceback of a reset socket (:class:`_UnreadStderr`).
     Without such a module (another pyspark), the handling comes back at once."""
     name = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1].startswith("pyspark") else "pyspark.worker"
     module = sys.modules.get(name)
@@ -172,6 +211,8 @@ def _until_next_task() -> None:
     if pyspark_main is None:
         signal.signal(signal.SIGPIPE, _PIPE.pop("saved"))
         return
+    stderr = sys.stderr
+    sys.stderr = _UnreadStderr(stderr)
 
     def main(infile, outfile):
         module.main = pyspark_main
@@ -181,6 +222,8 @@ def _until_next_task() -> None:
             closed = True
         if closed:
             os._exit(0)
+        sys.stderr.flush()
+        sys.stderr = stderr
         signal.signal(signal.SIGPIPE, _PIPE.pop("saved"))
         return pyspark_main(infile, outfile)
 

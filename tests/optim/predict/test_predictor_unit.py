@@ -324,3 +324,30 @@ def test_worker_loop_numbers_rows_across_batches_and_nulls_bad_chunks(cnn):
         list(predict_arrow(iter(batches[1:]), strict))  # rows are numbered within the partition,
     with pytest.raises(BadRowError, match=r"Column 'img', row 4 of partition 0: the value is null"):
         list(predict_arrow(iter(batches), strict))  # across its Arrow batches
+
+
+def test_between_tasks_the_workers_stderr_drops_only_a_reset_sockets_traceback():
+    """pyspark's daemon prints the ConnectionResetError of its flush when the JVM stopped reading a tfnet task's
+    output (``show(3)``: seen in a CI run); between tasks the worker's stderr drops that traceback, and only it."""
+    import io
+    import traceback
+
+    from optim.predict.worker import _UnreadStderr
+
+    def printed(error: BaseException, before: str = "") -> str:
+        out = io.StringIO()
+        stderr = _UnreadStderr(out)
+        stderr.write(before)
+        try:
+            raise error
+        except BaseException:
+            traceback.print_exc(file=stderr)
+        stderr.write("after\n")
+        stderr.flush()
+        return out.getvalue()
+
+    assert printed(ConnectionResetError(104, "Connection reset by peer")) == "after\n"
+    assert printed(BrokenPipeError(32, "Broken pipe"), before="a line\n") == "a line\nafter\n"
+    shown = printed(ValueError("a user's own error"))
+    assert shown.startswith("Traceback (most recent call last):\n") and "ValueError: a user's own error\nafter\n" in shown
+    assert 'raise error' in shown  # the frames kept with it
