@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -199,10 +200,7 @@ def streamed_input(r: Reader) -> Topic:
               "the ratio is against the partition held in memory in the same epoch (medians of the rounds).", [src], unit="images/s")
 
     def median(path: str, key: str, epoch: int | None = None) -> float:
-        runs = r.get(src, "runs", path)
-        values = sorted(run[key][epoch] if epoch is not None else run[key] for run in runs)
-        mid = len(values) // 2
-        return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+        return statistics.median(run[key][epoch] if epoch is not None else run[key] for run in r.get(src, "runs", path))
 
     last = args["epochs"]
     first = _ratios([Figure("in memory, epoch 1", median("memory", "epoch_img_s", 0), "img/s"),
