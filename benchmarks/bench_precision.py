@@ -25,7 +25,19 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import banner, ceilings_line, interleaved, machine, matmul_ceilings, median, resnet50_gflop, setup_env, write_json  # noqa: E402
+from common import (  # noqa: E402
+    banner,
+    ceilings_line,
+    interleaved,
+    machine,
+    matmul_ceilings,
+    median,
+    openvino_ceilings_line,
+    openvino_matmul_ceilings,
+    resnet50_gflop,
+    setup_env,
+    write_json,
+)
 
 
 def fine_tuning(args, x, y, ceilings: dict) -> dict:
@@ -162,6 +174,13 @@ def spark_inference(args, net, x) -> dict:
           f"bf16 / OV fp32 {out['bf16_vs_ov_fp32']:.2f}; INT8 model loads per worker: {loads['openvino_int8']}")
     print(f"    uint8 input (raw pixels, converted on the workers), img/s: TF fp32 {img_s8['tensorflow_fp32']:6.2f}   "
           f"OpenVINO INT8 {img_s8['openvino_int8']:6.2f}   INT8 / TF fp32 {out['int8_vs_tf_fp32_uint8']:.2f} (target >= 4)")
+    ov = args.ov_ceilings
+    if ov:
+        # the most INT8 can gain over TF fp32 here: OpenVINO's INT8 GEMM rate over the rate TF fp32 reached on ResNet-50
+        out["int8_bound_vs_tf_fp32"] = ov["int8_gops"] / (img_s["tensorflow_fp32"] * resnet50_gflop(args.size))
+        print(f"    bound on this CPU: OpenVINO's INT8 GEMM ({ov['int8_gops']:.0f} GOP/s) over TF fp32's rate on ResNet-50 "
+              f"here ({img_s['tensorflow_fp32'] * resnet50_gflop(args.size):.0f} GFLOP/s) = "
+              f"{out['int8_bound_vs_tf_fp32']:.2f}x: INT8 at its GEMM ceiling could be this much faster, no more")
     for p in made.values():
         p.close()
     spark.stop()
@@ -202,11 +221,15 @@ def main(argv=None) -> dict:
     print(banner(), flush=True)
     ceilings = matmul_ceilings()
     print(ceilings_line(ceilings), flush=True)
+    args.ov_ceilings = None
+    if args.only in (None, "local", "spark"):
+        args.ov_ceilings = openvino_matmul_ceilings(threads=args.cores)
+        print(openvino_ceilings_line(args.ov_ceilings), flush=True)
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (args.images, args.size, args.size, 3)).astype("float32")
     y = rng.integers(0, 1000, args.images).astype("int64")
     results = {"machine": machine(), "batch": args.batch, "size": args.size, "images": args.images,
-               "rounds": args.rounds, "ceilings": ceilings, "calibration_images": args.calibration,
+               "rounds": args.rounds, "ceilings": ceilings, "openvino_ceilings": args.ov_ceilings, "calibration_images": args.calibration,
                "command": "python benchmarks/bench_precision.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     if args.only in (None, "train"):
         results["train"] = fine_tuning(args, x, y, ceilings)

@@ -76,6 +76,49 @@ def matmul_ceilings(n: int = 2048, rounds: int = 5) -> dict:
     return out
 
 
+def openvino_matmul_ceilings(n: int = 2048, threads: int | None = None, rounds: int = 5) -> dict:
+    """OpenVINO's own ``n`` x ``n`` matmul on the CPU, in fp32 and in INT8 (both operands through a 256-level
+    ``FakeQuantize``, which the CPU plugin runs as an int8 GEMM: VNNI or AMX), GOP/s (the best of ``rounds``).
+    Their ratio is what INT8 can gain over fp32 on this CPU at best; ResNet-50's convolutions are GEMMs of this
+    kind. ``threads``: OpenVINO's threads (default: all cores)."""
+    import numpy as np
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    def model(int8: bool):
+        a = ops.parameter([n, n], np.float32, name="a")
+        b = ops.constant(np.random.default_rng(0).uniform(-1, 1, (n, n)).astype(np.float32))
+        x, w = a, b
+        if int8:
+            lo, hi = ops.constant(np.float32(-1.0)), ops.constant(np.float32(1.0))
+            x = ops.fake_quantize(a, lo, hi, lo, hi, 256)
+            w = ops.fake_quantize(b, lo, hi, lo, hi, 255)
+        return ov.Model([ops.matmul(x, w, False, False)], [a])
+
+    config = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = int(threads)
+    data = np.random.default_rng(1).uniform(-1, 1, (n, n)).astype(np.float32)
+    out = {"n": n, "threads": threads or "all"}
+    for name, int8 in (("fp32", False), ("int8", True)):
+        request = ov.Core().compile_model(model(int8), "CPU", config).create_infer_request()
+        request.infer({0: data})
+        best = float("inf")
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            request.infer({0: data})
+            best = min(best, time.perf_counter() - t0)
+        out[f"{name}_gops"] = 2 * n ** 3 / best / 1e9
+    out["int8_vs_fp32"] = out["int8_gops"] / out["fp32_gops"]
+    return out
+
+
+def openvino_ceilings_line(c: dict) -> str:
+    """One line of :func:`openvino_matmul_ceilings`' figures."""
+    return (f"# ceilings: OpenVINO {c['n']}x{c['n']} matmul ({c['threads']} threads) fp32 {c['fp32_gops']:.0f} GOP/s, "
+            f"INT8 {c['int8_gops']:.0f} GOP/s ({c['int8_vs_fp32']:.2f}x fp32)")
+
+
 def ceilings_line(c: dict) -> str:
     """One line of :func:`matmul_ceilings`' figures, printed beside a benchmark's own."""
     kind = "AMX" if c["amx"] else "avx512_bf16" if c["bf16_native"] else "emulated, no native bf16"

@@ -130,15 +130,23 @@ def inference(r: Reader) -> Topic:
 
 
 def predictor(r: Reader) -> Topic:
-    t = Topic("predictor", "TFPredictor over Spark against one process: ResNet-50, TF fp32",
-              "TFPredictor on Spark `local[2]` against the same model called in one process on the same machine "
-              "(the ratio), and OpenVINO fp32 against TensorFlow fp32 in one process.",
+    t = Topic("predictor", "TFPredictor over Spark: against one process, and against Spark's `predict_batch_udf`",
+              "ResNet-50, 224x224, batch 16, TF fp32. TFPredictor on Spark `local[2]` against the same model called "
+              "in one process; OpenVINO fp32 against TensorFlow fp32 in one process; and TFPredictor against "
+              "Spark's `predict_batch_udf` on the same DataFrame and model, with `model(x)` (the ratio's base) and "
+              "with `model.predict(x)` as in Spark's documentation.",
               ["bench_predictor.json"], unit="images/s")
     p = "bench_predictor.json"
     t.figures = _ratios([Figure("one process", r.get(p, "spark", "single_process_img_s"), "img/s"),
                          Figure("TFPredictor, Spark local[2]", r.get(p, "spark", "tfpredictor_img_s"), "img/s")])
     t.figures += _ratios([Figure("TensorFlow fp32, one process", r.get(p, "openvino", "tensorflow_img_s"), "img/s"),
                           Figure("OpenVINO fp32, one process", r.get(p, "openvino", "openvino_img_s"), "img/s")])
+    udf = lambda k: r.get(p, "udf", "img_s", k)  # noqa: E731
+    t.figures += _ratios([Figure("predict_batch_udf, model(x)", udf("udf_call"), "img/s"),
+                          Figure("predict_batch_udf, model.predict(x)", udf("udf_predict"), "img/s"),
+                          Figure("TFPredictor, same DataFrame", udf("tfpredictor"), "img/s")])
+    diffs = r.get(p, "udf", "max_abs_diff_vs_tfpredictor")
+    t.notes.append(f"Largest difference between the udf's outputs and TFPredictor's: {max(diffs.values()):.1e}.")
     return t
 
 

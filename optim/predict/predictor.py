@@ -23,7 +23,7 @@ from optim.predict.quantize import (
     quantize_ir,
 )
 from optim.predict.snapshot import ModelSnapshot, ModelSource
-from optim.predict.worker import StatsParam, WorkerJob, get_engine, merge_stats, predict_arrow, predict_rdd_partition
+from optim.predict.worker import StatsParam, WorkerJob, arrow_udf_body, get_engine, merge_stats, predict_rdd_partition
 
 __all__ = ["TFPredictor"]
 
@@ -244,15 +244,25 @@ class TFPredictor:
         return out.drop(*vectors.values()) if vectors else out
 
     def _predict_arrays(self, df, feature_cols, output_cols):
+        """The model runs in an Arrow UDF over the feature columns alone, so the other columns stay in Spark
+        (``mapInArrow`` would send every column to Python and back). Its struct result becomes the output
+        columns, after the input columns."""
+        from pyspark.sql import functions as F
         from pyspark.sql.types import StructType
+
+        from optim.spark.connect import is_connect
 
         plan = plan_columns(df.schema, self._snapshot.inputs, self._snapshot.outputs, feature_cols, output_cols,
                             self.error_col if self.on_error == "null" else None)
-        schema = StructType(list(df.schema.fields) + plan.output_fields())
-        from optim.spark.connect import is_connect
-
         job = self._connect_job(df.sparkSession, plan) if is_connect(df) else self._job(df.sparkSession.sparkContext, plan)
-        return df.mapInArrow(functools.partial(predict_arrow, job=job), schema)
+        fields = plan.output_fields()
+        model = F.arrow_udf(arrow_udf_body(job), StructType(fields))
+        hidden = "__tfnet_outputs"
+        while hidden in df.columns:
+            hidden += "_"
+        out = df.withColumn(hidden, model(*[_column(spec.column) for spec in plan.inputs]))
+        return out.select(*[_column(c) for c in df.columns],
+                          *[F.col(hidden).getField(f.name).alias(f.name) for f in fields])
 
     def _connect_job(self, spark, plan) -> WorkerJob:
         """Under Spark Connect (no SparkContext, no broadcast) the model travels in the plan itself,
@@ -348,6 +358,13 @@ class TFPredictor:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _column(name: str):
+    """The column named ``name`` exactly (a dot in it is part of the name, not a struct field)."""
+    from pyspark.sql import functions as F
+
+    return F.col("`" + name.replace("`", "``") + "`")
 
 
 def _positive_int(value) -> bool:

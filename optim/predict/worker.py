@@ -31,7 +31,7 @@ from optim.predict.backends import Payload, build_engine
 from optim.predict.columns import ColumnPlan
 from tfnet.errors import GraphExecutionError
 
-__all__ = ["WorkerJob", "predict_arrow", "predict_rdd_partition", "get_engine", "load_count", "StatsParam"]
+__all__ = ["WorkerJob", "predict_columns", "arrow_udf_body", "predict_rdd_partition", "get_engine", "load_count", "StatsParam"]
 
 # Loaded engines of this process, most recently used last; at most _CACHE_SIZE models.
 _ENGINES: OrderedDict[str, Any] = OrderedDict()
@@ -231,26 +231,44 @@ def _until_next_task() -> None:
     module.main = main
 
 
-def predict_arrow(batches: Iterable, job: WorkerJob) -> Iterator:
-    """``mapInArrow`` body: yields each input batch, in order, with the output columns added.
-    The model runs on ``job.batch_size`` rows at a time."""
+def predict_columns(batches: Iterable, job: WorkerJob) -> Iterator:
+    """Body of the prediction's Arrow UDF (``ArrowUDFType.SCALAR_ITER``). Each item of ``batches`` holds the
+    feature columns of one Arrow batch, in the plan's input order (a tuple of arrays, or one array); for every
+    ``job.batch_size`` rows, in order, it yields a struct array with the output columns (and the error column).
+    Only the feature columns come to the worker, and only the outputs go back: Spark keeps the other columns."""
     partition, row = _partition_id(), 0
     with _ends_quietly_when_unread():
-        for batch in batches:
-            for start in range(0, batch.num_rows, job.batch_size):
-                chunk = batch.slice(start, job.batch_size)
+        for arrays in batches:
+            arrays = tuple(arrays) if isinstance(arrays, (tuple, list)) else (arrays,)
+            for start in range(0, len(arrays[0]), job.batch_size):
+                chunk = [a.slice(start, job.batch_size) for a in arrays]
                 yield _predict_chunk(chunk, job, partition, row)
-                row += chunk.num_rows
+                row += len(chunk[0])
 
 
-def _predict_chunk(chunk, job: WorkerJob, partition: int, first_row: int):
+def arrow_udf_body(job: WorkerJob):
+    """:func:`predict_columns` for ``job`` as ``pyspark.sql.functions.arrow_udf`` takes it: type hints say it is
+    an iterator UDF (of one column, or of a tuple of columns), which pyspark prefers to an explicit UDF type."""
+    import typing
+
     import pyarrow as pa
 
-    plan, n = job.plan, chunk.num_rows
+    def predict(batches):
+        return predict_columns(batches, job)
+
+    arg = typing.Iterator[pa.Array] if len(job.plan.inputs) == 1 else typing.Iterator[tuple[pa.Array, ...]]
+    predict.__annotations__ = {"batches": arg, "return": typing.Iterator[pa.Array]}
+    return predict
+
+
+def _predict_chunk(chunk: list, job: WorkerJob, partition: int, first_row: int):
+    import pyarrow as pa
+
+    plan, n = job.plan, len(chunk[0])
     bad: dict[int, tuple[str, str]] = {}
     arrays = []
-    for spec in plan.inputs:
-        values, col_bad = read_column(chunk.column(spec.column), spec.reading)
+    for spec, column in zip(plan.inputs, chunk):
+        values, col_bad = read_column(column, spec.reading)
         arrays.append(values)
         for r, problem in col_bad.items():
             bad.setdefault(r, (spec.column, problem.text))
@@ -267,7 +285,7 @@ def _predict_chunk(chunk, job: WorkerJob, partition: int, first_row: int):
     if plan.error_col:
         columns.append(pa.array([messages.get(i) for i in range(n)], pa.string()))
         names.append(plan.error_col)
-    return pa.RecordBatch.from_arrays(list(chunk.columns) + columns, names=list(chunk.schema.names) + names)
+    return pa.StructArray.from_arrays(columns, names=names)
 
 
 def _run(job: WorkerJob, feed: list, good: np.ndarray, messages: dict, where: str) -> list[np.ndarray]:

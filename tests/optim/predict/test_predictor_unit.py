@@ -299,20 +299,20 @@ def test_snapshot_save_and_load(cnn, tmp_path):
 
 def test_worker_loop_numbers_rows_across_batches_and_nulls_bad_chunks(cnn):
     from optim.predict.backends import make_payload
-    from optim.predict.worker import WorkerJob, predict_arrow
+    from optim.predict.worker import WorkerJob, predict_columns
 
     x = models.random_images(10, 8)
     schema = T.StructType([T.StructField("id", T.LongType()), T.StructField("img", T.ArrayType(T.FloatType()))])
     snap = ModelSnapshot.from_net(cnn)
     flat = [row.ravel().tolist() for row in x]
     flat[4], flat[5], flat[8] = None, None, flat[8][:3]
-    batches = [pa.record_batch({"id": pa.array(range(a, b)), "img": pa.array(flat[a:b], pa.list_(pa.float32()))})
-               for a, b in ((0, 6), (6, 10))]
+    batches = [pa.array(flat[a:b], pa.list_(pa.float32())) for a, b in ((0, 6), (6, 10))]  # the feature column
     plan = plan_columns(schema, snap.inputs, snap.outputs, error_col="err")
     job = WorkerJob("unit-" + snap.model_id, make_payload(snap, "tensorflow"), plan, 2, "null")
-    out = pa.Table.from_batches(list(predict_arrow(iter(batches), job)))
-    assert out.column_names == ["id", "img", "output", "err"] and out.num_rows == 10
-    assert out.column("id").to_pylist() == list(range(10))
+    parts = list(predict_columns(iter(batches), job))
+    assert [len(p) for p in parts] == [2, 2, 2, 2, 2]  # batch_size rows at a time, within each Arrow batch
+    out = pa.Table.from_struct_array(pa.concat_arrays(parts))
+    assert out.column_names == ["output", "err"] and out.num_rows == 10
     errors = out.column("err").to_pylist()
     assert [i for i, e in enumerate(errors) if e] == [4, 5, 8]  # rows 4 and 5 are a whole bad chunk
     good = [0, 1, 2, 3, 6, 7, 9]
@@ -321,9 +321,9 @@ def test_worker_loop_numbers_rows_across_batches_and_nulls_bad_chunks(cnn):
 
     strict = WorkerJob("unit-" + snap.model_id, job.payload, plan_columns(schema, snap.inputs, snap.outputs), 2, "raise")
     with pytest.raises(BadRowError, match=r"Column 'img', row 2 of partition 0: the array has 3 values"):
-        list(predict_arrow(iter(batches[1:]), strict))  # rows are numbered within the partition,
+        list(predict_columns(iter(batches[1:]), strict))  # rows are numbered within the partition,
     with pytest.raises(BadRowError, match=r"Column 'img', row 4 of partition 0: the value is null"):
-        list(predict_arrow(iter(batches), strict))  # across its Arrow batches
+        list(predict_columns(iter(batches), strict))  # across its Arrow batches
 
 
 def test_between_tasks_the_workers_stderr_drops_only_a_reset_sockets_traceback():
