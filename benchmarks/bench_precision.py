@@ -174,13 +174,6 @@ def spark_inference(args, net, x) -> dict:
           f"bf16 / OV fp32 {out['bf16_vs_ov_fp32']:.2f}; INT8 model loads per worker: {loads['openvino_int8']}")
     print(f"    uint8 input (raw pixels, converted on the workers), img/s: TF fp32 {img_s8['tensorflow_fp32']:6.2f}   "
           f"OpenVINO INT8 {img_s8['openvino_int8']:6.2f}   INT8 / TF fp32 {out['int8_vs_tf_fp32_uint8']:.2f} (target >= 4)")
-    ov = args.ov_ceilings
-    if ov:
-        # the most INT8 can gain over TF fp32 here: OpenVINO's INT8 GEMM rate over the rate TF fp32 reached on ResNet-50
-        out["int8_bound_vs_tf_fp32"] = ov["int8_gops"] / (img_s["tensorflow_fp32"] * resnet50_gflop(args.size))
-        print(f"    bound on this CPU: OpenVINO's INT8 GEMM ({ov['int8_gops']:.0f} GOP/s) over TF fp32's rate on ResNet-50 "
-              f"here ({img_s['tensorflow_fp32'] * resnet50_gflop(args.size):.0f} GFLOP/s) = "
-              f"{out['int8_bound_vs_tf_fp32']:.2f}x: INT8 at its GEMM ceiling could be this much faster, no more")
     for p in made.values():
         p.close()
     spark.stop()

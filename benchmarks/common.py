@@ -79,8 +79,9 @@ def matmul_ceilings(n: int = 2048, rounds: int = 5) -> dict:
 def openvino_matmul_ceilings(n: int = 2048, threads: int | None = None, rounds: int = 5) -> dict:
     """OpenVINO's own ``n`` x ``n`` matmul on the CPU, in fp32 and in INT8 (both operands through a 256-level
     ``FakeQuantize``, which the CPU plugin runs as an int8 GEMM: VNNI or AMX), GOP/s (the best of ``rounds``).
-    Their ratio is what INT8 can gain over fp32 on this CPU at best; ResNet-50's convolutions are GEMMs of this
-    kind. ``threads``: OpenVINO's threads (default: all cores)."""
+    Their ratio is what INT8 gains on one large GEMM on this CPU, beside the figures a benchmark measures on a
+    model (a network's convolutions run other kernels, and gained more than this ratio on an AMD EPYC). ``threads``:
+    OpenVINO's threads (default: all cores)."""
     import numpy as np
     import openvino as ov
     import openvino.opset13 as ops

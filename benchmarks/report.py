@@ -125,7 +125,14 @@ def inference(r: Reader) -> Topic:
             group.append(Figure(f"{label} ({'one process' if where == 'local' else 'Spark local[2]'})",
                                 r.get("bench_precision.json", where, "img_s", key), "img/s"))
         figures += _ratios(group)
+    figures += _ratios([Figure(f"{label} (Spark local[2], raw uint8 rows)",
+                               r.get("bench_precision.json", "spark", "uint8_img_s", key), "img/s")
+                        for key, label in (("tensorflow_fp32", "TF fp32"), ("openvino_int8", "OpenVINO INT8"))])
     t.figures = figures
+    ov = r.get("bench_precision.json", "openvino_ceilings")
+    t.notes.append(f"OpenVINO's {ov['n']}x{ov['n']} matmul on that machine: fp32 {ov['fp32_gops']:.0f} GOP/s, INT8 "
+                   f"{ov['int8_gops']:.0f} GOP/s ({ov['int8_vs_fp32']:.2f}x; both operands through a 256-level "
+                   "FakeQuantize).")
     return t
 
 

@@ -1,5 +1,5 @@
 """Spark ML's prediction columns from a model's raw output column. Driver side: every column is a
-Spark SQL expression (no Python UDF), computed by Spark after the model's ``mapInArrow`` stage.
+Spark SQL expression (no Python UDF), computed by Spark after the model's Arrow UDF.
 
 tfnet follows Spark ML's conventions (``pyspark.ml.classification``):
 
