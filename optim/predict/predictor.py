@@ -261,8 +261,8 @@ class TFPredictor:
         while hidden in df.columns:
             hidden += "_"
         out = df.withColumn(hidden, model(*[_column(spec.column) for spec in plan.inputs]))
-        return out.select(*[_column(c) for c in df.columns],
-                          *[F.col(hidden).getField(f.name).alias(f.name) for f in fields])
+        # appended by position, so that no input column is named again (a join's twin names stay as they were)
+        return out.withColumns({f.name: F.col(hidden).getField(f.name) for f in fields}).drop(hidden)
 
     def _connect_job(self, spark, plan) -> WorkerJob:
         """Under Spark Connect (no SparkContext, no broadcast) the model travels in the plan itself,
