@@ -7,7 +7,7 @@ from setuptools import find_packages, setup
 # TensorFlow itself (tfnet/quiet.py).
 INSTALL_REQUIRES = [
     "tensorflow-cpu==2.21.*",
-    "pyspark>=4.0,<5",
+    "pyspark>=4.1,<5",  # TFPredictor runs its model in an Arrow UDF (pyspark.sql.functions.arrow_udf, Spark 4.1)
     "numpy>=1.26",
     "pyarrow>=11",
     "pandas>=2.0,<3",
