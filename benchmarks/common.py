@@ -52,6 +52,17 @@ def banner() -> str:
             f"oneDNN {m['onednn']}, {m['date']}")
 
 
+def best_seconds(fn: Callable[[], object], rounds: int) -> float:
+    """The shortest of ``rounds`` timed calls of ``fn``, after one untimed call (the warm-up)."""
+    fn()
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def matmul_ceilings(n: int = 2048, rounds: int = 5) -> dict:
     """TensorFlow's own matmul speed on this machine, the practical ceiling a model's step is measured
     against (issue 43): GFLOP/s of an ``n`` x ``n`` ``tf.linalg.matmul`` in float32 and in bfloat16 (the best of
@@ -63,13 +74,7 @@ def matmul_ceilings(n: int = 2048, rounds: int = 5) -> dict:
     for name, dtype in (("fp32", tf.float32), ("bf16", tf.bfloat16)):
         a = tf.cast(tf.random.stateless_uniform((n, n), seed=(0, 1)), dtype)
         f = tf.function(lambda m: tf.linalg.matmul(m, m))
-        f(a).numpy()
-        best = float("inf")
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            f(a).numpy()
-            best = min(best, time.perf_counter() - t0)
-        out[f"{name}_gflops"] = 2 * n ** 3 / best / 1e9
+        out[f"{name}_gflops"] = 2 * n ** 3 / best_seconds(lambda f=f, a=a: f(a).numpy(), rounds) / 1e9
     flags = set(machine()["flags"])
     out["bf16_native"] = bool(flags & {"avx512_bf16", "amx_bf16"})
     out["amx"] = "amx_bf16" in flags
@@ -103,13 +108,7 @@ def openvino_matmul_ceilings(n: int = 2048, threads: int | None = None, rounds: 
     out = {"n": n, "threads": threads or "all"}
     for name, int8 in (("fp32", False), ("int8", True)):
         request = ov.Core().compile_model(model(int8), "CPU", config).create_infer_request()
-        request.infer({0: data})
-        best = float("inf")
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            request.infer({0: data})
-            best = min(best, time.perf_counter() - t0)
-        out[f"{name}_gops"] = 2 * n ** 3 / best / 1e9
+        out[f"{name}_gops"] = 2 * n ** 3 / best_seconds(lambda r=request: r.infer({0: data}), rounds) / 1e9
     out["int8_vs_fp32"] = out["int8_gops"] / out["fp32_gops"]
     return out
 
