@@ -1,11 +1,20 @@
-"""What a streamed rank's input thread costs per batch: decoded 64x64x3 pixels in the local copy as float32 (what
-``decode_once`` stored before) against uint8 (what it stores now where exact), side by side, alternating.
+"""What a streamed rank's input costs per batch, and what it takes from the step that shares the rank's core.
 
-No Spark and no model: the rows are written to two spool files as the rank writes them, and each side's shuffled
-epochs are read through :class:`optim.data.stream.StreamedDataset` (the producer thread, the window's permutation,
-the batch's decode to float32), as many batches as a rank of ``--rows`` rows makes in ``--epochs`` epochs.
+(a) **The producer alone** (no model): decoded 64x64x3 pixels in the local copy as float32 (what ``decode_once``
+    stored before issue 43) against uint8 (what it stores now where exact), each read a batch a decode, and the
+    uint8 copy read as the producer reads it now, several small batches a decode (``decoded_groups``). Each side's
+    shuffled epochs go through :class:`optim.data.stream.StreamedDataset` (the producer thread, the window's
+    permutation, the decode to float32), as many batches as a rank of ``--rows`` rows makes in ``--epochs`` epochs.
+(b) **The step beside it, on one core** (``--step``): the small CNN of ``bench_input.py`` trained locally by
+    ``TFOptimizer.optimize`` at a batch of 16 (a rank's share of ``bench_input.py``'s global 32), TensorFlow on one
+    thread and the process pinned to one core, as a Spark rank of one task CPU is: the rows in memory (the
+    baseline), streamed a batch a decode, and streamed in groups. The img/s of the steps (from one step's end to
+    the next, the wait for input included), medians of the rounds, sides alternating.
 
-    PYTHONPATH=. python benchmarks/bench_producer.py [--rows 2000] [--epochs 3] [--rounds 3] [--json out.json]
+No Spark: the rows are written to spool files as a rank writes them. The batches of every side are asserted equal.
+
+    PYTHONPATH=. python benchmarks/bench_producer.py [--rows 2000] [--epochs 3] [--rounds 3] [--step]
+                                                      [--json out.json]
 """
 
 from __future__ import annotations
@@ -16,10 +25,113 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import banner, interleaved, machine, median, write_json  # noqa: E402
+from common import banner, interleaved, machine, median, setup_env, write_json  # noqa: E402
 
 SIZE = 64
 BATCH = 16
+
+
+def spooled(folder: str, name: str, pixels, labels, dtype):
+    """``pixels`` (uint8 rows) stored as ``dtype`` in a local copy, as a rank stores decoded images."""
+    import numpy as np
+    import pyarrow as pa
+
+    from optim.data import spool, stream
+
+    width = pixels.shape[1]
+    writer = spool.SpoolWriter(spool.spool_path(folder, name))
+    for a in range(0, len(pixels), 100):
+        column = pa.FixedSizeListArray.from_arrays(pa.array(pixels[a:a + 100].astype(dtype).ravel()), width)
+        field = pa.field("image", column.type, metadata={stream.PIXELS_KEY: b"float32"})
+        part = pa.record_batch([column, pa.array(labels[a:a + 100])],
+                               schema=pa.schema([field, pa.field("label", pa.int64())]))
+        for numbered in stream.numbered([part], a):
+            writer.write(numbered)
+    source = writer.finish()
+    assert np.dtype(dtype) == np.float32 or source.nbytes < pixels.nbytes * 2
+    return source
+
+
+def streamed(source, grouped: bool):
+    """A StreamedDataset over ``source`` whose batches are decoded in groups, or a batch a decode."""
+    from optim.data import stream
+    from optim.data.decode import TensorColumns
+
+    decoder = stream.Decoder([TensorColumns(("image",), (SIZE, SIZE, 3))], [TensorColumns(("label",), None)], True, 0)
+    dataset = stream.StreamedDataset(source, decoder)
+    if not grouped:
+        dataset.max_decode_batches = 1
+    return dataset
+
+
+def producer_alone(datasets: dict, args) -> dict:
+    import numpy as np
+
+    checks = {}
+
+    def epochs(name):
+        def run():
+            seen, last = [], None
+            for e in range(args.epochs):
+                for features, labels in datasets[name].batches(BATCH, epoch=e, seed=0, shuffle=True):
+                    seen.append(labels)
+                    last = features[0]
+            checks[name] = (last, np.concatenate(seen))
+        return run
+
+    times = interleaved({name: epochs(name) for name in datasets}, rounds=args.rounds)
+    batches = args.epochs * -(-args.rows // BATCH)
+    ms = {name: 1e3 * median(t) / batches for name, t in times.items()}
+    first = next(iter(checks.values()))
+    for features, labels in checks.values():  # the same batches, in the same order, every side
+        assert features.dtype == np.float32
+        np.testing.assert_array_equal(features, first[0])
+        np.testing.assert_array_equal(labels, first[1])
+    print("(a) the producer alone, ms a batch of 16 (medians):")
+    for name, v in ms.items():
+        print(f"  {name:32s} {v:.3f} ms (file {datasets[name].source.nbytes / 1e6:.1f} MB)")
+    base = ms["uint8 copy, a batch a decode"]
+    print(f"  float32 copy / uint8 copy, a batch a decode: {ms['float32 copy, a batch a decode'] / base:.2f}x; "
+          f"uint8 copy, a batch a decode / grouped: {base / ms['uint8 copy, grouped']:.2f}x")
+    return ms
+
+
+def step_beside(source, pixels, labels, args) -> dict:
+    """(b): img/s of the steps on one core, memory against streamed a batch a decode and in groups."""
+    import numpy as np
+    import tensorflow as tf
+    from bench_memory import small_cnn
+
+    import optim
+    from optim import TFOptimizer
+    from optim.data.arrays import ArrayDataset
+
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    images = pixels.reshape(len(pixels), SIZE, SIZE, 3).astype(np.float32)
+    sides = {"in memory": lambda: ArrayDataset([images], [labels], presharded=True),
+             "streamed, a batch a decode": lambda: streamed(source, grouped=False),
+             "streamed, grouped": lambda: streamed(source, grouped=True)}
+    opts = {name: TFOptimizer(small_cnn(), optim.losses.SparseCategoricalCrossentropy(from_logits=True),
+                              optim.SGD(0.01)) for name in sides}
+    rates: dict[str, list[float]] = {name: [] for name in sides}
+    for r in range(args.rounds + 1):  # round 0 warms up
+        for name in (list(sides) if r % 2 else list(sides)[::-1]):
+            opts[name].optimize(sides[name](), epochs=args.epochs, batch_size=BATCH, verbose=0)
+            times = [t for t in opts[name].last_run["step_times"][1:] if t is not None]
+            if r:
+                rates[name].append(BATCH * len(times) / sum(times))
+    one, grouped = (list(opts[name].net.get_weights().values()) for name in ("streamed, a batch a decode",
+                                                                              "streamed, grouped"))
+    for a, b in zip(one, grouped, strict=True):  # the same batches either way: the same weights, bit for bit
+        np.testing.assert_array_equal(a, b)
+    out = {name: median(v) for name, v in rates.items()}
+    base = out["in memory"]
+    print(f"(b) the step beside the producer, one core, img/s of the steps (medians of {args.rounds} rounds):")
+    for name, v in out.items():
+        print(f"  {name:28s} {v:9.1f} img/s  {v / base:.3f} of in memory   rounds {[round(x) for x in rates[name]]}")
+    return {"img_s": out, "rounds": rates, "of_memory": {name: v / base for name, v in out.items()}}
 
 
 def main(argv=None) -> dict:
@@ -27,55 +139,25 @@ def main(argv=None) -> dict:
     p.add_argument("--rows", type=int, default=2000)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--step", action="store_true", help="also (b): the step beside the producer on one core")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    setup_env()
     import numpy as np
-    import pyarrow as pa
-
-    from optim.data import spool, stream
-    from optim.data.decode import TensorColumns
 
     print(banner(), flush=True)
-    width = SIZE * SIZE * 3
-    pixels = np.random.default_rng(0).integers(0, 256, (args.rows, width), np.uint8)
-    image, label = TensorColumns(("image",), (SIZE, SIZE, 3)), TensorColumns(("label",), None)
+    pixels = np.random.default_rng(0).integers(0, 256, (args.rows, SIZE * SIZE * 3), np.uint8)
+    labels = np.arange(args.rows) % 10
     folder = tempfile.mkdtemp(prefix="tfnet-bench-producer-")
-    datasets = {}
-    for name, dtype in (("float32 copy", np.float32), ("uint8 copy", np.uint8)):
-        writer = spool.SpoolWriter(spool.spool_path(folder, name.split()[0]))
-        for a in range(0, args.rows, 100):
-            column = pa.FixedSizeListArray.from_arrays(pa.array(pixels[a:a + 100].astype(dtype).ravel()), width)
-            field = pa.field("image", column.type, metadata={stream.PIXELS_KEY: b"float32"})
-            part = pa.record_batch([column, pa.array(np.arange(a, a + len(column)) % 10)],
-                                   schema=pa.schema([field, pa.field("label", pa.int64())]))
-            for numbered in stream.numbered([part], a):
-                writer.write(numbered)
-        datasets[name] = stream.StreamedDataset(writer.finish(), stream.Decoder([image], [label], True, 0))
-    checks = {}
-
-    def epochs(name):
-        def run():
-            last = None
-            for e in range(args.epochs):
-                for features, _ in datasets[name].batches(BATCH, epoch=e, seed=0, shuffle=True):
-                    last = features[0]
-            checks[name] = last
-        return run
-
-    times = interleaved({name: epochs(name) for name in datasets}, rounds=args.rounds)
-    batches = args.epochs * -(-args.rows // BATCH)
-    ms = {name: 1e3 * median(t) / batches for name, t in times.items()}
-    assert all(v.dtype == np.float32 for v in checks.values())
-    np.testing.assert_array_equal(*checks.values())  # the same batches either way
-    sizes = {name: ds.source.nbytes for name, ds in datasets.items()}
-    for name, v in ms.items():
-        print(f"  {name}: {v:.3f} ms a batch of {BATCH} (file {sizes[name] / 1e6:.1f} MB)")
-    ratio = ms["float32 copy"] / ms["uint8 copy"]
-    print(f"uint8 copy is {ratio:.2f}x faster a batch than the float32 copy")
-    for ds in datasets.values():
-        ds.release()
+    f32, u8 = spooled(folder, "f32", pixels, labels, np.float32), spooled(folder, "u8", pixels, labels, np.uint8)
+    datasets = {"float32 copy, a batch a decode": streamed(f32, False), "uint8 copy, a batch a decode": streamed(u8, False),
+                "uint8 copy, grouped": streamed(u8, True)}
+    ms = producer_alone(datasets, args)
     results = {"machine": machine(), "command": "python benchmarks/bench_producer.py " + " ".join(argv or sys.argv[1:]),
-               "args": vars(args), "ms_per_batch": ms, "file_bytes": sizes, "float32_over_uint8": ratio}
+               "args": vars(args), "ms_per_batch": ms}
+    if args.step:
+        results["step_on_one_core"] = step_beside(u8, pixels, labels, args)
+    f32.release(), u8.release()
     write_json(args.json, results)
     return results
 

@@ -70,7 +70,8 @@ class DataFrameDataset(ColumnDataset):
         shuffle_buffer: With ``streaming``, rows of a shuffle window: the stored blocks are shuffled,
             then the rows within windows of this many rows (a partition of at most this many rows is
             shuffled in full). Default 2048.
-        prefetch: With ``streaming``, decoded batches made ahead of the step. Default 2.
+        prefetch: With ``streaming``, decoded batches made ahead of the step (small batches in groups of
+            about 4 MiB: that many groups). Default 2.
         local_dir: With ``streaming``, the folder on each executor for the local copies. Default: Spark's
             local dir (``spark.local.dir``, ``SPARK_LOCAL_DIRS``).
         decode_once: With ``streaming``, encoded images are decoded once, as the partition is stored, and the

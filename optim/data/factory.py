@@ -53,7 +53,7 @@ class TFDataset(abc.ABC):  # noqa: B024 - a virtual base: the adapters register 
         rank keeps its partition on local disk, still encoded, and decodes it a batch at a time, so its
         memory does not grow with its rows; ``streaming=False`` decodes the whole partition into memory
         first. ``shuffle_buffer`` (rows of a shuffle window, default 2048) and ``prefetch`` (decoded
-        batches made ahead of the step, default 2) set a streaming rank's memory with the batch;
+        batches made ahead of the step, small ones in groups of about 4 MiB; default 2) set a streaming rank's memory with the batch;
         ``local_dir`` is where the local copies go (default: Spark's local dir). With ``decode_once`` (the
         default) a streamed rank decodes encoded images once, as it stores its partition, and every epoch reads
         their pixels from the local copy."""

@@ -117,7 +117,8 @@ class ParquetDataset(ColumnDataset):
             defaults. The ranks get them with the job.
         shuffle_buffer: Rows of a shuffle window (the rank's blocks are shuffled, then the rows within
             windows of at least this many rows). Default 2048.
-        prefetch: Decoded batches made ahead of the step. Default 2.
+        prefetch: Decoded batches made ahead of the step (small batches in groups of about 4 MiB: that many
+            groups). Default 2.
 
     Raises:
         DataError: no Parquet files at ``path``, or a file that cannot be read (named).

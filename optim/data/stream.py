@@ -16,11 +16,17 @@ local copy of a Spark partition (:mod:`optim.data.spool`), or row groups of Parq
 * **resume**: ``skip=k`` replays the same order and leaves out the first ``k`` batches' rows; windows
   wholly inside them are not even read;
 * **overlap**: reading, decoding, augmentation and batching run in a producer thread, ``prefetch``
-  batches ahead of the step (:class:`Prefetch`); its errors surface in the loop, typed.
+  groups of batches ahead of the step (:class:`Prefetch`); its errors surface in the loop, typed, after
+  the batches before the failing one;
+* **few calls**: consecutive small batches are decoded in one call and handed over together, a group of
+  about :data:`DECODE_BYTES` of decoded values (:func:`decoded_groups`): a small model's step is short,
+  and the per-call cost of the Arrow reads and of the hand-over would otherwise take a share of the
+  rank's core. The batches are the ones a decode a batch gives, bit for bit.
 
-Memory is set by three numbers, none by the rows of the partition: the batch (decoded, ``prefetch + 1``
-of them at once), the window (``shuffle_buffer`` rows, encoded; twice that while one is permuted) and one
-block (:data:`DEFAULT_BLOCK_ROWS` rows, encoded).
+Memory is set by four numbers, none by the rows of the partition: the decoded groups (``prefetch + 1``
+of them at once, each about :data:`DECODE_BYTES`, or one batch where a batch is larger), the window
+(``shuffle_buffer`` rows, encoded; twice that while one is permuted), one block
+(:data:`DEFAULT_BLOCK_ROWS` rows, encoded) and the encoded rows of the group being decoded.
 """
 
 from __future__ import annotations
@@ -40,9 +46,9 @@ from optim.data.decode import row_weights
 from optim.errors import DataError
 from optim.losses import SampleWeighted
 
-__all__ = ["DEFAULT_BLOCK_ROWS", "DEFAULT_PREFETCH", "DEFAULT_SHUFFLE_BUFFER", "PIXELS_KEY", "ROW_COLUMN", "ArrowStream",
-           "Decoder", "FilteredSource", "Prefetch", "StreamedDataset", "Window", "numbered", "pixel_column", "positions",
-           "rebatch", "row_batches", "windows"]
+__all__ = ["DECODE_BYTES", "DEFAULT_BLOCK_ROWS", "DEFAULT_PREFETCH", "DEFAULT_SHUFFLE_BUFFER", "PIXELS_KEY", "ROW_COLUMN",
+           "ArrowStream", "Decoder", "FilteredSource", "Prefetch", "StreamedDataset", "Window", "decoded_groups", "numbered",
+           "pixel_column", "positions", "rebatch", "row_batches", "split_batch", "windows"]
 
 log = logging.getLogger("tfnet.data")
 
@@ -50,8 +56,14 @@ log = logging.getLogger("tfnet.data")
 DEFAULT_BLOCK_ROWS = 256
 #: Rows of a shuffle window (encoded); a partition of at most this many rows is shuffled in full.
 DEFAULT_SHUFFLE_BUFFER = 2048
-#: Decoded batches made ahead of the step.
+#: Decoded groups of batches made ahead of the step (a group: see :data:`DECODE_BYTES`).
 DEFAULT_PREFETCH = 2
+#: Decoded bytes one decode aims at: consecutive small batches are read from Arrow in one call and
+#: handed over together, so that each pays the per-call cost once (a batch of this size or more is
+#: decoded alone). With ``prefetch``, the most the producer holds decoded ahead of the step.
+DECODE_BYTES = 4 << 20
+#: The most batches decoded in one call.
+MAX_DECODE_BATCHES = 32
 #: The column that holds each stored row's position in its partition (for errors that name a row).
 ROW_COLUMN = "__tfnet_row"
 #: Field metadata of a column of decoded pixels stored narrower than the decoder gives them: the dtype to give.
@@ -89,8 +101,8 @@ def windows(block_rows: Sequence[int], *, seed: int, epoch: int, rank: int, shuf
 
     >>> [w.blocks for w in windows([4, 4, 2], seed=0, epoch=0, rank=0, shuffle=False, shuffle_buffer=8)]
     [(0,), (1,), (2,)]
-    >>> sorted(w.rows for w in windows([4, 4, 2], seed=0, epoch=0, rank=0, shuffle=True, shuffle_buffer=8))
-    [2, 8]
+    >>> [w.rows for w in windows([4, 4, 2], seed=0, epoch=0, rank=0, shuffle=True, shuffle_buffer=8)]
+    [10]
     """
     p = 0
     while passes is None or p < passes:
@@ -223,6 +235,85 @@ class Decoder:
         return values
 
 
+def split_batch(batch: Batch, sizes: Sequence[int]) -> list[Batch]:
+    """A decoded batch cut into consecutive batches of ``sizes`` rows (views, no copies).
+
+    >>> [f[0].tolist() for f, _ in split_batch(([np.arange(5)], None), [2, 3])]
+    [[0, 1], [2, 3, 4]]
+    """
+    out, lo = [], 0
+    for n in sizes:
+        out.append(_rows(batch, lo, lo + n))
+        lo += n
+    return out
+
+
+def _rows(value, lo: int, hi: int):
+    if value is None:
+        return None
+    if isinstance(value, SampleWeighted):
+        return SampleWeighted(_rows(value.labels, lo, hi), value.weights[lo:hi])
+    if isinstance(value, tuple):
+        return tuple(_rows(v, lo, hi) for v in value)
+    if isinstance(value, list):
+        return [_rows(v, lo, hi) for v in value]
+    return value[lo:hi]
+
+
+def decoded_groups(tables: Iterator[pa.Table], decoder: Decoder, batch_size: int, target_bytes: int = DECODE_BYTES,
+                   max_batches: int = MAX_DECODE_BATCHES) -> Iterator[list[tuple[Batch, pa.Table]]]:
+    """The batch tables of ``tables`` (``batch_size`` rows each, the last may be shorter), decoded a
+    group of consecutive ones at a time: a list of ``(batch, table)`` per group, the batches equal to
+    ``decoder(table)`` of each. A group holds about ``target_bytes`` of decoded values (the first
+    decode, one batch, measures a row), at most ``max_batches`` batches. A group with a bad row is
+    decoded again a batch at a time: the batches before the bad one come out first, then the error that
+    ``decoder(table)`` of that batch raises."""
+    per_group, group, measured = 1, [], False
+    for table in tables:
+        group.append(table)
+        if len(group) < per_group and table.num_rows == batch_size:
+            continue
+        for batches in _decode_group(group, decoder):
+            yield batches
+            if not measured:
+                (first, rows), measured = batches[0], True
+                row_bytes = max(_nbytes(first) / max(rows.num_rows, 1), 1.0)
+                per_group = int(min(max(target_bytes // (row_bytes * batch_size), 1), max_batches))
+        group = []
+    if group:
+        yield from _decode_group(group, decoder)
+
+
+def _decode_group(group: list[pa.Table], decoder: Decoder) -> Iterator[list[tuple[Batch, pa.Table]]]:
+    if len(group) > 1:
+        try:
+            whole = decoder(pa.concat_tables(group))
+        except Exception:  # noqa: BLE001 - decoded again a batch at a time below, where it is raised
+            pass
+        else:
+            yield list(zip(split_batch(whole, [t.num_rows for t in group]), group))
+            return
+    out, error = [], None
+    for table in group:
+        try:
+            out.append((decoder(table), table))
+        except Exception as exc:  # noqa: BLE001 - raised as it is, after the batches before it
+            error = exc
+            break
+    if out:
+        yield out  # the batches before a bad one first
+    if error is not None:
+        raise error
+
+
+def _nbytes(value) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    return int(getattr(value, "nbytes", 0))
+
+
 def positions(table: pa.Table) -> np.ndarray:
     """Each row's position (:data:`ROW_COLUMN`), or ``0..n-1`` where the table has none."""
     if ROW_COLUMN in table.column_names:
@@ -352,12 +443,15 @@ class StreamedDataset(DataAdapter):
         augment: ``fn(features, rng) -> features`` for training batches, seeded by ``[seed, epoch,
             rank, batch]`` as :class:`~optim.data.arrays.ArrayDataset` seeds it. Default: none.
         shuffle_buffer: Rows of a shuffle window. Default :data:`DEFAULT_SHUFFLE_BUFFER`.
-        prefetch: Decoded batches made ahead of the step. Default :data:`DEFAULT_PREFETCH`.
+        prefetch: Decoded groups of batches made ahead of the step (:func:`decoded_groups`). Default
+            :data:`DEFAULT_PREFETCH`.
         on_batch: ``fn(batch, index, positions) -> batch`` run in the producer on every batch (checks of
             data that was not checked when stored; ``positions``: each row's :data:`ROW_COLUMN`). Default: none.
     """
 
     has_labels = True
+    #: The most batches decoded in one call (1: a batch a decode).
+    max_decode_batches = MAX_DECODE_BATCHES
 
     def __init__(self, source: BlockSource, decoder: Decoder, augment: Callable | None = None,
                  shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER, prefetch: int = DEFAULT_PREFETCH,
@@ -398,19 +492,36 @@ class StreamedDataset(DataAdapter):
             try:
                 plan = windows(self.source.block_rows, seed=seed, epoch=epoch, rank=rank, shuffle=shuffle,
                                shuffle_buffer=self.shuffle_buffer, passes=passes)
-                for b, table in enumerate(row_batches(reader.read, plan, batch_size, start, stop), start=skip):
-                    features, labels = self.decoder(table)
-                    rows = positions(table) if self.on_batch is not None else None
-                    del table
-                    if self.on_batch is not None:
-                        features, labels = self.on_batch((features, labels), b, rows)
-                    if augment is not None:
-                        features = augment(features, np.random.default_rng([seed, epoch, rank, b, 7]))
-                    yield features, labels
+                b = skip
+                tables = row_batches(reader.read, plan, batch_size, start, stop)
+                for group in decoded_groups(tables, self.decoder, batch_size, max_batches=self.max_decode_batches):
+                    out = []
+                    try:
+                        for (features, labels), table in group:
+                            if self.on_batch is not None:
+                                features, labels = self.on_batch((features, labels), b, positions(table))
+                            if augment is not None:
+                                features = augment(features, np.random.default_rng([seed, epoch, rank, b, 7]))
+                            out.append((features, labels))
+                            b += 1
+                    except BaseException:
+                        if out:
+                            yield out  # the batches before the one that failed, as one at a time gave them
+                        raise
+                    del group
+                    yield out
             finally:
                 reader.close()
 
-        return iter(Prefetch(produce, self.prefetch, name=f"tfnet-input-rank{rank}"))
+        def flat():
+            groups = iter(Prefetch(produce, self.prefetch, name=f"tfnet-input-rank{rank}"))
+            try:
+                for group in groups:
+                    yield from group
+            finally:
+                groups.close()  # stops the producer when the loop drops its batches
+
+        return flat()
 
     def release(self) -> None:
         """Removes the source's local copy (if it owns one)."""

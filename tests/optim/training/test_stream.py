@@ -263,3 +263,82 @@ def test_a_spool_that_fails_midway_removes_every_file(tmp_path):
     with pytest.raises(BadRowError, match="row 20 is bad"):
         sp.spool(stream.numbered(batches), str(tmp_path), {"train": "a", "val": "a-val"}, route, block_rows=4)
     assert os.listdir(tmp_path) == []
+
+
+def pixel_rows(tmp_path, n, bad=None):
+    """``n`` random 32x32x3 images stored as the local copy stores decoded pixels (uint8, given back as float32);
+    row ``bad``, if any, one value short."""
+    rng = np.random.default_rng(1)
+    pixels = rng.integers(0, 256, (n, 32 * 32 * 3)).astype(np.float32)
+    field, column = stream.pixel_column("img", pixels)
+    if bad is not None:
+        values = [list(r) for r in pixels.astype(np.uint8)]
+        values[bad] = values[bad][:-1]
+        column, field = pa.array(values, pa.list_(pa.uint8())), pa.field("img", pa.list_(pa.uint8()), metadata=field.metadata)
+    w = sp.SpoolWriter(str(tmp_path / f"px{bad}.arrow"), 16)
+    for b in stream.numbered([pa.record_batch([column, pa.array(np.arange(n))],
+                                              schema=pa.schema([field, pa.field("y", pa.int64())]))]):
+        w.write(b)
+    return w.finish(), pixels.reshape(n, 32, 32, 3)
+
+
+class CountingDecoder(stream.Decoder):
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.calls = 0
+
+    def __call__(self, table):
+        self.calls += 1
+        return super().__call__(table)
+
+
+def test_small_batches_are_decoded_several_at_a_time_and_equal_the_ones_decoded_alone(tmp_path):
+    """The producer decodes consecutive small batches in one call and cuts them apart: the batches (order,
+    float32 pixels, labels) equal those of one decode a batch, for a seeded epoch, a resumed one and the
+    equal-steps rule, with fewer decodes than batches."""
+    src, pixels = pixel_rows(tmp_path, 200)
+    img = TensorColumns(("img",), (32, 32, 3))
+
+    def batches(grouped, **kw):
+        decoder = CountingDecoder([img], [Y], True, 0)
+        ds = stream.StreamedDataset(src, decoder, shuffle_buffer=64)
+        if not grouped:
+            ds.max_decode_batches = 1
+        return list(ds.batches(6, seed=4, shuffle=True, **kw)), decoder.calls
+
+    for kw in ({"epoch": 1}, {"epoch": 1, "skip": 7}, {"epoch": 2, "steps": 40, "skip": 3}):
+        (grouped, calls), (alone, one_calls) = batches(True, **kw), batches(False, **kw)
+        assert len(grouped) == len(alone) == one_calls > 0 and calls < one_calls / 4, (calls, one_calls)
+        for (gf, gl), (af, al) in zip(grouped, alone):
+            assert gf[0].dtype == np.float32 and gf[0].shape[1:] == (32, 32, 3)
+            np.testing.assert_array_equal(gf[0], af[0])
+            np.testing.assert_array_equal(gf[0], pixels[gl])  # each row's own pixels
+            np.testing.assert_array_equal(gl, al)
+
+
+def test_a_bad_row_in_a_group_comes_after_the_batches_before_it(tmp_path):
+    """A row that cannot become a tensor, in a group decoded in one call: the batches before its own come out
+    first, as one decode a batch gives them, then its BadRowError, naming it; and a check of every batch
+    (``on_batch``) that fails hands over the batches before it first too."""
+    src, pixels = pixel_rows(tmp_path, 40, bad=13)
+    img = TensorColumns(("img",), (32, 32, 3))
+    got = []
+    with pytest.raises(BadRowError, match=r"Column 'img' row 13 of partition 2 has 3071 values; expected 3072"):
+        for batch in stream.StreamedDataset(src, stream.Decoder([img], [Y], True, 2)).batches(4, shuffle=False):
+            got.append(batch)
+    assert [b[1].tolist() for b in got] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    np.testing.assert_array_equal(got[2][0][0], pixels[8:12])
+
+    good, _ = pixel_rows(tmp_path, 40)
+
+    def check(batch, index, rows):
+        if index == 5:
+            raise DataError(f"batch {index} (rows {rows.tolist()}) failed its check")
+        return batch
+
+    got = []
+    with pytest.raises(DataError, match=r"batch 5 \(rows \[20, 21, 22, 23\]\) failed its check"):
+        for batch in stream.StreamedDataset(good, stream.Decoder([img], [Y], True, 2), on_batch=check).batches(
+                4, shuffle=False):
+            got.append(batch)
+    assert [b[1].tolist()[0] for b in got] == [0, 4, 8, 12, 16]
