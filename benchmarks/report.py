@@ -228,6 +228,19 @@ def streamed_input(r: Reader) -> Topic:
     t.notes.append(f"The whole call (start-up included), streamed against in memory: "
                    f"{r.get(src, 'ratios', 'streamed_overall_vs_memory'):.2f}; from_parquet against in memory: "
                    f"{r.get(src, 'ratios', 'parquet_overall_vs_memory'):.2f}.")
+    producer = "bench_producer.json"
+    t.sources.append(producer)
+    one_core = lambda k: r.get(producer, "step_on_one_core", "img_s", k)  # noqa: E731
+    t.figures += _ratios([Figure("one core, batch 16: in memory", one_core("in memory"), "img/s"),
+                          Figure("one core: streamed, a batch a decode", one_core("streamed, a batch a decode"),
+                                 "img/s"),
+                          Figure("one core: streamed, small batches decoded in groups", one_core("streamed, grouped"),
+                                 "img/s")])
+    t.notes.append("The one-core rows (`bench_producer.py --step`, no Spark) train the same CNN in one process pinned "
+                   "to one core, TensorFlow on one thread, as a rank of one task CPU runs: the producer thread takes "
+                   "its time from the step. Producer alone, ms a batch of 16: a batch a decode "
+                   f"{r.get(producer, 'ms_per_batch', 'uint8 copy, a batch a decode'):.3f}, in groups "
+                   f"{r.get(producer, 'ms_per_batch', 'uint8 copy, grouped'):.3f}.")
     return t
 
 
