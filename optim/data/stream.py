@@ -32,8 +32,6 @@ of them at once, each about :data:`DECODE_BYTES`, or one batch where a batch is 
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -43,6 +41,7 @@ import pyarrow as pa
 from optim.arrow import ColumnRead, read_column
 from optim.data.base import Batch, DataAdapter
 from optim.data.decode import row_weights
+from optim.data.producer import DECODE_BYTES, MAX_DECODE_BATCHES, Prefetch, decoded_groups, split_batch
 from optim.errors import DataError
 from optim.losses import SampleWeighted
 
@@ -58,12 +57,6 @@ DEFAULT_BLOCK_ROWS = 256
 DEFAULT_SHUFFLE_BUFFER = 2048
 #: Decoded groups of batches made ahead of the step (a group: see :data:`DECODE_BYTES`).
 DEFAULT_PREFETCH = 2
-#: Decoded bytes one decode aims at: consecutive small batches are read from Arrow in one call and
-#: handed over together, so that each pays the per-call cost once (a batch of this size or more is
-#: decoded alone). With ``prefetch``, the most the producer holds decoded ahead of the step.
-DECODE_BYTES = 4 << 20
-#: The most batches decoded in one call.
-MAX_DECODE_BATCHES = 32
 #: The column that holds each stored row's position in its partition (for errors that name a row).
 ROW_COLUMN = "__tfnet_row"
 #: Field metadata of a column of decoded pixels stored narrower than the decoder gives them: the dtype to give.
@@ -235,162 +228,11 @@ class Decoder:
         return values
 
 
-def split_batch(batch: Batch, sizes: Sequence[int]) -> list[Batch]:
-    """A decoded batch cut into consecutive batches of ``sizes`` rows (views, no copies).
-
-    >>> [f[0].tolist() for f, _ in split_batch(([np.arange(5)], None), [2, 3])]
-    [[0, 1], [2, 3, 4]]
-    """
-    out, lo = [], 0
-    for n in sizes:
-        out.append(_rows(batch, lo, lo + n))
-        lo += n
-    return out
-
-
-def _rows(value, lo: int, hi: int):
-    if value is None:
-        return None
-    if isinstance(value, SampleWeighted):
-        return SampleWeighted(_rows(value.labels, lo, hi), value.weights[lo:hi])
-    if isinstance(value, tuple):
-        return tuple(_rows(v, lo, hi) for v in value)
-    if isinstance(value, list):
-        return [_rows(v, lo, hi) for v in value]
-    return value[lo:hi]
-
-
-def decoded_groups(tables: Iterator[pa.Table], decoder: Decoder, batch_size: int, target_bytes: int = DECODE_BYTES,
-                   max_batches: int = MAX_DECODE_BATCHES) -> Iterator[list[tuple[Batch, pa.Table]]]:
-    """The batch tables of ``tables`` (``batch_size`` rows each, the last may be shorter), decoded a
-    group of consecutive ones at a time: a list of ``(batch, table)`` per group, the batches equal to
-    ``decoder(table)`` of each. A group holds about ``target_bytes`` of decoded values (the first
-    decode, one batch, measures a row), at most ``max_batches`` batches. A group with a bad row is
-    decoded again a batch at a time: the batches before the bad one come out first, then the error that
-    ``decoder(table)`` of that batch raises."""
-    per_group, group, measured = 1, [], False
-    for table in tables:
-        group.append(table)
-        if len(group) < per_group and table.num_rows == batch_size:
-            continue
-        for batches in _decode_group(group, decoder):
-            yield batches
-            if not measured:
-                (first, rows), measured = batches[0], True
-                row_bytes = max(_nbytes(first) / max(rows.num_rows, 1), 1.0)
-                per_group = int(min(max(target_bytes // (row_bytes * batch_size), 1), max_batches))
-        group = []
-    if group:
-        yield from _decode_group(group, decoder)
-
-
-def _decode_group(group: list[pa.Table], decoder: Decoder) -> Iterator[list[tuple[Batch, pa.Table]]]:
-    if len(group) > 1:
-        try:
-            whole = decoder(pa.concat_tables(group))
-        except Exception:  # noqa: BLE001 - decoded again a batch at a time below, where it is raised
-            pass
-        else:
-            yield list(zip(split_batch(whole, [t.num_rows for t in group]), group))
-            return
-    out, error = [], None
-    for table in group:
-        try:
-            out.append((decoder(table), table))
-        except Exception as exc:  # noqa: BLE001 - raised as it is, after the batches before it
-            error = exc
-            break
-    if out:
-        yield out  # the batches before a bad one first
-    if error is not None:
-        raise error
-
-
-def _nbytes(value) -> int:
-    if value is None:
-        return 0
-    if isinstance(value, (list, tuple)):
-        return sum(_nbytes(v) for v in value)
-    return int(getattr(value, "nbytes", 0))
-
-
 def positions(table: pa.Table) -> np.ndarray:
     """Each row's position (:data:`ROW_COLUMN`), or ``0..n-1`` where the table has none."""
     if ROW_COLUMN in table.column_names:
         return table.column(ROW_COLUMN).to_numpy()
     return np.arange(table.num_rows)
-
-
-# ---------------------------------------------------------------- the pipeline
-
-
-class _End:
-    pass
-
-
-class _Failed:
-    def __init__(self, exc: BaseException):
-        self.exc = exc
-
-
-class Prefetch:
-    """Runs ``make()`` (an iterator) in a daemon thread, ``depth`` items ahead of the consumer. The
-    producer's error is raised in the consumer, with its own type; closing the consumer (or dropping it)
-    stops the producer at its next item. Every wait is bounded by ``poll_s`` and checks that the other
-    side is still there.
-
-    >>> list(Prefetch(lambda: iter(range(3)), depth=1))
-    [0, 1, 2]
-    """
-
-    def __init__(self, make: Callable[[], Iterator], depth: int = DEFAULT_PREFETCH, name: str = "tfnet-input",
-                 poll_s: float = 0.1):
-        self._make, self._poll = make, poll_s
-        self._queue: queue.Queue = queue.Queue(maxsize=max(int(depth), 1))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-
-    def _put(self, item) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=self._poll)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _run(self) -> None:
-        try:
-            for item in self._make():
-                if not self._put(item):
-                    return
-            self._put(_End())
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
-            self._put(_Failed(exc))
-
-    def __iter__(self) -> Iterator:
-        self._thread.start()
-        try:
-            while True:
-                try:
-                    item = self._queue.get(timeout=self._poll)
-                except queue.Empty:
-                    if not self._thread.is_alive() and self._queue.empty():
-                        raise DataError("The input thread ended without handing over its last batch.") from None
-                    continue
-                if isinstance(item, _End):
-                    return
-                if isinstance(item, _Failed):
-                    raise item.exc
-                yield item
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        """Stops the producer (it ends at its next item) and waits briefly for it."""
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5 * self._poll + 1.0)
 
 
 # ---------------------------------------------------------------- the dataset
