@@ -19,12 +19,13 @@ local copy of a Spark partition (:mod:`optim.data.spool`), or row groups of Parq
   groups of batches ahead of the step (:class:`Prefetch`); its errors surface in the loop, typed, after
   the batches before the failing one;
 * **few calls**: consecutive small batches are decoded in one call and handed over together, a group of
-  about :data:`DECODE_BYTES` of decoded values (:func:`decoded_groups`): a small model's step is short,
+  about :data:`~optim.data.producer.DECODE_BYTES` of decoded values
+  (:func:`~optim.data.producer.decoded_groups`): a small model's step is short,
   and the per-call cost of the Arrow reads and of the hand-over would otherwise take a share of the
   rank's core. The batches are the ones a decode a batch gives, bit for bit.
 
 Memory is set by four numbers, none by the rows of the partition: the decoded groups (``prefetch + 1``
-of them at once, each about :data:`DECODE_BYTES`, or one batch where a batch is larger), the window
+of them at once, each about :data:`~optim.data.producer.DECODE_BYTES`, or one batch where a batch is larger), the window
 (``shuffle_buffer`` rows, encoded; twice that while one is permuted), one block
 (:data:`DEFAULT_BLOCK_ROWS` rows, encoded) and the encoded rows of the group being decoded.
 """
@@ -41,13 +42,13 @@ import pyarrow as pa
 from optim.arrow import ColumnRead, read_column
 from optim.data.base import Batch, DataAdapter
 from optim.data.decode import row_weights
-from optim.data.producer import DECODE_BYTES, MAX_DECODE_BATCHES, Prefetch, decoded_groups, split_batch
+from optim.data.producer import MAX_DECODE_BATCHES, Prefetch, decoded_groups
 from optim.errors import DataError
 from optim.losses import SampleWeighted
 
-__all__ = ["DECODE_BYTES", "DEFAULT_BLOCK_ROWS", "DEFAULT_PREFETCH", "DEFAULT_SHUFFLE_BUFFER", "PIXELS_KEY", "ROW_COLUMN",
-           "ArrowStream", "Decoder", "FilteredSource", "Prefetch", "StreamedDataset", "Window", "decoded_groups", "numbered",
-           "pixel_column", "positions", "rebatch", "row_batches", "split_batch", "windows"]
+__all__ = ["DEFAULT_BLOCK_ROWS", "DEFAULT_PREFETCH", "DEFAULT_SHUFFLE_BUFFER", "PIXELS_KEY", "ROW_COLUMN", "ArrowStream",
+           "Decoder", "FilteredSource", "Prefetch", "StreamedDataset", "Window", "numbered", "pixel_column", "positions",
+           "rebatch", "row_batches", "windows"]
 
 log = logging.getLogger("tfnet.data")
 
@@ -55,7 +56,7 @@ log = logging.getLogger("tfnet.data")
 DEFAULT_BLOCK_ROWS = 256
 #: Rows of a shuffle window (encoded); a partition of at most this many rows is shuffled in full.
 DEFAULT_SHUFFLE_BUFFER = 2048
-#: Decoded groups of batches made ahead of the step (a group: see :data:`DECODE_BYTES`).
+#: Decoded groups of batches made ahead of the step (a group: see :data:`optim.data.producer.DECODE_BYTES`).
 DEFAULT_PREFETCH = 2
 #: The column that holds each stored row's position in its partition (for errors that name a row).
 ROW_COLUMN = "__tfnet_row"
@@ -285,7 +286,7 @@ class StreamedDataset(DataAdapter):
         augment: ``fn(features, rng) -> features`` for training batches, seeded by ``[seed, epoch,
             rank, batch]`` as :class:`~optim.data.arrays.ArrayDataset` seeds it. Default: none.
         shuffle_buffer: Rows of a shuffle window. Default :data:`DEFAULT_SHUFFLE_BUFFER`.
-        prefetch: Decoded groups of batches made ahead of the step (:func:`decoded_groups`). Default
+        prefetch: Decoded groups of batches made ahead of the step (:func:`~optim.data.producer.decoded_groups`). Default
             :data:`DEFAULT_PREFETCH`.
         on_batch: ``fn(batch, index, positions) -> batch`` run in the producer on every batch (checks of
             data that was not checked when stored; ``positions``: each row's :data:`ROW_COLUMN`). Default: none.
