@@ -11,6 +11,7 @@ import math
 
 import tensorflow as tf
 
+from tfnet import kernels
 from tfnet.onnx.context import Ctx
 from tfnet.onnx.errors import OnnxConversionError
 from tfnet.onnx.ops import register
@@ -73,10 +74,6 @@ def _ceil_pads(node, x, kernel, strides, dilations, pads):
     return pads
 
 
-def _explicit(padding):
-    return [p for pair in padding for p in pair]
-
-
 def conv_nhwc(node, attrs, x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
     """A 2-D ONNX convolution (kernel ``w`` in OIHW) of NHWC ``x``, without bias, in NHWC."""
     kernel = list(attrs.get("kernel_shape", w.shape.as_list()[2:]))
@@ -106,8 +103,9 @@ def conv_nhwc(node, attrs, x: tf.Tensor, w: tf.Tensor) -> tf.Tensor:
 
 
 def _conv2d(x, kernel, strides, dilations, padding):
-    kwargs = {"explicit_paddings": _explicit(padding), "padding": "EXPLICIT"} if isinstance(padding, list) else {"padding": padding}
-    return tf.raw_ops.Conv2D(input=x, filter=kernel, strides=strides, dilations=dilations, data_format="NHWC", **kwargs)
+    """``Conv2D`` of NHWC ``x`` with HWIO ``kernel`` (``strides`` and ``dilations`` of length 4), in the form
+    whose gradients every x86-64 CPU computes right (tfnet.kernels says which forms and why)."""
+    return kernels.conv2d(x, kernel, strides[1:3], dilations[1:3], padding)
 
 
 @register("BatchNormalization", since=9)  # version 7 had the spatial attribute

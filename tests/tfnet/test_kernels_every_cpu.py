@@ -1,0 +1,97 @@
+"""Gradients that are right on every x86-64 CPU (issue 50), whatever CPU runs the test.
+
+TensorFlow picks its convolution kernels by CPU and by ``TF_ENABLE_ONEDNN_OPTS``. oneDNN honours
+``ONEDNN_MAX_CPU_ISA``, so one machine runs the AVX2-only kernels of an AMD Zen 3 (``ONEDNN_MAX_CPU_ISA=AVX2``),
+its own best ones, and TensorFlow's own (oneDNN off), each in a fresh process. In each, ``tfnet.kernels.conv2d``
+is compared with a float64 reference in value, input gradient and filter gradient, and PyTorch's default
+ResNet export (a strided 1x1 downsample over 4 channels) and a temporal CNN (dilated 1-D convolutions) with
+PyTorch's own gradients. The raw ``Conv2D`` form of the wrong kernel is printed beside, for the record."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("onnx")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+CHILD = textwrap.dedent("""
+    import itertools, json
+    import numpy as np
+    import tensorflow as tf
+    from tfnet import TFNet
+    from tfnet.kernels import conv2d
+    from tests.tfnet.onnx_fixtures import check_backward, check_forward, path_of
+
+    rng = np.random.default_rng(0)
+
+    def dilate(w, d):  # the float64 reference's dilated kernel: zeros between the taps
+        k, c, o = w.shape[0], w.shape[2], w.shape[3]
+        w = tf.pad(w[:, None, :, None], [[0, 0], [0, d - 1], [0, 0], [0, d - 1], [0, 0], [0, 0]])
+        return tf.reshape(w, [k * d, k * d, c, o])[:(k - 1) * d + 1, :(k - 1) * d + 1]
+
+    def raw(x, w, s, pad):
+        kw = ({"explicit_paddings": [p for q in pad for p in q], "padding": "EXPLICIT"} if isinstance(pad, list)
+              else {"padding": pad})
+        return tf.raw_ops.Conv2D(input=x, filter=w, strides=[1, s, s, 1], data_format="NHWC", **kw)
+
+    def value_and_grads(f, x, w, gy):
+        with tf.GradientTape() as tape:
+            tape.watch([x, w])
+            y = f(x, w)
+            loss = tf.reduce_sum(y * tf.cast(gy, y.dtype))
+        return [y] + tape.gradient(loss, [x, w])
+
+    def rel(got, want):
+        return max(float(np.abs(a.numpy() - b.numpy()).max() / np.abs(b.numpy()).max()) for a, b in zip(got, want))
+
+    worst, cases = 0.0, 0
+    for h, c, k, s, d, pad in itertools.product([7, 8], [4, 9], [1, 3], [1, 2], [1, 2],
+                                               ["VALID", "SAME", [[0, 0], [1, 0], [0, 2], [0, 0]]]):
+        x, w = rng.standard_normal((2, h, h, c)), rng.standard_normal((k, k, c, 5))
+        ref = lambda a, b: raw(a, dilate(b, d) if d > 1 else b, s, pad)
+        gy = rng.standard_normal(ref(tf.constant(x), tf.constant(w)).shape)
+        step = tf.function(lambda a, b: value_and_grads(lambda p, q: conv2d(p, q, [s, s], [d, d], pad), a, b, gy))
+        got = step(tf.constant(x, tf.float32), tf.constant(w, tf.float32))
+        worst = max(worst, rel(got, value_and_grads(ref, tf.constant(x), tf.constant(w), gy)))
+        cases += 1
+
+    # the raw form of the one wrong kernel found (AVX2 oneDNN): 1x1, stride 2, 4 input channels, 8x8
+    x, w = rng.standard_normal((2, 8, 8, 4)), rng.standard_normal((1, 1, 4, 8))
+    gy = rng.standard_normal((2, 4, 4, 8))
+    f = lambda a, b: raw(a, b, 2, "VALID")
+    raw_error = rel(value_and_grads(f, tf.constant(x, tf.float32), tf.constant(w, tf.float32), gy)[2:],
+                    value_and_grads(f, tf.constant(x), tf.constant(w), gy)[2:])
+
+    for name in ("dyn_resnet", "tcn"):
+        net = TFNet.from_onnx(path_of(name))
+        check_forward(net, name)
+        check_backward(net, name)
+    print(json.dumps({"cases": cases, "worst": worst, "raw_1x1_stride_2": raw_error}))
+""")
+
+SETTINGS = {
+    "onednn_avx2": {"TF_ENABLE_ONEDNN_OPTS": "1", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "onednn_best": {"TF_ENABLE_ONEDNN_OPTS": "1", "ONEDNN_MAX_CPU_ISA": "ALL"},
+    "onednn_off": {"TF_ENABLE_ONEDNN_OPTS": "0"},
+}
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_convolution_gradients_match_float64_and_pytorch(setting):
+    import json
+
+    from tfnet.precision import cpu_flags
+
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", **SETTINGS[setting])
+    done = subprocess.run([sys.executable, "-c", CHILD], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    cpu = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
+    print(f"{setting} on {cpu}: {result}")
+    assert result["cases"] == 96
+    assert result["worst"] < 1e-5, result  # float32 against float64: a few roundings
