@@ -15,6 +15,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from tfnet import graph_utils as gu
+from tfnet import kernels
 from tfnet.errors import (
     GraphLoadError,
     InputSpecError,
@@ -72,6 +73,8 @@ class GraphFunction:
             folded, self.folded = fold_affine(template, graph, fed_names, list(weight_names))
             if self.folded:
                 self.compute_template = gu.subgraph(folded, output_names, feeds=fed_names)
+        # strided 1x1 convolutions as views at stride 1: their gradient is wrong on some CPUs (tfnet.kernels)
+        self.compute_template, self.rewritten_convolutions = kernels.rewrite_graph(self.compute_template, graph)
         # lookup tables: built once, their handles fed in place of the table nodes (tfnet.tables)
         self.tables = TableSet(self.compute_template)
         self.compute_template = self.tables.graph

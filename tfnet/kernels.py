@@ -13,14 +13,17 @@ some of them (measured against float64, docs/benchmarks.md, "Kernels on every CP
   support dilation rates larger than 1"), the kernel that runs with oneDNN off and on AVX2-only CPUs, has none.
   :func:`conv2d` runs a dilated convolution through space-to-batch, as ``tf.nn.convolution`` does.
 
-Every other form goes to ``Conv2D`` as it is.
+Every other form goes to ``Conv2D`` as it is. :func:`rewrite_graph` does the first of these to the graphs tfnet
+loads (a Keras model's, a TF1 checkpoint's), where the convolutions are single ops already.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2, types_pb2
+from tensorflow.python.framework import tensor_util
 
-__all__ = ["conv2d"]
+__all__ = ["conv2d", "rewrite_graph"]
 
 
 def conv2d(x: tf.Tensor, kernel: tf.Tensor, strides, dilations, padding) -> tf.Tensor:
@@ -71,3 +74,55 @@ def _same_padding(x, kernel, strides, dilations) -> tf.Tensor:
     spatial = tf.stack([before, total - before], axis=1)
     zeros = tf.zeros([1, 2], tf.int32)
     return tf.concat([zeros, spatial, zeros], axis=0)
+
+
+def rewrite_graph(graph_def: graph_pb2.GraphDef, graph: tf.Graph) -> tuple[graph_pb2.GraphDef, int]:
+    """``graph_def`` with each NHWC ``Conv2D`` of a 1x1 kernel and a stride above 1 (SAME or VALID) reading a strided
+    view of its input at stride 1, as :func:`conv2d` runs it; and how many it rewrote. The graph of a Keras model or
+    a TF1 checkpoint holds such convolutions as single ops. ``graph`` is the graph before batch-norm folding
+    imported (``name=""``), for the filters' static shapes; a convolution it lacks (one that folding made) is looked up
+    in ``graph_def`` imported here. Like batch-norm folding (tfnet.fold), this changes the graph that runs, never the
+    graph that is saved."""
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    taken = {n.name for n in out.node}
+    shapes_of = graph
+    added, count = [], 0
+    for node in out.node:
+        strides = list(node.attr["strides"].list.i) if node.op == "Conv2D" else []
+        if (not strides or strides[1:3] == [1, 1] or node.attr["data_format"].s not in (b"", b"NHWC")
+                or node.attr["padding"].s not in (b"SAME", b"VALID")):
+            continue
+        try:
+            kernel = graph.get_operation_by_name(node.name).inputs[1].shape
+        except KeyError:  # a convolution that folding made (tfnet.fold): the shapes of graph_def itself
+            if graph is shapes_of:
+                graph = tf.Graph()
+                with graph.as_default():
+                    tf.graph_util.import_graph_def(graph_def, name="")
+            kernel = graph.get_operation_by_name(node.name).inputs[1].shape
+        if kernel.rank != 4 or kernel[0] != 1 or kernel[1] != 1:
+            continue
+        prefix = f"{node.name}/tfnet_strided_view"
+        while any(n == prefix or n.startswith(prefix + "/") for n in taken):
+            prefix += "_"
+        consts = {part: value for part, value in (("begin", [0] * 4), ("end", [0] * 4), ("strides", strides))}
+        for part, value in consts.items():
+            added.append(node_def_pb2.NodeDef(
+                name=f"{prefix}/{part}", op="Const",
+                attr={"dtype": attr_value_pb2.AttrValue(type=types_pb2.DT_INT32),
+                      "value": attr_value_pb2.AttrValue(tensor=tensor_util.make_tensor_proto(value, tf.int32))}))
+        view = node_def_pb2.NodeDef(name=prefix, op="StridedSlice",
+                                    input=[node.input[0]] + [f"{prefix}/{part}" for part in consts])
+        view.attr["T"].CopyFrom(node.attr["T"])
+        view.attr["Index"].type = types_pb2.DT_INT32
+        view.attr["begin_mask"].i = view.attr["end_mask"].i = 15
+        if node.device:
+            view.device = node.device
+        added.append(view)
+        node.input[0] = prefix
+        node.attr["strides"].list.i[:] = [1, 1, 1, 1]
+        node.attr["padding"].s = b"VALID"
+        count += 1
+    out.node.extend(added)
+    return out, count

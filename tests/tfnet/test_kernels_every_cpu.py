@@ -5,7 +5,8 @@ TensorFlow picks its convolution kernels by CPU and by ``TF_ENABLE_ONEDNN_OPTS``
 its own best ones, and TensorFlow's own (oneDNN off), each in a fresh process. In each, ``tfnet.kernels.conv2d``
 is compared with a float64 reference in value, input gradient and filter gradient, and PyTorch's default
 ResNet export (a strided 1x1 downsample over 4 channels) and a temporal CNN (dilated 1-D convolutions) with
-PyTorch's own gradients. The raw ``Conv2D`` form of the wrong kernel is printed beside, for the record."""
+PyTorch's own gradients, and a Keras model's strided 1x1 convolution (one ``Conv2D`` op in its graph) against
+float64. The raw ``Conv2D`` form of the wrong kernel is printed beside, for the record."""
 
 import os
 import subprocess
@@ -66,11 +67,27 @@ CHILD = textwrap.dedent("""
     raw_error = rel(value_and_grads(f, tf.constant(x, tf.float32), tf.constant(w, tf.float32), gy)[2:],
                     value_and_grads(f, tf.constant(x), tf.constant(w), gy)[2:])
 
+    # a Keras model: the strided 1x1 convolution is one Conv2D op in its graph, which tfnet rewrites
+    import keras
+    inp = keras.Input((8, 8, 4))
+    h = keras.layers.Conv2D(8, 1, strides=2)(inp)
+    model = keras.Model(inp, keras.layers.Conv2D(6, 3, strides=2, padding="same")(h))
+    net = TFNet.from_keras(model)
+    x, gy = rng.standard_normal((2, 8, 8, 4)), rng.standard_normal((2, 2, 2, 6))
+    ws = [tf.constant(w.astype("float64")) for w in model.get_weights()]
+    with tf.GradientTape() as tape:
+        tape.watch(ws)
+        h = tf.nn.bias_add(tf.nn.conv2d(tf.constant(x), ws[0], 2, "VALID"), ws[1])
+        loss = tf.reduce_sum(tf.nn.bias_add(tf.nn.conv2d(h, ws[2], 2, "SAME"), ws[3]) * gy)
+    want = tape.gradient(loss, ws)
+    got = net.backward(x.astype("float32"), gy.astype("float32"))[1]
+    keras_worst = max(float(np.abs(g - w.numpy()).max() / np.abs(w.numpy()).max()) for g, w in zip(got.values(), want))
+
     for name in ("dyn_resnet", "tcn"):
         net = TFNet.from_onnx(path_of(name))
         check_forward(net, name)
         check_backward(net, name)
-    print(json.dumps({"cases": cases, "worst": worst, "raw_1x1_stride_2": raw_error}))
+    print(json.dumps({"cases": cases, "worst": worst, "keras_worst": keras_worst, "raw_1x1_stride_2": raw_error}))
 """)
 
 SETTINGS = {
@@ -95,3 +112,4 @@ def test_convolution_gradients_match_float64_and_pytorch(setting):
     print(f"{setting} on {cpu}: {result}")
     assert result["cases"] == 96
     assert result["worst"] < 1e-5, result  # float32 against float64: a few roundings
+    assert result["keras_worst"] < 1e-5, result
