@@ -33,7 +33,9 @@ def test_int8_over_spark_keeps_accuracy_quantised_once_loaded_once_per_worker(sp
     fp32 = transfer.accuracy(net.forward(xte), yte)
     assert fp32 >= 0.95
     assert abs(transfer.accuracy(got, labels) - fp32) <= 0.01
-    np.testing.assert_array_equal(got, p.predict(xte))  # the workers ran the same quantised model as here
+    # the workers ran the same quantised model as here: another quantisation is 1e-2 off; the partitions batch the
+    # rows otherwise than here, and the engine may sum in another order for another batch shape
+    np.testing.assert_allclose(got, p.predict(xte), rtol=1e-5, atol=1e-6)
     assert len(again) == len(xte)
     assert stats["quantizations"] == 1 and quantize.quantization_count() == before + 1
     assert stats["rows"] == 2 * len(xte)

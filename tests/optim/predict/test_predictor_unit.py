@@ -53,7 +53,9 @@ def lgamma_graph():
 def test_local_predict_equals_forward(cnn):
     x = models.random_images(70, 8)
     p = TFPredictor(cnn, batch_per_thread=32)
-    np.testing.assert_array_equal(p.predict(x), cnn.forward(x))
+    # batches of 32, 32 and 6 against one of 70: oneDNN may sum in another order for another batch shape (AVX2
+    # CPUs do: 3 of 140 values one float32 rounding apart), so equal within a few roundings, not bit for bit
+    np.testing.assert_allclose(p.predict(x), cnn.forward(x), rtol=1e-6, atol=1e-7)
     assert p.stats()["calls"] == 3 and p.stats()["max_rows"] == 32 and p.stats()["rows"] == 70
 
 
