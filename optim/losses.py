@@ -67,11 +67,17 @@ class Loss:
     name = "loss"
 
     def __call__(self, y_true, y_pred) -> tf.Tensor:
+        weights = None
         if isinstance(y_true, SampleWeighted):
-            labels, y_pred = _tensors(y_true.labels, y_pred)
-            return weighted_mean(self.call(labels, y_pred), y_true.weights)
+            y_true, weights = y_true.labels, y_true.weights
         y_true, y_pred = _tensors(y_true, y_pred)
-        return tf.reduce_mean(self.call(y_true, y_pred))
+        per_example = self.call(self.align(y_true, y_pred), y_pred)
+        return tf.reduce_mean(per_example) if weights is None else weighted_mean(per_example, weights)
+
+    def align(self, y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.Tensor:
+        """The labels in the form :meth:`call` takes (a subclass pairs ``(n,)`` labels with ``(n, 1)`` outputs here).
+        Default: as they are."""
+        return y_true
 
     def call(self, y_true, y_pred) -> tf.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -168,11 +174,10 @@ class BinaryCrossentropy(Loss):
             return
         super().check_shapes(y_true_shape, y_pred_shape)
 
-    def __call__(self, y_true, y_pred):
-        y_true, y_pred = _tensors(y_true, y_pred)
+    def align(self, y_true, y_pred):
         if y_pred.shape.rank == 2 and y_true.shape.rank == 1:
             y_true = tf.expand_dims(y_true, -1)
-        return super().__call__(y_true, y_pred)
+        return y_true
 
 
 class RegressionLoss(Loss):
@@ -183,12 +188,11 @@ class RegressionLoss(Loss):
             return
         super().check_shapes(y_true_shape, y_pred_shape)
 
-    def __call__(self, y_true, y_pred):
-        y_true, y_pred = _tensors(y_true, y_pred)
+    def align(self, y_true, y_pred):
         y_true = tf.cast(y_true, y_pred.dtype)
         if y_pred.shape.rank == 2 and y_true.shape.rank == 1:
             y_true = tf.expand_dims(y_true, -1)
-        return tf.reduce_mean(self.call(y_true, y_pred))
+        return y_true
 
 
 class MeanSquaredError(RegressionLoss):

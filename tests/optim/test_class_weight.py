@@ -58,3 +58,42 @@ def test_bad_class_weights_are_clear_errors():
         opt.optimize((x, y), batch_size=8, class_weight={1: -1.0}, verbose=0)
     with pytest.raises(TypeError, match=r"`class_weight` must be a dict"):
         opt.optimize((x, y), batch_size=8, class_weight=[1.0, 2.0], verbose=0)
+
+
+def _binary_model(seed=0):
+    keras.utils.set_random_seed(seed)
+    m = keras.Sequential([keras.Input((4,), name="x"), keras.layers.Dense(1, activation="sigmoid", name="p")])
+    m.compile(optimizer=keras.optimizers.SGD(0.1), loss="binary_crossentropy")
+    return m
+
+
+def _one_hot_model(seed=0):
+    keras.utils.set_random_seed(seed)
+    m = keras.Sequential([keras.Input((4,), name="x"), keras.layers.Dense(3, activation="softmax", name="p")])
+    m.compile(optimizer=keras.optimizers.SGD(0.1), loss="categorical_crossentropy")
+    return m
+
+
+@pytest.mark.parametrize("form", ["binary_int", "binary_float", "binary_column", "one_hot"])
+def test_class_weight_for_every_label_form_keras_takes(form):
+    """One sigmoid output with int, float or (n, 1) labels (the README's `class_weight={0: 1.0, 1: 5.0}` is such a
+    case), and one-hot labels: the weights after an epoch are Keras's own fit's."""
+    x, _ = data()
+    positive = x[:, 0] > 0
+    y, build, loss = {
+        "binary_int": (positive.astype(np.int64), _binary_model, optim.losses.BinaryCrossentropy()),
+        "binary_float": (positive.astype(np.float32), _binary_model, optim.losses.BinaryCrossentropy()),
+        "binary_column": (positive.astype(np.float32)[:, None], _binary_model, optim.losses.BinaryCrossentropy()),
+        "one_hot": (np.eye(3, dtype=np.float32)[positive.astype(int) + (x[:, 1] > 0.5)], _one_hot_model,
+                    optim.losses.CategoricalCrossentropy()),
+    }[form]
+    cw = {0: 1.0, 1: 5.0} if form != "one_hot" else {0: 2.0, 2: 0.5}
+    reference = build()
+    opt = TFOptimizer(TFNet.from_keras(build()), loss, optim.SGD(0.1))
+    reference.fit(x, y, batch_size=8, epochs=1, shuffle=False, class_weight=cw, verbose=0)
+    opt.optimize((x, y), batch_size=8, shuffle=False, class_weight=cw, verbose=0)
+    for got, want in zip(opt.net.get_weights().values(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    unweighted = build()
+    unweighted.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    assert max(float(np.abs(a - b).max()) for a, b in zip(unweighted.get_weights(), reference.get_weights())) > 1e-3
