@@ -60,10 +60,15 @@ class Frozen:
     outputs: list[str]
     weights: list[str]
     values: dict[str, np.ndarray]
+    #: The weights the source model trains (Keras's ``trainable_variables``), in graph order; None where the source
+    #: records no such flags (a frozen graph, a plain SavedModel): TFNet's default selection then applies.
+    trainable: list[str] | None = None
 
 
-def freeze_concrete_function(fn, variables: Iterable, output_names: Sequence[str] | None = None) -> Frozen:
-    """Turns a concrete function whose variables are ``variables`` into a :class:`Frozen`.
+def freeze_concrete_function(fn, variables: Iterable, output_names: Sequence[str] | None = None,
+                             trainable_variables: Iterable | None = None) -> Frozen:
+    """Turns a concrete function whose variables are ``variables`` into a :class:`Frozen`; where
+    ``trainable_variables`` is given (the source's own flags), ``Frozen.trainable`` names those of them it holds.
 
     Variable reads are rewritten in place (one copy of each value, never a graph full of
     constants). A function whose variables flow into library functions or unusual resource ops
@@ -96,7 +101,12 @@ def freeze_concrete_function(fn, variables: Iterable, output_names: Sequence[str
     inputs = [t.name for t in fn.inputs[: len(fn.inputs) - len(fn.captured_inputs)]]
     values = {mapping[k]: v for k, v in values.items()}
     weights = [n.name for n in graph_def.node if n.name in values]
-    return Frozen(graph_def, inputs, outputs, weights, values)
+    trainable = None
+    if trainable_variables is not None:
+        ids = {id(_tf_variable(v)) for v in trainable_variables}
+        chosen = {mapping[old] for old, var in names.items() if id(_tf_variable(var)) in ids}
+        trainable = [w for w in weights if w in chosen]
+    return Frozen(graph_def, inputs, outputs, weights, values, trainable)
 
 
 def _is_float(dtype) -> bool:
@@ -300,7 +310,8 @@ def freeze_keras(model) -> Frozen:
     fn = tf.function(call, autograph=False).get_concrete_function(*specs)
     n_out = len(fn.outputs) - len(layers)
     names = _output_names(model, n_out)
-    frozen = freeze_concrete_function(fn, model.variables, names)
+    # Keras's trainable flags come along: a layer or nested model with trainable = False, a LoRA layer's base kernel
+    frozen = freeze_concrete_function(fn, model.variables, names, trainable_variables=model.trainable_variables)
     if layers:
         frozen.template = _name_layer_outputs(frozen.template, frozen.outputs[n_out:], [n for n, _ in layers])
     frozen.outputs = frozen.outputs[:n_out]
@@ -366,7 +377,10 @@ def freeze_signature(loaded, signature: str) -> Frozen:
         out_names = list(tf.nest.flatten({k: k for k in out_struct}))
     else:
         out_names = [f"output_{i}" for i in range(len(tf.nest.flatten(out_struct)))]
-    return freeze_concrete_function(fn, trackable_variables(loaded), out_names)
+    # a Keras export (model.export) records Keras's trainable flags as the object's trainable_variables
+    recorded = getattr(loaded, "trainable_variables", None)
+    recorded = list(recorded) if isinstance(recorded, (list, tuple)) else None
+    return freeze_concrete_function(fn, trackable_variables(loaded), out_names, trainable_variables=recorded)
 
 
 def trackable_variables(root) -> list:

@@ -79,6 +79,8 @@ class NetLoading(NetState):
     def _from_frozen(cls, frozen, **kwargs) -> TFNet:  # noqa: F821
         """From a :class:`tfnet.freeze.Frozen` (a weightless graph and its weight values)."""
         net = cls.__new__(cls)
+        if frozen.trainable is not None and frozen.weights and "trainable" not in kwargs:
+            kwargs["trainable"] = frozen.trainable  # the source model's own flags (Keras's trainable_variables)
         inputs = gu.check_tensor_names(frozen.template, frozen.inputs, "input")
         outputs = gu.check_tensor_names(frozen.template, frozen.outputs, "output")
         net._init(frozen.template, frozen.values, inputs, outputs, **_init_kwargs(kwargs))
