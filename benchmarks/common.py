@@ -21,27 +21,11 @@ def setup_env(onednn: bool = True, threads: int | None = None) -> None:
 
 
 def machine() -> dict:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    flags: list[str] = []
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    # the SIMD and matrix extensions TensorFlow, oneDNN and OpenVINO choose kernels by
-                    flags = sorted(f for f in line.split(":", 1)[1].split()
-                                   if f.startswith(("avx2", "fma", "avx512", "avx_vnni", "amx")))
-                    break
-    except OSError:
-        pass
-    return {"cpu": cpu, "flags": flags, "cores": os.cpu_count(), "python": platform.python_version(),
+    from tfnet.precision import cpu_flags, cpu_model
+
+    # the SIMD and matrix extensions TensorFlow, oneDNN and OpenVINO choose kernels by
+    flags = sorted(f for f in cpu_flags() if f.startswith(("avx2", "fma", "avx512", "avx_vnni", "amx")))
+    return {"cpu": cpu_model(), "flags": flags, "cores": os.cpu_count(), "python": platform.python_version(),
             "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS"), "date": time.strftime("%Y-%m-%d")}
 
 

@@ -18,7 +18,67 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # started later, inherit it.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
+import json  # noqa: E402
+import re  # noqa: E402
+
 import pytest  # noqa: E402
+
+#: The only skips allowed under CI=true: tests of a hardware feature this CPU lacks. Any other skip fails there.
+HARDWARE_SKIPS = re.compile(r"no native bfloat16|\bAMX\b")
+#: Every test's duration in the last run, slowest first (compare two runs to see what a change cost).
+DURATIONS_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".pytest_cache",
+                              "durations.json")
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    reason = str(longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else longrepr)
+    return reason[len("Skipped: "):] if reason.startswith("Skipped: ") else reason
+
+
+def _refuse_skip_in_ci(report) -> None:
+    """Under CI=true a skip whose reason is not a hardware feature (HARDWARE_SKIPS) becomes a failure."""
+    if not (in_ci() and report.skipped and not hasattr(report, "wasxfail")):
+        return
+    reason = _skip_reason(report)
+    if HARDWARE_SKIPS.search(reason):
+        return
+    report.outcome = "failed"
+    report.longrepr = (f"skipped under CI=true: {reason}\nOnly a missing hardware feature may skip in CI "
+                       "(tests/conftest.py, HARDWARE_SKIPS): install what the test needs (scripts/install.sh).")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _refuse_skip_in_ci(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _refuse_skip_in_ci(outcome.get_result())
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line for the hardware skips, with the CPU that caused them; every duration to DURATIONS_FILE."""
+    from tfnet.precision import cpu_flags, cpu_model
+
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if HARDWARE_SKIPS.search(_skip_reason(r))]
+    if skipped:
+        flags = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8"})
+        terminalreporter.write_line(f"hardware skips: {len(skipped)} test(s) need a feature this CPU lacks "
+                                    f"({cpu_model()}; flags {' '.join(flags) or 'none of note'})")
+    durations = sorted(((r.nodeid, r.when, round(r.duration, 2)) for key in ("passed", "failed", "error")
+                        for r in terminalreporter.stats.get(key, []) if hasattr(r, "duration")),
+                       key=lambda row: -row[2])
+    os.makedirs(os.path.dirname(DURATIONS_FILE), exist_ok=True)
+    with open(DURATIONS_FILE, "w") as f:
+        json.dump(durations, f, indent=0)
 
 
 def pytest_configure(config):
@@ -43,7 +103,7 @@ def tmp_dir(tmp_path):
 @pytest.fixture
 def tiny_tmpfs(tmp_path):
     """A 64 KiB tmpfs mounted for the test (a real full disk), unmounted after; skipped where this process
-    may not mount one (it needs root, as CI has)."""
+    may not mount one (it needs root, as CI has; under CI=true such a skip fails)."""
     import subprocess
 
     mount = tmp_path / "tiny"

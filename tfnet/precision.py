@@ -25,7 +25,7 @@ from contextlib import contextmanager
 
 from tfnet.errors import TFNetError
 
-__all__ = ["PRECISIONS", "PrecisionError", "PrecisionWarning", "cpu_flags", "cpu_has_bf16", "check_precision",
+__all__ = ["PRECISIONS", "PrecisionError", "PrecisionWarning", "cpu_flags", "cpu_model", "cpu_has_bf16", "check_precision",
            "training_precision", "onednn_enabled", "bf16_rewrite"]
 
 log = logging.getLogger("tfnet.precision")
@@ -56,6 +56,28 @@ def cpu_flags() -> frozenset[str]:
     except OSError:
         pass
     return frozenset()
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_model() -> str:
+    """The CPU's model name with its family and model numbers from ``/proc/cpuinfo`` (a virtual machine's name is
+    often generic: "Intel(R) Xeon(R) Processor (family 6 model 167)"); ``platform.processor()`` where it cannot be
+    read."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor is enough
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    if "model name" not in fields:
+        import platform
+
+        return platform.processor() or "unknown CPU"
+    return f"{fields['model name']} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')})"
 
 
 def cpu_has_bf16() -> bool:
