@@ -31,9 +31,8 @@ as_root() {
 missing=()
 command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
-# the engine's networking, and the namespaced hosts of tests/netns.py (ip, tc, iptables)
-command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || missing+=(iproute2)
-command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+# the engine's networking (ip, tc, iptables), as the namespaced hosts of tests/netns.py need them too
+as_root bash "$(dirname "$0")/host_tools.sh"
 if [ ${#missing[@]} -gt 0 ]; then
     command -v apt-get >/dev/null 2>&1 || die "no dockerd/docker-compose and no apt-get: install Docker Engine and Compose yourself"
     log "installing ${missing[*]} with apt"

@@ -82,6 +82,17 @@ def sh(*cmd: str, ns: str | None = None, check: bool = True, timeout: float = CM
     return proc.stdout
 
 
+def ensure_tools() -> None:
+    """``ip``, ``tc`` and ``iptables``, installed with apt where missing (scripts/host_tools.sh): this tier runs
+    alone on a fresh machine, which has no iptables."""
+    if all(shutil.which(tool) for tool in ("ip", "tc", "iptables")):
+        return
+    done = subprocess.run(["bash", os.path.join(ROOT, "scripts", "host_tools.sh")], capture_output=True, text=True,
+                          timeout=600)
+    if done.returncode != 0:
+        raise NetworkSetupError(f"scripts/host_tools.sh could not install ip, tc and iptables:\n{done.stderr[-2000:]}")
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -222,6 +233,7 @@ class Network:
     def start(self) -> Network:
         if os.geteuid() != 0:
             raise NetworkSetupError("Network namespaces need root (ip netns add).")
+        ensure_tools()
         sweep()
         try:
             with open(LOCK, "w") as lock:
