@@ -28,6 +28,9 @@ def stage_error(exc: BaseException, failures: list[WorkerFailure], prefix: str =
     if isinstance(exc, TFNetError) and hasattr(exc, "retryable"):
         return exc  # type: ignore[return-value]
     text = str(exc)
+    for marks, reason in _REFUSALS:
+        if any(mark in text for mark in marks):
+            return _error(f"{prefix}: Spark refused the training stage, and would again: {reason}", retryable=False)
     if "spark.driver.maxResultSize" in text or "bigger than local result size limit" in text:
         return _error(f"{prefix}: rank 0's result is larger than the driver accepts (spark.driver.maxResultSize); a "
                       "rerun would fail the same way. Give model_dir shared storage (the result then moves as a file), "
@@ -39,6 +42,24 @@ def stage_error(exc: BaseException, failures: list[WorkerFailure], prefix: str =
                       "spark.executor.memory and spark.driver.maxResultSize.", retryable=False)
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return _error(f"{prefix}: the stage failed with no report from a rank ({first[:500]})", retryable=True)
+
+
+#: Spark's deterministic refusals of a stage: (what its error says, why and the fix). A rerun meets the same refusal,
+#: so none is retried.
+_REFUSALS = (
+    (("BarrierJobRunWithDynamicAllocationException", "SPARK-24942"),
+     "barrier execution mode does not run with dynamic allocation on (SPARK-24942). Turn it off for this "
+     "application (spark.dynamicAllocation.enabled=false, set before the session starts)."),
+    (("BarrierJobSlotsNumberCheckFailed",),
+     "the stage needs all its ranks at once and the cluster has fewer task slots than ranks "
+     "(BarrierJobSlotsNumberCheckFailed). Give fewer ranks (num_workers) or more executors and cores."),
+    (("BarrierJobUnsupportedRDDChainException",),
+     "barrier mode does not run on this RDD chain (BarrierJobUnsupportedRDDChainException: a union, or a "
+     "coalesce, before the stage); repartition the data first."),
+    (("java.lang.ClassNotFoundException", "java.lang.NoClassDefFoundError"),
+     "a class the job needs is missing from the cluster's classpath (ClassNotFoundException): add its jar "
+     "(spark.jars) or remove the setting that names it."),
+)
 
 
 def _error(message: str, retryable: bool) -> DistributedTrainingError:

@@ -85,6 +85,24 @@ def test_stage_error_without_reports_comes_from_spark():
     assert type(stage_error(RuntimeError("whatever Py4J says"), [own])) is ValueError
 
 
+@pytest.mark.parametrize("spark_says, fix", [
+    ("An error occurred while calling o1237.collectToPython.\n: org.apache.spark.scheduler."
+     "BarrierJobRunWithDynamicAllocationException: [SPARK-24942]: Barrier execution mode does not support dynamic "
+     "resource allocation for now.", "spark.dynamicAllocation.enabled=false"),
+    ("org.apache.spark.scheduler.BarrierJobSlotsNumberCheckFailed: [SPARK-24819]: Barrier execution mode does not "
+     "allow run a barrier stage that requires more slots than the total number of slots in the cluster currently.",
+     "fewer ranks (num_workers)"),
+    ("org.apache.spark.scheduler.BarrierJobUnsupportedRDDChainException: [SPARK-24820][SPARK-24821]", "repartition"),
+    ("java.lang.ClassNotFoundException: com.example.Missing", "spark.jars"),
+])
+def test_sparks_deterministic_refusals_are_not_retried(spark_says, fix):
+    err = stage_error(RuntimeError(spark_says), [])
+    assert type(err) is DistributedTrainingError and not err.retryable
+    assert str(err).startswith("Training failed: Spark refused the training stage, and would again: ")
+    assert fix in str(err) and len(str(err).splitlines()) <= 5
+    assert not RetryPolicy(max_retries=5).should_retry(err, 0)
+
+
 def test_retry_policy():
     retryable = DistributedTrainingError("lost")
     policy = RetryPolicy(max_retries=2)
