@@ -3,15 +3,13 @@
 flow (frozen base, new head, then the base unfrozen at a low rate) trains to Keras's own ``fit`` weights; a LoRA
 layer's base kernel stays frozen as in Keras."""
 
-import os
 
 import keras
 import numpy as np
 
 import optim
 from optim import TFOptimizer
-from tests.optim.keras_transfer import (LR_FINE, LR_HEAD, data, keras_fit, max_diff, transfer_model,
-                                        unfreeze_all_but_batch_norm)
+from tests.optim.keras_transfer import LR_FINE, LR_HEAD, data, keras_fit, max_diff, transfer_model, unfreeze_all_but_batch_norm
 from tfnet import TFNet
 
 SCE = optim.losses.SparseCategoricalCrossentropy(from_logits=True)
