@@ -28,6 +28,7 @@ from optim.training.config import TrainConfig
 from optim.training.evaluation import evaluate, metrics_copy
 from optim.training.history import History
 from optim.training.interrupts import Interruptible
+from optim.training.keras_callbacks import plan_keras_callbacks
 from optim.training.loop import train
 from optim.training.reporting import (
     MultiReporter,
@@ -36,7 +37,6 @@ from optim.training.reporting import (
     StepRecorder,
     TensorBoardWriter,
     check_verbose,
-    tensorboard_dir,
 )
 from optim.transforms import assign_groups, partition
 from tfnet import TFNet, storage
@@ -255,11 +255,15 @@ class TFOptimizer:
                                                         validation_split, seed)
                 callbacks = callback_list(callbacks)
                 ours = [c for c in callbacks if isinstance(c, Callback)]  # run here, not in the loop
+                keras = plan_keras_callbacks([c for c in callbacks if not isinstance(c, Callback)], self.net,
+                                             self.model_dir)
                 config = self._config(epochs=epochs, batch_size=batch_size, shuffle=shuffle, seed=seed,
-                                      validate_every=validate_every, checkpoint_every=checkpoint_every,
-                                      keep_checkpoints=keep_checkpoints, resume=resume, on_nonfinite=on_nonfinite,
-                                      max_steps=max_steps, precision=precision, sync=sync, class_weight=class_weight,
-                                      callbacks=[c for c in callbacks if not isinstance(c, Callback)])
+                                      validate_every=validate_every,
+                                      checkpoint_every=checkpoint_every or keras.checkpoint_every,
+                                      keep_checkpoints=keep_checkpoints, resume=resume or keras.resume,
+                                      on_nonfinite=on_nonfinite, max_steps=max_steps, precision=precision, sync=sync,
+                                      class_weight=class_weight, callbacks=keras.run, model_dir=keras.model_dir,
+                                      tensorboard_dir=keras.tensorboard_dir)
                 distributed = dataset.distributed or num_workers is not None
                 if not distributed and distributed_options:
                     raise TypeError(f"Unknown arguments {sorted(distributed_options)} for local training.")
@@ -275,12 +279,13 @@ class TFOptimizer:
         return History(history, {"epochs": epochs, "verbose": verbose})
 
     def _config(self, epochs: int | None, max_steps: int | None, precision: str, sync, callbacks=None,
-                **settings) -> TrainConfig:
+                model_dir: str | None = None, **settings) -> TrainConfig:
         """This call's TrainConfig (a new run id), checked, with what it resumes from chosen once here."""
         if epochs is None:
             epochs = 1 if max_steps is None else 1 << 30  # bounded by max_steps
         config = TrainConfig(epochs=epochs, max_steps=max_steps, precision=check_precision(precision),
-                             sync=check_sync(sync), model_dir=self.model_dir, storage_options=self.storage_options,
+                             sync=check_sync(sync), model_dir=model_dir or self.model_dir,
+                             storage_options=self.storage_options,
                              run_id=new_run_id(), callbacks=check_callbacks(callbacks), **settings)
         config.check()
         config.resume = self._resume_source(config)
@@ -339,7 +344,7 @@ class TFOptimizer:
     def _train_locally(self, dataset, config: TrainConfig, val, verbose: int, reporters=()) -> dict[str, list]:
         """In this process, with the same loop every rank runs."""
         recorder = StepRecorder()
-        reporter = MultiReporter([self._reporter(verbose, config.run_id), recorder, *reporters])
+        reporter = MultiReporter([self._reporter(verbose, config), recorder, *reporters])
         spec = self.train_spec(config)
         result = train(self.net, spec.loss, spec.method, spec.metrics, dataset, config, reporter=reporter,
                        validation_data=val, initial_state=spec.state, start_step=spec.start_step,
@@ -400,9 +405,8 @@ class TFOptimizer:
             log.warning("Run %s: %s.", config.run_id, why)
         return source if source is not None else False
 
-    def _reporter(self, verbose: int, run_id: str | None):
-        writer = (TensorBoardWriter(tensorboard_dir(self.model_dir, run_id), self.storage_options)
-                  if self.model_dir else None)
+    def _reporter(self, verbose: int, config: TrainConfig):
+        writer = TensorBoardWriter(config.events_dir(), self.storage_options) if config.events_dir() else None
         return MultiReporter([ProgressBar(verbose) if verbose else None, writer])
 
     def evaluate(self, data, batch_size: int | None = None, num_workers: int | None = None) -> dict[str, float]:

@@ -14,6 +14,7 @@ from tfnet.errors import (
     GraphLoadError,
     InputSpecError,
     InputTypeError,
+    KerasSourceError,
     NoWeightsError,
     TensorNameError,
     TFNetError,
@@ -43,4 +44,5 @@ __all__ = [
     "WeightTypeError",
     "NoWeightsError",
     "GradientUnavailableError",
+    "KerasSourceError",
 ]

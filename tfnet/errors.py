@@ -67,6 +67,11 @@ class GradientUnavailableError(TFNetError, RuntimeError):
     whose loop context a frozen graph does not store). ``forward`` still works."""
 
 
+class KerasSourceError(TFNetError, ValueError):
+    """The net has no Keras model to convert back to (it did not come from ``from_keras``, or graph surgery changed
+    it), or its weights no longer match that model's variables (``TFNet.to_keras``)."""
+
+
 def closest_names(name: str, candidates: Iterable[str], n: int = 5) -> list[str]:
     """Returns up to ``n`` names from ``candidates`` that look most like ``name``.
 

@@ -1,5 +1,5 @@
-"""Writing a :class:`tfnet.TFNet` out: the export folder (:meth:`NetExport.save`), ONNX
-(:meth:`NetExport.save_onnx`), a SavedModel (:meth:`NetExport.save_saved_model`) and the frozen graph
+"""Writing a :class:`tfnet.TFNet` out: the export folder (:meth:`NetExport.save`), the Keras model it came from
+(:meth:`NetExport.to_keras`), ONNX (:meth:`NetExport.save_onnx`), a SavedModel (:meth:`NetExport.save_saved_model`) and the frozen graph
 itself (:meth:`NetExport.frozen_graph_def`).
 
 :class:`NetExport` is one of ``TFNet``'s mixins (see :mod:`tfnet.net`). A net with low-rank adapters
@@ -13,7 +13,9 @@ import numpy as np
 from tensorflow.core.framework import graph_pb2
 
 from tfnet import graph_utils as gu
+from tfnet.errors import KerasSourceError
 from tfnet.graph_io import PathLike
+from tfnet.keras_source import rebuild
 from tfnet.net_surgery import NetSurgery
 from tfnet.onnx.export import write_onnx
 from tfnet.saving import write_export_folder, write_saved_model
@@ -37,6 +39,20 @@ class NetExport(NetSurgery):
             storage_options: fsspec's options for a URI (credentials, endpoint). Default: None.
         """
         write_export_folder(self.merged() if self._adapters else self, path, storage_options)
+
+    def to_keras(self):
+        """The Keras model the net came from (:meth:`from_keras`), with the net's current weights: what Keras's own
+        ``save`` and ``save_weights`` write as files Keras loads (``.keras``, ``.weights.h5``).
+
+        Raises:
+            KerasSourceError: the net did not come from a Keras model Keras can serialize, or
+                graph surgery (``cut``, ``add_head``, ``with_lora``) changed it since.
+        """
+        if not self.keras_source:
+            raise KerasSourceError("This net has no Keras model behind it: only a net from TFNet.from_keras (of a model "
+                                   "Keras can serialize), before any cut, add_head or with_lora, converts back. Use "
+                                   "net.save(folder) instead (TFNet.load reads it).")
+        return rebuild(self.keras_source, self.get_weights())
 
     def save_onnx(self, path: PathLike) -> None:
         """Writes the net as ONNX with the current weights, atomically, checked by ``onnx.checker``

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from tensorflow.core.framework import graph_pb2
 
 from tfnet import graph_utils as gu
+from tfnet import keras_source
 from tfnet.errors import InputSpecError
 from tfnet.freeze import freeze_keras, load_keras_file
 from tfnet.graph_function import check_weight_consts, feed_specs
@@ -130,7 +131,9 @@ class NetLoading(NetState):
         """
         if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
             model = load_keras_file(model)
-        return cls._from_frozen(freeze_keras(model), **kwargs)
+        net = cls._from_frozen(freeze_keras(model), **kwargs)
+        net.keras_source = keras_source.describe(model)
+        return net
 
     @classmethod
     def from_saved_model(cls, path: PathLike, signature: str = "serving_default", **kwargs) -> TFNet:  # noqa: F821
@@ -172,6 +175,7 @@ class NetLoading(NetState):
         net = cls(graph_def, meta["input_names"], meta["output_names"], **kwargs)
         if "trainable" in extra and "trainable" not in kwargs:
             net._restore_trainable(extra["trainable"])
+        net.keras_source = extra.get("keras_source")
         return net
 
     load = from_export_folder

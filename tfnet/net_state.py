@@ -80,6 +80,9 @@ class NetState(tf.Module):
         self._gradient_hooks = HookList(self._changed)
         self._update_hooks = HookList(self._changed)
         self._onnx_source = onnx_source
+        #: The Keras model the net came from, serialized (tfnet.keras_source; :meth:`from_keras` sets it), for
+        #: ``to_keras``; None for other nets and after graph surgery.
+        self.keras_source: str | None = None
 
     def _add_adapters(self, adapters: Sequence[Adapter], values: Mapping[str, Any]) -> None:
         """Adds each adapter's two variables (after the graph's weights) from ``values``."""

@@ -30,6 +30,7 @@ def net_to_bytes(net) -> bytes:
         "fold": net.graph.fold,
         "name": net.name,
         "lora": [ad.to_json() for ad in net.adapters.values()],
+        "keras_source": net.keras_source,
     }
     arrays["template"] = np.frombuffer(net.template.SerializeToString(), np.uint8)
     return pack(FORMAT, header, arrays)
@@ -45,10 +46,12 @@ def net_from_bytes(data: bytes):
     template = graph_pb2.GraphDef()
     template.ParseFromString(bytes(arrays["template"]))
     values = {name: arrays[f"w{i:05d}"] for i, name in enumerate(meta["weights"])}
-    return TFNet.from_parts(NetParts(template, meta["inputs"], meta["outputs"], values, meta["statistics"],
-                                     meta["trainable"], name=meta["name"], fold=meta["fold"],
-                                     phase_values={k: tuple(v) for k, v in meta.get("phase_values", {}).items()},
-                                     adapters=[Adapter.from_json(item) for item in meta.get("lora", [])]))
+    net = TFNet.from_parts(NetParts(template, meta["inputs"], meta["outputs"], values, meta["statistics"],
+                                    meta["trainable"], name=meta["name"], fold=meta["fold"],
+                                    phase_values={k: tuple(v) for k, v in meta.get("phase_values", {}).items()},
+                                    adapters=[Adapter.from_json(item) for item in meta.get("lora", [])]))
+    net.keras_source = meta.get("keras_source")
+    return net
 
 
 def _jsonable(value):

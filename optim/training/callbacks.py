@@ -12,9 +12,10 @@ update, which is the same as a new rate for SGD, Adam, AdamW, Adagrad and LARS, 
 scales the momentum already gathered too). What a callback decides on rank 0 reaches every rank at the same step:
 after each epoch (and after each step when a callback has batch hooks) rank 0 broadcasts whether to stop, the rate's
 multiplier, and its weights when a callback set them. A stop stops every rank there, after that epoch's checkpoint;
-the run returns the weights the callbacks left (``restore_best_weights``). Keras's ``model.save``, ``model.fit``'s
-``History`` and the TensorBoard and ModelCheckpoint callbacks are not offered: tfnet writes checkpoints and
-TensorBoard events itself (``model_dir``).
+the run returns the weights the callbacks left (``restore_best_weights``). ``ModelCheckpoint`` writes Keras's own
+files through ``self.model.save`` (the Keras model a net from ``TFNet.from_keras`` came from, with the net's weights).
+Which of ``keras.callbacks`` run here, which tfnet carries out itself (``BackupAndRestore``, ``TensorBoard``) and which
+it refuses before the first step: :mod:`optim.training.keras_callbacks`.
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ class _OptimizerView:
 
 class ModelView:
     """What a Keras callback's ``self.model`` offers here: ``stop_training``, ``get_weights`` and ``set_weights``
-    (every weight, in ``net.weight_names`` order) and ``optimizer.learning_rate``."""
+    (every weight, in ``net.weight_names`` order), ``optimizer.learning_rate``, and ``save`` and ``save_weights`` (Keras's
+    files, for a net from ``TFNet.from_keras``)."""
 
     def __init__(self, net, rate: ScaledRate):
         self.net, self.rate = net, rate
@@ -129,6 +131,16 @@ class ModelView:
 
     def get_weights(self) -> list[np.ndarray]:
         return list(self.net.get_weights().values())
+
+    def save(self, filepath, overwrite: bool = True, **kwargs) -> None:
+        """Keras's ``model.save`` (what ``ModelCheckpoint`` calls): the Keras model the net came from, with the net's
+        weights (``TFNet.to_keras``), saved by Keras."""
+        self.net.to_keras().save(filepath, overwrite=overwrite, **kwargs)
+
+    def save_weights(self, filepath, overwrite: bool = True, **kwargs) -> None:
+        """Keras's ``model.save_weights`` (``ModelCheckpoint(save_weights_only=True)``): a ``.weights.h5`` file the
+        original Keras model loads."""
+        self.net.to_keras().save_weights(filepath, overwrite=overwrite, **kwargs)
 
     def set_weights(self, weights) -> None:
         names = list(self.net.weight_names)
@@ -150,6 +162,9 @@ class CallbackRun:
         self.rate = ScaledRate(method, scale, rate_source)
         self.view = ModelView(net, self.rate)
         self.batch_hooks = any(_overrides(cb, _BATCH_HOOKS) for cb in callbacks)
+        #: What the callbacks added to the last epoch's logs (rank 0), for the history, as Keras's History keeps it.
+        self.added: dict[str, float] = {}
+        self.callback_keys: set[str] = set()
         if self.chief:
             for cb in callbacks:
                 cb.set_model(self.view)
@@ -171,10 +186,16 @@ class CallbackRun:
         return self._decide(weights=False)
 
     def epoch_end(self, epoch: int, step: int, logs: dict) -> bool:
-        """After an epoch (its checkpoint written): rank 0's callbacks see its logs; every rank takes their
-        decisions (the rate, the weights they set); True when every rank is to stop here."""
+        """After an epoch (its checkpoint written): rank 0's callbacks see its logs, one dict for all of them as in
+        ``fit``; what they add to it (``ReduceLROnPlateau``'s and ``LearningRateScheduler``'s ``learning_rate``) is
+        in :attr:`added` for the history. Every rank takes their decisions (the rate, the weights they set); True
+        when every rank is to stop here."""
         self.view.step = step
-        self._call("on_epoch_end", epoch, {k: float(v) for k, v in logs.items() if _number(v)})
+        own = {k: float(v) for k, v in logs.items() if _number(v) and k not in self.callback_keys}
+        shown = dict(own)  # the epoch's own logs: not what callbacks added to the history before
+        self._call("on_epoch_end", epoch, shown)
+        self.added = {k: float(v) for k, v in shown.items() if k not in own and _number(v)}
+        self.callback_keys |= set(self.added)
         return self._decide(weights=True)
 
     def train_end(self, logs: dict) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 from optim.sync import check_sync
 from optim.training.callbacks import check_callbacks
 from optim.training.checkpoint import RUN_ID
+from optim.training.reporting import tensorboard_dir
 from optim.training.weights import check_class_weight
 
 __all__ = ["TrainConfig"]
@@ -42,6 +43,14 @@ class TrainConfig:
     callbacks: list = field(default_factory=list)
     #: {class id: weight} for the training loss (optim.training.weights), as Keras's class_weight
     class_weight: dict | None = None
+    #: where rank 0 writes TensorBoard events (Keras's TensorBoard callback's log_dir); None: model_dir/tensorboard/<run>
+    tensorboard_dir: str | None = None
+
+    def events_dir(self) -> str | None:
+        """Where this run's TensorBoard events go, or None (no model_dir and no TensorBoard callback)."""
+        if self.tensorboard_dir:
+            return self.tensorboard_dir
+        return tensorboard_dir(self.model_dir, self.run_id) if self.model_dir else None
 
     def check(self) -> None:
         for name in ("epochs", "batch_size"):

@@ -144,8 +144,12 @@ def train(
                     break
             else:
                 run.end_epoch(epoch)
-                if hooks is not None and hooks.epoch_end(epoch, run.global_step, run.last_logs()):
-                    break
+                if hooks is not None:
+                    stop = hooks.epoch_end(epoch, run.global_step, run.last_logs())
+                    for key, value in hooks.added.items():  # learning_rate from ReduceLROnPlateau, as in fit
+                        run.history.setdefault(key, []).append(value)
+                    if stop:
+                        break
                 if epoch + 1 < config.epochs and not run.done() and run.stop_requested(stop_check):
                     break
         run.settle()

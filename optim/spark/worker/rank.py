@@ -30,7 +30,7 @@ from optim.spark.worker.tally import EpochTally
 from optim.spark.worker.watchdog import Watchdog
 from optim.training.horovod import HorovodSession, horovod_env
 from optim.training.loop import train
-from optim.training.reporting import MultiReporter, Reporter, TensorBoardWriter, tensorboard_dir
+from optim.training.reporting import MultiReporter, Reporter, TensorBoardWriter
 from optim.transport import client as kv
 from optim.transport.client import GlooProxy
 from optim.transport.progress import RemoteReporter
@@ -275,6 +275,6 @@ def _reporter(job: RankJob, rank: int) -> Reporter:
         parts.append(RemoteReporter(*ch.progress, authkey=ch.progress_key))
     elif ch.progress_path:
         parts.append(StoredReporter(ch.progress_path, config.storage_options))
-    if config.model_dir:
-        parts.append(TensorBoardWriter(tensorboard_dir(config.model_dir, config.run_id), config.storage_options))
+    if config.events_dir():
+        parts.append(TensorBoardWriter(config.events_dir(), config.storage_options))
     return MultiReporter(parts)
