@@ -15,7 +15,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfnet.errors import GraphExecutionError, InputSpecError, NoWeightsError
+from tfnet.errors import GraphExecutionError, InputSpecError
 from tfnet.graph_function import first_line, own_function
 from tfnet.hooks import HookHandle, HookList
 from tfnet.inputs import arrange, batch_size_of, convert
@@ -196,20 +196,14 @@ class NetCompute(NetState):
 
         Returns:
             ``(grad_inputs, grad_weights)``: a list with one gradient per input (``None`` for
-            non-float inputs) and a dict over the trainable weights. Gradient hooks are applied to
-            ``grad_weights``.
+            non-float inputs) and a dict over the trainable weights (empty for a graph without weights,
+            such as a pooling or reshaping layer's: its input gradients still come, as Keras gives them).
+            Gradient hooks are applied to ``grad_weights``.
 
         Raises:
-            NoWeightsError: the graph has no weights.
             GradientUnavailableError: TensorFlow has no gradient for the graph (nested v1 control
                 flow loops); the message names the node.
         """
-        if not self._vars:
-            raise NoWeightsError(
-                "backward() needs weights, and this graph has none (no float constants of rank "
-                ">= 1); it works as a fixed function only. For input gradients, record "
-                "net(inputs) under tf.GradientTape."
-            )
         tensors = self.prepare_inputs(inputs)
         grads_out = self._prepare_grad_outputs(grad_outputs)
         names = self._trainable

@@ -274,8 +274,15 @@ def test_graph_without_weights_is_a_fixed_function(weightless):
     assert weightless.weight_names == []
     out = weightless.forward(np.array([[0.0, 0.0, 0.0]]))
     np.testing.assert_allclose(out, [[1 / 3] * 3], rtol=1e-6)
-    with pytest.raises(NoWeightsError, match="backward\\(\\) needs weights, and this graph has none"):
-        weightless.backward(np.zeros((1, 3)))
+    # its input gradient, as Keras gives a weightless layer's (tf.GradientTape of the same softmax is the oracle)
+    x = tf.constant([[0.1, -0.3, 0.7]])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = tf.nn.softmax(x * 2.0)
+    g = np.array([[1.0, 0.0, -2.0]], np.float32)
+    grad_in, grad_w = weightless.backward(x.numpy(), g)
+    np.testing.assert_allclose(grad_in, tape.gradient(y, x, output_gradients=tf.constant(g)).numpy(), rtol=1e-6)
+    assert grad_w == {}
     with pytest.raises(NoWeightsError, match="This graph has no weights"):
         weightless.trainable = True
     with pytest.raises(NoWeightsError, match="this graph has no weights"):
