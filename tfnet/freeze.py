@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, types_pb2
+from tensorflow.python.framework import convert_to_constants as c2c  # its steps: tfnet edits the graph between them
 from tensorflow.python.framework import tensor_util
-from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
 from tfnet.graph_utils import consts_to_placeholders, rename_nodes, unique_name
 from tfnet.graph_utils import node_name as node_name_of
@@ -135,6 +135,7 @@ def _direct(fn, by_handle):
     out.library.CopyFrom(graph_def.library)
     values: dict[str, np.ndarray] = {}
     names: dict[str, Any] = {}
+    baked: set[str] = set()  # handles of non-float variables, made constants
     for node in graph_def.node:
         data_inputs = [i for i in node.input if not i.startswith("^")]
         reads = [i for i in data_inputs if i.split(":")[0] in handles]
@@ -151,6 +152,7 @@ def _direct(fn, by_handle):
                 names[node.name] = var
             else:
                 _const(out, node.name, value)
+                baked.add(node.name)
         elif node.name in consts:
             _const(out, node.name, np.asarray(consts[node.name]))
         elif not reads:
@@ -161,6 +163,12 @@ def _direct(fn, by_handle):
             new.op = "Identity"
             new.ClearField("attr")
             new.attr["T"].type = node.attr["dtype"].type
+        elif node.op in _ASSIGNS and data_inputs[0].split(":")[0] in baked:
+            # a seed generator's state moving on (Keras's random layers, dropout in RNN cells): baked into the graph,
+            # it stays as it was, which inference (training=False) never reads; the op's dependants keep waiting on it
+            new = out.node.add()
+            new.name, new.op = node.name, "NoOp"
+            new.input.extend(i for i in node.input if i.startswith("^"))
         elif node.op == "ResourceGather" and data_inputs[0] in reads and len(reads) == 1:
             axis = _const(out, node.name + "/axis", np.array(0, np.int32))
             new = out.node.add()
@@ -175,6 +183,9 @@ def _direct(fn, by_handle):
         else:
             return None  # another op takes the variable handle itself
     return out, values, names
+
+
+_ASSIGNS = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
 
 
 def _reads_a_table(handle) -> bool:
@@ -196,8 +207,12 @@ def _via_constants(fn, by_handle):
     """The general path: TensorFlow's own freezing, then float constants back to placeholders."""
     # Keep While / If functional: lowered to v1 control flow, loops only differentiate with their
     # contexts rebuilt in graph mode (tfnet.v1_loops), which costs a second forward pass.
-    frozen = convert_variables_to_constants_v2(fn, lower_control_flow=False)
-    graph_def = frozen.graph.as_graph_def()
+    # convert_variables_to_constants_v2 in its three steps, so that an assignment to a variable it made a constant (a
+    # seed generator's state, in an RNN cell with dropout) becomes a NoOp before the graph is imported again
+    data = c2c._FunctionConverterDataInEager(func=fn, lower_control_flow=False, aggressive_inlining=False)
+    graph_def, converted = c2c._replace_variables_by_constants(converter_data=data)
+    _assignments_to_constants_as_noops(graph_def)
+    graph_def = c2c._construct_concrete_function(fn, graph_def, converted).graph.as_graph_def()
     nodes = {n.name: n for n in graph_def.node}
     names = {}
     for external, internal in fn.graph.captures:
@@ -207,6 +222,27 @@ def _via_constants(fn, by_handle):
             names[internal.op.name] = var
     template, values = consts_to_placeholders(graph_def, list(names))
     return template, values, names
+
+
+def _assignments_to_constants_as_noops(graph_def) -> None:
+    """In place: each assignment whose variable is now a constant (or, in a library function, an argument that is no
+    longer a resource) becomes a NoOp with the same control inputs. Inference never reads what it would write."""
+    def noop(node):
+        name, controls = node.name, [i for i in node.input if i.startswith("^")]
+        node.Clear()
+        node.name, node.op = name, "NoOp"
+        node.input.extend(controls)
+
+    consts = {n.name for n in graph_def.node if n.op == "Const"}
+    for node in graph_def.node:
+        if node.op in _ASSIGNS and node.input[0].split(":")[0] in consts:
+            noop(node)
+    for fn in graph_def.library.function:
+        plain = {a.name for a in fn.signature.input_arg if a.type != types_pb2.DT_RESOURCE}
+        plain |= {n.name for n in fn.node_def if n.op == "Const"}
+        for node in fn.node_def:
+            if node.op in _ASSIGNS and node.input[0].split(":")[0] in plain:
+                noop(node)
 
 
 def _input_name(tensor) -> str | None:
@@ -307,7 +343,12 @@ def freeze_keras(model) -> Frozen:
             args = xs[0] if len(xs) == 1 else list(xs)
         return tf.nest.flatten(probe(args, training=False))
 
-    fn = tf.function(call, autograph=False).get_concrete_function(*specs)
+    try:
+        fn = tf.function(call, autograph=False).get_concrete_function(*specs)
+    except tf.errors.OperatorNotAllowedInGraphError:
+        # a layer with Python control flow over tensors (RandomCrop's): traced as Keras's own fit traces it, with
+        # AutoGraph; a plain graph otherwise, which keeps Python-level branches out of the frozen graph
+        fn = tf.function(call, autograph=True).get_concrete_function(*specs)
     n_out = len(fn.outputs) - len(layers)
     names = _output_names(model, n_out)
     # Keras's trainable flags come along: a layer or nested model with trainable = False, a LoRA layer's base kernel

@@ -77,52 +77,130 @@ def _same_padding(x, kernel, strides, dilations) -> tf.Tensor:
 
 
 def rewrite_graph(graph_def: graph_pb2.GraphDef, graph: tf.Graph) -> tuple[graph_pb2.GraphDef, int]:
-    """``graph_def`` with each NHWC ``Conv2D`` of a 1x1 kernel and a stride above 1 (SAME or VALID) reading a strided
-    view of its input at stride 1, as :func:`conv2d` runs it; and how many it rewrote. The graph of a Keras model or
-    a TF1 checkpoint holds such convolutions as single ops. ``graph`` is the graph before batch-norm folding
-    imported (``name=""``), for the filters' static shapes; a convolution it lacks (one that folding made) is looked up
-    in ``graph_def`` imported here. Like batch-norm folding (tfnet.fold), this changes the graph that runs, never the
-    graph that is saved."""
+    """``graph_def`` with the convolution forms some CPUs get wrong rewritten, and how many it rewrote:
+
+    * each NHWC ``Conv2D`` of a 1x1 kernel and a stride above 1 (SAME or VALID) reads a strided view of its input at
+      stride 1, as :func:`conv2d` runs it;
+    * each grouped ``Conv2D`` or ``Conv3D`` (a filter with fewer input channels than its input: Keras's
+      ``groups=``) runs as one convolution per group, concatenated: TensorFlow's CPU kernels have no grouped
+      ``Conv3D``, nor a grouped dilated ``Conv2D`` on every CPU.
+
+    The graph of a Keras model or a TF1 checkpoint holds such convolutions as single ops. ``graph`` is the graph
+    before batch-norm folding imported (``name=""``), for static shapes; a convolution it lacks (one that folding
+    made) is looked up in ``graph_def`` imported here. Like batch-norm folding (tfnet.fold), this changes the graph
+    that runs, never the graph that is saved."""
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
+    shapes = _Shapes(graph, graph_def)
     taken = {n.name for n in out.node}
-    shapes_of = graph
-    added, count = [], 0
-    for node in out.node:
-        strides = list(node.attr["strides"].list.i) if node.op == "Conv2D" else []
-        if (not strides or strides[1:3] == [1, 1] or node.attr["data_format"].s not in (b"", b"NHWC")
-                or node.attr["padding"].s not in (b"SAME", b"VALID")):
-            continue
-        try:
-            kernel = graph.get_operation_by_name(node.name).inputs[1].shape
-        except KeyError:  # a convolution that folding made (tfnet.fold): the shapes of graph_def itself
-            if graph is shapes_of:
-                graph = tf.Graph()
-                with graph.as_default():
-                    tf.graph_util.import_graph_def(graph_def, name="")
-            kernel = graph.get_operation_by_name(node.name).inputs[1].shape
-        if kernel.rank != 4 or kernel[0] != 1 or kernel[1] != 1:
-            continue
-        prefix = f"{node.name}/tfnet_strided_view"
-        while any(n == prefix or n.startswith(prefix + "/") for n in taken):
-            prefix += "_"
-        consts = {part: value for part, value in (("begin", [0] * 4), ("end", [0] * 4), ("strides", strides))}
-        for part, value in consts.items():
-            added.append(node_def_pb2.NodeDef(
-                name=f"{prefix}/{part}", op="Const",
-                attr={"dtype": attr_value_pb2.AttrValue(type=types_pb2.DT_INT32),
-                      "value": attr_value_pb2.AttrValue(tensor=tensor_util.make_tensor_proto(value, tf.int32))}))
-        view = node_def_pb2.NodeDef(name=prefix, op="StridedSlice",
-                                    input=[node.input[0]] + [f"{prefix}/{part}" for part in consts])
-        view.attr["T"].CopyFrom(node.attr["T"])
-        view.attr["Index"].type = types_pb2.DT_INT32
-        view.attr["begin_mask"].i = view.attr["end_mask"].i = 15
-        if node.device:
-            view.device = node.device
-        added.append(view)
-        node.input[0] = prefix
-        node.attr["strides"].list.i[:] = [1, 1, 1, 1]
-        node.attr["padding"].s = b"VALID"
-        count += 1
+    added: list = []
+    count = 0
+    for node in list(out.node):
+        if node.op == "Conv2D" and _strided_one_by_one(node, shapes):
+            added.extend(_strided_view(node, _free(f"{node.name}/tfnet_strided_view", taken)))
+            count += 1
+        if node.op in ("Conv2D", "Conv3D"):
+            groups = _groups(node, shapes)
+            if groups > 1:
+                added.extend(_split_groups(node, groups, _free(f"{node.name}/tfnet_groups", taken)))
+                count += 1
     out.node.extend(added)
     return out, count
+
+
+class _Shapes:
+    """Static shapes of the ops of ``graph``, falling back on ``graph_def`` imported once for an op ``graph`` lacks."""
+
+    def __init__(self, graph: tf.Graph, graph_def: graph_pb2.GraphDef):
+        self.graph, self.graph_def, self.own = graph, graph_def, None
+
+    def inputs(self, name: str) -> list[tf.TensorShape]:
+        try:
+            op = self.graph.get_operation_by_name(name)
+        except KeyError:  # a convolution that folding made (tfnet.fold)
+            if self.own is None:
+                self.own = tf.Graph()
+                with self.own.as_default():
+                    tf.graph_util.import_graph_def(self.graph_def, name="")
+            op = self.own.get_operation_by_name(name)
+        return [t.shape for t in op.inputs]
+
+
+def _free(prefix: str, taken: set[str]) -> str:
+    while any(n == prefix or n.startswith(prefix + "/") for n in taken):
+        prefix += "_"
+    taken.add(prefix)
+    return prefix
+
+
+def _const(name: str, value, dtype=tf.int32) -> node_def_pb2.NodeDef:
+    return node_def_pb2.NodeDef(
+        name=name, op="Const",
+        attr={"dtype": attr_value_pb2.AttrValue(type=dtype.as_datatype_enum),
+              "value": attr_value_pb2.AttrValue(tensor=tensor_util.make_tensor_proto(value, dtype))})
+
+
+def _strided_one_by_one(node, shapes: _Shapes) -> bool:
+    strides = list(node.attr["strides"].list.i)
+    if (strides[1:3] == [1, 1] or node.attr["data_format"].s not in (b"", b"NHWC")
+            or node.attr["padding"].s not in (b"SAME", b"VALID")):
+        return False
+    kernel = shapes.inputs(node.name)[1]
+    return kernel.rank == 4 and kernel[0] == 1 and kernel[1] == 1
+
+
+def _strided_view(node, prefix: str) -> list:
+    """``node`` (a strided 1x1 ``Conv2D``) reads ``x[:, ::s, ::s, :]`` at stride 1; returns the nodes that adds."""
+    strides = list(node.attr["strides"].list.i)
+    consts = [_const(f"{prefix}/{part}", value) for part, value in
+              (("begin", [0] * 4), ("end", [0] * 4), ("strides", strides))]
+    view = node_def_pb2.NodeDef(name=prefix, op="StridedSlice", input=[node.input[0]] + [c.name for c in consts])
+    view.attr["T"].CopyFrom(node.attr["T"])
+    view.attr["Index"].type = types_pb2.DT_INT32
+    view.attr["begin_mask"].i = view.attr["end_mask"].i = 15
+    view.device = node.device
+    node.input[0] = prefix
+    node.attr["strides"].list.i[:] = [1, 1, 1, 1]
+    node.attr["padding"].s = b"VALID"
+    return [*consts, view]
+
+
+def _groups(node, shapes: _Shapes) -> int:
+    if node.attr["data_format"].s not in (b"", b"NHWC", b"NDHWC"):
+        return 1
+    x, kernel = shapes.inputs(node.name)[:2]
+    channels, per_group = x[-1] if x.rank else None, kernel[-2] if kernel.rank else None
+    if channels is None or per_group is None or channels == per_group or channels % per_group:
+        return 1
+    return channels // per_group
+
+
+def _split_groups(node, groups: int, prefix: str) -> list:
+    """``node`` (a grouped convolution) becomes the concatenation of one convolution per group, under its own name
+    (its readers are unchanged); returns the nodes that adds."""
+    axis = _const(f"{prefix}/axis", -1)
+    parts = []
+    for what, source in (("x", node.input[0]), ("filter", node.input[1])):
+        split = node_def_pb2.NodeDef(name=f"{prefix}/{what}", op="Split", input=[axis.name, source])
+        split.attr["T"].CopyFrom(node.attr["T"])
+        split.attr["num_split"].i = groups
+        split.device = node.device
+        parts.append(split)
+    controls = [i for i in node.input if i.startswith("^")]
+    convs = []
+    for g in range(groups):
+        conv = node_def_pb2.NodeDef()
+        conv.CopyFrom(node)
+        conv.name = f"{prefix}/group_{g}"
+        conv.input[:] = [f"{prefix}/x:{g}", f"{prefix}/filter:{g}", *controls]
+        convs.append(conv)
+    name, dtype = node.name, attr_value_pb2.AttrValue()
+    dtype.CopyFrom(node.attr["T"])
+    node.Clear()
+    node.name, node.op = name, "ConcatV2"
+    node.input.extend([c.name for c in convs] + [axis.name])
+    node.attr["T"].CopyFrom(dtype)
+    node.attr["N"].i = groups
+    node.attr["Tidx"].type = types_pb2.DT_INT32
+    node.device = convs[0].device
+    return [axis, *parts, *convs]

@@ -11,7 +11,8 @@ they run. Three things get in the way, and :func:`prepare_library` deals with ea
   the whole library: the same library gives the same names, a different one different names.
 * XLA. Keras 3 wraps some ops (grouped convolutions) in ``tf.function(jit_compile=True)``; the
   ``_XlaMustCompile`` attribute makes TensorFlow look for a gradient that does not exist outside the
-  original process. The same function without it runs on the ordinary kernels.
+  original process, and a call's gradient needs C++ gradients of its body's ops. Such calls are inlined
+  (:func:`inline_xla_calls`), and the attribute dropped from what remains.
 * Custom gradients. ``tf.custom_gradient`` marks an ``IdentityN`` with ``_gradient_op_type``, the
   name of a Python function registered in the process that built the graph (see
   :func:`drop_gradient_overrides`).
@@ -23,7 +24,7 @@ import hashlib
 
 from tensorflow.core.framework import graph_pb2
 
-__all__ = ["prepare_library", "drop_gradient_overrides", "register_library"]
+__all__ = ["prepare_library", "drop_gradient_overrides", "inline_xla_calls", "register_library"]
 
 _XLA_ATTRS = ("_XlaMustCompile", "_XlaCompile", "_XlaScope", "_XlaInternalScope", "_noinline")
 
@@ -46,11 +47,80 @@ def drop_gradient_overrides(graph_def: graph_pb2.GraphDef) -> int:
     return removed
 
 
+_CALLS = ("PartitionedCall", "StatefulPartitionedCall")
+
+
+def inline_xla_calls(graph_def: graph_pb2.GraphDef) -> int:
+    """Replaces each call of an XLA-marked library function in the graph by the function's body, in place; returns
+    how many calls it inlined.
+
+    Keras 3 runs a grouped dilated convolution as such a call (``SpaceToBatchND``, ``Conv2D``, ``BatchToSpaceND``).
+    TensorFlow differentiates a call with ``SymbolicGradient``, which needs a C++ gradient for every op of the body,
+    and ``BatchToSpaceND`` has none ("No gradient defined for op"); inlined, the tape differentiates each op."""
+    from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
+
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    marked = {name for name, f in functions.items() if "_XlaMustCompile" in f.attr}
+    inlined = 0
+    while True:
+        calls = [n for n in graph_def.node if n.op in _CALLS and n.attr["f"].func.name in marked]
+        if not calls:
+            return inlined
+        for call in calls:
+            fdef = functions[call.attr["f"].func.name]
+            body, flat_names = function_def_to_graph_def(fdef)
+            _inline(graph_def, call, fdef, body, flat_names)
+            inlined += 1
+
+
+def _inline(graph_def, call, fdef, body, flat_names) -> None:
+    """Puts ``body`` (``fdef`` as a graph) in place of ``call``: its arguments read the call's inputs, and whatever
+    read the call's outputs reads the body's results."""
+    prefix = f"{call.name}/inlined"
+    args = [a.name for a in fdef.signature.input_arg]
+    data = [i for i in call.input if not i.startswith("^")]
+    controls = [i for i in call.input if i.startswith("^")]
+    fed = dict(zip(args, data))
+
+    def resolve(name: str) -> str:
+        control = name.startswith("^")
+        node, _, index = name.lstrip("^").partition(":")
+        if node in fed:
+            target = fed[node]
+            return "^" + target.split(":")[0] if control else target
+        return f"^{prefix}/{node}" if control else f"{prefix}/{node}" + (f":{index}" if index else "")
+
+    for node in body.node:
+        if node.name in fed:
+            continue
+        new = graph_def.node.add()
+        new.CopyFrom(node)
+        new.name = f"{prefix}/{node.name}"
+        new.input[:] = [resolve(i) for i in node.input]
+        if not new.input and controls:  # a constant of the body runs after what the call waited for
+            new.input.extend(controls)
+    results = [resolve(flat_names[fdef.ret[out.name]]) for out in fdef.signature.output_arg]
+    for node in graph_def.node:
+        renamed = []
+        for inp in node.input:
+            name, _, index = inp.lstrip("^").partition(":")
+            if name != call.name:
+                renamed.append(inp)
+            elif inp.startswith("^"):
+                renamed.extend("^" + r.split(":")[0] for r in results)
+            else:
+                renamed.append(results[int(index or 0)])
+        node.input[:] = renamed
+    graph_def.node.remove(call)
+
+
 def prepare_library(graph_def: graph_pb2.GraphDef) -> dict[str, str]:
-    """Drops gradient overrides and XLA markers and renames library functions by content, in place.
+    """Inlines XLA-marked calls, drops gradient overrides and XLA markers and renames library functions by content,
+    in place.
 
     Returns the renaming ``{old: new}`` (empty when the graph has no library).
     """
+    inline_xla_calls(graph_def)
     drop_gradient_overrides(graph_def)
     library = graph_def.library
     for fn in library.function:
