@@ -1,0 +1,49 @@
+"""Keras's transfer-learning flow on two ranks (issue 51): a frozen base and a new head trained by tfnet over a real
+local[2] Spark with Horovod over Gloo equal Keras's own ``fit`` on the same global batches, in both phases, and only
+the head's bytes are allreduced while the base is frozen."""
+
+import numpy as np
+import pytest
+
+import optim
+from optim import TFOptimizer
+from tests.optim.keras_transfer import (LR_FINE, LR_HEAD, data, keras_fit, max_diff, transfer_model,
+                                        unfreeze_all_but_batch_norm)
+from tfnet import TFNet
+
+pytestmark = [pytest.mark.spark, pytest.mark.parallel]
+
+SCE = optim.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def as_two_ranks_see_it(x, y, batch: int):
+    """The rows in the order Keras's fit must see them to take the steps two ranks take: rank r holds rows r, r + 2,
+    ...; step k averages each rank's k-th block of ``batch / 2`` rows, which is one step over both blocks."""
+    per = batch // 2
+    shards = [(x[r::2], y[r::2]) for r in range(2)]
+    steps = len(shards[0][0]) // per
+    order = [np.concatenate([s[i][k * per:(k + 1) * per] for s in shards]) for i in range(2) for k in range(steps)]
+    xs, ys = order[:steps], order[steps:]
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def test_the_transfer_learning_flow_on_two_ranks_trains_as_keras_fit(spark):
+    x, y = data(64)
+    kx, ky = as_two_ranks_see_it(x, y, 16)
+    reference, _ = transfer_model()
+    model, _ = transfer_model()
+    net = TFNet.from_keras(model)
+    want = keras_fit(reference, kx, ky, LR_HEAD, 16)
+    history = TFOptimizer(net, SCE, optim.SGD(LR_HEAD)).optimize(
+        (x, y), batch_size=16, shuffle=False, num_workers=2, verbose=0)
+    assert max_diff(net, want) < 1e-6
+    head_bytes = sum(w.nbytes for k, w in net.get_weights().items() if k.startswith("head/"))
+    assert history["bytes_per_step"] == [head_bytes + 4]  # the head's gradients and the loss, nothing of the base
+    for keras_model in (reference, model):
+        unfreeze_all_but_batch_norm(keras_model.get_layer("base"))
+    want = keras_fit(reference, kx, ky, LR_FINE, 16)
+    net.trainable = [v.path for v in model.trainable_variables]
+    history = TFOptimizer(net, SCE, optim.SGD(LR_FINE)).optimize(
+        (x, y), batch_size=16, shuffle=False, num_workers=2, verbose=0)
+    assert max_diff(net, want) < 1e-6
+    assert history["bytes_per_step"][0] > head_bytes + 4
