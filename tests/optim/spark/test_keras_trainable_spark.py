@@ -7,8 +7,7 @@ import pytest
 
 import optim
 from optim import TFOptimizer
-from tests.optim.keras_transfer import (LR_FINE, LR_HEAD, data, keras_fit, max_diff, transfer_model,
-                                        unfreeze_all_but_batch_norm)
+from tests.optim.keras_transfer import LR_FINE, LR_HEAD, data, keras_fit, max_diff, transfer_model, unfreeze_all_but_batch_norm
 from tfnet import TFNet
 
 pytestmark = [pytest.mark.spark, pytest.mark.parallel]
