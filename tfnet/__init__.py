@@ -15,6 +15,7 @@ from tfnet.errors import (
     InputSpecError,
     InputTypeError,
     KerasSourceError,
+    KernelCheckError,
     NoWeightsError,
     TensorNameError,
     TFNetError,
@@ -45,4 +46,5 @@ __all__ = [
     "NoWeightsError",
     "GradientUnavailableError",
     "KerasSourceError",
+    "KernelCheckError",
 ]

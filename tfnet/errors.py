@@ -67,6 +67,12 @@ class GradientUnavailableError(TFNetError, RuntimeError):
     whose loop context a frozen graph does not store). ``forward`` still works."""
 
 
+class KernelCheckError(TFNetError, RuntimeError):
+    """TensorFlow's CPU kernels compute a wrong gradient on this CPU (``tfnet.kernels.self_check``)."""
+
+    retryable = False
+
+
 class KerasSourceError(TFNetError, ValueError):
     """The net has no Keras model to convert back to (it did not come from ``from_keras``, or graph surgery changed
     it), or its weights no longer match that model's variables (``TFNet.to_keras``)."""

@@ -13,17 +13,27 @@ some of them (measured against float64, docs/benchmarks.md, "Kernels on every CP
   support dilation rates larger than 1"), the kernel that runs with oneDNN off and on AVX2-only CPUs, has none.
   :func:`conv2d` runs a dilated convolution through space-to-batch, as ``tf.nn.convolution`` does.
 
-Every other form goes to ``Conv2D`` as it is. :func:`rewrite_graph` does the first of these to the graphs tfnet
+Every other form goes to ``Conv2D`` as it is. :func:`self_check` checks the forms once per process before training
+(``optim``'s loop calls it), so a CPU whose kernels are wrong in a way not known here stops with an error instead of
+training silently wrong. :func:`rewrite_graph` does the first of these to the graphs tfnet
 loads (a Keras model's, a TF1 checkpoint's), where the convolutions are single ops already.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+
+import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2, types_pb2
 from tensorflow.python.framework import tensor_util
 
-__all__ = ["conv2d", "rewrite_graph"]
+from tfnet.errors import KernelCheckError
+
+__all__ = ["conv2d", "rewrite_graph", "self_check"]
+
+log = logging.getLogger("tfnet.kernels")
 
 
 def conv2d(x: tf.Tensor, kernel: tf.Tensor, strides, dilations, padding) -> tf.Tensor:
@@ -204,3 +214,62 @@ def _split_groups(node, groups: int, prefix: str) -> list:
     node.attr["Tidx"].type = types_pb2.DT_INT32
     node.device = convs[0].device
     return [axis, *parts, *convs]
+
+
+@functools.lru_cache(maxsize=1)
+def self_check() -> dict[str, float]:
+    """Once per process: the convolution gradients this module's forms give on this CPU, against float64. Returns
+    the relative error of each form checked (``strided_1x1``, ``dilated``, and ``raw_strided_1x1``: TensorFlow's own
+    kernel for what :func:`conv2d` routes around, for the record).
+
+    Raises:
+        KernelCheckError: one of tfnet's own forms is wrong here (a kernel this module does not know of yet).
+    """
+    rng = np.random.default_rng(0)
+    x, gy = rng.standard_normal((2, 8, 8, 4)), rng.standard_normal((2, 4, 4, 8))
+    strided = lambda a, w: _raw(a, w, [2, 2], [1, 1], "VALID")  # noqa: E731
+    # the references: float64 (never oneDNN's), undilated (a dilated kernel is the kernel with zeros between taps)
+    cases = {
+        "strided_1x1": (rng.standard_normal((1, 1, 4, 8)), lambda a, w: conv2d(a, w, [2, 2], [1, 1], "VALID"),
+                        strided, gy),
+        "raw_strided_1x1": (rng.standard_normal((1, 1, 4, 8)), strided, strided, gy),
+        "dilated": (rng.standard_normal((3, 3, 4, 8)), lambda a, w: conv2d(a, w, [1, 1], [2, 2], "SAME"),
+                    lambda a, w: _raw(a, _dilated(w, 2), [1, 1], [1, 1], "SAME"), rng.standard_normal((2, 8, 8, 8))),
+    }
+    errors, failed = {}, {}
+    for name, (w, f, reference, g) in cases.items():
+        want = _filter_gradient(reference, x, w, g, tf.float64)
+        try:  # a few times: the wrong kernel found so far gave a right answer now and then (memory it reuses)
+            runs = [_filter_gradient(f, x, w, g, tf.float32) for _ in range(_RUNS)]
+        except tf.errors.OpError as exc:  # no kernel for the form here ("do not yet support dilation rates")
+            errors[name], failed[name] = float("inf"), exc.message.strip().splitlines()[0][:200]
+            continue
+        errors[name] = max(float(np.abs(got - want).max() / np.abs(want).max()) for got in runs)
+    wrong = {k: failed.get(k, v) for k, v in errors.items() if not k.startswith("raw") and not v < 1e-4}
+    if wrong:
+        raise KernelCheckError(
+            f"TensorFlow's CPU kernels compute a wrong convolution gradient here ({wrong}; relative to float64): "
+            "training would be silently wrong. Set TF_ENABLE_ONEDNN_OPTS=0 before TensorFlow is imported, and report "
+            "the CPU (tfnet.precision.cpu_model()).")
+    if errors["raw_strided_1x1"] >= 1e-4:
+        log.info("This CPU's oneDNN filter gradient of a strided 1x1 convolution is %.2g off float64; tfnet runs such "
+                 "convolutions in a form that is right.", errors["raw_strided_1x1"])
+    return errors
+
+
+_RUNS = 3
+
+
+def _dilated(w: tf.Tensor, d: int) -> tf.Tensor:
+    """An HWIO kernel with ``d - 1`` zeros between its taps."""
+    k, c, o = w.shape[0], w.shape[2], w.shape[3]
+    spread = tf.pad(w[:, None, :, None], [[0, 0], [0, d - 1], [0, 0], [0, d - 1], [0, 0], [0, 0]])
+    return tf.reshape(spread, [k * d, k * d, c, o])[:(k - 1) * d + 1, :(k - 1) * d + 1]
+
+
+def _filter_gradient(f, x, w, gy, dtype) -> np.ndarray:
+    xv, wv = tf.constant(x, dtype), tf.constant(w, dtype)
+    with tf.GradientTape() as tape:
+        tape.watch(wv)
+        y = f(xv, wv)
+    return tape.gradient(y, wv, output_gradients=tf.constant(gy, dtype)).numpy()

@@ -50,7 +50,7 @@ from optim.training.restore import (
 )
 from optim.training.start import Start, load_initial_state, previous_server_state, resume_checkpoint
 from optim.training.weights import ClassWeights
-from tfnet import storage
+from tfnet import kernels, storage
 from tfnet.lora import carried_weight_names
 
 # TrainConfig, accumulate, evaluate, logs_from_states and metrics_copy are re-exported: this was their home.
@@ -111,6 +111,7 @@ def train(
         The history (per-epoch lists), the global step and the final optimiser state.
     """
     config.check()
+    kernels.self_check()  # once per process: a CPU whose convolution gradients are wrong stops here, typed
     alive = liveness or Liveness()
     collective = collective or LocalCollective()
     hooks = None

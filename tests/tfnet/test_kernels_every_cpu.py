@@ -113,3 +113,32 @@ def test_convolution_gradients_match_float64_and_pytorch(setting):
     assert result["cases"] == 96
     assert result["worst"] < 1e-5, result  # float32 against float64: a few roundings
     assert result["keras_worst"] < 1e-5, result
+
+
+def test_the_self_check_stops_training_on_a_cpu_with_a_wrong_kernel(monkeypatch):
+    """``optim``'s loop calls ``tfnet.kernels.self_check`` before the first step: a form of tfnet's own that comes out
+    wrong (simulated in a fresh process: a convolution 1% off, without the dilation route) stops training with
+    KernelCheckError naming the fix; the real forms pass on this CPU."""
+    from tfnet import kernels
+
+    assert all(v < 1e-5 for k, v in kernels.self_check().items() if not k.startswith("raw")), kernels.self_check()
+    child = textwrap.dedent('''
+        import numpy as np
+        from tfnet import kernels
+        kernels.conv2d = lambda x, w, s, d, p: 1.01 * kernels._raw(x, w, s, d, p)  # a kernel 1% off, and no dilation
+        import optim
+        from optim import TFOptimizer
+        from tests.models import small_cnn
+        from tfnet import TFNet, KernelCheckError
+        opt = TFOptimizer(TFNet.from_keras(small_cnn()), "sparse_categorical_crossentropy", optim.SGD(0.1))
+        try:
+            opt.optimize((np.zeros((4, 8, 8, 3), np.float32), np.zeros(4, np.int64)), batch_size=2, verbose=0)
+        except KernelCheckError as exc:
+            print("REFUSED", opt.global_step, str(exc))
+    ''')
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", **SETTINGS["onednn_avx2"])
+    done = subprocess.run([sys.executable, "-c", child], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert "REFUSED 0 TensorFlow's CPU kernels compute a wrong convolution gradient here" in done.stdout, (
+        done.stdout[-2000:] + done.stderr[-3000:])
+    assert "TF_ENABLE_ONEDNN_OPTS=0" in done.stdout and "{'strided_1x1': " in done.stdout  # what is wrong, and the fix
