@@ -8,6 +8,7 @@ prediction) call :func:`build_engine` on the payload.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -24,6 +25,8 @@ from optim.predict.snapshot import ModelSnapshot, TensorInfo
 __all__ = ["BACKENDS", "Payload", "make_payload", "build_engine", "check_backend", "unsupported_ops"]
 
 BACKENDS = ("tensorflow", "openvino")
+
+log = logging.getLogger("tfnet.predict")
 
 
 @dataclass(frozen=True)
@@ -238,12 +241,18 @@ def set_tf_threads(num_threads: int | None) -> bool:
     return set_num_threads(int(num_threads), int(num_threads), strict=False)
 
 
+_NOT_APPLIED: set = set()  # the num_threads a reused worker could not apply, said once each
+
+
 def build_engine(payload: Payload, set_threads: bool = True):
     """An engine for ``payload``. ``set_threads`` applies ``payload.num_threads`` to TensorFlow's
     process-wide pools (workers do; the driver, which belongs to the user, does not)."""
     if payload.backend == "openvino":
         return OVEngine(payload)
-    if set_threads and not set_tf_threads(payload.num_threads):
-        warnings.warn(f"TensorFlow was already running in this process, so num_threads={payload.num_threads} "
-                      "could not be applied.", RuntimeWarning, stacklevel=2)
+    if set_threads and not set_tf_threads(payload.num_threads) and payload.num_threads not in _NOT_APPLIED:
+        # a reused Python worker (it trained before, or ran another model): its pools stay as they are. Said once per
+        # process at DEBUG, not warned per task into the user's console (its progress bar)
+        _NOT_APPLIED.add(payload.num_threads)
+        log.debug("TensorFlow was already running in this worker, so num_threads=%s could not be applied; its thread "
+                  "pools stay as they were.", payload.num_threads)
     return TFEngine(payload)

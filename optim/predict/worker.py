@@ -164,6 +164,8 @@ class _UnreadStderr:
     fail with ``ECONNRESET``, which no ``SIGPIPE`` ends, and the daemon prints it before the worker exits."""
 
     QUIET = ("ConnectionResetError", "BrokenPipeError")
+    #: the line pyspark's daemon prints before such a traceback (pyspark/daemon.py, worker()): held with it
+    HEADER = "PySpark daemon failed to flush the output to the worker process:"
 
     def __init__(self, stream):
         self.stream, self._held, self._partial = stream, [], ""
@@ -176,7 +178,8 @@ class _UnreadStderr:
         return len(text)
 
     def _line(self, line: str) -> None:
-        if line.startswith("Traceback (most recent call last):") or (self._held and line.startswith(" ")):
+        if (line.startswith((self.HEADER, "Traceback (most recent call last):"))
+                or (self._held and line.startswith(" "))):
             self._held.append(line)  # a traceback's frames: held until its error line says whose it is
             return
         held, self._held = self._held, []

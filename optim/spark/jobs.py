@@ -20,6 +20,7 @@ from collections.abc import Callable
 from optim.errors import DistributedTrainingError
 from optim.logs import wait_for_running_tasks
 from optim.spark.connect import is_connect
+from optim.spark.jvm_threads import release_connection
 
 __all__ = ["run_job", "CANCEL_GRACE_S"]
 
@@ -102,6 +103,7 @@ def run_job(spark, description: str, action: Callable, *, kind: str = "job", tim
                 job.leave()
             except Exception:  # noqa: BLE001 - a stopped session
                 pass
+            release_connection()  # py4j's "Closing down clientserver connection" stays out of the user's log
 
     thread = threading.Thread(target=run, name=f"tfnet-job-{job.group}", daemon=True)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s

@@ -17,6 +17,7 @@ from contextlib import nullcontext
 from optim.logs import paused_console_progress
 from optim.spark.connect import is_connect
 from optim.spark.jobs import run_job
+from optim.spark.jvm_threads import release_connection
 from optim.spark.probe import REPORT_SCHEMA, arrow_report_fn, import_report_fn
 from optim.spark.slots import connect_slots, task_slots
 
@@ -55,6 +56,8 @@ class WarmUp:
             self.reports = [r if isinstance(r, dict) else json.loads(r["report"]) for r in rows]
         except Exception as exc:  # noqa: BLE001 - optimize() checks the workers and says what is wrong
             self.error = exc
+        finally:
+            release_connection()  # this thread's py4j connection, closed without py4j's INFO line
 
     def done(self) -> bool:
         return not self._thread.is_alive()

@@ -353,3 +353,8 @@ def test_between_tasks_the_workers_stderr_drops_only_a_reset_sockets_traceback()
     shown = printed(ValueError("a user's own error"))
     assert shown.startswith("Traceback (most recent call last):\n") and "ValueError: a user's own error\nafter\n" in shown
     assert 'raise error' in shown  # the frames kept with it
+    # pyspark/daemon.py prints its own line before the traceback of a failed flush: dropped with it (issue 56),
+    # kept before any other error
+    header = "PySpark daemon failed to flush the output to the worker process:\n"
+    assert printed(BrokenPipeError(32, "Broken pipe"), before=header) == "after\n"
+    assert printed(ValueError("other"), before=header).startswith(header + "Traceback (most recent call last):\n")
