@@ -69,6 +69,15 @@ def plan_keras_callbacks(callbacks: list, net, model_dir: str | None) -> KerasCa
                 "keras.callbacks.ModelCheckpoint writes Keras's own files, and this net has no Keras model behind it "
                 "(only a net from TFNet.from_keras, before cut, add_head or with_lora, has one): keep checkpoints in "
                 "TFOptimizer's model_dir, and save the net with net.save(folder).")
+        if kind == "ModelCheckpoint":
+            try:  # the model must come back here, before the first step, not on rank 0 after an epoch
+                net.to_keras()
+            except Exception as exc:  # noqa: BLE001 - Keras's errors for a model it cannot rebuild (a custom layer)
+                raise UnsupportedCallbackError(
+                    f"keras.callbacks.ModelCheckpoint writes Keras's own files, and this net's Keras model does not "
+                    f"rebuild here ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
+                    "); register its custom objects (keras.saving.register_keras_serializable), or save the net with "
+                    "net.save(folder).") from None
         if kind == "BackupAndRestore":
             backup = os.fspath(cb.backup_dir)
             if model_dir and os.path.abspath(model_dir) != os.path.abspath(backup):
