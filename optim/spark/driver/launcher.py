@@ -200,7 +200,16 @@ class _DistributedRun:
         finally:
             self.cleanup.run()
         if isinstance(state, Failed):
-            raise state.error from state.cause
+            # the error says what failed and where (a rank's own error, rebuilt, with its traceback in
+            # worker_traceback); the Spark exception it came through (a Py4J error with the JVM's stack) stays off the
+            # console: kept as the error's spark_error and logged at DEBUG
+            if state.cause is not None and state.cause is not state.error:
+                log.debug("The training stage failed through:", exc_info=state.cause)
+                try:
+                    state.error.spark_error = state.cause
+                except AttributeError:  # an error type without a __dict__
+                    pass
+            raise state.error from None
         result = state.result
         if self.verbose and not self.sink.events:  # no progress reached here while the stage ran
             print_history(result)

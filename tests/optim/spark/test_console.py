@@ -193,3 +193,40 @@ def test_tfnets_threads_leave_nothing_in_an_info_log(tmp_path):
     closing = [line for line in out.splitlines() if "Closing down clientserver connection" in line]
     assert len(closing) <= 1 and all(line.startswith("MainThread|") for line in closing), closing
     assert "could not be applied" not in out and "RuntimeWarning" not in out, out[-4000:]
+
+
+# A user's callback that fails on rank 0 of a distributed run with validation data.
+FAILING_CALLBACK = textwrap.dedent("""
+    import keras
+    from tfnet import TFNet
+    import optim
+    from optim import TFDataset, TFOptimizer
+    from pyspark.sql import SparkSession
+    from tests import digits
+
+    class Boom(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise ValueError("the user's callback failed")
+
+    spark = SparkSession.builder.master("local[2]").getOrCreate()
+    x, y = digits.load()
+    df = spark.createDataFrame([(image.ravel().tolist(), int(label)) for image, label in zip(x[:128], y[:128])],
+                               "pixels array<float>, label long")
+    data = TFDataset.from_dataframe(df, "pixels", "label", feature_shapes={"pixels": (8, 8, 1)})
+    opt = TFOptimizer(TFNet.from_keras(digits.cnn(classes=10, seed=0)),
+                      optim.losses.SparseCategoricalCrossentropy(from_logits=True), optim.SGD(0.05))
+    print("<<TRAIN>>", flush=True)
+    opt.optimize(data, epochs=2, batch_size=32, num_workers=2, verbose=0, validation_data=data, callbacks=[Boom()])
+""")
+
+
+def test_a_callback_that_fails_on_a_rank_is_one_short_error(tmp_path):
+    """With validation data, such a failure printed 289 lines with 92 Java frames (issue 51): the rank's error,
+    rebuilt, was raised from the Py4J error it came through. Now the rank's error alone, in at most 25 lines."""
+    proc = subprocess.run([sys.executable, "-u", "-c", FAILING_CALLBACK], cwd=tmp_path, env=user_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=500)
+    after = proc.stdout.split("<<TRAIN>>")[-1]
+    lines = [line for line in after.strip().split("\n") if line.strip()]
+    assert proc.returncode == 1 and "ValueError: the user's callback failed (rank 0)" in after, proc.stdout[-4000:]
+    assert len(lines) <= 25, after
+    assert not [line for line in lines if line.lstrip().startswith("at ") or "Py4JJavaError" in line], after
