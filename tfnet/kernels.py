@@ -30,6 +30,7 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2, t
 from tensorflow.python.framework import tensor_util
 
 from tfnet.errors import KernelCheckError
+from tfnet.precision import onednn_enabled
 
 __all__ = ["conv2d", "rewrite_graph", "self_check"]
 
@@ -91,9 +92,9 @@ def rewrite_graph(graph_def: graph_pb2.GraphDef, graph: tf.Graph) -> tuple[graph
 
     * each NHWC ``Conv2D`` of a 1x1 kernel and a stride above 1 (SAME or VALID) reads a strided view of its input at
       stride 1, as :func:`conv2d` runs it;
-    * each grouped ``Conv2D`` or ``Conv3D`` (a filter with fewer input channels than its input: Keras's
-      ``groups=``) runs as one convolution per group, concatenated: TensorFlow's CPU kernels have no grouped
-      ``Conv3D``, nor a grouped dilated ``Conv2D`` on every CPU.
+    * each grouped ``Conv3D`` (a filter with fewer input channels than its input: Keras's ``groups=``), and each
+      grouped ``Conv2D`` where oneDNN is off, runs as one convolution per group, concatenated: TensorFlow's CPU
+      kernels have no grouped ``Conv3D``, and without oneDNN no gradient of a grouped ``Conv2D``.
 
     The graph of a Keras model or a TF1 checkpoint holds such convolutions as single ops. ``graph`` is the graph
     before batch-norm folding imported (``name=""``), for static shapes; a convolution it lacks (one that folding
@@ -102,6 +103,10 @@ def rewrite_graph(graph_def: graph_pb2.GraphDef, graph: tf.Graph) -> tuple[graph
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
     shapes = _Shapes(graph, graph_def)
+    # oneDNN differentiates a grouped Conv2D on every CPU (AVX2 included); TensorFlow's own kernel has no gradient for
+    # it ("Gradients for grouped convolutions are not supported on CPU"). Split only then: a depthwise convolution
+    # written as Conv2D(groups=channels), as ConvNeXt's, would become hundreds of convolutions.
+    split_grouped_conv2d = not onednn_enabled()
     taken = {n.name for n in out.node}
     added: list = []
     count = 0
@@ -109,7 +114,7 @@ def rewrite_graph(graph_def: graph_pb2.GraphDef, graph: tf.Graph) -> tuple[graph
         if node.op == "Conv2D" and _strided_one_by_one(node, shapes):
             added.extend(_strided_view(node, _free(f"{node.name}/tfnet_strided_view", taken)))
             count += 1
-        if node.op in ("Conv2D", "Conv3D"):
+        if node.op == "Conv3D" or (node.op == "Conv2D" and split_grouped_conv2d):
             groups = _groups(node, shapes)
             if groups > 1:
                 added.extend(_split_groups(node, groups, _free(f"{node.name}/tfnet_groups", taken)))
