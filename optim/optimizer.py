@@ -406,7 +406,8 @@ class TFOptimizer:
         return source if source is not None else False
 
     def _reporter(self, verbose: int, config: TrainConfig):
-        writer = TensorBoardWriter(config.events_dir(), self.storage_options) if config.events_dir() else None
+        events = config.events_dir()
+        writer = TensorBoardWriter(events, self.storage_options) if events else None
         return MultiReporter([ProgressBar(verbose) if verbose else None, writer])
 
     def evaluate(self, data, batch_size: int | None = None, num_workers: int | None = None) -> dict[str, float]:

@@ -167,8 +167,8 @@ def _direct(fn, by_handle):
             # a seed generator's state moving on (Keras's random layers, dropout in RNN cells): baked into the graph,
             # it stays as it was, which inference (training=False) never reads; the op's dependants keep waiting on it
             new = out.node.add()
-            new.name, new.op = node.name, "NoOp"
-            new.input.extend(i for i in node.input if i.startswith("^"))
+            new.CopyFrom(node)
+            _as_noop(new)
         elif node.op == "ResourceGather" and data_inputs[0] in reads and len(reads) == 1:
             axis = _const(out, node.name + "/axis", np.array(0, np.int32))
             new = out.node.add()
@@ -224,25 +224,27 @@ def _via_constants(fn, by_handle):
     return template, values, names
 
 
+def _as_noop(node) -> None:
+    """In place: ``node`` becomes a NoOp of the same name with the same control inputs (what waited on it still does)."""
+    name, controls = node.name, [i for i in node.input if i.startswith("^")]
+    node.Clear()
+    node.name, node.op = name, "NoOp"
+    node.input.extend(controls)
+
+
 def _assignments_to_constants_as_noops(graph_def) -> None:
     """In place: each assignment whose variable is now a constant (or, in a library function, an argument that is no
     longer a resource) becomes a NoOp with the same control inputs. Inference never reads what it would write."""
-    def noop(node):
-        name, controls = node.name, [i for i in node.input if i.startswith("^")]
-        node.Clear()
-        node.name, node.op = name, "NoOp"
-        node.input.extend(controls)
-
     consts = {n.name for n in graph_def.node if n.op == "Const"}
     for node in graph_def.node:
         if node.op in _ASSIGNS and node.input[0].split(":")[0] in consts:
-            noop(node)
+            _as_noop(node)
     for fn in graph_def.library.function:
         plain = {a.name for a in fn.signature.input_arg if a.type != types_pb2.DT_RESOURCE}
         plain |= {n.name for n in fn.node_def if n.op == "Const"}
         for node in fn.node_def:
             if node.op in _ASSIGNS and node.input[0].split(":")[0] in plain:
-                noop(node)
+                _as_noop(node)
 
 
 def _input_name(tensor) -> str | None:

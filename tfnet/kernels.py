@@ -16,7 +16,8 @@ some of them (measured against float64, docs/benchmarks.md, "Kernels on every CP
 Every other form goes to ``Conv2D`` as it is. :func:`self_check` checks the forms once per process before training
 (``optim``'s loop calls it), so a CPU whose kernels are wrong in a way not known here stops with an error instead of
 training silently wrong. :func:`rewrite_graph` does the first of these to the graphs tfnet
-loads (a Keras model's, a TF1 checkpoint's), where the convolutions are single ops already.
+loads (a Keras model's, a TF1 checkpoint's), where the convolutions are single ops already, and splits the grouped
+convolutions no CPU kernel differentiates per group.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def conv2d(x: tf.Tensor, kernel: tf.Tensor, strides, dilations, padding) -> tf.T
         return _raw(x, kernel, strides, [1, 1], padding)
     if padding == "SAME" and strides != [1, 1]:  # SAME's padding at stride s, then a stride-1 convolution
         padding = _same_padding(x, kernel, strides, dilations)
-    if isinstance(padding, list) or not isinstance(padding, str):
+    if not isinstance(padding, str):  # explicit, given or computed: padded here, then VALID
         x, padding = tf.pad(x, padding), "VALID"
     y = tf.nn.convolution(x, kernel, padding=padding, dilations=dilations, data_format="NHWC")
     return y if strides == [1, 1] else y[:, ::strides[0], ::strides[1], :]

@@ -275,6 +275,7 @@ def _reporter(job: RankJob, rank: int) -> Reporter:
         parts.append(RemoteReporter(*ch.progress, authkey=ch.progress_key))
     elif ch.progress_path:
         parts.append(StoredReporter(ch.progress_path, config.storage_options))
-    if config.events_dir():
-        parts.append(TensorBoardWriter(config.events_dir(), config.storage_options))
+    events = config.events_dir()
+    if events:
+        parts.append(TensorBoardWriter(events, config.storage_options))
     return MultiReporter(parts)
