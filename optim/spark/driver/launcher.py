@@ -206,7 +206,8 @@ class _DistributedRun:
             if state.cause is not None and state.cause is not state.error:
                 log.debug("The training stage failed through:", exc_info=state.cause)
                 try:
-                    state.error.spark_error = state.cause
+                    # the Spark exception itself, not a typed view of it (typed_spark_error keeps the original)
+                    state.error.spark_error = getattr(state.cause, "spark_error", state.cause)
                 except AttributeError:  # an error type without a __dict__
                     pass
             raise state.error from None

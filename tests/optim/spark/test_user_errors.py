@@ -20,6 +20,7 @@ from sklearn.datasets import load_breast_cancer
 
 import optim
 from optim import BadRowError, ColumnError, DataError, TFDataset, TFNetEstimator, TFOptimizer, TFPredictor
+from optim.spark import typed_errors
 from tfnet import TFNet
 from tfnet.errors import InputSpecError
 
@@ -82,6 +83,9 @@ def test_mistakes_the_driver_can_see_fail_there(spark, no_stage):
 
 @pytest.mark.parallel
 def test_an_error_on_a_rank_is_short_typed_and_says_where(spark):
+    # as after any TFPredictor.predict in this process (CI's order): pyspark's own actions raise typed errors, so the
+    # stage's failure reaches the launcher already typed; spark_error is still the Spark exception itself
+    typed_errors.install()
     nulls, _ = cancer(spark, null_row=5)
     with pytest.raises(BadRowError) as caught:
         TFOptimizer(net(), SCE, optim.SGD(0.1)).optimize(TFDataset.from_dataframe(nulls, "x", "label"), batch_size=16,
