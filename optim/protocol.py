@@ -112,6 +112,7 @@ class RankJob:
     limits: Limits
     size: int
     attempt: int = 0
+    gang: bool = False  # a plain stage (no barrier mode: dynamic allocation on), see optim.spark.worker.gang
 
 
 @dataclass

@@ -115,6 +115,10 @@ class SecureRendezvous:
         """The keys under ``/<scope>/``."""
         return list(self._scope(scope))
 
+    def entries(self, scope: str) -> dict[str, bytes]:
+        """What is under ``/<scope>/``, by key."""
+        return self._scope(scope)
+
     def _scope(self, scope: str) -> dict[str, bytes]:
         with self._httpd.cache_lock:
             return dict(self._httpd.cache.get(scope, {}))

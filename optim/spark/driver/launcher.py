@@ -342,13 +342,13 @@ class _DistributedRun:
             job = rank_job(self.opt, stage, attempt,
                            dataclasses.replace(channels.channels, exchange=stage.exchange, control=control),
                            timeout=self.timeout, startup_timeout=self.startup_timeout,
-                           steps_per_epoch=self.steps_per_epoch, verbose=self.verbose)
+                           steps_per_epoch=self.steps_per_epoch, verbose=self.verbose, gang=self.backend.gang)
 
             def task(rows, job=job):
                 return entry(TRAIN_ENTRY)(job, rows)
 
             rows = run_job(self.backend.spark, f"training on {job.size} ranks (attempt {attempt + 1})",
-                           lambda: stage.staged.collect(task, RESULT_SCHEMA, barrier=True), kind="train",
+                           lambda: stage.staged.collect(task, RESULT_SCHEMA, barrier=not job.gang), kind="train",
                            watch=self.watch(stage, channels.watch))
         net = stage.net
         records = [r[2] or (r[0], r[1]) for r in rows]

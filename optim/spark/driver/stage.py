@@ -132,14 +132,14 @@ def worker_log_level(verbose: int) -> int:
 
 
 def rank_job(opt, stage: Stage, attempt: int, channels: Channels, *, timeout: float, startup_timeout: float,
-             steps_per_epoch: int | None, verbose: int) -> RankJob:
+             steps_per_epoch: int | None, verbose: int, gang: bool = False) -> RankJob:
     """The ranks' job for one attempt of ``stage`` (:class:`optim.protocol.RankJob`); ``channels``: how the
     ranks meet and report (the backend's, for this attempt)."""
     limits = Limits(timeout_s=timeout, startup_timeout_s=startup_timeout, steps_per_epoch=steps_per_epoch,
                     log_level=worker_log_level(verbose), horovod_threads=comm_threads.mode_from_env(),
                     chunk_bytes=stage.chunk or (1 << 30))
     return RankJob(train=opt.train_spec(stage.config, net=stage.net, hooks=stage.hooks), data=stage.staged.rank_data,
-                   channels=channels, limits=limits, size=stage.n, attempt=attempt)
+                   channels=channels, limits=limits, size=stage.n, attempt=attempt, gang=gang)
 
 
 def result_bytes(opt, config: TrainConfig) -> int:

@@ -31,6 +31,7 @@ from pyspark import BarrierTaskContext
 from optim.errors import RendezvousError, WorkerError
 from optim.logs import quiet_worker
 from optim.protocol import RankJob
+from optim.spark.worker.gang import GangBrokenError, GangContext
 from optim.spark.worker.rank import run_rank
 from optim.transport import client as kv
 from optim.transport.chunks import to_chunks
@@ -49,11 +50,13 @@ DONE_SCOPE = "tfnet_done"
 def run_task(job: RankJob, rows: Iterable) -> Iterator[tuple]:
     """Yields rank 0's result as ``(piece, chunk, path)`` records (nothing on the other ranks); see the module."""
     quiet_worker(job.limits.log_level)
-    ctx = BarrierTaskContext.get()
+    ctx = GangContext(job) if job.gang else BarrierTaskContext.get()
     rank = ctx.partitionId()
     store = monitor = None
     hosted = job.channels.rendezvous is None  # Spark Connect: the stage hosts its own rendezvous
     try:
+        if job.gang:  # no barrier mode (dynamic allocation on): the ranks meet in the driver's store
+            ctx.join()
         if hosted:
             store, job, gather = _rendezvous(job, ctx, rank)
             if store is not None:
@@ -64,7 +67,8 @@ def run_task(job: RankJob, rows: Iterable) -> Iterator[tuple]:
             _finish(job, rank, store)  # every rank is done with rank 0's store before rank 0 closes it
     except BaseException as exc:
         failure = from_exception(exc, rank)
-        spans = [failure_text(f) for f in [failure, *_peers(job, rank, failure)]]
+        # a task that Spark ran again leaves no failure of its own: its rank's first run left the cause
+        spans = [failure_text(f) for f in [failure, *_peers(job, rank, failure, post=not isinstance(exc, GangBrokenError))]]
         raise WorkerError(f"{' '.join(spans)} rank {rank}: {failure.cls}: {failure.message[:500]}") from exc
     finally:
         if monitor is not None:
@@ -83,7 +87,7 @@ def run_task(job: RankJob, rows: Iterable) -> Iterator[tuple]:
 PEER_WAIT_S = 3.0
 
 
-def _peers(job: RankJob, rank: int, failure: WorkerFailure) -> list[WorkerFailure]:
+def _peers(job: RankJob, rank: int, failure: WorkerFailure, post: bool = True) -> list[WorkerFailure]:
     """Failures travel to the driver one way, in the task's error; which task's error Spark reports is a race.
     So every failing rank leaves its failure in the stage's store, and a rank whose own error may be a peer's
     doing (a retryable one: a broken collective, a lost connection) waits briefly for the others' and carries
@@ -92,11 +96,12 @@ def _peers(job: RankJob, rank: int, failure: WorkerFailure) -> list[WorkerFailur
     addr, key = job.channels.rendezvous, job.channels.rendezvous_key
     if addr is None:  # Spark Connect, failed before the store was found
         return []
-    kv.post_failure(addr, rank, failure.to_json(), key)
+    if post:
+        kv.post_failure(addr, rank, failure.to_json(), key)
     if not failure.retryable:
         return []
     out = []
-    for data in kv.peer_failures(addr, rank, job.size, key, PEER_WAIT_S):
+    for data in kv.peer_failures(addr, rank if post else -1, job.size, key, PEER_WAIT_S):
         try:
             out.append(WorkerFailure.from_json(data))
         except (ValueError, TypeError, KeyError):

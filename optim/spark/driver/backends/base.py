@@ -63,6 +63,8 @@ class Backend:
     #: Whether the session counts its task slots cheaply (a classic session asks its scheduler; a Connect
     #: client measures them with a probe job, so it does only for elastic runs).
     counts_slots = False
+    #: The training stage runs without barrier mode (:mod:`optim.spark.worker.gang`): dynamic allocation is on.
+    gang = False
 
     def ranks(self, num_workers: int | None) -> int:
         """The number of ranks asked for: ``num_workers``, or the session's default."""

@@ -20,14 +20,18 @@ from optim.spark.conf import pinned_port, setting, size_setting
 from optim.spark.driver.backends.base import Attempt, Backend
 from optim.spark.driver.preflight import check_driver_horovod
 from optim.spark.driver.stage import result_bytes
+from optim.spark.dynamic_allocation import dynamic_allocation
 from optim.spark.jobs import run_job
 from optim.spark.slots import task_slots, wait_for_slots
 from optim.transport.auth import derive_key
+from optim.transport.client import FAILURE_SCOPE
+from optim.transport.failures import WorkerFailure, failure_text
 from optim.transport.progress import ProgressServer
 from optim.transport.store import SecureRendezvous, stuck_rank
 from tfnet import storage
 
-__all__ = ["ClassicBackend", "DRIVER_HEADROOM_BYTES", "balance_dataframe", "balance_rdd", "check_driver_memory"]
+__all__ = ["ClassicBackend", "DRIVER_HEADROOM_BYTES", "balance_dataframe", "balance_rdd", "check_driver_memory",
+           "posted_failures"]
 
 #: The most a ``tf.data.Dataset`` object given as distributed validation data may hold once collected to the
 #: driver as arrays (a classic session; under Spark Connect the plan's limit): the arrays go to every rank.
@@ -45,6 +49,9 @@ class ClassicBackend(Backend):
     def __init__(self, spark):
         super().__init__(spark)
         self.sc = spark.sparkContext
+        # dynamic allocation on: no barrier mode (Spark refuses it), and executors come for pending tasks
+        self.dynamic = dynamic_allocation(self.sc)
+        self.gang = self.dynamic is not None
 
     @contextmanager
     def quiet(self, verbose: int, own_bar: bool = True):
@@ -67,13 +74,20 @@ class ClassicBackend(Backend):
         return n
 
     def wait_for_slots(self, n: int, wait_s: float) -> int:
+        if self.dynamic is not None:  # the stage's pending tasks bring the executors, up to maxExecutors
+            most = self.dynamic.capacity()
+            return n if most is None else min(n, most)
         # a local master cannot grow: its slots are what it has now, so there is nothing to wait for
         return wait_for_slots(self.sc, n, 0.0 if self.sc.master.startswith("local") else wait_s)
 
-    def slots_now(self) -> int:
-        return task_slots(self.sc)
+    def slots_now(self) -> int | None:
+        # with dynamic allocation, executors come and go between stages: fewer now is not a loss
+        return None if self.dynamic is not None else task_slots(self.sc)
 
     def free_slots(self, wanted: int, running: int) -> int:
+        if self.dynamic is not None:
+            most = self.dynamic.capacity()
+            return wanted if most is None else max(0, min(wanted, most - running))
         return max(0, task_slots(self.sc) - running)
 
     def balance(self, df, n: int, per_rank: int, timeout_s: float):
@@ -119,10 +133,15 @@ class ClassicBackend(Backend):
         key = derive_key(secret, "rendezvous")
         with SecureRendezvous(hosts["bind_host"], n, key, port=pinned_port(self.sc, "rendezvous")) as rdv:
             started = time.monotonic()
+
+            def watch() -> str | None:
+                why = stuck_rank(rdv.heartbeats(), n, time.monotonic(), started, startup_timeout)
+                return why or (posted_failures(rdv) if self.gang else None)
+
             yield Attempt(
                 Channels(rendezvous=(hosts["host"], rdv.address[1]), rendezvous_key=key,
                          progress=(hosts["host"], sink.port), progress_key=derive_key(secret, "progress")),
-                watch=lambda: stuck_rank(rdv.heartbeats(), n, time.monotonic(), started, startup_timeout),
+                watch=watch,
             )
 
     def stopped(self) -> bool:
@@ -130,6 +149,23 @@ class ClassicBackend(Backend):
             return bool(self.sc._jsc.sc().isStopped())
         except Exception:  # noqa: BLE001 - the JVM is gone
             return True
+
+
+def posted_failures(rdv) -> str | None:
+    """Why a stage without barrier mode must end: the failures its ranks left in the store (Spark ends such a
+    stage's other tasks only after a task failed ``spark.task.maxFailures`` times), as spans the retry policy reads
+    (:func:`optim.transport.failures.failures_in`); None while there are none."""
+    posted = rdv.entries(FAILURE_SCOPE)
+    if not posted:
+        return None
+    found = []
+    for value in posted.values():
+        try:
+            found.append(WorkerFailure.from_json(value))
+        except (ValueError, TypeError, KeyError):
+            continue
+    ranks = ", ".join(str(f.rank) for f in found) or "?"
+    return f"rank(s) {ranks} failed " + " ".join(failure_text(f) for f in found)
 
 
 # ---------------------------------------------------------------- data
