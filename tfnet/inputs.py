@@ -172,8 +172,28 @@ def _fmt(shape: tf.TensorShape) -> str:
     return "(" + ", ".join("None" if d is None else str(d) for d in shape.as_list()) + ")"
 
 
-def batch_size_of(tensors: Sequence[tf.Tensor]) -> int | None:
-    sizes = {int(t.shape[0]) for t in tensors if t.shape.rank and t.shape[0] is not None}
+def is_batched(spec: tf.TensorSpec | None) -> bool:
+    """Whether an input of ``spec`` takes a batch: its dimension 0 is left open (or its rank is). An input
+    whose dimension 0 is fixed (a shape, a parameter, a model exported without a batch) is a whole tensor.
+
+    >>> is_batched(tf.TensorSpec((None, 3))), is_batched(tf.TensorSpec((2,)))
+    (True, False)
+    """
+    return spec is None or spec.shape.rank is None or (spec.shape.rank > 0 and spec.shape[0] is None)
+
+
+def batch_size_of(tensors: Sequence[tf.Tensor], specs: Sequence[tf.TensorSpec] | None = None) -> int | None:
+    """The batch size the ``tensors`` share, or None when none has one.
+
+    With ``specs`` only the inputs that take a batch (:func:`is_batched`) count: the others are whole tensors,
+    whatever their leading size. Without, every tensor of rank >= 1 counts (rows to split, as a predictor's).
+
+    Raises:
+        InputSpecError: the counted tensors' leading sizes differ.
+    """
+    specs = [None] * len(tensors) if specs is None else specs
+    sizes = {int(t.shape[0]) for t, s in zip(tensors, specs)
+             if t.shape.rank and t.shape[0] is not None and is_batched(s)}
     if len(sizes) > 1:
         raise InputSpecError(f"All inputs must have the same batch size; received sizes {sorted(sizes)}.")
     return sizes.pop() if sizes else None

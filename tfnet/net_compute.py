@@ -18,7 +18,7 @@ import tensorflow as tf
 from tfnet.errors import GraphExecutionError, InputSpecError
 from tfnet.graph_function import first_line, own_function
 from tfnet.hooks import HookHandle, HookList
-from tfnet.inputs import arrange, batch_size_of, convert
+from tfnet.inputs import arrange, batch_size_of, convert, is_batched
 from tfnet.lora import adapted_weights
 from tfnet.net_state import NetState
 from tfnet.v1_loops import graph_mode_vjp
@@ -128,7 +128,7 @@ class NetCompute(NetState):
         """
         values = arrange(inputs, self.input_names)
         tensors = [convert(v, s, n) for v, s, n in zip(values, self.input_specs, self.input_names)]
-        batch_size_of(tensors)
+        batch_size_of(tensors, self.input_specs)
         return tensors
 
     def _call_pure(self, tensors: list[tf.Tensor], weights: list[tf.Tensor], training: bool = False) -> list[tf.Tensor]:
@@ -160,18 +160,25 @@ class NetCompute(NetState):
                 by input name. Numpy arrays, lists or tensors; floats are cast to the graph's float
                 dtype, integers and strings pass through.
             as_tensors: Return ``tf.Tensor`` s instead of numpy arrays. Default: False.
-            batch_size: Run in chunks of this many rows and concatenate. Default: one call.
+            batch_size: Run in chunks of this many rows and concatenate. Default: one call. Inputs
+                whose dimension 0 is fixed in :attr:`input_specs` are whole tensors, not rows: each
+                chunk gets all of them.
             training: Feed :attr:`phase_values` their training values. Default: False.
 
         Returns:
             One array for single-output graphs, else a list in :attr:`output_names` order.
+
+        Raises:
+            InputSpecError: the inputs that take a batch (dimension 0 open) have different sizes there.
         """
         tensors = self.prepare_inputs(inputs)
         weights = self._weight_values()
-        n = batch_size_of(tensors)
-        if batch_size and n and n > batch_size:
+        specs = self.input_specs
+        n = batch_size_of(tensors, specs)
+        if batch_size and n and n > batch_size:  # inputs with a fixed dimension 0 go whole into every chunk
             chunks = [
-                self._call_pure([t[i : i + batch_size] for t in tensors], weights, training)
+                self._call_pure([t[i : i + batch_size] if is_batched(s) else t for t, s in zip(tensors, specs)],
+                                weights, training)
                 for i in range(0, n, batch_size)
             ]
             outs = [tf.concat([c[j] for c in chunks], axis=0) for j in range(len(self.output_names))]

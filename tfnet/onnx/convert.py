@@ -150,8 +150,10 @@ def convert(
         propagate_layout: Keep convolution results in NHWC through element-wise ops (default).
             False transposes back to NCHW after every convolution and pool (for comparison).
         relax_batch: Make dimension 0 of every input unknown, even where the model fixes it (a
-            model exported without dynamic axes). Dimensions the model leaves symbolic are always
-            unknown. Default: True.
+            model exported without dynamic axes), when those inputs make one batch (:func:`shares_batch`:
+            where they fix different sizes there, or others leave it symbolic, they are whole tensors and
+            keep their shapes).
+            Dimensions the model leaves symbolic are always unknown. Default: True.
     """
     opset = check_opset(model)
     check_operators(model)
@@ -241,6 +243,7 @@ def _initializers(ctx: Ctx, g, tf_name, static_inputs: set, shared: set, values:
 def _inputs(ctx: Ctx, by_input: dict, input_names: list[str], tf_name, relax_batch: bool) -> list[tuple[int, str]]:
     """A placeholder per graph input; ``(position in the net's inputs, tensor name)`` of those the net takes."""
     out = []
+    relax_batch = relax_batch and shares_batch(by_input.values())
     for name, info in by_input.items():
         ttype = info.type.tensor_type
         dims = [d.dim_value if d.HasField("dim_value") else None for d in ttype.shape.dim]
@@ -254,6 +257,23 @@ def _inputs(ctx: Ctx, by_input: dict, input_names: list[str], tf_name, relax_bat
         if name in input_names:
             out.append((input_names.index(name), ph_name + ":0"))
     return out
+
+
+def shares_batch(inputs) -> bool:
+    """Whether graph ``inputs`` (``ValueInfoProto`` s) whose dimension 0 is fixed make one batch, for
+    ``relax_batch`` to open: they all fix the same size there, and no input leaves its dimension 0 symbolic.
+    Otherwise they are whole tensors (a matrix and a vector, a tensor and the shape to expand it to, split
+    sizes beside a batch) and keep their declared shapes."""
+    fixed, symbolic = set(), False
+    for info in inputs:
+        ttype = info.type.tensor_type
+        if not ttype.HasField("shape") or not ttype.shape.dim:
+            continue
+        if ttype.shape.dim[0].HasField("dim_value"):
+            fixed.add(ttype.shape.dim[0].dim_value)
+        else:
+            symbolic = True
+    return len(fixed) <= 1 and not (symbolic and fixed)
 
 
 def convert_nodes(ctx: Ctx, nodes, opset: int | None = None) -> None:

@@ -15,6 +15,7 @@ from tfnet.onnx import (  # noqa: F401  (importing them registers their handlers
     ops_pool,
     ops_resize,
     ops_rnn,
+    ops_sequence,
     ops_shape,
     ops_signal,
     ops_string,

@@ -7,6 +7,7 @@ from typing import Any
 
 from tfnet.onnx.errors import ExternalDataError, OnnxLoadError, OpsetError
 from tfnet.onnx.registry import CHECKED_OPSET, DEFAULT_DOMAINS
+from tfnet.onnx.upgrade import upgrade
 
 MIN_OPSET = 1  # each operator's version is checked (tfnet.onnx.registry), not the opset as a whole
 MAX_OPSET = CHECKED_OPSET  # the newest opset checked; max_opset() is the newest the installed onnx defines
@@ -34,7 +35,8 @@ def read_model(source: Any):
         OpsetError: the default-domain opset is outside MIN_OPSET to :func:`max_opset`.
 
     Functions the model defines itself (``model.functions``, which PyTorch's dynamo exporter may
-    write) are inlined.
+    write) are inlined. A model with operator versions older than tfnet converts (opsets 1 to 8) is
+    upgraded with ``onnx.version_converter`` (:mod:`tfnet.onnx.upgrade`).
     """
     import onnx
     from onnx import external_data_helper
@@ -64,7 +66,7 @@ def read_model(source: Any):
             f"Received: {type(source).__name__}"
         )
     _load_external(model, base_dir, what, external_data_helper)
-    check_opset(model)
+    opset = check_opset(model)
     try:
         onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, ValueError) as exc:
@@ -76,7 +78,7 @@ def read_model(source: Any):
         from onnx import inliner
 
         model = inliner.inline_local_functions(model)
-    return model
+    return upgrade(model, opset)
 
 
 def _parse(data: bytes, what: str):

@@ -208,7 +208,18 @@ def _gelu(ctx, node, attrs):
 @register("PRelu", since=7)  # version 7 on: the slope broadcasts (numpy-style) to the input
 def _prelu(ctx, node, attrs):
     x, slope = ctx.plain(node.input[0]), ctx.plain(node.input[1])
+    if _per_channel_slope(x.shape, slope.shape):  # PRelu v6 as PyTorch wrote it, kept by onnx's version converter
+        slope = tf.reshape(slope, [-1] + [1] * (x.shape.rank - 2))
     ctx.set(node.output[0], tf.where(x < 0, x * slope, x))
+
+
+def _per_channel_slope(x_shape: tf.TensorShape, slope_shape: tf.TensorShape) -> bool:
+    """Whether a PRelu slope of shape ``(C,)`` is meant per channel (dimension 1) of an ``(N, C, ...)`` input: it
+    matches dimension 1 and does not broadcast numpy-style (against the last dimension), as an opset-6 model's
+    slope, upgraded to version 7 or later by ``onnx.version_converter``, still is."""
+    if x_shape.rank is None or x_shape.rank < 3 or slope_shape.rank != 1 or slope_shape[0] in (None, 1):
+        return False
+    return x_shape[1] == slope_shape[0] and x_shape[-1] not in (None, 1, slope_shape[0])
 
 
 @register("Clip", since=6)

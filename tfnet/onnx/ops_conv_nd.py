@@ -55,15 +55,23 @@ def conv_nd(ctx: Ctx, node, attrs) -> None:
     x = tf.transpose(x, _TO_NDHWC)
     kernel = list(attrs.get("kernel_shape", w.shape.as_list()[2:]))
     strides, dilations = list(attrs.get("strides", [1] * 3)), list(attrs.get("dilations", [1] * 3))
-    if dilations != [1, 1, 1]:
-        raise OnnxConversionError(f"Conv {node.name!r}: dilated 3-D convolutions are not supported.")
-    x = tf.pad(x, [[0, 0], *_pads_3d(node, attrs, x, kernel, strides), [0, 0]])
+    spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    x = tf.pad(x, [[0, 0], *_pads_3d(node, attrs, x, spans, strides), [0, 0]])
     group = attrs.get("group", 1)
-    s5 = [1, *strides, 1]
-    parts = [tf.nn.conv3d(a, tf.transpose(k, [2, 3, 4, 1, 0]), s5, "VALID")
+    parts = [_conv3d(a, tf.transpose(k, [2, 3, 4, 1, 0]), strides, dilations)
              for a, k in zip(tf.split(x, group, axis=4), tf.split(w, group, axis=0))]
     y = parts[0] if group == 1 else tf.concat(parts, axis=4)
     ctx.set(node.output[0], tf.transpose(y if b is None else tf.nn.bias_add(y, b), _TO_NCDHW))
+
+
+def _conv3d(x: tf.Tensor, kernel: tf.Tensor, strides: list[int], dilations: list[int]) -> tf.Tensor:
+    """A VALID 3-D convolution of padded NDHWC ``x`` with DHWIO ``kernel``. Dilated ones run as
+    ``tf.nn.convolution`` runs them (space-to-batch, at stride 1; every ``s``-th result kept): TensorFlow's
+    CPU ``Conv3D`` takes no dilations."""
+    if dilations == [1, 1, 1]:
+        return tf.nn.conv3d(x, kernel, [1, *strides, 1], "VALID")
+    y = tf.nn.convolution(x, kernel, padding="VALID", dilations=dilations)
+    return y if strides == [1, 1, 1] else y[:, ::strides[0], ::strides[1], ::strides[2], :]
 
 
 def _pads_3d(node, attrs, x, kernel, strides) -> list[list[int]]:

@@ -1,10 +1,12 @@
-"""Pooling windows that TensorFlow's pools do not take, as one strided slice per window offset.
+"""Pooling windows that TensorFlow's pools do not take as they are.
 
-Dilated windows (with strides), ``auto_pad=SAME_LOWER``, MaxPool's ``Indices`` output, ``LpPool`` and
-``GlobalLpPool``, in 1, 2 or 3 spatial dimensions. The window's ``prod(kernel_shape)`` offsets are
-strided slices of the padded input, reduced together; the output sizes, ``ceil_mode`` and
-``count_include_pad`` follow ONNX's definitions. The common undilated max and average pools keep
-TensorFlow's own kernels (:mod:`tfnet.onnx.ops_nn`, :mod:`tfnet.onnx.ops_conv_nd`).
+Dilated windows (with strides) and ``auto_pad=SAME_LOWER`` of float max and average pools run on
+TensorFlow's pools over explicitly padded strided views or through space-to-batch, as ``tf.nn.pool`` does
+(:func:`pool_by_views`). MaxPool's ``Indices`` output, integer inputs, ``LpPool`` and ``GlobalLpPool`` (1, 2
+or 3 spatial dimensions) take one strided slice per window offset, reduced together
+(:func:`pool_by_offsets`). The output sizes, ``ceil_mode`` and ``count_include_pad`` follow ONNX's
+definitions. The common undilated max and average pools keep TensorFlow's own kernels
+(:mod:`tfnet.onnx.ops_nn`, :mod:`tfnet.onnx.ops_conv_nd`).
 """
 
 from __future__ import annotations
@@ -139,11 +141,61 @@ def needs_offsets(node, attrs) -> bool:
             or len([o for o in node.output if o]) > 1)
 
 
+def pool_by_views(node, attrs, x: tf.Tensor, kind: str) -> tf.Tensor:
+    """An ONNX max or average pool (``kind`` "max" or "avg") of channels-last float ``x`` with dilated windows
+    or ``SAME_LOWER``, through TensorFlow's own pools, as ``tf.nn.pool`` does it: on an axis whose stride is a
+    multiple of its dilation, every window reads the strided view ``x[::d]`` and is an undilated window there
+    (stride ``s / d``); the other dilated axes pool at stride 1 through space-to-batch (``tf.nn.pool``'s
+    ``dilation_rate``) and keep every ``s``-th result. Its cost is that of the undilated pool, not one slice
+    per window offset."""
+    dims = x.shape.as_list()[1:-1]
+    n = len(dims)
+    kernel, strides, dilations, pads, out = window(node, attrs, dims)
+    extra = [max((o - 1) * s + (k - 1) * d + 1 - (size + b + e), 0)
+             for o, s, k, d, size, (b, e) in zip(out, strides, kernel, dilations, dims, pads)]
+    padding = [[0, 0], *[[b, e + x_] for (b, e), x_ in zip(pads, extra)], [0, 0]]
+    fill = x.dtype.min if kind == "max" else 0
+
+    def pooled(t: tf.Tensor, how: str) -> tf.Tensor:
+        view, steps, rates = t, [], []
+        for i, (s, d) in enumerate(zip(strides, dilations)):
+            if d > 1 and s % d == 0:  # every window starts on a multiple of d: an undilated window of x[::d]
+                view = view[(slice(None),) * (i + 1) + (slice(None, None, d),)]
+                s, d = s // d, 1
+            steps.append(s)
+            rates.append(d)
+        if rates == [1] * n:
+            y = tf.nn.pool(view, kernel, how, strides=steps, padding="VALID")
+        else:  # space-to-batch at stride 1, then every s-th window
+            y = tf.nn.pool(view, kernel, how, strides=[1] * n, padding="VALID", dilation_rate=rates)
+            y = y[(slice(None), *[slice(None, None, s) for s in steps])]
+        return y[(slice(None), *[slice(0, o) for o in out])]
+
+    padded = tf.pad(x, padding, constant_values=fill) if any(p for pair in padding for p in pair) else x
+    if kind == "max":
+        return pooled(padded, "MAX")
+    ones = tf.ones([1, *dims, 1], x.dtype)  # which positions the mean counts: x, and the pads if counted
+    if attrs.get("count_include_pad", 0):
+        counted = tf.pad(ones, [[0, 0], *[[b, e] for b, e in pads], [0, 0]], constant_values=1)
+        counted = tf.pad(counted, [[0, 0], *[[0, x_] for x_ in extra], [0, 0]])
+    else:
+        counted = tf.pad(ones, padding)
+    return pooled(padded, "AVG") / pooled(counted, "AVG")
+
+
 def pool(ctx: Ctx, node, attrs, kind: str) -> None:
-    """A max or average pool through :func:`pool_by_offsets`, in NHWC for 2-D inputs."""
+    """A max or average pool through :func:`pool_by_views` (or :func:`pool_by_offsets` for MaxPool's
+    ``Indices`` and integer inputs), in NHWC for 2-D inputs."""
     name = node.input[0]
     two_d = len(attrs["kernel_shape"]) == 2
     x = ctx.nhwc(name) if two_d else to_channels_last(ctx.plain(name))
+    if len([o for o in node.output if o]) == 1 and x.dtype.is_floating:
+        y = pool_by_views(node, attrs, x, kind)
+        if two_d:
+            ctx.set(node.output[0], y, nhwc=True)
+        else:
+            ctx.set(node.output[0], from_channels_last(y))
+        return
     y, info = pool_by_offsets(node, attrs, x, kind)
     if two_d:
         ctx.set(node.output[0], y, nhwc=True)

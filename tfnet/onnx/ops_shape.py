@@ -60,8 +60,13 @@ def _constant_of_shape(ctx, node, attrs):
 
     value = numpy_helper.to_array(attrs["value"]).reshape(-1)[0] if "value" in attrs else np.float32(0)
     shape = ctx.static_ints(node.input[0])
-    shape = shape if shape is not None else ctx.plain(node.input[0])
-    ctx.set(node.output[0], tf.fill(shape, tf.constant(value)))
+    if shape is None:
+        ctx.set(node.output[0], tf.fill(ctx.plain(node.input[0]), tf.constant(value)))
+        return
+    key = ("ConstantOfShape", tuple(shape), value.dtype.str, value.tobytes())
+    if key not in ctx.shared:
+        ctx.shared[key] = tf.fill(shape, tf.constant(value))
+    ctx.set(node.output[0], ctx.shared[key])
 
 
 @register("Shape", since=1)
@@ -172,7 +177,14 @@ def _axes(axes: list[int], rank: int) -> list[int]:
 def _unsqueeze(ctx, node, attrs):
     x = ctx.plain(node.input[0])
     axes = int_list(ctx, node, 1, "axes", attrs)
-    for a in _axes(axes, x.shape.rank + len(axes)):
+    axes = _axes(axes, x.shape.rank + len(axes))
+    dims = x.shape.as_list()
+    if len(axes) > 1 and sum(d is None for d in dims) <= 1 and 0 not in dims:  # one Reshape, not an ExpandDims an axis
+        for a in axes:
+            dims.insert(a, 1)
+        ctx.set(node.output[0], tf.reshape(x, [-1 if d is None else d for d in dims]))
+        return
+    for a in axes:
         x = tf.expand_dims(x, a)
     ctx.set(node.output[0], x)
 

@@ -1,0 +1,77 @@
+"""ONNX's own model-level backend tests through tfnet (issue 54).
+
+The model folders that ship in the ``onnx`` wheel under ``onnx/backend/test/data/`` (``pytorch-converted``,
+``pytorch-operator``, ``simple``, and the nine networks of ``light`` with the inputs onnx's runner makes), run
+by :mod:`tfnet.onnx.model_suite`: each through ``TFNet.from_onnx`` (old opsets upgraded by
+``onnx.version_converter``) and ``forward``, compared with the case's own ``rtol`` and ``atol``. The training
+domain (``Gradient``) is out of scope.
+
+The cases that do not pass are a committed list with their reasons,
+``tests/fixtures/onnx_model_suite_known.txt`` (made by ``scripts/onnx_model_suite_known.py``). The test fails on
+any other case that does not pass, on a listed case that passes (so the list stays true), on a case that takes
+more than 10 s of CPU, and below 95% of the in-scope cases passing.
+"""
+
+import os
+
+import pytest
+
+onnx = pytest.importorskip("onnx")
+
+from tfnet.onnx.model_suite import FOLDERS, OUTCOMES, read_known, run_suite  # noqa: E402
+
+pytestmark = pytest.mark.slow  # about 30 s on 2 cores, the nine light networks most of it
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KNOWN = os.path.join(ROOT, "tests", "fixtures", "onnx_model_suite_known.txt")
+CASE_SECONDS = 10.0
+
+
+def known_list() -> tuple[str, dict[str, str]]:
+    """The onnx version the committed list was made with, and ``{folder/case: reason}``."""
+    with open(KNOWN) as f:
+        version = f.readline().split()[2].rstrip(":")  # "# onnx 1.23.2: ..."
+    return version, read_known(KNOWN)
+
+
+@pytest.fixture(scope="module")
+def report():
+    return run_suite(processes=2)  # two fresh processes share the cases: the tier's time on 2 cores
+
+
+def test_every_case_passes_or_is_known_with_its_reason(report, capsys):
+    version, known = known_list()
+    with capsys.disabled():
+        print("\n" + report.summary())
+    assert onnx.__version__ == version, (f"the list of known failures was made with onnx {version}; this is onnx "
+                                         f"{onnx.__version__}: install the test extra, or run "
+                                         "scripts/onnx_model_suite_known.py")
+    assert all(known.values()), "every known failure gives its reason"
+    by_name = {r.name: r for r in report.results}
+    assert {r.folder for r in report.results} == set(FOLDERS)
+    assert report.in_scope == sum(report.counts[o] for o in OUTCOMES) >= 140
+    gone = sorted(set(known) - set(by_name))
+    new = [r for r in report.failures() if r.name not in known]
+    fixed = sorted(name for name in known if name in by_name and by_name[name].outcome == "pass")
+    assert not gone, f"listed cases that onnx {onnx.__version__} no longer has: {gone}"
+    assert not new, f"{len(new)} case(s) fail that are not on the known list:\n" + "\n".join(
+        f"  {r.outcome:11s} {r.name}: {r.detail}" for r in new)
+    assert not fixed, (f"{len(fixed)} listed case(s) now pass: take them off {KNOWN} (run "
+                       f"scripts/onnx_model_suite_known.py): {fixed}")
+    assert report.pass_rate >= 0.95, f"{100 * report.pass_rate:.1f}% of the in-scope cases pass; expected >= 95%"
+
+
+def test_no_case_takes_more_than_ten_seconds(report, capsys):
+    """Load, convert and forward every data set, in the CPU time of the case's process (every thread): on a
+    machine shared with other work the wall-clock time also counts theirs. Both are printed."""
+    slowest = sorted(report.results, key=lambda r: -r.cpu_seconds)[:3]
+    with capsys.disabled():
+        print("slowest cases: " + ", ".join(f"{r.name} {r.cpu_seconds:.1f} s of CPU ({r.seconds:.1f} s)"
+                                            for r in slowest))
+    slow = [r for r in slowest if r.cpu_seconds > CASE_SECONDS]
+    assert not slow, "cases over 10 s: " + ", ".join(f"{r.name} {r.cpu_seconds:.1f} s of CPU" for r in slow)
+
+
+def test_the_nine_light_networks_pass(report):
+    light = [r for r in report.results if r.folder == "light"]
+    assert len(light) == 9 and all(r.outcome == "pass" for r in light), [r for r in light if r.outcome != "pass"]

@@ -1,0 +1,126 @@
+"""ONNX sequence operators on sequences whose length is known while converting.
+
+A sequence value is a Python list of TensorFlow tensors (``Ctx.sequences``): ``SequenceEmpty``,
+``SequenceConstruct``, ``SequenceInsert``, ``SequenceErase``, ``SplitToSequence`` build it, and ``SequenceAt``,
+``SequenceLength`` and ``ConcatFromSequence`` turn it back into tensors, so the TensorFlow graph holds only
+tensors. Positions must be constants, except ``SequenceAt``'s over tensors of one static shape (a gather from
+their stack); ``SplitToSequence`` needs the number of pieces known (the split sizes' length, or the size of the
+split axis).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfnet.onnx.context import Ctx
+from tfnet.onnx.errors import OnnxConversionError
+from tfnet.onnx.ops import register
+
+
+def _position(ctx: Ctx, node, index: int, length: int, default: int, inclusive: bool = False) -> int:
+    """A constant position input (negative ones count from the end), checked against ``length``."""
+    if len(node.input) <= index or not node.input[index]:
+        return default
+    value = ctx.static_ints(node.input[index])
+    if value is None:
+        raise OnnxConversionError(f"{node.op_type} {node.name!r}: the position must be a constant; it is computed "
+                                  "at run time.")
+    pos = value[0] + length if value[0] < 0 else value[0]
+    if not 0 <= pos <= (length if inclusive else length - 1):
+        raise OnnxConversionError(f"{node.op_type} {node.name!r}: position {value[0]} is outside a sequence of "
+                                  f"{length} tensors.")
+    return pos
+
+
+@register("SequenceEmpty", since=11)
+def _sequence_empty(ctx: Ctx, node, attrs):
+    ctx.set_sequence(node.output[0], [])
+
+
+@register("SequenceConstruct", since=11)
+def _sequence_construct(ctx: Ctx, node, attrs):
+    ctx.set_sequence(node.output[0], [ctx.plain(n) for n in node.input])
+
+
+@register("SequenceInsert", since=11)
+def _sequence_insert(ctx: Ctx, node, attrs):
+    seq = list(ctx.sequence(node.input[0]))
+    pos = _position(ctx, node, 2, len(seq), len(seq), inclusive=True)
+    seq.insert(pos, ctx.plain(node.input[1]))
+    ctx.set_sequence(node.output[0], seq)
+
+
+@register("SequenceErase", since=11)
+def _sequence_erase(ctx: Ctx, node, attrs):
+    seq = list(ctx.sequence(node.input[0]))
+    if not seq:
+        raise OnnxConversionError(f"SequenceErase {node.name!r}: the sequence is empty.")
+    del seq[_position(ctx, node, 1, len(seq), len(seq) - 1)]
+    ctx.set_sequence(node.output[0], seq)
+
+
+@register("SequenceAt", since=11)
+def _sequence_at(ctx: Ctx, node, attrs):
+    seq = ctx.sequence(node.input[0])
+    if ctx.static_ints(node.input[1]) is not None:
+        ctx.set(node.output[0], tf.identity(seq[_position(ctx, node, 1, len(seq), 0)]))
+        return
+    shapes = {tuple(t.shape.as_list()) if t.shape.rank is not None else None for t in seq}
+    if not seq or len(shapes) != 1 or None in shapes or None in next(iter(shapes)):
+        raise OnnxConversionError(f"SequenceAt {node.name!r}: a position computed at run time needs tensors of one "
+                                  f"static shape; they have {sorted(map(str, shapes))}.")
+    pos = tf.cast(tf.reshape(ctx.plain(node.input[1]), []), tf.int64)
+    n = tf.constant(len(seq), tf.int64)
+    ctx.set(node.output[0], tf.gather(tf.stack(seq), tf.where(pos < 0, pos + n, pos)))
+
+
+@register("SequenceLength", since=11)
+def _sequence_length(ctx: Ctx, node, attrs):
+    ctx.set(node.output[0], tf.constant(len(ctx.sequence(node.input[0])), tf.int64))
+
+
+@register("ConcatFromSequence", since=11)
+def _concat_from_sequence(ctx: Ctx, node, attrs):
+    seq = ctx.sequence(node.input[0])
+    if not seq:
+        raise OnnxConversionError(f"ConcatFromSequence {node.name!r}: the sequence is empty.")
+    axis = attrs["axis"]
+    if attrs.get("new_axis", 0):
+        rank = seq[0].shape.rank + 1
+        ctx.set(node.output[0], tf.stack(seq, axis=axis + rank if axis < 0 else axis))
+    else:
+        ctx.set(node.output[0], tf.concat(seq, axis=axis) if len(seq) > 1 else tf.identity(seq[0]))
+
+
+@register("SplitToSequence", since=11)
+def _split_to_sequence(ctx: Ctx, node, attrs):
+    x = ctx.plain(node.input[0])
+    axis = attrs.get("axis", 0)
+    axis = axis + x.shape.rank if axis < 0 else axis
+    size = x.shape[axis]
+    split = node.input[1] if len(node.input) > 1 and node.input[1] else None
+    if split is None:  # pieces of size 1, squeezed unless keepdims
+        if size is None:
+            raise OnnxConversionError(f"SplitToSequence {node.name!r}: splitting without sizes needs axis {axis} "
+                                      f"static; the input has shape {x.shape}.")
+        parts = tf.split(x, size, axis=axis) if size else []
+        if not attrs.get("keepdims", 1):
+            parts = [tf.squeeze(p, axis) for p in parts]
+        ctx.set_sequence(node.output[0], parts)
+        return
+    sizes = ctx.plain(split)
+    static = ctx.static_ints(split)
+    if sizes.shape.rank == 0:  # one size: equal pieces, the last one smaller
+        if static is None or size is None:
+            raise OnnxConversionError(f"SplitToSequence {node.name!r}: a scalar split needs it and axis {axis} "
+                                      "known while converting.")
+        chunk = static[0]
+        pieces = [chunk] * (size // chunk) + ([size % chunk] if size % chunk else [])
+        ctx.set_sequence(node.output[0], tf.split(x, pieces, axis=axis))
+        return
+    if sizes.shape[0] is None:
+        raise OnnxConversionError(f"SplitToSequence {node.name!r}: the number of split sizes must be known.")
+    if static is not None:
+        ctx.set_sequence(node.output[0], tf.split(x, static, axis=axis))
+    else:
+        ctx.set_sequence(node.output[0], tf.split(x, sizes, axis=axis, num=int(sizes.shape[0])))
