@@ -1,6 +1,8 @@
 """Distributed fine-tuning on a real Spark standalone cluster: a master and two workers of one
 core each, started through docker/entrypoint.sh. A worker is killed mid-training; the run retries
-from the newest checkpoint on a replacement worker and finishes."""
+from the newest checkpoint on a replacement worker and finishes. Both training tests run with dynamic allocation
+on, as EMR and Dataproc run it (Spark refuses a barrier stage then: SPARK-24942): with ``minExecutors=2``
+(executors there from the start) and ``minExecutors=0`` (none until the stage's tasks are pending)."""
 
 import glob
 import json
@@ -24,7 +26,12 @@ DRIVER = textwrap.dedent("""
     spark = (SparkSession.builder.master({url!r}).appName("tfnet-cluster-test")
              .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
              .config("spark.executor.memory", "1g").config("spark.executor.cores", "1")
+             .config("spark.dynamicAllocation.enabled", "true")
+             .config("spark.dynamicAllocation.shuffleTracking.enabled", "true")
+             .config("spark.dynamicAllocation.minExecutors", {min_executors!r})
+             .config("spark.dynamicAllocation.executorIdleTimeout", "600s")
              .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2").getOrCreate())
+    assert spark.sparkContext.getConf().get("spark.dynamicAllocation.enabled") == "true"
     import optim
     from optim import TFDataset, TFOptimizer
     from tests import digits
@@ -35,10 +42,32 @@ DRIVER = textwrap.dedent("""
     data = TFDataset.from_dataframe(df, "pixels", "label", feature_shapes={{"pixels": (8, 8, 1)}})
     opt = TFOptimizer(TFNet.from_keras(digits.cnn(10)), optim.losses.SparseCategoricalCrossentropy(from_logits=True),
                       optim.Adam(0.005), metrics=["accuracy"], model_dir={model_dir!r})
-    history = opt.optimize(data, epochs=6, batch_size=32, num_workers=2, checkpoint_every=8, verbose=2,
+    executors_before = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1  # less the driver
+    history = opt.optimize(data, epochs={epochs}, batch_size=32, num_workers=2, checkpoint_every=8, verbose=2,
                            timeout=60, max_retries=2)
-    print("RESULT " + json.dumps({{"step": opt.global_step, "last_run": opt.last_run, "history": history}}))
+    # TFPredictor in the same application, on the executors the allocation gives it
+    from optim import TFPredictor
+    scored = TFPredictor(opt.net, batch_per_thread=32).predict(df.limit(40), feature_cols="pixels").collect()
+    import numpy as np
+    want = opt.net.forward(np.stack([np.asarray(r["pixels"], np.float32).reshape(8, 8, 1) for r in scored]))
+    got = np.stack([np.asarray(r["output"], np.float32) for r in scored])
+    print("RESULT " + json.dumps({{"step": opt.global_step, "last_run": opt.last_run, "history": history,
+                                  "executors_before": executors_before,
+                                  "predict_max_diff": float(np.max(np.abs(got - want))), "scored": len(scored)}}))
 """)
+
+
+def run_driver(cluster, model_dir, min_executors, epochs):
+    script = DRIVER.format(root=ROOT, url=cluster.url, model_dir=model_dir, min_executors=str(min_executors),
+                           epochs=epochs)
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT)
+
+
+def result_of(out, err):
+    result = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert result, err[-4000:]
+    return json.loads(result[0][len("RESULT "):])
 
 
 @pytest.fixture(scope="module")
@@ -68,11 +97,30 @@ def test_entrypoint_submit_runs_the_resnet50_job(cluster, tmp_path):
     assert os.path.exists(tmp_path / "model" / "export" / "frozen_inference_graph.pb")
 
 
+def test_with_dynamic_allocation_from_no_executors_the_run_trains_and_predicts(cluster, tmp_path):
+    """``minExecutors=0``: no executor until the training stage's tasks are pending; the stage runs without barrier
+    mode, its two ranks meet in the driver's store, and the run trains in one attempt; TFPredictor follows."""
+    driver = run_driver(cluster, str(tmp_path / "run"), 0, 3)
+    try:
+        out, err = driver.communicate(timeout=600)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    res = result_of(out, err)
+    assert res["executors_before"] == 0, res["executors_before"]
+    run = res["last_run"]
+    assert run["states"] == ["starting", "running", "finished"] and run["attempts"] == 1, run
+    assert res["step"] == 3 * 32 and run["rows"] == [512, 512], run
+    assert res["history"]["accuracy"][-1] > 0.9, res["history"]
+    assert res["scored"] == 40 and res["predict_max_diff"] < 1e-5, res
+    assert "SPARK-24942" not in err and "Traceback" not in err, err[-3000:]
+
+
 def test_standalone_cluster_survives_a_killed_worker(cluster, tmp_path):
+    """With dynamic allocation on (``minExecutors=2``): the lost rank's task is one Spark would run again alone;
+    the driver ends the stage instead and retries it whole, from the newest checkpoint."""
     model_dir = str(tmp_path / "run")
-    script = DRIVER.format(root=ROOT, url=cluster.url, model_dir=model_dir)
-    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, cwd=ROOT)
+    driver = run_driver(cluster, model_dir, 2, 6)
     try:
         deadline = time.time() + 300
         while time.time() < deadline and not glob.glob(os.path.join(model_dir, "checkpoints", "*", "ckpt-*.npz")):
@@ -85,13 +133,13 @@ def test_standalone_cluster_survives_a_killed_worker(cluster, tmp_path):
     finally:
         if driver.poll() is None:
             driver.kill()
-    result = [line for line in out.splitlines() if line.startswith("RESULT ")]
-    assert result, err[-4000:]
-    res = json.loads(result[0][len("RESULT "):])
+    res = result_of(out, err)
     assert res["last_run"]["attempts"] == 2, res
+    assert res["last_run"]["states"] == ["starting", "running", "retrying", "running", "finished"], res["last_run"]
     assert res["step"] == 6 * 32  # 1024 rows, 16 per rank per step: 32 steps per epoch
     # the retry resumed from a checkpoint of this run (a restart from step 0 would start at 0)
     assert res["last_run"]["attempt_log"][-1]["start_step"] >= 8, res["last_run"]["attempt_log"]
     assert res["last_run"]["run_id"] in res["last_run"]["resumed_from"]
     assert len(res["history"]["loss"]) == 6
     assert res["history"]["accuracy"][-1] > 0.8
+    assert res["scored"] == 40 and res["predict_max_diff"] < 1e-5, res
