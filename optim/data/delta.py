@@ -7,6 +7,13 @@ A Delta table is Parquet files and a log of which files make each version. The d
 values, and hands them to the Parquet adapter: the same checks before any job, the same errors naming the file
 and the row, the same streamed reading on the ranks. ``storage_options`` are fsspec's, as for ``from_parquet``
 and ``model_dir`` (``endpoint_url``, ``key``, ``secret``); the driver gives delta-rs the same endpoint and keys.
+
+The version's schema is the table's, as Delta readers take it: a column that schema evolution added after a file
+was written (``write_deltalake(..., schema_mode="merge")``) reads as nulls in that file's rows (a null where a value
+is needed is then the usual ``BadRowError`` naming the file and the row). Under column mapping
+(``delta.columnMapping.mode``), the files hold each column under its physical name (mode ``name``) or field id (mode
+``id``), from the schema's ``delta.columnMapping.*`` metadata: a renamed column reads under its new name, a
+dropped one is gone, and one added again under an old name reads as nulls in the files written before.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from __future__ import annotations
 import datetime
 
 from optim.data import stream
-from optim.data.parquet import ParquetDataset
+from optim.data.parquet import FileColumn, ParquetDataset
 from optim.errors import DataError
 from tfnet import storage
 
@@ -178,7 +185,8 @@ class DeltaDataset(ParquetDataset):
             raise DataError(f"The Delta table at {path!r} holds no rows at version {self.version}.")
         order = sorted(range(len(files)), key=lambda k: files[k])
         self._set_files(path, storage_options, [files[k] for k in order], [values[k] for k in order], schema,
-                        feature_cols, label_cols, feature_shapes, batch_size, augment, shuffle_buffer, prefetch)
+                        feature_cols, label_cols, feature_shapes, batch_size, augment, shuffle_buffer, prefetch,
+                        stored=_stored_columns(table, path), absent_as_null=True)
 
 
 def _open(path: str, version, timestamp, storage_options):
@@ -205,6 +213,32 @@ def _open(path: str, version, timestamp, storage_options):
                             f"({first[0]}) was written at {made}.")
         table.load_as_version(when)
     return table
+
+
+#: Delta's column mapping: the table property, and the schema's field metadata that gives a column's place in the files
+_MAPPING_MODE, _PHYSICAL_NAME, _FIELD_ID = ("delta.columnMapping.mode", "delta.columnMapping.physicalName",
+                                            "delta.columnMapping.id")
+
+
+def _stored_columns(table, path: str) -> dict[str, FileColumn]:
+    """Where the files hold each column of the table's schema under column mapping (mode ``name``: the physical
+    name; mode ``id``: the Parquet field id), read from deltalake's own schema and metadata; empty without it.
+
+    Raises:
+        DataError: a column mapping mode that Delta does not define.
+    """
+    mode = (table.metadata().configuration or {}).get(_MAPPING_MODE, "none")
+    if mode == "none":
+        return {}
+    if mode not in ("name", "id"):
+        raise DataError(f"The Delta table at {path!r} has column mapping mode {mode!r}; Delta defines 'none', 'name' "
+                        "and 'id'.")
+    out = {}
+    for field in table.schema().fields:
+        meta = field.metadata or {}
+        if _PHYSICAL_NAME in meta:
+            out[field.name] = FileColumn(str(meta[_PHYSICAL_NAME]), int(meta[_FIELD_ID]) if mode == "id" else None)
+    return out
 
 
 def _moment(timestamp) -> datetime.datetime:

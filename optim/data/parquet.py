@@ -16,6 +16,8 @@ shuffle window and the prefetched batches. Write Parquet with row groups of a fe
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pyarrow as pa
 
@@ -26,7 +28,18 @@ from optim.data.columns import ColumnDataset
 from optim.data.parquet_read import BatchCheck, FileRows, ParquetSource, filesystem
 from optim.errors import DataError
 
-__all__ = ["ParquetDataset", "list_parquet"]
+__all__ = ["FileColumn", "ParquetDataset", "list_parquet"]
+
+#: The Parquet footer's key for a field's id (Delta's column mapping in mode ``id`` matches columns by it).
+FIELD_ID_KEY = b"PARQUET:field_id"
+
+
+class FileColumn(NamedTuple):
+    """Where the files hold a column that the table's schema names otherwise (Delta's column mapping): the field
+    named ``name``, or, where ``field_id`` is given, the field with that Parquet field id whatever its name."""
+
+    name: str
+    field_id: int | None = None
 
 
 def _discover(path: str, storage_options):
@@ -134,9 +147,13 @@ class ParquetDataset(ColumnDataset):
                         feature_shapes, batch_size, augment, shuffle_buffer, prefetch)
 
     def _set_files(self, path: str, storage_options, files: list[str], values: list[dict], schema: pa.Schema,
-                   feature_cols, label_cols, feature_shapes, batch_size, augment, shuffle_buffer, prefetch) -> None:
+                   feature_cols, label_cols, feature_shapes, batch_size, augment, shuffle_buffer, prefetch, *,
+                   stored: dict[str, FileColumn] | None = None, absent_as_null: bool = False) -> None:
         """Sets up the dataset over ``files`` (paths in ``path``'s file system), ``values`` (each file's
-        partition columns) and ``schema`` (the rows', partition columns included), checked as the module says."""
+        partition columns) and ``schema`` (the rows', partition columns included), checked as the module says.
+        ``stored``: where the files hold the columns that they name otherwise (default: under the schema's names);
+        ``absent_as_null``: a file without a column read gives nulls for it (a table's later columns, as Delta reads
+        them) instead of an error."""
         self.path, self.storage_options = path, storage_options
         self.batch_size, self.augment = batch_size, augment
         self.shuffle_buffer, self.prefetch = int(shuffle_buffer), int(prefetch)
@@ -146,30 +163,43 @@ class ParquetDataset(ColumnDataset):
         self.types = {f.name: spark_type(f.type) for f in schema}
         self.partition_types = {name: schema.field(name).type for name in {k for v in self.partition_values for k in v}}
         self.groups: list[tuple[int, int, int]] = []  # (file, row group, rows)
-        wanted = {c: schema.field(c).type for c in self.columns() if c not in self.partition_types}
-        self.file_rows = [self._footer(f, name, wanted) for f, name in enumerate(self.files)]
+        self.file_types = {c: schema.field(c).type for c in self.columns() if c not in self.partition_types}
+        self.stored, self.absent_as_null = dict(stored or {}), bool(absent_as_null)
+        footers = [self._footer(f, name, self.file_types) for f, name in enumerate(self.files)]
+        self.file_rows = [rows for rows, _ in footers]
+        #: per file, the columns read that it names otherwise: column -> its name in the file, None where it has none
+        self.file_names = [names for _, names in footers]
         self.check = None
         self.holdout = None  # validation_split: an optim.data.holdout.HoldOut, applied on the ranks
 
-    def _footer(self, index: int, name: str, wanted: dict) -> int:
-        """Reads file ``index``'s footer: its row groups go into :attr:`groups`; returns its rows.
+    def _footer(self, index: int, name: str, wanted: dict) -> tuple[int, dict[str, str | None]]:
+        """Reads file ``index``'s footer: its row groups go into :attr:`groups`; returns its rows and the columns
+        read that it names otherwise (column -> its name in the file, or None: it has none, read as nulls).
 
         Raises:
-            DataError: the file cannot be read, or lacks a column read (``wanted``: column -> type) or holds it
-                with another type than the files' schema (a schema mismatch: no retry mends it), naming the file.
+            DataError: the file cannot be read, or lacks a column read (``wanted``: column -> type; unless
+                :attr:`absent_as_null`) or holds it with another type than the files' schema (a schema mismatch: no
+                retry mends it), naming the file.
         """
         fs, _ = filesystem(self.path, self.storage_options)
         meta = read_footer(fs, name)
         own = meta.schema.to_arrow_schema()
+        names = {}
         for column, kind in wanted.items():
-            if column not in own.names:
+            held = _find(own, self.stored.get(column, FileColumn(column)))
+            if held is None and self.absent_as_null:
+                names[column] = None
+                continue
+            if held is None:
                 raise DataError(f"Parquet file {name!r} has no column {column!r} (its columns: {own.names}); every "
                                 "file must hold the columns read.")
-            if not own.field(column).type.equals(kind):
-                raise DataError(f"Parquet file {name!r} holds column {column!r} as {spark_type(own.field(column).type)}, "
+            if not own.field(held).type.equals(kind):
+                raise DataError(f"Parquet file {name!r} holds column {column!r} as {spark_type(own.field(held).type)}, "
                                 f"where the files' schema has {spark_type(kind)}: the files do not share one schema.")
+            if held != column:
+                names[column] = held
         self.groups.extend((index, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups))
-        return int(meta.num_rows)
+        return int(meta.num_rows), names
 
     @property
     def num_rows(self) -> int:
@@ -214,7 +244,8 @@ class ParquetDataset(ColumnDataset):
     def _source(self, rank: int, size: int) -> ParquetSource:
         file_columns = [c for c in self.columns() if c not in self.partition_types]
         return ParquetSource(self.path, self.storage_options, self.files, self.pieces(rank, size), file_columns,
-                             self.partition_values, self.partition_types, self.locate().starts)
+                             self.partition_values, self.partition_types, self.locate().starts, self.file_names,
+                             self.file_types)
 
     def shard(self, rank: int, size: int, source=None, checked: bool = True) -> stream.StreamedDataset:
         """Rank ``rank``'s rows as a stream (``source``: those rows, filtered; default: all of them)."""
@@ -262,6 +293,16 @@ class ParquetDataset(ColumnDataset):
     def evaluation(self, host, partitions) -> Staged:
         n = host.partitions(partitions)
         return Staged(ParquetRankData(self), frame=host.placeholder(n), size=n)
+
+
+def _find(schema: pa.Schema, where: FileColumn) -> str | None:
+    """The name of the field of ``schema`` (a file's) that holds column ``where``, or None."""
+    if where.field_id is None:
+        return where.name if where.name in schema.names else None
+    for field in schema:
+        if (field.metadata or {}).get(FIELD_ID_KEY) == str(where.field_id).encode():
+            return field.name
+    return None
 
 
 class ParquetRankData(RankData):

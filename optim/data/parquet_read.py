@@ -76,12 +76,16 @@ class BatchCheck:
 class ParquetSource(stream.BlockSource):
     """A rank's parts of row groups as blocks: ``pieces`` of ``(file, row group, first row, end row)``,
     ``columns`` read from the files, ``values[f]`` the partition columns of file ``f`` (of ``types``), and
-    ``starts[f]`` the position of file ``f``'s first row among all the files' rows."""
+    ``starts[f]`` the position of file ``f``'s first row among all the files' rows. ``names[f]``: the columns
+    that file ``f`` names otherwise (column -> its name there; None: the file has none, and it reads as nulls of
+    ``kinds[column]``, as Delta reads a column added after the file was written)."""
 
-    def __init__(self, path, storage_options, files, pieces, columns, values=None, types=None, starts=None):
+    def __init__(self, path, storage_options, files, pieces, columns, values=None, types=None, starts=None,
+                 names=None, kinds=None):
         self.path, self.storage_options, self.files, self.pieces = path, storage_options, files, pieces
         self.columns, self.values, self.types = list(columns), values or [{} for _ in files], types or {}
         self.starts = np.zeros(len(files) + 1, np.int64) if starts is None else np.asarray(starts, np.int64)
+        self.names, self.kinds = names or [{} for _ in files], kinds or {}
         self.block_rows = [b - a for _, _, a, b in pieces]
 
     def open(self):
@@ -107,19 +111,37 @@ class ParquetReader:
 
     def _row_group(self, f: int, g: int) -> pa.Table:
         try:
-            return self._file(f).read_row_group(g, columns=self.source.columns)
+            return self._columns(f, g)
         except (pa.ArrowInvalid, OSError) as first:
             if not _looks_corrupt(first):
                 raise
             self.close()
             try:  # once more from a fresh handle: a fault of the storage goes away, a corrupt file does not
-                return self._file(f).read_row_group(g, columns=self.source.columns)
+                return self._columns(f, g)
             except (pa.ArrowInvalid, OSError) as again:
                 if str(again) != str(first):
                     raise
                 raise CorruptFileError(f"Parquet file {self.source.files[f]!r} is corrupt: row group {g} cannot be "
                                        f"decoded ({_first_line(again)}). Rewrite or remove the file; a retry reads "
                                        "the same bytes.") from None
+
+    def _columns(self, f: int, g: int) -> pa.Table:
+        """Row group ``g`` of file ``f``: its :attr:`~ParquetSource.columns`, under their names whatever the file
+        names them, and nulls for those it does not hold."""
+        names = self.source.names[f]
+        if not names:
+            return self._file(f).read_row_group(g, columns=self.source.columns)
+        held = [names.get(c, c) for c in self.source.columns]
+        table = self._file(f).read_row_group(g, columns=[n for n in held if n is not None])
+        fields, arrays = [], []
+        for column, name in zip(self.source.columns, held):
+            if name is None:
+                fields.append(pa.field(column, self.source.kinds[column]))
+                arrays.append(pa.nulls(self._file(f).metadata.row_group(g).num_rows, self.source.kinds[column]))
+            else:
+                fields.append(table.schema.field(name).with_name(column))
+                arrays.append(table.column(name))
+        return pa.table(arrays, schema=pa.schema(fields))
 
     def read(self, block: int) -> pa.Table:
         f, g, a, b = self.source.pieces[block]
