@@ -220,18 +220,25 @@ def test_unsupported_operators_are_all_listed_before_anything_runs():
     assert isinstance(UnsupportedOperatorError("x"), ValueError)
 
 
-def test_an_operator_version_without_conversion_is_refused_by_name_and_version():
-    """Add before version 7 broadcast only with its ``broadcast`` attribute; tfnet converts Add 7 on."""
-    from onnx import TensorProto, helper
+def test_old_operator_versions_are_upgraded_and_others_refused_by_name_and_version():
+    """Add before version 7 broadcast only with its ``broadcast`` attribute; tfnet converts Add 7 on, and
+    ``onnx.version_converter`` upgrades the opset-6 model on the way in (issue 54). An operator that no version
+    converts is refused by name and version."""
+    from onnx import TensorProto, helper, numpy_helper
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
-    node = helper.make_node("Add", ["x", "x"], ["y"])
-    model = helper.make_model(helper.make_graph([node], "g", [x], [helper.make_tensor_value_info("y", 1, [2, 4])]),
-                              opset_imports=[helper.make_opsetid("", 6)])
-    with pytest.raises(UnsupportedOperatorError, match=r"1 node\(s\) that tfnet cannot convert: Add v6 \(x1\)"):
+    b = numpy_helper.from_array(np.arange(4, dtype=np.float32), "b")
+    node = helper.make_node("Add", ["x", "b"], ["y"], broadcast=1)
+    model = helper.make_model(helper.make_graph([node], "g", [x], [helper.make_tensor_value_info("y", 1, [2, 4])],
+                                                [b]), opset_imports=[helper.make_opsetid("", 6)])
+    assert TFNet.from_onnx(model).forward(np.ones((2, 4), np.float32)).tolist() == [[1.0, 2.0, 3.0, 4.0]] * 2
+    rois = helper.make_tensor_value_info("rois", TensorProto.FLOAT, [1, 5])
+    node = helper.make_node("MaxRoiPool", ["x4", "rois"], ["y"], pooled_shape=[2, 2])
+    model = helper.make_model(helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x4", TensorProto.FLOAT, [1, 1, 4, 4]), rois],
+        [helper.make_tensor_value_info("y", 1, [1, 1, 2, 2])]), opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(UnsupportedOperatorError, match=r"1 node\(s\) that tfnet cannot convert: MaxRoiPool v1 \(x1\)"):
         TFNet.from_onnx(model)
-    model.opset_import[0].version = 7
-    assert TFNet.from_onnx(model).forward(np.ones((2, 4), np.float32)).tolist() == [[2.0] * 4] * 2
 
 
 def test_opset_newer_than_onnx_defines_or_missing():

@@ -14,13 +14,16 @@ more than 10 s of CPU, and below 95% of the in-scope cases passing.
 
 import os
 
+import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
 
-from tfnet.onnx.model_suite import FOLDERS, OUTCOMES, read_known, run_suite  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402
 
-pytestmark = pytest.mark.slow  # about 30 s on 2 cores, the nine light networks most of it
+from tfnet import TFNet  # noqa: E402
+from tfnet.errors import InputSpecError  # noqa: E402
+from tfnet.onnx.model_suite import FOLDERS, OUTCOMES, read_known, run_suite  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KNOWN = os.path.join(ROOT, "tests", "fixtures", "onnx_model_suite_known.txt")
@@ -39,6 +42,7 @@ def report():
     return run_suite(processes=2)  # two fresh processes share the cases: the tier's time on 2 cores
 
 
+@pytest.mark.slow  # the tier: about 30 s on 2 cores, the nine light networks most of it
 def test_every_case_passes_or_is_known_with_its_reason(report, capsys):
     version, known = known_list()
     with capsys.disabled():
@@ -61,6 +65,7 @@ def test_every_case_passes_or_is_known_with_its_reason(report, capsys):
     assert report.pass_rate >= 0.95, f"{100 * report.pass_rate:.1f}% of the in-scope cases pass; expected >= 95%"
 
 
+@pytest.mark.slow
 def test_no_case_takes_more_than_ten_seconds(report, capsys):
     """Load, convert and forward every data set, in the CPU time of the case's process (every thread): on a
     machine shared with other work the wall-clock time also counts theirs. Both are printed."""
@@ -72,6 +77,36 @@ def test_no_case_takes_more_than_ten_seconds(report, capsys):
     assert not slow, "cases over 10 s: " + ", ".join(f"{r.name} {r.cpu_seconds:.1f} s of CPU" for r in slow)
 
 
+@pytest.mark.slow
 def test_the_nine_light_networks_pass(report):
     light = [r for r in report.results if r.folder == "light"]
     assert len(light) == 9 and all(r.outcome == "pass" for r in light), [r for r in light if r.outcome != "pass"]
+
+
+def _two_input_model(op, a, b, out, **attrs):
+    graph = helper.make_graph([helper.make_node(op, ["a", "b"], ["y"], **attrs)], "g",
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, a),
+                               helper.make_tensor_value_info("b", TensorProto.FLOAT, b)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_inputs_without_a_shared_batch_are_whole_tensors():
+    """Fixed leading sizes that differ (a matrix times a matrix), or fixed beside symbolic ones: those inputs keep
+    their shapes and forward takes them whole; inputs that take a batch must still agree on it."""
+    rng = np.random.default_rng(54)
+    a, b = rng.standard_normal((2, 3)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    mm = TFNet.from_onnx(_two_input_model("MatMul", [2, 3], [3, 4], [2, 4]))
+    assert [s.shape.as_list() for s in mm.input_specs] == [[2, 3], [3, 4]]
+    np.testing.assert_allclose(mm.forward([a, b]), a @ b, rtol=1e-6)
+
+    add = TFNet.from_onnx(_two_input_model("Add", ["n", 3], [1, 3], ["n", 3]))  # b: one row, not a batch
+    assert [s.shape.as_list() for s in add.input_specs] == [[None, 3], [1, 3]]
+    x, row = rng.standard_normal((5, 3)).astype(np.float32), rng.standard_normal((1, 3)).astype(np.float32)
+    np.testing.assert_allclose(add.forward([x, row], batch_size=2), x + row, rtol=1e-6)  # b whole in each chunk
+
+    same = TFNet.from_onnx(_two_input_model("Add", ["n", 3], ["n", 3], ["n", 3]))
+    with pytest.raises(InputSpecError, match=r"same batch size; received sizes \[2, 3\]"):
+        same.forward([np.zeros((2, 3)), np.zeros((3, 3))])
+    fixed = TFNet.from_onnx(_two_input_model("Add", [1, 3], [1, 3], [1, 3]))  # no dynamic axes: one batch, opened
+    assert [s.shape.as_list() for s in fixed.input_specs] == [[None, 3], [None, 3]]

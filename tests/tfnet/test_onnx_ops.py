@@ -193,9 +193,6 @@ def _refused(op, inputs, attrs, shapes, inits=(), opset=17):
     (lambda: _model([helper.make_node("Resize", ["x", "", "", "s"], ["y"])],
                     [_info("x", [None, 2, 4, 4]), _info("s", [4], TensorProto.INT64)], [_info("y", 4)], opset=18),
      r"Resize '.*': scales and sizes must be known while converting"),
-    (lambda: _refused("Conv", [("x", [None, 1, 4, 4, 4]), ("w", None)], {"dilations": [2, 2, 2]}, 5,
-                      [_tensor("w", np.ones((2, 1, 2, 2, 2)))]),
-     r"Conv '.*': dilated 3-D convolutions are not supported"),
     (lambda: _refused("RNN", [("x", [4, None, 3]), ("W", None), ("R", None)], {"hidden_size": 2, "clip": 1.0}, 4,
                       [_tensor("W", np.ones((1, 2, 3))), _tensor("R", np.ones((1, 2, 2)))]),
      r"RNN '.*': clip and input_forget are not supported"),
@@ -210,6 +207,36 @@ def test_what_does_not_convert_is_refused_by_name(model, message):
 
 
 # ------------------------------------------------------------------ issue 32's operators against onnxruntime
+
+@pytest.mark.parametrize("op,attrs,spatial", [
+    ("Conv", {"dilations": [2, 2, 2], "pads": [1, 0, 1, 1, 2, 0]}, [7, 8, 6]),
+    ("Conv", {"dilations": [2, 1, 3], "strides": [2, 1, 2], "group": 2}, [7, 5, 9]),
+    ("MaxPool", {"kernel_shape": [3, 2], "dilations": [2, 3], "strides": [2, 3], "pads": [1, 1, 0, 1]}, [11, 13]),
+    ("MaxPool", {"kernel_shape": [3, 3], "dilations": [2, 2], "strides": [3, 1], "ceil_mode": 1}, [12, 10]),
+    ("AveragePool", {"kernel_shape": [2, 3], "dilations": [3, 2], "strides": [3, 2], "pads": [1, 1, 1, 0]},
+     [10, 9]),
+    ("AveragePool", {"kernel_shape": [3], "dilations": [2], "strides": [2], "pads": [1, 2],
+                     "count_include_pad": 1, "ceil_mode": 1}, [12]),
+    ("MaxPool", {"kernel_shape": [2, 2, 2], "dilations": [2, 1, 2], "strides": [2, 1, 2]}, [7, 6, 5]),
+])
+def test_dilated_convolutions_and_pools_equal_onnx_reference(op, attrs, spatial):
+    """Dilated 3-D convolutions (space-to-batch) and dilated pools (strided views where the stride is a
+    multiple of the dilation, space-to-batch otherwise; ceil_mode, pads, count_include_pad), against onnx's
+    reference evaluator."""
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(54)
+    inits = []
+    inputs = ["x"]
+    if op == "Conv":
+        inits = [_tensor("w", rng.standard_normal([4, 4 // attrs.get("group", 1), 2, 3, 2]) * 0.3)]
+        inputs = ["x", "w"]
+    node = helper.make_node(op, inputs, ["y"], **attrs)
+    model = _model([node], [_info("x", [2, 4, *spatial])], [_info("y", len(spatial) + 2)], inits, opset=19)
+    x = rng.standard_normal([2, 4, *spatial]).astype(np.float32)
+    got, want = TFNet.from_onnx(model).forward(x), ReferenceEvaluator(model).run(None, {"x": x})[0]
+    assert got.shape == want.shape and rel(got, want) < 1e-5
+
 
 def _run_both(model, inputs):
     net = TFNet.from_onnx(model, relax_batch=False)

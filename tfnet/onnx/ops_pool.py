@@ -146,7 +146,7 @@ def pool_by_views(node, attrs, x: tf.Tensor, kind: str) -> tf.Tensor:
     or ``SAME_LOWER``, through TensorFlow's own pools, as ``tf.nn.pool`` does it: on an axis whose stride is a
     multiple of its dilation, every window reads the strided view ``x[::d]`` and is an undilated window there
     (stride ``s / d``); the other dilated axes pool at stride 1 through space-to-batch (``tf.nn.pool``'s
-    ``dilation_rate``) and keep every ``s``-th result. Its cost is that of the undilated pool, not one slice
+    ``dilations``) and keep every ``s``-th result. Its cost is that of the undilated pool, not one slice
     per window offset."""
     dims = x.shape.as_list()[1:-1]
     n = len(dims)
@@ -167,7 +167,7 @@ def pool_by_views(node, attrs, x: tf.Tensor, kind: str) -> tf.Tensor:
         if rates == [1] * n:
             y = tf.nn.pool(view, kernel, how, strides=steps, padding="VALID")
         else:  # space-to-batch at stride 1, then every s-th window
-            y = tf.nn.pool(view, kernel, how, strides=[1] * n, padding="VALID", dilation_rate=rates)
+            y = tf.nn.pool(view, kernel, how, strides=[1] * n, padding="VALID", dilations=rates)
             y = y[(slice(None), *[slice(None, None, s) for s in steps])]
         return y[(slice(None), *[slice(0, o) for o in out])]
 
