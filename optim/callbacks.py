@@ -29,11 +29,12 @@ log = logging.getLogger("tfnet.callbacks")
 @dataclass
 class RunInfo:
     """What an ``optimize()`` call will do: ``params`` (the optimiser and its hyperparameters, the learning rate or
-    schedule, the batch, the epochs, the ranks, the sync mode, the precision, the LoRA rank, the data source and
-    its rows) and the ``net`` it trains."""
+    schedule, the batch, the epochs, the ranks, the sync mode, the precision, the LoRA rank, the data source, its
+    path and version and its rows), the ``net`` it trains and the training ``data`` (the TFDataset)."""
 
     params: dict = field(default_factory=dict)
     net: Any = None
+    data: Any = None
 
 
 class Callback:
@@ -54,11 +55,13 @@ class MLflowLogger(Callback):
     """Logs a run into MLflow: into the active run, or a new one (in ``experiment``, named ``run_name``).
 
     Parameters (the optimiser and its hyperparameters, batch size, epochs, ranks, sync mode, precision, LoRA rank,
-    the data source and its rows), one metric series per training and validation metric with the epoch as the
-    step, tags (tfnet's run id, the attempts, the changes of the ranks), and, with ``log_model``, the fine-tuned
-    net as an MLflow model named ``model`` (a pyfunc with a signature and an input example):
-    ``mlflow.pyfunc.load_model(f"runs:/{run_id}/model").predict(pandas_df)`` gives ``net.forward``'s outputs.
-    ``last_run["mlflow_run_id"]`` names the run.
+    the data source, its path and version and its rows), the training data as the run's dataset input (context
+    ``training``: :func:`optim.mlflow_model.dataset_input`), one metric series per training and validation metric
+    with the epoch as the step, tags (tfnet's run id, the attempts, the changes of the ranks), and, with
+    ``log_model``, the fine-tuned net as an MLflow model named ``model``, the run's output at the step after the
+    last epoch (a pyfunc with a tensor-spec signature and an input example, :mod:`optim.mlflow_model`):
+    ``mlflow.pyfunc.load_model(f"runs:/{run_id}/model").predict(x)`` gives ``net.forward(x)``.
+    ``last_run["mlflow_run_id"]`` names the run: None when MLflow made none (a server that is down).
 
     Args:
         experiment: The experiment's name for a new run. Default: MLflow's current one.
@@ -83,6 +86,7 @@ class MLflowLogger(Callback):
     def on_run_begin(self, info: RunInfo) -> None:
         self._epochs = set()
         self._broken = False
+        self.run_id = None
         self._guard(self._begin, info)
 
     def on_epoch_end(self, epoch: int, logs: dict) -> None:
@@ -90,9 +94,8 @@ class MLflowLogger(Callback):
             self._guard(self._metrics, epoch, logs)
 
     def on_run_end(self, info: RunInfo, history: dict, last_run: dict, error: BaseException | None = None) -> dict:
-        if self.run_id is None:
-            return {}
-        self._guard(self._end, info, history, last_run, error)
+        if self.run_id is not None:
+            self._guard(self._end, info, history, last_run, error)
         return {"mlflow_run_id": self.run_id}
 
     # ---- MLflow
@@ -114,6 +117,22 @@ class MLflowLogger(Callback):
             client.log_param(self.run_id, k, v)
         for k, v in {"tfnet.version": _version(), **self.tags}.items():
             client.set_tag(self.run_id, k, str(v))
+        self._dataset(mlflow, info.data)
+
+    def _dataset(self, mlflow, data) -> None:
+        """The training data as the run's dataset input; data MLflow cannot describe is left out, with a log line."""
+        if data is None:
+            return
+        try:
+            from optim.mlflow_model import dataset_input
+
+            dataset = dataset_input(data)
+        except Exception as exc:  # noqa: BLE001 - a dataset MLflow cannot describe costs only its input
+            log.info("MLflow: no dataset input for %s (%s: %s)", type(data).__name__, type(exc).__name__, exc)
+            return
+        if dataset is not None:
+            with _active(mlflow, self.run_id):
+                mlflow.log_input(dataset, context="training")
 
     def _metrics(self, epoch: int, logs: dict) -> None:
         client = _mlflow().tracking.MlflowClient()
@@ -139,12 +158,17 @@ class MLflowLogger(Callback):
             with warnings.catch_warnings():  # MLflow asks for type hints on predict; the signature says what it takes
                 warnings.filterwarnings("ignore", message=".*type hints.*", category=UserWarning)
                 from optim.mlflow_model import log_net
+            # the step after the last epoch: MLflow copies the run's metrics at the model's step to the model, which
+            # a file store lists in the run's series a second time
+            step = max(self._epochs | set(range(epochs)), default=-1) + 1
             with _active(mlflow, self.run_id):
-                log_net(info.net, "model")
-        if self._owned:
-            client.set_terminated(self.run_id, status="FAILED" if error is not None else "FINISHED")
+                log_net(info.net, "model", step=step)
+        if self._owned:  # once: MLflow prints its "View run" lines each time a run is terminated
+            status = "FAILED" if error is not None else "FINISHED"
             if mlflow.active_run() is not None and mlflow.active_run().info.run_id == self.run_id:
-                mlflow.end_run(status="FAILED" if error is not None else "FINISHED")
+                mlflow.end_run(status=status)
+            else:
+                client.set_terminated(self.run_id, status=status)
 
     def _guard(self, fn, *args) -> None:
         """Runs ``fn``; a tracking failure warns once and the run goes on without tracking."""
@@ -185,8 +209,16 @@ class _active:
         return self
 
     def __exit__(self, *exc):
-        if self.started:
-            self.mlflow.end_run(status="RUNNING")
+        if self.started:  # the run goes on: no "View run" lines for it
+            saved = os.environ.get("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT")
+            os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+            try:
+                self.mlflow.end_run(status="RUNNING")
+            finally:
+                if saved is None:
+                    os.environ.pop("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", None)
+                else:
+                    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = saved
 
 
 class _short_requests:
@@ -242,8 +274,16 @@ def run_info(opt, dataset, config, num_workers, options: dict) -> RunInfo:
                    "min_workers": options.get("min_workers"), "sync": config.sync, "precision": config.precision,
                    "seed": config.seed, "loss": getattr(opt.loss, "name", type(opt.loss).__name__),
                    "lora_rank": next(iter(lora.values())).rank if lora else None,
-                   "data": type(dataset).__name__, "data_rows": rows})
-    return RunInfo(params, opt.net)
+                   "data": type(dataset).__name__, "data_path": _data_path(dataset),
+                   "data_version": getattr(dataset, "version", None) if type(dataset).__name__ == "DeltaDataset" else None,
+                   "data_rows": rows})
+    return RunInfo(params, opt.net, dataset)
+
+
+def _data_path(dataset) -> str | None:
+    """Where Parquet or Delta data was read (a Delta table's path, a Parquet file or folder), else None."""
+    path = getattr(dataset, "path", None) if type(dataset).__name__ in ("ParquetDataset", "DeltaDataset") else None
+    return None if path is None else str(path)
 
 
 def temp_folder() -> str:

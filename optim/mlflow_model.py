@@ -1,15 +1,25 @@
-"""A TFNet as an MLflow model: a ``pyfunc`` whose artifact is the net's export (``TFNet.save``), with a signature
-and an input example made from the net's inputs. Imported only by :class:`optim.callbacks.MLflowLogger`, so
-MLflow is imported only when used.
+"""A TFNet as an MLflow model, and its training data as an MLflow dataset. Imported only by
+:class:`optim.callbacks.MLflowLogger`, so MLflow is imported only when used.
 
-``mlflow.pyfunc.load_model(uri).predict(data)`` takes a pandas DataFrame with one column per input (named as the
-input, without ``:0``; the only column for a one-input net), each cell a row of that input (a number, a string, or
-a list of numbers of the input's per-row size, flat or nested), or a dict of arrays by input name, or an array
-for a one-input net; it returns ``net.forward``'s outputs (a dict by output name for several).
+The model is a ``pyfunc`` whose artifact is the net's export (``TFNet.save``), under a tensor-spec signature as
+MLflow's TensorFlow flavor writes it (``mlflow.types.TensorSpec``: the dtype and shape of each input and output,
+``-1`` for the batch; unnamed for a one-input or one-output net, else by name without ``:0``) with an input example
+of the same kind (an array, or a dict of arrays). ``mlflow.pyfunc.load_model(uri).predict(data)`` then takes what
+the TensorFlow flavor takes, MLflow's schema enforcement checking it first:
+
+- an array of the input's shape (a one-input net) or a dict of them by input name; arrays keep their dtype, which
+  must be the input's;
+- a pandas DataFrame with one column per input (named as the input; any name for a one-input net), each cell a row:
+  a flat list of the row's values (cast to the input's dtype), or an array of the row's shape, flat or not;
+
+and gives ``net.forward``'s outputs (a dict of arrays by output name for several). Serving (``mlflow models
+serve``, ``mlflow.models.validate_serving_input``) and ``mlflow.pyfunc.spark_udf`` go through the same enforcement.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -19,7 +29,7 @@ import mlflow
 import numpy as np
 import pandas as pd
 
-__all__ = ["TFNetPyfunc", "input_example", "log_net", "to_inputs"]
+__all__ = ["TFNetPyfunc", "dataset_input", "input_example", "log_net", "signature", "to_inputs"]
 
 
 def _short(name: str) -> str:
@@ -27,7 +37,8 @@ def _short(name: str) -> str:
 
 
 def to_inputs(data, input_names: list[str], input_specs) -> list[np.ndarray]:
-    """What a pyfunc ``predict`` receives, as one array per input (rows first, the input's per-row shape)."""
+    """What a pyfunc ``predict`` receives (after MLflow's enforcement: an array or a dict of arrays; a DataFrame
+    when called directly), as one array per input (rows first, the input's per-row shape)."""
     if isinstance(data, pd.DataFrame):
         if len(input_names) == 1 and len(data.columns) == 1:
             columns = [data[data.columns[0]]]
@@ -60,18 +71,44 @@ def _shaped(a: np.ndarray, spec) -> np.ndarray:
     return a.astype(spec.dtype.as_numpy_dtype, copy=False)
 
 
-def input_example(net, rows: int = 2) -> pd.DataFrame:
-    """A DataFrame of ``rows`` rows for the net's inputs: zeros (empty strings for string inputs), each cell a row of
-    its input, flat."""
+def _numpy_dtype(spec) -> np.dtype:
+    return np.dtype(object) if spec.dtype.name == "string" else np.dtype(spec.dtype.as_numpy_dtype)
+
+
+def _dims(spec, example: np.ndarray | None = None) -> tuple[int, ...]:
+    """A TensorSpec's shape: ``-1`` for the batch and each unknown size; an unknown rank from ``example``."""
+    if spec.shape.rank is None:
+        return (-1, *example.shape[1:]) if example is not None else (-1,)
+    return (-1, *(-1 if d is None else d for d in spec.shape.as_list()[1:]))
+
+
+def _tensor_schema(names: list[str], specs, examples=None):
+    from mlflow.types import Schema, TensorSpec
+
+    examples = examples or [None] * len(specs)
+    if len(specs) == 1:
+        return Schema([TensorSpec(_numpy_dtype(specs[0]), _dims(specs[0], examples[0]))])
+    return Schema([TensorSpec(_numpy_dtype(s), _dims(s, e), _short(n)) for n, s, e in zip(names, specs, examples)])
+
+
+def signature(net, outputs: list[np.ndarray] | None = None):
+    """The net's MLflow signature: tensor specs of its inputs and outputs (``outputs``: the example's, for an
+    output of unknown rank)."""
+    from mlflow.models import ModelSignature
+
+    return ModelSignature(inputs=_tensor_schema(list(net.input_names), list(net.input_specs)),
+                          outputs=_tensor_schema(list(net.output_names), list(net.output_specs), outputs))
+
+
+def input_example(net, rows: int = 2):
+    """``rows`` rows of zeros (empty strings for a string input) for the net's inputs, a size of 1 where a size is
+    unknown: an array for a one-input net, else a dict of arrays by input name."""
     out = {}
     for name, spec in zip(net.input_names, net.input_specs):
         row = [d or 1 for d in (spec.shape.as_list()[1:] if spec.shape.rank is not None else [])]
-        if spec.dtype.name == "string":
-            cell = "" if not row or row == [1] else [""] * int(np.prod(row))
-        else:
-            cell = 0.0 if not row else [0.0] * int(np.prod(row))
-        out[_short(name)] = [cell] * rows
-    return pd.DataFrame(out)
+        out[_short(name)] = (np.full((rows, *row), "", dtype=object) if spec.dtype.name == "string"
+                             else np.zeros((rows, *row), _numpy_dtype(spec)))
+    return next(iter(out.values())) if len(out) == 1 else out
 
 
 class TFNetPyfunc(mlflow.pyfunc.PythonModel):
@@ -87,33 +124,111 @@ class TFNetPyfunc(mlflow.pyfunc.PythonModel):
         self.net = TFNet.load(context.artifacts["net"])
 
     def predict(self, context, model_input, params=None):
-        net = self.net
-        outs = net.forward(to_inputs(model_input, list(net.input_names), list(net.input_specs)))
-        if isinstance(outs, list):
-            return {_short(n): o for n, o in zip(net.output_names, outs)}
-        return outs
+        return _forward(self.net, model_input)
 
 
-def log_net(net, name: str = "model"):
-    """Logs ``net`` into the active run as the MLflow model ``name``; returns MLflow's model info."""
+def _forward(net, data):
+    outs = net.forward(to_inputs(data, list(net.input_names), list(net.input_specs)))
+    if isinstance(outs, list):
+        return {_short(n): o for n, o in zip(net.output_names, outs)}
+    return outs
+
+
+def log_net(net, name: str = "model", step: int = 0):
+    """Logs ``net`` into the active run as the MLflow model ``name``, the run's output at ``step``; returns
+    MLflow's model info.
+
+    MLflow copies the run's metrics at ``step`` to the model (into the run's own series too, with a file store):
+    give a step that has none."""
     folder = tempfile.mkdtemp(prefix="tfnet-mlflow-")
     with warnings.catch_warnings():  # MLflow asks for type hints on predict; the signature says what it takes
         warnings.filterwarnings("ignore", message=".*type hints", category=UserWarning)
         try:
-            return _log(net, name, folder)
+            return _log(net, name, folder, step)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _log(net, name: str, folder: str):
-    from mlflow.models import infer_signature
-
+def _log(net, name: str, folder: str, step: int):
     export = os.path.join(folder, "net")
     net.save(export)
     example = input_example(net)
     outputs = net.forward(to_inputs(example, list(net.input_names), list(net.input_specs)))
-    if isinstance(outputs, list):
-        outputs = {_short(n): o for n, o in zip(net.output_names, outputs)}
-    signature = infer_signature(example, outputs)
+    outputs = outputs if isinstance(outputs, list) else [outputs]
     return mlflow.pyfunc.log_model(name=name, python_model=TFNetPyfunc(), artifacts={"net": export},
-                                   signature=signature, input_example=example)
+                                   signature=signature(net, outputs), input_example=example, step=int(step))
+
+
+# ---- the training data as an MLflow dataset
+
+
+def dataset_input(data):
+    """The training data as an MLflow dataset (``mlflow.data``), or None for data that has none:
+
+    - a Delta table (``TFDataset.from_delta``): its path and the version read (``DeltaDatasetSource``);
+    - Parquet files (``from_parquet``): their path (MLflow's source for the path's scheme), the digest over the
+      files read and their rows;
+    - a Spark DataFrame (``from_dataframe``): the code that made it (``CodeDatasetSource``, as
+      ``mlflow.data.from_spark`` records a DataFrame of no table), the digest from its plan's semantic hash (no
+      Spark job);
+    - numpy arrays: ``mlflow.data.from_numpy`` (features, and targets when there are labels).
+
+    Only attributes of the dataset are read: nothing is read from the data itself but the arrays' hash."""
+    from mlflow.data.meta_dataset import MetaDataset
+
+    kind = type(data).__name__
+    if kind == "DeltaDataset":
+        path = str(data.path)
+        return MetaDataset(_delta_source(path, int(data.version)), name=_base(path))
+    if kind == "ParquetDataset":
+        path = str(data.path)
+        rows = [int(r) for r in getattr(data, "file_rows", [])]
+        digest = _digest([list(getattr(data, "files", [])), rows])
+        return MetaDataset(_path_source(path), name=_base(path), digest=digest)
+    if kind == "DataFrameDataset":
+        from mlflow.data.code_dataset_source import CodeDatasetSource
+        from mlflow.tracking.context import registry
+
+        return MetaDataset(CodeDatasetSource(tags=registry.resolve_tags()), name="dataframe",
+                           digest=_digest([int(data.df.semanticHash()), sorted(getattr(data, "types", {}).items())]))
+    if kind == "ArrayDataset":
+        import mlflow.data
+
+        features = list(data.features)
+        labels = list(data.labels or [])
+        return mlflow.data.from_numpy(features[0] if len(features) == 1 else
+                                      {f"input_{i}": a for i, a in enumerate(features)},
+                                      targets=(labels[0] if len(labels) == 1 else
+                                               {f"label_{i}": a for i, a in enumerate(labels)} if labels else None),
+                                      name="arrays")
+    return None
+
+
+def _delta_source(path: str, version: int):
+    """MLflow's source for a Delta table at a version, version 0 included (MLflow's own leaves a version 0 out of its
+    JSON: it tests the version for truth)."""
+    from mlflow.data.delta_dataset_source import DeltaDatasetSource
+
+    class _DeltaSource(DeltaDatasetSource):
+        def to_dict(self):
+            return {**super().to_dict(), "delta_table_version": self.delta_table_version}
+
+    return _DeltaSource(path=path, delta_table_version=version)
+
+
+def _path_source(path: str):
+    """MLflow's dataset source for a path: its own for the scheme (``s3://``, ``gs://``, ...; ``local`` for a local
+    path)."""
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+
+    with warnings.catch_warnings():  # "can be interpreted in multiple ways": MLflow takes the first, as wanted
+        warnings.simplefilter("ignore", UserWarning)
+        return resolve_dataset_source(path)
+
+
+def _base(path: str) -> str:
+    return os.path.basename(path.rstrip("/")) or path
+
+
+def _digest(parts) -> str:
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:8]

@@ -1,7 +1,10 @@
 """MLflow tracking built in (``optim.callbacks.MLflowLogger``), against a local file store and a real ``mlflow server``
-the test starts (SQLite backend, a free port): the parameters, one metric series per training and validation metric
-with the epoch as the step, the tags, and the fine-tuned net as an MLflow model that, loaded in a fresh process,
-predicts what ``net.forward`` gives. A server that is down costs one warning; the training goes on."""
+the test starts (SQLite backend, a free port): the parameters, the training data as the run's dataset input, one
+metric series per training and validation metric with the epoch as the step (each point once), the tags, and the
+fine-tuned net as an MLflow model that, loaded in a fresh process, predicts what ``net.forward`` gives from a
+DataFrame of flat cells, of nested cells and from an array. MLflow's "View run" lines print once. A server that is
+down costs one warning and ``mlflow_run_id`` None; the training goes on. A Delta table's dataset input names the
+table and the version read, Parquet files their path."""
 
 import json
 import subprocess
@@ -28,9 +31,10 @@ PREDICT = textwrap.dedent("""
     import mlflow
     mlflow.set_tracking_uri(sys.argv[1])
     model = mlflow.pyfunc.load_model(f"runs:/{sys.argv[2]}/model")
-    frame = pd.read_json(sys.argv[3], orient="split")
-    out = model.predict(frame)
-    print("OUT " + json.dumps(np.asarray(out).tolist()))
+    rows = np.load(sys.argv[3])
+    inputs = {"flat": pd.DataFrame({"image": [r.ravel().tolist() for r in rows]}),
+              "nested": pd.DataFrame({"image": list(rows)}), "array": rows}
+    print("OUT " + json.dumps({k: np.asarray(model.predict(v)).tolist() for k, v in inputs.items()}))
 """)
 
 
@@ -52,22 +56,28 @@ def check_run(uri: str, opt, history, rows, tmp_path):
     assert params["batch_size"] == "32" and params["epochs"] == "2" and params["data"] == "ArrayDataset"
     assert params["data_rows"] == "128" and params["precision"] == "fp32"
     for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
-        # (MLflow 3.17's file store lists the first entry twice once a model is logged: the same step, time and value)
-        series = sorted({(m.step, m.timestamp, m.value) for m in client.get_metric_history(run_id, key)})
-        assert [m[0] for m in series] == [0, 1], key
-        np.testing.assert_allclose([m[2] for m in series], history[key], rtol=1e-6)
+        series = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+        assert [m[0] for m in series] == [0, 1], (key, series)  # each point once
+        np.testing.assert_allclose([m[1] for m in series], history[key], rtol=1e-6)
+    # the training data as the run's dataset input: the arrays, with MLflow's own digest of them
+    x, y = digits.load()
+    (used,) = logged.inputs.dataset_inputs
+    assert {t.key: t.value for t in used.tags} == {"mlflow.data.context": "training"}
+    assert used.dataset.name == "arrays" and used.dataset.source_type == "code"
+    assert used.dataset.digest == mlflow.data.from_numpy(x[:128], targets=y[:128]).digest
     tags = logged.data.tags
     assert tags["tfnet.run_id"] == opt.last_run["run_id"] and tags["tfnet.attempts"] == "1"
     assert logged.info.status == "FINISHED"
-    # the model, loaded in a fresh process, predicts what net.forward gives
-    frame = pd.DataFrame({"image": [r.ravel().tolist() for r in rows]})
-    path = tmp_path / "rows.json"
-    frame.to_json(path, orient="split")
+    # the model, loaded in a fresh process, predicts what net.forward gives, from each kind of input
+    path = tmp_path / "rows.npy"
+    np.save(path, rows)
     done = subprocess.run([sys.executable, "-c", PREDICT, uri, run_id, str(path)], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    out = np.array(json.loads([line for line in done.stdout.splitlines() if line.startswith("OUT ")][0][4:]))
-    np.testing.assert_allclose(out, opt.net.forward(rows), rtol=1e-5, atol=1e-6)
+    outs = json.loads([line for line in done.stdout.splitlines() if line.startswith("OUT ")][0][4:])
+    assert sorted(outs) == ["array", "flat", "nested"]
+    for kind, out in outs.items():
+        np.testing.assert_allclose(np.array(out), opt.net.forward(rows), rtol=1e-5, atol=1e-6, err_msg=kind)
 
 
 def test_a_run_in_a_file_store(tmp_path, monkeypatch):
@@ -77,9 +87,14 @@ def test_a_run_in_a_file_store(tmp_path, monkeypatch):
     check_run(uri, opt, history, rows, tmp_path)
 
 
-def test_a_run_on_a_tracking_server_and_a_server_that_is_down(tmp_path):
+def test_a_run_on_a_tracking_server_and_a_server_that_is_down(tmp_path, capsys):
     with MLflowServer(tmp_path) as server:
+        capsys.readouterr()
         opt, history, rows = run(server.uri)
+        printed = capsys.readouterr().out
+        run_id = opt.last_run["mlflow_run_id"]
+        assert printed.count("View run") == 1 and printed.count("View experiment") == 1, printed
+        assert f"/runs/{run_id}" in printed, printed
         check_run(server.uri, opt, history, rows, tmp_path)
         # inside the user's own active run: the logger logs into it and leaves it open
         mlflow.set_tracking_uri(server.uri)
@@ -91,4 +106,63 @@ def test_a_run_on_a_tracking_server_and_a_server_that_is_down(tmp_path):
     down = server.uri  # stopped now: nothing listens there
     with pytest.warns(RuntimeWarning, match=r"MLflow tracking stopped .*; the training goes on without it"):
         opt, history, _ = run(down, epochs=2)
-    assert len(history["loss"]) == 2 and opt.global_step == 8 and "mlflow_run_id" not in opt.last_run
+    assert len(history["loss"]) == 2 and opt.global_step == 8 and opt.last_run["mlflow_run_id"] is None
+
+
+def log_data(uri: str, data) -> mlflow.entities.Run:
+    """``MLflowLogger``'s run for an ``optimize()`` call on ``data`` (its RunInfo as ``optimize`` makes it), begun
+    and ended around no training."""
+    from types import SimpleNamespace
+
+    from optim.callbacks import run_info
+
+    opt = TFOptimizer(TFNet.from_keras(digits.cnn(classes=10, seed=0)), SCE, optim.Adam(0.01))
+    config = SimpleNamespace(batch_size=32, epochs=1, max_steps=None, sync="sync", precision="fp32", seed=0)
+    info = run_info(opt, data, config, 2, {})
+    logger = MLflowLogger(tracking_uri=uri, experiment="tfnet-data", log_model=False)
+    logger.on_run_begin(info)
+    last = logger.on_run_end(info, {"loss": [0.5]}, {"run_id": "r"})
+    return mlflow.tracking.MlflowClient(tracking_uri=uri).get_run(last["mlflow_run_id"])
+
+
+def test_delta_and_parquet_data_are_the_runs_dataset_input(tmp_path, monkeypatch):
+    import deltalake
+
+    from optim import TFDataset
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = "file:" + str(tmp_path / "mlruns")
+    x, y = digits.load()
+
+    def frame(first, end):
+        return pd.DataFrame({"pixels": [x[i].reshape(64) for i in range(first, end)], "label": y[first:end]})
+
+    table = str(tmp_path / "table")
+    deltalake.write_deltalake(table, frame(0, 100))
+    deltalake.write_deltalake(table, frame(100, 150), mode="append")
+    for version, read, rows in ((0, 0, 100), (None, 1, 150)):
+        data = TFDataset.from_delta(table, ["pixels"], "label", feature_shapes=[(8, 8, 1)], version=version)
+        logged = log_data(uri, data)
+        params = logged.data.params
+        assert params["data"] == "DeltaDataset" and params["data_path"] == table
+        assert params["data_version"] == str(read) and params["data_rows"] == str(rows)
+        (used,) = logged.inputs.dataset_inputs
+        assert {t.key: t.value for t in used.tags} == {"mlflow.data.context": "training"}
+        assert used.dataset.source_type == "delta_table" and used.dataset.name == "table"
+        assert json.loads(used.dataset.source) == {"path": table, "delta_table_version": read}
+
+    folder = tmp_path / "parquet"
+    folder.mkdir()
+    frame(0, 60).to_parquet(folder / "part-0.parquet")
+    frame(60, 100).to_parquet(folder / "part-1.parquet")
+    logged = log_data(uri, TFDataset.from_parquet(str(folder), ["pixels"], "label", feature_shapes=[(8, 8, 1)]))
+    params = logged.data.params
+    assert params["data"] == "ParquetDataset" and params["data_path"] == str(folder) and params["data_rows"] == "100"
+    assert "data_version" not in params
+    (used,) = logged.inputs.dataset_inputs
+    assert used.dataset.source_type == "local" and json.loads(used.dataset.source) == {"uri": str(folder)}
+    assert used.dataset.name == "parquet"
+    # the digest follows the files and their rows
+    frame(100, 110).to_parquet(folder / "part-2.parquet")
+    grown = log_data(uri, TFDataset.from_parquet(str(folder), ["pixels"], "label", feature_shapes=[(8, 8, 1)]))
+    assert grown.inputs.dataset_inputs[0].dataset.digest != used.dataset.digest
