@@ -166,3 +166,22 @@ def test_delta_and_parquet_data_are_the_runs_dataset_input(tmp_path, monkeypatch
     frame(100, 110).to_parquet(folder / "part-2.parquet")
     grown = log_data(uri, TFDataset.from_parquet(str(folder), ["pixels"], "label", feature_shapes=[(8, 8, 1)]))
     assert grown.inputs.dataset_inputs[0].dataset.digest != used.dataset.digest
+
+
+@pytest.mark.spark
+def test_a_dataframe_is_the_runs_dataset_input_by_its_plan(tmp_path, monkeypatch, spark):
+    from optim import TFDataset
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = "file:" + str(tmp_path / "mlruns")
+    x, y = digits.load()
+    df = spark.createDataFrame([(x[i].ravel().tolist(), int(y[i])) for i in range(64)], "pixels array<float>, label long")
+
+    def logged(frame):
+        data = TFDataset.from_dataframe(frame, "pixels", "label", feature_shapes=[(8, 8, 1)])
+        (used,) = log_data(uri, data).inputs.dataset_inputs
+        return used.dataset
+
+    first, again, fewer = logged(df), logged(df), logged(df.limit(10))
+    assert first.source_type == "code" and first.name == "dataframe"
+    assert first.digest == again.digest != fewer.digest  # the plan's semantic hash: the same plan, the same digest
