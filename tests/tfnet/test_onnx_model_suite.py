@@ -110,3 +110,25 @@ def test_inputs_without_a_shared_batch_are_whole_tensors():
         same.forward([np.zeros((2, 3)), np.zeros((3, 3))])
     fixed = TFNet.from_onnx(_two_input_model("Add", [1, 3], [1, 3], [1, 3]))  # no dynamic axes: one batch, opened
     assert [s.shape.as_list() for s in fixed.input_specs] == [[None, 3], [None, 3]]
+
+
+def test_a_sequence_split_along_the_open_batch_axis():
+    """SplitToSequence without sizes along dimension 0 that relax_batch opens: a sequence as long as the batch
+    (SequenceAt with a negative position, SequenceLength, ConcatFromSequence back), against onnx's reference."""
+    from onnx import numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    nodes = [helper.make_node("SplitToSequence", ["x"], ["s"], axis=0, keepdims=0),
+             helper.make_node("SequenceAt", ["s", "last"], ["at"]),
+             helper.make_node("SequenceLength", ["s"], ["n"]),
+             helper.make_node("ConcatFromSequence", ["s"], ["back"], axis=0, new_axis=1)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("at", TensorProto.FLOAT, [3]),
+                               helper.make_tensor_value_info("n", TensorProto.INT64, []),
+                               helper.make_tensor_value_info("back", TensorProto.FLOAT, [2, 3])],
+                              [numpy_helper.from_array(np.array(-1, np.int64), "last")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.arange(15, dtype=np.float32).reshape(5, 3)  # 5 rows where the model declared 2: the batch is open
+    got = TFNet.from_onnx(model).forward(x)
+    want = ReferenceEvaluator(model).run(None, {"x": x})
+    assert [g.tolist() for g in got] == [w.tolist() for w in want] and int(got[1]) == 5

@@ -50,8 +50,8 @@ class Ctx:
     #: constant tensors that handlers share by a key of their own (a ConstantOfShape's fill of a static shape): a
     #: model that writes its weights as ConstantOfShape nodes (onnx's ``light`` networks) makes each fill once
     shared: dict[tuple, tf.Tensor] = field(default_factory=dict)
-    #: ONNX sequence values, each a list of tensors whose length is known while converting (tfnet.onnx.ops_sequence)
-    sequences: dict[str, list[tf.Tensor]] = field(default_factory=dict)
+    #: ONNX sequence values: a list of tensors, or a tensor split along an axis of run-time size (tfnet.onnx.ops_sequence)
+    sequences: dict[str, list] = field(default_factory=dict)
     _session: tf.compat.v1.Session | None = None
     _const_ops: dict[str, bool] = field(default_factory=dict)
 
@@ -186,17 +186,17 @@ class Ctx:
         self.values[name] = Value(tensor, nhwc)
         self.onnx_of.setdefault(tensor.name, (name, nhwc))
 
-    def sequence(self, name: str) -> list[tf.Tensor]:
-        """A sequence value: its tensors, in order."""
+    def sequence(self, name: str):
+        """A sequence value: its tensors in order, or an ``ops_sequence.Unstacked`` tensor."""
         if name in self.sequences:
             return self.sequences[name]
         if name in self.values:
             raise OnnxConversionError(f"Value {name!r} is a tensor where a sequence is expected.")
         raise OnnxConversionError(f"The ONNX graph uses value {name!r} before any node makes it.")
 
-    def set_sequence(self, name: str, tensors: list[tf.Tensor]) -> None:
+    def set_sequence(self, name: str, tensors) -> None:
         if name:
-            self.sequences[name] = list(tensors)
+            self.sequences[name] = list(tensors) if isinstance(tensors, (list, tuple)) else tensors
 
     def _get(self, name: str) -> Value:
         try:
@@ -204,7 +204,7 @@ class Ctx:
         except KeyError:
             if name in self.sequences:
                 raise OnnxConversionError(
-                    f"Value {name!r} is a sequence of {len(self.sequences[name])} tensors where a tensor is expected: "
+                    f"Value {name!r} is a sequence where a tensor is expected: "
                     "tfnet takes and returns tensors (a sequence converts inside the graph, with "
                     "SequenceAt, ConcatFromSequence or SequenceLength to turn it into a tensor).") from None
             raise OnnxConversionError(f"The ONNX graph uses value {name!r} before any node makes it.") from None

@@ -1,20 +1,43 @@
-"""ONNX sequence operators on sequences whose length is known while converting.
+"""ONNX sequence operators.
 
 A sequence value is a Python list of TensorFlow tensors (``Ctx.sequences``): ``SequenceEmpty``,
 ``SequenceConstruct``, ``SequenceInsert``, ``SequenceErase``, ``SplitToSequence`` build it, and ``SequenceAt``,
 ``SequenceLength`` and ``ConcatFromSequence`` turn it back into tensors, so the TensorFlow graph holds only
 tensors. Positions must be constants, except ``SequenceAt``'s over tensors of one static shape (a gather from
-their stack); ``SplitToSequence`` needs the number of pieces known (the split sizes' length, or the size of the
-split axis).
+their stack). ``SplitToSequence`` without sizes along an axis whose size is known only at run time (the batch
+that ``relax_batch`` opens) gives an :class:`Unstacked` sequence, the tensor itself: ``SequenceAt`` gathers from
+it, ``SequenceLength`` is that size, ``ConcatFromSequence`` back along the same axis is the tensor.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import tensorflow as tf
 
 from tfnet.onnx.context import Ctx
 from tfnet.onnx.errors import OnnxConversionError
 from tfnet.onnx.ops import register
+
+
+@dataclass(frozen=True)
+class Unstacked:
+    """The pieces of size 1 of ``tensor`` along ``axis`` (without that axis unless ``keepdims``), as many as its
+    size there, known only at run time."""
+
+    tensor: tf.Tensor
+    axis: int
+    keepdims: bool
+
+
+def _listed(ctx: Ctx, node, name: str) -> list[tf.Tensor]:
+    """A sequence whose length is known while converting."""
+    seq = ctx.sequence(name)
+    if isinstance(seq, Unstacked):
+        raise OnnxConversionError(f"{node.op_type} {node.name!r} needs the length of sequence {name!r} known while "
+                                  f"converting; it splits a tensor of shape {seq.tensor.shape} along axis {seq.axis}, "
+                                  "known only at run time (pass relax_batch=False to keep the model's shapes).")
+    return seq
 
 
 def _position(ctx: Ctx, node, index: int, length: int, default: int, inclusive: bool = False) -> int:
@@ -44,7 +67,7 @@ def _sequence_construct(ctx: Ctx, node, attrs):
 
 @register("SequenceInsert", since=11)
 def _sequence_insert(ctx: Ctx, node, attrs):
-    seq = list(ctx.sequence(node.input[0]))
+    seq = list(_listed(ctx, node, node.input[0]))
     pos = _position(ctx, node, 2, len(seq), len(seq), inclusive=True)
     seq.insert(pos, ctx.plain(node.input[1]))
     ctx.set_sequence(node.output[0], seq)
@@ -52,7 +75,7 @@ def _sequence_insert(ctx: Ctx, node, attrs):
 
 @register("SequenceErase", since=11)
 def _sequence_erase(ctx: Ctx, node, attrs):
-    seq = list(ctx.sequence(node.input[0]))
+    seq = list(_listed(ctx, node, node.input[0]))
     if not seq:
         raise OnnxConversionError(f"SequenceErase {node.name!r}: the sequence is empty.")
     del seq[_position(ctx, node, 1, len(seq), len(seq) - 1)]
@@ -62,6 +85,12 @@ def _sequence_erase(ctx: Ctx, node, attrs):
 @register("SequenceAt", since=11)
 def _sequence_at(ctx: Ctx, node, attrs):
     seq = ctx.sequence(node.input[0])
+    if isinstance(seq, Unstacked):
+        pos = tf.cast(tf.reshape(ctx.plain(node.input[1]), []), tf.int64)
+        n = tf.shape(seq.tensor, out_type=tf.int64)[seq.axis]
+        piece = tf.gather(seq.tensor, tf.where(pos < 0, pos + n, pos), axis=seq.axis)
+        ctx.set(node.output[0], tf.expand_dims(piece, seq.axis) if seq.keepdims else piece)
+        return
     if ctx.static_ints(node.input[1]) is not None:
         ctx.set(node.output[0], tf.identity(seq[_position(ctx, node, 1, len(seq), 0)]))
         return
@@ -76,15 +105,26 @@ def _sequence_at(ctx: Ctx, node, attrs):
 
 @register("SequenceLength", since=11)
 def _sequence_length(ctx: Ctx, node, attrs):
-    ctx.set(node.output[0], tf.constant(len(ctx.sequence(node.input[0])), tf.int64))
+    seq = ctx.sequence(node.input[0])
+    if isinstance(seq, Unstacked):
+        ctx.set(node.output[0], tf.shape(seq.tensor, out_type=tf.int64)[seq.axis])
+    else:
+        ctx.set(node.output[0], tf.constant(len(seq), tf.int64))
 
 
 @register("ConcatFromSequence", since=11)
 def _concat_from_sequence(ctx: Ctx, node, attrs):
     seq = ctx.sequence(node.input[0])
+    axis = attrs["axis"]
+    if isinstance(seq, Unstacked):  # back along the axis it was split on: the tensor itself
+        rank = seq.tensor.shape.rank
+        new_axis = bool(attrs.get("new_axis", 0))
+        if new_axis != seq.keepdims and (axis + rank if axis < 0 else axis) == seq.axis:
+            ctx.set(node.output[0], tf.identity(seq.tensor))
+            return
+        seq = _listed(ctx, node, node.input[0])
     if not seq:
         raise OnnxConversionError(f"ConcatFromSequence {node.name!r}: the sequence is empty.")
-    axis = attrs["axis"]
     if attrs.get("new_axis", 0):
         rank = seq[0].shape.rank + 1
         ctx.set(node.output[0], tf.stack(seq, axis=axis + rank if axis < 0 else axis))
@@ -101,8 +141,8 @@ def _split_to_sequence(ctx: Ctx, node, attrs):
     split = node.input[1] if len(node.input) > 1 and node.input[1] else None
     if split is None:  # pieces of size 1, squeezed unless keepdims
         if size is None:
-            raise OnnxConversionError(f"SplitToSequence {node.name!r}: splitting without sizes needs axis {axis} "
-                                      f"static; the input has shape {x.shape}.")
+            ctx.set_sequence(node.output[0], Unstacked(x, axis, bool(attrs.get("keepdims", 1))))
+            return
         parts = tf.split(x, size, axis=axis) if size else []
         if not attrs.get("keepdims", 1):
             parts = [tf.squeeze(p, axis) for p in parts]
