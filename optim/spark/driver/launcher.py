@@ -215,7 +215,8 @@ class _DistributedRun:
         if self.verbose and not self.sink.events:  # no progress reached here while the stage ran
             print_history(result)
         result.run = {**run_summary(self.sink, n, self.failures, t_call), **result.run, "attempt_log": self.attempts,
-                      "run_id": config.run_id, "started_at": started_at, "mode": self.backend.mode, "states": self.states,
+                      "run_id": config.run_id, "started_at": started_at, "mode": self.backend.mode,
+                      "barrier": not self.backend.gang, "states": self.states,
                       "membership": membership(self.members), "num_workers": self.ranks, **self.roads}
         return result
 

@@ -1,0 +1,87 @@
+"""The training stage without barrier mode (dynamic allocation on: :mod:`optim.spark.worker.gang`) against the
+barrier stage, on ``local[2]``: Spark's ``spark.dynamicAllocation.testing`` makes a local master refuse barrier
+stages as a cluster with dynamic allocation does (SPARK-24942), so the plain stage runs in a driver of its own. Same
+ranks, same data, same seed: the weights are equal bit for bit, and a rank's own error is the same typed error."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import optim
+from optim import TFOptimizer
+from tests import digits
+from tests.cluster import ROOT
+from tfnet import TFNet
+
+pytestmark = [pytest.mark.spark, pytest.mark.parallel]
+
+SCE = optim.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+DRIVER = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from pyspark.sql import SparkSession
+    spark = (SparkSession.builder.master("local[2]").appName("tfnet-gang")
+             .config("spark.ui.enabled", "false")
+             .config("spark.dynamicAllocation.enabled", "true").config("spark.dynamicAllocation.testing", "true")
+             .config("spark.dynamicAllocation.shuffleTracking.enabled", "true").getOrCreate())
+    import optim
+    from optim import TFOptimizer
+    from tests import digits
+    from tfnet import TFNet
+    x, y = digits.load()
+    # Spark itself refuses a barrier stage here, as on a cluster with dynamic allocation on
+    try:
+        spark.sparkContext.parallelize(range(2), 2).barrier().mapPartitions(lambda it: it).collect()
+        print("BARRIER_RAN")
+    except Exception as exc:
+        print("BARRIER_REFUSED " + json.dumps("SPARK-24942" in str(exc)))
+    net = TFNet.from_keras(digits.cnn(classes=10, seed=0))
+    opt = TFOptimizer(net, optim.losses.SparseCategoricalCrossentropy(from_logits=True), optim.SGD(0.05, momentum=0.9))
+    opt.optimize((x[:256], y[:256]), epochs=2, batch_size=32, shuffle=False, num_workers=2, verbose=0)
+    np.savez(sys.argv[1], **net.get_weights())
+    # a rank's own error (a null row, found on the rank that reads it)
+    rows = [(None if i == 100 else x[i].ravel().tolist(), int(y[i])) for i in range(256)]
+    df = spark.createDataFrame(rows, "pixels array<float>, label long")
+    data = optim.TFDataset.from_dataframe(df, "pixels", "label", feature_shapes={"pixels": (8, 8, 1)})
+    try:
+        TFOptimizer(TFNet.from_keras(digits.cnn(classes=10, seed=0)), optim.losses.SparseCategoricalCrossentropy(
+            from_logits=True), optim.SGD(0.05)).optimize(data, epochs=1, batch_size=32, num_workers=2, verbose=0)
+    except Exception as exc:
+        print("ERROR " + json.dumps({"type": type(exc).__name__, "message": str(exc)}))
+    print("RESULT " + json.dumps({"last_run": opt.last_run, "step": opt.global_step}, default=str))
+""")
+
+
+def test_the_plain_stage_equals_the_barrier_stage_bit_for_bit(spark, tmp_path):
+    out = tmp_path / "plain.npz"
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.run([sys.executable, "-c", DRIVER, str(out)], capture_output=True, text=True, timeout=600,
+                          cwd=ROOT, env=env)
+    lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in proc.stdout.splitlines() if " " in line}
+    assert "RESULT" in lines, proc.stderr[-4000:]
+    assert lines["BARRIER_REFUSED"] == "true", lines
+    res = json.loads(lines["RESULT"])
+    run = res["last_run"]
+    assert run["barrier"] is False and run["num_workers"] == 2 and run["attempts"] == 1, run
+    assert run["states"] == ["starting", "running", "finished"] and res["step"] == 16
+    # a rank's own error: the same typed error as from a barrier stage, not retried
+    err = json.loads(lines["ERROR"])
+    assert err["type"] == "BadRowError" and err["message"].startswith("Column 'pixels' is null at row "), err
+    assert "retrying" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+    # the barrier stage, in this process's session: the same run
+    net = TFNet.from_keras(digits.cnn(classes=10, seed=0))
+    x, y = digits.load()
+    opt = TFOptimizer(net, SCE, optim.SGD(0.05, momentum=0.9))
+    opt.optimize((x[:256], y[:256]), epochs=2, batch_size=32, shuffle=False, num_workers=2, verbose=0)
+    assert opt.last_run["barrier"] is True
+    plain = np.load(out)
+    for name, w in net.get_weights().items():
+        np.testing.assert_array_equal(plain[name], w, err_msg=name)
+    assert not np.array_equal(w, TFNet.from_keras(digits.cnn(classes=10, seed=0)).get_weights()[name])
