@@ -79,8 +79,24 @@ def test_preprocessing_shapes_and_normalisation(imagenet_dirs):
 
 
 @pytest.mark.parametrize("fmt", ["tfrecord", "jpeg"])
-def test_train_mode_on_local2(spark, imagenet_dirs, tmp_path, fmt):
+def test_each_rank_reads_its_own_share_of_the_images_once(imagenet_dirs, fmt):
+    """What differs between the data formats in train mode is only each rank's dataset: the two ranks' shares of an
+    epoch are disjoint and together every training image once (by label counts and by the decoded pixels)."""
     data_dir = imagenet_dirs[0] if fmt == "tfrecord" else imagenet_dirs[1]
+    src = Source(fmt, data_dir, image_size=32, classes=CLASSES)
+    whole = [(x.numpy(), y.numpy()) for x, y in make_dataset(src, "train", batch=1, training=False)]
+    shares = [[(x.numpy(), y.numpy()) for x, y in make_dataset(src, "train", rank=r, size=2, batch=1,
+                                                                 training=False)] for r in (0, 1)]
+    assert len(whole) == 36 and [len(s) for s in shares] == [18, 18]
+    key = lambda pair: (int(pair[1][0]), pair[0].tobytes())  # noqa: E731
+    assert sorted(map(key, shares[0] + shares[1])) == sorted(map(key, whole))
+    assert not set(map(key, shares[0])) & set(map(key, shares[1]))
+
+
+def test_train_mode_on_local2(spark, imagenet_dirs, tmp_path):
+    """Train mode over Spark, on the TFRecord shards (the JPEG tree differs only in each rank's dataset: above)."""
+    fmt = "tfrecord"
+    data_dir = imagenet_dirs[0]
     out = tmp_path / "out"
     results = train.main([
         "--mode", "train", "--data-format", fmt, "--data-dir", data_dir, "--image-size", "32",
