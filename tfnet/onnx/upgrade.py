@@ -4,7 +4,8 @@ Models of opsets 1 to 8 use operator versions older than some handlers convert (
 v6 with the ``broadcast`` attribute, ``Gemm v6``, ``PRelu v6``, ``AveragePool v1``, ``BatchNormalization v6``,
 ``Slice v1``, ``Pow v1``, ``Max``/``Min``/``Sum v6``). Where a model has such a node, it is upgraded with
 ``onnx.version_converter.convert_version`` to the oldest opset at which every such operator has a version tfnet
-converts; a model whose operators all convert as they are is left unchanged.
+converts; a model whose operators all convert as they are is left unchanged, and so is one whose inputs or
+outputs the upgrade would change (``Scan`` 8 to 9 drops their batch axis): its old nodes are refused by name.
 """
 
 from __future__ import annotations
@@ -61,5 +62,21 @@ def upgrade(model, opset: int):
         logger.info("onnx.version_converter could not upgrade the model from opset %d to %d: %s", opset, target,
                     str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
         return model
+    if _signature(upgraded) != _signature(model):  # Scan 8 -> 9 drops the batch axis of the graph's inputs
+        logger.info("onnx.version_converter changed the model's inputs or outputs upgrading it from opset %d to %d; "
+                    "kept as it is.", opset, target)
+        return model
     logger.debug("Upgraded the ONNX model from opset %d to %d with onnx.version_converter.", opset, target)
     return upgraded
+
+
+def _signature(model) -> list[tuple]:
+    """What the model takes and gives: each graph input's and output's name, element type and dimensions."""
+    def dims(value) -> tuple | None:
+        t = value.type.tensor_type
+        return tuple(d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim) if t.HasField("shape") \
+            else None
+
+    inits = {t.name for t in model.graph.initializer}
+    return [(v.name, v.type.tensor_type.elem_type, dims(v)) for v in model.graph.input if v.name not in inits] + \
+           [(v.name, v.type.tensor_type.elem_type, dims(v)) for v in model.graph.output]
