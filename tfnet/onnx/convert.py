@@ -150,10 +150,9 @@ def convert(
         propagate_layout: Keep convolution results in NHWC through element-wise ops (default).
             False transposes back to NCHW after every convolution and pool (for comparison).
         relax_batch: Make dimension 0 of every input unknown, even where the model fixes it (a
-            model exported without dynamic axes), when those inputs make one batch (:func:`shares_batch`:
+            model exported without dynamic axes), when those inputs make one batch (:func:`shares_batch`;
             where they fix different sizes there, or others leave it symbolic, they are whole tensors and
-            keep their shapes).
-            Dimensions the model leaves symbolic are always unknown. Default: True.
+            keep their shapes). Dimensions the model leaves symbolic are always unknown. Default: True.
     """
     opset = check_opset(model)
     check_operators(model)
