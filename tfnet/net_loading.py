@@ -196,8 +196,9 @@ class NetLoading(NetState):
 
         The ONNX initializers become the weights, named by their ONNX names (characters TensorFlow
         does not allow become ``_``); ``BatchNormalization`` means and variances are statistics,
-        frozen by default. Convolutions run in NHWC. The batch dimension is dynamic. Needs
-        ``pip install tfnet[onnx]``; see :mod:`tfnet.onnx`.
+        frozen by default. Convolutions run in NHWC. The batch dimension is dynamic (inputs that fix
+        different leading sizes are not a batch: they keep their shapes). Models of old opsets are
+        upgraded with ``onnx.version_converter``. Needs ``pip install tfnet[onnx]``; see :mod:`tfnet.onnx`.
 
         Args:
             path_or_model_proto: A ``.onnx`` file (external data next to it), its bytes, or an
