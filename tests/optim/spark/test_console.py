@@ -68,6 +68,41 @@ PREDICT = textwrap.dedent("""
     images = df.rdd.map(lambda row: np.array(row.pixels, np.float32).reshape(8, 8, 1))   # an RDD of arrays
     print("TAKEN", len(predictor.predict(images).take(4)), flush=True)
     print("<<END>>", flush=True)
+
+    # every action, on what each entry point returns (issue 56); each action prints one line of its own
+    import tempfile, mlflow.spark
+    from optim import TFNetEstimator, TFNetTransformer
+    small = spark.createDataFrame([([float(i % 7) / 7] * 64, i % 10) for i in range(120)],
+                                  "pixels array<float>, label long").repartition(2)
+    fitted = TFNetEstimator(net, featureCols=["pixels"], featureShapes=[[8, 8, 1]], epochs=1, batchSize=32,
+                            numWorkers=2, outputCols=["logits"]).fit(small)
+    saved = tempfile.mkdtemp() + "/model"
+    mlflow.spark.save_model(fitted, saved)
+    loaded = mlflow.spark.load_model(saved)  # (MLflow's own INFO line about DFS, before the actions)
+    entries = {
+        "predictor": lambda: predictor.predict(small, feature_cols="pixels"),
+        "transformer": lambda: TFNetTransformer(net, inputCols=["pixels"], outputCols=["logits"]).transform(small),
+        "fitted": lambda: fitted.transform(small),
+        "mlflow": lambda: loaded.transform(small),
+    }
+    out_dir = tempfile.mkdtemp()
+    actions = {
+        "first": lambda d: d.first() is not None,
+        "take": lambda d: len(d.take(3)),
+        "head": lambda d: len(d.head(2)),
+        "show": lambda d: d.select("label").show(2),
+        "limit.collect": lambda d: len(d.limit(4).collect()),
+        "toPandas": lambda d: len(d.toPandas()),
+        "count": lambda d: d.count(),
+        "write": lambda d: d.write.mode("overwrite").parquet(out_dir + "/w") or "written",
+    }
+    for entry, make in entries.items():
+        for name, action in actions.items():
+            print(f"<<ACTION {entry} {name}>>", flush=True)
+            print(f"{entry} {name} ->", action(make()), flush=True)
+    print("<<ACTIONS END>>", flush=True)
+    spark.stop()
+    print("<<STOPPED>>", flush=True)
 """)
 
 
@@ -85,6 +120,21 @@ def test_a_bad_row_and_show_after_tfpredictor_print_what_the_user_asked_for(tmp_
     shown = rest.split("<<SHOW>>")[1].split("<<END>>")[0]
     assert "only showing top 3 rows" in shown and "ROWS 5" in shown and "TAKEN 4" in shown, shown
     assert "Traceback" not in shown and "BrokenPipeError" not in shown and "Error" not in shown, shown
+    # each action on each entry point printed its own output and nothing else, and so did spark.stop()
+    sections = out.split("<<END>>")[1].split("<<ACTIONS END>>")[0].split("<<ACTION ")[1:]
+    assert len(sections) == 32, len(sections)
+    for section in sections:
+        # Spark's own stage bar is the action's (a plain PySpark job shows it too); anything else is not
+        head, *body = [line for line in section.replace("\r", "\n").split("\n")
+                       if line.strip() and not line.startswith("[Stage ")]
+        entry, name = head.rstrip(">").split(" ")
+        mine = [line for line in body if line.startswith(f"{entry} {name} -> ")]
+        table = [line for line in body if name == "show" and (line[:1] in "+|" or line == "only showing top 2 rows")]
+        stray = [line for line in body if line not in mine + table]
+        assert name != "show" or len(table) == 7, body  # three rules, the header, 2 rows and the footer
+        assert len(mine) == 1 and not stray, (entry, name, body)
+    stopped = out.split("<<ACTIONS END>>")[1]
+    assert stopped.strip() == "<<STOPPED>>", stopped
 
 
 # A user's training script, fed to ``python -`` (so its own frames print as "<stdin>", as in a REPL):
