@@ -173,17 +173,17 @@ def run_case(case) -> CaseResult:
             feed = [_array(v) for v in inputs[:1]]
             got = net.forward(feed[0] if feed else [])
         except (UnsupportedOperatorError, OpsetError) as exc:
-            return CaseResult(case.name, "unsupported", _first_line(exc))
+            return CaseResult(case.name, "unsupported", first_line(exc))
         except Exception as exc:  # noqa: BLE001 - every other failure is the case's result
-            return CaseResult(case.name, "error", f"{type(exc).__name__}: {_first_line(exc)}")
+            return CaseResult(case.name, "error", f"{type(exc).__name__}: {first_line(exc)}")
         got = got if isinstance(got, list) else [got]
-        problem = _compare(got, outputs, case.rtol, case.atol)
+        problem = compare_outputs(got, outputs, case.rtol, case.atol)
         if problem:
             return CaseResult(case.name, "wrong", problem if len(case.data_sets) == 1 else f"data set {k}: {problem}")
     return CaseResult(case.name, "pass")
 
 
-def _compare(got: list, want: list, rtol: float, atol: float) -> str:
+def compare_outputs(got: list, want: list, rtol: float, atol: float) -> str:
     if len(got) != len(want):
         return f"{len(got)} outputs, expected {len(want)}"
     for i, (g, w) in enumerate(zip(got, want)):
@@ -207,7 +207,7 @@ def _compare(got: list, want: list, rtol: float, atol: float) -> str:
     return ""
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0][:300] if text else type(exc).__name__
 

@@ -25,7 +25,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from tfnet.onnx.conformance import OUTCOMES, _compare, _first_line
+from tfnet.onnx.conformance import OUTCOMES, compare_outputs, first_line
 
 FOLDERS = ("pytorch-converted", "pytorch-operator", "simple", "light")
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-3, 1e-7  # onnx.backend.test.loader's defaults
@@ -218,16 +218,16 @@ def run_case(case: ModelCase) -> ModelResult:
     try:
         net = TFNet.from_onnx(case.model_path)
     except (UnsupportedOperatorError, OpsetError) as exc:
-        return result("unsupported", _first_line(exc))
+        return result("unsupported", first_line(exc))
     except Exception as exc:  # noqa: BLE001 - every other failure is the case's result
-        return result("error", f"{type(exc).__name__}: {_first_line(exc)}")
+        return result("error", f"{type(exc).__name__}: {first_line(exc)}")
     for k, (inputs, outputs) in enumerate(sets):
         try:
             got = net.forward(list(inputs))
         except Exception as exc:  # noqa: BLE001
-            return result("error", f"{type(exc).__name__}: {_first_line(exc)}")
+            return result("error", f"{type(exc).__name__}: {first_line(exc)}")
         got = got if isinstance(got, list) else [got]
-        problem = _compare(got, outputs, case.rtol, case.atol)
+        problem = compare_outputs(got, outputs, case.rtol, case.atol)
         if problem:
             return result("wrong", problem if len(sets) == 1 else f"data set {k}: {problem}")
     return result("pass")
