@@ -53,15 +53,45 @@ DRIVER = textwrap.dedent("""
     got = np.stack([np.asarray(r["output"], np.float32) for r in scored])
     print("RESULT " + json.dumps({{"step": opt.global_step, "last_run": opt.last_run, "history": history,
                                   "executors_before": executors_before,
-                                  "predict_max_diff": float(np.max(np.abs(got - want))), "scored": len(scored)}}))
+                                  "predict_max_diff": float(np.max(np.abs(got - want))), "scored": len(scored)}}),
+          flush=True)
+    if {actions}:  # every action a user runs on what TFPredictor returns, then spark.stop() (issue 56)
+        pred = TFPredictor(opt.net, batch_per_thread=32).predict(df, feature_cols="pixels")
+        out_dir = {model_dir!r} + "-scored"
+        actions = {{"first": lambda d: d.first() is not None, "take": lambda d: len(d.take(3)),
+                   "head": lambda d: len(d.head(2)), "show": lambda d: d.select("label").show(2),
+                   "limit.collect": lambda d: len(d.limit(4).collect()), "toPandas": lambda d: len(d.toPandas()),
+                   "count": lambda d: d.count(), "write": lambda d: d.write.parquet(out_dir) or "written"}}
+        for name, action in actions.items():
+            print(f"<<ACTION {{name}}>>", flush=True)
+            print(f"{{name}} ->", action(pred), flush=True)
+        print("<<ACTIONS END>>", flush=True)
+        spark.stop()
+        print("<<STOPPED>>", flush=True)
 """)
 
 
-def run_driver(cluster, model_dir, min_executors, epochs):
+def run_driver(cluster, model_dir, min_executors, epochs, actions=False):
+    """The driver; with ``actions``, its stderr (the JVM's console included) goes with its stdout, in order."""
     script = DRIVER.format(root=ROOT, url=cluster.url, model_dir=model_dir, min_executors=str(min_executors),
-                           epochs=epochs)
-    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT)
+                           epochs=epochs, actions=actions)
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if actions else subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def assert_each_action_printed_its_own_output(out):
+    """Each action's section holds the line the driver printed for it (and show's table) and nothing else, Spark's
+    stage bar aside; nothing follows spark.stop() (issue 56, on the cluster)."""
+    sections = out.split("<<ACTIONS END>>")[0].split("<<ACTION ")[1:]
+    assert len(sections) == 8, out[-3000:]
+    for section in sections:
+        head, *body = [line for line in section.replace("\r", "\n").split("\n")
+                       if line.strip() and not line.startswith("[Stage ")]
+        name = head.rstrip(">")
+        mine = [line for line in body if line.startswith(f"{name} -> ")]
+        table = [line for line in body if name == "show" and (line[:1] in "+|" or line == "only showing top 2 rows")]
+        assert len(mine) == 1 and [line for line in body if line not in mine + table] == [], (name, body)
+    assert out.split("<<ACTIONS END>>")[1].strip() == "<<STOPPED>>", out.split("<<ACTIONS END>>")[1][-2000:]
 
 
 def result_of(out, err):
@@ -99,13 +129,15 @@ def test_entrypoint_submit_runs_the_resnet50_job(cluster, tmp_path):
 
 def test_with_dynamic_allocation_from_no_executors_the_run_trains_and_predicts(cluster, tmp_path):
     """``minExecutors=0``: no executor until the training stage's tasks are pending; the stage runs without barrier
-    mode, its two ranks meet in the driver's store, and the run trains in one attempt; TFPredictor follows."""
-    driver = run_driver(cluster, str(tmp_path / "run"), 0, 3)
+    mode, its two ranks meet in the driver's store, and the run trains in one attempt; TFPredictor follows, and each
+    action on its result prints its own output only."""
+    driver = run_driver(cluster, str(tmp_path / "run"), 0, 3, actions=True)
     try:
-        out, err = driver.communicate(timeout=600)
+        out, _ = driver.communicate(timeout=600)
     finally:
         if driver.poll() is None:
             driver.kill()
+    err = out  # one stream
     res = result_of(out, err)
     assert res["executors_before"] == 0, res["executors_before"]
     run = res["last_run"]
@@ -114,6 +146,7 @@ def test_with_dynamic_allocation_from_no_executors_the_run_trains_and_predicts(c
     assert res["history"]["accuracy"][-1] > 0.9, res["history"]
     assert res["scored"] == 40 and res["predict_max_diff"] < 1e-5, res
     assert "SPARK-24942" not in err and "Traceback" not in err, err[-3000:]
+    assert_each_action_printed_its_own_output(out)
 
 
 def test_standalone_cluster_survives_a_killed_worker(cluster, tmp_path):
