@@ -64,7 +64,9 @@ def logged(tmp_path_factory):
         mlflow.set_tracking_uri("file:" + str(folder / "mlruns"))
         try:
             out = {}
-            with mlflow.start_run():
+            # an experiment of this store (the active one may be an earlier test's, in another store)
+            experiment = mlflow.set_experiment("tfnet-model-inputs")
+            with mlflow.start_run(experiment_id=experiment.experiment_id):
                 for kind, shapes in MODELS.items():
                     model = keras_model(shapes)
                     expected = np.asarray(model([DATA[kind][n] for n in shapes]))
