@@ -75,7 +75,7 @@ class Report:
 
     def summary(self) -> str:
         c = self.counts
-        lines = [f"ONNX backend conformance (onnx {_onnx_version()}): {c['pass']} of {self.in_scope} in-scope cases pass "
+        lines = [f"ONNX backend conformance (onnx {onnx_version()}): {c['pass']} of {self.in_scope} in-scope cases pass "
                  f"({100 * self.pass_rate:.1f}%): pass {c['pass']}, wrong {c['wrong']}, unsupported "
                  f"{c['unsupported']}, error {c['error']}; out of scope {c['out of scope']} "
                  f"({', '.join(f'{k}: {v}' for k, v in sorted(self.out_of_scope().items()))}); "
@@ -84,7 +84,7 @@ class Report:
         return "\n".join(lines)
 
 
-def _onnx_version() -> str:
+def onnx_version() -> str:
     import onnx
 
     return onnx.__version__
@@ -263,16 +263,24 @@ def _share(index: int, processes: int, optimize_graphs: bool) -> list[CaseResult
 
 
 def _run_shared(processes: int, optimize_graphs: bool) -> Report:
+    start = time.perf_counter()
+    results = in_processes(_share, processes, optimize_graphs)
+    return Report(results=results, seconds=time.perf_counter() - start)
+
+
+def in_processes(share, processes: int, *args) -> list:
+    """``share(index, processes, *args)`` (a module-level function returning the results of cases ``index``,
+    ``index + processes``, ...) in ``processes`` fresh spawned processes; their results put back in the suite's
+    order."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    start = time.perf_counter()
     with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
-        shares = list(pool.map(_share, range(processes), [processes] * processes, [optimize_graphs] * processes))
+        shares = list(pool.map(share, range(processes), [processes] * processes, *([a] * processes for a in args)))
     results = [None] * sum(len(s) for s in shares)
-    for index, share in enumerate(shares):
-        results[index::processes] = share
-    return Report(results=results, seconds=time.perf_counter() - start)
+    for index, part in enumerate(shares):
+        results[index::processes] = part
+    return results
 
 
 def main(argv: list[str] | None = None) -> None:

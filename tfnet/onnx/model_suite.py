@@ -23,9 +23,10 @@ import logging
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from tfnet.onnx.conformance import OUTCOMES, compare_outputs, first_line
+from tfnet.onnx import conformance
+from tfnet.onnx.conformance import OUTCOMES, compare_outputs, first_line, onnx_version
 
 FOLDERS = ("pytorch-converted", "pytorch-operator", "simple", "light")
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-3, 1e-7  # onnx.backend.test.loader's defaults
@@ -61,27 +62,8 @@ class ModelResult:
         return self.name.split("/")[0]
 
 
-@dataclass
-class Report:
-    """Every case's result, with counts by folder."""
-
-    results: list[ModelResult] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def counts(self) -> Counter:
-        return Counter(r.outcome for r in self.results)
-
-    @property
-    def in_scope(self) -> int:
-        return sum(self.counts[o] for o in OUTCOMES)
-
-    @property
-    def pass_rate(self) -> float:
-        return self.counts["pass"] / max(self.in_scope, 1)
-
-    def failures(self) -> list[ModelResult]:
-        return [r for r in self.results if r.outcome in OUTCOMES[1:]]
+class Report(conformance.Report):
+    """Every case's result (:class:`ModelResult`), with counts by folder."""
 
     def by_folder(self) -> dict[str, Counter]:
         out: dict[str, Counter] = {f: Counter() for f in FOLDERS}
@@ -95,7 +77,7 @@ class Report:
     def summary(self) -> str:
         c = self.counts
         slow = self.slowest()
-        lines = [f"ONNX backend model tests (onnx {_onnx_version()}): {c['pass']} of {self.in_scope} in-scope cases "
+        lines = [f"ONNX backend model tests (onnx {onnx_version()}): {c['pass']} of {self.in_scope} in-scope cases "
                  f"pass ({100 * self.pass_rate:.1f}%); out of scope {c['out of scope']} (training domain); "
                  f"{self.seconds:.0f} s" + (f"; slowest {slow.name}: {slow.seconds:.1f} s, {slow.cpu_seconds:.1f} s of "
                                             "CPU." if slow else ".")]
@@ -105,12 +87,6 @@ class Report:
                 f"{o} {counts[o]}" for o in OUTCOMES[1:] if counts[o]))
         lines += [f"  {r.outcome:11s} {r.name}: {r.detail}" for r in self.failures()]
         return "\n".join(lines)
-
-
-def _onnx_version() -> str:
-    import onnx
-
-    return onnx.__version__
 
 
 def data_dir() -> str:
@@ -264,15 +240,8 @@ def _share(index: int, processes: int) -> list[ModelResult]:
 
 
 def _run_shared(processes: int) -> Report:
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     start = time.perf_counter()
-    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
-        shares = list(pool.map(_share, range(processes), [processes] * processes))
-    results = [None] * sum(len(s) for s in shares)
-    for index, share in enumerate(shares):
-        results[index::processes] = share
+    results = conformance.in_processes(_share, processes)
     return Report(results=results, seconds=time.perf_counter() - start)
 
 
