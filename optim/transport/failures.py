@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass
 
 from optim.errors import SparkSetupError, WorkerError, error_class
 
-__all__ = ["WorkerFailure", "from_exception", "to_exception", "pick_root", "raised_at", "failure_text", "failures_in"]
+__all__ = ["WorkerFailure", "from_exception", "to_exception", "pick_root", "raised_at", "failure_text", "failures_in",
+           "read_failures"]
 
 FAILURE_OPEN = "[tfnet-failure:"
 FAILURE_CLOSE = ":tfnet-failure]"
@@ -60,6 +61,18 @@ class WorkerFailure:
     @classmethod
     def from_json(cls, data: bytes) -> WorkerFailure:
         return cls(**json.loads(data.decode()))
+
+
+def read_failures(blobs) -> list[WorkerFailure]:
+    """The failures in ``blobs`` (:meth:`WorkerFailure.to_json` each, as the ranks leave them in the store); a blob
+    that is not one is passed over."""
+    out = []
+    for data in blobs:
+        try:
+            out.append(WorkerFailure.from_json(data))
+        except (ValueError, TypeError, KeyError):
+            continue
+    return out
 
 
 def from_exception(exc: BaseException, rank: int = -1) -> WorkerFailure:

@@ -113,13 +113,10 @@ class SecureRendezvous:
 
     def keys(self, scope: str) -> list[str]:
         """The keys under ``/<scope>/``."""
-        return list(self._scope(scope))
+        return list(self.entries(scope))
 
     def entries(self, scope: str) -> dict[str, bytes]:
         """What is under ``/<scope>/``, by key."""
-        return self._scope(scope)
-
-    def _scope(self, scope: str) -> dict[str, bytes]:
         with self._httpd.cache_lock:
             return dict(self._httpd.cache.get(scope, {}))
 
@@ -129,7 +126,7 @@ class SecureRendezvous:
         changed."""
         now = time.monotonic()
         out = {}
-        for key, value in self._scope(HEARTBEAT_SCOPE).items():
+        for key, value in self.entries(HEARTBEAT_SCOPE).items():
             old = self._seen.get(key)
             if old is None or old[0] != value:
                 self._seen[key] = (value, now)

@@ -35,7 +35,7 @@ from optim.spark.worker.gang import GangBrokenError, GangContext
 from optim.spark.worker.rank import run_rank
 from optim.transport import client as kv
 from optim.transport.chunks import to_chunks
-from optim.transport.failures import WorkerFailure, failure_text, from_exception
+from optim.transport.failures import WorkerFailure, failure_text, from_exception, read_failures
 from optim.transport.store import stuck_rank
 from optim.transport.store_address import AddressGather, find_store, start_store
 
@@ -100,13 +100,7 @@ def _peers(job: RankJob, rank: int, failure: WorkerFailure, post: bool = True) -
         kv.post_failure(addr, rank, failure.to_json(), key)
     if not failure.retryable:
         return []
-    out = []
-    for data in kv.peer_failures(addr, rank if post else -1, job.size, key, PEER_WAIT_S):
-        try:
-            out.append(WorkerFailure.from_json(data))
-        except (ValueError, TypeError, KeyError):
-            continue
-    return out
+    return read_failures(kv.peer_failures(addr, rank if post else -1, job.size, key, PEER_WAIT_S))
 
 
 def _rendezvous(job: RankJob, ctx, rank: int):

@@ -25,7 +25,7 @@ from optim.spark.jobs import run_job
 from optim.spark.slots import task_slots, wait_for_slots
 from optim.transport.auth import derive_key
 from optim.transport.client import FAILURE_SCOPE
-from optim.transport.failures import WorkerFailure, failure_text
+from optim.transport.failures import failure_text, read_failures
 from optim.transport.progress import ProgressServer
 from optim.transport.store import SecureRendezvous, stuck_rank
 from tfnet import storage
@@ -51,7 +51,10 @@ class ClassicBackend(Backend):
         self.sc = spark.sparkContext
         # dynamic allocation on: no barrier mode (Spark refuses it), and executors come for pending tasks
         self.dynamic = dynamic_allocation(self.sc)
-        self.gang = self.dynamic is not None
+
+    @property
+    def gang(self) -> bool:
+        return self.dynamic is not None
 
     @contextmanager
     def quiet(self, verbose: int, own_bar: bool = True):
@@ -158,12 +161,7 @@ def posted_failures(rdv) -> str | None:
     posted = rdv.entries(FAILURE_SCOPE)
     if not posted:
         return None
-    found = []
-    for value in posted.values():
-        try:
-            found.append(WorkerFailure.from_json(value))
-        except (ValueError, TypeError, KeyError):
-            continue
+    found = read_failures(posted.values())
     ranks = ", ".join(str(f.rank) for f in found) or "?"
     return f"rank(s) {ranks} failed " + " ".join(failure_text(f) for f in found)
 
