@@ -15,6 +15,7 @@ import time
 import pytest
 
 from tests.cluster import ROOT, StandaloneCluster
+from tests.console_checks import assert_each_action_printed_its_own_output
 
 pytestmark = [pytest.mark.spark, pytest.mark.parallel, pytest.mark.slow]
 
@@ -79,21 +80,6 @@ def run_driver(cluster, model_dir, min_executors, epochs, actions=False):
                             stderr=subprocess.STDOUT if actions else subprocess.PIPE, text=True, cwd=ROOT)
 
 
-def assert_each_action_printed_its_own_output(out):
-    """Each action's section holds the line the driver printed for it (and show's table) and nothing else, Spark's
-    stage bar aside; nothing follows spark.stop() (issue 56, on the cluster)."""
-    sections = out.split("<<ACTIONS END>>")[0].split("<<ACTION ")[1:]
-    assert len(sections) == 8, out[-3000:]
-    for section in sections:
-        head, *body = [line for line in section.replace("\r", "\n").split("\n")
-                       if line.strip() and not line.startswith("[Stage ")]
-        name = head.rstrip(">")
-        mine = [line for line in body if line.startswith(f"{name} -> ")]
-        table = [line for line in body if name == "show" and (line[:1] in "+|" or line == "only showing top 2 rows")]
-        assert len(mine) == 1 and [line for line in body if line not in mine + table] == [], (name, body)
-    assert out.split("<<ACTIONS END>>")[1].strip() == "<<STOPPED>>", out.split("<<ACTIONS END>>")[1][-2000:]
-
-
 def result_of(out, err):
     result = [line for line in out.splitlines() if line.startswith("RESULT ")]
     assert result, err[-4000:]
@@ -146,7 +132,7 @@ def test_with_dynamic_allocation_from_no_executors_the_run_trains_and_predicts(c
     assert res["history"]["accuracy"][-1] > 0.9, res["history"]
     assert res["scored"] == 40 and res["predict_max_diff"] < 1e-5, res
     assert "SPARK-24942" not in err and "Traceback" not in err, err[-3000:]
-    assert_each_action_printed_its_own_output(out)
+    assert_each_action_printed_its_own_output(out, 8)
 
 
 def test_standalone_cluster_survives_a_killed_worker(cluster, tmp_path):

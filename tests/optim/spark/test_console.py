@@ -21,6 +21,8 @@ import time
 
 import pytest
 
+from tests.console_checks import assert_each_action_printed_its_own_output
+
 pytestmark = [pytest.mark.spark, pytest.mark.parallel, pytest.mark.slow]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -121,20 +123,7 @@ def test_a_bad_row_and_show_after_tfpredictor_print_what_the_user_asked_for(tmp_
     assert "only showing top 3 rows" in shown and "ROWS 5" in shown and "TAKEN 4" in shown, shown
     assert "Traceback" not in shown and "BrokenPipeError" not in shown and "Error" not in shown, shown
     # each action on each entry point printed its own output and nothing else, and so did spark.stop()
-    sections = out.split("<<END>>")[1].split("<<ACTIONS END>>")[0].split("<<ACTION ")[1:]
-    assert len(sections) == 32, len(sections)
-    for section in sections:
-        # Spark's own stage bar is the action's (a plain PySpark job shows it too); anything else is not
-        head, *body = [line for line in section.replace("\r", "\n").split("\n")
-                       if line.strip() and not line.startswith("[Stage ")]
-        entry, name = head.rstrip(">").split(" ")
-        mine = [line for line in body if line.startswith(f"{entry} {name} -> ")]
-        table = [line for line in body if name == "show" and (line[:1] in "+|" or line == "only showing top 2 rows")]
-        stray = [line for line in body if line not in mine + table]
-        assert name != "show" or len(table) == 7, body  # three rules, the header, 2 rows and the footer
-        assert len(mine) == 1 and not stray, (entry, name, body)
-    stopped = out.split("<<ACTIONS END>>")[1]
-    assert stopped.strip() == "<<STOPPED>>", stopped
+    assert_each_action_printed_its_own_output(out.split("<<END>>")[1], 32)
 
 
 # A user's training script, fed to ``python -`` (so its own frames print as "<stdin>", as in a REPL):
