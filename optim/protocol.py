@@ -70,7 +70,9 @@ class Channels:
     """How the ranks of one attempt meet and report: the rendezvous store (the driver's; None: rank 0 hosts it,
     under Spark Connect) and its key, the progress channel (the driver's) and its key, or the progress file in
     ``model_dir`` (Spark Connect), the exchange folder the net and rank 0's result go through (None: the job and
-    its result rows), and the control file that asks the ranks to stop at an epoch boundary (elastic training)."""
+    its result rows), the control file that asks the ranks to stop at an epoch boundary (elastic training), and the
+    one that asks them to checkpoint and stop at the next step (a decommission notice; None: the driver cannot see
+    such notices)."""
 
     rendezvous: tuple[str, int] | None = ("127.0.0.1", 0)
     rendezvous_key: bytes = b""
@@ -79,6 +81,7 @@ class Channels:
     progress_path: str | None = None
     exchange: str | None = None
     control: str | None = None
+    notice: str | None = None
 
 
 @dataclass

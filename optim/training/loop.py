@@ -37,6 +37,7 @@ from optim.training.evaluation import (
 )
 from optim.training.exchange import make_exchange
 from optim.training.liveness import Liveness
+from optim.training.notice import StepNotice
 from optim.training.reporting import EpochClock, Reporter
 from optim.training.restore import (
     PEERS_KEY,
@@ -83,6 +84,7 @@ def train(
     initial_exchange_state: Sequence[np.ndarray] | None = None,
     stop_check: Callable[[], bool] | None = None,
     callbacks: Sequence | None = None,
+    notice_check: Callable[[], bool] | None = None,
 ) -> RunResult:
     """Trains ``net`` in place.
 
@@ -103,6 +105,9 @@ def train(
         stop_check: Asked by rank 0 at every epoch boundary but the last, after that epoch's
             checkpoint; when it says True, every rank stops there (``RunResult.stopped``; the
             launcher then goes on with another number of ranks). Default: never.
+        notice_check: Asked by rank 0 about once a second at step boundaries (:mod:`optim.training.notice`);
+            when it says True (an executor holding a rank is being decommissioned), every rank checkpoints at
+            that step and stops (``RunResult.stopped``). Default: never.
         callbacks: Keras callbacks, called as ``model.fit`` calls them, on rank 0
             (:mod:`optim.training.callbacks`); their decisions reach every rank. Default:
             ``config.callbacks``.
@@ -125,6 +130,7 @@ def train(
                    reporter or Reporter(), validation_data, lr_source if lr_source is not None else method, alive)
         run.callbacks = hooks
         start = run.start(initial_state, start_step, initial_exchange_state)
+        run.notice = StepNotice(notice_check, run.collective, run.global_step)
     steps = steps_per_epoch if steps_per_epoch is not None else run.batches_per_epoch(data)
     run.reporter.begin(config.epochs, steps, run.global_step, start.epoch)
     if hooks is not None:
@@ -137,6 +143,10 @@ def train(
                 hooks.epoch_begin(epoch)
             skip = start.batch if epoch == start.epoch else 0
             run.epoch(data, epoch, skip, start.epoch_states if skip else None, steps, fixed_steps=steps_per_epoch)
+            if run.noticed:  # a decommission notice: a checkpoint at this step, and the launcher goes on without it
+                run.save_checkpoint(epoch, run.batch)
+                run.stopped = True
+                break
             if (run.done() or run.callback_stop) and steps is not None and run.batch < steps:
                 # max_steps (or a callback) stopped mid-epoch: the checkpoint says so, and a resume continues it
                 run.save_checkpoint(epoch, run.batch)
@@ -151,7 +161,8 @@ def train(
                         run.history.setdefault(key, []).append(value)
                     if stop:
                         break
-                if epoch + 1 < config.epochs and not run.done() and run.stop_requested(stop_check):
+                if epoch + 1 < config.epochs and not run.done() and (run.stop_requested(stop_check) or
+                                                                      run.notice_at_boundary()):
                     break
         run.settle()
         if hooks is not None:
@@ -191,6 +202,8 @@ class _Run:
         self.stopped = False
         self.callbacks: CallbackRun | None = None  # Keras callbacks, when given (train sets them)
         self.callback_stop = False  # a callback stopped the run in the middle of an epoch
+        self.notice = StepNotice(None, collective, 0)  # train() sets the run's own
+        self.noticed = False  # the ranks stop at this step (a decommission notice): train() checkpoints here
         self.start_sha256: str | None = None  # a resumed run's start state (rank 0): state_digest
         self.skipped_checkpoints: list[str] = []  # why rank 0 passed over newer checkpoints (corrupt, truncated)
         self.saved: dict = {}  # what saved_weights keeps for the run (the base weights' fingerprint)
@@ -322,6 +335,9 @@ class _Run:
             if self.callbacks is not None and self.callbacks.batch_hooks and self._batch_end(result, b):
                 self.callback_stop = True
                 break
+            if (steps is None or b < steps) and self.notice.due(self.global_step):
+                self.noticed = True
+                break
         self.batch = b
 
     def _batch_end(self, result, batch: int) -> bool:
@@ -338,6 +354,11 @@ class _Run:
         if stop_check is None:
             return False
         self.stopped = bool(self.collective.broadcast_json(bool(stop_check()) if self.chief else False))
+        return self.stopped
+
+    def notice_at_boundary(self) -> bool:
+        """The notice's question at an epoch boundary (every rank asks it at the same step)."""
+        self.stopped = self.notice.ask_now()
         return self.stopped
 
     def done(self) -> bool:

@@ -37,6 +37,7 @@ from optim.spark.driver.backends.base import Backend
 from optim.spark.driver.backends.classic import ClassicBackend, check_driver_memory  # noqa: F401 (re-exported)
 from optim.spark.driver.backends.connect import ConnectBackend
 from optim.spark.driver.elastic import ElasticPolicy, membership
+from optim.spark.driver.notice import DecommissionNotice
 from optim.spark.driver.results import print_history, read_result, run_summary
 from optim.spark.driver.retry import RetryPolicy, one_line
 from optim.spark.driver.stage import (
@@ -163,6 +164,7 @@ class _DistributedRun:
         self.members: list[tuple[int, int]] = []  # (start step, ranks) per attempt that reached its first step
         self.states: list[str] = []  # the states the run went through, in order
         self.control: str | None = None  # elastic: the file that asks the ranks to stop at an epoch boundary
+        self.notice: DecommissionNotice | None = None  # a classic session that sees decommission notices
         self.ranks = 0  # the ranks of the last attempt that finished
         self.roads: dict = {}  # how the net went out and rank 0's result came back (last_run's net_via, result_via)
         self.grow_check_s = GROW_CHECK_S
@@ -192,6 +194,11 @@ class _DistributedRun:
             if self.elastic.elastic:
                 self.control = storage.join(config.model_dir, "control", config.run_id, "grow")
                 self.cleanup.add(_remove_quietly, self.control, config.storage_options)
+            if config.model_dir and self.backend.sees_decommission:  # a notice becomes a checkpoint and a shrink
+                self.notice = DecommissionNotice(self.backend, storage.join(config.model_dir, "control",
+                                                                            config.run_id, "notice"),
+                                                 config.storage_options, tell=_tell)
+                self.cleanup.add(self.notice.withdraw)
             state: RunState = Starting(n)
             while not state.type.terminal:
                 self.states.append(state.type.label)
@@ -245,6 +252,8 @@ class _DistributedRun:
         """Runs attempt ``state.attempt``; then finished, growing (the ranks stopped at an epoch boundary for the
         slots that came back), retrying (the retry policy says a rerun can mend the failure) or failed."""
         stage, attempt = state.stage, state.attempt
+        if self.notice is not None:  # a notice an attempt did not act on (it failed first) is not the next one's
+            self.notice.withdraw()
         seen = len(self.sink.events)
         started = self.clock()
         try:
@@ -271,7 +280,23 @@ class _DistributedRun:
             warnings.warn(message, CheckpointWarning, stacklevel=user_stacklevel())
         self.record(seen, stage.n)
         self.ranks = stage.n
+        if result.stopped and self.notice is not None and self.notice.leaving:
+            return self.after_notice(state)
         return Growing(stage, attempt, state.failed) if result.stopped else Finished(result)
+
+    def after_notice(self, state: Running) -> RunState:
+        """After the ranks checkpointed and stopped for a decommission notice: a planned shrink, not a failure. As
+        many ranks as there are slots without the executors that are going (waiting ``elastic_wait`` for others to
+        come), from the checkpoint just written."""
+        self.notice.withdraw()
+        try:
+            slots = self.backend.wait_for_slots(self.elastic.num_workers, self.elastic.wait_s)
+            n = self.elastic.ranks_for(slots, self.batch_for_policy())
+        except DistributedTrainingError as err:  # too few slots left: the checkpoint is there to resume from
+            return Failed(err)
+        if n < state.stage.n:
+            return Shrinking(state.stage, state.attempt + 1, state.failed, n)
+        return Running(state.stage if n == state.stage.n else self.prepare(n), state.attempt + 1, state.failed)
 
     def after_retry_wait(self, state: Retrying) -> RunState:
         """After a failure: as many ranks as there are slots within ``elastic_wait`` (at least ``min_workers``;
@@ -341,7 +366,8 @@ class _DistributedRun:
                                   self.startup_timeout) as channels:
             control = self.control if stage.n < self.elastic.num_workers else None
             job = rank_job(self.opt, stage, attempt,
-                           dataclasses.replace(channels.channels, exchange=stage.exchange, control=control),
+                           dataclasses.replace(channels.channels, exchange=stage.exchange, control=control,
+                                               notice=self.notice and self.notice.path),
                            timeout=self.timeout, startup_timeout=self.startup_timeout,
                            steps_per_epoch=self.steps_per_epoch, verbose=self.verbose, gang=self.backend.gang)
 
@@ -370,6 +396,8 @@ class _DistributedRun:
         elastic policy's ``should_grow``; then it asks the ranks, through the control file, to stop at the next
         epoch boundary)."""
         lost = self.lost_slots(stage)
+        if self.notice is not None:  # a decommissioning executor is one whose slots are going: not a lost one
+            lost = self.notice.watch(stage.n, lost, self.sink, self.slot_check_s)
         if stage.n >= self.elastic.num_workers:
             return _first(stuck, lost)
         config = stage.config

@@ -106,7 +106,8 @@ def run_rank(job: RankJob, partition: Iterable, ctx) -> Iterator[bytes | str]:
         result = train(net, spec.loss, spec.method, spec.metrics, tally, config, collective=hvd.collective,
                        reporter=reporter, validation_data=opened.validation, steps_per_epoch=steps,
                        initial_state=spec.state, start_step=spec.start_step, lr_source=spec.lr_source, liveness=dog,
-                       initial_exchange_state=spec.exchange_state, stop_check=_stop_check(job))
+                       initial_exchange_state=spec.exchange_state, stop_check=_stop_check(job),
+                       notice_check=_notice_check(job))
         tally.close()
         _write_rank_info(job, rank, horovod_idle_threads=len(hvd.idle.demoted), tf_threads=threads, **network,
                          **_memory(opened.local))
@@ -157,7 +158,17 @@ def _env(job: RankJob, rank: int) -> RankEnv:
 
 def _stop_check(job: RankJob):
     """Rank 0's question at an epoch boundary (elastic training): has the driver asked the ranks to stop?"""
-    control, options = job.channels.control, job.train.config.storage_options
+    return _control_check(job.channels.control, job.train.config.storage_options)
+
+
+def _notice_check(job: RankJob):
+    """Rank 0's question at step boundaries: has the driver seen a decommission notice for an executor that holds
+    a rank (the ranks then checkpoint and stop at once)?"""
+    return _control_check(job.channels.notice, job.train.config.storage_options)
+
+
+def _control_check(control: str | None, options):
+    """Whether the driver has written ``control``; None when the attempt has no such file."""
     if not control:
         return None
 

@@ -66,6 +66,14 @@ class Backend:
     #: The training stage runs without barrier mode (:mod:`optim.spark.worker.gang`): dynamic allocation is on.
     gang = False
 
+    #: Whether the driver sees decommission notices for the executors that run ranks (a classic session on a
+    #: cluster with ``spark.decommission.enabled``: :mod:`optim.spark.decommission`).
+    sees_decommission = False
+
+    def decommissioning_tasks(self) -> int:
+        """The running tasks on executors being decommissioned now (0 where the session cannot tell)."""
+        return 0
+
     def ranks(self, num_workers: int | None) -> int:
         """The number of ranks asked for: ``num_workers``, or the session's default."""
         raise NotImplementedError

@@ -17,6 +17,7 @@ from contextlib import ExitStack, contextmanager
 from optim.errors import DistributedTrainingError
 from optim.protocol import Channels
 from optim.spark.conf import pinned_port, setting, size_setting
+from optim.spark.decommission import decommission_enabled, decommissioning_tasks
 from optim.spark.driver.backends.base import Attempt, Backend
 from optim.spark.driver.preflight import check_driver_horovod
 from optim.spark.driver.stage import result_bytes
@@ -51,6 +52,7 @@ class ClassicBackend(Backend):
         self.sc = spark.sparkContext
         # dynamic allocation on: no barrier mode (Spark refuses it), and executors come for pending tasks
         self.dynamic = dynamic_allocation(self.sc)
+        self.sees_decommission = decommission_enabled(self.sc)
 
     @property
     def gang(self) -> bool:
@@ -65,6 +67,9 @@ class ClassicBackend(Backend):
             stack.enter_context(quiet_task_failures(self.sc, verbose, pause_progress=own_bar))
             stack.enter_context(shared_python_workers(self.spark))
             yield
+
+    def decommissioning_tasks(self) -> int:
+        return decommissioning_tasks(self.sc) if self.sees_decommission else 0
 
     def partitions(self, requested: int | None) -> int:
         return int(requested or self.sc.defaultParallelism)
