@@ -10,12 +10,14 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
 
 from tests.cluster import ROOT, StandaloneCluster
 from tests.console_checks import assert_each_action_printed_its_own_output
+from tests.elastic_checks import checkpoint_digest
 
 pytestmark = [pytest.mark.spark, pytest.mark.parallel, pytest.mark.slow]
 
@@ -139,6 +141,20 @@ def test_standalone_cluster_survives_a_killed_worker(cluster, tmp_path):
     """With dynamic allocation on (``minExecutors=2``): the lost rank's task is one Spark would run again alone;
     the driver ends the stage instead and retries it whole, from the newest checkpoint."""
     model_dir = str(tmp_path / "run")
+    kept = tmp_path / "kept"  # a hard link to each checkpoint as it lands (the run keeps only its newest 3)
+    kept.mkdir()
+    done = threading.Event()
+
+    def keep():
+        while not done.wait(0.02):
+            for path in glob.glob(os.path.join(model_dir, "checkpoints", "*", "ckpt-*.npz")):
+                try:
+                    os.link(path, kept / os.path.basename(path))
+                except OSError:  # linked already, or pruned in between
+                    pass
+
+    keeper = threading.Thread(target=keep, daemon=True)
+    keeper.start()
     driver = run_driver(cluster, model_dir, 2, 6)
     try:
         deadline = time.time() + 300
@@ -150,8 +166,10 @@ def test_standalone_cluster_survives_a_killed_worker(cluster, tmp_path):
         cluster.add_worker()  # what a cluster manager would do
         out, err = driver.communicate(timeout=600)
     finally:
+        done.set()
         if driver.poll() is None:
             driver.kill()
+    keeper.join(5)
     res = result_of(out, err)
     assert res["last_run"]["attempts"] == 2, res
     assert res["last_run"]["states"] == ["starting", "running", "retrying", "running", "finished"], res["last_run"]
@@ -159,6 +177,10 @@ def test_standalone_cluster_survives_a_killed_worker(cluster, tmp_path):
     # the retry resumed from a checkpoint of this run (a restart from step 0 would start at 0)
     assert res["last_run"]["attempt_log"][-1]["start_step"] >= 8, res["last_run"]["attempt_log"]
     assert res["last_run"]["run_id"] in res["last_run"]["resumed_from"]
+    # ... from exactly what that checkpoint holds: the weights and optimiser state the retry started with (its rank 0's
+    # digest) are the file's, bit for bit
+    retry = res["last_run"]["attempt_log"][-1]
+    assert retry["start_sha256"] == checkpoint_digest(str(kept / os.path.basename(retry["resumed_from"]))), retry
     assert len(res["history"]["loss"]) == 6
     assert res["history"]["accuracy"][-1] > 0.8
     assert res["scored"] == 40 and res["predict_max_diff"] < 1e-5, res

@@ -20,6 +20,7 @@ import optim
 from optim import TFDataset, TFOptimizer, TFPredictor
 from optim.data.delta import delta_options
 from tests import azure_server, digits, gcs_server
+from tests.elastic_checks import checkpoint_digest
 from tfnet import TFNet, storage
 
 pytestmark = [pytest.mark.spark, pytest.mark.parallel]
@@ -104,6 +105,8 @@ def train_resume_export(spark, base: str, options: dict, tmp_path, resumed_data=
     resumed = again.last_run
     assert resumed["resumed_from"] == storage.join(checkpoints, "ckpt-000000008.npz"), resumed["resumed_from"]
     assert resumed["start_step"] == 8 and again.global_step == 16, resumed
+    # it started from exactly the weights and optimiser state that checkpoint holds (not the new net's seed-3 weights)
+    assert resumed["attempt_log"][-1]["start_sha256"] == checkpoint_digest(resumed["resumed_from"], options), resumed
     assert storage.listdir(storage.join(model_dir, "checkpoints", resumed["run_id"]), options)[-1] == "ckpt-000000016.npz"
     assert not [n for n in storage.listdir(checkpoints, options) if n.startswith(".tmp-")]
 

@@ -22,6 +22,7 @@ from optim import TFOptimizer, TFPredictor
 from optim.errors import StorageError
 from optim.training.checkpoint import CheckpointManager
 from tests import digits
+from tests.elastic_checks import checkpoint_digest
 from tests.fault_proxy import FaultProxy
 from tests.spark_utils import jobs_since, spark_jobs
 from tfnet import TFNet
@@ -122,6 +123,9 @@ def test_a_run_on_s3_checkpoints_resumes_after_a_kill_and_exports(spark, s3, fau
     # resumed from this run's checkpoint in the bucket, not from step 0
     assert run["resumed_from"].startswith(f"s3://tfnet/run/checkpoints/{run['run_id']}/ckpt-")
     assert run["attempt_log"][-1]["start_step"] >= 8
+    # ... and from exactly what it holds: the weights and optimiser state the retry started with (its rank 0's digest)
+    # are the checkpoint's, bit for bit (not fresh weights, nor the newest checkpoint's by name only)
+    assert run["attempt_log"][-1]["start_sha256"] == checkpoint_digest(run["resumed_from"], direct), run["attempt_log"]
     fs.invalidate_cache()
     steps = sorted(int(p[-13:-4]) for p in fs.glob(f"tfnet/run/checkpoints/{run['run_id']}/ckpt-*.npz"))
     assert steps[-1] == 48
