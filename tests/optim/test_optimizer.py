@@ -142,6 +142,45 @@ def test_corrupt_checkpoint_is_skipped(tmp_path):
         assert manager.latest_valid().step == 4
 
 
+def torn_run(model_dir: str) -> tuple[str, str]:
+    """A finished local run in ``model_dir`` (2 epochs of 4 steps: checkpoints at steps 4 and 8) whose newest
+    checkpoint is then cut to half its length, as a crash in the middle of a write without atomic renames leaves
+    it. Returns ``(older, truncated)``: the paths of the step-4 and step-8 checkpoints."""
+    x, y = data(128)
+    opt = TFOptimizer(small_net(), SCE, optim.SGD(0.05, momentum=0.9), model_dir=model_dir)
+    opt.optimize((x, y), epochs=2, batch_size=32, verbose=0)
+    manager = CheckpointManager(os.path.join(model_dir, "checkpoints"), run_id=opt.last_run["run_id"])
+    assert manager.all_steps() == [4, 8]
+    older, newest = manager.path_for(4), manager.path_for(8)
+    with open(newest, "rb") as f:
+        whole = f.read()
+    with open(newest, "wb") as f:
+        f.write(whole[: len(whole) // 2])
+    return older, newest
+
+
+def test_optimize_resume_passes_over_a_truncated_newest_checkpoint(tmp_path, monkeypatch):
+    """``optimize(resume=True)`` in this process, the run's newest checkpoint truncated: it resumes from the one
+    before (its step, and its weights and momentum bit for bit, by digest: not the new net's own weights), and one
+    CheckpointWarning names the truncated file and says why."""
+    from optim import optimizer as optimizer_module
+    from tests.elastic_checks import checkpoint_digest
+
+    older, truncated = torn_run(str(tmp_path))
+    runs = []  # the loop's result: a local run's start digest is there (a distributed one's is in attempt_log)
+    loop = optimizer_module.train
+    monkeypatch.setattr(optimizer_module, "train", lambda *a, **k: runs.append(loop(*a, **k)) or runs[-1])
+    x, y = data(128)
+    again = TFOptimizer(small_net(seed=7), SCE, optim.SGD(0.05, momentum=0.9), model_dir=str(tmp_path))
+    with pytest.warns(optim.CheckpointWarning) as warned:
+        again.optimize((x, y), epochs=3, batch_size=32, resume=True, verbose=0)
+    said = [str(w.message) for w in warned if issubclass(w.category, optim.CheckpointWarning)]
+    assert len(said) == 1 and f"Skipping checkpoint {truncated}: unreadable" in said[0], said
+    assert again.last_run["resumed_from"] == older and again.last_run["start_step"] == 4, again.last_run
+    assert runs[0].start_sha256 == checkpoint_digest(older)
+    assert again.global_step == 12
+
+
 def test_checkpoint_cannot_run_code(tmp_path):
     """A checkpoint is loaded with allow_pickle=False: a pickled object inside is refused."""
     path = tmp_path / "checkpoints" / "ckpt-000000001.npz"
