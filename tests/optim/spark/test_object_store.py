@@ -169,6 +169,28 @@ def test_a_run_on_s3_checkpoints_resumes_after_a_kill_and_exports(spark, s3, fau
     assert faults["slowdown"] and faults["reset"] and faults["stall"], faults
 
 
+def test_a_store_that_keeps_failing_ends_in_a_typed_error_naming_the_file_after_the_retry_bound(s3):
+    """Every write answered 503 SlowDown: the run ends in CheckpointError naming the checkpoint, after exactly the
+    retries docs/reliability.md bounds them by (s3fs's 5 calls, each botocore's ``total_max_attempts`` requests: 2 here,
+    through ``storage_options``), counted at the store's proxy; not a hang."""
+    from optim.errors import CheckpointError
+
+    x, y = digits.load()
+    with FaultProxy(s3[0], slowdown=1.0, only={"PUT"}) as proxy:
+        options = {**s3[1], "endpoint_url": proxy.endpoint,
+                   "config_kwargs": {"retries": {"mode": "legacy", "total_max_attempts": 2}}}
+        opt = TFOptimizer(TFNet.from_keras(digits.cnn(classes=10, seed=0)), SCE, optim.SGD(0.05),
+                          model_dir="s3://tfnet/failing", storage_options=options)
+        with pytest.raises(CheckpointError, match=r"Cannot write the checkpoint s3://tfnet/failing/checkpoints/"
+                                                  r"[^/ ]+/ckpt-000000002\.npz \(") as raised:
+            opt.optimize((x[:64], y[:64]), epochs=1, batch_size=32, verbose=0)
+    assert "SlowDown" in str(raised.value) or "reduce your request rate" in str(raised.value), raised.value
+    import s3fs
+
+    assert s3fs.S3FileSystem.retries == 5  # s3fs's bound (a class attribute: not one of its storage options)
+    assert proxy.counts["slowdown"] == 5 * 2, proxy.counts  # the first write, given up after 5 x 2 PUTs
+
+
 def test_a_model_dir_that_cannot_be_written_fails_before_the_stage(spark, s3, tmp_path):
     endpoint, options = s3
     x, y = digits.load()
