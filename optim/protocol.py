@@ -82,6 +82,7 @@ class Channels:
     exchange: str | None = None
     control: str | None = None
     notice: str | None = None
+    store_file: str | None = None  # Spark Connect without barrier mode: where rank 0 leaves its store's address
 
 
 @dataclass

@@ -23,7 +23,7 @@ import hmac
 import threading
 import time
 
-__all__ = ["AddressGather", "find_store", "preferred_ports", "proof", "start_store"]
+__all__ = ["AddressGather", "find_store", "preferred_ports", "proof", "proves", "start_store"]
 
 HELLO_SCOPE = "tfnet_hello"
 #: Where the preferred ports lie: below Linux's ephemeral range (32768-60999), whose ports the OS hands
@@ -97,7 +97,7 @@ class AddressGather:
         return self._out[0]
 
 
-def _answers(host: str, port: int, key: bytes, attempt: int) -> bool:
+def proves(host: str, port: int, key: bytes, attempt: int) -> bool:
     """True when the store on ``host:port`` is this attempt's (it holds the :func:`proof`)."""
     from http.client import HTTPException
 
@@ -121,7 +121,7 @@ def find_store(host: str, key: bytes, attempt: int, gather: AddressGather, timeo
     delay = 0.005
     while not gather.done():
         for port in ports:
-            if _answers(host, port, key, attempt):
+            if proves(host, port, key, attempt):
                 return host, port
         if time.monotonic() > deadline:
             raise RendezvousError(f"Rank 0's rendezvous store did not come up within {timeout_s:.0f} s.")

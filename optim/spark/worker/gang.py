@@ -13,18 +13,26 @@ What barrier mode did and a plain stage does not, done here and by the driver's 
   above 0) joins nothing: it fails at once with :class:`GangBrokenError`, carrying the failures the ranks left in
   the store, so that whichever error Spark reports names the cause.
 * Spark does not end the other tasks when one fails; the driver's watch ends the stage as soon as a rank leaves
-  its failure in the store.
+  its failure in the store (under Spark Connect, which has no such watch, Spark ends it when the failed rank's
+  re-runs, each failing at once, reach ``spark.task.maxFailures``).
+
+Under Spark Connect the store is rank 0's (the client may be out of the executors' reach) and there is no barrier
+``allGather`` to spread its address: rank 0 leaves it in a file of the run's ``model_dir``
+(``Channels.store_file``) and the others read it there (:func:`store_by_file`), each checking that the store
+answers with this attempt's proof.
 """
 
 from __future__ import annotations
 
+import os
 import socket
+import time
 from types import SimpleNamespace
 
 from optim.errors import RendezvousError
 from optim.transport import client as kv
 
-__all__ = ["GANG_SCOPE", "GangBrokenError", "GangContext", "own_address"]
+__all__ = ["GANG_SCOPE", "GangBrokenError", "GangContext", "own_address", "store_by_file"]
 
 #: The store's scope where the ranks of an attempt gather their hosts.
 GANG_SCOPE = "tfnet_gang"
@@ -66,14 +74,21 @@ class GangContext:
     def attemptNumber(self) -> int:  # noqa: N802
         return self._attempt
 
-    def join(self) -> GangContext:
-        """Meets the other ranks in the store (their hosts); a task that Spark ran again fails at once."""
-        job, rank = self._job, self._rank
-        addr, token = job.channels.rendezvous, job.channels.rendezvous_key
+    def first_run(self) -> GangContext:
+        """Fails at once in a task that Spark ran again (its rank's gang is gone)."""
         if self._attempt > 0:
             raise GangBrokenError(
-                f"Spark ran rank {rank}'s task again (task attempt {self._attempt + 1}) after its first run failed or "
-                "its executor was lost; the other ranks' gang is gone, so the driver retries the whole stage.")
+                f"Spark ran rank {self._rank}'s task again (task attempt {self._attempt + 1}) after its first run "
+                "failed or its executor was lost; the other ranks' gang is gone, so the driver retries the whole "
+                "stage.")
+        return self
+
+    def join(self, job=None) -> GangContext:
+        """Meets the other ranks in the store of ``job`` (default: the one given at the start; their hosts); a
+        task that Spark ran again fails at once."""
+        self.first_run()
+        job, rank = job or self._job, self._rank
+        addr, token = job.channels.rendezvous, job.channels.rendezvous_key
         host = own_address(addr[0])
         try:
             hosts = kv.all_gather(addr, f"{GANG_SCOPE}{job.attempt}", rank, job.size, host,
@@ -90,3 +105,45 @@ class GangContext:
         if self._infos is None:
             raise RuntimeError("GangContext.join() first")
         return self._infos
+
+
+def _own_host() -> str:
+    """The address the other executors reach this one by, with no peer to route toward: the executor's
+    ``SPARK_LOCAL_IP``, else the address of the default route."""
+    if os.environ.get("SPARK_LOCAL_IP"):
+        return os.environ["SPARK_LOCAL_IP"]
+    try:
+        return own_address("192.0.2.1")  # TEST-NET-1: only the route is looked up, nothing is sent
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
+def store_by_file(job, rank: int):
+    """``(store or None, (host, port))`` under Spark Connect without barrier mode: rank 0 starts the attempt's
+    store and leaves its address in ``job.channels.store_file``; the others read it there, bounded by the
+    start-up timeout, and take it once the store answers with this attempt's proof."""
+    from optim.transport.store_address import proves, start_store
+    from tfnet import storage
+
+    path, key, options = job.channels.store_file, job.channels.rendezvous_key, job.train.config.storage_options
+    if rank == 0:
+        store = start_store(_own_host(), job.size, key, job.attempt)
+        host, port = store.address[0], store.address[1]
+        storage.write_bytes_atomic(path, f"{host}:{port}".encode(), options)
+        return store, (host, int(port))
+    limit = job.limits.startup_timeout_s
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            text = storage.read_bytes(path, options).decode() if storage.exists(path, options) else ""
+        except OSError:
+            text = ""
+        if text:
+            host, port = text.rsplit(":", 1)
+            if proves(host, int(port), key, job.attempt):
+                return None, (host, int(port))
+        time.sleep(0.1)
+    raise RendezvousError(
+        f"Rank 0 did not leave its rendezvous store's address in {path} within {limit:.0f} s. The training stage "
+        "runs without barrier mode (dynamic allocation is on), so its ranks start as executors come: raise "
+        "startup_timeout, spark.dynamicAllocation.maxExecutors or the cluster's capacity, or lower num_workers.")

@@ -31,7 +31,7 @@ from pyspark import BarrierTaskContext
 from optim.errors import RendezvousError, WorkerError
 from optim.logs import quiet_worker
 from optim.protocol import RankJob
-from optim.spark.worker.gang import GangBrokenError, GangContext
+from optim.spark.worker.gang import GangBrokenError, GangContext, store_by_file
 from optim.spark.worker.rank import run_rank
 from optim.transport import client as kv
 from optim.transport.chunks import to_chunks
@@ -54,16 +54,21 @@ def run_task(job: RankJob, rows: Iterable) -> Iterator[tuple]:
     rank = ctx.partitionId()
     store = monitor = None
     hosted = job.channels.rendezvous is None  # Spark Connect: the stage hosts its own rendezvous
+    gather = None
     try:
-        if job.gang:  # no barrier mode (dynamic allocation on): the ranks meet in the driver's store
-            ctx.join()
-        if hosted:
+        if job.gang:  # no barrier mode (dynamic allocation on): the ranks meet in the store (the driver's, or rank 0's)
+            if hosted:
+                store, address = store_by_file(ctx.first_run() and job, rank)
+                job = dataclasses.replace(job, channels=dataclasses.replace(job.channels, rendezvous=address))
+            ctx.join(job)
+        elif hosted:
             store, job, gather = _rendezvous(job, ctx, rank)
-            if store is not None:
-                monitor = _Monitor(store, job).start()
+        if store is not None:
+            monitor = _Monitor(store, job).start()
         results = list(run_rank(job, rows, ctx))
         if hosted:
-            gather.result(job.limits.startup_timeout_s)
+            if gather is not None:
+                gather.result(job.limits.startup_timeout_s)
             _finish(job, rank, store)  # every rank is done with rank 0's store before rank 0 closes it
     except BaseException as exc:
         failure = from_exception(exc, rank)

@@ -85,3 +85,60 @@ def test_the_plain_stage_equals_the_barrier_stage_bit_for_bit(spark, tmp_path):
     for name, w in net.get_weights().items():
         np.testing.assert_array_equal(plain[name], w, err_msg=name)
     assert not np.array_equal(w, TFNet.from_keras(digits.cnn(classes=10, seed=0)).get_weights()[name])
+
+
+CONNECT_DRIVER = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from pyspark.sql import SparkSession
+    spark = SparkSession.builder.remote(sys.argv[1]).create()
+    import optim
+    from optim import TFOptimizer
+    from tests import digits
+    from tfnet import TFNet
+    x, y = digits.load()
+    sce = optim.losses.SparseCategoricalCrossentropy(from_logits=True)
+    try:  # without model_dir the ranks cannot find rank 0's store: said at once, not retried
+        TFOptimizer(TFNet.from_keras(digits.cnn(classes=10, seed=0)), sce, optim.SGD(0.05)).optimize(
+            (x[:64], y[:64]), epochs=1, batch_size=32, num_workers=2, verbose=0)
+    except Exception as exc:
+        print("NO_MODEL_DIR " + json.dumps({"type": type(exc).__name__, "message": str(exc)}))
+    net = TFNet.from_keras(digits.cnn(classes=10, seed=0))
+    opt = TFOptimizer(net, sce, optim.SGD(0.05, momentum=0.9), model_dir=sys.argv[3])
+    opt.optimize((x[:256], y[:256]), epochs=2, batch_size=32, shuffle=False, num_workers=2, verbose=0)
+    np.savez(sys.argv[2], **net.get_weights())
+    print("RESULT " + json.dumps({"last_run": opt.last_run, "step": opt.global_step}, default=str))
+""")
+
+
+def test_a_connect_server_with_dynamic_allocation_runs_the_plain_stage_to_the_barrier_stages_weights(spark, tmp_path):
+    """Under Spark Connect the store is rank 0's and no barrier ``allGather`` spreads its address: the ranks find
+    it through a file in ``model_dir``. Same ranks, data and seed as the barrier stage: the same weights."""
+    from tests.connect_server import ConnectServer
+
+    server = ConnectServer(cores=2, conf={"spark.dynamicAllocation.enabled": "true",
+                                          "spark.dynamicAllocation.testing": "true",
+                                          "spark.dynamicAllocation.shuffleTracking.enabled": "true"}).start()
+    try:
+        out = tmp_path / "plain.npz"
+        env = {**os.environ, "PYTHONPATH": ROOT}
+        proc = subprocess.run([sys.executable, "-c", CONNECT_DRIVER, server.url, str(out), str(tmp_path / "run")],
+                              capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    finally:
+        server.stop()
+    lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in proc.stdout.splitlines() if " " in line}
+    assert "RESULT" in lines, proc.stderr[-4000:]
+    refused = json.loads(lines["NO_MODEL_DIR"])
+    assert refused["type"] == "DistributedTrainingError" and "give TFOptimizer a model_dir" in refused["message"]
+    res = json.loads(lines["RESULT"])
+    run = res["last_run"]
+    assert run["mode"] == "connect" and run["barrier"] is False and run["attempts"] == 1, run
+    assert run["states"] == ["starting", "running", "finished"] and res["step"] == 16
+    assert "retrying" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    net = TFNet.from_keras(digits.cnn(classes=10, seed=0))
+    x, y = digits.load()
+    TFOptimizer(net, SCE, optim.SGD(0.05, momentum=0.9)).optimize((x[:256], y[:256]), epochs=2, batch_size=32,
+                                                                  shuffle=False, num_workers=2, verbose=0)
+    plain = np.load(out)
+    for name, w in net.get_weights().items():
+        np.testing.assert_array_equal(plain[name], w, err_msg=name)

@@ -21,6 +21,7 @@ from optim.protocol import Channels
 from optim.spark.connect import chunk_bytes, plan_limit, result_limit
 from optim.spark.driver.backends.base import Attempt, Backend
 from optim.spark.driver.stage import result_bytes
+from optim.spark.dynamic_allocation import dynamic_allocation
 from optim.spark.slots import connect_slots
 from optim.transport.auth import derive_key
 from optim.transport.progress import EventSink
@@ -130,6 +131,15 @@ def concurrent_slots(spark, wanted: int, timeout_s: float = 20.0) -> int:
 class ConnectBackend(Backend):
     mode = "connect"
 
+    def __init__(self, spark):
+        super().__init__(spark)
+        # dynamic allocation on the server: no barrier mode (Spark refuses it), and executors come for pending tasks
+        self.dynamic = dynamic_allocation(spark)
+
+    @property
+    def gang(self) -> bool:
+        return self.dynamic is not None
+
     def quiet(self, verbose: int, own_bar: bool = True):
         return quiet_connect_console() if own_bar else nullcontext()
 
@@ -156,6 +166,9 @@ class ConnectBackend(Backend):
         return value
 
     def wait_for_slots(self, n: int, wait_s: float) -> int:
+        if self.dynamic is not None:  # the stage's pending tasks bring the executors, up to maxExecutors
+            most = self.dynamic.capacity()
+            return n if most is None else min(n, most)
         local = connect_slots(self.spark)  # a local[N] master: N, always
         if local is not None:
             return local
@@ -167,6 +180,9 @@ class ConnectBackend(Backend):
         return best
 
     def free_slots(self, wanted: int, running: int) -> int:
+        if self.dynamic is not None:
+            most = self.dynamic.capacity()
+            return wanted if most is None else max(0, min(wanted, most - running))
         local = connect_slots(self.spark)
         return max(0, local - running) if local is not None else concurrent_slots(self.spark, wanted)
 
@@ -206,9 +222,24 @@ class ConnectBackend(Backend):
         from optim.transport.progress_store import progress_path
 
         path = progress_path(config.model_dir, config.run_id, attempt) if config.model_dir else None
+        store_file = None
+        if self.gang:  # no barrier allGather: rank 0 leaves its store's address in model_dir for the others
+            if not config.model_dir:
+                err = DistributedTrainingError(
+                    "The Spark Connect server runs with dynamic allocation on, so the training stage runs without "
+                    "barrier mode (SPARK-24942), and its ranks find rank 0 through model_dir: give TFOptimizer a "
+                    "model_dir on storage the cluster reaches (s3://bucket/run, hdfs://..., a shared mount).")
+                err.retryable = False  # type: ignore[attr-defined]
+                raise err
+            store_file = storage.join(config.model_dir, "control", config.run_id, f"store-{attempt}")
         if hasattr(sink, "watch"):
             sink.watch(path)
-        yield Attempt(Channels(rendezvous=None, rendezvous_key=derive_key(secret, "rendezvous"), progress_path=path))
+        try:
+            yield Attempt(Channels(rendezvous=None, rendezvous_key=derive_key(secret, "rendezvous"), progress_path=path,
+                                   store_file=store_file))
+        finally:
+            if store_file is not None and storage.exists(store_file, config.storage_options):
+                storage.remove(store_file, config.storage_options)
 
     def stopped(self) -> bool:
         return bool(getattr(self.spark, "is_stopped", False))
