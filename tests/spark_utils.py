@@ -58,9 +58,10 @@ def kill_rank_after_checkpoints(model_dir, checkpoints: int, rank: int = 1, dead
     """From a thread: kills ``rank``'s Python process (SIGKILL) once ``model_dir`` (a local folder)
     holds ``checkpoints`` checkpoints and the rank's ``rank-N.json``, that is mid-training. Returns a
     dict that gets ``pid``, ``after`` (the newest checkpoint then) and has ``thread``. With
-    ``truncate_newest``, a second later (when rank 0, waiting for the dead rank, can write no more) the newest
-    checkpoint is cut to half its length, as a crash in the middle of a write to a file system without atomic
-    renames would leave it; ``truncated`` names it."""
+    ``truncate_newest``, once rank 0's process is gone too (the stage failed with the dead rank: no rank of this
+    attempt can write another checkpoint; a bounded wait on its ``rank-0.json`` pid) the newest checkpoint is cut
+    to half its length, as a crash in the middle of a write to a file system without atomic renames would leave it;
+    ``truncated`` names it."""
     import glob
     import json
     import signal
@@ -80,7 +81,12 @@ def kill_rank_after_checkpoints(model_dir, checkpoints: int, rank: int = 1, dead
                 os.kill(pid, signal.SIGKILL)
                 killed["after"] = sorted(ckpts)[-1]
                 if truncate_newest:
-                    time.sleep(1.0)
+                    zero = glob.glob(os.path.join(os.path.dirname(infos[0]), "rank-0.json"))
+                    with open(zero[0]) as f:
+                        writer = json.load(f)["pid"]
+                    while alive(writer):  # rank 0 writes the checkpoints; gone, it writes no more
+                        assert time.time() < deadline, f"rank 0 (pid {writer}) still runs after rank {rank} was killed"
+                        time.sleep(0.02)
                     newest = sorted(glob.glob(os.path.join(model_dir, "checkpoints", "*", "ckpt-*.npz")))[-1]
                     with open(newest, "rb") as f:
                         data = f.read()
@@ -93,6 +99,15 @@ def kill_rank_after_checkpoints(model_dir, checkpoints: int, rank: int = 1, dead
     killed["thread"] = threading.Thread(target=killer, daemon=True)
     killed["thread"].start()
     return killed
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (on this machine)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def png_frame(spark, n: int, size: int = 64, partitions: int = 2):
