@@ -288,9 +288,14 @@ class _DistributedRun:
         """After the ranks checkpointed and stopped for a decommission notice: a planned shrink, not a failure. As
         many ranks as there are slots without the executors that are going (waiting ``elastic_wait`` for others to
         come), from the checkpoint just written."""
+        leaving = self.notice.leaving
         self.notice.withdraw()
         try:
             slots = self.backend.wait_for_slots(self.elastic.num_workers, self.elastic.wait_s)
+            if self.backend.gang and self.elastic.elastic:
+                # dynamic allocation counts what it may ask for, not what the cluster gives: go on without the
+                # leaving ranks now, and grow back as executors come
+                slots = min(slots, state.stage.n - leaving)
             n = self.elastic.ranks_for(slots, self.batch_for_policy())
         except DistributedTrainingError as err:  # too few slots left: the checkpoint is there to resume from
             return Failed(err)
