@@ -130,7 +130,7 @@ def _if_model(cond_node):
     return _model(nodes, [_info("x", [None, 3])], [_info("y", 2)])
 
 
-def test_if_with_a_constant_condition_is_folded_and_a_data_dependent_one_refused():
+def test_if_with_a_constant_condition_is_folded_and_a_data_dependent_one_is_a_tf_cond():
     x = np.array([[-1.0, 2.0, -3.0]], np.float32)
     for flag, want in ((True, [[0, 2, 0]]), (False, [[1, -2, 3]])):
         model = _if_model(helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.BOOL, [], [flag])))
@@ -138,20 +138,38 @@ def test_if_with_a_constant_condition_is_folded_and_a_data_dependent_one_refused
         assert net.forward(x).tolist() == want == run_ort(model, [x])[0].tolist()
     model = _if_model(helper.make_node("ReduceMax", ["x"], ["m"], keepdims=0))
     model.graph.node.insert(1, helper.make_node("Cast", ["m"], ["c"], to=TensorProto.BOOL))
-    with pytest.raises(OnnxConversionError, match=r"If '.*' has a condition computed from the inputs"):
-        TFNet.from_onnx(model)
+    net = TFNet.from_onnx(model)
+    for x in (np.array([[-1.0, 2.0, -3.0]], np.float32), np.array([[0.0, 0.0, 0.0]], np.float32)):
+        assert net.forward(x).tolist() == run_ort(model, [x])[0].tolist()
 
 
-def test_a_data_dependent_loop_is_refused_by_name():
+def _loop_model(opset=17, trip_count="n", cond=""):
+    """``y = x + x + ... (n times)``, with the running sums as a scan output."""
     body = helper.make_graph(
-        [helper.make_node("Add", ["acc_in", "x"], ["acc_out"]), helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        [helper.make_node("Add", ["acc_in", "x"], ["acc_out"]), helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Identity", ["acc_out"], ["scan"])],
         "body", [_info("i", [], TensorProto.INT64), _info("cond_in", [], TensorProto.BOOL), _info("acc_in", 2)],
-        [_info("cond_out", [], TensorProto.BOOL), _info("acc_out", 2)])
-    nodes = [helper.make_node("Loop", ["n", "", "x"], ["y"], body=body)]
-    model = _model(nodes, [_info("x", [None, 3]), _info("n", [], TensorProto.INT64)], [_info("y", 2)])
-    with pytest.raises(UnsupportedOperatorError, match=r"Loop v16 \(x1\) \(vN: .*\)\. Loop run a body a number of "
+        [_info("cond_out", [], TensorProto.BOOL), _info("acc_out", 2), _info("scan", 2)])
+    nodes = [helper.make_node("Loop", [trip_count, cond, "x"], ["y", "sums"], body=body)]
+    return _model(nodes, [_info("x", [None, 3]), _info("n", [], TensorProto.INT64)], [_info("y", 2), _info("sums", 3)],
+                  opset=opset)
+
+
+def test_a_loop_with_a_run_time_trip_count_converts_and_an_endless_or_old_one_is_refused():
+    x = np.array([[1.0, -2.0, 0.5], [3.0, 0.0, -1.0]], np.float32)
+    model = _loop_model()
+    net = TFNet.from_onnx(model, relax_batch=False)
+    for n in (1, 4):
+        got = net.forward([x, np.array(n, np.int64)])
+        want = run_ort(model, [x, np.array(n, np.int64)])
+        assert got[0].tolist() == want[0].tolist() == ((n + 1) * x).tolist()
+        assert got[1].shape == want[1].shape == (n, 2, 3) and got[1].tolist() == want[1].tolist()
+    with pytest.raises(OnnxConversionError, match=r"Loop '.*' has neither a trip count nor a condition: it never "
+                                                  r"ends\."):
+        TFNet.from_onnx(_loop_model(trip_count=""), relax_batch=False)
+    with pytest.raises(UnsupportedOperatorError, match=r"Loop v1 \(x1\) \(vN: .*\)\. Loop run a body a number of "
                                                        r"times known only at run time"):
-        TFNet.from_onnx(model)
+        TFNet.from_onnx(_loop_model(opset=10), relax_batch=False)
 
 
 @pytest.mark.parametrize("rank,attrs", [

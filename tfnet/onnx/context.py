@@ -52,6 +52,8 @@ class Ctx:
     shared: dict[tuple, tf.Tensor] = field(default_factory=dict)
     #: ONNX sequence values: a list of tensors, or a tensor split along an axis of run-time size (tfnet.onnx.ops_sequence)
     sequences: dict[str, list] = field(default_factory=dict)
+    #: the element dtype of an empty sequence, where the node that made it says (``SequenceEmpty``'s ``dtype``)
+    sequence_dtypes: dict[str, tf.DType] = field(default_factory=dict)
     _session: tf.compat.v1.Session | None = None
     _const_ops: dict[str, bool] = field(default_factory=dict)
 

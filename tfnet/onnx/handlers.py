@@ -11,6 +11,7 @@ from tfnet.onnx import (  # noqa: F401  (importing them registers their handlers
     ops_conv_nd,
     ops_grid,
     ops_index,
+    ops_loop,
     ops_nn,
     ops_pool,
     ops_resize,

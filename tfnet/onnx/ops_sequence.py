@@ -6,7 +6,10 @@ A sequence value is a Python list of TensorFlow tensors (``Ctx.sequences``): ``S
 tensors. Positions must be constants, except ``SequenceAt``'s over tensors of one static shape (a gather from
 their stack). ``SplitToSequence`` without sizes along an axis whose size is known only at run time (the batch
 that ``relax_batch`` opens) gives an :class:`Unstacked` sequence, the tensor itself: ``SequenceAt`` gathers from
-it, ``SequenceLength`` is that size, ``ConcatFromSequence`` back along the same axis is the tensor.
+it, ``SequenceLength`` is that size, ``ConcatFromSequence`` back along the same axis is the tensor. A sequence that
+a ``Loop`` carries (:mod:`tfnet.onnx.ops_loop`) is :class:`Written`, a ``tf.TensorArray`` of run-time length:
+``SequenceInsert`` appends to it, ``SequenceAt`` reads it, ``SequenceLength`` is its size, ``ConcatFromSequence``
+concatenates or stacks it.
 """
 
 from __future__ import annotations
@@ -30,9 +33,19 @@ class Unstacked:
     keepdims: bool
 
 
+@dataclass(frozen=True)
+class Written:
+    """A sequence of run-time length held in a ``tf.TensorArray`` (a sequence that a ``Loop`` carries)."""
+
+    array: tf.TensorArray
+
+
 def _listed(ctx: Ctx, node, name: str) -> list[tf.Tensor]:
     """A sequence whose length is known while converting."""
     seq = ctx.sequence(name)
+    if isinstance(seq, Written):
+        raise OnnxConversionError(f"{node.op_type} {node.name!r} needs the length of sequence {name!r} known while "
+                                  "converting; a Loop makes it, of a length known only at run time.")
     if isinstance(seq, Unstacked):
         raise OnnxConversionError(f"{node.op_type} {node.name!r} needs the length of sequence {name!r} known while "
                                   f"converting; it splits a tensor of shape {seq.tensor.shape} along axis {seq.axis}, "
@@ -57,7 +70,10 @@ def _position(ctx: Ctx, node, index: int, length: int, default: int, inclusive: 
 
 @register("SequenceEmpty", since=11)
 def _sequence_empty(ctx: Ctx, node, attrs):
+    from tfnet.onnx.dtypes import tf_type
+
     ctx.set_sequence(node.output[0], [])
+    ctx.sequence_dtypes[node.output[0]] = tf_type(attrs.get("dtype", 1))  # float by default
 
 
 @register("SequenceConstruct", since=11)
@@ -67,6 +83,15 @@ def _sequence_construct(ctx: Ctx, node, attrs):
 
 @register("SequenceInsert", since=11)
 def _sequence_insert(ctx: Ctx, node, attrs):
+    seq = ctx.sequence(node.input[0])
+    if isinstance(seq, Written):  # appended at its end: the only position a run-time length allows
+        array = seq.array
+        if len(node.input) > 2 and node.input[2] and ctx.static_ints(node.input[2]) != [-1]:
+            raise OnnxConversionError(f"SequenceInsert {node.name!r}: into a sequence of run-time length tfnet "
+                                      "inserts at the end only (no position, or -1).")
+        value = tf.cast(ctx.plain(node.input[1]), array.dtype)
+        ctx.set_sequence(node.output[0], Written(array.write(array.size(), value)))
+        return
     seq = list(_listed(ctx, node, node.input[0]))
     pos = _position(ctx, node, 2, len(seq), len(seq), inclusive=True)
     seq.insert(pos, ctx.plain(node.input[1]))
@@ -85,6 +110,11 @@ def _sequence_erase(ctx: Ctx, node, attrs):
 @register("SequenceAt", since=11)
 def _sequence_at(ctx: Ctx, node, attrs):
     seq = ctx.sequence(node.input[0])
+    if isinstance(seq, Written):
+        pos = tf.cast(tf.reshape(ctx.plain(node.input[1]), []), tf.int32)
+        size = seq.array.size()
+        ctx.set(node.output[0], seq.array.read(tf.where(pos < 0, pos + size, pos)))
+        return
     if isinstance(seq, Unstacked):
         pos = tf.cast(tf.reshape(ctx.plain(node.input[1]), []), tf.int64)
         n = tf.shape(seq.tensor, out_type=tf.int64)[seq.axis]
@@ -106,7 +136,9 @@ def _sequence_at(ctx: Ctx, node, attrs):
 @register("SequenceLength", since=11)
 def _sequence_length(ctx: Ctx, node, attrs):
     seq = ctx.sequence(node.input[0])
-    if isinstance(seq, Unstacked):
+    if isinstance(seq, Written):
+        ctx.set(node.output[0], tf.cast(seq.array.size(), tf.int64))
+    elif isinstance(seq, Unstacked):
         ctx.set(node.output[0], tf.shape(seq.tensor, out_type=tf.int64)[seq.axis])
     else:
         ctx.set(node.output[0], tf.constant(len(seq), tf.int64))
@@ -116,6 +148,9 @@ def _sequence_length(ctx: Ctx, node, attrs):
 def _concat_from_sequence(ctx: Ctx, node, attrs):
     seq = ctx.sequence(node.input[0])
     axis = attrs["axis"]
+    if isinstance(seq, Written):
+        ctx.set(node.output[0], _concat_written(node, seq.array, axis, bool(attrs.get("new_axis", 0))))
+        return
     if isinstance(seq, Unstacked):  # back along the axis it was split on: the tensor itself
         rank = seq.tensor.shape.rank
         new_axis = bool(attrs.get("new_axis", 0))
@@ -164,3 +199,21 @@ def _split_to_sequence(ctx: Ctx, node, attrs):
         ctx.set_sequence(node.output[0], tf.split(x, static, axis=axis))
     else:
         ctx.set_sequence(node.output[0], tf.split(x, sizes, axis=axis, num=int(sizes.shape[0])))
+
+
+def _concat_written(node, array: tf.TensorArray, axis: int, new_axis: bool) -> tf.Tensor:
+    """``ConcatFromSequence`` of a ``tf.TensorArray``: along axis 0 its own concat or stack; along another axis
+    the stack of its tensors (of one shape then) with that axis moved."""
+    if axis == 0:
+        return array.stack() if new_axis else array.concat()
+    stacked = array.stack()
+    rank = stacked.shape.rank
+    if rank is None:
+        raise OnnxConversionError(f"ConcatFromSequence {node.name!r}: along axis {axis} the rank of the tensors of "
+                                  "a Loop's sequence must be known.")
+    if new_axis:
+        return tf.experimental.numpy.moveaxis(stacked, 0, axis + rank if axis < 0 else axis)
+    axis = axis + rank - 1 if axis < 0 else axis
+    moved = tf.experimental.numpy.moveaxis(stacked, 0, axis)  # [..., n, d_axis, ...] -> merge n and d_axis
+    shape = tf.shape(moved)
+    return tf.reshape(moved, tf.concat([shape[:axis], [-1], shape[axis + 2:]], 0))

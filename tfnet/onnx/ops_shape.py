@@ -277,7 +277,17 @@ def _slice(ctx, node, attrs):
     rank = x.shape.rank
     starts, ends = node.input[1], node.input[2]
     n = len(ctx.static_ints(starts)) if ctx.static(starts) is not None else ctx.plain(starts).shape[0]
-    axes = int_list(ctx, node, 3, "axes", {}) if len(node.input) > 3 and node.input[3] else list(range(n))
+    axes = int_list(ctx, node, 3, "axes", {}) if len(node.input) > 3 and node.input[3] else None
+    if n is None:  # starts computed at run time (inside a Loop): as many as ends or axes, or the one axis there is
+        n = ctx.plain(ends).shape[0] if axes is None else len(axes)
+        n = 1 if n is None and rank == 1 else n
+        if n is None and (len(node.input) <= 4 or not node.input[4]):  # the leading axes, as many as given
+            ctx.set(node.output[0], _leading_slice(x, ctx.plain(starts), ctx.plain(ends)))
+            return
+        if n is None:
+            raise OnnxConversionError(f"Slice {node.name!r}: the number of sliced axes must be known while "
+                                      "converting.")
+    axes = list(range(n)) if axes is None else axes
     steps = int_list(ctx, node, 4, "steps", {}) if len(node.input) > 4 and node.input[4] else [1] * n
     index = [slice(None)] * rank
     for i, (axis, step) in enumerate(zip(axes, steps)):
@@ -287,6 +297,17 @@ def _slice(ctx, node, attrs):
             _static_part(ctx, node, index[0]):
         return
     ctx.set(node.output[0], x[tuple(index)])
+
+
+def _leading_slice(x: tf.Tensor, starts: tf.Tensor, ends: tf.Tensor) -> tf.Tensor:
+    """``Slice`` of the leading axes of ``x`` by ``starts`` and ``ends`` of a length known only at run time."""
+    rank = x.shape.rank
+    starts, ends = tf.cast(starts, tf.int64), tf.cast(ends, tf.int64)
+    rest = rank - tf.size(starts, out_type=tf.int64)
+    begin = tf.concat([starts, tf.zeros([rest], tf.int64)], 0)
+    end = tf.concat([ends, tf.fill([rest], tf.constant(np.iinfo(np.int64).max, tf.int64))], 0)
+    y = tf.strided_slice(x, begin, end, tf.ones([rank], tf.int64))
+    return tf.ensure_shape(y, [None] * rank)
 
 
 @register("Expand", since=8)

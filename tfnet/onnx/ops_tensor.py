@@ -99,16 +99,15 @@ def _instance_norm(ctx: Ctx, node, attrs):
 
 @register("If", since=1)
 def _if(ctx: Ctx, node, attrs):
-    """Inlines the branch a constant condition picks; a condition computed from the data is refused."""
+    """Inlines the branch a constant condition picks; a condition known only at run time is a ``tf.cond``."""
     from onnx import numpy_helper
 
     cond = ctx.static(node.input[0])
-    if cond is None:
-        raise OnnxConversionError(
-            f"If {node.name!r} has a condition computed from the inputs; tfnet converts an If only when its "
-            "condition is known while converting (a constant, or computed from static shapes). Export with "
-            "tracing (torch.onnx.export(..., dynamo=False)) so Python control flow is resolved."
-        )
+    if cond is None:  # computed from the inputs, or inside a Loop's body: tf.cond
+        from tfnet.onnx.ops_loop import cond_if
+
+        cond_if(ctx, node, attrs)
+        return
     branch = attrs["then_branch"] if bool(np.asarray(cond).reshape(-1)[0]) else attrs["else_branch"]
     for t in branch.initializer:
         ctx.set(t.name, tf.constant(numpy_helper.to_array(t)))
