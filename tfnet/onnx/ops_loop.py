@@ -115,6 +115,27 @@ def _array_of(ctx: Ctx, node, name: str, info) -> tf.TensorArray:
     return array
 
 
+def _probe_scan_types(step, loop_vars: list, k: int) -> list:
+    """The dtypes of a loop body's ``k`` scan outputs: ``step`` traced into a throwaway function graph (values of
+    the enclosing graph are captured there, nothing of it is kept), scan outputs written to float arrays whose
+    writes are read back for their dtypes."""
+    from tensorflow.python.framework import func_graph
+
+    probe = func_graph.FuncGraph("loop_probe")
+    seen = []
+
+    class Probe:  # stands in for a TensorArray: records what the body writes
+        def write(self, index, value):
+            seen.append(value.dtype)
+            return self
+
+    with probe.as_default():
+        args = [tf.TensorArray(v.dtype, size=0, dynamic_size=True, infer_shape=False)
+                if isinstance(v, tf.TensorArray) else tf.compat.v1.placeholder(v.dtype, v.shape) for v in loop_vars]
+        step(*args, *[Probe() for _ in range(k)])
+    return seen
+
+
 def _outer(body, value: str, prefix: str) -> str:
     """The name a body output has once the body's values are renamed apart (an outer value keeps its name)."""
     local = {i.name for i in body.input} | {o for n in body.node for o in n.output if o}
@@ -136,10 +157,6 @@ def _loop(ctx: Ctx, node, attrs):
     is_seq = [name in ctx.sequences for name in carried]
     init = [_array_of(ctx, node, name, info) if s else ctx.plain(name)
             for name, info, s in zip(carried, body.input[2:], is_seq)]
-    scan_types = [_elem_dtype(o.type) for o in body.output[1 + n:]]
-    if None in scan_types:
-        raise OnnxConversionError(f"Loop {node.name!r}: the body does not declare the element type of its scan "
-                                  "outputs.")
     prefix = f"{node.output[0] or node.name or 'Loop'}/loop/"
     outputs = [_outer(body, o.name, prefix) for o in body.output]
 
@@ -169,6 +186,9 @@ def _loop(ctx: Ctx, node, attrs):
     def keep_going(i, c, *state):
         return tf.logical_and(c, i < trips) if trips is not None else c
 
+    scan_types = [_elem_dtype(o.type) for o in body.output[1 + n:]]
+    if None in scan_types:  # undeclared (ONNX's function of Range): the body converted once aside tells
+        scan_types = _probe_scan_types(step, [tf.constant(0, tf.int64), cond0, *init], k)
     loop_vars = [tf.constant(0, tf.int64), cond0, *init, *[_new_array(t) for t in scan_types]]
     limit = None if trips is None else tf.cast(tf.maximum(trips, 0), tf.int32)
     try:
