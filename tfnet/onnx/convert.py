@@ -91,9 +91,9 @@ def check_operators(model) -> None:
         return
     listed = ", ".join(f"{op} (x{n})" for op, n in sorted(counts.items()))
     loops = sorted({"Loop", "Scan"} & {k.split(" ")[0] for k in counts})
-    hint = (f" {' and '.join(loops)} run a body a number of times known only at run time; tfnet converts "
-            "graphs without data-dependent loops (Scan from version 9 over a static sequence length; export "
-            "recurrent nets with their ONNX LSTM/GRU/RNN operators and a fixed sequence length)." if loops else "")
+    hint = (f" {' and '.join(loops)}: tfnet converts Loop from version 11 (a tf.while_loop) and Scan from version "
+            "9 (unrolled over a static sequence length); upgrade older models with onnx.version_converter." if loops
+            else "")
     raise UnsupportedOperatorError(
         f"The ONNX model uses {sum(counts.values())} node(s) that tfnet cannot convert: {listed} (vN: the "
         f"operator's version at the model's opset {opset_of(model)}, as in ONNX's Operators.md).{hint} "
