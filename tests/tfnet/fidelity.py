@@ -71,6 +71,37 @@ def keras_oracle_step(model, x, grad_out, by_name: dict[str, object]) -> Oracle:
 
     ``by_name`` maps the .pb's weight names to the Keras variables. Variables are restored after.
     """
+    return _keras_step(model, x, grad_out).oracle(by_name)
+
+
+@dataclass
+class _KerasStep:
+    """What Keras computed on ``x`` once (by variable), for the oracle of each way of freezing the model."""
+
+    x: np.ndarray
+    grad_out: np.ndarray
+    y: np.ndarray
+    grad_x: np.ndarray
+    g_by_id: dict[int, object]  # id(variable) -> its gradient (None: not connected)
+    lr: float
+    y_after: np.ndarray
+    train_ids: set[int]
+
+    def oracle(self, by_name: dict[str, object]) -> Oracle:
+        grad_w = {}
+        for name, var in by_name.items():
+            if id(var) in self.g_by_id:
+                g = self.g_by_id[id(var)]
+                grad_w[name] = np.zeros(var.shape, np.float32) if g is None else tf.convert_to_tensor(g).numpy()
+        return Oracle(
+            x=self.x, grad_out=self.grad_out, y=self.y, grad_x=self.grad_x, grad_w=grad_w, lr=self.lr,
+            y_after_step=self.y_after,
+            trainable={n for n, v in by_name.items() if id(v) in self.train_ids},
+            frozen={n for n, v in by_name.items() if id(v) not in self.train_ids},
+        )
+
+
+def _keras_step(model, x, grad_out) -> _KerasStep:
     xt = tf.constant(x)
     trainable = list(model.trainable_variables)
     with tf.GradientTape() as tape:
@@ -88,18 +119,8 @@ def keras_oracle_step(model, x, grad_out, by_name: dict[str, object]) -> Oracle:
     y_after = model(xt, training=False).numpy()
     for v, s in zip(trainable, saved):
         v.assign(s)
-    train_ids = {id(v) for v in trainable}
-    grad_w = {}
-    for name, var in by_name.items():
-        if id(var) in g_by_id:
-            g = g_by_id[id(var)]
-            grad_w[name] = np.zeros(var.shape, np.float32) if g is None else tf.convert_to_tensor(g).numpy()
-    return Oracle(
-        x=x, grad_out=grad_out, y=y.numpy(), grad_x=grads[0].numpy(), grad_w=grad_w, lr=lr,
-        y_after_step=y_after,
-        trainable={n for n, v in by_name.items() if id(v) in train_ids},
-        frozen={n for n, v in by_name.items() if id(v) not in train_ids},
-    )
+    return _KerasStep(x=x, grad_out=grad_out, y=y.numpy(), grad_x=grads[0].numpy(), g_by_id=g_by_id, lr=lr,
+                      y_after=y_after, train_ids={id(v) for v in trainable})
 
 
 def keras_cases(name: str, model, x: np.ndarray, tmp: str, seed: int = 0, twin=None,
@@ -109,17 +130,25 @@ def keras_cases(name: str, model, x: np.ndarray, tmp: str, seed: int = 0, twin=N
     truth that float32 rounding is measured against); the twin's variables are matched by position."""
     rng = np.random.default_rng(seed)
     position = {id(v): i for i, v in enumerate(model.variables)}
+    step: list[_KerasStep] = []  # Keras's step, computed once for every path (the same model, input and weights)
 
     def oracle(by_name: dict[str, object]) -> Oracle:
+        if not step:
+            step.append(_keras_step(model, x, grad_out) if twin is None
+                        else _keras_step(twin, x.astype(twin.variables[0].dtype), grad_out))
         if twin is None:
-            return keras_oracle_step(model, x, grad_out, by_name)
+            return step[0].oracle(by_name)
         twins = {n: twin.variables[position[id(v)]] for n, v in by_name.items()}
-        found = keras_oracle_step(twin, x.astype(twin.variables[0].dtype), grad_out, twins)
+        found = step[0].oracle(twins)
         found.x = x
         return found
 
     cases = []
-    y_shape = tuple(model(x, training=False).shape)
+    shape = getattr(model, "output_shape", None)  # the functional model's own (batch None): no forward pass for it
+    if isinstance(shape, tuple) and len(shape) > 1 and all(isinstance(d, int) for d in shape[1:]):
+        y_shape = (x.shape[0], *shape[1:])
+    else:
+        y_shape = tuple(model(x, training=False).shape)
     grad_out = rng.normal(size=y_shape).astype(np.float64)
     if "from_keras" in paths:
         cases.append(_from_keras_case(name, model, tmp, oracle))
