@@ -30,10 +30,11 @@ from tfnet.onnx.ops_sequence import Unstacked, Written
 def scoped(ctx: Ctx):
     """Converts a subgraph into a TensorFlow function graph (a loop's body, a branch of ``tf.cond``): whatever the
     conversion records in ``ctx`` (values, the other layout of an outer value, shared constants, memoised
-    constant-ness of ops) belongs to that graph and is forgotten afterwards, so that no tensor of it leaks out."""
+    constant-ness of ops, the ONNX value of each TensorFlow tensor name) belongs to that graph and is forgotten
+    afterwards, so that no tensor of it leaks out."""
     saved = {k: Value(v.tensor, v.nhwc, v.other) for k, v in ctx.values.items()}
     sequences, shapes, aliases = dict(ctx.sequences), dict(ctx.shapes), dict(ctx.aliases)
-    shared, types, dtypes = dict(ctx.shared), dict(ctx.onnx_types), dict(ctx.sequence_dtypes)
+    shared, types, dtypes, onnx_of = dict(ctx.shared), dict(ctx.onnx_types), dict(ctx.sequence_dtypes), dict(ctx.onnx_of)
     const_ops, session = ctx._const_ops, ctx._session
     ctx._const_ops, ctx._session = {}, None
     try:
@@ -42,7 +43,7 @@ def scoped(ctx: Ctx):
         if ctx._session is not None:
             ctx._session.close()
         ctx.values, ctx.sequences, ctx.shapes, ctx.aliases = saved, sequences, shapes, aliases
-        ctx.shared, ctx.onnx_types, ctx.sequence_dtypes = shared, types, dtypes
+        ctx.shared, ctx.onnx_types, ctx.sequence_dtypes, ctx.onnx_of = shared, types, dtypes, onnx_of
         ctx._const_ops, ctx._session = const_ops, session
 
 
