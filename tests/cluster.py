@@ -78,6 +78,17 @@ class StandaloneCluster:
     def wait_for_workers(self, n: int, timeout: float = 90) -> None:
         self._wait(lambda: (self._alive_workers() or 0) >= n, timeout, f"{n} workers")
 
+    def wait_until_idle(self, n: int, timeout: float = 90) -> None:
+        """Until ``n`` workers are ALIVE with every core free and no application is running (the one before has
+        ended and its executors are gone): a cluster that a test shares with the test before it."""
+        def idle() -> bool:
+            state = self._master_state()
+            if state is None or state.get("activeapps"):
+                return False
+            free = [w for w in state.get("workers", []) if w.get("state") == "ALIVE" and not w.get("coresused")]
+            return len(free) >= n
+        self._wait(idle, timeout, f"{n} idle workers")
+
     def kill_worker(self, index: int) -> None:
         """SIGKILLs a worker, its executor and its Python workers (its whole process group)."""
         os.killpg(self.workers[index].pid, signal.SIGKILL)
@@ -94,15 +105,21 @@ class StandaloneCluster:
         self.url, self.port, self.webui = master.group(1), int(master.group(2)), int(webui.group(1))
         return True
 
-    def _alive_workers(self) -> int | None:
+    def _master_state(self) -> dict | None:
+        """The master's ``/json/`` (workers, applications), or None while it does not answer."""
         try:
             with urllib.request.urlopen(f"http://{self.host}:{self.webui}/json/", timeout=2) as r:
                 import json
 
-                data = json.loads(r.read())
-            return sum(1 for w in data.get("workers", []) if w.get("state") == "ALIVE")
+                return json.loads(r.read())
         except OSError:
             return None
+
+    def _alive_workers(self) -> int | None:
+        data = self._master_state()
+        if data is None:
+            return None
+        return sum(1 for w in data.get("workers", []) if w.get("state") == "ALIVE")
 
     def _wait(self, ok, timeout: float, what: str) -> None:
         deadline = time.time() + timeout

@@ -25,6 +25,30 @@ from tests.elastic_checks import checkpoint_digest, data_fingerprint, full_epoch
 STEPS_PER_EPOCH = 1024 // 32  # global batch 32, whatever the ranks
 
 
+@pytest.fixture(scope="module")
+def cluster():
+    """One standalone cluster (a master and one-core workers) for the file's tests: each test begins with
+    :func:`two_free_workers` and takes away only workers it added or the newest (:func:`newest`)."""
+    with StandaloneCluster(workers=2, cores=1) as c:
+        yield c
+
+
+def two_free_workers(cluster) -> None:
+    """Back to two live workers, each with its core free and no application running: a new worker for each the
+    test before took away (a cluster manager's replacement), then the master's own word that both are idle."""
+    live = sum(1 for proc in cluster.workers if proc.poll() is None)
+    for _ in range(max(0, 2 - live)):
+        cluster.add_worker()
+    live = sum(1 for proc in cluster.workers if proc.poll() is None)
+    cluster._wait(lambda: cluster._alive_workers() == live, 90, f"the master's count of {live} live workers")
+    cluster.wait_until_idle(2)
+
+
+def newest(cluster) -> int:
+    """The index of the worker added last (the one that came back, after :meth:`StandaloneCluster.add_worker`)."""
+    return len(cluster.workers) - 1
+
+
 def test_the_rank_count_keeps_the_global_batch_whole():
     policy = ElasticPolicy(num_workers=4, min_workers=1)
     assert [policy.ranks_for(s, 32) for s in (4, 3, 2, 1, 9)] == [4, 2, 2, 1, 4]
@@ -151,23 +175,23 @@ def assert_every_row_once_per_epoch(model_dir, last_attempt, epochs, shrink_epoc
 @pytest.mark.spark
 @pytest.mark.parallel
 @pytest.mark.slow
-def test_a_lost_worker_that_does_not_come_back_shrinks_the_run_of_a_connect_client(tmp_path):
+def test_a_lost_worker_that_does_not_come_back_shrinks_the_run_of_a_connect_client(tmp_path, cluster):
     """From a Spark Connect client of a server on the cluster (the grow test below covers a classic
     session): the client cannot count slots, so the launcher's probe measures the free ones. The shrunk run starts
     from its checkpoint bit for bit, takes every row once per epoch on two ranks and then on one, and equals, step
     for step, an uninterrupted one-rank run from the same checkpoint."""
     model_dir = str(tmp_path / "elastic")
-    with StandaloneCluster(workers=2, cores=1) as cluster:
-        server = ConnectServer(master=cluster.url, conf={
-            "spark.executor.memory": "1g", "spark.executor.cores": "1",
-            "spark.executorEnv.TF_CPP_MIN_LOG_LEVEL": "2"}).start()
-        try:
-            driver = start(cluster, model_dir, 12, 1, 5, 0.0, "--reference", url=server.url)
-            wait_for("the first epoch on both ranks", epoch_written(model_dir, 0, 0, 2), driver)
-            cluster.kill_worker(1)  # its executor and its Python workers; no replacement
-            lines, err = finish(driver)
-        finally:
-            server.stop()
+    two_free_workers(cluster)
+    server = ConnectServer(master=cluster.url, conf={
+        "spark.executor.memory": "1g", "spark.executor.cores": "1",
+        "spark.executorEnv.TF_CPP_MIN_LOG_LEVEL": "2"}).start()
+    try:
+        driver = start(cluster, model_dir, 12, 1, 5, 0.0, "--reference", url=server.url)
+        wait_for("the first epoch on both ranks", epoch_written(model_dir, 0, 0, 2), driver)
+        cluster.kill_worker(newest(cluster))  # its executor and its Python workers; no replacement
+        lines, err = finish(driver)
+    finally:
+        server.stop()
     assert "RESULT" in lines, (lines, err[-4000:])
     res = lines["RESULT"]
     run = res["last_run"]
@@ -198,40 +222,39 @@ def test_a_lost_worker_that_does_not_come_back_shrinks_the_run_of_a_connect_clie
 @pytest.mark.spark
 @pytest.mark.parallel
 @pytest.mark.slow
-def test_the_run_grows_back_when_a_worker_returns_and_min_workers_out_of_reach_is_a_typed_error(tmp_path):
+def test_the_run_grows_back_when_a_worker_returns_and_min_workers_out_of_reach_is_a_typed_error(tmp_path, cluster):
     """A classic session: the run shrinks to 1 rank when a worker is lost and grows back to 2 when one is
     added; each change starts from its checkpoint bit for bit, and every epoch takes every row once. Then, in the
     same application, a run with ``min_workers=2`` loses a worker: a typed error after ``elastic_wait`` (5 s, measured
     from the loss), naming the slots seen, and a resume of that run finishes it on the slot left. Last, a driver is
-    killed while its run waits to shrink: a new driver with ``resume=True`` finishes the run. (One cluster: the
-    suite's time.)"""
+    killed while its run waits to shrink: a new driver with ``resume=True`` finishes the run. (One cluster, the
+    file's: the suite's time.)"""
     model_dir, then_dir, killed_dir = str(tmp_path / "elastic"), str(tmp_path / "then"), str(tmp_path / "killed")
-    with StandaloneCluster(workers=2, cores=1) as cluster:
-        # 50 ms more per step: the smaller run lasts long enough for a worker to come back (with 20 ms it trained its
-        # 15 epochs in 16 s, before the new worker's executor had registered)
-        driver = start(cluster, model_dir, 16, 1, 10, 0.05, "--then", then_dir)
-        wait_for("the first epoch on both ranks", epoch_written(model_dir, 0, 0, 2), driver)
-        cluster.kill_worker(1)
-        wait_for("the run on 1 rank", running_on(model_dir, 1), driver)
-        cluster.add_worker()  # what a cluster manager does, later
-        wait_for("a checkpoint of the second run", checkpointed(then_dir), driver)
-        cluster.kill_worker(2)  # the worker that came back
-        t_lost = time.time()
-        lines, err = finish(driver)
+    two_free_workers(cluster)
+    # 50 ms more per step: the smaller run lasts long enough for a worker to come back (with 20 ms it trained its
+    # 15 epochs in 16 s, before the new worker's executor had registered)
+    driver = start(cluster, model_dir, 16, 1, 5, 0.05, "--then", then_dir)
+    wait_for("the first epoch on both ranks", epoch_written(model_dir, 0, 0, 2), driver)
+    cluster.kill_worker(newest(cluster))
+    wait_for("the run on 1 rank", running_on(model_dir, 1), driver)
+    cluster.add_worker()  # what a cluster manager does, later
+    wait_for("a checkpoint of the second run", checkpointed(then_dir), driver)
+    cluster.kill_worker(newest(cluster))  # the worker that came back
+    t_lost = time.time()
+    lines, err = finish(driver)
 
-        # the driver killed while its run waits for the lost slot (elastic_wait 60 s): a new driver resumes the run
-        cluster.add_worker()
-        cluster.wait_for_workers(2)
-        log = tmp_path / "killed-driver.log"
-        with open(log, "w") as stderr:
-            first = start(cluster, killed_dir, 2, 1, 60, 0.0, stderr=stderr)
-            wait_for("the first epoch of the run", epoch_written(killed_dir, 0, 0, 2), first)
-            cluster.kill_worker(3)
-            wait_for("the retry", lambda: "retrying from this run's newest checkpoint" in log.read_text(), first)
-            first.kill()
-            first.wait(30)
-        second = start(cluster, killed_dir, 2, 1, 5, 0.0, "--resume")
-        again, again_err = finish(second)
+    # the driver killed while its run waits for the lost slot (elastic_wait 60 s): a new driver resumes the run
+    two_free_workers(cluster)
+    log = tmp_path / "killed-driver.log"
+    with open(log, "w") as stderr:
+        first = start(cluster, killed_dir, 2, 1, 60, 0.0, stderr=stderr)
+        wait_for("the first epoch of the run", epoch_written(killed_dir, 0, 0, 2), first)
+        cluster.kill_worker(newest(cluster))
+        wait_for("the retry", lambda: "retrying from this run's newest checkpoint" in log.read_text(), first)
+        first.kill()
+        first.wait(30)
+    second = start(cluster, killed_dir, 2, 1, 5, 0.0, "--resume")
+    again, again_err = finish(second)
     assert "RESULT" in lines, (lines, err[-4000:])
     res = lines["RESULT"]
     run = res["last_run"]
@@ -245,9 +268,9 @@ def test_the_run_grows_back_when_a_worker_returns_and_min_workers_out_of_reach_i
     assert run["states"] == ["starting", "running", "retrying", "shrinking", "running", "growing", "running",
                              "finished"], run["states"]
     assert "grows to 2 ranks at the next epoch boundary" in err
-    # the shrink waited elastic_wait (10 s) from the failure for the lost slot, on the driver's clock
+    # the shrink waited elastic_wait (5 s) from the failure for the lost slot, on the driver's clock
     log_ = run["attempt_log"]
-    assert log_[1]["started_s"] - log_[0]["ended_s"] >= 10, log_
+    assert log_[1]["started_s"] - log_[0]["ended_s"] >= 5, log_
     # the shrink and the growth each started from their checkpoint, bit for bit; every whole epoch took every row once
     shrunk, grown = assert_resumed_bit_for_bit(run)
     assert (shrunk["ranks"], grown["ranks"]) == (1, 2) and grown["start_step"] == steps[2]
