@@ -279,11 +279,6 @@ class TrainStep:
             self._state_vars = tf.nest.map_structure(lambda t: tf.Variable(t, trainable=False), state)
         self._fns = {}
 
-    @property
-    def has_state(self) -> bool:
-        """Whether this step holds an optimiser state yet."""
-        return self._state_vars is not None
-
     def state_spec(self):
         """The state's structure with a ``tf.TensorSpec`` per leaf."""
         state = self._state_vars if self._state_vars is not None else self.init_state()

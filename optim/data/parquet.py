@@ -25,7 +25,7 @@ from optim.data import stream
 from optim.data.base import Opened, RankData, RankEnv, Shipped, Staged
 from optim.data.checks import spark_type
 from optim.data.columns import ColumnDataset
-from optim.data.parquet_read import BatchCheck, FileRows, ParquetSource, filesystem
+from optim.data.parquet_read import BatchCheck, FileRows, ParquetSource, filesystem, first_line
 from optim.errors import DataError
 
 __all__ = ["FileColumn", "ParquetDataset", "list_parquet"]
@@ -63,7 +63,7 @@ def _discover(path: str, storage_options):
     except (pa.ArrowInvalid, OSError) as exc:  # the file it read the schema from: name it
         for name in [inner] if single else _candidates(fs, inner):
             read_footer(fs, name)
-        raise DataError(f"The Parquet files at {path!r} cannot be read: {_first_line(exc)}") from None
+        raise DataError(f"The Parquet files at {path!r} cannot be read: {first_line(exc)}") from None
     fragments = sorted(found.get_fragments(), key=lambda f: f.path)
     if not fragments:
         raise DataError(f"No Parquet files at {path!r}: the folder holds none (names starting with _ or . are "
@@ -98,13 +98,8 @@ def read_footer(fs, name: str):
         with fs.open_input_file(name) as handle:
             return pq.ParquetFile(handle).metadata
     except (pa.ArrowInvalid, OSError) as exc:
-        raise DataError(f"Parquet file {name!r} cannot be read: {_first_line(exc)} (a truncated or corrupt file, or "
+        raise DataError(f"Parquet file {name!r} cannot be read: {first_line(exc)} (a truncated or corrupt file, or "
                         "not Parquet).") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def list_parquet(path: str, storage_options=None) -> list[str]:

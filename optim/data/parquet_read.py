@@ -23,7 +23,7 @@ from optim.data.base import Batch
 from optim.errors import CorruptFileError, DataError
 from tfnet import storage
 
-__all__ = ["BatchCheck", "FileRows", "ParquetSource", "filesystem"]
+__all__ = ["BatchCheck", "FileRows", "ParquetSource", "filesystem", "first_line"]
 
 #: What pyarrow says when a Parquet file's bytes are wrong (not when the storage under it failed).
 _CORRUPT = ("thrift", "corrupt", "magic bytes", "unexpected end", "decompress", "invalid", "page header",
@@ -122,7 +122,7 @@ class ParquetReader:
                 if str(again) != str(first):
                     raise
                 raise CorruptFileError(f"Parquet file {self.source.files[f]!r} is corrupt: row group {g} cannot be "
-                                       f"decoded ({_first_line(again)}). Rewrite or remove the file; a retry reads "
+                                       f"decoded ({first_line(again)}). Rewrite or remove the file; a retry reads "
                                        "the same bytes.") from None
 
     def _columns(self, f: int, g: int) -> pa.Table:
@@ -172,6 +172,7 @@ def _looks_corrupt(exc: BaseException) -> bool:
     return any(word in text for word in _CORRUPT)
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """An error's first line (its class name when it has no text)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__

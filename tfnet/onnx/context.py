@@ -10,6 +10,7 @@ compares against.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -175,6 +176,19 @@ class Ctx:
         if self._session is not None:
             self._session.close()
             self._session = None
+
+    @contextlib.contextmanager
+    def own_constants(self):
+        """Constant folding of its own for a subgraph converted into another TensorFlow graph (a loop's body, a
+        branch of ``tf.cond``): a fresh memo of which ops are constant, and a session on that graph, both dropped
+        afterwards."""
+        saved = self._const_ops, self._session
+        self._const_ops, self._session = {}, None
+        try:
+            yield
+        finally:
+            self.close()
+            self._const_ops, self._session = saved
 
     def static_ints(self, name: str) -> list[int] | None:
         value = self.static(name)

@@ -35,16 +35,12 @@ def scoped(ctx: Ctx):
     saved = {k: Value(v.tensor, v.nhwc, v.other) for k, v in ctx.values.items()}
     sequences, shapes, aliases = dict(ctx.sequences), dict(ctx.shapes), dict(ctx.aliases)
     shared, types, dtypes, onnx_of = dict(ctx.shared), dict(ctx.onnx_types), dict(ctx.sequence_dtypes), dict(ctx.onnx_of)
-    const_ops, session = ctx._const_ops, ctx._session
-    ctx._const_ops, ctx._session = {}, None
     try:
-        yield
+        with ctx.own_constants():
+            yield
     finally:
-        if ctx._session is not None:
-            ctx._session.close()
         ctx.values, ctx.sequences, ctx.shapes, ctx.aliases = saved, sequences, shapes, aliases
         ctx.shared, ctx.onnx_types, ctx.sequence_dtypes, ctx.onnx_of = shared, types, dtypes, onnx_of
-        ctx._const_ops, ctx._session = const_ops, session
 
 
 def _set_initializers(ctx: Ctx, graph) -> None:
