@@ -25,7 +25,9 @@ from tests.elastic_checks import checkpoint_digest
 
 pytestmark = [pytest.mark.spark, pytest.mark.parallel, pytest.mark.slow]
 
-DRIVER = textwrap.dedent("""
+# the driver's session on the cluster and the digits CNN over 1,024 rows in 2 partitions; <SETTINGS>: the test's own
+# session settings (lines of ``.config(...)``)
+SESSION_AND_DATA = """
     import json, os, sys
     sys.path.insert(0, {root!r})
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -33,12 +35,8 @@ DRIVER = textwrap.dedent("""
     spark = (SparkSession.builder.master({url!r}).appName("tfnet-cluster-test")
              .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
              .config("spark.executor.memory", "1g").config("spark.executor.cores", "1")
-             .config("spark.dynamicAllocation.enabled", "true")
-             .config("spark.dynamicAllocation.shuffleTracking.enabled", "true")
-             .config("spark.dynamicAllocation.minExecutors", {min_executors!r})
-             .config("spark.dynamicAllocation.executorIdleTimeout", "600s")
+<SETTINGS>
              .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2").getOrCreate())
-    assert spark.sparkContext.getConf().get("spark.dynamicAllocation.enabled") == "true"
     import optim
     from optim import TFDataset, TFOptimizer
     from tests import digits
@@ -49,6 +47,21 @@ DRIVER = textwrap.dedent("""
     data = TFDataset.from_dataframe(df, "pixels", "label", feature_shapes={{"pixels": (8, 8, 1)}})
     opt = TFOptimizer(TFNet.from_keras(digits.cnn(10)), optim.losses.SparseCategoricalCrossentropy(from_logits=True),
                       optim.Adam(0.005), metrics=["accuracy"], model_dir={model_dir!r})
+"""
+
+
+def driver_script(settings: str, body: str) -> str:
+    """The driver's source: :data:`SESSION_AND_DATA` with ``settings``, then ``body`` (indented as it is)."""
+    return textwrap.dedent(SESSION_AND_DATA.replace("<SETTINGS>", settings.strip("\n")) + body)
+
+
+DRIVER = driver_script("""
+             .config("spark.dynamicAllocation.enabled", "true")
+             .config("spark.dynamicAllocation.shuffleTracking.enabled", "true")
+             .config("spark.dynamicAllocation.minExecutors", {min_executors!r})
+             .config("spark.dynamicAllocation.executorIdleTimeout", "600s")
+""", """
+    assert spark.sparkContext.getConf().get("spark.dynamicAllocation.enabled") == "true"
     executors_before = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1  # less the driver
     history = opt.optimize(data, epochs={epochs}, batch_size=32, num_workers=2, checkpoint_every=8, verbose=2,
                            timeout=60, max_retries=2)
@@ -197,26 +210,9 @@ def test_standalone_cluster_survives_a_killed_worker(cluster, tmp_path):
     assert res["scored"] == 40 and res["predict_max_diff"] < 1e-5, res
 
 
-DECOMMISSION_DRIVER = textwrap.dedent("""
-    import json, os, sys
-    sys.path.insert(0, {root!r})
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-    spark = (SparkSession.builder.master({url!r}).appName("tfnet-decommission-test")
-             .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
-             .config("spark.executor.memory", "1g").config("spark.executor.cores", "1")
+DECOMMISSION_DRIVER = driver_script("""
              .config("spark.decommission.enabled", "true")
-             .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2").getOrCreate())
-    import optim
-    from optim import TFDataset, TFOptimizer
-    from tests import digits
-    from tfnet import TFNet
-    x, y = digits.load()
-    df = spark.createDataFrame([(x[i].ravel().tolist(), int(y[i])) for i in range(1024)],
-                               "pixels array<float>, label long").repartition(2)
-    data = TFDataset.from_dataframe(df, "pixels", "label", feature_shapes={{"pixels": (8, 8, 1)}})
-    opt = TFOptimizer(TFNet.from_keras(digits.cnn(10)), optim.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      optim.Adam(0.005), metrics=["accuracy"], model_dir={model_dir!r})
+""", """
     history = opt.optimize(data, epochs={epochs}, batch_size=32, num_workers=2, min_workers=1, elastic_wait=5,
                            checkpoint_every=100000, verbose=0, timeout=60, max_retries=0)
     print("RESULT " + json.dumps({{"step": opt.global_step, "last_run": opt.last_run, "history": history}}), flush=True)
