@@ -28,6 +28,16 @@ class DynamicAllocation:
         """The most tasks the allocation can run at once (None: no bound set)."""
         return None if self.max_executors is None else self.max_executors * self.cores
 
+    def slots_for(self, n: int) -> int:
+        """The slots a stage of ``n`` tasks plans with: its pending tasks bring the executors, up to the bound."""
+        most = self.capacity()
+        return n if most is None else min(n, most)
+
+    def free_slots(self, wanted: int, running: int) -> int:
+        """The slots the allocation may add beside ``running`` tasks, counted up to ``wanted``."""
+        most = self.capacity()
+        return wanted if most is None else max(0, min(wanted, most - running))
+
 
 def _int(value: str | None, default: int) -> int:
     try:

@@ -358,8 +358,7 @@ class _Run:
 
     def notice_at_boundary(self) -> bool:
         """The notice's question at an epoch boundary (every rank asks it at the same step)."""
-        self.stopped = self.notice.ask_now()
-        return self.stopped
+        return self.stop_requested(self.notice.check)
 
     def done(self) -> bool:
         """True once the global step has reached ``max_steps`` (every rank agrees: equal steps)."""

@@ -51,10 +51,3 @@ class StepNotice:
         decided = self.collective.broadcast_json(mine)
         self.next_step = int(decided["next"])
         return bool(decided["stop"])
-
-    def ask_now(self) -> bool:
-        """The question at an epoch boundary, which every rank reaches at the same step: asked whatever the
-        cadence."""
-        if self.check is None:
-            return False
-        return bool(self.collective.broadcast_json(bool(self.check()) if self.collective.is_chief else False))

@@ -291,22 +291,19 @@ class _DistributedRun:
         leaving = self.notice.leaving
         self.notice.withdraw()
         try:
-            slots = self.backend.wait_for_slots(self.elastic.num_workers, self.elastic.wait_s)
-            if self.backend.gang and self.elastic.elastic:
-                # dynamic allocation counts what it may ask for, not what the cluster gives: go on without the
-                # leaving ranks now, and grow back as executors come
-                slots = min(slots, state.stage.n - leaving)
-            n = self.elastic.ranks_for(slots, self.batch_for_policy())
+            return self.after_retry_wait(state, leaving)
         except DistributedTrainingError as err:  # too few slots left: the checkpoint is there to resume from
             return Failed(err)
-        if n < state.stage.n:
-            return Shrinking(state.stage, state.attempt + 1, state.failed, n)
-        return Running(state.stage if n == state.stage.n else self.prepare(n), state.attempt + 1, state.failed)
 
-    def after_retry_wait(self, state: Retrying) -> RunState:
-        """After a failure: as many ranks as there are slots within ``elastic_wait`` (at least ``min_workers``;
-        else a typed error naming the slots): the same stage, or a smaller one."""
+    def after_retry_wait(self, state: Retrying | Running, leaving: int = 0) -> RunState:
+        """After a failure (or a decommission notice for ``leaving`` ranks): as many ranks as there are slots
+        within ``elastic_wait`` (at least ``min_workers``; else a typed error naming the slots): the same stage, or
+        a smaller one."""
         slots = self.backend.wait_for_slots(self.elastic.num_workers, self.elastic.wait_s)
+        if leaving and self.backend.gang and self.elastic.elastic:
+            # dynamic allocation counts what it may ask for, not what the cluster gives: go on without the leaving
+            # ranks now, and grow back as executors come
+            slots = min(slots, state.stage.n - leaving)
         n = self.elastic.ranks_for(slots, self.batch_for_policy())
         if n < state.stage.n:
             return Shrinking(state.stage, state.attempt + 1, state.failed, n)

@@ -58,7 +58,8 @@ def run_task(job: RankJob, rows: Iterable) -> Iterator[tuple]:
     try:
         if job.gang:  # no barrier mode (dynamic allocation on): the ranks meet in the store (the driver's, or rank 0's)
             if hosted:
-                store, address = store_by_file(ctx.first_run() and job, rank)
+                ctx.first_run()  # a task Spark ran again starts no store and reads no address
+                store, address = store_by_file(job, rank)
                 job = dataclasses.replace(job, channels=dataclasses.replace(job.channels, rendezvous=address))
             ctx.join(job)
         elif hosted:

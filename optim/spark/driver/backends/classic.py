@@ -83,8 +83,7 @@ class ClassicBackend(Backend):
 
     def wait_for_slots(self, n: int, wait_s: float) -> int:
         if self.dynamic is not None:  # the stage's pending tasks bring the executors, up to maxExecutors
-            most = self.dynamic.capacity()
-            return n if most is None else min(n, most)
+            return self.dynamic.slots_for(n)
         # a local master cannot grow: its slots are what it has now, so there is nothing to wait for
         return wait_for_slots(self.sc, n, 0.0 if self.sc.master.startswith("local") else wait_s)
 
@@ -94,8 +93,7 @@ class ClassicBackend(Backend):
 
     def free_slots(self, wanted: int, running: int) -> int:
         if self.dynamic is not None:
-            most = self.dynamic.capacity()
-            return wanted if most is None else max(0, min(wanted, most - running))
+            return self.dynamic.free_slots(wanted, running)
         return max(0, task_slots(self.sc) - running)
 
     def balance(self, df, n: int, per_rank: int, timeout_s: float):

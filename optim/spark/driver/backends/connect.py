@@ -167,8 +167,7 @@ class ConnectBackend(Backend):
 
     def wait_for_slots(self, n: int, wait_s: float) -> int:
         if self.dynamic is not None:  # the stage's pending tasks bring the executors, up to maxExecutors
-            most = self.dynamic.capacity()
-            return n if most is None else min(n, most)
+            return self.dynamic.slots_for(n)
         local = connect_slots(self.spark)  # a local[N] master: N, always
         if local is not None:
             return local
@@ -181,8 +180,7 @@ class ConnectBackend(Backend):
 
     def free_slots(self, wanted: int, running: int) -> int:
         if self.dynamic is not None:
-            most = self.dynamic.capacity()
-            return wanted if most is None else max(0, min(wanted, most - running))
+            return self.dynamic.free_slots(wanted, running)
         local = connect_slots(self.spark)
         return max(0, local - running) if local is not None else concurrent_slots(self.spark, wanted)
 
