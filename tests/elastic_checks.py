@@ -71,3 +71,51 @@ def same_checkpoints(ours: dict[int, str], theirs: dict[int, str], from_step: in
         for i, (x, y) in enumerate(zip(a.state, b.state)):
             assert np.array_equal(x, y), (step, f"state leaf {i}")
     return steps
+
+
+def _sum(parts) -> tuple[int, int]:
+    return sum(int(p["rows"]) for p in parts), sum(int(p["fingerprint"]) for p in parts) % _MOD
+
+
+def _before(by_attempt: dict[int, list[dict]], attempt: int, epoch: int, batch: int) -> tuple[int, int]:
+    """``(rows, fingerprint)`` of the first ``batch`` batches of ``epoch`` as the run kept them: from the newest attempt
+    before ``attempt`` whose every rank recorded a checkpoint at that epoch and batch (the one a resume took), and
+    from the attempts that one resumed from in turn."""
+    for a in sorted((a for a in by_attempt if a < attempt), reverse=True):
+        marks = [[c for c in r.get("checkpoints", {}).values() if (c["epoch"], c["batch"]) == (epoch, batch)]
+                 for r in by_attempt[a]]
+        if all(marks):
+            parts = [m[0] for m in marks]
+            rows, fp = _sum(parts)
+            start = {int(p["from_batch"]) for p in parts}
+            assert len(start) == 1, (a, epoch, start)
+            if start.pop() > 0:
+                more = _before(by_attempt, a, epoch, int(parts[0]["from_batch"]))
+                rows, fp = rows + more[0], (fp + more[1]) % _MOD
+            return rows, fp
+    raise AssertionError(f"no attempt before {attempt} recorded epoch {epoch}'s first {batch} batches at a checkpoint")
+
+
+def stitched_epochs(infos: list[dict], steps_per_epoch: int) -> dict[tuple[int, int], tuple[int, int]]:
+    """``{(attempt, epoch): (rows, fingerprint)}`` for every epoch an attempt's ranks trained to its last batch, the
+    epoch a resume interrupted included: an epoch the attempt resumed at batch ``b`` adds the rows the attempt it
+    resumed from trained before its checkpoint at ``b`` (each rank's ``checkpoints`` record, written as the checkpoint
+    was), and so on back. Equal to :func:`data_fingerprint` exactly when every row was trained once in the epoch, the
+    rows after the checkpoint that a failed attempt trained and lost not counted."""
+    by_attempt: dict[int, list[dict]] = {}
+    for info in infos:
+        by_attempt.setdefault(int(info["attempt"]), []).append(info)
+    by_attempt = {a: ranks for a, ranks in by_attempt.items() if len(ranks) == ranks[0]["size"]}
+    out = {}
+    for attempt, ranks in by_attempt.items():
+        for e in sorted(set.intersection(*(set(r["epochs"]) for r in ranks)), key=int):
+            parts = [r["epochs"][e] for r in ranks]
+            start = {int(p["from_batch"]) for p in parts}
+            if len(start) != 1 or any(int(p["from_batch"]) + p["batches"] != steps_per_epoch for p in parts):
+                continue  # not trained to its end in this attempt
+            rows, fp = _sum(parts)
+            if start.pop() > 0:
+                more = _before(by_attempt, attempt, int(e), int(parts[0]["from_batch"]))
+                rows, fp = rows + more[0], (fp + more[1]) % _MOD
+            out[(attempt, int(e))] = (rows, fp)
+    return out

@@ -455,6 +455,7 @@ class _Run:
                 self._write_checkpoint(epoch, batch, peers)
             if self.collective.size > 1:
                 self.collective.allreduce_sum(np.zeros(1))  # the others wait here, not in the next step
+        self.reporter.checkpoint(self.global_step, epoch, batch)  # on every rank: what the checkpoint's steps trained
 
     def _write_checkpoint(self, epoch: int, batch: int, peers: list[list[np.ndarray]]) -> None:
         seed = self.config.seed

@@ -1,7 +1,8 @@
 """Progress reporting: a progress bar, TensorBoard event files, and a combination of both.
 
-A reporter receives ``begin``, ``step``, ``validation``, ``epoch_end`` and ``end`` events from the
-training loop (on rank 0 only). The distributed driver uses the same progress bar, fed with the
+A reporter receives ``begin``, ``step``, ``validation``, ``epoch_end``, ``checkpoint`` and ``end`` events
+from the training loop (every rank's loop sends them; the distributed rank gives the progress reporters
+rank 0's alone). The distributed driver uses the same progress bar, fed with the
 events rank 0 sends it.
 """
 
@@ -41,6 +42,7 @@ class Reporter:
     def step(self, step: int, epoch: int, logs: dict[str, float]) -> None: ...
     def validation(self, step: int, logs: dict[str, float]) -> None: ...
     def epoch_end(self, epoch: int, step: int, logs: dict[str, float]) -> None: ...
+    def checkpoint(self, step: int, epoch: int, batch: int) -> None: ...
     def end(self) -> None: ...
 
 
@@ -63,6 +65,10 @@ class MultiReporter(Reporter):
     def epoch_end(self, *a):
         for r in self.reporters:
             r.epoch_end(*a)
+
+    def checkpoint(self, *a):
+        for r in self.reporters:
+            r.checkpoint(*a)
 
     def end(self):
         for r in self.reporters:

@@ -94,6 +94,25 @@ def test_the_tally_counts_the_batches_the_loop_trained_on_and_writes_each_epoch(
     assert int(e1["fingerprint"]) == fingerprint(x[4:8], np.zeros(4))[1]
 
 
+def test_the_tally_records_each_checkpoint_of_an_open_epoch_at_once(tmp_path):
+    """A rank killed after a checkpoint leaves what its open epoch had trained on at that checkpoint's batch: written as
+    the checkpoint is (the loop's ``checkpoint`` event), counted from the batch its attempt started the epoch at."""
+    x = np.arange(32, dtype=np.float32).reshape(16, 2)
+    path = str(tmp_path / "epochs-a1-r0.json")
+    tally = EpochTally(Batches(x, 4), path, None, {"rank": 0, "attempt": 1, "size": 1, "count": 16})
+    events = tally.reporter()
+    for b, _ in enumerate(tally.batches(4, epoch=2, skip=1, steps=4), start=1 + 1):
+        if b == 3:  # the loop trained batches 1 and 2 of the epoch; a checkpoint at step 11 holds 3 batches of it
+            events.checkpoint(11, 2, 3)
+            break  # killed: nothing after the checkpoint is written
+    events.checkpoint(12, 3, 0)  # an epoch boundary's checkpoint records nothing
+    info = json.load(open(path))
+    assert list(info["checkpoints"]) == ["11"]
+    mark = info["checkpoints"]["11"]
+    assert (mark["epoch"], mark["batch"], mark["from_batch"], mark["rows"]) == (2, 3, 1, 8)
+    assert int(mark["fingerprint"]) == fingerprint(x[4:12], np.zeros(8))[1]
+
+
 def test_a_stage_whose_slots_are_lost_is_ended_by_the_watch():
     """Spark declared an executor lost: the cluster has fewer slots than the stage has ranks, so the stage cannot
     finish (Spark resubmits a barrier stage and waits for slots that are gone). The watch says so at its next check;

@@ -135,8 +135,8 @@ def store_by_file(job, rank: int):
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         try:
-            text = storage.read_bytes(path, options).decode() if storage.exists(path, options) else ""
-        except OSError:
+            text = storage.read_bytes(path, options).decode()
+        except OSError:  # FileNotFoundError until rank 0 has written it
             text = ""
         if text:
             host, port = text.rsplit(":", 1)

@@ -104,7 +104,7 @@ def run_rank(job: RankJob, partition: Iterable, ctx) -> Iterator[bytes | str]:
         spec = job.train
         tally = _tally(job, rank, opened.train, counts[rank])
         result = train(net, spec.loss, spec.method, spec.metrics, tally, config, collective=hvd.collective,
-                       reporter=reporter, validation_data=opened.validation, steps_per_epoch=steps,
+                       reporter=MultiReporter([reporter, tally.reporter()]), validation_data=opened.validation, steps_per_epoch=steps,
                        initial_state=spec.state, start_step=spec.start_step, lr_source=spec.lr_source, liveness=dog,
                        initial_exchange_state=spec.exchange_state, stop_check=_stop_check(job),
                        notice_check=_notice_check(job))

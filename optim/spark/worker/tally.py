@@ -8,6 +8,11 @@ the same sum in any order). When the next epoch starts, and when training ends, 
 epoch starts later), the batches and rows it trained on and their fingerprint. With every rank's file, an operator
 or a test sees whether an epoch covered each row of the data exactly once: the rows add up to the data's, and the
 fingerprints to the data's.
+
+It writes the file at each checkpoint too (:meth:`EpochTally.reporter`: the loop's ``checkpoint`` event, on every
+rank), with what the open epoch had trained on at that checkpoint's step under ``checkpoints``. A rank killed after
+the checkpoint leaves that record, so an epoch interrupted by a failure is stitched whole: the attempt before the
+resume up to the checkpoint, then the attempt after it from there (``tests/elastic_checks.py``, ``stitched_epochs``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import logging
 
 import numpy as np
 
+from optim.training.reporting import Reporter
 from tfnet import storage
 
 __all__ = ["EpochTally", "fingerprint"]
@@ -66,7 +72,9 @@ class EpochTally:
     def __init__(self, data, path: str | None, options=None, info: dict | None = None):
         self._data, self._path, self._options, self._info = data, path, options, dict(info or {})
         self.epochs: dict[int, dict] = {}
+        self.checkpoints: dict[int, dict] = {}  # {step: the open epoch's record at that checkpoint}
         self._open: dict | None = None
+        self._sums: list[tuple[int, int]] = []  # the open epoch's (rows, fingerprint) after each batch handed out
 
     def __getattr__(self, name):
         return getattr(self._data, name)
@@ -76,28 +84,58 @@ class EpochTally:
         next (it trained on it), so a batch pulled and left (the epoch's steps were done) is not."""
         self.close()  # the epoch before is over
         record = self.epochs[int(epoch)] = {"from_batch": int(skip), "batches": 0, "rows": 0, "fingerprint": 0}
-        self._open = record
-        return self._counted(self._data.batches(batch_size, epoch=epoch, skip=skip, **kwargs), record)
+        self._open, self._sums = record, []
+        return self._counted(self._data.batches(batch_size, epoch=epoch, skip=skip, **kwargs), record, self._sums)
 
     @staticmethod
-    def _counted(batches, record: dict):
+    def _counted(batches, record: dict, sums: list):
         for item in batches:
-            yield item
             rows, fp = fingerprint(*item)
+            last = sums[-1] if sums else (0, 0)
+            sums.append((last[0] + rows, (last[1] + fp) % _MOD))
+            yield item
             record["batches"] += 1
             record["rows"] += rows
             record["fingerprint"] = (record["fingerprint"] + fp) % _MOD
+
+    def checkpointed(self, step: int, epoch: int, batch: int) -> None:
+        """A checkpoint at ``step`` holds ``batch`` batches of ``epoch``: records what this rank trained on of them
+        (from the epoch's first batch this attempt took) and writes the file."""
+        record = self.epochs.get(int(epoch))
+        if record is None or batch <= record["from_batch"] or batch - record["from_batch"] > len(self._sums):
+            return  # an epoch boundary's checkpoint (batch 0 of the next), or an epoch this attempt did not take
+        rows, fp = self._sums[batch - record["from_batch"] - 1]
+        self.checkpoints[int(step)] = {"epoch": int(epoch), "batch": int(batch), "from_batch": record["from_batch"],
+                                       "rows": rows, "fingerprint": fp}
+        self._write()
+
+    def reporter(self) -> Reporter:
+        """A reporter for the loop that passes its ``checkpoint`` events to :meth:`checkpointed`."""
+        return _Checkpoints(self)
 
     def close(self) -> None:
         """Writes the file (best effort: a failed write is logged) if an epoch was counted since the last write."""
         if self._open is None:
             return
         self._open = None
+        self._write()
+
+    def _write(self) -> None:
         if not self._path:
             return
-        body = {**self._info, "epochs": {str(e): {**r, "fingerprint": str(r["fingerprint"])}
-                                         for e, r in sorted(self.epochs.items())}}
+        body = {**self._info,
+                "epochs": {str(e): {**r, "fingerprint": str(r["fingerprint"])} for e, r in sorted(self.epochs.items())},
+                "checkpoints": {str(s): {**r, "fingerprint": str(r["fingerprint"])}
+                                for s, r in sorted(self.checkpoints.items())}}
         try:
             storage.write_bytes_atomic(self._path, json.dumps(body).encode(), self._options)
         except Exception as exc:  # noqa: BLE001 - a record for operators: training goes on without it
             log.warning("Cannot write %s (%s).", self._path, exc)
+
+
+class _Checkpoints(Reporter):
+    def __init__(self, tally: EpochTally):
+        self.tally = tally
+
+    def checkpoint(self, step: int, epoch: int, batch: int) -> None:
+        self.tally.checkpointed(step, epoch, batch)

@@ -1,5 +1,7 @@
 """Distributed fine-tuning on a real local[2] Spark with two Horovod ranks over Gloo."""
 
+import glob
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from optim.data.base import agree_steps
 from optim.spark.driver.launcher import DistributedTrainingError, scale_learning_rate
 from optim.training.checkpoint import CheckpointManager
 from tests import digits
+from tests.elastic_checks import data_fingerprint, stitched_epochs
 from tests.spark_utils import BIT_FOR_BIT, kill_rank_after_checkpoints, own_python_workers
 from tfnet import TFNet, TFNetError
 
@@ -128,6 +131,12 @@ def test_kill_one_rank_retries_and_finishes(spark, tmp_path):
         assert run["attempt_log"][-1]["start_step"] == start >= 8
         assert start == int(os.path.basename(killed["truncated"])[len("ckpt-"):-len(".npz")]) - 4, killed
         assert run["attempt_log"][-1]["end_step"] - start < 64
+        # every row of every epoch trained exactly once, the epoch the kill interrupted included: attempt 1's rows up
+        # to the checkpoint resumed from (each rank's record at that checkpoint) and attempt 2's rows after it
+        infos = [json.load(open(p)) for p in glob.glob(str(model_dir / "ranks" / "*" / "epochs-a*-r*.json"))]
+        whole = stitched_epochs(infos, 16)
+        assert sorted(whole) == [(1, 0), (1, 1), (1, 2), (1, 3)], sorted(whole)  # attempts count from 0
+        assert set(whole.values()) == {data_fingerprint(x, y)}, whole
         # and it ends where an uninterrupted run of the same seed, data and ranks ends, bit for bit: the
         # weights and the momentum (a resume that lost the momentum, or restarted the epoch's order, differs)
         whole = cnn_net()
