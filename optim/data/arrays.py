@@ -37,6 +37,9 @@ def _as_list(x) -> list[np.ndarray]:
 class ArrayDataset(DataAdapter):
     """In-memory arrays: ``TFDataset.from_ndarrays``, and a partition read whole on a rank."""
 
+    road = "numpy arrays"
+    holds_out = "driver"
+
     def __init__(self, features: Sequence[np.ndarray], labels: Sequence[np.ndarray] | None,
                  single_label: bool = True, batch_size: int | None = None, presharded: bool = False,
                  augment: Callable | None = None, weights: np.ndarray | None = None):
@@ -148,13 +151,17 @@ class ArrayDataset(DataAdapter):
     def bind(self, input_names, input_specs) -> None:
         check_feeds(self.feeds(), list(input_names), list(input_specs))
 
+    def label_kinds(self) -> list[tuple[str, str]]:
+        """``(name, type)`` of each label array (``labels``, or ``labels[i]``), for the checks against the loss."""
+        names = ["labels"] if len(self.labels or []) == 1 else [f"labels[{i}]" for i in range(len(self.labels or []))]
+        return [(n, label_type(a)) for n, a in zip(names, self.labels or [])]
+
     def checked(self, loss, net, on_nonfinite: str, where: str, training: bool = True) -> ArrayDataset:
         """Labels against the loss (their type, then their values: class ids in range) and NaN or Inf
         features (an error naming the row, or the rows left out with ``on_nonfinite="skip"``)."""
         if self.labels is None:
             return finite_rows_only(self, on_nonfinite, where)
-        names = ["labels"] if len(self.labels) == 1 else [f"labels[{i}]" for i in range(len(self.labels))]
-        check_label_types([(n, label_type(a)) for n, a in zip(names, self.labels)], loss, net, where)
+        check_label_types(self.label_kinds(), loss, net, where)
         check_labels(self.labels[0] if self.single_label else self.labels, loss, net, where)
         return finite_rows_only(self, on_nonfinite, where)
 

@@ -14,6 +14,21 @@ kind it holds; it asks the adapter:
   the :class:`RankData` the driver made, how its share is opened (:meth:`RankData.open`), counted and
   turned into the steps every rank agrees on.
 
+Every road of data (numpy arrays, ``tf.data``, a DataFrame, an RDD, Parquet files, a Delta table) answers the
+driver's checks, :meth:`~DataAdapter.bind` and :meth:`~DataAdapter.checked`: the base has no default for them, so
+an adapter that forgets them fails at its first use, not on a rank. The other questions are capabilities
+(:data:`CAPABILITIES`): an adapter either answers one or leaves the base's refusal, a ``TypeError`` naming the road
+and the capability; :meth:`DataAdapter.supports` says which, without calling anything:
+
+* numpy arrays: ``stage``, ``for_ranks``, ``hold_out`` (split on the driver);
+* a ``tf.data`` input: ``stage``, ``for_ranks``, ``evaluation`` (no rows to hold out, nothing to predict over Spark);
+* a DataFrame and an RDD: every capability, ``hold_out`` on the ranks;
+* Parquet files and a Delta table: all but ``predict_with``, ``hold_out`` on the ranks.
+
+``validation_split`` (:meth:`DataAdapter.hold_out`) is the base's: each rank holds out its own rows as it reads
+them (:attr:`DataAdapter.holds_out` ``"ranks"``); numpy arrays split on the driver instead, and a ``tf.data`` input
+has no rows to split.
+
 What the driver's side needs from the session it stages into is a :class:`StageHost` (the launcher's
 backend): placeholders, balancing, shipping. The adapters never import the launcher.
 """
@@ -26,8 +41,8 @@ from typing import Any, Protocol
 
 from optim.errors import DataError
 
-__all__ = ["Batch", "DataAdapter", "Opened", "RankData", "RankEnv", "Shipped", "StageHost", "Staged", "agree_steps",
-           "unshipped"]
+__all__ = ["CAPABILITIES", "Batch", "DataAdapter", "Opened", "RankData", "RankEnv", "Shipped", "StageHost", "Staged",
+           "agree_steps", "unshipped"]
 
 Batch = tuple[list, Any]
 
@@ -182,10 +197,23 @@ class Staged:
         return [tuple(r) for r in rows]
 
 
-class DataAdapter:
-    """The TFDataset protocol (see the module). Subclasses implement :meth:`batches` and :meth:`num_batches`,
-    and, to train over Spark, :meth:`stage`."""
+#: The capabilities an adapter may have beyond the driver's checks: the method that answers each, and what it does
+#: as the base's refusal names it (:meth:`DataAdapter.supports`, :meth:`DataAdapter.unsupported`).
+CAPABILITIES = {
+    "stage": "train over Spark",
+    "for_ranks": "go to the ranks as the validation data of a distributed run",
+    "evaluation": "be evaluated over Spark",
+    "predict_with": "be predicted over Spark",
+    "hold_out": "hold rows out for `validation_split`",
+}
 
+
+class DataAdapter:
+    """The TFDataset protocol (see the module). Every road implements the driver's checks (:meth:`bind`,
+    :meth:`checked`) and a rank's :meth:`batches` and :meth:`num_batches`, and the :data:`CAPABILITIES` it has."""
+
+    #: What the data is, as messages name the road ("an RDD").
+    road: str = "this data"
     #: Whether ``optimize`` trains on it over Spark by default (a DataFrame, an RDD, Parquet files).
     distributed: bool = False
     has_labels: bool = True
@@ -195,6 +223,31 @@ class DataAdapter:
     splits_batch: bool = True
     #: Rows of the Arrow batches Spark sends a rank while it reads its partition (None: Spark's default).
     arrow_batch_rows: int | None = None
+    #: Where ``validation_split`` holds rows out: ``"ranks"`` (each rank its own rows, as it reads them: the base's
+    #: :meth:`hold_out`), ``"driver"`` (an adapter's own :meth:`hold_out` splits them here) or None (no rows to split).
+    holds_out: str | None = None
+    #: The hold-out of ``validation_split`` that the ranks apply (an :class:`optim.data.holdout.HoldOut`), or None.
+    holdout = None
+
+    @classmethod
+    def supports(cls, capability: str) -> bool:
+        """Whether this kind of data has ``capability`` (a key of :data:`CAPABILITIES`): it answers the method of
+        that name instead of the base's refusal.
+
+        >>> DataAdapter.supports("stage")
+        False
+        """
+        if capability not in CAPABILITIES:
+            raise ValueError(f"Unknown capability {capability!r}; the capabilities are {sorted(CAPABILITIES)}.")
+        if capability == "hold_out":
+            return cls.holds_out is not None
+        return getattr(cls, capability) is not getattr(DataAdapter, capability)
+
+    def unsupported(self, capability: str, fix: str = "") -> TypeError:
+        """The refusal of a capability this data lacks: a TypeError naming the road, its adapter and the capability
+        (and ``fix``, what to do instead)."""
+        return TypeError(f"{self.road} ({type(self).__name__}) cannot {CAPABILITIES.get(capability, capability)}"
+                         + (f": {fix}" if fix else "") + ".")
 
     # ------------------------------------------------------------ the driver's questions
 
@@ -203,36 +256,52 @@ class DataAdapter:
         return None
 
     def bind(self, input_names: list[str], input_specs) -> None:
-        """Before any Spark job: puts the data's feature columns in the net's input order and checks them
-        against the net's inputs (names, dtypes, per-row shapes). Default: nothing to check."""
+        """Before any Spark job: puts the data's feature columns in the net's input order and checks them against
+        the net's inputs (names, dtypes, per-row shapes) with :func:`optim.data.checks.check_feeds`. Every road
+        implements it.
+
+        Raises:
+            InputSpecError, ColumnError: what feeds the inputs does not fit them.
+        """
+        raise self.unsupported("bind", "every road of data checks its features against the net on the driver")
 
     def checked(self, loss, net, on_nonfinite: str, where: str, training: bool = True) -> DataAdapter:
         """The data with the driver's checks of its labels and values done (or arranged for, where the rows
-        are read later); raises a typed error naming the column and row. Default: itself."""
-        return self
+        are read later); raises a typed error naming the column and row. Every road implements it.
+
+        Raises:
+            DataError: labels that the loss cannot take (by their type, before any job), or bad values read here.
+        """
+        raise self.unsupported("checked", "every road of data checks its labels against the loss on the driver")
 
     def stage(self, host: StageHost, n: int, per_rank: int, *, cleanup, validation: DataAdapter | None = None,
               timeout_s: float = 600.0) -> Staged:
         """This data staged for ``n`` ranks, each taking ``per_rank`` rows a step, with ``validation`` (None,
         or an adapter whose :meth:`for_ranks` this may call) travelling with it."""
-        raise TypeError(f"Cannot train on {type(self).__name__} over Spark.")
+        raise self.unsupported("stage")
 
     def for_ranks(self, host: StageHost, cleanup) -> Shipped:
         """This data as the validation data of a distributed run: what every rank gets."""
-        raise TypeError(
-            "Distributed validation data must be numpy arrays, a TFDataset (from_ndarrays, from_tf_data, from_dataframe, "
-            f"from_rdd, from_parquet). Received: {type(self).__name__}")
+        raise self.unsupported("for_ranks", "give numpy arrays, or a TFDataset (from_ndarrays, from_tf_data, "
+                                            "from_dataframe, from_rdd, from_parquet, from_delta)")
 
     def hold_out(self, holdout) -> tuple[DataAdapter, DataAdapter | None]:
         """``validation_split``: ``(training data, validation data)`` without and with the rows ``holdout`` (an
-        :class:`optim.data.holdout.HoldOut`) holds out; validation data of None means each rank holds out its own
-        rows as it reads them.
+        :class:`optim.data.holdout.HoldOut`) holds out. Here, for data whose ranks read their own rows
+        (:attr:`holds_out` ``"ranks"``): a copy that carries ``holdout`` to the ranks, each holding out its own rows as
+        it reads them (:mod:`optim.data.holdout`), and validation data of None.
 
         Raises:
             ValueError: data whose rows cannot be split (a ``tf.data`` input).
         """
-        raise ValueError(f"`validation_split` holds out rows of numpy arrays, a DataFrame, an RDD or Parquet files; "
-                         f"{type(self).__name__} has no rows to split: pass validation_data.")
+        if self.holds_out != "ranks":
+            raise ValueError(f"`validation_split` holds out rows of numpy arrays, a DataFrame, an RDD or Parquet "
+                             f"files; {type(self).__name__} has no rows to split: pass validation_data.")
+        import copy
+
+        out = copy.copy(self)
+        out.holdout = holdout
+        return out, None
 
     def carried_bytes(self) -> int:
         """The bytes that travel with the job when this is staged (numpy arrays); 0 for data the ranks read."""
@@ -240,11 +309,11 @@ class DataAdapter:
 
     def evaluation(self, host: StageHost, partitions: int | None) -> Staged:
         """This data staged for a distributed evaluation (a task per partition, no barrier)."""
-        raise TypeError(f"Cannot evaluate {type(self).__name__} over Spark.")
+        raise self.unsupported("evaluation")
 
     def predict_with(self, predictor, batch_size: int):
         """The net's outputs over Spark, through ``predictor`` (a :class:`~optim.TFPredictor`)."""
-        raise TypeError(f"Cannot predict on {type(self).__name__} over Spark.")
+        raise self.unsupported("predict_with")
 
     def to_local(self) -> DataAdapter:
         """The data collected to this process (validation data of a distributed run)."""

@@ -1,5 +1,6 @@
-"""The checks every road of data takes on the driver, before any Spark job: the same mistake gives the same
-typed error and message from numpy arrays, a DataFrame and Parquet files. Pure: pyarrow, numpy and tfnet.
+"""The checks every road of data takes on the driver, before any training stage: the same mistake gives the same
+typed error and message from numpy arrays, a ``tf.data`` input (its ``element_spec``), a DataFrame, an RDD (its
+first record), Parquet files and a Delta table. Pure: pyarrow, numpy and tfnet.
 
 Each road describes what it feeds as :class:`Feed` objects (a column, or stacked scalar columns, or an array:
 its name as the user gave it, its type in Spark's words (``double``, ``string``, ``array<float>``,
@@ -87,8 +88,8 @@ def array_type(a: np.ndarray) -> str:
 @dataclass(frozen=True)
 class Feed:
     """What feeds one input (or one label): ``name`` as the user gave it, ``type`` in Spark's words, and
-    ``shape`` (the per-row shape given or known; None: unknown until a row is read). ``declared``: the
-    shape was given (``feature_shapes``, or stacked scalar columns)."""
+    ``shape`` (the per-row shape given or known, a dimension None where only a ``tf.data`` input's rows know it;
+    None: unknown until a row is read). ``declared``: the shape was given (``feature_shapes``, or stacked scalar columns)."""
 
     name: str
     type: str
@@ -191,7 +192,7 @@ def _check_shape(feed: Feed, name: str, spec) -> None:
         return
     if feed.shape == () and row == (1,):
         return  # one number per row for a (None, 1) input, as Keras takes it
-    fits = len(feed.shape) == len(row) and all(d is None or d == g for d, g in zip(row, feed.shape))
+    fits = len(feed.shape) == len(row) and all(d is None or g is None or d == g for d, g in zip(row, feed.shape))
     if not fits:
         want = tuple(d or 0 for d in row)
         if feed.shape == ():

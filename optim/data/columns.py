@@ -73,7 +73,7 @@ class ColumnDataset(DataAdapter):
 
     Subclasses set ``features`` and ``labels`` (lists of TensorColumns), ``input_keys`` (input names,
     when ``feature_cols`` was a dict by input name, else None) and ``vectors`` (``{shown column: the
-    column read}``), and implement :meth:`column_kinds`.
+    column read}``), and implement :meth:`column_types`.
     """
 
     distributed = True
@@ -84,7 +84,7 @@ class ColumnDataset(DataAdapter):
     #: the column of sample weights (None: unweighted)
     weight: TensorColumns | None = None
 
-    def _set_columns(self, feature_cols, label_cols, feature_shapes) -> object:
+    def set_columns(self, feature_cols, label_cols, feature_shapes) -> object:
         """Parses ``feature_cols`` and ``label_cols``; returns ``feature_cols`` as a list or a name."""
         self.input_keys = list(feature_cols) if isinstance(feature_cols, Mapping) else None
         if isinstance(feature_cols, Mapping):
@@ -105,7 +105,7 @@ class ColumnDataset(DataAdapter):
         self.single_label = isinstance(label_cols, str) or len(self.labels) == 1
         return feature_cols
 
-    def _set_weight(self, weight_col, label_cols) -> None:
+    def set_weight(self, weight_col, label_cols) -> None:
         """Sets :attr:`weight` from ``weight_col`` (a column name or None), checked against the other columns."""
         if weight_col is None:
             self.weight = None
@@ -127,7 +127,7 @@ class ColumnDataset(DataAdapter):
         """The user's name for a column (not the hidden array column of a Vector column)."""
         return {hidden: c for c, hidden in self.vectors.items()}.get(column, column)
 
-    def _check_present(self, existing: list[str]) -> None:
+    def require_columns(self, existing: list[str]) -> None:
         """Raises ColumnError for a column that is not in ``existing`` (naming the closest)."""
         check_present([c for spec in self.features + self.labels + self._weights() for c in spec.columns], existing)
 

@@ -81,7 +81,9 @@ class DataFrameDataset(ColumnDataset):
             batch every epoch. Default True.
     """
 
+    road = "a DataFrame"
     distributed = True
+    holds_out = "ranks"
 
     def __init__(self, df, feature_cols, label_cols=None, feature_shapes=None, batch_size: int | None = None,
                  augment=None, weight_col: str | None = None, streaming: bool = True, shuffle_buffer: int = stream.DEFAULT_SHUFFLE_BUFFER,
@@ -93,11 +95,10 @@ class DataFrameDataset(ColumnDataset):
         self.streaming = bool(streaming)
         self.shuffle_buffer, self.prefetch = _positive("shuffle_buffer", shuffle_buffer), _positive("prefetch", prefetch)
         self.block_rows = stream.DEFAULT_BLOCK_ROWS
-        self._set_columns(feature_cols, label_cols, feature_shapes)
-        self._set_weight(weight_col, label_cols)
-        self._check_present(list(df.columns))
+        self.set_columns(feature_cols, label_cols, feature_shapes)
+        self.set_weight(weight_col, label_cols)
+        self.require_columns(list(df.columns))
         self.types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
-        self.holdout = None  # validation_split: an optim.data.holdout.HoldOut, applied on the ranks
         # Spark ML Vector columns are read through a hidden array column (vector_to_array)
         self.df, self.vectors = vectors_as_arrays(df, [c for s in self.features + self.labels for c in s.columns])
         if self.vectors:
@@ -145,14 +146,6 @@ class DataFrameDataset(ColumnDataset):
         return None
 
     # ------------------------------------------------------------ over Spark
-
-    def hold_out(self, holdout):
-        """Each rank holds out its own rows as it reads its partition (:mod:`optim.data.holdout`)."""
-        import copy
-
-        out = copy.copy(self)
-        out.holdout = holdout
-        return out, None
 
     def stage(self, host, n, per_rank, *, cleanup, validation=None, timeout_s=600.0) -> Staged:
         """The DataFrame with ``n`` partitions: balanced by the session (``host.balance``), or, with a

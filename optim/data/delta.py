@@ -4,7 +4,8 @@ their share of that version's files as :mod:`optim.data.parquet` has them do, wi
 
 A Delta table is Parquet files and a log of which files make each version. The driver reads the log once
 (``deltalake.DeltaTable``, no Spark and no JVM connector), takes the version's files and each file's partition
-values, and hands them to the Parquet adapter: the same checks before any job, the same errors naming the file
+values, and hands them to the Parquet adapter through its seam for table formats
+(:meth:`~optim.data.parquet.ParquetDataset.from_files`): the same checks before any job, the same errors naming the file
 and the row, the same streamed reading on the ranks. ``storage_options`` are fsspec's, as for ``from_parquet``
 and ``model_dir`` (``endpoint_url``, ``key``, ``secret``); the driver gives delta-rs the same endpoint and keys.
 
@@ -141,8 +142,8 @@ def _azure_options(options: dict) -> dict:
 
 
 class DeltaDataset(ParquetDataset):
-    """``TFDataset.from_delta(path, feature_cols, label_cols, feature_shapes, version, timestamp, storage_options)``:
-    see the module.
+    """``TFDataset.from_delta(path, feature_cols, label_cols, feature_shapes, version, timestamp, storage_options)``
+    (:meth:`open`): see the module. Parquet files whose table's log chose them (:meth:`ParquetDataset.from_files`).
 
     Args:
         path: The table's folder, a local path or a URI (``s3://bucket/table``).
@@ -156,9 +157,20 @@ class DeltaDataset(ParquetDataset):
         ColumnError: a column the table does not have.
     """
 
-    def __init__(self, path: str, feature_cols, label_cols=None, feature_shapes=None, version: int | None = None,
-                 timestamp=None, storage_options=None, batch_size: int | None = None, augment=None,
-                 shuffle_buffer: int = stream.DEFAULT_SHUFFLE_BUFFER, prefetch: int = stream.DEFAULT_PREFETCH):
+    road = "a Delta table"
+    #: The table's version read.
+    version: int
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("A Delta table is opened with TFDataset.from_delta(path, ...) (DeltaDataset.open), which reads "
+                        "its log; DeltaDataset(...) would read every file in the folder, removed ones included.")
+
+    @classmethod
+    def open(cls, path: str, feature_cols, label_cols=None, feature_shapes=None, version: int | None = None,
+             timestamp=None, storage_options=None, batch_size: int | None = None, augment=None,
+             shuffle_buffer: int = stream.DEFAULT_SHUFFLE_BUFFER,
+             prefetch: int = stream.DEFAULT_PREFETCH) -> DeltaDataset:
+        """The table at ``path`` as of ``version`` or ``timestamp`` (the arguments of the class)."""
         import pyarrow as pa
 
         if version is not None and timestamp is not None:
@@ -166,10 +178,10 @@ class DeltaDataset(ParquetDataset):
                              f"timestamp={timestamp!r}")
         path = str(path)
         table = _open(path, version, timestamp, storage_options)
-        self.version = int(table.version())
+        read = int(table.version())
         features = set(getattr(table.protocol(), "reader_features", None) or [])
         if "deletionVectors" in features and _has_deletion_vectors(table):
-            raise DataError(f"The Delta table at {path!r} (version {self.version}) has deletion vectors: its files hold "
+            raise DataError(f"The Delta table at {path!r} (version {read}) has deletion vectors: its files hold "
                             "rows that were deleted. Rewrite it without them (OPTIMIZE, or purge) to read it here.")
         schema = pa.schema(table.schema().to_arrow())
         actions = pa.table(table.get_add_actions(flatten=True))
@@ -182,11 +194,14 @@ class DeltaDataset(ParquetDataset):
             values.append({c: _typed(actions.column(f"partition.{c}")[i].as_py(), schema.field(c).type)
                            for c in columns})
         if not files:
-            raise DataError(f"The Delta table at {path!r} holds no rows at version {self.version}.")
+            raise DataError(f"The Delta table at {path!r} holds no rows at version {read}.")
         order = sorted(range(len(files)), key=lambda k: files[k])
-        self._set_files(path, storage_options, [files[k] for k in order], [values[k] for k in order], schema,
-                        feature_cols, label_cols, feature_shapes, batch_size, augment, shuffle_buffer, prefetch,
-                        stored=_stored_columns(table, path), absent_as_null=True)
+        out = cls.from_files(path, [files[k] for k in order], [values[k] for k in order], schema, feature_cols,
+                             label_cols, feature_shapes, storage_options=storage_options, batch_size=batch_size,
+                             augment=augment, shuffle_buffer=shuffle_buffer, prefetch=prefetch,
+                             stored=_stored_columns(table, path), absent_as_null=True)
+        out.version = read
+        return out
 
 
 def _open(path: str, version, timestamp, storage_options):

@@ -81,8 +81,8 @@ class TFDataset(abc.ABC):  # noqa: B024 - a virtual base: the adapters register 
         the newest), its partition columns readable like any other, each rank reading its share of that version's
         files as :meth:`from_parquet` does, with the same checks; see :class:`optim.data.delta.DeltaDataset`. Needs
         the ``deltalake`` package (``pip install tfnet[delta]``); ``storage_options`` are fsspec's."""
-        return DeltaDataset(path, feature_cols, label_cols, feature_shapes, version, timestamp, storage_options,
-                            batch_size, augment, shuffle_buffer=shuffle_buffer, prefetch=prefetch)
+        return DeltaDataset.open(path, feature_cols, label_cols, feature_shapes, version, timestamp, storage_options,
+                                 batch_size, augment, shuffle_buffer=shuffle_buffer, prefetch=prefetch)
 
     @staticmethod
     def from_rdd(rdd, batch_size: int | None = None) -> RDDDataset:

@@ -133,28 +133,60 @@ class ParquetDataset(ColumnDataset):
         ColumnError: a column that the files do not have.
     """
 
+    road = "Parquet files"
     distributed = True
+    holds_out = "ranks"
 
     def __init__(self, path: str, feature_cols, label_cols=None, feature_shapes=None, storage_options=None,
                  batch_size: int | None = None, augment=None, shuffle_buffer: int = stream.DEFAULT_SHUFFLE_BUFFER,
                  prefetch: int = stream.DEFAULT_PREFETCH):
-        self._set_files(str(path), storage_options, *_discover(str(path), storage_options), feature_cols, label_cols,
-                        feature_shapes, batch_size, augment, shuffle_buffer, prefetch)
+        files, values, schema = _discover(str(path), storage_options)
+        self._set_files(str(path), files, values, schema, feature_cols, label_cols, feature_shapes,
+                        storage_options=storage_options, batch_size=batch_size, augment=augment,
+                        shuffle_buffer=shuffle_buffer, prefetch=prefetch)
 
-    def _set_files(self, path: str, storage_options, files: list[str], values: list[dict], schema: pa.Schema,
-                   feature_cols, label_cols, feature_shapes, batch_size, augment, shuffle_buffer, prefetch, *,
+    @classmethod
+    def from_files(cls, path: str, files: list[str], partition_values: list[dict], schema: pa.Schema, feature_cols,
+                   label_cols=None, feature_shapes=None, *, storage_options=None, batch_size: int | None = None,
+                   augment=None, shuffle_buffer: int = stream.DEFAULT_SHUFFLE_BUFFER,
+                   prefetch: int = stream.DEFAULT_PREFETCH, stored: dict[str, FileColumn] | None = None,
+                   absent_as_null: bool = False) -> ParquetDataset:
+        """The seam for table formats (Delta; Iceberg, Hudi alike): the dataset over Parquet files that a table's
+        own log chose, not found under ``path`` (which names the table in messages and gives the file system), checked
+        as the module says.
+
+        Args:
+            path: The table, a local path or a URI; ``files`` are in its file system.
+            files: The Parquet files, in the order the ranks share their rows.
+            partition_values: Each file's partition columns' values (``{column: value}``).
+            schema: The rows' schema, partition columns included (the table's).
+            feature_cols, label_cols, feature_shapes, storage_options, batch_size, augment, shuffle_buffer, prefetch:
+                As for :class:`ParquetDataset`.
+            stored: Where the files hold the columns that they name otherwise (:class:`FileColumn`, Delta's column
+                mapping). Default: under the schema's names.
+            absent_as_null: A file without a column read gives nulls for it (a table's later columns) instead of an
+                error. Default False.
+
+        Raises:
+            DataError: a file that cannot be read, or that lacks a column read (unless ``absent_as_null``).
+            ColumnError: a column the schema does not have.
+        """
+        out = cls.__new__(cls)
+        out._set_files(str(path), files, partition_values, schema, feature_cols, label_cols, feature_shapes,
+                       storage_options=storage_options, batch_size=batch_size, augment=augment,
+                       shuffle_buffer=shuffle_buffer, prefetch=prefetch, stored=stored, absent_as_null=absent_as_null)
+        return out
+
+    def _set_files(self, path: str, files: list[str], values: list[dict], schema: pa.Schema, feature_cols, label_cols,
+                   feature_shapes, *, storage_options, batch_size, augment, shuffle_buffer, prefetch,
                    stored: dict[str, FileColumn] | None = None, absent_as_null: bool = False) -> None:
-        """Sets up the dataset over ``files`` (paths in ``path``'s file system), ``values`` (each file's
-        partition columns) and ``schema`` (the rows', partition columns included), checked as the module says.
-        ``stored``: where the files hold the columns that they name otherwise (default: under the schema's names);
-        ``absent_as_null``: a file without a column read gives nulls for it (a table's later columns, as Delta reads
-        them) instead of an error."""
+        """Sets up the dataset (:meth:`from_files`, whose arguments these are)."""
         self.path, self.storage_options = path, storage_options
         self.batch_size, self.augment = batch_size, augment
         self.shuffle_buffer, self.prefetch = int(shuffle_buffer), int(prefetch)
-        self._set_columns(feature_cols, label_cols, feature_shapes)
+        self.set_columns(feature_cols, label_cols, feature_shapes)
         self.files, self.partition_values = list(files), list(values)
-        self._check_present(list(schema.names))
+        self.require_columns(list(schema.names))
         self.types = {f.name: spark_type(f.type) for f in schema}
         self.partition_types = {name: schema.field(name).type for name in {k for v in self.partition_values for k in v}}
         self.groups: list[tuple[int, int, int]] = []  # (file, row group, rows)
@@ -165,7 +197,6 @@ class ParquetDataset(ColumnDataset):
         #: per file, the columns read that it names otherwise: column -> its name in the file, None where it has none
         self.file_names = [names for _, names in footers]
         self.check = None
-        self.holdout = None  # validation_split: an optim.data.holdout.HoldOut, applied on the ranks
 
     def _footer(self, index: int, name: str, wanted: dict) -> tuple[int, dict[str, str | None]]:
         """Reads file ``index``'s footer: its row groups go into :attr:`groups`; returns its rows and the columns
@@ -261,14 +292,6 @@ class ParquetDataset(ColumnDataset):
         train = self.shard(rank, size, stream.FilteredSource(source, [~h for h in held]))
         val = self.shard(rank, size, stream.FilteredSource(source, held), checked=False)
         return train, val
-
-    def hold_out(self, holdout):
-        """Each rank holds out its own rows as it reads them (:mod:`optim.data.holdout`)."""
-        import copy
-
-        out = copy.copy(self)
-        out.holdout = holdout
-        return out, None
 
     def batches(self, batch_size, *, epoch=0, seed=0, shuffle=True, skip=0, rank=0, size=1,
                 drop_remainder=False, steps=None, training=False):

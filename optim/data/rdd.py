@@ -1,8 +1,11 @@
 """``TFDataset.from_rdd``: a Spark RDD of ``(features, label)`` records, one partition per rank. Driver side
 (the adapter), with the small reader each rank runs over its records (:class:`RecordShard`).
 
-A classic session balances the records over the ranks; Spark Connect has no RDDs, and its session refuses
-them when the stage is made (:meth:`~optim.data.base.StageHost.balance_records`).
+The driver's checks read one record (``rdd.take(1)``: one small job, the only one before the stage): its features
+against the net's inputs and its label's type against the loss, as numpy arrays of the same values would be checked
+(:mod:`optim.data.checks`); every record's values are checked on its rank as it is read. A classic session balances
+the records over the ranks; Spark Connect has no RDDs, and its session refuses them when the stage is made
+(:meth:`~optim.data.base.StageHost.balance_records`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import numpy as np
 from optim.data.arrays import ArrayDataset
 from optim.data.base import DataAdapter, Opened, RankData, RankEnv, Shipped, Staged
 from optim.data.decode import records_to_arrays
+from optim.data.values import check_label_types
 
 __all__ = ["RDDDataset", "RecordRankData", "RecordShard"]
 
@@ -22,16 +26,38 @@ class RDDDataset(DataAdapter):
     """``TFDataset.from_rdd(rdd)``: an RDD of ``(features, label)`` records, ``features`` an array
     (or a tuple of arrays, one per model input)."""
 
+    road = "an RDD"
     distributed = True
+    holds_out = "ranks"
 
     def __init__(self, rdd, batch_size: int | None = None):
         self.rdd = rdd
         self.batch_size = batch_size
         self.has_labels = True
-        self.holdout = None  # validation_split: an optim.data.holdout.HoldOut, applied on the ranks
+        self._sample: list | None = None  # the record the driver's checks read (rdd.take(1)), once
         from optim.spark.warm_up import ensure_warm_up
 
         ensure_warm_up(getattr(rdd, "context", None))
+
+    def sample(self) -> ArrayDataset | None:
+        """The first record as one row of arrays (None: the RDD is empty), read once (``rdd.take(1)``)."""
+        if self._sample is None:
+            self._sample = list(self.rdd.take(1))
+        return RecordShard()(self._sample, 0, presharded=False) if self._sample else None
+
+    def bind(self, input_names, input_specs) -> None:
+        """The first record's features against the net's inputs, as numpy arrays of them would be checked."""
+        sample = self.sample()
+        if sample is not None:
+            sample.bind(input_names, input_specs)
+
+    def checked(self, loss, net, on_nonfinite: str, where: str, training: bool = True) -> RDDDataset:
+        """The first record's label type against the loss, as for numpy arrays; every record's values (class ids,
+        NaN or Inf features) are checked on its rank as it reads them."""
+        sample = self.sample()
+        if sample is not None:
+            check_label_types(sample.label_kinds(), loss, net, where)
+        return self
 
     def to_local(self) -> ArrayDataset:
         """Collects the records to the driver (validation data of a distributed run)."""
@@ -39,14 +65,6 @@ class RDDDataset(DataAdapter):
 
     def num_batches(self, batch_size, **kw):
         return None
-
-    def hold_out(self, holdout):
-        """Each rank holds out its own records as it reads them (:mod:`optim.data.holdout`)."""
-        import copy
-
-        out = copy.copy(self)
-        out.holdout = holdout
-        return out, None
 
     def stage(self, host, n, per_rank, *, cleanup, validation=None, timeout_s=600.0) -> Staged:
         records = host.balance_records(self.rdd, n, per_rank, timeout_s)

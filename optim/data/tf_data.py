@@ -1,17 +1,24 @@
 """A ``tf.data`` input (``TFDataset.from_tf_data``): a batched ``tf.data.Dataset``, or a function building each
 rank's. Both sides: on Spark it goes with the job (over a placeholder stage) and each rank builds its shard.
+
+The driver's checks read the dataset's ``element_spec`` (no element is read): its features against the net's inputs
+and its labels' types against the loss, as numpy arrays of those dtypes and per-row shapes would be checked
+(:mod:`optim.data.checks`), with the same errors. A function's dataset exists only where it is called: its
+``element_spec`` is checked there, when it is built (on each rank, or here for a run in this process).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
 from optim.data.arrays import ArrayDataset
 from optim.data.base import Batch, DataAdapter, Opened, RankData, RankEnv, Shipped, Staged
-from optim.data.values import finite_batch
+from optim.data.checks import Feed, array_type, check_feeds
+from optim.data.values import check_label_types, finite_batch
 from optim.errors import DataError, NonFiniteInputError
 from optim.losses import SampleWeighted
 
@@ -35,13 +42,20 @@ class TFDataDataset(DataAdapter):
 
     #: NaN and Inf checks of each batch: None (none; evaluate and predict), "raise" or "skip"
     on_nonfinite: str | None = None
+    road = "a tf.data input"
     #: what the data is called in a check's message ("the training data")
     nonfinite_where: str = "the data"
+    #: the net's ``(input names, input specs)`` once bound; a function's dataset is checked against them when built
+    bound_inputs: tuple | None = None
+    #: ``(loss, output names, where)`` once checked; a function's dataset's labels are checked with them when built
+    bound_labels: tuple | None = None
     nonfinite_per_epoch: bool = True
     #: wholly non-finite batches in a row after which a repeated input is taken as all bad
     MAX_EMPTY_BATCHES = 1000
 
     def __init__(self, dataset_or_fn):
+        #: the ``tf.data.Dataset`` given (None: a function, which builds each rank's)
+        self.given = dataset_or_fn if isinstance(dataset_or_fn, tf.data.Dataset) else None
         if isinstance(dataset_or_fn, tf.data.Dataset):
             self._fn: Callable[[int, int], tf.data.Dataset] = (
                 lambda rank, size, ds=dataset_or_fn: ds if size == 1 else ds.shard(size, rank)
@@ -58,22 +72,49 @@ class TFDataDataset(DataAdapter):
         ds = self._fn(rank, size)
         if not isinstance(ds, tf.data.Dataset):
             raise DataError(f"The function given to from_tf_data must return a tf.data.Dataset; it returned {type(ds).__name__}.")
+        if self.given is None:  # a function's dataset: checked as it is built
+            self._check_spec(ds.element_spec)
         return ds
 
     def num_batches(self, batch_size, *, rank=0, size=1, drop_remainder=False):
         n = int(self.dataset(rank, size).cardinality())
         return n if n >= 0 else None
 
+    def bind(self, input_names, input_specs) -> None:
+        """The features of the ``element_spec`` against the net's inputs (here for a dataset given; for a function,
+        where it builds one)."""
+        self.bound_inputs = (list(input_names), list(input_specs))
+        if self.given is not None:
+            self._check_spec(self.given.element_spec)
+
     def checked(self, loss, net, on_nonfinite: str, where: str, training: bool = True) -> TFDataDataset:
-        """A copy of this dataset whose batches are checked for NaN or Inf features (``on_nonfinite``
-        "raise" or "skip") as they are read; the original is left as it was. ``where`` names the data in
-        messages, and ``training`` adds the epoch to the batch number. Batches count from 1, as the progress
-        bar does; rows within a batch from 0, as numpy indexes them."""
+        """A copy of this dataset whose labels' types are checked against the loss from the ``element_spec`` (here
+        for a dataset given; for a function, where it builds one), and whose batches are checked for NaN or Inf
+        features (``on_nonfinite`` "raise" or "skip") as they are read; the original is left as it was. ``where``
+        names the data in messages, and ``training`` adds the epoch to the batch number. Batches count from 1, as
+        the progress bar does; rows within a batch from 0, as numpy indexes them."""
         import copy
 
         out = copy.copy(self)
         out.on_nonfinite, out.nonfinite_where, out.nonfinite_per_epoch = on_nonfinite, where, training
+        if net is not None and loss is not None:
+            out.bound_labels = (loss, _Outputs(list(net.output_names)), where)
+            if out.given is not None:
+                out._check_spec(out.given.element_spec)
         return out
+
+    def _check_spec(self, element_spec) -> None:
+        """The checks :meth:`bind` and :meth:`checked` arranged, on an ``element_spec``."""
+        features, labels = _split_element(element_spec)
+        if self.bound_inputs is not None:
+            check_feeds(spec_feeds(features, "features"), *self.bound_inputs)
+        if self.bound_labels is not None and labels is not None:
+            loss, outputs, where = self.bound_labels
+            labels = labels.labels if isinstance(labels, SampleWeighted) else labels
+            parts = list(labels.values()) if isinstance(labels, dict) else list(labels) if isinstance(
+                labels, (tuple, list)) else [labels]
+            names = ["labels"] if len(parts) == 1 else [f"labels[{i}]" for i in range(len(parts))]
+            check_label_types([(n, spec_type(p, label=True)) for n, p in zip(names, parts)], loss, outputs, where)
 
     # ------------------------------------------------------------ over Spark
 
@@ -138,6 +179,49 @@ class TFDataDataset(DataAdapter):
             yield batch
             if want is not None and given >= want:
                 return
+
+
+class _Outputs(NamedTuple):
+    """What the label checks read of the net (picklable: it goes with a function's dataset to the ranks)."""
+
+    output_names: list
+
+
+def spec_type(spec, label: bool = False) -> str:
+    """A ``tf.TensorSpec`` of batches in Spark's words, as :func:`optim.data.checks.array_type` names numpy arrays
+    of the same dtype and per-row shape (a label of one value per row, ``(None, 1)``, as a scalar:
+    :func:`optim.data.arrays.label_type`).
+
+    >>> spec_type(tf.TensorSpec((None, 8, 8), tf.float32))
+    'array<array<float>>'
+    """
+    dtype = tf.dtypes.as_dtype(spec.dtype)
+    if dtype == tf.string:
+        base = "string"
+    elif dtype.is_floating:
+        base = "double" if dtype == tf.float64 else "float"
+    else:
+        base = array_type(np.zeros((0,), dtype.as_numpy_dtype))
+    row = _row_shape(spec)
+    depth = 0 if row is None or (label and row == (1,)) else len(row)
+    for _ in range(depth):
+        base = f"array<{base}>"
+    return base
+
+
+def _row_shape(spec) -> tuple | None:
+    """A batched spec's per-row shape (its unknown dimensions None), or None where its rank is unknown."""
+    shape = tf.TensorShape(spec.shape)
+    if shape.rank is None or shape.rank == 0:
+        return None
+    return tuple(shape.as_list()[1:])
+
+
+def spec_feeds(specs: list, what: str) -> list[Feed]:
+    """A :class:`~optim.data.checks.Feed` per ``tf.TensorSpec`` of batched features: named ``what`` (one) or
+    ``what[i]``, as :func:`optim.data.arrays.array_feeds` names numpy arrays."""
+    names = [what] if len(specs) == 1 else [f"{what}[{i}]" for i in range(len(specs))]
+    return [Feed(n, spec_type(s), _row_shape(s), declared=_row_shape(s) is not None) for n, s in zip(names, specs)]
 
 
 def _split_element(element) -> Batch:

@@ -1,5 +1,7 @@
-"""One road per kind of data (issue 41): the same mistake gives the same typed error and message from a
-DataFrame, the Parquet files Spark wrote from it and numpy arrays, raised on the driver before any Spark job;
+"""One road per kind of data (issues 41 and 55): the same mistake gives the same typed error and message from each of
+the six roads (numpy arrays, a ``tf.data`` input, a DataFrame, an RDD, the Parquet files Spark wrote from it and a
+Delta table of the same rows), raised on the driver before any training stage (no Spark job at all, but for the RDD's
+one-record sample);
 a Parquet file that cannot be read is named and not retried; a bad row of a Parquet file is named by its file
 and its row in it; Hive-style partition folders are columns. Real Spark (``local[2]``), real Parquet written by
 Spark, the net from Keras."""
@@ -55,43 +57,64 @@ def written(df, path) -> str:
     return str(path)
 
 
-def raised(spark, fn, error: type):
-    """The ``error`` that ``fn`` raises, and that no Spark job ran for it (the warm-up aside)."""
+def raised(spark, fn, error: type, sample: bool = False):
+    """The ``error`` that ``fn`` raises, and that no Spark job ran for it (the warm-up aside; with ``sample``, only the
+    one job of an RDD's one-record sample, untagged, and none of tfnet's)."""
     before = spark_jobs(spark)
     with pytest.raises(error) as caught:
         fn()
-    assert jobs_since(spark, before) == [], f"a Spark job ran before the error: {caught.value}"
+    jobs = jobs_since(spark, before)
+    if sample:
+        assert jobs == [""], f"more than the RDD's sample ran before the error: {jobs}; {caught.value}"
+    else:
+        assert jobs == [], f"a Spark job ran before the error: {caught.value}"
     return caught.value
 
 
-def three_roads(spark, tmp_path, net, error, columns, schema, feature, label, arrays, **options):
-    """The ``error`` of one mistake on each road: ``{"dataframe": e, "parquet": e, "arrays": e}`` (arrays may be
-    None: a mistake numpy cannot make)."""
+#: The roads whose data has no column names: numpy arrays name theirs ``features`` and ``labels``, and so do a
+#: ``tf.data`` input and an RDD (whose records are arrays).
+UNNAMED = ("arrays", "tf.data", "rdd")
+
+
+def six_roads(spark, tmp_path, net, error, columns, schema, feature, label, arrays, roads=None, **options):
+    """The ``error`` of one mistake on each road: ``{"dataframe": e, "parquet": e, "delta": e, "arrays": e, "tf.data":
+    e, "rdd": e}``; the last three from ``arrays`` (``(features, labels)``; None: a mistake they cannot make), ``roads``
+    (default: all six) those to take."""
+    import deltalake
+    import pyarrow.parquet as pq
+    import tensorflow as tf
+
     df = frame(spark, columns, schema)
     folder = written(df, tmp_path / "data")
+    table = str(tmp_path / "delta")
+    deltalake.write_deltalake(table, pq.read_table(folder))  # the very rows and types Spark wrote
+    makers = {"dataframe": lambda: TFDataset.from_dataframe(df, feature, label, **options),
+              "parquet": lambda: TFDataset.from_parquet(folder, feature, label, **options),
+              "delta": lambda: TFDataset.from_delta(table, feature, label, **options)}
+    if arrays is not None:
+        x, y = arrays
+        makers["arrays"] = lambda: arrays
+        makers["tf.data"] = lambda: TFDataset.from_tf_data(tf.data.Dataset.from_tensor_slices((x, y)).batch(16))
+        makers["rdd"] = lambda: TFDataset.from_rdd(spark.sparkContext.parallelize(list(zip(x, y)), 2))
     out = {}
-    for road, data in (("dataframe", lambda: TFDataset.from_dataframe(df, feature, label, **options)),
-                       ("parquet", lambda: TFDataset.from_parquet(folder, feature, label, **options)),
-                       ("arrays", (lambda: arrays) if arrays is not None else None)):
-        if data is None:
-            continue
-
-        def run(data=data):
+    for road in roads or makers:
+        def run(data=makers[road]):
             TFOptimizer(net, SCE, optim.SGD(0.1)).optimize(data(), batch_size=16, num_workers=2, verbose=0)
 
-        out[road] = raised(spark, run, error)
+        out[road] = raised(spark, run, error, sample=road == "rdd")
+    assert set(out) == set(roads or ("dataframe", "parquet", "delta", *(UNNAMED if arrays is not None else ())))
     return out
 
 
 def same(errors: dict, names: dict | None = None) -> str:
-    """The one message every road gave (in the arrays' message, ``names``' keys put back as their values: the
-    arrays' column names as the DataFrame's); asserts one type and one message."""
+    """The one message every road gave (in the messages of the roads without column names, ``names``' keys put back
+    as their values: the arrays' names as the DataFrame's columns); asserts one type and one message."""
     types = {k: type(e) for k, e in errors.items()}
     assert len(set(types.values())) == 1, types
     messages = {}
     for road, err in errors.items():
         text = str(err).split("\n")[0]
-        for theirs, ours in (names or {}).items() if road == "arrays" else ():
+        for theirs, ours in (names or {}).items() if road in UNNAMED else ():
             text = text.replace(theirs, ours)
         messages[road] = text
     assert len(set(messages.values())) == 1, messages
@@ -100,9 +123,9 @@ def same(errors: dict, names: dict | None = None) -> str:
 
 def test_a_string_label_column(spark, tmp_path, rows):
     x, y = rows
-    errors = three_roads(spark, tmp_path, dense_net(), optim.DataError,
-                         {"pixels": x.reshape(N, 64).tolist(), "label": [str(v) for v in y]},
-                         "pixels array<float>, label string", "pixels", "label", (x.reshape(N, 64), y.astype(str)))
+    errors = six_roads(spark, tmp_path, dense_net(), optim.DataError,
+                       {"pixels": x.reshape(N, 64).tolist(), "label": [str(v) for v in y]},
+                       "pixels array<float>, label string", "pixels", "label", (x.reshape(N, 64), y.astype(str)))
     message = same(errors, {"'labels'": "'label'", "'labels_index'": "'label_index'"})
     assert "label column 'label' holds string values, and SparseCategoricalCrossentropy" in message
     assert "StringIndexer(inputCol='label'" in message
@@ -111,18 +134,18 @@ def test_a_string_label_column(spark, tmp_path, rows):
 def test_an_array_of_strings_feature(spark, tmp_path, rows):
     x, y = rows
     strings = x.reshape(N, 64).astype(str)
-    errors = three_roads(spark, tmp_path, dense_net(), optim.ColumnError,
-                         {"pixels": strings.tolist(), "label": y.tolist()},
-                         "pixels array<string>, label long", "pixels", "label", (strings, y))
+    errors = six_roads(spark, tmp_path, dense_net(), optim.ColumnError,
+                       {"pixels": strings.tolist(), "label": y.tolist()},
+                       "pixels array<string>, label long", "pixels", "label", (strings, y))
     message = same(errors, {"'features'": "'pixels'"})
     assert message.startswith("Column 'pixels' holds array<string> values, and input 'x:0' takes float32 numbers")
 
 
 def test_an_unknown_column(spark, tmp_path, rows):
     x, y = rows
-    errors = three_roads(spark, tmp_path, dense_net(), optim.ColumnError,
-                         {"pixels": x.reshape(N, 64).tolist(), "label": y.tolist()},
-                         "pixels array<float>, label long", "pixel", "label", None)
+    errors = six_roads(spark, tmp_path, dense_net(), optim.ColumnError,
+                       {"pixels": x.reshape(N, 64).tolist(), "label": y.tolist()},
+                       "pixels array<float>, label long", "pixel", "label", None)
     message = same(errors)
     assert message == "Column 'pixel' is not among the data's columns ['pixels', 'label']; closest: ['pixels']."
 
@@ -131,8 +154,9 @@ def test_an_encoded_image_column_without_a_shape(spark, tmp_path, rows):
     x, y = rows
     png = [b"\x89PNG\r\n\x1a\n" + bytes(8)] * N
     arrays = (np.array(png, dtype=object), y)
-    errors = three_roads(spark, tmp_path, cnn_net(), InputSpecError, {"png": png, "label": y.tolist()},
-                         "png binary, label long", "png", "label", arrays)
+    errors = six_roads(spark, tmp_path, cnn_net(), InputSpecError, {"png": png, "label": y.tolist()},
+                       "png binary, label long", "png", "label", arrays,
+                       roads=("dataframe", "parquet", "delta", "arrays", "rdd"))  # tf.data's strings are not images
     message = same(errors, {"'features'": "'png'"})
     assert message.startswith("Column 'png' holds encoded images, and input 'image:0' takes rows of shape (8, 8, 1): "
                               "pass feature_shapes={'png': (8, 8, 1)}")
@@ -140,10 +164,10 @@ def test_an_encoded_image_column_without_a_shape(spark, tmp_path, rows):
 
 def test_a_per_row_shape_that_differs_from_the_input(spark, tmp_path, rows):
     x, y = rows
-    errors = three_roads(spark, tmp_path, dense_net(), InputSpecError,
-                         {"pixels": x.reshape(N, 64).tolist(), "label": y.tolist()},
-                         "pixels array<float>, label long", "pixels", "label", (x.reshape(N, 8, 8), y),
-                         feature_shapes={"pixels": (8, 8)})
+    errors = six_roads(spark, tmp_path, dense_net(), InputSpecError,
+                       {"pixels": x.reshape(N, 64).tolist(), "label": y.tolist()},
+                       "pixels array<float>, label long", "pixels", "label", (x.reshape(N, 8, 8), y),
+                       feature_shapes={"pixels": (8, 8)})
     message = same(errors, {"'features'": "'pixels'"})
     assert message == ("Column 'pixels' has rows of shape (8, 8), and input 'x:0' takes rows of shape (64,) (the net's "
                        "input is (None, 64), the batch first): if its rows hold 64 values, pass "
