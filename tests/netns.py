@@ -47,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -460,6 +461,29 @@ class Network:
             if len(parts) >= 8 and parts[0].isdigit():
                 out[parts[7]] = out.get(parts[7], 0) + int(parts[1])
         return out
+
+    _WATCH = "tfnet-watch"
+
+    def watch_sent(self, host: Host, to: Host) -> Callable[[], int]:
+        """Counts the bytes ``host`` sends to ``to`` from now on, ahead of every rule of its ``OUTPUT`` chain so far
+        (the packets that :meth:`impair` holds back included, as they enter its queue); returns a function that reads
+        the count. :meth:`unwatch_sent` takes the rule away (while it is there, :meth:`sent_bytes` counts twice)."""
+        rule = ["OUTPUT", "-o", "eth0", "-d", to.address, "-m", "comment", "--comment", self._WATCH]
+        sh("iptables", "-w", "-I", rule[0], "1", *rule[1:], ns=host.ns)
+
+        def read() -> int:
+            for line in sh("iptables", "-w", "-nvxL", "OUTPUT", ns=host.ns).splitlines():
+                parts = line.split()
+                if self._WATCH in line and len(parts) >= 8 and parts[7] == to.address:
+                    return int(parts[1])
+            return 0
+
+        return read
+
+    def unwatch_sent(self, host: Host, to: Host) -> None:
+        """Takes :meth:`watch_sent`'s rule away."""
+        sh("iptables", "-w", "-D", "OUTPUT", "-o", "eth0", "-d", to.address, "-m", "comment", "--comment",
+           self._WATCH, ns=host.ns, check=False)
 
     def measure(self, a: Host, b: Host, seconds: float = 2.0) -> dict:
         """What the link from ``a`` to ``b`` gives one TCP connection: the median round trip of one

@@ -108,11 +108,48 @@ PREDICT = textwrap.dedent("""
 """)
 
 
-def test_a_bad_row_and_show_after_tfpredictor_print_what_the_user_asked_for(tmp_path):
-    proc = subprocess.run([sys.executable, "-u", "-c", PREDICT], cwd=tmp_path, env=user_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=500)
-    out = proc.stdout
-    assert proc.returncode == 0 and "<<END>>" in out, out[-4000:]
+class Program:
+    """A user's program (``python -u -c source``) started in ``folder``, everything it prints (stdout and stderr, in
+    order) going to a file there; :meth:`result` waits for it."""
+
+    def __init__(self, source: str, folder):
+        self.log = folder / "console.log"
+        with open(self.log, "wb") as f:
+            self.proc = subprocess.Popen([sys.executable, "-u", "-c", source], cwd=folder, env=user_env(),
+                                         stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT)
+
+    def result(self, timeout: float = 500) -> tuple[int, str]:
+        """``(exit status, what it printed)``; a program still running after ``timeout`` seconds is killed."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"not done within {timeout} s:\n{self.log.read_text(errors='replace')[-4000:]}")
+        text = self.log.read_bytes().decode(errors="replace")  # read as a text pipe would be (universal newlines)
+        return self.proc.returncode, text.replace("\r\n", "\n").replace("\r", "\n")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory):
+    """:data:`PREDICT` and :data:`LOGGED`, each a process of its own, started together as the module begins (each
+    pays its own interpreter, JVM and Python workers' start-up; together, one's waits overlap the other's work)."""
+    started = {name: Program(source, tmp_path_factory.mktemp(name.lower()))
+               for name, source in (("PREDICT", PREDICT), ("LOGGED", LOGGED))}
+    try:
+        yield started
+    finally:
+        for program in started.values():
+            program.kill()
+
+
+def test_a_bad_row_and_show_after_tfpredictor_print_what_the_user_asked_for(programs):
+    returncode, out = programs["PREDICT"].result()
+    assert returncode == 0 and "<<END>>" in out, out[-4000:]
     bad_row, rest = out.split("<<BAD ROW DONE>>")
     lines = bad_row.strip().split("\n")  # as a terminal shows them: "\r" redraws a line
     assert len(lines) <= 25, bad_row
@@ -148,40 +185,61 @@ TRAIN = textwrap.dedent("""
 """)
 
 
-def interrupted_run(tmp_path, signals: int) -> tuple[str, str, int]:
-    """Runs :data:`TRAIN` with its output to a file (no terminal), sends ``signals`` Ctrl-Cs half a second
-    apart once it has trained a few steps, and returns ``(what it printed before, after, exit status)``."""
-    model_dir = tmp_path / "run"
-    log = tmp_path / "console.log"
+def start_train(folder) -> tuple[subprocess.Popen, object, object]:
+    """Starts :data:`TRAIN` in ``folder`` with its output to a file there (no terminal); returns ``(process, its
+    log, its model_dir)``."""
+    model_dir = folder / "run"
+    log = folder / "console.log"
     with open(log, "wb") as f:
-        proc = subprocess.Popen([sys.executable, "-"], cwd=tmp_path, env=user_env(), stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-"], cwd=folder, env=user_env(), stdin=subprocess.PIPE,
                                 stdout=f, stderr=subprocess.STDOUT)
-        proc.stdin.write(TRAIN.replace("MODEL_DIR", repr(str(model_dir))).encode())
-        proc.stdin.close()
-        try:
-            deadline = time.monotonic() + 420
-            while not (glob.glob(str(model_dir / "checkpoints" / "*" / "ckpt-*.npz"))
-                       and "epoch 1/500" in log.read_text(errors="replace")):
-                assert proc.poll() is None, log.read_text()[-4000:]
-                assert time.monotonic() < deadline, "no checkpoint and no epoch within 420 s"
-                time.sleep(0.5)
-            mark = os.path.getsize(log)
-            for i in range(signals):
-                if i:
-                    time.sleep(0.5)
-                proc.send_signal(signal.SIGINT)  # Ctrl-C
-            status = proc.wait(60)
-        finally:
+    proc.stdin.write(TRAIN.replace("MODEL_DIR", repr(str(model_dir))).encode())
+    proc.stdin.close()
+    return proc, log, model_dir
+
+
+@pytest.fixture(scope="module")
+def train_runs(tmp_path_factory):
+    """One :data:`TRAIN` process for each Ctrl-C case, both started at once (each pays its own interpreter, JVM and
+    Python workers' start-up; together, one's waits overlap the other's work). Each case interrupts its own."""
+    runs = {signals: start_train(tmp_path_factory.mktemp(f"ctrl-c-{signals}")) for signals in (1, 2)}
+    try:
+        yield runs
+    finally:
+        for proc, _, _ in runs.values():
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def interrupted_run(run, signals: int) -> tuple[str, str, int]:
+    """Sends ``signals`` Ctrl-Cs half a second apart to ``run`` (:func:`start_train`'s) once it has trained a few
+    steps, and returns ``(what it printed before, after, exit status)``."""
+    proc, log, model_dir = run
+    try:
+        deadline = time.monotonic() + 420
+        while not (glob.glob(str(model_dir / "checkpoints" / "*" / "ckpt-*.npz"))
+                   and "epoch 1/500" in log.read_text(errors="replace")):
+            assert proc.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, "no checkpoint and no epoch within 420 s"
+            time.sleep(0.1)
+        mark = os.path.getsize(log)
+        for i in range(signals):
+            if i:
+                time.sleep(0.5)
+            proc.send_signal(signal.SIGINT)  # Ctrl-C
+        status = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     text = log.read_bytes().decode(errors="replace")
     return text[:mark], text[mark:], status
 
 
 @pytest.mark.parametrize("signals", [1, 2])
-def test_ctrl_c_prints_five_lines_once_or_twice_and_a_log_file_gets_clean_lines(tmp_path, signals):
-    before, after, status = interrupted_run(tmp_path, signals)
+def test_ctrl_c_prints_five_lines_once_or_twice_and_a_log_file_gets_clean_lines(train_runs, signals):
+    before, after, status = interrupted_run(train_runs[signals], signals)
     assert status in (-signal.SIGINT, 130), (status, after)
     lines = after.strip().split("\n")
     assert len(lines) <= 5, after
@@ -233,17 +291,15 @@ LOGGED = textwrap.dedent("""
 """)
 
 
-def test_tfnets_threads_leave_nothing_in_an_info_log_and_a_failing_callback_is_one_short_error(tmp_path):
+def test_tfnets_threads_leave_nothing_in_an_info_log_and_a_failing_callback_is_one_short_error(programs):
     """py4j logs "Closing down clientserver connection" for each thread that called the JVM when it ends: a plain
     PySpark job prints it once, for its main thread at exit; tfnet's own threads (a Spark job each, the warm-up)
     printed six more in a three-epoch run (issue 56). TFPredictor on workers that trained printed a RuntimeWarning
     per task that num_threads could not be applied: now said once at DEBUG. And a callback failing on rank 0 with
     validation data printed 289 lines with 92 Java frames (issue 51): the rank's error, rebuilt, was raised from the
     Py4J error it came through; now the rank's error alone, in at most 25 lines."""
-    proc = subprocess.run([sys.executable, "-u", "-c", LOGGED], cwd=tmp_path, env=user_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=500)
-    out = proc.stdout
-    assert proc.returncode == 0 and "<<STOPPED>>" in out and "COUNT 128 FIRST 10" in out, out[-4000:]
+    returncode, out = programs["LOGGED"].result()
+    assert returncode == 0 and "<<STOPPED>>" in out and "COUNT 128 FIRST 10" in out, out[-4000:]
     closing = [line for line in out.splitlines() if "Closing down clientserver connection" in line]
     assert len(closing) <= 1 and all(line.startswith("MainThread|") for line in closing), closing
     assert "could not be applied" not in out and "RuntimeWarning" not in out, out[-4000:]

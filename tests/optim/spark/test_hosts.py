@@ -5,8 +5,8 @@ host of their own, the driver on the network's root host (this machine's namespa
 on S3 and the driver's rendezvous over the shaped links, and Gloo connects the ranks over their namespaces'
 addresses. One network and cluster for the module (the order matters: the partition is last):
 
-* a lossy, then slow link (5% of what one host sends dropped for an epoch, then 200 ms added to it for 20 s):
-  the run finishes, slower, in one attempt;
+* a lossy, then slow link (5% of what one host sends dropped for an epoch, then 200 ms added to it until a step's
+  exchange has crossed it): the run finishes, slower, in one attempt;
 * a partition (one host cut off with iptables DROP both ways, mid-run): the run goes on with one rank from its
   checkpoint on S3 within the step timeout + Spark's executor-loss detection + ``elastic_wait`` + a start-up, not a
   whole ``startup_timeout``, and loses nothing: every planned step, every row once per epoch, every checkpoint
@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.parallel, pytest.mark.slow]
 BUCKET = "tfnet"
 STEPS_PER_EPOCH = 1024 // 32
 #: The rank's step timeout, Spark's worker timeout (executor-loss detection) and elastic_wait of the partition run.
-TIMEOUT_S, WORKER_TIMEOUT_S, ELASTIC_WAIT_S = 15, 15, 5
+TIMEOUT_S, WORKER_TIMEOUT_S, ELASTIC_WAIT_S = 10, 10, 5
 OPTIONS = {"key": "testing", "secret": "testing"}
 
 
@@ -139,11 +139,11 @@ def nothing_lost(client, endpoint, prefix, res, epochs):
 
 
 def test_a_lossy_then_slow_link_finishes_in_one_attempt(cluster):
-    """5% of what one host sends is dropped during the first epoch, then 200 ms is added to all it sends for 12 s:
-    Gloo's TCP retransmits and waits, and the run takes no retry. (A step over the slow link took about 11 s here:
-    each of Horovod's negotiations and each half of the ring crosses it, and TCP's window, reset after every idle
-    moment longer than its retransmission timeout, grows again from ten segments, one 400 ms round trip at a time.
-    Far under the step timeout, 60 s.)"""
+    """5% of what one host sends is dropped during the first epoch, then 200 ms is added to all it sends until a step's
+    gradients have crossed (at most 20 s): Gloo's TCP retransmits and waits, and the run takes no retry. (A step over
+    the slow link took about 11 s here: each of Horovod's negotiations and each half of the ring crosses it, and TCP's
+    window, reset after every idle moment longer than its retransmission timeout, grows again from ten segments, one
+    400 ms round trip at a time. Far under the step timeout, 60 s.)"""
     net, spark_cluster, endpoint, client = cluster
     prefix = "lossy/run/"
     host = net.hosts[1]
@@ -153,7 +153,16 @@ def test_a_lossy_then_slow_link_finishes_in_one_attempt(cluster):
         wait_until("the first epoch over a lossy link", epoch_done(client, prefix, 0, 0), driver)
         dropped = net.dropped(host)
         net.impair(host, delay_ms=200)
-        time.sleep(12)
+        # slow until a step's exchange has crossed it: 64 KB of the ~320 KB of gradients the host sends the other per
+        # step (nothing else goes from one worker host to the other), each byte held 200 ms; at most 20 s
+        other = next(h for h in net.hosts if h is not host)
+        crossed = net.watch_sent(host, other)
+        try:
+            deadline = time.monotonic() + 20
+            while crossed() < 64 << 10 and time.monotonic() < deadline and driver.poll() is None:
+                time.sleep(0.2)
+        finally:
+            net.unwatch_sent(host, other)
         net.unimpair(host)
         res, err = result(driver, timeout=420)
     finally:
@@ -176,8 +185,8 @@ def test_a_lossy_then_slow_link_finishes_in_one_attempt(cluster):
 
 def test_a_partitioned_host_is_left_within_the_bounds_and_nothing_is_lost(cluster):
     """Rank 1's host cut off (iptables DROP both ways) after the first epoch. Rank 0's allreduce waits; its watchdog
-    ends the attempt after the step timeout (15 s). Spark counts the cut executor's slot until the master declares
-    the worker lost (``spark.worker.timeout``, 15 s here, checked as often), so a retry may launch two ranks: the
+    ends the attempt after the step timeout (10 s). Spark counts the cut executor's slot until the master declares
+    the worker lost (``spark.worker.timeout``, 10 s here, checked as often), so a retry may launch two ranks: the
     launcher's watch ends that stage as soon as the slot is gone (before issue 42 it waited the whole
     ``startup_timeout``: 717 s from the cut), and after ``elastic_wait`` the run goes on with one rank."""
     net, spark_cluster, endpoint, client = cluster

@@ -44,13 +44,36 @@ def rank_pids(model_dir: str) -> list[int]:
     return sorted(json.load(open(p))["pid"] for p in glob.glob(os.path.join(model_dir, "ranks", "*", "rank-*.json")))
 
 
-@pytest.fixture(scope="module")
-def connect_url():
-    server = ConnectServer(cores=2).start()
+@pytest.fixture(scope="module", autouse=True)
+def connect_server():
+    """The Connect server of the module, started in the background as the module begins (its JVM's start-up
+    overlaps the classic case); :func:`connect_url` waits for it."""
+    server = ConnectServer(cores=2)
+    started: list = []
+    thread = threading.Thread(target=lambda: started.append(_start(server)), daemon=True)
+    thread.start()
     try:
-        yield server.url
+        yield thread, started
     finally:
+        thread.join(200)
         server.stop()
+
+
+def _start(server: ConnectServer):
+    try:
+        return server.start()
+    except Exception as exc:  # noqa: BLE001 - raised where the URL is asked for
+        return exc
+
+
+@pytest.fixture(scope="module")
+def connect_url(connect_server):
+    thread, started = connect_server
+    thread.join(200)
+    assert started, "the Connect server did not start within 200 s"
+    if isinstance(started[0], Exception):
+        raise started[0]
+    return started[0].url
 
 
 @pytest.mark.parametrize("mode", ["classic", "connect"])
@@ -71,7 +94,7 @@ def test_ctrl_c_ends_the_stage_and_leaves_only_complete_checkpoints(mode, tmp_pa
         while not glob.glob(os.path.join(model_dir, "checkpoints", "*", "ckpt-*.npz")):
             assert driver.poll() is None, "".join(errors)[-4000:]
             assert time.monotonic() < deadline, "no checkpoint within 420 s"
-            time.sleep(0.5)
+            time.sleep(0.1)
         ranks = rank_pids(model_dir)
         assert len(ranks) == 2 and all(alive(p) for p in ranks), ranks
         driver.send_signal(signal.SIGINT)  # Ctrl-C
@@ -115,15 +138,36 @@ def checkpoint_files(model_dir: str) -> list[str]:
     return sorted(os.path.join(folders[0], f) for f in os.listdir(folders[0]))
 
 
-def test_a_connect_client_shows_no_spark_stage_bars(tmp_path):
-    """A client of a Connect server in its own process (``remote("local[2]")``) shares that server's
-    console, where Spark draws ``[Stage 0:> (0 + 2) / 2]`` over tfnet's own progress bar."""
-    driver = start_driver("in-process-connect", str(tmp_path / "run"), epochs=2)
+@pytest.fixture(scope="module", autouse=True)
+def in_process_connect(tmp_path_factory):
+    """:func:`test_a_connect_client_shows_no_spark_stage_bars`'s driver, started in the background as the module
+    begins (its start-up and run overlap the other cases), its stdout and stderr to files (nothing waits on a pipe)."""
+    folder = tmp_path_factory.mktemp("in-process-connect")
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    for key in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET"):
+        env.pop(key, None)
+    cmd = [sys.executable, "-m", "tests.optim.spark.launch_driver", "in-process-connect", str(folder / "run"), "2"]
+    with open(folder / "stdout", "wb") as out, open(folder / "stderr", "wb") as err:
+        driver = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
     try:
-        out, err = driver.communicate(timeout=600)
+        yield driver, folder
     finally:
         if driver.poll() is None:
             driver.kill()
+            driver.wait()
+
+
+def test_a_connect_client_shows_no_spark_stage_bars(in_process_connect):
+    """A client of a Connect server in its own process (``remote("local[2]")``) shares that server's
+    console, where Spark draws ``[Stage 0:> (0 + 2) / 2]`` over tfnet's own progress bar."""
+    driver, folder = in_process_connect
+    try:
+        driver.wait(timeout=600)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    out, err = (folder / "stdout").read_text(), (folder / "stderr").read_text()  # as text pipes read them
     assert driver.returncode == 0, err[-4000:]
     assert "pyspark.sql.connect" in out and '"mode": "connect"' in out, out[-2000:]
     assert "epoch 2/2" in out + err, (out + err)[-2000:]  # tfnet's own bar was there

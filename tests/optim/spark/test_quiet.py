@@ -35,22 +35,68 @@ NOISE = ("oneDNN custom operations", "absl::InitializeLog", " WARN ", "NativeCod
          "Using incubator modules")
 
 
-def test_default_verbosity_shows_no_start_up_noise():
+class Program:
+    """``python -c source`` in a process of its own, its stdout and stderr each to a file of ``folder``;
+    :meth:`result` waits for it."""
+
+    def __init__(self, source: str, folder, env: dict):
+        self.out, self.err = folder / "stdout", folder / "stderr"
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.proc = subprocess.Popen([sys.executable, "-c", source], stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=err, env=env)
+
+    def result(self, timeout: float) -> tuple[int, str, str]:
+        """``(exit status, stdout, stderr)``, read as text pipes would be; killed after ``timeout`` seconds."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"not done within {timeout} s:\n{self.err.read_text(errors='replace')[-4000:]}")
+        return self.proc.returncode, self.out.read_text(), self.err.read_text()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory):
+    """:data:`JOB` and :data:`PLAIN`, each a process of its own, started together as the module begins (each pays
+    its own start-up; together, one's waits overlap the other's work)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
     env.pop("TFNET_VERBOSE", None)
-    proc = subprocess.run([sys.executable, "-c", JOB], capture_output=True, text=True, timeout=400, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "DONE 4" in proc.stdout
-    lines = (proc.stdout + proc.stderr).splitlines()
+    started = {"JOB": Program(JOB, tmp_path_factory.mktemp("job"), env),
+               # the user's own setting, as for any PySpark job with a venv
+               "PLAIN": Program(PLAIN, tmp_path_factory.mktemp("plain"), dict(env, PYSPARK_PYTHON=sys.executable))}
+    try:
+        yield started
+    finally:
+        for program in started.values():
+            program.kill()
+
+
+def test_default_verbosity_shows_no_start_up_noise(programs):
+    returncode, stdout, stderr = programs["JOB"].result(timeout=400)
+    assert returncode == 0, stderr[-3000:]
+    assert "DONE 4" in stdout
+    lines = (stdout + stderr).splitlines()
     noisy = [line for line in lines if any(n in line for n in NOISE)]
     assert noisy == [], noisy
-    assert "ERROR test: TFNET-JVM-ERROR-LINE" in proc.stderr, proc.stderr[-3000:]
-    assert "java.lang.IllegalStateException: tfnet-jvm-boom" in proc.stderr, proc.stderr[-3000:]
+    assert "ERROR test: TFNET-JVM-ERROR-LINE" in stderr, stderr[-3000:]
+    assert "java.lang.IllegalStateException: tfnet-jvm-boom" in stderr, stderr[-3000:]
 
 
+# One plain session (one interpreter, JVM and set of Python workers: a start-up saved) for two scenarios in turn: a
+# failure (a bad row), then a run and a plain job with Spark's console progress bar on. The first ends with a marker
+# on both streams; each test reads its own part.
 PLAIN = textwrap.dedent("""
+    import sys, time
     from pyspark.sql import SparkSession
     spark = SparkSession.builder.master("local[2]").appName("plain").config("spark.ui.enabled", "false").getOrCreate()
+    sc = spark.sparkContext
+    # PySpark starts the driver JVM as "pyspark-shell", and spark-submit turns the bar on for shells
+    SHOW_CONSOLE_PROGRESS = sc.getConf().get("spark.ui.showConsoleProgress")
     import optim
     from optim import TFDataset, TFOptimizer
     from tests import digits
@@ -67,37 +113,10 @@ PLAIN = textwrap.dedent("""
     except optim.BadRowError as exc:
         print("\\nCAUGHT", type(exc).__name__, "traceback attached:", "in run_rank" in exc.worker_traceback)
     print("LEVELS RESTORED", levels() == before, before)
-    spark.stop()
-""")
+    print("<<FAILURE-END>>", flush=True)
+    print("<<FAILURE-END>>", file=sys.stderr, flush=True)
 
-
-def test_a_failure_under_a_plainly_built_session_shows_one_clean_error():
-    """A SparkSession the user built (not tfnet's): a bad row fails the stage on both ranks. The
-    console shows the session's own start-up lines and tfnet's typed error, not the executors'
-    task-failure tracebacks (about 95 lines before); the loggers' levels are put back after."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
-    env.pop("TFNET_VERBOSE", None)
-    env["PYSPARK_PYTHON"] = sys.executable  # the user's own setting, as for any PySpark job with a venv
-    proc = subprocess.run([sys.executable, "-c", PLAIN], capture_output=True, text=True, timeout=400, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "CAUGHT BadRowError traceback attached: True" in proc.stdout, proc.stdout + proc.stderr[-3000:]
-    assert "LEVELS RESTORED True" in proc.stdout
-    lines = (proc.stdout + proc.stderr).strip().split("\n")  # as a terminal shows them: "\r" redraws a line
-    assert len(lines) <= 25, "\n".join(lines)
-    assert not any("ERROR Executor" in line or "WARN TaskSetManager" in line for line in lines)
-
-
-PROGRESS = textwrap.dedent("""
-    import sys, time
-    from pyspark.sql import SparkSession
-    spark = SparkSession.builder.master("local[2]").appName("plain").config("spark.ui.enabled", "false").getOrCreate()
-    sc = spark.sparkContext
-    # PySpark starts the driver JVM as "pyspark-shell", and spark-submit turns the bar on for shells
-    print("SHOW CONSOLE PROGRESS", sc.getConf().get("spark.ui.showConsoleProgress"), flush=True)
-    import optim
-    from optim import TFOptimizer
-    from tests import digits
-    from tfnet import TFNet
+    print("SHOW CONSOLE PROGRESS", SHOW_CONSOLE_PROGRESS, flush=True)
     x, y = digits.load()
     opt = TFOptimizer(TFNet.from_keras(digits.cnn(10)), optim.losses.SparseCategoricalCrossentropy(True), optim.SGD(0.05))
     print("<<TFNET-BEGIN>>", file=sys.stderr, flush=True)
@@ -110,22 +129,39 @@ PROGRESS = textwrap.dedent("""
 """)
 
 
-def test_sparks_console_progress_bar_is_paused_while_tfnet_trains():
+@pytest.fixture(scope="module")
+def plain(programs):
+    """:data:`PLAIN`'s run: ``(exit status, stdout, stderr)``."""
+    return programs["PLAIN"].result(timeout=500)
+
+
+def test_a_failure_under_a_plainly_built_session_shows_one_clean_error(plain):
+    """A SparkSession the user built (not tfnet's): a bad row fails the stage on both ranks. The
+    console shows the session's own start-up lines and tfnet's typed error, not the executors'
+    task-failure tracebacks (about 95 lines before); the loggers' levels are put back after."""
+    returncode, stdout, stderr = plain
+    assert returncode == 0, stderr[-3000:]
+    out, err = stdout.split("<<FAILURE-END>>")[0], stderr.split("<<FAILURE-END>>")[0]  # all it printed until then
+    assert "CAUGHT BadRowError traceback attached: True" in out, out + err[-3000:]
+    assert "LEVELS RESTORED True" in out
+    lines = (out + err).strip().split("\n")  # as a terminal shows them: "\r" redraws a line
+    assert len(lines) <= 25, "\n".join(lines)
+    assert not any("ERROR Executor" in line or "WARN TaskSetManager" in line for line in lines)
+
+
+def test_sparks_console_progress_bar_is_paused_while_tfnet_trains(plain):
     """A SparkSession built the plain way has Spark's console progress bar on (PySpark starts its JVM
     as a shell). While tfnet trains, no ``[Stage N:>`` redraw reaches the console, where it shared a
     line with tfnet's bar (the barrier stage, seconds long, redrew it every 200 ms); after the call
-    the bar is back and shows a plain job's progress again."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
-    env.pop("TFNET_VERBOSE", None)
-    env["PYSPARK_PYTHON"] = sys.executable
-    proc = subprocess.run([sys.executable, "-c", PROGRESS], capture_output=True, text=True, timeout=400, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "SHOW CONSOLE PROGRESS true" in proc.stdout, proc.stdout
-    before, rest = proc.stderr.split("<<TFNET-BEGIN>>")
+    the bar is back and shows a plain job's progress again. (:data:`PLAIN`'s session, after its failed run.)"""
+    returncode, stdout, stderr = plain
+    assert returncode == 0, stderr[-3000:]
+    assert "SHOW CONSOLE PROGRESS true" in stdout, stdout
+    before, rest = stderr.split("<<TFNET-BEGIN>>")
     during, after = rest.split("<<TFNET-END>>")
     assert "epoch 2/2 (step 32)" in during, "tfnet's own progress was shown (one line per epoch: not a terminal)"
     assert "[Stage" not in during, [part for part in during.replace("\r", "\n").split("\n") if "[Stage" in part][:5]
-    assert "BAR DEFINED AFTER True" in proc.stdout
+    assert "BAR DEFINED AFTER True" in stdout
     plain = after.split("<<PLAIN-END>>")[0]
     assert "[Stage" in plain, "Spark's bar shows a plain job's progress again"
     assert " INFO " not in plain, plain[-2000:]  # the task loggers follow the session's WARN again
