@@ -2,10 +2,12 @@
 whitelist: no import cycle (an import inside a function counts as much as one at the top); imports run one
 way, down the layers of ``scripts/import_graph.py`` (``LAYERS``, written down in docs/architecture.md), and the
 rank side and the driver side never import each other; no module imports a private name (``_x``) from another
-module, nor reads another module's private attribute; no module is over ``MAX_LINES`` lines."""
+module, nor reads another module's private attribute (through ``self`` too: a class does not reach into a base
+class's privates in another module, as mixins did); no module is over ``MAX_LINES`` lines."""
 
 from __future__ import annotations
 
+import ast
 import os
 import sys
 
@@ -18,9 +20,34 @@ from scripts.import_graph import (  # noqa: E402
     layer_of,
     long_modules,
     modules,
+    private_names,
     private_reads,
     upward,
 )
+
+
+def self_private_reads(mods: dict[str, str]) -> list[tuple[str, str, int, list[str]]]:
+    """Reads of ``self._x`` (or ``cls._x``) where ``_x`` is defined in another tfnet or optim module and not in
+    this one: a private member inherited across modules (a base class or mixin elsewhere), which
+    :func:`private_reads` leaves to this check. Each as ``(module, name, line, modules that define it)``.
+    Names no module of ours defines (a third-party base's) are not counted."""
+    defined = private_names(mods)
+    owners: dict[str, list[str]] = {}
+    for mod, names in defined.items():
+        for n in names:
+            owners.setdefault(n, []).append(mod)
+    out = []
+    for mod, path in mods.items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in ("self", "cls")):
+                continue
+            name = node.attr
+            if name.startswith("_") and not name.startswith("__") and name in owners and mod not in owners[name]:
+                out.append((mod, name, node.lineno, sorted(owners[name])))
+    return out
 
 
 def small_tree(tmp_path, files: dict[str, str]) -> dict[str, str]:
@@ -33,14 +60,20 @@ def small_tree(tmp_path, files: dict[str, str]) -> dict[str, str]:
 
 def test_the_checks_find_what_they_look_for(tmp_path):
     """The rules' own checks, on a small tree written here: a cycle through an import inside a function, a private
-    name imported from another module, another module's private attribute read, an import up the layers and
-    across the two sides, and a long module."""
+    name imported from another module, another module's private attribute read (directly, through a held state,
+    and through ``self`` from a base class in another module), an import up the layers and across the two sides,
+    and a long module."""
     mods = small_tree(tmp_path, {
         "optim/a.py": "from optim.b import helper\n",
         "optim/b.py": "def helper():\n    from optim import a\n    return a\n",
         "optim/c.py": "from optim.b import _hidden\n",
         "optim/d.py": "class D:\n    def __init__(self):\n        self._state = 1\n",
         "optim/e.py": "def peek(d):\n    return d._state\n",
+        "optim/f.py": "from optim.d import D\n\nclass F(D):\n    def peek(self):\n        return self._state\n",
+        "optim/g.py": "class G:\n    def __init__(self, d):\n        self.state = d\n    def peek(self):\n"
+                      "        return self.state._state\n",
+        "optim/h.py": "class H:\n    def __init__(self):\n        self._own = 1\n    def peek(self):\n"
+                      "        return self._own, self._tracker\n",
         "optim/data/__init__.py": "from optim.training import loop\n",
         "optim/training/__init__.py": "", "optim/training/loop.py": "",
         "optim/spark/__init__.py": "", "optim/spark/driver/__init__.py": "",
@@ -50,7 +83,8 @@ def test_the_checks_find_what_they_look_for(tmp_path):
     edges, private = imports(mods)
     assert cycles(edges) == [["optim.a", "optim.b"]]
     assert private == [("optim.c", "optim.b", "_hidden", 1)]
-    assert [(m, n) for m, n, _, _ in private_reads(mods)] == [("optim.e", "_state")]
+    assert sorted((m, n) for m, n, _, _ in private_reads(mods)) == [("optim.e", "_state"), ("optim.g", "_state")]
+    assert [(m, n) for m, n, _, _ in self_private_reads(mods)] == [("optim.f", "_state")]
     assert ("optim.data", "optim.training.loop") in upward(edges)
     assert ("optim.spark.driver.x", "optim.spark.worker.y") in upward(edges)
     assert long_modules(mods) == {"optim.spark.worker.y": MAX_LINES + 1}
@@ -78,6 +112,12 @@ def test_no_module_imports_a_private_name_from_another():
 
 def test_no_module_reads_another_modules_private_attributes():
     assert private_reads(modules()) == []
+
+
+def test_no_module_reads_another_modules_private_members_through_self():
+    """TFNet holds one state object with public attributes and its parts are functions of it, not mixins that
+    reach into a base class's privates in another module."""
+    assert self_private_reads(modules()) == []
 
 
 def test_no_module_is_over_the_limit():

@@ -5,28 +5,36 @@ becomes a pure function ``f(inputs, weights) -> outputs`` that is imported (``im
 an ``input_map``) into whichever ``tf.function`` calls it. The weights live in ``tf.Variable`` s that
 the layer owns. ``tf.GradientTape`` differentiates straight through the imported ops.
 
-:class:`TFNet` is a facade over mixins, one module per concern:
+:class:`TFNet` holds one state object and delegates to modules of functions over it:
 
-* :mod:`tfnet.net_state`: the graph as a function, the weight variables, the trainable selection;
-* :mod:`tfnet.net_compute`: forward, backward, weight updates and hooks;
+* :mod:`tfnet.net_state`: :class:`~tfnet.net_state.NetState`, the graph as a function, the weight
+  variables, the trainable selection, the hooks (public attributes; ``net.state``);
+* :mod:`tfnet.net_compute`: forward, backward, weight updates and hooks, as functions of the state;
 * :mod:`tfnet.net_loading`: the constructors (frozen graph, Keras, SavedModel, export folder, ONNX);
-* :mod:`tfnet.net_surgery`: ``cut``, ``add_head`` and the low-rank adapters;
+* :mod:`tfnet.net_surgery`: ``cut``, ``add_head`` and the low-rank adapters (each describes the new net
+  as :class:`tfnet.parts.NetParts`, which this class builds);
 * :mod:`tfnet.net_export`: ``save``, ``save_onnx``, ``save_saved_model``, ``frozen_graph_def``.
 
-This module imports those; none of them imports this one.
+This module imports those; none of them imports this one. A method here that has no body of its own is the
+function of the same name there (its docstring and signature too).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 
+import numpy as np
+import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
+from tfnet import net_compute, net_export, net_loading, net_surgery
+from tfnet.graph_function import GraphFunction
 from tfnet.graph_io import PathLike
-from tfnet.net_compute import NetCompute
-from tfnet.net_export import NetExport
-from tfnet.net_loading import NetLoading
-from tfnet.net_state import TrainableSpec
+from tfnet.hooks import HookList
+from tfnet.lora import Adapter
+from tfnet.net_state import NetState, TrainableSpec
 from tfnet.parts import NetParts
 from tfnet.step import TrainStep
 from tfnet.summary import summary as summary_table
@@ -35,7 +43,29 @@ from tfnet.summary import tensor_names as graph_tensor_names
 __all__ = ["TFNet", "TrainableSpec"]
 
 
-class TFNet(NetLoading, NetExport, NetCompute):
+def _on_state(fn: Callable) -> Callable:
+    """``fn(state, ...)`` as a method: ``net.f(...)`` is ``fn(net.state, ...)``, with ``fn``'s name, docstring
+    and signature (less the state)."""
+
+    def method(self, *args, **kwargs):
+        return fn(self.state, *args, **kwargs)
+
+    return functools.update_wrapper(method, fn)
+
+
+def _new_net(fn: Callable) -> Callable:
+    """``fn(state, ...) -> NetParts`` as a method that returns the :class:`TFNet` built from them."""
+
+    def method(self, *args, **kwargs):
+        return TFNet.from_parts(fn(self.state, *args, **kwargs))
+
+    functools.update_wrapper(method, fn)
+    method.__annotations__ = {**fn.__annotations__, "return": "TFNet"}
+    method.__signature__ = inspect.signature(fn).replace(return_annotation="TFNet")
+    return method
+
+
+class TFNet(tf.Module):
     """A frozen TensorFlow graph wrapped as a layer whose weights are explicit and trainable.
 
     Build one with a constructor: :meth:`from_frozen_graph`, :meth:`from_saved_model`,
@@ -75,7 +105,9 @@ class TFNet(NetLoading, NetExport, NetCompute):
     * :attr:`forward_hooks`, :attr:`gradient_hooks`, :attr:`update_hooks`: the hook lists
       (:class:`tfnet.hooks.HookList`);
     * :meth:`from_parts` ``(NetParts)``: a net from a weightless graph and its weights' values
-      (:class:`tfnet.parts.NetParts`).
+      (:class:`tfnet.parts.NetParts`); :meth:`from_state` ``(NetState)``: the net holding that state;
+    * :attr:`state`: the :class:`tfnet.net_state.NetState` behind all of these, with public attributes
+      (``state.weights``, ``state.trainable``, ``state.compiled``, ...).
 
     Example:
         >>> import tensorflow as tf, numpy as np
@@ -91,6 +123,7 @@ class TFNet(NetLoading, NetExport, NetCompute):
         array([[3.]], dtype=float32)
     """
 
+
     def __init__(
         self,
         graph_def: PathLike | bytes | graph_pb2.GraphDef,
@@ -104,13 +137,212 @@ class TFNet(NetLoading, NetExport, NetCompute):
         phase_values: Mapping[str, tuple] | None = None,
         name: str = "tfnet",
     ):
-        self._load_graph_def(graph_def, inputs, outputs, weights=weights, trainable=trainable,
-                             relax_batch=relax_batch, fold_batch_norm=fold_batch_norm, phase_values=phase_values,
-                             name=name)
+        self._hold(net_loading.graph_def_state(
+            graph_def, inputs, outputs, weights, trainable=trainable, relax_batch=relax_batch,
+            fold_batch_norm=fold_batch_norm, phase_values=phase_values, name=name))
 
-    def _derived(self, parts: NetParts) -> TFNet:
-        """The net that ``cut``, ``add_head``, ``with_lora`` and ``merged`` return: a ``TFNet``."""
-        return TFNet.from_parts(parts)
+    def _hold(self, state: NetState) -> None:
+        super().__init__(name=state.name)
+        #: The :class:`tfnet.net_state.NetState` every method works on (internal interface).
+        self.state = state
+
+    @classmethod
+    def from_state(cls, state: NetState) -> TFNet:
+        """The net holding ``state`` (internal interface: the constructors build the state, then the net)."""
+        net = cls.__new__(cls)
+        net._hold(state)
+        return net
+
+    @classmethod
+    def from_parts(cls, parts: NetParts) -> TFNet:
+        """A net from :class:`NetParts` (internal interface: surgery, :mod:`tfnet.serialize` and
+        :mod:`tfnet.onnx.build` build nets with it). Weights keep the values given; the trainable
+        selection is ``parts.trainable`` (names the net lacks are skipped) or the default."""
+        return cls.from_state(NetState(parts))
+
+    from_frozen_graph = classmethod(net_loading.from_frozen_graph)
+    from_keras = classmethod(net_loading.from_keras)
+    from_saved_model = classmethod(net_loading.from_saved_model)
+    from_export_folder = classmethod(net_loading.from_export_folder)
+    load = from_export_folder
+    from_onnx = classmethod(net_loading.from_onnx)
+
+    # ------------------------------------------------------------------ internal interface
+
+    @property
+    def graph(self) -> GraphFunction:
+        """The graph as a function of inputs and weights (internal interface)."""
+        return self.state.graph
+
+    @property
+    def template(self) -> graph_pb2.GraphDef:
+        """The weightless graph, each weight a placeholder (internal interface)."""
+        return self.state.graph.template
+
+    @property
+    def version(self) -> int:
+        """Goes up whenever the trainable selection or the hooks change, so compiled functions
+        that traced them know to retrace (internal interface)."""
+        return self.state.version
+
+    @property
+    def tables(self) -> list:
+        """The lookup tables the graph reads (:mod:`tfnet.tables`), for SavedModel export (internal interface)."""
+        return list(self.state.tables)
+
+    @property
+    def onnx_source(self):
+        """The ONNX model the net's body came from (:class:`tfnet.onnx.export.OnnxSource`), or None
+        (internal interface: ``save_onnx``)."""
+        return self.state.onnx_source
+
+    @property
+    def keras_source(self) -> str | None:
+        """The Keras model the net came from, serialized (:mod:`tfnet.keras_source`; :meth:`from_keras` sets it),
+        for :meth:`to_keras`; None for other nets and after graph surgery."""
+        return self.state.keras_source
+
+    @keras_source.setter
+    def keras_source(self, value: str | None) -> None:
+        self.state.keras_source = value
+
+    run_graph = _on_state(net_compute.run_graph)
+    pure_function = _on_state(net_compute.pure_function)
+    v1_vjp = _on_state(net_compute.v1_vjp)
+    pack = staticmethod(net_compute.pack)
+
+    @property
+    def forward_hooks(self) -> HookList:
+        """The forward hooks, in the order they run (internal interface; register with
+        :meth:`register_forward_hook`)."""
+        return self.state.forward_hooks
+
+    @property
+    def gradient_hooks(self) -> HookList:
+        """The gradient hooks, in the order they run (internal interface)."""
+        return self.state.gradient_hooks
+
+    @property
+    def update_hooks(self) -> HookList:
+        """The update hooks, in the order they run (internal interface)."""
+        return self.state.update_hooks
+
+    # ------------------------------------------------------------------ names and specs
+
+    @property
+    def input_names(self) -> list[str]:
+        """Input tensor names (``"name:0"``), in the order inputs are passed."""
+        return list(self.state.graph.input_names)
+
+    @property
+    def output_names(self) -> list[str]:
+        """Output tensor names, in the order outputs are returned."""
+        return list(self.state.graph.output_names)
+
+    @property
+    def input_specs(self) -> list[tf.TensorSpec]:
+        """dtype and shape of each input (dimension 0, the batch, is usually ``None``)."""
+        return list(self.state.graph.input_specs)
+
+    @property
+    def output_specs(self) -> list[tf.TensorSpec]:
+        return list(self.state.graph.output_specs)
+
+    @property
+    def phase_values(self) -> dict[str, tuple]:
+        """``{tensor name: (training value, inference value)}``, as given to the constructor."""
+        return dict(self.state.graph.phase_values)
+
+    # ------------------------------------------------------------------ weights
+
+    @property
+    def weight_names(self) -> list[str]:
+        """Every weight's name: the graph's in graph order, then the adapters' (:meth:`with_lora`)."""
+        return list(self.state.weights)
+
+    @property
+    def statistic_names(self) -> list[str]:
+        """Weights holding batch-norm statistics (frozen unless named explicitly)."""
+        return list(self.state.statistics)
+
+    @property
+    def statistics(self) -> dict[str, str]:
+        """What was detected as normalisation statistics, by graph structure: ``{weight: role}``
+        with role ``"mean"`` or ``"variance"`` (``"statistic"`` when carried over from a net this
+        one was cut from or extended). These are frozen by default, as the original framework
+        does not train them."""
+        return dict(self.state.statistic_roles)
+
+    @property
+    def weight_variables(self) -> dict[str, tf.Variable]:
+        """The ``tf.Variable`` behind each weight, by name."""
+        return dict(self.state.weights)
+
+    @property
+    def trainable_variables(self) -> tuple[tf.Variable, ...]:
+        return tuple(self.state.weights[n] for n in self.state.trainable)
+
+    get_weights = _on_state(NetState.get_weights)
+    set_weights = _on_state(NetState.set_weights)
+
+    @property
+    def trainable(self) -> list[str]:
+        """The names of the weights that train, in graph order.
+
+        Set it with:
+          * a list of names: exactly those weights (batch-norm statistics too, if named);
+          * a string: every weight whose name starts with that prefix;
+          * a compiled regex (``re.compile``): every weight whose name it matches (``re.search``);
+          * a callable ``name -> bool``;
+          * ``True``: every weight except batch-norm statistics (the default); ``False``: none.
+
+        Prefix, regex and callable selections leave batch-norm statistics frozen.
+        """
+        return list(self.state.trainable)
+
+    @trainable.setter
+    def trainable(self, spec: TrainableSpec) -> None:
+        self.state.select_trainable(spec)
+
+    # ------------------------------------------------------------------ compute, surgery, export
+
+    prepare_inputs = _on_state(net_compute.prepare_inputs)
+    __call__ = _on_state(net_compute.call)
+    forward = _on_state(net_compute.forward)
+    backward = _on_state(net_compute.backward)
+    apply_updates = _on_state(net_compute.apply_updates)
+    register_forward_hook = _on_state(net_compute.register_forward_hook)
+    register_gradient_hook = _on_state(net_compute.register_gradient_hook)
+    register_update_hook = _on_state(net_compute.register_update_hook)
+
+    @property
+    def hooks(self) -> dict[str, tuple[Callable, ...]]:
+        """The registered hooks by kind, each in the order they run: ``{"forward": (...), "gradient":
+        (...), "update": (...)}`` (read-only; register and remove them through the methods)."""
+        return net_compute.hooks(self.state)
+
+    cut = _new_net(net_surgery.cut)
+    add_head = _new_net(net_surgery.add_head)
+    with_lora = _new_net(net_surgery.with_lora)
+    merged = _new_net(net_surgery.merged)
+    lora_candidates = _on_state(net_surgery.lora_candidates)
+
+    @property
+    def adapters(self) -> dict[str, Adapter]:
+        """``{target weight: Adapter}`` (target, rank, alpha, layout; ``.a`` and ``.b`` name its weights),
+        empty for a net without adapters."""
+        return dict(self.state.adapters)
+
+    @property
+    def adapter_names(self) -> list[str]:
+        """The adapters' weight names (``<W>/lora_a``, ``<W>/lora_b`` for each target)."""
+        return net_surgery.adapter_names(self.state)
+
+    save = net_export.save
+    save_onnx = net_export.save_onnx
+    save_saved_model = net_export.save_saved_model
+    to_keras = _on_state(net_export.to_keras)
+    frozen_graph_def = _on_state(net_export.frozen_graph_def)
 
     # ------------------------------------------------------------------ training and inspection
 
@@ -133,10 +365,10 @@ class TFNet(NetLoading, NetExport, NetCompute):
             precision: ``"fp32"`` or ``"bf16"``. Default: ``"fp32"``.
         """
         key = ("train_step", id(loss_fn), id(transform), id(reducer), precision)
-        step = self._compiled.get(key)
+        step = self.state.compiled.get(key)
         if step is None:
             step = TrainStep(self, loss_fn, transform, reducer=reducer, precision=precision)
-            self._compiled[key] = step
+            self.state.compiled[key] = step
         return step
 
     def summary(self, print_fn=print, line_length: int = 100) -> str:
@@ -150,3 +382,12 @@ class TFNet(NetLoading, NetExport, NetCompute):
         type (``op_types=["Relu"]``) or by text (``contains="block5"``); plumbing ops (constants,
         identities, reshapes, shape arithmetic) are left out unless ``include_plumbing``."""
         return graph_tensor_names(self, op_types, contains, include_plumbing)
+
+    def __repr__(self) -> str:
+        weights = self.state.weights
+        n_params = sum(int(np.prod(v.shape)) for v in weights.values())
+        n_train = sum(int(np.prod(weights[n].shape)) for n in self.state.trainable)
+        return (
+            f"TFNet(inputs={self.input_names}, outputs={self.output_names}, "
+            f"weights={len(weights)} ({n_params:,} values, {n_train:,} trainable))"
+        )

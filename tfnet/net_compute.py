@@ -1,11 +1,10 @@
 """Running a :class:`tfnet.TFNet`: forward, backward (vector-Jacobian products), weight updates and
-the forward, gradient and update hooks.
+the forward, gradient and update hooks, as functions of its :class:`tfnet.net_state.NetState`.
 
-:class:`NetCompute` is one of ``TFNet``'s mixins (see :mod:`tfnet.net`). Its internal interface, for
-tfnet's own modules (:mod:`tfnet.step`'s fused training step, :mod:`tfnet.saving`'s SavedModel
-export): :meth:`NetCompute.run_graph`, :meth:`NetCompute.pure_function`, :meth:`NetCompute.v1_vjp`,
-:meth:`NetCompute.pack` and the hook lists :attr:`NetCompute.forward_hooks`,
-:attr:`NetCompute.gradient_hooks` and :attr:`NetCompute.update_hooks`.
+``TFNet``'s methods of the same names call these with ``net.state`` (see :mod:`tfnet.net`). The
+internal interface, for tfnet's own modules (:mod:`tfnet.step`'s fused training step,
+:mod:`tfnet.saving`'s SavedModel export): :func:`run_graph`, :func:`pure_function`, :func:`v1_vjp` and
+:func:`pack`.
 """
 
 from __future__ import annotations
@@ -17,300 +16,301 @@ import tensorflow as tf
 
 from tfnet.errors import GraphExecutionError, InputSpecError
 from tfnet.graph_function import first_line, own_function
-from tfnet.hooks import HookHandle, HookList
+from tfnet.hooks import HookHandle
 from tfnet.inputs import arrange, batch_size_of, convert, is_batched
 from tfnet.lora import adapted_weights
 from tfnet.net_state import NetState
 from tfnet.v1_loops import graph_mode_vjp
 
-__all__ = ["NetCompute"]
+__all__ = [
+    "apply_updates", "backward", "call", "forward", "hooks", "pack", "prepare_inputs", "pure_function",
+    "register_forward_hook", "register_gradient_hook", "register_update_hook", "run_graph", "v1_vjp",
+]
+
+# ---------------------------------------------------------------------- internal interface
 
 
-class NetCompute(NetState):
-    """Forward and backward passes, updates and hooks, on the state of :class:`tfnet.net_state.NetState`."""
+def run_graph(
+    state: NetState, inputs: Sequence[tf.Tensor], weights: Sequence[tf.Tensor], training: bool = False
+) -> list[tf.Tensor]:
+    """Imports the graph into the function being traced, wired to ``inputs`` and ``weights`` (all
+    of :attr:`weight_names`: each adapted weight is fed ``W + alpha / rank * A @ B``); phase
+    tensors get their training values when ``training`` (internal interface).
 
-    # ------------------------------------------------------------------ internal interface
+    Args:
+        inputs: One tensor per input, in :attr:`input_names` order.
+        weights: One tensor per weight, in :attr:`weight_names` order.
+        training: Feed :attr:`phase_values` their training values. Default: False.
+    """
+    graph_weights = adapted_weights(weights, state.lora_plan, len(state.graph.weight_names))
+    return state.graph(inputs, graph_weights, training=training)
 
-    def run_graph(
-        self, inputs: Sequence[tf.Tensor], weights: Sequence[tf.Tensor], training: bool = False
-    ) -> list[tf.Tensor]:
-        """Imports the graph into the function being traced, wired to ``inputs`` and ``weights`` (all
-        of :attr:`weight_names`: each adapted weight is fed ``W + alpha / rank * A @ B``); phase
-        tensors get their training values when ``training`` (internal interface).
 
-        Args:
-            inputs: One tensor per input, in :attr:`input_names` order.
-            weights: One tensor per weight, in :attr:`weight_names` order.
-            training: Feed :attr:`phase_values` their training values. Default: False.
-        """
-        graph_weights = adapted_weights(weights, self._lora_plan, len(self._graph.weight_names))
-        return self._graph(inputs, graph_weights, training=training)
+def pure_function(state: NetState, training: bool = False) -> Callable:
+    """``(inputs, weights) -> outputs``, compiled once per mode with a batch-agnostic signature
+    (internal interface).
 
-    def pure_function(self, training: bool = False) -> Callable:
-        """``(inputs, weights) -> outputs``, compiled once per mode with a batch-agnostic signature
-        (internal interface).
+    Args:
+        training: Feed :attr:`phase_values` their training values. Default: False.
+    """
+    key = ("pure", bool(training) and bool(state.graph.phase_values))
+    fn = state.compiled.get(key)
+    if fn is None:
+        input_specs = list(state.graph.input_specs)
+        signature = [input_specs, state.weight_specs()]
 
-        Args:
-            training: Feed :attr:`phase_values` their training values. Default: False.
-        """
-        key = ("pure", bool(training) and bool(self._graph.phase_values))
-        fn = self._compiled.get(key)
-        if fn is None:
-            signature = [list(self.input_specs), list(self._weight_specs)]
+        def run(inputs, weights):
+            return run_graph(state, inputs, weights, training=key[1])
 
-            def run(inputs, weights):
-                return self.run_graph(inputs, weights, training=key[1])
-
-            if self._graph.v1_loops:
-                # v1 loop frames and tf.function's automatic control dependencies do not mix.
-                n_in = len(self.input_specs)
-                wrapped = tf.compat.v1.wrap_function(
-                    lambda *args: run(list(args[:n_in]), list(args[n_in:])), signature[0] + signature[1]
-                )
-
-                def fn(inputs, weights):
-                    return wrapped(*inputs, *weights)
-            else:
-                fn = own_function(run, input_signature=signature, autograph=False)
-            self._compiled[key] = fn
-        return fn
-
-    def v1_vjp(self, sources, training: bool, with_grad_outputs: bool, hooks: bool) -> Callable:
-        """``(inputs, weights, grad_outputs) -> gradients`` for graphs with v1 loops, compiled once
-        (internal interface; see :func:`tfnet.v1_loops.graph_mode_vjp`).
-
-        Args:
-            sources: What to differentiate: ``("input", index)`` and ``("weight", index)`` pairs.
-            training: Feed :attr:`phase_values` their training values.
-            with_grad_outputs: The function takes the outputs' gradients (else ones).
-            hooks: Differentiate through the forward hooks too.
-        """
-        key = ("vjp", tuple(sources), bool(training), with_grad_outputs, hooks)
-        fn = self._compiled.get(key)
-        if fn is None:
-            fn = graph_mode_vjp(
-                lambda i, w: self.run_graph(i, w, training=training), self.input_specs, self._weight_specs,
-                self.output_specs, sources, with_grad_outputs,
-                post=(lambda outs: self._forward_hooks.run(self.pack(outs))) if hooks else None,
+        if state.graph.v1_loops:
+            # v1 loop frames and tf.function's automatic control dependencies do not mix.
+            n_in = len(input_specs)
+            wrapped = tf.compat.v1.wrap_function(
+                lambda *args: run(list(args[:n_in]), list(args[n_in:])), signature[0] + signature[1]
             )
-            self._compiled[key] = fn
-        return fn
 
-    def pack(self, outs: Sequence[tf.Tensor]):
-        """One output as a tensor, several as a list: the structure users and hooks see (internal interface)."""
-        return outs[0] if len(outs) == 1 else list(outs)
-
-    @property
-    def forward_hooks(self) -> HookList:
-        """The forward hooks, in the order they run (internal interface; register with
-        :meth:`register_forward_hook`)."""
-        return self._forward_hooks
-
-    @property
-    def gradient_hooks(self) -> HookList:
-        """The gradient hooks, in the order they run (internal interface)."""
-        return self._gradient_hooks
-
-    @property
-    def update_hooks(self) -> HookList:
-        """The update hooks, in the order they run (internal interface)."""
-        return self._update_hooks
-
-    # ------------------------------------------------------------------ forward
-
-    def prepare_inputs(self, inputs: Any) -> list[tf.Tensor]:
-        """Checks inputs (one array, a list in input order, or a dict by name) and converts them to
-        tensors of the graph's dtypes.
-
-        Raises:
-            InputSpecError: wrong number of inputs, rank or shape.
-            InputTypeError: a dtype the input cannot take.
-        """
-        values = arrange(inputs, self.input_names)
-        tensors = [convert(v, s, n) for v, s, n in zip(values, self.input_specs, self.input_names)]
-        batch_size_of(tensors, self.input_specs)
-        return tensors
-
-    def _call_pure(self, tensors: list[tf.Tensor], weights: list[tf.Tensor], training: bool = False) -> list[tf.Tensor]:
-        try:
-            return list(self.pure_function(training)(tensors, weights))
-        except tf.errors.OpError as exc:
-            raise GraphExecutionError(
-                f"TensorFlow failed to run the graph on inputs of shapes "
-                f"{[tuple(t.shape) for t in tensors]}: {first_line(exc.message)}"
-            ) from None
-
-    def __call__(self, inputs: Any, training: bool = False) -> tf.Tensor | list[tf.Tensor]:
-        """Runs the graph on tensors and returns tensors, with forward hooks applied.
-
-        Works inside ``tf.function`` and ``tf.GradientTape`` (gradients reach the weight variables).
-        ``training`` selects the training values of :attr:`phase_values`.
-        """
-        tensors = self.prepare_inputs(inputs)
-        # Always through the compiled function: a tape records its call as one differentiable op.
-        outs = self._call_pure(tensors, self._weight_values(), training)
-        return self._forward_hooks.run(self.pack(outs))
-
-    def forward(self, inputs: Any, *, as_tensors: bool = False, batch_size: int | None = None,
-                training: bool = False):
-        """Runs the graph.
-
-        Args:
-            inputs: One array (single-input graphs), a list in :attr:`input_names` order, or a dict
-                by input name. Numpy arrays, lists or tensors; floats are cast to the graph's float
-                dtype, integers and strings pass through.
-            as_tensors: Return ``tf.Tensor`` s instead of numpy arrays. Default: False.
-            batch_size: Run in chunks of this many rows and concatenate. Default: one call. Inputs
-                whose dimension 0 is fixed in :attr:`input_specs` are whole tensors, not rows: each
-                chunk gets all of them.
-            training: Feed :attr:`phase_values` their training values. Default: False.
-
-        Returns:
-            One array for single-output graphs, else a list in :attr:`output_names` order.
-
-        Raises:
-            InputSpecError: the inputs that take a batch (dimension 0 open) have different sizes there.
-        """
-        tensors = self.prepare_inputs(inputs)
-        weights = self._weight_values()
-        specs = self.input_specs
-        n = batch_size_of(tensors, specs)
-        if batch_size and n and n > batch_size:  # inputs with a fixed dimension 0 go whole into every chunk
-            chunks = [
-                self._call_pure([t[i : i + batch_size] if is_batched(s) else t for t, s in zip(tensors, specs)],
-                                weights, training)
-                for i in range(0, n, batch_size)
-            ]
-            outs = [tf.concat([c[j] for c in chunks], axis=0) for j in range(len(self.output_names))]
+            def fn(inputs, weights):
+                return wrapped(*inputs, *weights)
         else:
-            outs = self._call_pure(tensors, weights, training)
-        outs = self._forward_hooks.run(self.pack(outs))
-        return outs if as_tensors else tf.nest.map_structure(lambda t: t.numpy(), outs)
+            fn = own_function(run, input_signature=signature, autograph=False)
+        state.compiled[key] = fn
+    return fn
 
-    # ------------------------------------------------------------------ backward
 
-    def backward(self, inputs: Any, grad_outputs: Any = None, *, as_tensors: bool = False,
-                 training: bool = False):
-        """Vector-Jacobian product of the outputs with ``grad_outputs``.
+def v1_vjp(state: NetState, sources, training: bool, with_grad_outputs: bool, hooks: bool) -> Callable:
+    """``(inputs, weights, grad_outputs) -> gradients`` for graphs with v1 loops, compiled once
+    (internal interface; see :func:`tfnet.v1_loops.graph_mode_vjp`).
 
-        Args:
-            inputs: As for :meth:`forward`.
-            grad_outputs: One gradient per output (a single array, a list, or a dict by output
-                name). ``None`` for an output means it does not contribute. Default: ones for every
-                output (the gradient of ``sum(outputs)``).
-            as_tensors: Return tensors instead of numpy arrays. Default: False.
-            training: Feed :attr:`phase_values` their training values. Default: False.
+    Args:
+        sources: What to differentiate: ``("input", index)`` and ``("weight", index)`` pairs.
+        training: Feed :attr:`phase_values` their training values.
+        with_grad_outputs: The function takes the outputs' gradients (else ones).
+        hooks: Differentiate through the forward hooks too.
+    """
+    key = ("vjp", tuple(sources), bool(training), with_grad_outputs, hooks)
+    fn = state.compiled.get(key)
+    if fn is None:
+        fn = graph_mode_vjp(
+            lambda i, w: run_graph(state, i, w, training=training), list(state.graph.input_specs),
+            state.weight_specs(), list(state.graph.output_specs), sources, with_grad_outputs,
+            post=(lambda outs: state.forward_hooks.run(pack(outs))) if hooks else None,
+        )
+        state.compiled[key] = fn
+    return fn
 
-        Returns:
-            ``(grad_inputs, grad_weights)``: a list with one gradient per input (``None`` for
-            non-float inputs) and a dict over the trainable weights (empty for a graph without weights,
-            such as a pooling or reshaping layer's: its input gradients still come, as Keras gives them).
-            Gradient hooks are applied to ``grad_weights``.
 
-        Raises:
-            GradientUnavailableError: TensorFlow has no gradient for the graph (nested v1 control
-                flow loops); the message names the node.
-        """
-        tensors = self.prepare_inputs(inputs)
-        grads_out = self._prepare_grad_outputs(grad_outputs)
-        names = self._trainable
-        weights = self._weight_values()
-        float_inputs = [i for i, t in enumerate(tensors) if t.dtype.is_floating]
-        index = {n: i for i, n in enumerate(self._vars)}
-        if self._graph.v1_loops:
-            grads = self._graph_mode_grads(tensors, weights, grads_out, float_inputs, names, training)
-        else:
-            with tf.GradientTape(watch_accessed_variables=False) as tape:
-                for i in float_inputs:
-                    tape.watch(tensors[i])
-                for n in names:
-                    tape.watch(weights[index[n]])
-                outs = self._call_pure(tensors, weights, training)
-                outs = tf.nest.flatten(self._forward_hooks.run(self.pack(outs)))
-            sources = [tensors[i] for i in float_inputs] + [weights[index[n]] for n in names]
-            if grads_out is not None:  # an output without a gradient does not contribute
-                grads_out = [tf.zeros_like(o) if g is None else g for g, o in zip(grads_out, outs)]
-            grads = tape.gradient(outs, sources, output_gradients=grads_out)
-            grads = [_dense_or_zeros(g, s) for g, s in zip(grads, sources)]
-        grad_inputs: list = [None] * len(tensors)
-        for k, i in enumerate(float_inputs):
-            grad_inputs[i] = grads[k]
-        grad_weights = dict(zip(names, grads[len(float_inputs):]))
-        grad_weights = self._gradient_hooks.run(grad_weights)
-        if not as_tensors:
-            grad_inputs = [None if g is None else g.numpy() for g in grad_inputs]
-            grad_weights = {k: v.numpy() for k, v in grad_weights.items()}
-        if len(grad_inputs) == 1:
-            grad_inputs = grad_inputs[0]
-        return grad_inputs, grad_weights
+def pack(outs: Sequence[tf.Tensor]):
+    """One output as a tensor, several as a list: the structure users and hooks see (internal interface)."""
+    return outs[0] if len(outs) == 1 else list(outs)
 
-    def _graph_mode_grads(self, tensors, weights, grads_out, float_inputs, names, training) -> list:
-        """Gradients by ``tf.gradients`` in the graph the frozen graph is imported into, with v1 loop
-        contexts rebuilt (see :mod:`tfnet.v1_loops`): TensorFlow's tape cannot differentiate v1 loops."""
 
-        index = {n: i for i, n in enumerate(self._vars)}
-        sources = [("input", i) for i in float_inputs] + [("weight", index[n]) for n in names]
-        fn = self.v1_vjp(sources, training, grads_out is not None, hooks=True)
-        if grads_out is not None and any(g is None for g in grads_out):
-            outs = self._call_pure(tensors, weights, training)
-            grads_out = [tf.zeros_like(o) if g is None else g for g, o in zip(grads_out, outs)]
-        try:
-            return list(fn(tensors, weights, grads_out or ()))
-        except tf.errors.OpError as exc:
-            raise GraphExecutionError(f"TensorFlow failed to differentiate the graph: {first_line(exc.message)}") from None
+# ---------------------------------------------------------------------- forward
 
-    def _prepare_grad_outputs(self, grad_outputs) -> list | None:
-        if grad_outputs is None:
-            return None
-        values = arrange(grad_outputs, self.output_names, what="output gradient")
-        if all(v is None for v in values):
-            raise InputSpecError("Every output gradient is None; give at least one.")
-        return [
-            None if v is None else convert(v, spec, f"gradient of {name}")
-            for v, spec, name in zip(values, self.output_specs, self.output_names)
+
+def prepare_inputs(state: NetState, inputs: Any) -> list[tf.Tensor]:
+    """Checks inputs (one array, a list in input order, or a dict by name) and converts them to
+    tensors of the graph's dtypes.
+
+    Raises:
+        InputSpecError: wrong number of inputs, rank or shape.
+        InputTypeError: a dtype the input cannot take.
+    """
+    names, specs = list(state.graph.input_names), list(state.graph.input_specs)
+    values = arrange(inputs, names)
+    tensors = [convert(v, s, n) for v, s, n in zip(values, specs, names)]
+    batch_size_of(tensors, specs)
+    return tensors
+
+
+def _call_pure(state: NetState, tensors: list[tf.Tensor], weights: list[tf.Tensor],
+               training: bool = False) -> list[tf.Tensor]:
+    try:
+        return list(pure_function(state, training)(tensors, weights))
+    except tf.errors.OpError as exc:
+        raise GraphExecutionError(
+            f"TensorFlow failed to run the graph on inputs of shapes "
+            f"{[tuple(t.shape) for t in tensors]}: {first_line(exc.message)}"
+        ) from None
+
+
+def call(state: NetState, inputs: Any, training: bool = False) -> tf.Tensor | list[tf.Tensor]:
+    """Runs the graph on tensors and returns tensors, with forward hooks applied.
+
+    Works inside ``tf.function`` and ``tf.GradientTape`` (gradients reach the weight variables).
+    ``training`` selects the training values of :attr:`phase_values`.
+    """
+    tensors = prepare_inputs(state, inputs)
+    # Always through the compiled function: a tape records its call as one differentiable op.
+    outs = _call_pure(state, tensors, state.weight_values(), training)
+    return state.forward_hooks.run(pack(outs))
+
+
+def forward(state: NetState, inputs: Any, *, as_tensors: bool = False, batch_size: int | None = None,
+            training: bool = False):
+    """Runs the graph.
+
+    Args:
+        inputs: One array (single-input graphs), a list in :attr:`input_names` order, or a dict
+            by input name. Numpy arrays, lists or tensors; floats are cast to the graph's float
+            dtype, integers and strings pass through.
+        as_tensors: Return ``tf.Tensor`` s instead of numpy arrays. Default: False.
+        batch_size: Run in chunks of this many rows and concatenate. Default: one call. Inputs
+            whose dimension 0 is fixed in :attr:`input_specs` are whole tensors, not rows: each
+            chunk gets all of them.
+        training: Feed :attr:`phase_values` their training values. Default: False.
+
+    Returns:
+        One array for single-output graphs, else a list in :attr:`output_names` order.
+
+    Raises:
+        InputSpecError: the inputs that take a batch (dimension 0 open) have different sizes there.
+    """
+    tensors = prepare_inputs(state, inputs)
+    weights = state.weight_values()
+    specs = list(state.graph.input_specs)
+    n = batch_size_of(tensors, specs)
+    if batch_size and n and n > batch_size:  # inputs with a fixed dimension 0 go whole into every chunk
+        chunks = [
+            _call_pure(state, [t[i : i + batch_size] if is_batched(s) else t for t, s in zip(tensors, specs)],
+                       weights, training)
+            for i in range(0, n, batch_size)
         ]
+        outs = [tf.concat([c[j] for c in chunks], axis=0) for j in range(len(state.graph.output_names))]
+    else:
+        outs = _call_pure(state, tensors, weights, training)
+    outs = state.forward_hooks.run(pack(outs))
+    return outs if as_tensors else tf.nest.map_structure(lambda t: t.numpy(), outs)
 
-    # ------------------------------------------------------------------ updates and hooks
 
-    def apply_updates(self, updates: Mapping[str, Any]) -> None:
-        """The weight-update hook: sets each named weight ``w`` to ``w + update``, then runs the
-        update hooks on the updated weights."""
-        checked = self._check_weight_values(updates, "apply_updates")
-        for name, delta in checked.items():
-            self._vars[name].assign_add(delta)
-        self._run_update_hooks(list(checked))
+# ---------------------------------------------------------------------- backward
 
-    def _run_update_hooks(self, names: Sequence[str]) -> None:
-        if not self._update_hooks:
-            return
-        current = {n: self._vars[n].value() for n in names}
-        new = self._update_hooks.run(dict(current))
-        changed = {k: v for k, v in new.items() if v is not current.get(k)}
-        for name, value in self._check_weight_values(changed, "update hook").items():
-            self._vars[name].assign(value)
 
-    @property
-    def hooks(self) -> dict[str, tuple[Callable, ...]]:
-        """The registered hooks by kind, each in the order they run: ``{"forward": (...), "gradient":
-        (...), "update": (...)}`` (read-only; register and remove them through the methods)."""
-        return {"forward": tuple(self._forward_hooks), "gradient": tuple(self._gradient_hooks),
-                "update": tuple(self._update_hooks)}
+def backward(state: NetState, inputs: Any, grad_outputs: Any = None, *, as_tensors: bool = False,
+             training: bool = False):
+    """Vector-Jacobian product of the outputs with ``grad_outputs``.
 
-    def register_forward_hook(self, fn: Callable) -> HookHandle:
-        """``fn(outputs) -> outputs or None`` runs on the outputs of every forward pass (and inside
-        the fused training step). ``outputs`` is a tensor, or a list for several outputs.
-        Write hooks with TensorFlow ops: inside compiled steps they are traced once."""
-        return self._forward_hooks.add(fn)
+    Args:
+        inputs: As for :meth:`forward`.
+        grad_outputs: One gradient per output (a single array, a list, or a dict by output
+            name). ``None`` for an output means it does not contribute. Default: ones for every
+            output (the gradient of ``sum(outputs)``).
+        as_tensors: Return tensors instead of numpy arrays. Default: False.
+        training: Feed :attr:`phase_values` their training values. Default: False.
 
-    def register_gradient_hook(self, fn: Callable) -> HookHandle:
-        """``fn(grads: dict[name, tensor]) -> dict or None`` runs on the weight gradients before
-        they are used: to clip or mask them."""
-        return self._gradient_hooks.add(fn)
+    Returns:
+        ``(grad_inputs, grad_weights)``: a list with one gradient per input (``None`` for
+        non-float inputs) and a dict over the trainable weights (empty for a graph without weights,
+        such as a pooling or reshaping layer's: its input gradients still come, as Keras gives them).
+        Gradient hooks are applied to ``grad_weights``.
 
-    def register_update_hook(self, fn: Callable) -> HookHandle:
-        """``fn(weights: dict[name, tensor]) -> dict or None`` runs after every weight update on the
-        updated weights; a returned dict of new values is assigned (to constrain weights)."""
-        return self._update_hooks.add(fn)
+    Raises:
+        GradientUnavailableError: TensorFlow has no gradient for the graph (nested v1 control
+            flow loops); the message names the node.
+    """
+    tensors = prepare_inputs(state, inputs)
+    grads_out = _prepare_grad_outputs(state, grad_outputs)
+    names = list(state.trainable)
+    weights = state.weight_values()
+    float_inputs = [i for i, t in enumerate(tensors) if t.dtype.is_floating]
+    index = {n: i for i, n in enumerate(state.weights)}
+    if state.graph.v1_loops:
+        grads = _graph_mode_grads(state, tensors, weights, grads_out, float_inputs, names, training)
+    else:
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            for i in float_inputs:
+                tape.watch(tensors[i])
+            for n in names:
+                tape.watch(weights[index[n]])
+            outs = _call_pure(state, tensors, weights, training)
+            outs = tf.nest.flatten(state.forward_hooks.run(pack(outs)))
+        sources = [tensors[i] for i in float_inputs] + [weights[index[n]] for n in names]
+        if grads_out is not None:  # an output without a gradient does not contribute
+            grads_out = [tf.zeros_like(o) if g is None else g for g, o in zip(grads_out, outs)]
+        grads = tape.gradient(outs, sources, output_gradients=grads_out)
+        grads = [_dense_or_zeros(g, s) for g, s in zip(grads, sources)]
+    grad_inputs: list = [None] * len(tensors)
+    for k, i in enumerate(float_inputs):
+        grad_inputs[i] = grads[k]
+    grad_weights = dict(zip(names, grads[len(float_inputs):]))
+    grad_weights = state.gradient_hooks.run(grad_weights)
+    if not as_tensors:
+        grad_inputs = [None if g is None else g.numpy() for g in grad_inputs]
+        grad_weights = {k: v.numpy() for k, v in grad_weights.items()}
+    if len(grad_inputs) == 1:
+        grad_inputs = grad_inputs[0]
+    return grad_inputs, grad_weights
+
+
+def _graph_mode_grads(state: NetState, tensors, weights, grads_out, float_inputs, names, training) -> list:
+    """Gradients by ``tf.gradients`` in the graph the frozen graph is imported into, with v1 loop
+    contexts rebuilt (see :mod:`tfnet.v1_loops`): TensorFlow's tape cannot differentiate v1 loops."""
+    index = {n: i for i, n in enumerate(state.weights)}
+    sources = [("input", i) for i in float_inputs] + [("weight", index[n]) for n in names]
+    fn = v1_vjp(state, sources, training, grads_out is not None, hooks=True)
+    if grads_out is not None and any(g is None for g in grads_out):
+        outs = _call_pure(state, tensors, weights, training)
+        grads_out = [tf.zeros_like(o) if g is None else g for g, o in zip(grads_out, outs)]
+    try:
+        return list(fn(tensors, weights, grads_out or ()))
+    except tf.errors.OpError as exc:
+        raise GraphExecutionError(f"TensorFlow failed to differentiate the graph: {first_line(exc.message)}") from None
+
+
+def _prepare_grad_outputs(state: NetState, grad_outputs) -> list | None:
+    if grad_outputs is None:
+        return None
+    names = list(state.graph.output_names)
+    values = arrange(grad_outputs, names, what="output gradient")
+    if all(v is None for v in values):
+        raise InputSpecError("Every output gradient is None; give at least one.")
+    return [
+        None if v is None else convert(v, spec, f"gradient of {name}")
+        for v, spec, name in zip(values, state.graph.output_specs, names)
+    ]
+
+
+# ---------------------------------------------------------------------- updates and hooks
+
+
+def apply_updates(state: NetState, updates: Mapping[str, Any]) -> None:
+    """The weight-update hook: sets each named weight ``w`` to ``w + update``, then runs the
+    update hooks on the updated weights."""
+    checked = state.check_weight_values(updates, "apply_updates")
+    for name, delta in checked.items():
+        state.weights[name].assign_add(delta)
+    if not state.update_hooks:
+        return
+    current = {n: state.weights[n].value() for n in checked}
+    new = state.update_hooks.run(dict(current))
+    changed = {k: v for k, v in new.items() if v is not current.get(k)}
+    for name, value in state.check_weight_values(changed, "update hook").items():
+        state.weights[name].assign(value)
+
+
+def hooks(state: NetState) -> dict[str, tuple[Callable, ...]]:
+    """The registered hooks by kind, each in the order they run: ``{"forward": (...), "gradient":
+    (...), "update": (...)}`` (read-only; register and remove them through the methods)."""
+    return {"forward": tuple(state.forward_hooks), "gradient": tuple(state.gradient_hooks),
+            "update": tuple(state.update_hooks)}
+
+
+def register_forward_hook(state: NetState, fn: Callable) -> HookHandle:
+    """``fn(outputs) -> outputs or None`` runs on the outputs of every forward pass (and inside
+    the fused training step). ``outputs`` is a tensor, or a list for several outputs.
+    Write hooks with TensorFlow ops: inside compiled steps they are traced once."""
+    return state.forward_hooks.add(fn)
+
+
+def register_gradient_hook(state: NetState, fn: Callable) -> HookHandle:
+    """``fn(grads: dict[name, tensor]) -> dict or None`` runs on the weight gradients before
+    they are used: to clip or mask them."""
+    return state.gradient_hooks.add(fn)
+
+
+def register_update_hook(state: NetState, fn: Callable) -> HookHandle:
+    """``fn(weights: dict[name, tensor]) -> dict or None`` runs after every weight update on the
+    updated weights; a returned dict of new values is assigned (to constrain weights)."""
+    return state.update_hooks.add(fn)
 
 
 def _dense_or_zeros(grad, source):

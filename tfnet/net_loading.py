@@ -1,10 +1,11 @@
-"""Building a :class:`tfnet.TFNet`: from a frozen graph (the constructor, :meth:`NetLoading.from_frozen_graph`),
+"""Building a :class:`tfnet.TFNet`: from a frozen graph (the constructor, :func:`from_frozen_graph`),
 a Keras model, a SavedModel, an export folder (what ``save`` writes) or an ONNX model.
 
-:class:`NetLoading` is one of ``TFNet``'s mixins (see :mod:`tfnet.net`): its constructors are
-classmethods, so they build whichever class they are called on. Each turns its source into a weightless
-graph (weights as placeholders) and the weights' values; :meth:`NetLoading._init` builds the net from
-those. The readers live in :mod:`tfnet.freeze`, :mod:`tfnet.saving` and :mod:`tfnet.onnx.build`.
+``TFNet``'s constructors are these functions, as classmethods: each takes the class to build (``cls``). Each
+turns its source into a weightless graph (weights as placeholders) and the weights' values, :func:`build`
+makes the net's :class:`tfnet.net_state.NetState` from those, and ``cls.from_state`` the net.
+``TFNet.__init__`` is :func:`graph_def_state`. The readers live in :mod:`tfnet.freeze`, :mod:`tfnet.saving`
+and :mod:`tfnet.onnx.build`.
 """
 
 from __future__ import annotations
@@ -20,205 +21,189 @@ from tfnet.freeze import freeze_keras, load_keras_file
 from tfnet.graph_function import check_weight_consts, feed_specs
 from tfnet.graph_io import PathLike, read_graph_def
 from tfnet.inputs import as_name_list
-from tfnet.net_state import NetState, TrainableSpec
+from tfnet.net_state import NetState
 from tfnet.onnx.build import net_from_onnx
+from tfnet.parts import NetParts
 from tfnet.saving import load_saved_model_signature, read_export_folder
 from tfnet.statistics import find_statistics
 from tfnet.tables import canonical_tables
 
-__all__ = ["NetLoading"]
+__all__ = [
+    "build", "from_export_folder", "from_frozen_graph", "from_keras", "from_onnx", "from_saved_model",
+    "graph_def_state",
+]
 
 
-class NetLoading(NetState):
-    """The constructors of :class:`tfnet.TFNet` (``TFNet`` in the return annotations names that facade,
-    which this module does not import)."""
+def graph_def_state(graph_def: PathLike | bytes | graph_pb2.GraphDef, inputs: str | Sequence[str],
+                    outputs: str | Sequence[str], weights: str | Sequence[str] = "auto", **options) -> NetState:
+    """``TFNet.__init__``: the state of a net from a frozen graph (see :class:`tfnet.TFNet` for the arguments;
+    ``options`` are its keyword arguments but ``weights``)."""
+    graph_def = canonical_tables(read_graph_def(graph_def))
+    input_names = gu.check_tensor_names(graph_def, as_name_list(inputs, "inputs"), "input")
+    output_names = gu.check_tensor_names(graph_def, as_name_list(outputs, "outputs"), "output")
+    input_nodes = {gu.node_name(n) for n in input_names}
+    if isinstance(weights, str) and weights == "auto":
+        weight_names = [w for w in gu.find_weights(graph_def) if w not in input_nodes]
+    else:
+        weight_names = check_weight_consts(graph_def, weights)
+    template, values = gu.consts_to_placeholders(graph_def, weight_names)
+    del graph_def
+    return build(template, values, input_names, output_names, **_init_kwargs(options))
 
-    def _load_graph_def(
-        self,
-        graph_def: PathLike | bytes | graph_pb2.GraphDef,
-        inputs: str | Sequence[str],
-        outputs: str | Sequence[str],
-        *,
-        weights: str | Sequence[str] = "auto",
-        trainable: TrainableSpec = None,
-        relax_batch: bool = True,
-        fold_batch_norm: bool = True,
-        phase_values: Mapping[str, tuple] | None = None,
-        name: str = "tfnet",
-    ) -> None:
-        """``TFNet.__init__``: builds the net from a frozen graph (see :class:`tfnet.TFNet` for the arguments)."""
-        graph_def = canonical_tables(read_graph_def(graph_def))
-        input_names = gu.check_tensor_names(graph_def, as_name_list(inputs, "inputs"), "input")
-        output_names = gu.check_tensor_names(graph_def, as_name_list(outputs, "outputs"), "output")
-        input_nodes = {gu.node_name(n) for n in input_names}
-        if isinstance(weights, str) and weights == "auto":
-            weight_names = [w for w in gu.find_weights(graph_def) if w not in input_nodes]
-        else:
-            weight_names = check_weight_consts(graph_def, weights)
-        template, values = gu.consts_to_placeholders(graph_def, weight_names)
-        del graph_def
-        self._init(template, values, input_names, output_names, trainable=trainable, relax_batch=relax_batch,
-                   fold=fold_batch_norm, phase_values=phase_values, name=name)
 
-    def _init(self, template, values, input_names, output_names, *, trainable=None, relax_batch=True,
-              fold=True, phase_values=None, name="tfnet"):
-        """Builds the layer from a weightless graph (weights as placeholders) and their values."""
-        phase_values = _check_phase_values(template, phase_values, input_names)
-        feeds = list(input_names) + list(phase_values)
-        template = gu.subgraph(template, output_names, feeds=feeds, feed_specs=feed_specs(template, feeds))
-        kept = gu.nodes_by_name(template)
-        values = {w: v for w, v in values.items() if w in kept}
-        statistics = find_statistics(template, list(values))
-        if relax_batch:
-            gu.set_placeholder_batch_dim(template, input_names)
-        self._setup(template, input_names, output_names, values, statistics, name=name, fold=fold,
-                    phase_values=phase_values)
-        if trainable is not None:
-            self.trainable = trainable
+def build(template, values, input_names, output_names, *, trainable=None, relax_batch=True, fold=True,
+          phase_values=None, name="tfnet") -> NetState:
+    """The state of a net from a weightless graph (weights as placeholders) and their values."""
+    phase_values = _check_phase_values(template, phase_values, input_names)
+    feeds = list(input_names) + list(phase_values)
+    template = gu.subgraph(template, output_names, feeds=feeds, feed_specs=feed_specs(template, feeds))
+    kept = gu.nodes_by_name(template)
+    values = {w: v for w, v in values.items() if w in kept}
+    statistics = find_statistics(template, list(values))
+    if relax_batch:
+        gu.set_placeholder_batch_dim(template, input_names)
+    state = NetState(NetParts(template, input_names, output_names, values, statistics, name=name, fold=fold,
+                              phase_values=phase_values))
+    if trainable is not None:
+        state.select_trainable(trainable)
+    return state
 
-    @classmethod
-    def _from_frozen(cls, frozen, **kwargs) -> TFNet:  # noqa: F821
-        """From a :class:`tfnet.freeze.Frozen` (a weightless graph and its weight values)."""
-        net = cls.__new__(cls)
-        if frozen.trainable is not None and frozen.weights and "trainable" not in kwargs:
-            kwargs["trainable"] = frozen.trainable  # the source model's own flags (Keras's trainable_variables)
-        inputs = gu.check_tensor_names(frozen.template, frozen.inputs, "input")
-        outputs = gu.check_tensor_names(frozen.template, frozen.outputs, "output")
-        net._init(frozen.template, frozen.values, inputs, outputs, **_init_kwargs(kwargs))
-        return net
 
-    @classmethod
-    def from_frozen_graph(
-        cls,
-        path_or_graph_def: PathLike | bytes | graph_pb2.GraphDef,
-        inputs: str | Sequence[str],
-        outputs: str | Sequence[str],
-        **kwargs,
-    ) -> TFNet:  # noqa: F821
-        """Loads a frozen graph (``.pb`` binary or ``.pbtxt`` text file, bytes or a ``GraphDef``).
+def _frozen_state(frozen, kwargs) -> NetState:
+    """From a :class:`tfnet.freeze.Frozen` (a weightless graph and its weight values)."""
+    if frozen.trainable is not None and frozen.weights and "trainable" not in kwargs:
+        kwargs = {**kwargs, "trainable": frozen.trainable}  # the source model's own flags (trainable_variables)
+    inputs = gu.check_tensor_names(frozen.template, frozen.inputs, "input")
+    outputs = gu.check_tensor_names(frozen.template, frozen.outputs, "output")
+    return build(frozen.template, frozen.values, inputs, outputs, **_init_kwargs(kwargs))
 
-        Args:
-            path_or_graph_def: The graph.
-            inputs: Input tensor name(s), ``"name"`` or ``"name:0"``.
-            outputs: Output tensor name(s).
-            **kwargs: ``weights``, ``trainable``, ``relax_batch``, ``name``; see :class:`TFNet`.
 
-        Raises:
-            FileNotFoundError: The file does not exist.
-            GraphLoadError: The file is corrupt, truncated, or not a graph.
-            TensorNameError: A name is not in the graph; the message lists the closest names.
-        """
-        return cls(path_or_graph_def, inputs, outputs, **kwargs)
+def from_frozen_graph(
+    cls,
+    path_or_graph_def: PathLike | bytes | graph_pb2.GraphDef,
+    inputs: str | Sequence[str],
+    outputs: str | Sequence[str],
+    **kwargs,
+):
+    """Loads a frozen graph (``.pb`` binary or ``.pbtxt`` text file, bytes or a ``GraphDef``).
 
-    @classmethod
-    def from_keras(cls, model, **kwargs) -> TFNet:  # noqa: F821
-        """Freezes a built Keras 3 model in inference mode and wraps it.
+    Args:
+        path_or_graph_def: The graph.
+        inputs: Input tensor name(s), ``"name"`` or ``"name:0"``.
+        outputs: Output tensor name(s).
+        **kwargs: ``weights``, ``trainable``, ``relax_batch``, ``name``; see :class:`TFNet`.
 
-        Weights are named by their Keras paths (``"dense/kernel"``), inputs by the Keras input
-        names and outputs by the output layer names (a ``Sequential`` model's output by its last
-        layer's name). Dropout is off and batch norm uses its moving statistics, which are frozen
-        by default. Lookup tables (``TextVectorization``, ``StringLookup``, ``IntegerLookup``) are
-        kept in the graph with their contents (see :mod:`tfnet.tables`).
+    Raises:
+        FileNotFoundError: The file does not exist.
+        GraphLoadError: The file is corrupt, truncated, or not a graph.
+        TensorNameError: A name is not in the graph; the message lists the closest names.
+    """
+    return cls(path_or_graph_def, inputs, outputs, **kwargs)
 
-        Args:
-            model: A built ``keras.Model``, or the path of a saved one (a ``.keras`` file or a legacy
-                ``.h5`` file, loaded with ``keras.models.load_model(path, compile=False)``).
-            **kwargs: ``trainable``, ``relax_batch``, ``fold_batch_norm``, ``name``; see :class:`TFNet`.
 
-        Raises:
-            FileNotFoundError: a path that does not exist.
-            GraphLoadError: a path Keras cannot load (a SavedModel folder: use :meth:`from_saved_model`).
-        """
-        if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
-            model = load_keras_file(model)
-        net = cls._from_frozen(freeze_keras(model), **kwargs)
-        net.keras_source = keras_source.describe(model)
-        return net
+def from_keras(cls, model, **kwargs):
+    """Freezes a built Keras 3 model in inference mode and wraps it.
 
-    @classmethod
-    def from_saved_model(cls, path: PathLike, signature: str = "serving_default", **kwargs) -> TFNet:  # noqa: F821
-        """Loads one signature of a SavedModel, freezing its variables into weights.
+    Weights are named by their Keras paths (``"dense/kernel"``), inputs by the Keras input
+    names and outputs by the output layer names (a ``Sequential`` model's output by its last
+    layer's name). Dropout is off and batch norm uses its moving statistics, which are frozen
+    by default. Lookup tables (``TextVectorization``, ``StringLookup``, ``IntegerLookup``) are
+    kept in the graph with their contents (see :mod:`tfnet.tables`).
 
-        Inputs are the signature's argument names, outputs its output keys.
+    Args:
+        model: A built ``keras.Model``, or the path of a saved one (a ``.keras`` file or a legacy
+            ``.h5`` file, loaded with ``keras.models.load_model(path, compile=False)``).
+        **kwargs: ``trainable``, ``relax_batch``, ``fold_batch_norm``, ``name``; see :class:`TFNet`.
 
-        Args:
-            path: The SavedModel folder.
-            signature: The signature to load. Default: ``"serving_default"``.
-            **kwargs: ``trainable``, ``relax_batch``, ``fold_batch_norm``, ``phase_values``, ``name``;
-                see :class:`TFNet`.
+    Raises:
+        FileNotFoundError: a path that does not exist.
+        GraphLoadError: a path Keras cannot load (a SavedModel folder: use :meth:`from_saved_model`).
+    """
+    if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+        model = load_keras_file(model)
+    state = _frozen_state(freeze_keras(model), kwargs)
+    state.keras_source = keras_source.describe(model)
+    return cls.from_state(state)
 
-        Raises:
-            FileNotFoundError: ``path`` does not exist.
-            GraphLoadError: ``path`` is not a SavedModel.
-            TensorNameError: ``signature`` does not exist; the message lists the signatures.
-        """
-        return cls._from_frozen(load_saved_model_signature(path, signature), **kwargs)
 
-    @classmethod
-    def from_export_folder(cls, folder: PathLike, *, storage_options=None, **kwargs) -> TFNet:  # noqa: F821
-        """Loads the Analytics Zoo export layout: ``frozen_inference_graph.pb`` plus
-        ``graph_meta.json`` with ``input_names`` and ``output_names``. Folders written by
-        :meth:`save` also restore the weight list and the trainable selection. ``folder`` may be a
-        URI fsspec understands (``s3://bucket/run/export``), with its ``storage_options``.
+def from_saved_model(cls, path: PathLike, signature: str = "serving_default", **kwargs):
+    """Loads one signature of a SavedModel, freezing its variables into weights.
 
-        Args:
-            folder: The export folder, a local path or a URI.
-            storage_options: fsspec's options for a URI. Default: None.
-            **kwargs: What :class:`TFNet` takes; they override what the folder's metadata says.
-        """
-        graph_def, meta = read_export_folder(folder, storage_options)
-        extra = meta.get("tfnet", {})
-        if "weight_names" in extra:
-            kwargs.setdefault("weights", extra["weight_names"])
-        if extra.get("phase_values"):
-            kwargs.setdefault("phase_values", {k: tuple(v) for k, v in extra["phase_values"].items()})
-        net = cls(graph_def, meta["input_names"], meta["output_names"], **kwargs)
-        if "trainable" in extra and "trainable" not in kwargs:
-            net._restore_trainable(extra["trainable"])
-        net.keras_source = extra.get("keras_source")
-        return net
+    Inputs are the signature's argument names, outputs its output keys.
 
-    load = from_export_folder
+    Args:
+        path: The SavedModel folder.
+        signature: The signature to load. Default: ``"serving_default"``.
+        **kwargs: ``trainable``, ``relax_batch``, ``fold_batch_norm``, ``phase_values``, ``name``;
+            see :class:`TFNet`.
 
-    def _restore_trainable(self, names: Sequence[str]) -> None:
-        """Exactly the named weights that exist train (statistics too, if named); unknown names are skipped."""
-        self._set_trainable_names([t for t in names if t in self._vars])
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        GraphLoadError: ``path`` is not a SavedModel.
+        TensorNameError: ``signature`` does not exist; the message lists the signatures.
+    """
+    return cls.from_state(_frozen_state(load_saved_model_signature(path, signature), kwargs))
 
-    @classmethod
-    def from_onnx(
-        cls,
-        path_or_model_proto,
-        inputs: str | Sequence[str] | None = None,
-        outputs: str | Sequence[str] | None = None,
-        **kwargs,
-    ) -> TFNet:  # noqa: F821
-        """Converts an ONNX model (for example one from ``torch.onnx.export``) into a TFNet.
 
-        The ONNX initializers become the weights, named by their ONNX names (characters TensorFlow
-        does not allow become ``_``); ``BatchNormalization`` means and variances are statistics,
-        frozen by default. Convolutions run in NHWC. The batch dimension is dynamic (inputs that fix
-        different leading sizes are not a batch: they keep their shapes). Models of old opsets are
-        upgraded with ``onnx.version_converter``. Needs ``pip install tfnet[onnx]``; see :mod:`tfnet.onnx`.
+def from_export_folder(cls, folder: PathLike, *, storage_options=None, **kwargs):
+    """Loads the Analytics Zoo export layout: ``frozen_inference_graph.pb`` plus
+    ``graph_meta.json`` with ``input_names`` and ``output_names``. Folders written by
+    :meth:`save` also restore the weight list and the trainable selection. ``folder`` may be a
+    URI fsspec understands (``s3://bucket/run/export``), with its ``storage_options``.
 
-        Args:
-            path_or_model_proto: A ``.onnx`` file (external data next to it), its bytes, or an
-                ``onnx.ModelProto``.
-            inputs: ONNX graph input names in the order the net takes them. Default: all of them.
-            outputs: ONNX value names to return; any value in the graph can be one. Default: the
-                graph outputs.
-            **kwargs: ``trainable``, ``relax_batch``, ``fold_batch_norm``, ``name``; see
-                :class:`TFNet`. ``propagate_layout=False`` turns off keeping NHWC through element-wise ops.
+    Args:
+        folder: The export folder, a local path or a URI.
+        storage_options: fsspec's options for a URI. Default: None.
+        **kwargs: What :class:`TFNet` takes; they override what the folder's metadata says.
+    """
+    graph_def, meta = read_export_folder(folder, storage_options)
+    extra = meta.get("tfnet", {})
+    if "weight_names" in extra:
+        kwargs.setdefault("weights", extra["weight_names"])
+    if extra.get("phase_values"):
+        kwargs.setdefault("phase_values", {k: tuple(v) for k, v in extra["phase_values"].items()})
+    net = cls(graph_def, meta["input_names"], meta["output_names"], **kwargs)
+    if "trainable" in extra and "trainable" not in kwargs:
+        # exactly the named weights that exist train (statistics too, if named)
+        net.state.set_trainable_names([t for t in extra["trainable"] if t in net.state.weights])
+    net.keras_source = extra.get("keras_source")
+    return net
 
-        Raises:
-            FileNotFoundError: the file does not exist.
-            tfnet.onnx.OnnxLoadError: the file is corrupt, truncated or not ONNX.
-            tfnet.onnx.OpsetError: the opset is newer than the installed onnx defines, or the model has no
-                default-domain opset.
-            tfnet.onnx.UnsupportedOperatorError: lists every node tfnet cannot convert (operator,
-                version and count; docs/onnx.md has the versions that convert).
-            tfnet.onnx.ExternalDataError: an external data file is missing.
-        """
-        return net_from_onnx(cls, path_or_model_proto, inputs, outputs, **kwargs)
+
+def from_onnx(
+    cls,
+    path_or_model_proto,
+    inputs: str | Sequence[str] | None = None,
+    outputs: str | Sequence[str] | None = None,
+    **kwargs,
+):
+    """Converts an ONNX model (for example one from ``torch.onnx.export``) into a TFNet.
+
+    The ONNX initializers become the weights, named by their ONNX names (characters TensorFlow
+    does not allow become ``_``); ``BatchNormalization`` means and variances are statistics,
+    frozen by default. Convolutions run in NHWC. The batch dimension is dynamic (inputs that fix
+    different leading sizes are not a batch: they keep their shapes). Models of old opsets are
+    upgraded with ``onnx.version_converter``. Needs ``pip install tfnet[onnx]``; see :mod:`tfnet.onnx`.
+
+    Args:
+        path_or_model_proto: A ``.onnx`` file (external data next to it), its bytes, or an
+            ``onnx.ModelProto``.
+        inputs: ONNX graph input names in the order the net takes them. Default: all of them.
+        outputs: ONNX value names to return; any value in the graph can be one. Default: the
+            graph outputs.
+        **kwargs: ``trainable``, ``relax_batch``, ``fold_batch_norm``, ``name``; see
+            :class:`TFNet`. ``propagate_layout=False`` turns off keeping NHWC through element-wise ops.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        tfnet.onnx.OnnxLoadError: the file is corrupt, truncated or not ONNX.
+        tfnet.onnx.OpsetError: the opset is newer than the installed onnx defines, or the model has no
+            default-domain opset.
+        tfnet.onnx.UnsupportedOperatorError: lists every node tfnet cannot convert (operator,
+            version and count; docs/onnx.md has the versions that convert).
+        tfnet.onnx.ExternalDataError: an external data file is missing.
+    """
+    return net_from_onnx(cls, path_or_model_proto, inputs, outputs, **kwargs)
 
 
 def _init_kwargs(kwargs) -> dict:

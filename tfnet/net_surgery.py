@@ -1,11 +1,10 @@
-"""Graph surgery on a :class:`tfnet.TFNet`: new nets cut from it (:meth:`NetSurgery.cut`), extended by a
-Keras head (:meth:`NetSurgery.add_head`), given low-rank adapters (:meth:`NetSurgery.with_lora`) or with
-the adapters folded in (:meth:`NetSurgery.merged`).
+"""Graph surgery on a :class:`tfnet.TFNet`: new nets cut from it (:func:`cut`), extended by a Keras head
+(:func:`add_head`), given low-rank adapters (:func:`with_lora`) or with the adapters folded in (:func:`merged`).
 
-:class:`NetSurgery` is one of ``TFNet``'s mixins (see :mod:`tfnet.net`). Each operation describes the
-new net as :class:`tfnet.parts.NetParts` and hands them to :meth:`NetSurgery._derived`, which the
-facade implements (so this module need not import it; ``TFNet`` in the return annotations names
-the facade, :class:`tfnet.net.TFNet`). The net operated on is left as it was; its weights are copied.
+Each is a function of the net's :class:`tfnet.net_state.NetState` that describes the new net as
+:class:`tfnet.parts.NetParts`; ``TFNet``'s methods of the same names build the net from them
+(``TFNet.from_parts``), so this module need not import the facade. The net operated on is left as it was;
+its weights are copied.
 """
 
 from __future__ import annotations
@@ -18,168 +17,162 @@ from tfnet.errors import InputSpecError, WeightError
 from tfnet.graph_function import used_tensors
 from tfnet.head import freeze_head
 from tfnet.inputs import as_name_list
-from tfnet.lora import Adapter
 from tfnet.net_state import NetState, copy_array
 from tfnet.parts import NetParts
 from tfnet.statistics import find_statistics
 
-__all__ = ["NetSurgery"]
+__all__ = ["adapter_names", "add_head", "cut", "lora_candidates", "merged", "with_lora"]
 
 
-class NetSurgery(NetState):
-    """``cut``, ``add_head`` and the low-rank adapters of :class:`tfnet.TFNet`."""
+def cut(state: NetState, tensor_names: str | Sequence[str]) -> NetParts:
+    """Returns a new TFNet that ends at the given tensor(s), such as the features before a
+    classifier. Weights past the cut are dropped; the rest keep their current values and
+    trainable state."""
+    outputs = gu.check_tensor_names(state.graph.template, as_name_list(tensor_names, "tensor_names"), "cut")
+    template = gu.subgraph(state.graph.template, outputs,
+                           feeds=list(state.graph.input_names) + list(state.graph.phase_values))
+    kept = gu.nodes_by_name(template)
+    used = used_tensors(template) | set(outputs)
+    inputs = [n for n in state.graph.input_names if n in used]
+    adapters = [ad for ad in state.adapters.values() if ad.target in kept]
+    keep = kept.keys() | {n for ad in adapters for n in (ad.a, ad.b)}
+    values = {w: copy_array(v) for w, v in state.weights.items() if w in keep}
+    phase_values = {k: v for k, v in state.graph.phase_values.items() if gu.node_name(k) in kept}
+    return NetParts(
+        template, inputs, outputs, values, dict(state.statistic_roles), list(state.trainable), name=state.name,
+        fold=state.graph.fold, phase_values=phase_values, adapters=adapters, onnx_source=state.onnx_source,
+    )
 
-    def _derived(self, parts: NetParts):
-        """The net built from ``parts`` that the operations below return; the facade builds a ``TFNet``."""
-        raise NotImplementedError
 
-    def cut(self, tensor_names: str | Sequence[str]) -> TFNet:  # noqa: F821
-        """Returns a new TFNet that ends at the given tensor(s), such as the features before a
-        classifier. Weights past the cut are dropped; the rest keep their current values and
-        trainable state."""
-        outputs = gu.check_tensor_names(self.template, as_name_list(tensor_names, "tensor_names"), "cut")
-        template = gu.subgraph(self.template, outputs, feeds=self.input_names + list(self.phase_values))
-        kept = gu.nodes_by_name(template)
-        used = used_tensors(template) | set(outputs)
-        inputs = [n for n in self.input_names if n in used]
-        adapters = [ad for ad in self._adapters.values() if ad.target in kept]
-        keep = kept.keys() | {n for ad in adapters for n in (ad.a, ad.b)}
-        values = {w: copy_array(v) for w, v in self._vars.items() if w in keep}
-        phase_values = {k: v for k, v in self._graph.phase_values.items() if gu.node_name(k) in kept}
-        return self._derived(NetParts(
-            template, inputs, outputs, values, self.statistics, self._trainable, name=self.name,
-            fold=self._graph.fold, phase_values=phase_values, adapters=adapters, onnx_source=self._onnx_source,
-        ))
+def add_head(state: NetState, head, name: str = "head") -> NetParts:
+    """Attaches a Keras head (a layer, a list of layers, or a model) to this net's single output
+    and returns one TFNet whose weights include the head's, under ``name/``.
 
-    def add_head(self, head, name: str = "head") -> TFNet:  # noqa: F821
-        """Attaches a Keras head (a layer, a list of layers, or a model) to this net's single output
-        and returns one TFNet whose weights include the head's, under ``name/``.
+    The head's weights start from their Keras initial values and are trainable; this net's
+    weights keep their trainable state (set ``net.trainable = "head/"`` to train the head only).
 
-        The head's weights start from their Keras initial values and are trainable; this net's
-        weights keep their trainable state (set ``net.trainable = "head/"`` to train the head only).
+    Args:
+        head: A Keras layer, a list of layers, or a model.
+        name: The prefix of the head's node and weight names. Default: ``"head"``.
 
-        Args:
-            head: A Keras layer, a list of layers, or a model.
-            name: The prefix of the head's node and weight names. Default: ``"head"``.
-
-        Raises:
-            InputSpecError: this net has more than one output.
-        """
-        if len(self.output_names) != 1:
-            raise InputSpecError(
-                f"add_head needs a net with one output; this one has {self.output_names}. "
-                "Use cut() to choose the feature tensor first."
-            )
-        frozen = freeze_head(head, self.output_specs[0])
-        head_weights = frozen.weights
-        head_stats = find_statistics(frozen.template, head_weights)
-        merged = gu.merge(
-            self.template, frozen.template, name, {gu.node_name(frozen.inputs[0]): self.output_names[0]}
+    Raises:
+        InputSpecError: this net has more than one output.
+    """
+    outputs = list(state.graph.output_names)
+    if len(outputs) != 1:
+        raise InputSpecError(
+            f"add_head needs a net with one output; this one has {outputs}. "
+            "Use cut() to choose the feature tensor first."
         )
-        values = {w: copy_array(v) for w, v in self._vars.items()}
-        values.update({f"{name}/{k}": v for k, v in frozen.values.items()})
-        stats = {**self.statistics, **{f"{name}/{s}": role for s, role in head_stats.items()}}
-        trainable = self._trainable + [f"{name}/{w}" for w in head_weights if w not in head_stats]
-        outputs = [f"{name}/{o}" for o in frozen.outputs]
-        return self._derived(NetParts(
-            merged, self.input_names, outputs, values, stats, trainable, name=self.name, fold=self._graph.fold,
-            phase_values=self.phase_values, adapters=list(self._adapters.values()), onnx_source=self._onnx_source,
-        ))
+    frozen = freeze_head(head, state.graph.output_specs[0])
+    head_weights = frozen.weights
+    head_stats = find_statistics(frozen.template, head_weights)
+    merged = gu.merge(state.graph.template, frozen.template, name, {gu.node_name(frozen.inputs[0]): outputs[0]})
+    values = {w: copy_array(v) for w, v in state.weights.items()}
+    values.update({f"{name}/{k}": v for k, v in frozen.values.items()})
+    stats = {**dict(state.statistic_roles), **{f"{name}/{s}": role for s, role in head_stats.items()}}
+    trainable = list(state.trainable) + [f"{name}/{w}" for w in head_weights if w not in head_stats]
+    return NetParts(
+        merged, list(state.graph.input_names), [f"{name}/{o}" for o in frozen.outputs], values, stats, trainable,
+        name=state.name, fold=state.graph.fold, phase_values=dict(state.graph.phase_values),
+        adapters=list(state.adapters.values()), onnx_source=state.onnx_source,
+    )
 
-    # ------------------------------------------------------------------ low-rank adapters
 
-    def with_lora(self, targets, rank: int = 8, alpha: float | None = None, *, seed: int | None = None) -> TFNet:  # noqa: F821
-        """Returns a new TFNet in which each target weight ``W`` is used as ``W + (alpha / rank) * A @ B``
-        (LoRA, with Keras 3's conventions; see :mod:`tfnet.lora`).
+# ---------------------------------------------------------------------- low-rank adapters
 
-        ``A`` and ``B`` are new weights named ``<W>/lora_a`` and ``<W>/lora_b``: ``A`` of shape
-        ``(in, rank)`` (``W.shape[:-1] + (rank,)`` for an attention projection's kernel, as Keras's
-        ``EinsumDense``) drawn He-uniform, ``B`` of shape ``(rank, out)`` at zero, so the new net
-        computes exactly what this one does. Only the adapters are trainable in the new net (set its
-        :attr:`trainable` to train more, e.g. ``lora.adapter_names + ["head/kernel"]``). This net is
-        left as it was; its weights are copied.
 
-        Saving a net with adapters (:meth:`save`, :meth:`save_saved_model`, :meth:`save_onnx`,
-        :meth:`frozen_graph_def`) writes :meth:`merged`'s graph: serving costs nothing extra.
+def with_lora(state: NetState, targets, rank: int = 8, alpha: float | None = None, *,
+              seed: int | None = None) -> NetParts:
+    """Returns a new TFNet in which each target weight ``W`` is used as ``W + (alpha / rank) * A @ B``
+    (LoRA, with Keras 3's conventions; see :mod:`tfnet.lora`).
 
-        Args:
-            targets: What :attr:`trainable` takes: a prefix string, a list of names, a compiled regex,
-                a callable ``name -> bool``, or ``True`` for every candidate (:meth:`lora_candidates`).
-                Prefix, regex and callable skip weights that are not kernels (biases, norms).
-            rank: The rank of ``A @ B``. Default: 8.
-            alpha: The scale's numerator. Default: None, which means ``rank`` (Keras's default).
-            seed: Seeds ``A``'s draw. Default: None (a fresh draw).
+    ``A`` and ``B`` are new weights named ``<W>/lora_a`` and ``<W>/lora_b``: ``A`` of shape
+    ``(in, rank)`` (``W.shape[:-1] + (rank,)`` for an attention projection's kernel, as Keras's
+    ``EinsumDense``) drawn He-uniform, ``B`` of shape ``(rank, out)`` at zero, so the new net
+    computes exactly what this one does. Only the adapters are trainable in the new net (set its
+    :attr:`trainable` to train more, e.g. ``lora.adapter_names + ["head/kernel"]``). This net is
+    left as it was; its weights are copied.
 
-        Raises:
-            WeightError: nothing matches; a named weight does not exist, is not a kernel, or already has
-                an adapter. The message lists the candidates, closest first.
-            ValueError: ``rank`` or ``alpha`` is not positive.
+    Saving a net with adapters (:meth:`save`, :meth:`save_saved_model`, :meth:`save_onnx`,
+    :meth:`frozen_graph_def`) writes :meth:`merged`'s graph: serving costs nothing extra.
 
-        Example:
-            >>> import tensorflow as tf, numpy as np
-            >>> from tfnet import TFNet
-            >>> g = tf.Graph()
-            >>> with g.as_default():
-            ...     x = tf.compat.v1.placeholder(tf.float32, [None, 3], name="x")
-            ...     y = tf.matmul(x, tf.constant(np.ones((3, 2), np.float32), name="w"), name="y")
-            >>> lora = TFNet.from_frozen_graph(g.as_graph_def(), "x", "y").with_lora("w", rank=1, seed=0)
-            >>> lora.trainable
-            ['w/lora_a', 'w/lora_b']
-            >>> lora.forward(np.ones((1, 3), np.float32))
-            array([[3., 3.]], dtype=float32)
-        """
-        found = self._lora_targets()
-        chosen = lora.select_targets(targets, found, self.weight_names, taken=self._adapters)
-        variables = self._vars
-        adapters, values = lora.new_adapters(
-            chosen, found, {n: tuple(variables[n].shape) for n in chosen},
-            {n: variables[n].dtype.as_numpy_dtype for n in chosen}, rank, alpha, seed)
-        clash = [n for n in values if n in variables or n in gu.nodes_by_name(self.template)]
-        if clash:
-            raise WeightError(f"The adapters' names {clash} are taken by the graph's own nodes; rename those nodes.")
-        values.update({w: copy_array(v) for w, v in variables.items()})
-        every = list(self._adapters.values()) + adapters
-        return self._derived(NetParts(
-            self.template, self.input_names, self.output_names, values, self.statistics,
-            [n for ad in every for n in (ad.a, ad.b)], name=self.name, fold=self._graph.fold,
-            phase_values=self.phase_values, adapters=every, onnx_source=self._onnx_source,
-        ))
+    Args:
+        targets: What :attr:`trainable` takes: a prefix string, a list of names, a compiled regex,
+            a callable ``name -> bool``, or ``True`` for every candidate (:meth:`lora_candidates`).
+            Prefix, regex and callable skip weights that are not kernels (biases, norms).
+        rank: The rank of ``A @ B``. Default: 8.
+        alpha: The scale's numerator. Default: None, which means ``rank`` (Keras's default).
+        seed: Seeds ``A``'s draw. Default: None (a fresh draw).
 
-    def lora_candidates(self) -> list[str]:
-        """The weights :meth:`with_lora` can target, in graph order: float kernels read by ``MatMul``,
-        ``BatchMatMul`` or ``Einsum`` (dense layers, attention projections) and embedding tables read
-        by ``Gather``; not convolution kernels, biases or normalisation scales."""
-        return list(self._lora_targets())
+    Raises:
+        WeightError: nothing matches; a named weight does not exist, is not a kernel, or already has
+            an adapter. The message lists the candidates, closest first.
+        ValueError: ``rank`` or ``alpha`` is not positive.
 
-    def _lora_targets(self) -> dict[str, str]:
-        key = ("lora_targets",)
-        found = self._compiled.get(key)
-        if found is None:
-            base = [n for n in self._graph.weight_names if n not in set(self._statistics)]
-            found = lora.candidates(self.template, base, {n: tuple(self._vars[n].shape) for n in base})
-            self._compiled[key] = found
-        return found
+    Example:
+        >>> import tensorflow as tf, numpy as np
+        >>> from tfnet import TFNet
+        >>> g = tf.Graph()
+        >>> with g.as_default():
+        ...     x = tf.compat.v1.placeholder(tf.float32, [None, 3], name="x")
+        ...     y = tf.matmul(x, tf.constant(np.ones((3, 2), np.float32), name="w"), name="y")
+        >>> lora = TFNet.from_frozen_graph(g.as_graph_def(), "x", "y").with_lora("w", rank=1, seed=0)
+        >>> lora.trainable
+        ['w/lora_a', 'w/lora_b']
+        >>> lora.forward(np.ones((1, 3), np.float32))
+        array([[3., 3.]], dtype=float32)
+    """
+    found = _lora_targets(state)
+    chosen = lora.select_targets(targets, found, list(state.weights), taken=state.adapters)
+    variables = state.weights
+    adapters, values = lora.new_adapters(
+        chosen, found, {n: tuple(variables[n].shape) for n in chosen},
+        {n: variables[n].dtype.as_numpy_dtype for n in chosen}, rank, alpha, seed)
+    clash = [n for n in values if n in variables or n in gu.nodes_by_name(state.graph.template)]
+    if clash:
+        raise WeightError(f"The adapters' names {clash} are taken by the graph's own nodes; rename those nodes.")
+    values.update({w: copy_array(v) for w, v in variables.items()})
+    every = list(state.adapters.values()) + adapters
+    return NetParts(
+        state.graph.template, list(state.graph.input_names), list(state.graph.output_names), values,
+        dict(state.statistic_roles), [n for ad in every for n in (ad.a, ad.b)], name=state.name, fold=state.graph.fold,
+        phase_values=dict(state.graph.phase_values), adapters=every, onnx_source=state.onnx_source,
+    )
 
-    @property
-    def adapters(self) -> dict[str, Adapter]:
-        """``{target weight: Adapter}`` (target, rank, alpha, layout; ``.a`` and ``.b`` name its weights),
-        empty for a net without adapters."""
-        return dict(self._adapters)
 
-    @property
-    def adapter_names(self) -> list[str]:
-        """The adapters' weight names (``<W>/lora_a``, ``<W>/lora_b`` for each target)."""
-        return [n for ad in self._adapters.values() for n in (ad.a, ad.b)]
+def lora_candidates(state: NetState) -> list[str]:
+    """The weights :meth:`with_lora` can target, in graph order: float kernels read by ``MatMul``,
+    ``BatchMatMul`` or ``Einsum`` (dense layers, attention projections) and embedding tables read
+    by ``Gather``; not convolution kernels, biases or normalisation scales."""
+    return list(_lora_targets(state))
 
-    def merged(self) -> TFNet:  # noqa: F821
-        """A plain TFNet with each adapter folded into its weight (``W + alpha / rank * A @ B``): the same
-        function, no adapters, so it saves as a frozen graph, SavedModel or ONNX and serves at the base
-        net's cost. Weights whose adapters were trainable are trainable in it; the rest keep their
-        state. A net without adapters gives a copy of itself."""
-        trainable = set(self._trainable)
-        keep = [n for n in self._trainable if n in self._graph.weight_names]
-        keep += [ad.target for ad in self._adapters.values() if {ad.a, ad.b} & trainable]
-        return self._derived(NetParts(
-            self.template, self.input_names, self.output_names, self._graph_weight_arrays(), self.statistics,
-            keep, name=self.name, fold=self._graph.fold, phase_values=self.phase_values, onnx_source=self._onnx_source,
-        ))
+
+def _lora_targets(state: NetState) -> dict[str, str]:
+    key = ("lora_targets",)
+    found = state.compiled.get(key)
+    if found is None:
+        base = [n for n in state.graph.weight_names if n not in set(state.statistics)]
+        found = lora.candidates(state.graph.template, base, {n: tuple(state.weights[n].shape) for n in base})
+        state.compiled[key] = found
+    return found
+
+
+def adapter_names(state: NetState) -> list[str]:
+    """The adapters' weight names (``<W>/lora_a``, ``<W>/lora_b`` for each target)."""
+    return [n for ad in state.adapters.values() for n in (ad.a, ad.b)]
+
+
+def merged(state: NetState) -> NetParts:
+    """A plain TFNet with each adapter folded into its weight (``W + alpha / rank * A @ B``): the same
+    function, no adapters, so it saves as a frozen graph, SavedModel or ONNX and serves at the base
+    net's cost. Weights whose adapters were trainable are trainable in it; the rest keep their
+    state. A net without adapters gives a copy of itself."""
+    trainable = set(state.trainable)
+    keep = [n for n in state.trainable if n in state.graph.weight_names]
+    keep += [ad.target for ad in state.adapters.values() if {ad.a, ad.b} & trainable]
+    return NetParts(
+        state.graph.template, list(state.graph.input_names), list(state.graph.output_names),
+        state.graph_weight_arrays(), dict(state.statistic_roles), keep, name=state.name, fold=state.graph.fold,
+        phase_values=dict(state.graph.phase_values), onnx_source=state.onnx_source,
+    )
