@@ -1,5 +1,6 @@
 """A ``tf.data`` input (``TFDataset.from_tf_data``): a batched ``tf.data.Dataset``, or a function building each
-rank's. Both sides: on Spark it goes with the job (over a placeholder stage) and each rank builds its shard.
+rank's. Both sides: on Spark it goes with the job (over a placeholder stage) and each rank builds its shard; a
+dataset given travels as its serialized graph (:meth:`TFDataDataset.portable`) and is sharded on the rank.
 
 The driver's checks read the dataset's ``element_spec`` (no element is read): its features against the net's inputs
 and its labels' types against the loss, as numpy arrays of those dtypes and per-row shapes would be checked
@@ -68,6 +69,54 @@ class TFDataDataset(DataAdapter):
             )
         self.has_labels = True
 
+    # ------------------------------------------------------------ to the ranks
+
+    def __getstate__(self) -> dict:
+        """What goes to the ranks: a dataset given travels as its serialized graph (``tf.data``'s own, with its
+        in-memory tensors), rebuilt on the rank and sharded there; a function travels as itself.
+
+        Raises:
+            TypeError: a dataset whose graph cannot be serialized (one from a Python generator or a
+                ``tf.py_function``): :meth:`portable` says so before any job.
+        """
+        state = dict(self.__dict__)
+        if self.given is not None:
+            state["given"] = (self.portable(), self.given.element_spec)
+            state.pop("_fn", None)
+        return state
+
+    def __copy__(self) -> TFDataDataset:  # a copy here holds the same dataset; only pickling serializes it
+        out = object.__new__(type(self))
+        out.__dict__.update(self.__dict__)
+        return out
+
+    def __setstate__(self, state: dict) -> None:
+        given = state.pop("given")
+        self.__dict__.update(state)
+        self.given = None
+        if given is not None:
+            graph, spec = given
+            self.given = tf.data.experimental.from_variant(tf.raw_ops.DatasetFromGraph(graph_def=graph), spec)
+            self._fn = lambda rank, size, ds=self.given: ds if size == 1 else ds.shard(size, rank)
+
+    def portable(self) -> bytes:
+        """The given dataset's serialized graph, as it goes to the ranks.
+
+        Raises:
+            TypeError: the graph holds state that cannot travel (a Python generator, a ``tf.py_function``); the
+                message says to pass ``from_tf_data(fn)`` instead.
+        """
+        try:
+            graph = self.given._as_serialized_graph(  # tf.data's own serialization (tf.distribute's, too)
+                external_state_policy=tf.data.experimental.ExternalStatePolicy.FAIL)
+        except (tf.errors.FailedPreconditionError, tf.errors.InvalidArgumentError) as exc:
+            reason = str(exc).split("Failed to serialize the input pipeline graph:")[-1].split("[Op:")[0].strip()
+            raise TypeError(
+                f"This tf.data.Dataset cannot go to the Spark ranks: its pipeline holds state that stays in this "
+                f"process ({reason}; a Python generator or a tf.py_function). Pass TFDataset.from_tf_data(fn) with "
+                "fn(rank, size) building each rank's dataset there, or numpy arrays.") from None
+        return graph.numpy()
+
     def dataset(self, rank: int = 0, size: int = 1) -> tf.data.Dataset:
         ds = self._fn(rank, size)
         if not isinstance(ds, tf.data.Dataset):
@@ -119,13 +168,20 @@ class TFDataDataset(DataAdapter):
     # ------------------------------------------------------------ over Spark
 
     def stage(self, host, n, per_rank, *, cleanup, validation=None, timeout_s=600.0) -> Staged:
+        if self.given is not None:  # a pipeline that cannot travel, or too large to: said here, before any job
+            graph, limit = self.portable(), host.validation_limit()
+            if len(graph) > limit:
+                raise TypeError(
+                    f"The tf.data.Dataset given holds more than {limit / 2**20:.0f} MiB in its graph (its in-memory "
+                    "tensors), too much to send to every rank. Give TFDataset.from_tf_data(fn) instead, with fn(rank, "
+                    "size) building each rank's shard of it (for example from files every host reads), or a DataFrame.")
         shipped = None if validation is None else validation.for_ranks(host, cleanup)
         return Staged(TFDataRankData(self, shipped), frame=host.placeholder(n))
 
     def for_ranks(self, host, cleanup) -> Shipped:
         """Itself when it can be pickled (``from_tf_data(fn)``: each rank builds its shard); a
-        ``tf.data.Dataset`` object, which cannot, is collected here to numpy arrays of at most
-        ``host.validation_limit()`` bytes and shipped as those.
+        ``tf.data.Dataset`` object is collected here to numpy arrays of at most
+        ``host.validation_limit()`` bytes and shipped as those (every rank validates on its share of them).
 
         Raises:
             TypeError: the collected arrays would exceed the limit; the message says how to use
@@ -133,14 +189,17 @@ class TFDataDataset(DataAdapter):
         """
         import cloudpickle
 
-        try:
-            cloudpickle.dumps(self)
-            return Shipped(self)
-        except Exception:  # noqa: BLE001 - a tf.data.Dataset object cannot be pickled: collect it instead
-            pass
+        if self.given is None:
+            try:
+                cloudpickle.dumps(self)
+                return Shipped(self)
+            except Exception:  # noqa: BLE001 - a function that cannot be pickled: collect its dataset instead
+                pass
         return _collected(self, host.validation_limit()).for_ranks(host, cleanup)
 
     def evaluation(self, host, partitions) -> Staged:
+        if self.given is not None:
+            self.portable()
         n = host.partitions(partitions)
         return Staged(TFDataRankData(self), frame=host.placeholder(n), size=n)
 

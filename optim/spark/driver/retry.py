@@ -56,6 +56,10 @@ _REFUSALS = (
     (("BarrierJobUnsupportedRDDChainException",),
      "barrier mode does not run on this RDD chain (BarrierJobUnsupportedRDDChainException: a union, or a "
      "coalesce, before the stage); repartition the data first."),
+    (("Could not serialize object",),
+     "the job holds something that cannot be pickled to the ranks (Could not serialize object), so it cannot be sent "
+     "at all. Make what the job carries picklable: a TFNet, numpy arrays, a DataFrame, or TFDataset.from_tf_data(fn) "
+     "with fn(rank, size) building each rank's dataset."),
     (("java.lang.ClassNotFoundException", "java.lang.NoClassDefFoundError"),
      "a class the job needs is missing from the cluster's classpath (ClassNotFoundException): add its jar "
      "(spark.jars) or remove the setting that names it."),

@@ -193,7 +193,7 @@ def test_distributed_transfer_learning_on_digits(spark, tmp_path, monkeypatch):
 
 
 def test_a_tf_data_dataset_object_validates_on_the_ranks(spark, monkeypatch):
-    """A ``tf.data.Dataset`` object cannot be pickled to the ranks: it is collected to the driver as arrays
+    """A ``tf.data.Dataset`` object given as validation data is collected to the driver as arrays
     (within a bound) and each rank validates its share, as Analytics Zoo users passed validation files.
     The epoch's ``val_`` figures equal an evaluation of the same rows with the same weights."""
     import tensorflow as tf
@@ -229,6 +229,45 @@ def test_rdd_and_tf_data_inputs(spark):
     opt2 = TFOptimizer(cnn_net(), SCE, optim.Adam(0.01))
     opt2.optimize(TFDataset.from_tf_data(per_rank), epochs=2, num_workers=2, verbose=0)
     assert opt2.global_step == 20
+
+
+def test_a_tf_data_dataset_object_trains_over_the_ranks_as_a_function_building_its_shards_does(spark):
+    """A ``tf.data.Dataset`` object goes to the ranks as its serialized graph and each rank takes its shard: the same
+    weights, bit for bit, as ``from_tf_data(fn)`` with ``fn`` building the same shards there. A pipeline whose state
+    cannot leave this process (a Python generator) is refused before any stage, with the fix."""
+    import warnings
+
+    import tensorflow as tf
+
+    x, y = digits.load()
+    x, y = x[:200], y[:200]
+
+    def per_rank(rank, size, x=x, y=y):
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(10).shard(size, rank)
+
+    with own_python_workers(spark, BIT_FOR_BIT):
+        given = TFOptimizer(cnn_net(), SCE, optim.SGD(0.05, momentum=0.9))
+        given.optimize(TFDataset.from_tf_data(tf.data.Dataset.from_tensor_slices((x, y)).batch(10)), epochs=2,
+                       num_workers=2, verbose=0)
+        built = TFOptimizer(cnn_net(), SCE, optim.SGD(0.05, momentum=0.9))
+        built.optimize(TFDataset.from_tf_data(per_rank), epochs=2, num_workers=2, verbose=0)
+    assert given.global_step == built.global_step == 20  # 20 batches of 10, half on each rank, 2 epochs
+    for (name, ours), theirs in zip(given.net.get_weights().items(), built.net.get_weights().values(), strict=True):
+        np.testing.assert_array_equal(ours, theirs, err_msg=name)
+
+    def rows():
+        yield x[:10], y[:10]
+
+    generated = tf.data.Dataset.from_generator(rows, output_signature=(
+        tf.TensorSpec((None, 8, 8, 1), tf.float32), tf.TensorSpec((None,), tf.int64)))
+    with warnings.catch_warnings(record=True) as seen, pytest.raises(TypeError) as refused:
+        warnings.simplefilter("always")
+        given.optimize(TFDataset.from_tf_data(generated), epochs=1, num_workers=2, verbose=0)
+    assert str(refused.value) == (
+        "This tf.data.Dataset cannot go to the Spark ranks: its pipeline holds state that stays in this process "
+        "(PyFunc is stateful.; a Python generator or a tf.py_function). Pass TFDataset.from_tf_data(fn) with "
+        "fn(rank, size) building each rank's dataset there, or numpy arrays."), str(refused.value)
+    assert not [w for w in seen if "attempt" in str(w.message)], "refused before any stage, not retried"
 
 
 def test_clear_errors(spark, monkeypatch):

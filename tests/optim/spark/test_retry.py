@@ -94,6 +94,7 @@ def test_stage_error_without_reports_comes_from_spark():
      "fewer ranks (num_workers)"),
     ("org.apache.spark.scheduler.BarrierJobUnsupportedRDDChainException: [SPARK-24820][SPARK-24821]", "repartition"),
     ("java.lang.ClassNotFoundException: com.example.Missing", "spark.jars"),
+    ("Could not serialize object: TypeError: cannot pickle '_thread.RLock' object", "picklable"),
 ])
 def test_sparks_deterministic_refusals_are_not_retried(spark_says, fix):
     err = stage_error(RuntimeError(spark_says), [])
