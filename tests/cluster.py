@@ -21,8 +21,10 @@ class StandaloneCluster:
     each, and stops them (and their executors) on exit. ``host``: the address the master (and, here,
     the workers) bind and advertise."""
 
-    def __init__(self, workers: int = 2, cores: int = 1, memory: str = "2g", host: str = "127.0.0.1"):
+    def __init__(self, workers: int = 2, cores: int = 1, memory: str = "2g", host: str = "127.0.0.1",
+                 decommission: bool = False):
         self.host = host
+        self.decommission = decommission  # workers that take decommission notices (SIGPWR), as managed clusters run
         self.n_workers = workers
         self.cores = cores
         self.memory = memory
@@ -42,6 +44,8 @@ class StandaloneCluster:
             SPARK_MASTER_URL=self.url, SPARK_WORKER_CORES=str(self.cores), SPARK_WORKER_MEMORY=self.memory,
             SPARK_WORKER_HOST=self.host, SPARK_LOG_DIR=self.dir, SPARK_NO_DAEMONIZE="1",
         )
+        if self.decommission:
+            env["SPARK_WORKER_OPTS"] = "-Dspark.decommission.enabled=true"
         env.update(extra)
         return env
 
@@ -89,6 +93,38 @@ class StandaloneCluster:
             return len(free) >= n
         self._wait(idle, timeout, f"{n} idle workers")
 
+    def free_workers(self, n: int = 2, timeout: float = 90) -> None:
+        """Back to ``n`` live workers, each with its core free and no application running, for a test that shares the
+        cluster with the tests before it: a worker the master no longer counts (decommissioned) is ended, a new one
+        started for each that is gone (a cluster manager's replacement), then the master's own word that ``n`` are
+        ALIVE and idle."""
+        state = self._master_state() or {}
+        for i, proc in enumerate(self.workers):
+            port = self._worker_port(i)
+            seen = [w.get("state") for w in state.get("workers", []) if port and w.get("port") == port]
+            if proc.poll() is None and seen and "ALIVE" not in seen:
+                self.kill_worker(i)
+                proc.wait(20)
+        live = sum(1 for proc in self.workers if proc.poll() is None)
+        for _ in range(max(0, n - live)):
+            self.add_worker()
+        live = sum(1 for proc in self.workers if proc.poll() is None)
+        self._wait(lambda: self._alive_workers() == live, timeout, f"the master's count of {live} live workers")
+        self.wait_until_idle(n, timeout)
+
+    def newest(self) -> int:
+        """The index of the worker added last (alive after :meth:`free_workers`)."""
+        return len(self.workers) - 1
+
+    def _worker_port(self, index: int) -> int | None:
+        """The port worker ``index`` bound (its log: ``Successfully started service 'sparkWorker' on port N``)."""
+        try:
+            with open(os.path.join(self.dir, f"worker-{index}.log"), errors="replace") as f:
+                found = re.search(r"service 'sparkWorker' on port (\d+)", f.read())
+        except OSError:
+            return None
+        return int(found.group(1)) if found else None
+
     def kill_worker(self, index: int) -> None:
         """SIGKILLs a worker, its executor and its Python workers (its whole process group)."""
         os.killpg(self.workers[index].pid, signal.SIGKILL)
@@ -126,7 +162,7 @@ class StandaloneCluster:
         while time.time() < deadline:
             if ok():
                 return
-            time.sleep(0.5)
+            time.sleep(0.2)
         logs = "\n".join(f"--- {f}\n" + open(os.path.join(self.dir, f), errors="replace").read()[-1500:]
                          for f in sorted(os.listdir(self.dir)) if f.endswith(".log"))
         raise TimeoutError(f"{what} did not come up within {timeout} s.\n{logs}")

@@ -23,6 +23,9 @@ import re  # noqa: E402
 
 import pytest  # noqa: E402
 
+#: The standalone cluster that test_cluster.py and test_elastic.py share (its ``cluster`` fixture).
+pytest_plugins = ["tests.cluster_fixture"]
+
 #: The only skips allowed under CI=true: tests of a hardware feature this CPU lacks. Any other skip fails there.
 HARDWARE_SKIPS = re.compile(r"no native bfloat16|\bAMX\b")
 #: Every test's duration in the last run, slowest first (compare two runs to see what a change cost).

@@ -7,9 +7,10 @@ the session's SQL conf), and a Connect client can only ask ``spark.conf``, so ev
 
 from __future__ import annotations
 
-__all__ = ["setting", "setting_bytes", "size_setting", "pinned_port"]
+__all__ = ["setting", "setting_bytes", "size_setting", "pinned_port", "seconds_setting"]
 
 _UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_TIME_UNITS = {"ms": 1e-3, "s": 1.0, "min": 60.0, "m": 60.0}
 
 
 def size_setting(text) -> int | None:
@@ -60,3 +61,24 @@ def pinned_port(spark, channel: str) -> int:
     if not 0 <= port < 65536:
         raise ValueError(f"`{key}` must be a port number (0 for any). Received: {value!r}")
     return port
+
+
+def seconds_setting(spark, key: str, default: float) -> float:
+    """Seconds of a Spark time setting (``"2s"``, ``"500ms"``, ``"1min"``; a bare number is seconds, as Spark
+    reads ``spark.network.timeout``), or ``default`` when unset or unreadable.
+
+    Raises:
+        ValueError: the setting is not a positive time.
+    """
+    value = setting(spark, key)
+    if value is None:
+        return default
+    text = str(value).strip().lower()
+    unit = next((u for u in _TIME_UNITS if text.endswith(u)), "")
+    try:
+        seconds = float(text[:len(text) - len(unit)]) * _TIME_UNITS.get(unit, 1.0)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"`{key}` must be a positive time (\"2s\", \"500ms\"). Received: {value!r}")
+    return seconds

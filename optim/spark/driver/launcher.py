@@ -32,6 +32,7 @@ from optim.errors import (  # noqa: F401 (DistributedTrainingError, NonFiniteLos
 )
 from optim.logs import user_stacklevel
 from optim.protocol import RESULT_SCHEMA, TRAIN_ENTRY, RunResult, entry, unpack_result
+from optim.spark.conf import seconds_setting
 from optim.spark.connect import is_connect
 from optim.spark.driver.backends.base import Backend
 from optim.spark.driver.backends.classic import ClassicBackend, check_driver_memory  # noqa: F401 (re-exported)
@@ -174,6 +175,8 @@ class _DistributedRun:
     def __call__(self, dataset, config: TrainConfig, validation, num_workers: int | None, min_workers: int | None,
                  elastic_wait: float) -> RunResult:
         t_call = self.t_call = time.monotonic()
+        self.grow_check_s = seconds_setting(self.backend.spark, GROW_CHECK_KEY, GROW_CHECK_S)
+        self.slot_check_s = seconds_setting(self.backend.spark, SLOT_CHECK_KEY, SLOT_CHECK_S)
         started_at = time.time()  # attempt_log's started_s, ended_s and first_step_s count from here
         config = copy.copy(config)
         config.run_id = config.run_id or new_run_id()
@@ -456,10 +459,14 @@ class _DistributedRun:
 
 
 _RETRY_FROM = {True: "from this run's newest checkpoint", False: "from the start (no model_dir)"}
-#: Seconds between the checks for returned slots while an elastic run has fewer ranks than it asked for.
+#: Seconds between the checks for returned slots while an elastic run has fewer ranks than it asked for (the Spark
+#: setting :data:`GROW_CHECK_KEY` changes it).
 GROW_CHECK_S = 5.0
-#: Seconds between the checks that the cluster still has the slots a running stage needs.
+GROW_CHECK_KEY = "spark.tfnet.elastic.growCheckInterval"
+#: Seconds between the checks that the cluster still has the slots a running stage needs, and for decommission
+#: notices (the Spark setting :data:`SLOT_CHECK_KEY` changes it).
 SLOT_CHECK_S = 2.0
+SLOT_CHECK_KEY = "spark.tfnet.slotCheckInterval"
 
 
 def _first(*checks):

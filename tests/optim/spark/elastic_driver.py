@@ -7,8 +7,12 @@ standalone cluster (MASTER_URL ``spark://...``), or as a Spark Connect client of
 
 It fine-tunes the digits CNN on 1,024 rows as a DataFrame (2 ranks wanted, global batch 32, Adam, a checkpoint every
 8 steps, all kept) and prints ``RESULT`` with the run's summary and the accuracy on the other 773 rows (held out).
-STEP_SLEEP > 0 makes every step that much slower (an update hook that sleeps; the numbers are unchanged), so that a
-test has time to change the cluster during the run. A run that ends in a DistributedTrainingError prints
+STEP_SLEEP > 0 makes every step that much slower while the file ``MODEL_DIR.pace`` is there (an update hook that sleeps;
+the numbers are unchanged; the driver makes the file, a test removes it when it has seen what it waited for), so that
+a test has time to change the cluster during the run, and the rest of the run goes at full speed.
+A classic session checks for lost and returned task slots every 0.5 s (``spark.tfnet.slotCheckInterval``,
+``spark.tfnet.elastic.growCheckInterval``); a Connect client keeps the server's settings (its check for returned
+slots is a probe job that waits for a free slot: more often is no sooner). A run that ends in a DistributedTrainingError prints
 ``RESULT_ERROR`` (or ``THEN_ERROR``) instead, with the time it ended.
 
 * ``--then THEN_DIR``: the same application then makes a second run there, of 6 epochs with ``min_workers=2`` and an
@@ -42,7 +46,9 @@ def main() -> None:
         spark = (SparkSession.builder.master(args.url).appName("tfnet-elastic-test")
                  .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
                  .config("spark.executor.memory", "1g").config("spark.executor.cores", "1")
-                 .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2").getOrCreate())
+                 .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
+                 .config("spark.tfnet.slotCheckInterval", "0.5s").config("spark.tfnet.elastic.growCheckInterval", "0.5s")
+                 .getOrCreate())
     import tensorflow as tf
 
     import optim
@@ -60,7 +66,14 @@ def main() -> None:
             **kw) -> dict:
         net = TFNet.from_keras(digits.cnn(10, seed=0))
         if step_sleep > 0:
-            net.register_update_hook(lambda w: tf.py_function(lambda: time.sleep(step_sleep), [], []) and None)
+            pace = where + ".pace"
+            open(pace, "w").close()
+
+            def pause(pace=pace, step_sleep=step_sleep):
+                if os.path.exists(pace):
+                    time.sleep(step_sleep)
+
+            net.register_update_hook(lambda w: tf.py_function(pause, [], []) and None)
         opt = TFOptimizer(net, optim.losses.SparseCategoricalCrossentropy(from_logits=True), optim.Adam(0.005),
                           metrics=["accuracy"], model_dir=where)
         history = opt.optimize(data, epochs=epochs, batch_size=32, num_workers=num_workers, min_workers=min_workers,
@@ -92,7 +105,8 @@ def main() -> None:
         say("REFERENCE", lambda: run(args.model_dir + "-reference", 1, float(args.sleep), int(args.epochs), 0.0,
                                      num_workers=1, resume=result["last_run"]["resumed_from"]))
     if args.then and not say("THEN", lambda: run(args.then, 2, 0.0, 6, 5.0)):
-        say("RESUMED", lambda: run(args.then, 1, 0.0, 6, 5.0, resume=True, slot_wait=5.0))
+        # the slot left is the application's already: no wait for more (the lost one is known lost: THEN_ERROR)
+        say("RESUMED", lambda: run(args.then, 1, 0.0, 6, 5.0, resume=True, slot_wait=0.5))
 
 
 if __name__ == "__main__":

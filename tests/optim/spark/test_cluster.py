@@ -1,10 +1,12 @@
 """Distributed fine-tuning on a real Spark standalone cluster: a master and two workers of one core each, started
-through docker/entrypoint.sh, with decommission on. A worker is killed mid-training; the run retries from the
-newest checkpoint on a replacement worker and finishes. Both training tests run with dynamic allocation on, as EMR
-and Dataproc run it (Spark refuses a barrier stage then: SPARK-24942): with ``minExecutors=2`` (executors there from
-the start) and ``minExecutors=0`` (none until the stage's tasks are pending). Last, a worker is decommissioned
-(SIGPWR, as a spot reclaim or a scale-down sends it): the ranks checkpoint at the next step and the run goes on with
-the rank that stays, from that step: no retry, no step done twice, though the run checkpoints only at epoch ends."""
+through docker/entrypoint.sh, with decommission on (the session's, shared with test_elastic.py:
+:mod:`tests.cluster_fixture`; each test starts from two free workers). A worker is killed mid-training; the run
+retries from the newest checkpoint on a replacement worker and finishes. Both training tests run with dynamic
+allocation on, as EMR and Dataproc run it (Spark refuses a barrier stage then: SPARK-24942): with ``minExecutors=2``
+(executors there from the start) and ``minExecutors=0`` (none until the stage's tasks are pending). Last, a worker is
+decommissioned (SIGPWR, as a spot reclaim or a scale-down sends it): the ranks checkpoint at the next step and the run
+goes on with the rank that stays, from that step: no retry, no step done twice, though the run checkpoints only at
+epoch ends."""
 
 import glob
 import json
@@ -19,14 +21,14 @@ import time
 
 import pytest
 
-from tests.cluster import ROOT, StandaloneCluster
+from tests.cluster import ROOT
 from tests.console_checks import assert_each_action_printed_its_own_output
 from tests.elastic_checks import checkpoint_digest
 
 pytestmark = [pytest.mark.spark, pytest.mark.parallel, pytest.mark.slow]
 
-# the driver's session on the cluster and the digits CNN over 1,024 rows in 2 partitions; <SETTINGS>: the test's own
-# session settings (lines of ``.config(...)``)
+# the driver's session on the cluster and the digits CNN over 1,024 rows in 2 partitions, the launcher checking for lost
+# slots and decommission notices every 0.5 s; <SETTINGS>: the test's own session settings (lines of ``.config(...)``)
 SESSION_AND_DATA = """
     import json, os, sys
     sys.path.insert(0, {root!r})
@@ -35,6 +37,7 @@ SESSION_AND_DATA = """
     spark = (SparkSession.builder.master({url!r}).appName("tfnet-cluster-test")
              .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
              .config("spark.executor.memory", "1g").config("spark.executor.cores", "1")
+             .config("spark.tfnet.slotCheckInterval", "0.5s").config("spark.tfnet.elastic.growCheckInterval", "0.5s")
 <SETTINGS>
              .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2").getOrCreate())
     import optim
@@ -105,21 +108,6 @@ def result_of(out, err):
     return json.loads(result[0][len("RESULT "):])
 
 
-class DecommissioningCluster(StandaloneCluster):
-    """Workers that take decommission notices (SIGPWR), as managed clusters run them."""
-
-    def _env(self, **extra) -> dict:
-        return super()._env(SPARK_WORKER_OPTS="-Dspark.decommission.enabled=true", **extra)
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    """One cluster for the module's tests, in order (the first ones leave it as they found it; then one kills a
-    worker and adds another, and the last decommissions a worker): a cluster's start is the suite's time."""
-    with DecommissioningCluster(workers=2, cores=1) as c:
-        yield c
-
-
 def test_entrypoint_submit_runs_the_resnet50_job(cluster, tmp_path):
     """The cluster image's three roles, outside Docker: master, 2 workers, and `submit`, which runs
     the ResNet-50 job (tiny synthetic images) against them."""
@@ -186,7 +174,7 @@ def test_standalone_cluster_survives_a_killed_worker(cluster, tmp_path):
             assert driver.poll() is None, driver.communicate()[1][-3000:]
             time.sleep(0.2)
         assert glob.glob(os.path.join(model_dir, "checkpoints", "*", "ckpt-*.npz")), "training started"
-        cluster.kill_worker(1)  # the worker JVM, its executor and its Python workers
+        cluster.kill_worker(cluster.newest())  # the worker JVM, its executor and its Python workers
         cluster.add_worker()  # what a cluster manager would do
         out, err = driver.communicate(timeout=600)
     finally:
@@ -213,15 +201,14 @@ def test_standalone_cluster_survives_a_killed_worker(cluster, tmp_path):
 DECOMMISSION_DRIVER = driver_script("""
              .config("spark.decommission.enabled", "true")
 """, """
-    history = opt.optimize(data, epochs={epochs}, batch_size=32, num_workers=2, min_workers=1, elastic_wait=5,
+    history = opt.optimize(data, epochs={epochs}, batch_size=32, num_workers=2, min_workers=1, elastic_wait=1,
                            checkpoint_every=100000, verbose=0, timeout=60, max_retries=0)
     print("RESULT " + json.dumps({{"step": opt.global_step, "last_run": opt.last_run, "history": history}}), flush=True)
 """)
 
 
 def test_a_decommissioned_worker_is_a_planned_shrink_from_the_step_of_the_notice(cluster, tmp_path):
-    """After the killed-worker test, workers 0 and 2 are alive; worker 2 is decommissioned once the first epoch's
-    checkpoint is there."""
+    """The newest of the two workers is decommissioned once the first epoch's checkpoint is there."""
     model_dir = str(tmp_path / "run")
     epochs = 12  # 1024 rows, 16 per rank per step: 32 steps per epoch
     script = DECOMMISSION_DRIVER.format(root=ROOT, url=cluster.url, model_dir=model_dir, epochs=epochs)
@@ -233,7 +220,7 @@ def test_a_decommissioned_worker_is_a_planned_shrink_from_the_step_of_the_notice
             assert driver.poll() is None, driver.communicate()[1][-3000:]
             time.sleep(0.2)
         assert glob.glob(os.path.join(model_dir, "checkpoints", "*", "ckpt-*.npz")), "training started"
-        os.kill(cluster.workers[-1].pid, signal.SIGPWR)  # the worker's JVM (entrypoint.sh execs it)
+        os.kill(cluster.workers[cluster.newest()].pid, signal.SIGPWR)  # the worker's JVM (entrypoint.sh execs it)
         out, err = driver.communicate(timeout=600)
     finally:
         if driver.poll() is None:

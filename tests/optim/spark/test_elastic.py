@@ -1,9 +1,9 @@
 """Elastic training (issue 31): a run goes on with fewer ranks when a worker is lost and not replaced,
 grows back when one returns, and fails with a typed error, within its bound, when fewer than
 ``min_workers`` slots are left; from a classic session and from a Spark Connect client. A real Spark
-standalone cluster (a master and two one-core workers,
-started through docker/entrypoint.sh) and a user's driver script in a process of its own
-(:mod:`tests.optim.spark.elastic_driver`)."""
+standalone cluster (a master and two one-core workers, started through docker/entrypoint.sh: the session's, shared
+with test_cluster.py, :mod:`tests.cluster_fixture`; each test starts from two free workers) and a user's driver script
+in a process of its own (:mod:`tests.optim.spark.elastic_driver`)."""
 
 import glob
 import json
@@ -18,35 +18,11 @@ from optim.errors import DistributedTrainingError
 from optim.spark.driver.elastic import ElasticPolicy, membership
 from optim.training.checkpoint import CheckpointManager
 from tests import digits
-from tests.cluster import ROOT, StandaloneCluster
+from tests.cluster import ROOT
 from tests.connect_server import ConnectServer
 from tests.elastic_checks import checkpoint_digest, data_fingerprint, full_epochs, same_checkpoints
 
 STEPS_PER_EPOCH = 1024 // 32  # global batch 32, whatever the ranks
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    """One standalone cluster (a master and one-core workers) for the file's tests: each test begins with
-    :func:`two_free_workers` and takes away only workers it added or the newest (:func:`newest`)."""
-    with StandaloneCluster(workers=2, cores=1) as c:
-        yield c
-
-
-def two_free_workers(cluster) -> None:
-    """Back to two live workers, each with its core free and no application running: a new worker for each the
-    test before took away (a cluster manager's replacement), then the master's own word that both are idle."""
-    live = sum(1 for proc in cluster.workers if proc.poll() is None)
-    for _ in range(max(0, 2 - live)):
-        cluster.add_worker()
-    live = sum(1 for proc in cluster.workers if proc.poll() is None)
-    cluster._wait(lambda: cluster._alive_workers() == live, 90, f"the master's count of {live} live workers")
-    cluster.wait_until_idle(2)
-
-
-def newest(cluster) -> int:
-    """The index of the worker added last (the one that came back, after :meth:`StandaloneCluster.add_worker`)."""
-    return len(cluster.workers) - 1
 
 
 def test_the_rank_count_keeps_the_global_batch_whole():
@@ -181,14 +157,14 @@ def test_a_lost_worker_that_does_not_come_back_shrinks_the_run_of_a_connect_clie
     from its checkpoint bit for bit, takes every row once per epoch on two ranks and then on one, and equals, step
     for step, an uninterrupted one-rank run from the same checkpoint."""
     model_dir = str(tmp_path / "elastic")
-    two_free_workers(cluster)
     server = ConnectServer(master=cluster.url, conf={
         "spark.executor.memory": "1g", "spark.executor.cores": "1",
         "spark.executorEnv.TF_CPP_MIN_LOG_LEVEL": "2"}).start()
     try:
-        driver = start(cluster, model_dir, 12, 1, 5, 0.0, "--reference", url=server.url)
+        # elastic_wait 2 s: the probe of the slots left (one wave of two 1 s tasks on the one slot) sees 1
+        driver = start(cluster, model_dir, 12, 1, 2, 0.0, "--reference", url=server.url)
         wait_for("the first epoch on both ranks", epoch_written(model_dir, 0, 0, 2), driver)
-        cluster.kill_worker(newest(cluster))  # its executor and its Python workers; no replacement
+        cluster.kill_worker(cluster.newest())  # its executor and its Python workers; no replacement
         lines, err = finish(driver)
     finally:
         server.stop()
@@ -228,31 +204,35 @@ def test_the_run_grows_back_when_a_worker_returns_and_min_workers_out_of_reach_i
     same application, a run with ``min_workers=2`` loses a worker: a typed error after ``elastic_wait`` (5 s, measured
     from the loss), naming the slots seen, and a resume of that run finishes it on the slot left. Last, a driver is
     killed while its run waits to shrink: a new driver with ``resume=True`` finishes the run. (One cluster, the
-    file's: the suite's time.)"""
+    session's: the suite's time.)"""
     model_dir, then_dir, killed_dir = str(tmp_path / "elastic"), str(tmp_path / "then"), str(tmp_path / "killed")
-    two_free_workers(cluster)
-    # 50 ms more per step: the smaller run lasts long enough for a worker to come back (with 20 ms it trained its
-    # 15 epochs in 16 s, before the new worker's executor had registered)
-    driver = start(cluster, model_dir, 16, 1, 5, 0.05, "--then", then_dir)
+    epochs = 10
+    # 100 ms more per step until the run has grown back: the smaller run lasts long enough for a worker to come back
+    # (with 20 ms a step it trained its 15 epochs in 16 s, before the new worker's executor had registered); after
+    # that, the run's last epochs at full speed
+    driver = start(cluster, model_dir, epochs, 1, 5, 0.1, "--then", then_dir)
     wait_for("the first epoch on both ranks", epoch_written(model_dir, 0, 0, 2), driver)
-    cluster.kill_worker(newest(cluster))
+    cluster.kill_worker(cluster.newest())
     wait_for("the run on 1 rank", running_on(model_dir, 1), driver)
     cluster.add_worker()  # what a cluster manager does, later
+    wait_for("the run on 2 ranks again", running_on(model_dir, 2), driver)
+    os.remove(model_dir + ".pace")
     wait_for("a checkpoint of the second run", checkpointed(then_dir), driver)
-    cluster.kill_worker(newest(cluster))  # the worker that came back
+    cluster.kill_worker(cluster.newest())  # the worker that came back
     t_lost = time.time()
     lines, err = finish(driver)
 
     # the driver killed while its run waits for the lost slot (elastic_wait 60 s): a new driver resumes the run
-    two_free_workers(cluster)
+    cluster.free_workers(2)
     log = tmp_path / "killed-driver.log"
     with open(log, "w") as stderr:
         first = start(cluster, killed_dir, 2, 1, 60, 0.0, stderr=stderr)
         wait_for("the first epoch of the run", epoch_written(killed_dir, 0, 0, 2), first)
-        cluster.kill_worker(newest(cluster))
+        cluster.kill_worker(cluster.newest())
         wait_for("the retry", lambda: "retrying from this run's newest checkpoint" in log.read_text(), first)
         first.kill()
         first.wait(30)
+    cluster.add_worker()  # a replacement: the new driver's run need not wait out slot_wait for the lost slot
     second = start(cluster, killed_dir, 2, 1, 5, 0.0, "--resume")
     again, again_err = finish(second)
     assert "RESULT" in lines, (lines, err[-4000:])
@@ -262,7 +242,7 @@ def test_the_run_grows_back_when_a_worker_returns_and_min_workers_out_of_reach_i
     assert [m["ranks"] for m in members] == [2, 1, 2], (members, run["attempt_log"], err[-6000:])
     steps = [m["step"] for m in members]
     assert STEPS_PER_EPOCH <= steps[1] < steps[2] and steps[2] % STEPS_PER_EPOCH == 0, members  # grew at an epoch end
-    assert res["step"] == 16 * STEPS_PER_EPOCH and len(res["history"]["loss"]) == 16
+    assert res["step"] == epochs * STEPS_PER_EPOCH and len(res["history"]["loss"]) == epochs
     assert run["num_workers"] == 2 and run["attempts"] == 2, run
     # every path of the run, as the launcher's states went (optim.spark.driver.states)
     assert run["states"] == ["starting", "running", "retrying", "shrinking", "running", "growing", "running",
@@ -278,7 +258,7 @@ def test_the_run_grows_back_when_a_worker_returns_and_min_workers_out_of_reach_i
     want = data_fingerprint(x[:1024], y[:1024])
     whole = full_epochs(epoch_infos(model_dir), STEPS_PER_EPOCH)
     assert {0, 2} <= {a for a, _ in whole} and all(got == want for got in whole.values()), whole
-    assert every_checkpoint_loads(model_dir) >= 16 * STEPS_PER_EPOCH // 8
+    assert every_checkpoint_loads(model_dir) >= epochs * STEPS_PER_EPOCH // 8
 
     # min_workers out of reach: the typed error, after elastic_wait measured from the loss (not read from a message)
     assert "THEN_ERROR" in lines, (lines, err[-4000:])
