@@ -7,13 +7,13 @@ standalone cluster (MASTER_URL ``spark://...``), or as a Spark Connect client of
 
 It fine-tunes the digits CNN on 1,024 rows as a DataFrame (2 ranks wanted, global batch 32, Adam, a checkpoint every
 8 steps, all kept) and prints ``RESULT`` with the run's summary and the accuracy on the other 773 rows (held out).
-STEP_SLEEP > 0 makes every step that much slower while the file ``MODEL_DIR.pace`` is there (an update hook that sleeps;
-the numbers are unchanged; the driver makes the file, a test removes it when it has seen what it waited for), so that
-a test has time to change the cluster during the run, and the rest of the run goes at full speed.
-A classic session checks for lost and returned task slots every 0.5 s (``spark.tfnet.slotCheckInterval``,
-``spark.tfnet.elastic.growCheckInterval``); a Connect client keeps the server's settings (its check for returned
-slots is a probe job that waits for a free slot: more often is no sooner). A run that ends in a DistributedTrainingError prints
-``RESULT_ERROR`` (or ``THEN_ERROR``) instead, with the time it ended.
+STEP_SLEEP > 0 makes every step that much slower while the file ``MODEL_DIR.pace`` is there (an update hook that
+sleeps; the numbers are unchanged; the driver makes the file, a test removes it when it has seen what it waited for),
+so that a test has time to change the cluster during the run, and the rest of the run goes at full speed. A classic
+session checks for lost and returned task slots every 0.5 s (``spark.tfnet.slotCheckInterval``,
+``spark.tfnet.elastic.growCheckInterval``); a Connect client keeps the server's settings (its check for returned slots
+is a probe job that waits for a free slot: more often is no sooner). A run that ends in a DistributedTrainingError
+prints ``RESULT_ERROR`` (or ``THEN_ERROR``) instead, with the time it ended.
 
 * ``--then THEN_DIR``: the same application then makes a second run there, of 6 epochs with ``min_workers=2`` and an
   ``elastic_wait`` of 5 s (a test ends it by taking a worker away: ``THEN_ERROR``), and then resumes it
@@ -47,8 +47,8 @@ def main() -> None:
                  .config("spark.driver.host", "127.0.0.1").config("spark.ui.enabled", "false")
                  .config("spark.executor.memory", "1g").config("spark.executor.cores", "1")
                  .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
-                 .config("spark.tfnet.slotCheckInterval", "0.5s").config("spark.tfnet.elastic.growCheckInterval", "0.5s")
-                 .getOrCreate())
+                 .config("spark.tfnet.slotCheckInterval", "0.5s")
+                 .config("spark.tfnet.elastic.growCheckInterval", "0.5s").getOrCreate())
     import tensorflow as tf
 
     import optim
