@@ -2,7 +2,7 @@
 
 ``TFNet.from_parts`` takes it (internal interface). Graph surgery (:mod:`tfnet.net_surgery`),
 :mod:`tfnet.serialize` and :mod:`tfnet.onnx.build` describe the nets they make with it, so none of them
-needs the facade's private constructor; this module imports nothing of tfnet but :mod:`tfnet.lora`'s
+builds a NetState itself; this module imports nothing of tfnet but :mod:`tfnet.lora`'s
 ``Adapter`` type.
 """
 
