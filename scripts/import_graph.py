@@ -109,7 +109,8 @@ LAYERS = [
       "optim.callbacks", "optim.mlflow_model"]),
     ("Spark plumbing: sessions, settings, cancellable jobs, slots, the warm-up",
      ["optim.spark.conf", "optim.spark.connect", "optim.spark.session", "optim.spark.jobs", "optim.spark.slots",
-      "optim.spark.warm_up", "optim.spark.probe", "optim.spark.typed_errors", "optim.spark"]),
+      "optim.spark.warm_up", "optim.spark.probe", "optim.spark.typed_errors", "optim.spark.decommission",
+      "optim.spark.dynamic_allocation", "optim.spark.jvm_threads", "=optim.spark"]),
     ("data: the TFDataset protocol and one adapter per source", ["optim.data"]),
     ("the one-worker loop", ["optim.training"]),
     ("transport: the channels between the driver and the ranks", ["optim.transport"]),
@@ -117,14 +118,15 @@ LAYERS = [
     ("the rank side | the driver side", ["optim.spark.worker", "|", "optim.spark.driver"]),
     ("TFOptimizer", ["optim.optimizer"]),
     ("Spark ML: TFNetEstimator", ["optim.ml"]),
-    ("optim's public names (lazy)", ["optim"]),
+    ("optim's public names (lazy)", ["=optim"]),
 ]
 #: The longest a module may be.
 MAX_LINES = 500
 
 
 def layer_of(module: str) -> tuple[int, int]:
-    """``(layer, side)`` of a module: the layer whose longest prefix matches it (side 0, or 1 after ``|``)."""
+    """``(layer, side)`` of a module: the layer whose longest prefix matches it (side 0, or 1 after ``|``); an entry
+    ``=name`` is that module alone (a package's ``__init__``), so a new module in it must be given a layer."""
     best = (-1, -1, 0)
     for i, (_, prefixes) in enumerate(LAYERS):
         side = 0
@@ -132,7 +134,9 @@ def layer_of(module: str) -> tuple[int, int]:
             if p == "|":
                 side = 1
                 continue
-            if (module == p or module.startswith(p + ".")) and len(p) > best[0]:
+            exact = p.startswith("=")
+            p = p.lstrip("=")
+            if (module == p or (not exact and module.startswith(p + "."))) and len(p) > best[0]:
                 best = (len(p), i, side)
     if best[1] < 0:
         raise KeyError(f"{module} is in no layer of LAYERS")

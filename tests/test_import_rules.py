@@ -11,6 +11,8 @@ import ast
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from scripts.import_graph import (  # noqa: E402
@@ -64,15 +66,15 @@ def test_the_checks_find_what_they_look_for(tmp_path):
     and through ``self`` from a base class in another module), an import up the layers and across the two sides,
     and a long module."""
     mods = small_tree(tmp_path, {
-        "optim/a.py": "from optim.b import helper\n",
-        "optim/b.py": "def helper():\n    from optim import a\n    return a\n",
-        "optim/c.py": "from optim.b import _hidden\n",
-        "optim/d.py": "class D:\n    def __init__(self):\n        self._state = 1\n",
-        "optim/e.py": "def peek(d):\n    return d._state\n",
-        "optim/f.py": "from optim.d import D\n\nclass F(D):\n    def peek(self):\n        return self._state\n",
-        "optim/g.py": "class G:\n    def __init__(self, d):\n        self.state = d\n    def peek(self):\n"
+        "optim/training/a.py": "from optim.training.b import helper\n",
+        "optim/training/b.py": "def helper():\n    from optim.training import a\n    return a\n",
+        "optim/training/c.py": "from optim.training.b import _hidden\n",
+        "optim/training/d.py": "class D:\n    def __init__(self):\n        self._state = 1\n",
+        "optim/training/e.py": "def peek(d):\n    return d._state\n",
+        "optim/training/f.py": "from optim.training.d import D\n\nclass F(D):\n    def peek(self):\n        return self._state\n",
+        "optim/training/g.py": "class G:\n    def __init__(self, d):\n        self.state = d\n    def peek(self):\n"
                       "        return self.state._state\n",
-        "optim/h.py": "class H:\n    def __init__(self):\n        self._own = 1\n    def peek(self):\n"
+        "optim/training/h.py": "class H:\n    def __init__(self):\n        self._own = 1\n    def peek(self):\n"
                       "        return self._own, self._tracker\n",
         "optim/data/__init__.py": "from optim.training import loop\n",
         "optim/training/__init__.py": "", "optim/training/loop.py": "",
@@ -81,10 +83,10 @@ def test_the_checks_find_what_they_look_for(tmp_path):
         "optim/spark/worker/__init__.py": "", "optim/spark/worker/y.py": "x = 1\n" * (MAX_LINES + 1),
     })
     edges, private = imports(mods)
-    assert cycles(edges) == [["optim.a", "optim.b"]]
-    assert private == [("optim.c", "optim.b", "_hidden", 1)]
-    assert sorted((m, n) for m, n, _, _ in private_reads(mods)) == [("optim.e", "_state"), ("optim.g", "_state")]
-    assert [(m, n) for m, n, _, _ in self_private_reads(mods)] == [("optim.f", "_state")]
+    assert cycles(edges) == [["optim.training.a", "optim.training.b"]]
+    assert private == [("optim.training.c", "optim.training.b", "_hidden", 1)]
+    assert sorted((m, n) for m, n, _, _ in private_reads(mods)) == [("optim.training.e", "_state"), ("optim.training.g", "_state")]
+    assert [(m, n) for m, n, _, _ in self_private_reads(mods)] == [("optim.training.f", "_state")]
     assert ("optim.data", "optim.training.loop") in upward(edges)
     assert ("optim.spark.driver.x", "optim.spark.worker.y") in upward(edges)
     assert long_modules(mods) == {"optim.spark.worker.y": MAX_LINES + 1}
@@ -93,6 +95,9 @@ def test_the_checks_find_what_they_look_for(tmp_path):
 def test_every_module_is_in_a_layer():
     for mod in modules():
         layer_of(mod)  # raises KeyError for a module no layer names
+    for new in ("optim.nowhere", "optim.spark.nowhere"):  # a new module outside a layer's package is named, not taken in
+        with pytest.raises(KeyError, match=f"{new} is in no layer"):
+            layer_of(new)
 
 
 def test_no_import_cycles_in_tfnet_and_optim():
