@@ -99,7 +99,7 @@ class RankEnv:
 
     Attributes:
         name: A name for this rank's local copies (the run, the rank and the attempt).
-        checks: ``checks(where)``: the partition checks (:class:`optim.training.checks.PartitionChecks`) of
+        checks: ``checks(where)``: the partition checks (:class:`optim.data.values.PartitionChecks`) of
             the run's loss, outputs and ``on_nonfinite``, naming the rows as ``where`` says.
         check_values: ``check_values(dataset, where)``: the same checks on a partition read whole (an
             :class:`~optim.data.arrays.ArrayDataset`); returns it, or it without its skipped rows.

@@ -4,7 +4,7 @@ before any Spark job. Pure: no PySpark (each subclass says what its columns' typ
 
 A model input (or the labels) comes from one column, reshaped to a declared per-row shape (or decoded, for
 encoded images), or from several scalar columns stacked into a vector: a
-:class:`~optim.training.shard.TensorColumns`.
+:class:`~optim.data.decode.TensorColumns`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def shapes_by_column(cols, shapes) -> dict:
 
 
 def tensor_specs(cols, shapes: Mapping[str, Sequence[int]] | None, what: str) -> list[TensorColumns]:
-    """One :class:`~optim.training.shard.TensorColumns` per entry of ``cols`` (a name, or a list of scalar
+    """One :class:`~optim.data.decode.TensorColumns` per entry of ``cols`` (a name, or a list of scalar
     columns to stack); ``what`` names the argument in errors."""
     if cols is None:
         return []

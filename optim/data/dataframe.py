@@ -63,7 +63,7 @@ class DataFrameDataset(ColumnDataset):
             ``optimize(..., sample_weight=w)`` does for numpy data. Default: none (every row counts
             alike).
         streaming: Each rank keeps its partition on its local disk, still encoded, and decodes it a
-            batch at a time while the steps run (:mod:`optim.training.stream`): a rank's memory does not
+            batch at a time while the steps run (:mod:`optim.data.stream`): a rank's memory does not
             grow with its rows. False: each rank decodes its whole partition into memory before the
             first step (the path before streaming; faster to start only when the partition is small).
             Default True.

@@ -34,7 +34,7 @@ class TFDataDataset(DataAdapter):
     the batches already seen in the current epoch are skipped with ``Dataset.skip``.
 
     ``optimize`` checks each batch for NaN or Inf features as it is read, on whichever process
-    reads it (:meth:`checked`, :func:`optim.training.checks.finite_batch`): a NonFiniteInputError
+    reads it (:meth:`checked`, :func:`optim.data.values.finite_batch`): a NonFiniteInputError
     that names the batch, the row in it and the rank, or, with ``on_nonfinite="skip"``, the batch
     without those rows. A batch left with no rows is not a step: the next batch takes its place
     (with the equal-steps rule of distributed training, from the rank's repeated input), so every
