@@ -28,10 +28,8 @@ from optim.training.collective import Collective, LocalCollective
 from optim.training.config import TrainConfig
 from optim.training.evaluation import (
     Accumulators,
-    accumulate,
     batch_len,
     evaluate,
-    logs_from_states,
     metrics_copy,
     update_metrics,
 )
@@ -54,9 +52,7 @@ from optim.training.weights import ClassWeights
 from tfnet import kernels, storage
 from tfnet.lora import carried_weight_names
 
-# TrainConfig, accumulate, evaluate, logs_from_states and metrics_copy are re-exported: this was their home.
-__all__ = ["TrainConfig", "accumulate", "evaluate", "logs_from_states", "metrics_copy", "train",
-           "NonFiniteLossError"]
+__all__ = ["train"]
 
 log = logging.getLogger("tfnet.training")
 

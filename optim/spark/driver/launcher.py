@@ -24,18 +24,13 @@ import secrets
 import time
 import warnings
 
-from optim.errors import (  # noqa: F401 (DistributedTrainingError, NonFiniteLossError, SparkSetupError: re-exported)
-    CheckpointWarning,
-    DistributedTrainingError,
-    NonFiniteLossError,
-    SparkSetupError,
-)
+from optim.errors import CheckpointWarning, DistributedTrainingError
 from optim.logs import user_stacklevel
 from optim.protocol import RESULT_SCHEMA, TRAIN_ENTRY, RunResult, entry, unpack_result
 from optim.spark.conf import seconds_setting
 from optim.spark.connect import is_connect
 from optim.spark.driver.backends.base import Backend
-from optim.spark.driver.backends.classic import ClassicBackend, check_driver_memory  # noqa: F401 (re-exported)
+from optim.spark.driver.backends.classic import ClassicBackend
 from optim.spark.driver.backends.connect import ConnectBackend
 from optim.spark.driver.elastic import ElasticPolicy, membership
 from optim.spark.driver.notice import DecommissionNotice
@@ -63,13 +58,10 @@ from optim.spark.driver.states import (
 )
 from optim.spark.jobs import run_job
 from optim.spark.session import get_spark, small_arrow_batches
-from optim.spark.slots import task_slots
-from optim.spark.warm_up import warm_up_workers
 from optim.training.checkpoint import new_run_id
 from optim.training.config import TrainConfig
 from optim.training.reporting import MultiReporter, ProgressBar
 from optim.transport.failures import failures_in
-from optim.transport.store import STUCK_GRACE_S, stuck_rank  # noqa: F401 (re-exported)
 from tfnet import storage
 from tfnet.serialize import net_to_bytes
 
@@ -79,8 +71,6 @@ __all__ = [
     "one_line",
     "optimize_distributed",
     "scale_learning_rate",
-    "task_slots",
-    "warm_up_workers",
 ]
 
 log = logging.getLogger("tfnet.spark.driver")

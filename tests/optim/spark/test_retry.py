@@ -144,7 +144,7 @@ def test_a_result_too_large_for_the_driver_is_not_retried():
 
 
 def test_stuck_rank_reads_the_heartbeats():
-    from optim.spark.driver.launcher import STUCK_GRACE_S, stuck_rank
+    from optim.transport.store import STUCK_GRACE_S, stuck_rank
 
     now = 1000.0
     assert stuck_rank({}, 2, now, started=now - 10, startup_timeout=60) is None
