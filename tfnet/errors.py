@@ -22,6 +22,7 @@ __all__ = [
     "GraphExecutionError",
     "GradientUnavailableError",
     "closest_names",
+    "first_line",
 ]
 
 
@@ -108,3 +109,17 @@ def unknown_name_message(kind: str, name: str, candidates: Iterable[str]) -> str
     else:
         msg += f" The graph has no {kind}s."
     return msg
+
+
+def first_line(error: BaseException | str | None, limit: int | None = None) -> str:
+    """The first line of an error's text (of an exception with none: its class name; of no text: ""), at most
+    ``limit`` characters.
+
+    >>> first_line(ValueError("bad\\nmore")), first_line(KeyError()), first_line("  ")
+    ('bad', 'KeyError', '')
+    """
+    text = "" if error is None else str(error).strip()
+    if not text:
+        return type(error).__name__ if isinstance(error, BaseException) else ""
+    line = text.splitlines()[0]
+    return line[:limit] if limit else line

@@ -20,6 +20,7 @@ from tfnet.errors import (
     GraphLoadError,
     InputSpecError,
     TensorNameError,
+    first_line,
     unknown_name_message,
 )
 from tfnet.fold import fold_affine
@@ -167,10 +168,6 @@ def _check_phase_value(name: str, value, spec: tf.TensorSpec) -> None:
             f"phase_values[{name!r}] must be (training value, inference value), each a "
             f"{spec.dtype.name} of shape {spec.shape}. Received: {value!r}"
         )
-
-
-def first_line(text: str) -> str:
-    return (text or "").strip().splitlines()[0] if text else ""
 
 
 def used_tensors(graph_def: graph_pb2.GraphDef) -> set[str]:

@@ -14,8 +14,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfnet.errors import GraphExecutionError, InputSpecError
-from tfnet.graph_function import first_line, own_function
+from tfnet.errors import GraphExecutionError, InputSpecError, first_line
+from tfnet.graph_function import own_function
 from tfnet.hooks import HookHandle
 from tfnet.inputs import arrange, batch_size_of, convert, is_batched
 from tfnet.lora import adapted_weights

@@ -22,8 +22,9 @@ from optim.data import stream
 from optim.data.base import Batch
 from optim.errors import CorruptFileError, DataError
 from tfnet import storage
+from tfnet.errors import first_line
 
-__all__ = ["BatchCheck", "FileRows", "ParquetSource", "filesystem", "first_line"]
+__all__ = ["BatchCheck", "FileRows", "ParquetSource", "filesystem"]
 
 #: What pyarrow says when a Parquet file's bytes are wrong (not when the storage under it failed).
 _CORRUPT = ("thrift", "corrupt", "magic bytes", "unexpected end", "decompress", "invalid", "page header",
@@ -171,8 +172,3 @@ def _looks_corrupt(exc: BaseException) -> bool:
     text = str(exc).lower()
     return any(word in text for word in _CORRUPT)
 
-
-def first_line(exc: BaseException) -> str:
-    """An error's first line (its class name when it has no text)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tfnet.errors import first_line
+
 logger = logging.getLogger(__name__)
 
 RANDOM_OPERATORS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
@@ -173,9 +175,9 @@ def run_case(case) -> CaseResult:
             feed = [_array(v) for v in inputs[:1]]
             got = net.forward(feed[0] if feed else [])
         except (UnsupportedOperatorError, OpsetError) as exc:
-            return CaseResult(case.name, "unsupported", first_line(exc))
+            return CaseResult(case.name, "unsupported", first_line(exc, 300))
         except Exception as exc:  # noqa: BLE001 - every other failure is the case's result
-            return CaseResult(case.name, "error", f"{type(exc).__name__}: {first_line(exc)}")
+            return CaseResult(case.name, "error", f"{type(exc).__name__}: {first_line(exc, 300)}")
         got = got if isinstance(got, list) else [got]
         problem = compare_outputs(got, outputs, case.rtol, case.atol)
         if problem:
@@ -205,11 +207,6 @@ def compare_outputs(got: list, want: list, rtol: float, atol: float) -> str:
             lines = [s.strip() for s in str(exc).splitlines() if "Max" in s]
             return f"output {i}: " + ("; ".join(lines) or "values differ")
     return ""
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 def collect(pattern: str | None = None) -> list:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from tfnet.errors import first_line
 from tfnet.onnx.errors import ExternalDataError, OnnxLoadError, OpsetError
 from tfnet.onnx.registry import CHECKED_OPSET, DEFAULT_DOMAINS
 from tfnet.onnx.upgrade import upgrade
@@ -71,7 +72,7 @@ def read_model(source: Any):
         onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, ValueError) as exc:
         raise OnnxLoadError(
-            f"{what} is not a valid ONNX model: {_first_line(str(exc))}. Expected a model written by "
+            f"{what} is not a valid ONNX model: {first_line(str(exc))}. Expected a model written by "
             "onnx.save or torch.onnx.export."
         ) from None
     if model.functions:
@@ -90,7 +91,7 @@ def _parse(data: bytes, what: str):
         model.ParseFromString(data)
     except (DecodeError, ValueError, RuntimeError) as exc:
         raise OnnxLoadError(
-            f"Could not read {what} as an ONNX model ({_first_line(str(exc)) or 'parse error'}): the file is "
+            f"Could not read {what} as an ONNX model ({first_line(str(exc)) or 'parse error'}): the file is "
             "corrupt, truncated, or not ONNX. Expected a ModelProto written by onnx.save or torch.onnx.export."
         ) from None
     if not model.graph.node and not model.graph.output:
@@ -121,7 +122,7 @@ def _load_external(model, base_dir, what, helper) -> None:
     try:
         helper.load_external_data_for_model(model, base_dir)
     except (OSError, ValueError) as exc:
-        raise ExternalDataError(f"{what}: reading external data failed: {_first_line(str(exc))}") from None
+        raise ExternalDataError(f"{what}: reading external data failed: {first_line(str(exc))}") from None
 
 
 def opset_of(model) -> int | None:
@@ -156,8 +157,3 @@ def _onnx_version() -> str:
     import onnx
 
     return onnx.__version__
-
-
-def _first_line(text: str) -> str:
-    text = (text or "").strip()
-    return text.splitlines()[0] if text else ""

@@ -25,8 +25,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+from tfnet.errors import first_line
 from tfnet.onnx import conformance
-from tfnet.onnx.conformance import OUTCOMES, compare_outputs, first_line, onnx_version
+from tfnet.onnx.conformance import OUTCOMES, compare_outputs, onnx_version
 
 FOLDERS = ("pytorch-converted", "pytorch-operator", "simple", "light")
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-3, 1e-7  # onnx.backend.test.loader's defaults
@@ -194,14 +195,14 @@ def run_case(case: ModelCase) -> ModelResult:
     try:
         net = TFNet.from_onnx(case.model_path)
     except (UnsupportedOperatorError, OpsetError) as exc:
-        return result("unsupported", first_line(exc))
+        return result("unsupported", first_line(exc, 300))
     except Exception as exc:  # noqa: BLE001 - every other failure is the case's result
-        return result("error", f"{type(exc).__name__}: {first_line(exc)}")
+        return result("error", f"{type(exc).__name__}: {first_line(exc, 300)}")
     for k, (inputs, outputs) in enumerate(sets):
         try:
             got = net.forward(list(inputs))
         except Exception as exc:  # noqa: BLE001
-            return result("error", f"{type(exc).__name__}: {first_line(exc)}")
+            return result("error", f"{type(exc).__name__}: {first_line(exc, 300)}")
         got = got if isinstance(got, list) else [got]
         problem = compare_outputs(got, outputs, case.rtol, case.atol)
         if problem:
