@@ -58,6 +58,13 @@ def full_epochs(infos: list[dict], steps_per_epoch: int) -> dict[tuple[int, int]
     return out
 
 
+def epoch_done(info: dict, epoch: int, steps_per_epoch: int) -> bool:
+    """Whether a rank's tally (``info``) holds ``epoch`` trained to its last batch: the rank is past that epoch's
+    boundary (a tally written at a checkpoint inside the epoch holds it only in part)."""
+    record = info["epochs"].get(str(epoch))
+    return record is not None and int(record["from_batch"]) + int(record["batches"]) >= steps_per_epoch
+
+
 def same_checkpoints(ours: dict[int, str], theirs: dict[int, str], from_step: int, storage_options=None) -> list[int]:
     """The steps after ``from_step`` both runs checkpointed (``{step: path}`` each), having checked that each pair
     holds the same weights and state bit for bit; AssertionError naming the first step that differs."""

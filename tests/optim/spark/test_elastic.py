@@ -20,7 +20,7 @@ from optim.training.checkpoint import CheckpointManager
 from tests import digits
 from tests.cluster import ROOT
 from tests.connect_server import ConnectServer
-from tests.elastic_checks import checkpoint_digest, data_fingerprint, full_epochs, same_checkpoints
+from tests.elastic_checks import checkpoint_digest, data_fingerprint, epoch_done, full_epochs, same_checkpoints
 
 STEPS_PER_EPOCH = 1024 // 32  # global batch 32, whatever the ranks
 
@@ -65,11 +65,12 @@ def checkpointed(model_dir):
 
 
 def epoch_written(model_dir, attempt, epoch, ranks):
-    """Every rank of ``attempt`` has written its tally of ``epoch`` (it does so as the next epoch starts, after the
-    epoch's checkpoint): the run is past an epoch boundary."""
+    """Every rank of ``attempt`` has written its tally of the whole ``epoch`` (it does so as the next epoch starts,
+    after the epoch's checkpoint; a tally written at a checkpoint inside it holds part of it): the run is past an epoch
+    boundary."""
     def ok():
         infos = epoch_infos(model_dir)
-        return sum(1 for i in infos if i["attempt"] == attempt and str(epoch) in i["epochs"]) >= ranks
+        return sum(1 for i in infos if i["attempt"] == attempt and epoch_done(i, epoch, STEPS_PER_EPOCH)) >= ranks
     return ok
 
 

@@ -26,6 +26,7 @@ from optim.training.checkpoint import CheckpointManager
 from tests import digits
 from tests.cluster import ROOT
 from tests.elastic_checks import checkpoint_digest, data_fingerprint, full_epochs
+from tests.elastic_checks import epoch_done as trained_whole
 from tests.netns import Network
 from tests.netns_cluster import NetnsCluster
 
@@ -104,7 +105,7 @@ def wait_until(what, ok, driver, timeout=240):
 def epoch_done(client, prefix, attempt, epoch):
     """Both ranks of ``attempt`` have trained ``epoch`` whole (each writes its tally as the next epoch starts)."""
     return lambda: sum(1 for i in epoch_tallies(client, prefix)
-                       if i["attempt"] == attempt and str(epoch) in i["epochs"]) >= 2
+                       if i["attempt"] == attempt and trained_whole(i, epoch, STEPS_PER_EPOCH)) >= 2
 
 
 def result(driver, timeout):
