@@ -191,16 +191,21 @@ def _class_members(cls: ast.ClassDef) -> set[str]:
     return names
 
 
+def private_owners(mods: dict[str, str]) -> dict[str, list[str]]:
+    """``{private name: the modules that define it}`` (:func:`private_names`, turned round)."""
+    owners: dict[str, list[str]] = {}
+    for mod, names in private_names(mods).items():
+        for n in names:
+            owners.setdefault(n, []).append(mod)
+    return owners
+
+
 def private_reads(mods: dict[str, str]) -> list[tuple[str, str, int, list[str]]]:
     """Reads of another module's private attribute: ``obj._x`` (``obj`` not ``self`` or ``cls``) where a tfnet or
     optim module defines ``_x``, unless the read is inside a class that defines ``_x`` itself (another instance of
     the same class), or ``_x`` is defined in this module and in no other. Each as ``(module, name, line, modules
     that define it)``. Third-party private members (``sc._jsc``) are no module's of ours, so not counted here."""
-    defined = private_names(mods)
-    owners: dict[str, list[str]] = {}
-    for mod, names in defined.items():
-        for n in names:
-            owners.setdefault(n, []).append(mod)
+    owners = private_owners(mods)
     out = []
     for mod, path in mods.items():
         with open(path, encoding="utf-8") as f:
@@ -222,6 +227,26 @@ def private_reads(mods: dict[str, str]) -> list[tuple[str, str, int, list[str]]]
             if owners[name] == [mod]:
                 continue
             out.append((mod, name, node.lineno, sorted(owners[name])))
+    return out
+
+
+def self_private_reads(mods: dict[str, str]) -> list[tuple[str, str, int, list[str]]]:
+    """Reads of ``self._x`` (or ``cls._x``) where ``_x`` is defined in another tfnet or optim module and not in
+    this one: a private member inherited across modules (a base class or mixin elsewhere), which
+    :func:`private_reads` leaves to this check. Each as ``(module, name, line, modules that define it)``.
+    Names no module of ours defines (a third-party base's) are not counted."""
+    owners = private_owners(mods)
+    out = []
+    for mod, path in mods.items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in ("self", "cls")):
+                continue
+            name = node.attr
+            if name.startswith("_") and not name.startswith("__") and name in owners and mod not in owners[name]:
+                out.append((mod, name, node.lineno, sorted(owners[name])))
     return out
 
 

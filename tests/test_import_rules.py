@@ -7,7 +7,6 @@ class's privates in another module, as mixins did); no module is over ``MAX_LINE
 
 from __future__ import annotations
 
-import ast
 import os
 import sys
 
@@ -22,34 +21,10 @@ from scripts.import_graph import (  # noqa: E402
     layer_of,
     long_modules,
     modules,
-    private_names,
     private_reads,
+    self_private_reads,
     upward,
 )
-
-
-def self_private_reads(mods: dict[str, str]) -> list[tuple[str, str, int, list[str]]]:
-    """Reads of ``self._x`` (or ``cls._x``) where ``_x`` is defined in another tfnet or optim module and not in
-    this one: a private member inherited across modules (a base class or mixin elsewhere), which
-    :func:`private_reads` leaves to this check. Each as ``(module, name, line, modules that define it)``.
-    Names no module of ours defines (a third-party base's) are not counted."""
-    defined = private_names(mods)
-    owners: dict[str, list[str]] = {}
-    for mod, names in defined.items():
-        for n in names:
-            owners.setdefault(n, []).append(mod)
-    out = []
-    for mod, path in mods.items():
-        with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read(), path)
-        for node in ast.walk(tree):
-            if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                    and node.value.id in ("self", "cls")):
-                continue
-            name = node.attr
-            if name.startswith("_") and not name.startswith("__") and name in owners and mod not in owners[name]:
-                out.append((mod, name, node.lineno, sorted(owners[name])))
-    return out
 
 
 def small_tree(tmp_path, files: dict[str, str]) -> dict[str, str]:
