@@ -2,6 +2,12 @@
 prints ``<<ACTION label>>`` before each action, then ``label -> <result>``; ``<<ACTIONS END>>`` after the last one,
 then stops Spark and prints ``<<STOPPED>>``."""
 
+import os
+import subprocess
+import sys
+
+import pytest
+
 
 def assert_each_action_printed_its_own_output(out: str, actions: int) -> None:
     """Each of the ``actions`` sections holds its own result line (and, for ``show``, its table) and nothing else,
@@ -20,3 +26,36 @@ def assert_each_action_printed_its_own_output(out: str, actions: int) -> None:
         assert len(mine) == 1 and not stray, (label, body)
     stopped = out.split("<<ACTIONS END>>")[1]
     assert stopped.strip() == "<<STOPPED>>", stopped[-2000:]
+
+
+class Program:
+    """A user's program, ``python -c source`` (``-u``: unbuffered) in a process of its own started in ``cwd``: its
+    stdout and stderr each to a file of ``folder``, or with ``merged`` both, in the order printed, to one
+    (``console.log``); :meth:`result` waits for it."""
+
+    def __init__(self, source: str, folder, env: dict, *, merged: bool = False, unbuffered: bool = False, cwd=None):
+        self.out = folder / ("console.log" if merged else "stdout")
+        self.err = None if merged else folder / "stderr"
+        with open(self.out, "wb") as out, open(self.err or os.devnull, "wb") as err:
+            self.proc = subprocess.Popen([sys.executable, *(["-u"] if unbuffered else []), "-c", source], cwd=cwd,
+                                         env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=subprocess.STDOUT if merged else err)
+
+    def result(self, timeout: float) -> tuple[int, str, str]:
+        """``(exit status, stdout, stderr)`` read as text pipes would be (universal newlines; stderr "" when merged);
+        a program still running after ``timeout`` seconds is killed."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"not done within {timeout} s:\n{_text(self.err or self.out)[-4000:]}")
+        return self.proc.returncode, _text(self.out), _text(self.err) if self.err else ""
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _text(path) -> str:
+    return path.read_bytes().decode(errors="replace").replace("\r\n", "\n").replace("\r", "\n")

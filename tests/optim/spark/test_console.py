@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from tests.console_checks import assert_each_action_printed_its_own_output
+from tests.console_checks import Program, assert_each_action_printed_its_own_output
 
 pytestmark = [pytest.mark.spark, pytest.mark.parallel, pytest.mark.slow]
 
@@ -108,37 +108,12 @@ PREDICT = textwrap.dedent("""
 """)
 
 
-class Program:
-    """A user's program (``python -u -c source``) started in ``folder``, everything it prints (stdout and stderr, in
-    order) going to a file there; :meth:`result` waits for it."""
-
-    def __init__(self, source: str, folder):
-        self.log = folder / "console.log"
-        with open(self.log, "wb") as f:
-            self.proc = subprocess.Popen([sys.executable, "-u", "-c", source], cwd=folder, env=user_env(),
-                                         stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT)
-
-    def result(self, timeout: float = 500) -> tuple[int, str]:
-        """``(exit status, what it printed)``; a program still running after ``timeout`` seconds is killed."""
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            pytest.fail(f"not done within {timeout} s:\n{self.log.read_text(errors='replace')[-4000:]}")
-        text = self.log.read_bytes().decode(errors="replace")  # read as a text pipe would be (universal newlines)
-        return self.proc.returncode, text.replace("\r\n", "\n").replace("\r", "\n")
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory):
     """:data:`PREDICT` and :data:`LOGGED`, each a process of its own, started together as the module begins (each
     pays its own interpreter, JVM and Python workers' start-up; together, one's waits overlap the other's work)."""
-    started = {name: Program(source, tmp_path_factory.mktemp(name.lower()))
+    folders = {name: tmp_path_factory.mktemp(name.lower()) for name in ("PREDICT", "LOGGED")}
+    started = {name: Program(source, folders[name], user_env(), merged=True, unbuffered=True, cwd=folders[name])
                for name, source in (("PREDICT", PREDICT), ("LOGGED", LOGGED))}
     try:
         yield started
@@ -148,7 +123,7 @@ def programs(tmp_path_factory):
 
 
 def test_a_bad_row_and_show_after_tfpredictor_print_what_the_user_asked_for(programs):
-    returncode, out = programs["PREDICT"].result()
+    returncode, out, _ = programs["PREDICT"].result(500)
     assert returncode == 0 and "<<END>>" in out, out[-4000:]
     bad_row, rest = out.split("<<BAD ROW DONE>>")
     lines = bad_row.strip().split("\n")  # as a terminal shows them: "\r" redraws a line
@@ -298,7 +273,7 @@ def test_tfnets_threads_leave_nothing_in_an_info_log_and_a_failing_callback_is_o
     per task that num_threads could not be applied: now said once at DEBUG. And a callback failing on rank 0 with
     validation data printed 289 lines with 92 Java frames (issue 51): the rank's error, rebuilt, was raised from the
     Py4J error it came through; now the rank's error alone, in at most 25 lines."""
-    returncode, out = programs["LOGGED"].result()
+    returncode, out, _ = programs["LOGGED"].result(500)
     assert returncode == 0 and "<<STOPPED>>" in out and "COUNT 128 FIRST 10" in out, out[-4000:]
     closing = [line for line in out.splitlines() if "Closing down clientserver connection" in line]
     assert len(closing) <= 1 and all(line.startswith("MainThread|") for line in closing), closing

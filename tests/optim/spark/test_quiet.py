@@ -3,11 +3,12 @@ start-up banner, no Spark WARN lines, no JVM incubator-module notice, in the dri
 executors; a real JVM error still reaches the user."""
 
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from tests.console_checks import Program
 
 pytestmark = [pytest.mark.spark, pytest.mark.parallel, pytest.mark.slow]
 
@@ -33,31 +34,6 @@ JOB = textwrap.dedent("""
 """)
 NOISE = ("oneDNN custom operations", "absl::InitializeLog", " WARN ", "NativeCodeLoader", "cpu_feature_guard",
          "Using incubator modules")
-
-
-class Program:
-    """``python -c source`` in a process of its own, its stdout and stderr each to a file of ``folder``;
-    :meth:`result` waits for it."""
-
-    def __init__(self, source: str, folder, env: dict):
-        self.out, self.err = folder / "stdout", folder / "stderr"
-        with open(self.out, "wb") as out, open(self.err, "wb") as err:
-            self.proc = subprocess.Popen([sys.executable, "-c", source], stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=err, env=env)
-
-    def result(self, timeout: float) -> tuple[int, str, str]:
-        """``(exit status, stdout, stderr)``, read as text pipes would be; killed after ``timeout`` seconds."""
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            pytest.fail(f"not done within {timeout} s:\n{self.err.read_text(errors='replace')[-4000:]}")
-        return self.proc.returncode, self.out.read_text(), self.err.read_text()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture(scope="module")
