@@ -84,6 +84,11 @@ class Channels:
     notice: str | None = None
     store_file: str | None = None  # Spark Connect without barrier mode: where rank 0 leaves its store's address
 
+    def failure_file(self, rank: int) -> str | None:
+        """Where rank ``rank`` leaves its failure beside :attr:`store_file`, to outlive rank 0's store (None
+        without one)."""
+        return None if self.store_file is None else f"{self.store_file}.failure-r{rank}"
+
 
 @dataclass
 class Limits:

@@ -15,6 +15,10 @@ What barrier mode did and a plain stage does not, done here and by the driver's 
 * Spark does not end the other tasks when one fails; the driver's watch ends the stage as soon as a rank leaves
   its failure in the store (under Spark Connect, which has no such watch, Spark ends it when the failed rank's
   re-runs, each failing at once, reach ``spark.task.maxFailures``).
+* Under Spark Connect the store is rank 0's and goes with it, and which task's error Spark reports is the last
+  re-run's: so a failing rank also leaves its failure in a file beside the store's address
+  (:func:`leave_failure`), and a re-run or a rank whose peer went away carries the files' failures in its own
+  error (:func:`left_failures`): the client gets the cause, and retries only what a rerun can mend.
 
 Under Spark Connect the store is rank 0's (the client may be out of the executors' reach) and there is no barrier
 ``allGather`` to spread its address: rank 0 leaves it in a file of the run's ``model_dir``
@@ -32,7 +36,8 @@ from types import SimpleNamespace
 from optim.errors import RendezvousError
 from optim.transport import client as kv
 
-__all__ = ["GANG_SCOPE", "GangBrokenError", "GangContext", "own_address", "store_by_file"]
+__all__ = ["GANG_SCOPE", "GangBrokenError", "GangContext", "leave_failure", "left_failures", "own_address",
+           "store_by_file"]
 
 #: The store's scope where the ranks of an attempt gather their hosts.
 GANG_SCOPE = "tfnet_gang"
@@ -147,3 +152,42 @@ def store_by_file(job, rank: int):
         f"Rank 0 did not leave its rendezvous store's address in {path} within {limit:.0f} s. The training stage "
         "runs without barrier mode (dynamic allocation is on), so its ranks start as executors come: raise "
         "startup_timeout, spark.dynamicAllocation.maxExecutors or the cluster's capacity, or lower num_workers.")
+
+
+def leave_failure(job, rank: int, data: bytes) -> bool:
+    """Leaves this rank's failure (:class:`~optim.transport.failures.WorkerFailure` JSON) beside the attempt's store
+    address, where it outlives rank 0's store (Spark Connect without barrier mode; else nothing). Best effort: True if
+    it was written."""
+    from tfnet import storage
+
+    path = job.channels.failure_file(rank)
+    if path is None:
+        return False
+    try:
+        storage.write_bytes_atomic(path, data, job.train.config.storage_options)
+        return True
+    except OSError:
+        return False
+
+
+def left_failures(job, rank: int, wait_s: float) -> list[bytes]:
+    """The failures the attempt's other ranks left in files (:func:`leave_failure`; ``rank`` -1: every rank's),
+    waiting up to ``wait_s`` seconds for the first; best effort (storage that fails gives none)."""
+    from tfnet import storage
+
+    if job.channels.store_file is None:
+        return []
+    options = job.train.config.storage_options
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for r in range(job.size):
+            if r == rank:
+                continue
+            try:
+                found.append(storage.read_bytes(job.channels.failure_file(r), options))
+            except OSError:  # none from that rank (FileNotFoundError), or storage that does not answer
+                continue
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)

@@ -31,7 +31,7 @@ from pyspark import BarrierTaskContext
 from optim.errors import RendezvousError, WorkerError
 from optim.logs import quiet_worker
 from optim.protocol import RankJob
-from optim.spark.worker.gang import GangBrokenError, GangContext, store_by_file
+from optim.spark.worker.gang import GangBrokenError, GangContext, leave_failure, left_failures, store_by_file
 from optim.spark.worker.rank import run_rank
 from optim.transport import client as kv
 from optim.transport.chunks import to_chunks
@@ -95,18 +95,22 @@ PEER_WAIT_S = 3.0
 
 def _peers(job: RankJob, rank: int, failure: WorkerFailure, post: bool = True) -> list[WorkerFailure]:
     """Failures travel to the driver one way, in the task's error; which task's error Spark reports is a race.
-    So every failing rank leaves its failure in the stage's store, and a rank whose own error may be a peer's
-    doing (a retryable one: a broken collective, a lost connection) waits briefly for the others' and carries
-    them in its error too. The driver then finds the cause (:func:`~optim.transport.failures.pick_root`)
-    whichever error it gets."""
+    So every failing rank leaves its failure in the stage's store (and, under Spark Connect without barrier mode,
+    in a file that outlives rank 0's store: :func:`~optim.spark.worker.gang.leave_failure`), and a rank whose own
+    error may be a peer's doing (a retryable one: a broken collective, a lost connection, a task Spark ran again)
+    waits briefly for the others' and carries them in its error too. The driver then finds the cause
+    (:func:`~optim.transport.failures.pick_root`) whichever error it gets."""
     addr, key = job.channels.rendezvous, job.channels.rendezvous_key
-    if addr is None:  # Spark Connect, failed before the store was found
-        return []
     if post:
-        kv.post_failure(addr, rank, failure.to_json(), key)
+        leave_failure(job, rank, failure.to_json())  # Spark Connect without barrier mode: it outlives rank 0's store
+        if addr is not None:
+            kv.post_failure(addr, rank, failure.to_json(), key)
     if not failure.retryable:
         return []
-    return read_failures(kv.peer_failures(addr, rank if post else -1, job.size, key, PEER_WAIT_S))
+    found = read_failures(left_failures(job, rank if post else -1, 0.0 if addr is not None else PEER_WAIT_S))
+    if addr is not None and not found:
+        found = read_failures(kv.peer_failures(addr, rank if post else -1, job.size, key, PEER_WAIT_S))
+    return found
 
 
 def _rendezvous(job: RankJob, ctx, rank: int):

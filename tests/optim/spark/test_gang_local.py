@@ -107,6 +107,18 @@ CONNECT_DRIVER = textwrap.dedent("""
     opt = TFOptimizer(net, sce, optim.SGD(0.05, momentum=0.9), model_dir=sys.argv[3])
     opt.optimize((x[:256], y[:256]), epochs=2, batch_size=32, shuffle=False, num_workers=2, verbose=0)
     np.savez(sys.argv[2], **net.get_weights())
+    # a rank's own error: Spark runs its task again (local[2,4]: four tries, as a cluster gives), and each re-run
+    # fails at once outside the gang, and it is a re-run's error that Spark reports; the cause still reaches the
+    # client, once
+    rows = [(None if i == 100 else x[i].ravel().tolist(), int(y[i])) for i in range(256)]
+    df = spark.createDataFrame(rows, "pixels array<float>, label long")
+    data = optim.TFDataset.from_dataframe(df, "pixels", "label", feature_shapes={"pixels": (8, 8, 1)})
+    bad = TFOptimizer(TFNet.from_keras(digits.cnn(classes=10, seed=0)), sce, optim.SGD(0.05),
+                      model_dir=sys.argv[3] + "-bad")
+    try:
+        bad.optimize(data, epochs=1, batch_size=32, num_workers=2, verbose=0)
+    except Exception as exc:
+        print("ERROR " + json.dumps({"type": type(exc).__name__, "message": str(exc)}))
     print("RESULT " + json.dumps({"last_run": opt.last_run, "step": opt.global_step}, default=str))
 """)
 
@@ -116,7 +128,7 @@ def test_a_connect_server_with_dynamic_allocation_runs_the_plain_stage_to_the_ba
     it through a file in ``model_dir``. Same ranks, data and seed as the barrier stage: the same weights."""
     from tests.connect_server import ConnectServer
 
-    server = ConnectServer(cores=2, conf={"spark.dynamicAllocation.enabled": "true",
+    server = ConnectServer(master="local[2,4]", conf={"spark.dynamicAllocation.enabled": "true",
                                           "spark.dynamicAllocation.testing": "true",
                                           "spark.dynamicAllocation.shuffleTracking.enabled": "true"}).start()
     try:
@@ -134,6 +146,10 @@ def test_a_connect_server_with_dynamic_allocation_runs_the_plain_stage_to_the_ba
     run = res["last_run"]
     assert run["mode"] == "connect" and run["barrier"] is False and run["attempts"] == 1, run
     assert run["states"] == ["starting", "running", "finished"] and res["step"] == 16
+    # the bad row's rank failed; its task's re-runs found no gang: the client still gets the rank's own typed error,
+    # on the first attempt
+    err = json.loads(lines["ERROR"])
+    assert err["type"] == "BadRowError" and err["message"].startswith("Column 'pixels' is null at row "), err
     assert "retrying" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     net = TFNet.from_keras(digits.cnn(classes=10, seed=0))
     x, y = digits.load()

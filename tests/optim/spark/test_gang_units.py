@@ -85,3 +85,30 @@ def test_a_task_spark_ran_again_joins_nothing_and_the_driver_reads_the_ranks_fai
         assert why.startswith("rank(s) 1 failed ")
         (found,) = failures_in(why)
         assert (found.cls, found.message, found.rank) == ("ValueError", "Column 'x' is null at row 3", 1)
+
+
+def test_under_connect_a_failure_outlives_rank_0s_store_and_a_rerun_carries_it(tmp_path):
+    """Spark Connect without barrier mode: the store is rank 0's, and the error Spark reports is the failed rank's
+    last re-run's. The first run leaves its failure beside the store's address; the re-run (no store, no gang)
+    carries it in its own error text, so the client rebuilds the rank's own error, not a retryable one."""
+    from optim.protocol import TrainSpec
+    from optim.spark.worker.gang import leave_failure, left_failures
+    from optim.spark.worker.task import _peers
+    from optim.training.config import TrainConfig
+
+    channels = Channels(rendezvous=None, rendezvous_key=KEY, store_file=str(tmp_path / "store-0"))
+    spec = TrainSpec(net=None, hooks=None, loss=None, method=None, metrics=[], config=TrainConfig())
+    j = RankJob(train=spec, data=None, channels=channels, limits=Limits(), size=2, attempt=0, gang=True)
+    assert left_failures(j, -1, 0.0) == []
+    root = from_exception(ValueError("Column 'x' is null at row 3"), rank=0)
+    assert _peers(j, 0, root) == []  # the rank's own failure (not retryable): it leaves it and waits for no other
+    assert channels.failure_file(0) == str(tmp_path / "store-0.failure-r0") and (tmp_path / "store-0.failure-r0").exists()
+    rerun = from_exception(GangBrokenError("Spark ran rank 0's task again"), rank=0)
+    carried = _peers(j, 0, rerun, post=False)  # a re-run leaves nothing of its own
+    assert [(f.cls, f.message, f.rank, f.retryable) for f in carried] == \
+        [("ValueError", "Column 'x' is null at row 3", 0, False)]
+    assert left_failures(j, 0, 0.0) == []  # a rank reads the others' only
+    assert leave_failure(j, 1, b"not a failure") and left_failures(j, 0, 0.0) == [b"not a failure"]
+    # a peer whose collective broke (retryable) carries the cause too (its own file is not read back)
+    peer = _peers(j, 1, from_exception(ConnectionResetError("Connection reset by peer"), rank=1))
+    assert [f.cls for f in peer] == ["ValueError"]

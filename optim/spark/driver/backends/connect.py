@@ -232,12 +232,15 @@ class ConnectBackend(Backend):
             store_file = storage.join(config.model_dir, "control", config.run_id, f"store-{attempt}")
         if hasattr(sink, "watch"):
             sink.watch(path)
+        channels = Channels(rendezvous=None, rendezvous_key=derive_key(secret, "rendezvous"), progress_path=path,
+                            store_file=store_file)
         try:
-            yield Attempt(Channels(rendezvous=None, rendezvous_key=derive_key(secret, "rendezvous"), progress_path=path,
-                                   store_file=store_file))
+            yield Attempt(channels)
         finally:
-            if store_file is not None and storage.exists(store_file, config.storage_options):
-                storage.remove(store_file, config.storage_options)
+            if store_file is not None:  # the store's address and the failures the ranks left beside it
+                for left in [store_file, *(channels.failure_file(r) for r in range(n))]:
+                    if storage.exists(left, config.storage_options):
+                        storage.remove(left, config.storage_options)
 
     def stopped(self) -> bool:
         return bool(getattr(self.spark, "is_stopped", False))
