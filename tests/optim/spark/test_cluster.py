@@ -27,8 +27,9 @@ from tests.elastic_checks import checkpoint_digest
 
 pytestmark = [pytest.mark.spark, pytest.mark.parallel, pytest.mark.slow]
 
-# the driver's session on the cluster and the digits CNN over 1,024 rows in 2 partitions, the launcher checking for lost
-# slots and decommission notices every 0.5 s; <SETTINGS>: the test's own session settings (lines of ``.config(...)``)
+# the driver's session on the cluster and the digits CNN over 1,024 rows in 2 partitions (no shuffle: the same rows in
+# the same order in any session), the launcher checking for lost slots and decommission notices every 0.5 s;
+# <SETTINGS>: the test's own session settings (lines of ``.config(...)``)
 SESSION_AND_DATA = """
     import json, os, sys
     sys.path.insert(0, {root!r})
@@ -45,8 +46,7 @@ SESSION_AND_DATA = """
     from tests import digits
     from tfnet import TFNet
     x, y = digits.load()
-    df = spark.createDataFrame([(x[i].ravel().tolist(), int(y[i])) for i in range(1024)],
-                               "pixels array<float>, label long").repartition(2)
+    df = digits.frame(spark, x, y)
     data = TFDataset.from_dataframe(df, "pixels", "label", feature_shapes={{"pixels": (8, 8, 1)}})
     opt = TFOptimizer(TFNet.from_keras(digits.cnn(10)), optim.losses.SparseCategoricalCrossentropy(from_logits=True),
                       optim.Adam(0.005), metrics=["accuracy"], model_dir={model_dir!r})
@@ -68,10 +68,11 @@ DRIVER = driver_script("""
     executors_before = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1  # less the driver
     history = opt.optimize(data, epochs={epochs}, batch_size=32, num_workers=2, checkpoint_every=8, verbose=2,
                            timeout=60, max_retries=2)
+    import numpy as np
+    np.savez({model_dir!r} + "-weights.npz", **opt.net.get_weights())
     # TFPredictor in the same application, on the executors the allocation gives it
     from optim import TFPredictor
     scored = TFPredictor(opt.net, batch_per_thread=32).predict(df.limit(40), feature_cols="pixels").collect()
-    import numpy as np
     want = opt.net.forward(np.stack([np.asarray(r["pixels"], np.float32).reshape(8, 8, 1) for r in scored]))
     got = np.stack([np.asarray(r["output"], np.float32) for r in scored])
     print("RESULT " + json.dumps({{"step": opt.global_step, "last_run": opt.last_run, "history": history,
@@ -127,10 +128,11 @@ def test_entrypoint_submit_runs_the_resnet50_job(cluster, tmp_path):
     assert os.path.exists(tmp_path / "model" / "export" / "frozen_inference_graph.pb")
 
 
-def test_with_dynamic_allocation_from_no_executors_the_run_trains_and_predicts(cluster, tmp_path):
+def test_with_dynamic_allocation_from_no_executors_the_run_trains_and_predicts(cluster, spark, tmp_path):
     """``minExecutors=0``: no executor until the training stage's tasks are pending; the stage runs without barrier
-    mode, its two ranks meet in the driver's store, and the run trains in one attempt; TFPredictor follows, and each
-    action on its result prints its own output only."""
+    mode, its two ranks meet in the driver's store, and the run trains in one attempt, to the weights of the same run
+    with dynamic allocation off (a barrier stage on ``local[2]``: same ranks, rows and seed); TFPredictor follows, and
+    each action on its result prints its own output only."""
     driver = run_driver(cluster, str(tmp_path / "run"), 0, 3, actions=True)
     try:
         out, _ = driver.communicate(timeout=600)
@@ -147,6 +149,24 @@ def test_with_dynamic_allocation_from_no_executors_the_run_trains_and_predicts(c
     assert res["scored"] == 40 and res["predict_max_diff"] < 1e-5, res
     assert "SPARK-24942" not in err and "Traceback" not in err, err[-3000:]
     assert_each_action_printed_its_own_output(out, 8)
+    # the same run with dynamic allocation off: the barrier stage, in this process's local[2] session
+    import numpy as np
+
+    import optim
+    from optim import TFDataset, TFOptimizer
+    from tests import digits
+    from tfnet import TFNet
+
+    x, y = digits.load()
+    df = digits.frame(spark, x, y)
+    opt = TFOptimizer(TFNet.from_keras(digits.cnn(10)), optim.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      optim.Adam(0.005), metrics=["accuracy"], model_dir=str(tmp_path / "off"))
+    opt.optimize(TFDataset.from_dataframe(df, "pixels", "label", feature_shapes={"pixels": (8, 8, 1)}), epochs=3,
+                 batch_size=32, num_workers=2, checkpoint_every=8, verbose=0)
+    assert opt.last_run["barrier"] is True and opt.global_step == res["step"]
+    on = np.load(tmp_path / "run-weights.npz")
+    for name, w in opt.net.get_weights().items():
+        np.testing.assert_array_equal(on[name], w, err_msg=name)
 
 
 def test_standalone_cluster_survives_a_killed_worker(cluster, tmp_path):
