@@ -22,8 +22,8 @@ and the capability; :meth:`DataAdapter.supports` says which, without calling any
 
 * numpy arrays: ``stage``, ``for_ranks``, ``hold_out`` (split on the driver);
 * a ``tf.data`` input: ``stage``, ``for_ranks``, ``evaluation`` (no rows to hold out, nothing to predict over Spark);
-* a DataFrame and an RDD: every capability, ``hold_out`` on the ranks;
-* Parquet files and a Delta table: all but ``predict_with``, ``hold_out`` on the ranks.
+* a DataFrame, an RDD, Parquet files and a Delta table: every capability, ``hold_out`` on the ranks (Parquet files
+  and a Delta table predict as a DataFrame of their files' rows: :mod:`optim.data.parquet_frame`).
 
 ``validation_split`` (:meth:`DataAdapter.hold_out`) is the base's: each rank holds out its own rows as it reads
 them (:attr:`DataAdapter.holds_out` ``"ranks"``); numpy arrays split on the driver instead, and a ``tf.data`` input
@@ -311,8 +311,10 @@ class DataAdapter:
         """This data staged for a distributed evaluation (a task per partition, no barrier)."""
         raise self.unsupported("evaluation")
 
-    def predict_with(self, predictor, batch_size: int):
-        """The net's outputs over Spark, through ``predictor`` (a :class:`~optim.TFPredictor`)."""
+    def predict_with(self, predictor, batch_size: int, output_cols=None):
+        """The net's outputs over Spark, through ``predictor`` (a :class:`~optim.TFPredictor`); ``output_cols`` names
+        the output columns where the result is a DataFrame (as ``TFPredictor.predict`` takes it; default: its
+        default)."""
         raise self.unsupported("predict_with")
 
     def to_local(self) -> DataAdapter:

@@ -201,6 +201,20 @@ class ColumnDataset(DataAdapter):
             check_label_types(self.label_kinds(), loss, net, where)
         return self
 
+    def predict_columns(self) -> str | list[str]:
+        """The column of each input, as ``TFPredictor.predict`` takes ``feature_cols`` (a name for one input).
+
+        Raises:
+            TypeError: an input stacked from scalar columns (prediction reads one column per input).
+        """
+        cols = []
+        for spec in self.features:
+            if len(spec.columns) != 1:
+                raise TypeError(f"predict() over {self.road} takes one column per input; {list(spec.columns)} is a "
+                                "stack of scalar columns: assemble it into an array column first.")
+            cols.append(spec.columns[0])
+        return cols if len(cols) > 1 else cols[0]
+
     def columns(self) -> list[str]:
         """Every column the ranks read: :meth:`data_columns`, then the weight column."""
         return self.data_columns() + [c for spec in self._weights() for c in spec.columns]

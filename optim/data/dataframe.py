@@ -166,16 +166,10 @@ class DataFrameDataset(ColumnDataset):
     def evaluation(self, host, partitions) -> Staged:
         return Staged(FrameRankData(self.shard_reader()), frame=self.df.select(*self.columns()))
 
-    def predict_with(self, predictor, batch_size: int):
+    def predict_with(self, predictor, batch_size: int, output_cols=None):
         """The DataFrame with the outputs added, lazily (one column per input: stacked scalar columns are
         refused)."""
-        cols = []
-        for spec in self.features:
-            if len(spec.columns) != 1:
-                raise TypeError(f"predict() over a DataFrame takes one column per input; {list(spec.columns)} is a "
-                                "stack of scalar columns: assemble it into an array column first.")
-            cols.append(spec.columns[0])
-        out = predictor.predict(self.df, feature_cols=cols if len(cols) > 1 else cols[0])
+        out = predictor.predict(self.df, feature_cols=self.predict_columns(), output_cols=output_cols)
         return out.drop(*self.vectors.values()) if self.vectors else out
 
 

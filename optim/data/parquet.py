@@ -16,6 +16,7 @@ shuffle window and the prefetched batches. Write Parquet with row groups of a fe
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -182,7 +183,7 @@ class ParquetDataset(ColumnDataset):
                    feature_shapes, *, storage_options, batch_size, augment, shuffle_buffer, prefetch,
                    stored: dict[str, FileColumn] | None = None, absent_as_null: bool = False) -> None:
         """Sets up the dataset (:meth:`from_files`, whose arguments these are)."""
-        self.path, self.storage_options = path, storage_options
+        self.path, self.storage_options, self.schema = path, storage_options, schema
         self.batch_size, self.augment = batch_size, augment
         self.shuffle_buffer, self.prefetch = int(shuffle_buffer), int(prefetch)
         self.set_columns(feature_cols, label_cols, feature_shapes)
@@ -299,7 +300,34 @@ class ParquetDataset(ColumnDataset):
         return self.shard(rank, size).batches(batch_size, epoch=epoch, seed=seed, shuffle=shuffle, skip=skip, rank=rank,
                                               size=size, drop_remainder=drop_remainder, steps=steps, training=training)
 
+    def every_column(self) -> ParquetDataset:
+        """The same files read whole: every column of :attr:`schema` (partition columns included) as a feature
+        column, each file's footer checked for them as for any column read (what ``predict`` keeps beside its
+        outputs)."""
+        return ParquetDataset.from_files(self.path, self.files, self.partition_values, self.schema,
+                                         list(self.schema.names), storage_options=self.storage_options,
+                                         stored=self.stored, absent_as_null=self.absent_as_null)
+
+    def read_share(self, rank: int, size: int) -> Iterator[pa.Table]:
+        """Rank side: rank ``rank`` of ``size``'s rows (:meth:`pieces`), one part of a row group at a time, in the
+        files' order, as Arrow tables of :meth:`columns` (no row numbers)."""
+        source = self._source(rank, size)
+        reader = source.open()
+        try:
+            for block in range(len(source.block_rows)):
+                yield reader.read(block).select(self.columns())
+        finally:
+            reader.close()
+
     # ------------------------------------------------------------ over Spark
+
+    def predict_with(self, predictor, batch_size: int, output_cols=None):
+        """The files' rows as a Spark DataFrame (:func:`optim.data.parquet_frame.as_frame`: every column of the
+        files, read by the executors as the ranks read them) with the outputs added, lazily, rows in the files'
+        order; one column per input (stacked scalar columns are refused)."""
+        from optim.data.parquet_frame import as_frame
+
+        return predictor.predict(as_frame(self), feature_cols=self.predict_columns(), output_cols=output_cols)
 
     def stage(self, host, n, per_rank, *, cleanup, validation=None, timeout_s=600.0) -> Staged:
         """Each rank reads its share of the files itself: the stage runs over a placeholder."""

@@ -24,7 +24,7 @@ from optim.errors import CorruptFileError, DataError
 from tfnet import storage
 from tfnet.errors import first_line
 
-__all__ = ["BatchCheck", "FileRows", "ParquetSource", "filesystem"]
+__all__ = ["BatchCheck", "FileRows", "ParquetSource", "filesystem", "read_partition"]
 
 #: What pyarrow says when a Parquet file's bytes are wrong (not when the storage under it failed).
 _CORRUPT = ("thrift", "corrupt", "magic bytes", "unexpected end", "decompress", "invalid", "page header",
@@ -162,6 +162,16 @@ class ParquetReader:
         if self._open is not None:
             self._open[1].close()
             self._open = None
+
+
+def read_partition(batches, data, size: int, schema: pa.Schema):
+    """A ``mapInArrow`` task over a placeholder partition (:func:`optim.data.parquet_frame.as_frame`): each row of
+    ``batches`` is a share's number ``r``; yields share ``r`` of ``size`` of ``data``'s rows
+    (:meth:`~optim.data.parquet.ParquetDataset.read_share`) as record batches of ``schema``."""
+    for batch in batches:
+        for share in batch.column(0).to_pylist():
+            for table in data.read_share(int(share), size):
+                yield from table.cast(schema).to_batches()
 
 
 def _looks_corrupt(exc: BaseException) -> bool:

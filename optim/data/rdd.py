@@ -18,6 +18,7 @@ from optim.data.arrays import ArrayDataset
 from optim.data.base import DataAdapter, Opened, RankData, RankEnv, Shipped, Staged
 from optim.data.decode import records_to_arrays
 from optim.data.values import check_label_types
+from optim.errors import ColumnError
 
 __all__ = ["RDDDataset", "RecordRankData", "RecordShard"]
 
@@ -77,8 +78,11 @@ class RDDDataset(DataAdapter):
     def evaluation(self, host, partitions) -> Staged:
         return Staged(RecordRankData(), records=host.records(self.rdd))
 
-    def predict_with(self, predictor, batch_size: int):
-        """An RDD of outputs, aligned with the records."""
+    def predict_with(self, predictor, batch_size: int, output_cols=None):
+        """An RDD of outputs, aligned with the records (no columns: ``output_cols`` is refused)."""
+        if output_cols is not None:
+            raise ColumnError(f"predict() over {self.road} returns an RDD of outputs, which has no columns; received "
+                              f"output_cols={output_cols!r}.")
         return predictor.predict(self.rdd.map(lambda record: record[0] if isinstance(record, tuple) else record))
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from optim.errors import BackendError, CalibrationError, ColumnError
+from optim.errors import BackendError, CalibrationError
 from optim.predict.backends import Payload, check_backend, import_openvino, make_payload
 from optim.predict.columns import ColumnSpec, input_columns, plan_columns
 from optim.predict.quantize import (
@@ -178,7 +178,8 @@ class TFPredictor:
     # ------------------------------------------------------------------ prediction
 
     def predict(self, data: Any, feature_cols: ColumnSpec = None, output_cols: ColumnSpec = None):
-        """Predicts on a Spark DataFrame, an RDD, or numpy arrays.
+        """Predicts on a Spark DataFrame, an RDD, a TFDataset over Spark (Parquet files, a Delta table, a DataFrame or
+        an RDD), or numpy arrays. Each kind of input has its road (:mod:`optim.predict.inputs`).
 
         Args:
             data: A DataFrame: returns it with the output columns added (lazily, like any
@@ -186,15 +187,23 @@ class TFPredictor:
                 each partition. An RDD of elements (an array for one input, a list in input
                 order or a dict by input name): returns an RDD with one array (one output) or
                 list of arrays per element, in order; with ``on_error="null"`` a bad element
-                gives None. Numpy arrays (one array, a list in input order or a dict by name):
-                runs here and returns what ``TFNet.forward`` would.
+                gives None. A TFDataset (``TFDataset.from_parquet``, ``from_delta``,
+                ``from_dataframe``, ``from_rdd``), its feature columns checked against the inputs
+                first: Parquet files or a Delta table (its version read) return a DataFrame of
+                every column of the files (partition columns included, in the files' order), read by
+                the executors of the active SparkSession (or a new one), with the output columns
+                added, lazily, as for a DataFrame; a DataFrame or RDD dataset returns what its
+                DataFrame or RDD would. Numpy arrays (one array, a list in input order or a dict by
+                name): runs here and returns what ``TFNet.forward`` would.
             feature_cols: DataFrames only: the column for each input, as a name, a list in input
                 order or a dict by input name. Array columns hold the input's per-row shape
                 (flat or nested); binary columns hold encoded images (JPEG, PNG, ...), decoded
                 and resized to the input's height and width in the workers; numeric columns feed
-                inputs with one value per row. Default: the columns named like the inputs.
-            output_cols: DataFrames only: new column names, one per output, each an array column
-                of the raw output. Default: ``"output"`` for one output, else the output names.
+                inputs with one value per row. Default: the columns named like the inputs. A
+                TFDataset names its own (its ``feature_cols``).
+            output_cols: DataFrames and TFDatasets that give DataFrames: new column names, one per
+                output, each an array column of the raw output. Default: ``"output"`` for one
+                output, else the output names.
                 Earlier versions named the one output ``"prediction"``; pass
                 ``output_cols="prediction"`` to keep that name. tfnet keeps ``prediction`` for
                 Spark ML's double (the class index or the value) that
@@ -202,26 +211,36 @@ class TFPredictor:
 
         Raises:
             ColumnError: a column that is missing or does not fit its input, an output column
-                that exists already, or columns given for an RDD or numpy input.
+                that exists already, columns given for an RDD or numpy input, or ``feature_cols``
+                given with a TFDataset.
             InputSpecError, InputTypeError: numpy inputs of the wrong shape or dtype.
+            DataError: Parquet files or a Delta table that cannot be read (when the dataset was made).
+            TypeError: a kind of input none of these, or a TFDataset that does not predict over Spark
+                (``from_ndarrays``, ``from_tf_data``: pass their arrays).
         """
-        from pyspark import RDD
-        from pyspark.sql import DataFrame
-
+        from optim.predict.inputs import road_for
         from optim.spark import typed_errors
 
         typed_errors.install()  # a bad row raises BadRowError from the user's own action on the result
-        if isinstance(data, DataFrame):
-            return self._predict_dataframe(data, feature_cols, output_cols)
-        if feature_cols is not None or output_cols is not None:
-            raise ColumnError(
-                f"feature_cols and output_cols apply to DataFrames; received a {type(data).__name__}. "
-                "Pass RDD elements and numpy inputs in input order, or as a dict by input name."
-            )
-        if isinstance(data, RDD):
-            job = self._job(data.context, None)
-            return data.mapPartitionsWithIndex(functools.partial(predict_rdd_partition, job=job))
-        return self._predict_local(data)
+        road = road_for(data)
+        road.check_columns(data, feature_cols, output_cols)
+        return road.run(self, data, feature_cols, output_cols)
+
+    def predict_frame(self, df, feature_cols: ColumnSpec = None, output_cols: ColumnSpec = None):
+        """The DataFrame road of :meth:`predict` (internal interface, for :mod:`optim.predict.inputs`)."""
+        from optim.data.vectors import vectors_as_arrays
+
+        # Spark ML Vector columns are read through hidden array columns, dropped from the result
+        df, vectors = vectors_as_arrays(df, input_columns(self._snapshot.inputs, feature_cols))
+        if vectors:
+            feature_cols = [vectors.get(c, c) for c in input_columns(self._snapshot.inputs, feature_cols)]
+        out = self._predict_arrays(df, feature_cols, output_cols)
+        return out.drop(*vectors.values()) if vectors else out
+
+    def predict_records(self, rdd):
+        """The RDD road of :meth:`predict` (internal interface, for :mod:`optim.predict.inputs`)."""
+        job = self._job(rdd.context, None)
+        return rdd.mapPartitionsWithIndex(functools.partial(predict_rdd_partition, job=job))
 
     def _job(self, sc, plan) -> WorkerJob:
         """Broadcasts the model on first use with this SparkContext, then reuses the broadcast."""
@@ -232,16 +251,6 @@ class TFPredictor:
             self._spark = (sc, sc.broadcast(payload), sc.accumulator({}, StatsParam()), payload.model_id)
         _, broadcast, stats, model_id = self._spark
         return WorkerJob(model_id, broadcast, plan, self.batch_per_thread, self.on_error, stats)
-
-    def _predict_dataframe(self, df, feature_cols, output_cols):
-        from optim.data.vectors import vectors_as_arrays
-
-        # Spark ML Vector columns are read through hidden array columns, dropped from the result
-        df, vectors = vectors_as_arrays(df, input_columns(self._snapshot.inputs, feature_cols))
-        if vectors:
-            feature_cols = [vectors.get(c, c) for c in input_columns(self._snapshot.inputs, feature_cols)]
-        out = self._predict_arrays(df, feature_cols, output_cols)
-        return out.drop(*vectors.values()) if vectors else out
 
     def _predict_arrays(self, df, feature_cols, output_cols):
         """The model runs in an Arrow UDF over the feature columns alone, so the other columns stay in Spark
@@ -284,13 +293,11 @@ class TFPredictor:
                 "from a classic SparkSession, which broadcasts the model.")
         return WorkerJob(payload.model_id, payload, plan, self.batch_per_thread, self.on_error, None)
 
-    def _predict_local(self, data):
-        import tensorflow as tf
-
+    def predict_local(self, data):
+        """The numpy road of :meth:`predict` (internal interface, for :mod:`optim.predict.inputs`)."""
         from tfnet.inputs import arrange, batch_size_of, convert
 
-        specs = [tf.TensorSpec(None if t.row_shape is None else [None, *t.row_shape], tf.as_dtype(t.dtype))
-                 for t in self._snapshot.inputs]
+        specs = self._snapshot.input_specs()
         values = arrange(data, self.input_names)
         tensors = [convert(v, s, t.name) for v, s, t in zip(values, specs, self._snapshot.inputs)]
         n = batch_size_of(tensors) or 1

@@ -112,6 +112,14 @@ class ModelSnapshot:
     def output_names(self) -> list[str]:
         return [t.name for t in self.outputs]
 
+    def input_specs(self) -> list:
+        """The inputs as ``tf.TensorSpec``s with the batch dimension first (``None`` for an unknown rank), as
+        ``TFNet.input_specs`` gives them."""
+        import tensorflow as tf
+
+        return [tf.TensorSpec(None if t.row_shape is None else [None, *t.row_shape], tf.as_dtype(t.dtype))
+                for t in self.inputs]
+
     def graph_def(self) -> graph_pb2.GraphDef:
         graph_def = graph_pb2.GraphDef()
         graph_def.ParseFromString(self.graph)

@@ -35,8 +35,8 @@ SUPPORTED = {
     TFDataDataset: {"stage", "for_ranks", "evaluation"},
     DataFrameDataset: set(CAPABILITIES),
     RDDDataset: set(CAPABILITIES),
-    ParquetDataset: set(CAPABILITIES) - {"predict_with"},
-    DeltaDataset: set(CAPABILITIES) - {"predict_with"},
+    ParquetDataset: set(CAPABILITIES),
+    DeltaDataset: set(CAPABILITIES),
 }
 
 

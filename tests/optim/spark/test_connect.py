@@ -156,6 +156,29 @@ def test_predictor_over_connect_equals_forward(connect):
     assert not touches, touches[0]
 
 
+def test_parquet_files_predict_over_connect(connect, tmp_path):
+    """TFPredictor over Parquet files (written by pyarrow) from a Connect client: the Connect session's executors read
+    them, rows in the files' order, outputs equal to forward."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    session, touches = connect
+    x, _ = digits.load()
+    net = cnn_net(seed=2)
+    path = tmp_path / "digits.parquet"
+    pq.write_table(pa.table({"id": np.arange(120), "image": pa.array(x[:120].reshape(120, -1).astype(np.float32).tolist(),
+                                                                      pa.list_(pa.float32()))}), path, row_group_size=25)
+    data = TFDataset.from_parquet(str(path), "image", feature_shapes={"image": x.shape[1:]})
+    out = TFPredictor(net, batch_per_thread=32).predict(data)
+    from optim.spark.connect import is_connect
+
+    assert is_connect(out) and out.columns == ["id", "image", "output"]
+    rows = out.toPandas()
+    assert rows["id"].tolist() == list(range(120))
+    np.testing.assert_allclose(np.stack(rows["output"].to_numpy()), net.forward(x[:120]), rtol=1e-5, atol=1e-5)
+    assert not touches, touches[0]
+
+
 def test_spark_ml_estimator_fits_from_connect(connect):
     """TFNetEstimator.fit over a Connect DataFrame (a barrier stage from the client), its model's
     outputs equal to the fitted net's forward, and Spark ML's evaluator over its prediction column."""
