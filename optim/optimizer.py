@@ -19,7 +19,7 @@ from optim.callbacks import Callback, run_info
 from optim.data import as_dataset, in_input_order, resolve_batch_size
 from optim.data.holdout import HoldOut, check_split
 from optim.logs import console_error
-from optim.protocol import RunResult, TrainSpec
+from optim.protocol import RunResult, RunSummary, TrainSpec
 from optim.sync import check_sync
 from optim.training.callbacks import callback_list, check_callbacks, shippable_callbacks
 from optim.training.checkpoint import new_run_id, resolve_resume
@@ -349,9 +349,11 @@ class TFOptimizer:
         result = train(self.net, spec.loss, spec.method, spec.metrics, dataset, config, reporter=reporter,
                        validation_data=val, initial_state=spec.state, start_step=spec.start_step,
                        lr_source=spec.lr_source, initial_exchange_state=spec.exchange_state)
-        result.run = {"num_workers": 1, "attempts": 1, "failures": [], "run_id": config.run_id,
-                      "startup_s": (recorder.first_step_at - recorder.started) if recorder.first_step_at else None,
-                      "step_times": recorder.step_times, "allreduce_seconds": recorder.allreduce_seconds}
+        result.run = RunSummary(
+            num_workers=1, failures=[], run_id=config.run_id,
+            startup_s=(recorder.first_step_at - recorder.started) if recorder.first_step_at else None,
+            step_times=recorder.step_times, allreduce_seconds=recorder.allreduce_seconds,
+            start_step=result.start_step, resumed_from=result.resumed_from).to_dict()
         return self._finish(result)
 
     def _finish(self, result: RunResult) -> dict[str, list]:

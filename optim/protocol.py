@@ -16,6 +16,7 @@ points by name (:func:`entry`), as a plugin's entry point is named.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 from dataclasses import dataclass, field
@@ -24,8 +25,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["EVALUATE_ENTRY", "RESULT_FORMAT", "RESULT_SCHEMA", "STATES_SCHEMA", "TRAIN_ENTRY", "Channels", "EvalJob",
-           "Limits", "RankJob", "RunResult", "TrainSpec", "entry", "pack_result", "unpack_result"]
+__all__ = ["EVALUATE_ENTRY", "RESULT_FORMAT", "RESULT_SCHEMA", "STATES_SCHEMA", "TRAIN_ENTRY", "AttemptReport", "Channels",
+           "ClusterRun", "EvalJob", "Limits", "RankJob", "RunResult", "RunSummary", "TrainSpec", "entry", "pack_result",
+           "unpack_result"]
 
 #: The function every task of the training stage runs: ``(job: RankJob, rows) -> iterator of result records``.
 TRAIN_ENTRY = "optim.spark.worker.task:run_task"
@@ -139,8 +141,8 @@ class RunResult:
     """One ``optimize()`` run's outcome, local or distributed: the history, the global step, the optimiser state
     (its leaves) and the server method's, the step the run started from and the checkpoint it resumed, whether it
     stopped early at an epoch boundary (elastic training), and, from a distributed run, rank 0's final weights
-    (None: trained in place), the rows per rank and the steps per epoch. ``run``: what the run measured
-    (attempts, start-up, step times; the launcher's or the local loop's summary). ``start_sha256``: a run that
+    (None: trained in place), the rows per rank and the steps per epoch. ``run``: what the run measured, as
+    ``last_run`` shows it (:meth:`RunSummary.to_dict`; rank 0's payload carries only its attempt). ``start_sha256``: a run that
     resumed from a checkpoint, the SHA-256 of the state it started from
     (:func:`optim.training.restore.state_digest`), to check against the checkpoint's; ``skipped_checkpoints``: why
     it passed over newer checkpoints (corrupt or truncated files, each named)."""
@@ -162,6 +164,88 @@ class RunResult:
     def last_run(self) -> dict:
         """``TFOptimizer.last_run``: what the run measured, with the step it started from and what it resumed."""
         return {**self.run, "start_step": self.start_step, "resumed_from": self.resumed_from}
+
+
+@dataclass
+class AttemptReport:
+    """What rank 0 reported of one attempt of a distributed run (an entry of ``last_run["attempt_log"]`` holds it,
+    and ``last_run`` the last one's): the step it started from and the checkpoint it resumed, the rows per rank
+    (None where the data does not count rows), the steps per epoch, whether it stopped at an epoch boundary, the
+    step it ended at, the SHA-256 of the state it started from and the newer checkpoints it passed over."""
+
+    start_step: int = 0
+    resumed_from: str | None = None
+    rows: list | None = None
+    steps_per_epoch: int | None = None
+    stopped: bool = False
+    end_step: int = 0
+    start_sha256: str | None = None
+    skipped_checkpoints: list = field(default_factory=list)
+
+    @classmethod
+    def of(cls, result: RunResult, counts_rows: bool) -> AttemptReport:
+        """Rank 0's report in ``result`` (``counts_rows``: whether the data's row counts mean rows)."""
+        return cls(result.start_step, result.resumed_from, result.rows if counts_rows else None,
+                   result.steps_per_epoch, result.stopped, result.step, result.start_sha256,
+                   result.skipped_checkpoints)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class ClusterRun:
+    """What only a distributed run measures: its wall time, the progress clients refused, the last attempt's
+    :class:`AttemptReport`, every attempt's log entry, when it started (``time.time()``), the kind of session
+    (``"classic"``, ``"connect"``), barrier mode, the states it went through, the ranks from each step on, and how
+    the net went out and rank 0's result came back (``net_via``, ``result_via``, ``result_pieces``)."""
+
+    wall_s: float
+    refused_progress_clients: int
+    last_attempt: AttemptReport
+    attempt_log: list[dict]
+    started_at: float
+    mode: str
+    barrier: bool
+    states: list[str]
+    membership: list[dict]
+    roads: dict = field(default_factory=dict)
+
+
+@dataclass
+class RunSummary:
+    """What one ``optimize()`` run measured: ``TFOptimizer.last_run`` is its :meth:`to_dict`, built here alone.
+
+    Every run has ``num_workers``, ``attempts`` (the failures plus one), ``failures`` (one line each), ``run_id``,
+    ``startup_s`` (to the first step; None: no step), ``step_times``, ``allreduce_seconds``, ``start_step`` and
+    ``resumed_from``; a distributed run adds ``wall_s``, ``refused_progress_clients``, its last attempt's report
+    (``rows``, ``steps_per_epoch``, ``stopped``, ``end_step``, ``start_sha256``, ``skipped_checkpoints``:
+    :class:`AttemptReport`), ``attempt_log``, ``started_at``, ``mode``, ``barrier``, ``states``, ``membership``,
+    ``net_via``, ``result_via`` and ``result_pieces`` (:class:`ClusterRun`)."""
+
+    num_workers: int
+    failures: list[str]
+    run_id: str | None
+    startup_s: float | None
+    step_times: list
+    allreduce_seconds: list
+    start_step: int = 0
+    resumed_from: str | None = None
+    cluster: ClusterRun | None = None
+
+    def to_dict(self) -> dict:
+        """``last_run``: the keys above, in this order."""
+        head = {"num_workers": self.num_workers, "attempts": len(self.failures) + 1, "failures": self.failures}
+        where = {"start_step": self.start_step, "resumed_from": self.resumed_from}
+        c = self.cluster
+        if c is None:
+            return {**head, "run_id": self.run_id, "startup_s": self.startup_s, "step_times": self.step_times,
+                    "allreduce_seconds": self.allreduce_seconds, **where}
+        return {**head, "startup_s": self.startup_s, "wall_s": c.wall_s, "step_times": self.step_times,
+                "allreduce_seconds": self.allreduce_seconds, "refused_progress_clients": c.refused_progress_clients,
+                **c.last_attempt.to_dict(), **where, "attempt_log": c.attempt_log, "run_id": self.run_id,
+                "started_at": c.started_at, "mode": c.mode, "barrier": c.barrier, "states": c.states,
+                "membership": c.membership, **c.roads}
 
 
 def pack_result(weights: dict[str, np.ndarray], result: RunResult, plan: dict) -> bytes:

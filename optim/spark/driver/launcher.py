@@ -26,7 +26,16 @@ import warnings
 
 from optim.errors import CheckpointWarning, DistributedTrainingError
 from optim.logs import user_stacklevel
-from optim.protocol import RESULT_SCHEMA, TRAIN_ENTRY, RunResult, entry, unpack_result
+from optim.protocol import (
+    RESULT_SCHEMA,
+    TRAIN_ENTRY,
+    AttemptReport,
+    ClusterRun,
+    RunResult,
+    RunSummary,
+    entry,
+    unpack_result,
+)
 from optim.spark.conf import seconds_setting
 from optim.spark.connect import is_connect
 from optim.spark.driver.backends.base import Backend
@@ -34,7 +43,7 @@ from optim.spark.driver.backends.classic import ClassicBackend
 from optim.spark.driver.backends.connect import ConnectBackend
 from optim.spark.driver.elastic import ElasticPolicy, membership
 from optim.spark.driver.notice import DecommissionNotice
-from optim.spark.driver.results import print_history, read_result, run_summary
+from optim.spark.driver.results import print_history, read_result, step_times
 from optim.spark.driver.retry import RetryPolicy, one_line
 from optim.spark.driver.stage import (
     Cleanup,
@@ -158,13 +167,14 @@ class _DistributedRun:
         self.notice: DecommissionNotice | None = None  # a classic session that sees decommission notices
         self.ranks = 0  # the ranks of the last attempt that finished
         self.roads: dict = {}  # how the net went out and rank 0's result came back (last_run's net_via, result_via)
+        self.report = AttemptReport()  # what rank 0 reported of the last attempt that finished
         self.grow_check_s = GROW_CHECK_S
         self.slot_check_s = SLOT_CHECK_S
         self.t_call = time.monotonic()
 
     def __call__(self, dataset, config: TrainConfig, validation, num_workers: int | None, min_workers: int | None,
                  elastic_wait: float) -> RunResult:
-        t_call = self.t_call = time.monotonic()
+        self.t_call = time.monotonic()
         self.grow_check_s = seconds_setting(self.backend.spark, GROW_CHECK_KEY, GROW_CHECK_S)
         self.slot_check_s = seconds_setting(self.backend.spark, SLOT_CHECK_KEY, SLOT_CHECK_S)
         started_at = time.time()  # attempt_log's started_s, ended_s and first_step_s count from here
@@ -214,11 +224,18 @@ class _DistributedRun:
         result = state.result
         if self.verbose and not self.sink.events:  # no progress reached here while the stage ran
             print_history(result)
-        result.run = {**run_summary(self.sink, n, self.failures, t_call), **result.run, "attempt_log": self.attempts,
-                      "run_id": config.run_id, "started_at": started_at, "mode": self.backend.mode,
-                      "barrier": not self.backend.gang, "states": self.states,
-                      "membership": membership(self.members), "num_workers": self.ranks, **self.roads}
+        result.run = self.summary(result, config.run_id, started_at).to_dict()
         return result
+
+    def summary(self, result: RunResult, run_id: str, started_at: float) -> RunSummary:
+        """The run's summary (``last_run``), from the last attempt's ``result`` and what this call saw."""
+        cluster = ClusterRun(wall_s=time.monotonic() - self.t_call, refused_progress_clients=self.sink.refused,
+                             last_attempt=self.report, attempt_log=self.attempts, started_at=started_at,
+                             mode=self.backend.mode, barrier=not self.backend.gang, states=self.states,
+                             membership=membership(self.members), roads=self.roads)
+        return RunSummary(num_workers=self.ranks, failures=self.failures, run_id=run_id,
+                          **step_times(self.sink, self.t_call), start_step=result.start_step,
+                          resumed_from=result.resumed_from, cluster=cluster)
 
     # ---- the states
 
@@ -264,8 +281,9 @@ class _DistributedRun:
             _tell(f"Training stage attempt {state.failed + 1} failed ({one_line(str(decision.error))}); retrying "
                   f"{_RETRY_FROM[bool(stage.config.model_dir)]}.")
             return Retrying(stage, attempt, state.failed + 1, decision.error)
+        self.report = AttemptReport.of(result, stage.staged.rank_data.counts_rows)
         self.attempts.append({"attempt": attempt, "ok": True, "ranks": stage.n, "started_s": started,
-                              "ended_s": self.clock(), **result.run})
+                              "ended_s": self.clock(), **self.report.to_dict()})
         for why in result.skipped_checkpoints:  # rank 0 passed over a newer checkpoint: say so here, once
             message = (f"Attempt {attempt + 1} resumed from {result.resumed_from or 'the start'}, passing over a newer "
                        f"checkpoint: {why}")
@@ -377,13 +395,7 @@ class _DistributedRun:
         self.roads = {"net_via": "file" if isinstance(net, str) else "plan" if isinstance(net, bytes) else "broadcast",
                       "result_via": "file" if any(isinstance(r, str) for r in records) else "rows",
                       "result_pieces": len(records)}
-        result = unpack_result(read_result(records, stage.config.storage_options))
-        counts_rows = stage.staged.rank_data.counts_rows
-        result.run = {"start_step": result.start_step, "resumed_from": result.resumed_from,
-                      "rows": result.rows if counts_rows else None, "steps_per_epoch": result.steps_per_epoch,
-                      "stopped": result.stopped, "end_step": result.step, "start_sha256": result.start_sha256,
-                      "skipped_checkpoints": result.skipped_checkpoints}
-        return result
+        return unpack_result(read_result(records, stage.config.storage_options))
 
     def watch(self, stage: Stage, stuck):
         """What the driver checks while the stage runs: a stuck rank (``stuck``), task slots lost under the stage
