@@ -20,10 +20,19 @@ import dataclasses
 import importlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+
+if TYPE_CHECKING:  # the types only: importing them would load TensorFlow and Spark here
+    from pyspark.broadcast import Broadcast
+
+    from optim.losses import Loss
+    from optim.methods import Method
+    from optim.metrics import Metric
+    from optim.transforms import GradientTransformation
+    from tfnet import TFNet
 
 __all__ = ["EVALUATE_ENTRY", "RESULT_FORMAT", "RESULT_SCHEMA", "STATES_SCHEMA", "TRAIN_ENTRY", "AttemptReport", "Channels",
            "ClusterRun", "EvalJob", "Limits", "RankJob", "RunResult", "RunSummary", "TrainSpec", "entry", "pack_result",
@@ -54,15 +63,17 @@ class TrainSpec:
     (the optimiser's, the server method's, the step) and what gives the logged learning rate. ``outputs``: the
     net's output names and specs, for the checks of labels on the ranks."""
 
-    net: Any
+    net: TFNet | bytes | str | Broadcast
     hooks: bytes | None
-    loss: Any
-    method: Any
-    metrics: list
+    loss: Loss
+    method: Method | GradientTransformation
+    metrics: list[Metric]
+    #: an :class:`optim.training.config.TrainConfig` (a layer above this one: not imported here)
     config: Any
-    state: list | None = None
+    state: list[np.ndarray] | None = None
     start_step: int = 0
-    exchange_state: list | None = None
+    exchange_state: list[np.ndarray] | None = None
+    #: what has ``learning_rate_at(step)`` (a :class:`~optim.methods.Method`), or None: the method
     lr_source: Any = None
     outputs: tuple = ((), ())
 
@@ -113,7 +124,8 @@ class RankJob:
     """Everything a rank of one attempt needs (picklable): see the module."""
 
     train: TrainSpec
-    data: Any  # optim.data.base.RankData
+    #: an :class:`optim.data.base.RankData` (a layer above this one: not imported here)
+    data: Any
     channels: Channels
     limits: Limits
     size: int
@@ -127,10 +139,11 @@ class EvalJob:
     under Spark Connect) and its hooks, the loss, the metrics, the batch size and the data's
     :class:`~optim.data.base.RankData`."""
 
-    net: Any
-    loss: Any
-    metrics: list
+    net: bytes | Broadcast
+    loss: Loss
+    metrics: list[Metric]
     batch_size: int
+    #: an :class:`optim.data.base.RankData` (a layer above this one: not imported here)
     data: Any
     hooks: bytes | None = None
     size: int = 1  # the tasks of a job over a placeholder (each reads its share of ``size``)
@@ -147,19 +160,19 @@ class RunResult:
     (:func:`optim.training.restore.state_digest`), to check against the checkpoint's; ``skipped_checkpoints``: why
     it passed over newer checkpoints (corrupt or truncated files, each named)."""
 
-    history: dict
+    history: dict[str, list]
     step: int
-    state: list
+    state: list[np.ndarray]
     start_step: int = 0
     resumed_from: str | None = None
-    exchange_state: tuple = ()
+    exchange_state: tuple[np.ndarray, ...] = ()
     stopped: bool = False
-    weights: dict | None = None
-    rows: list | None = None
+    weights: dict[str, np.ndarray] | None = None
+    rows: list[int] | None = None
     steps_per_epoch: int | None = None
     run: dict = field(default_factory=dict)
     start_sha256: str | None = None
-    skipped_checkpoints: list = field(default_factory=list)
+    skipped_checkpoints: list[str] = field(default_factory=list)
 
     def last_run(self) -> dict:
         """``TFOptimizer.last_run``: what the run measured, with the step it started from and what it resumed."""
