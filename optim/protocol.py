@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # the types only: importing them would load TensorFlow and Sp
     from tfnet import TFNet
 
 __all__ = ["EVALUATE_ENTRY", "RESULT_FORMAT", "RESULT_SCHEMA", "STATES_SCHEMA", "TRAIN_ENTRY", "AttemptReport", "Channels",
-           "ClusterRun", "EvalJob", "Limits", "RankJob", "RunResult", "RunSummary", "TrainSpec", "entry", "pack_result",
+           "ClusterRun", "EvalJob", "Limits", "NetOutputs", "RankJob", "RunResult", "RunSummary", "TrainSpec", "entry", "pack_result",
            "unpack_result"]
 
 #: The function every task of the training stage runs: ``(job: RankJob, rows) -> iterator of result records``.
@@ -56,12 +56,27 @@ def entry(name: str):
     return getattr(importlib.import_module(module), function)
 
 
+@dataclass(frozen=True)
+class NetOutputs:
+    r"""What the ranks' label checks read of the net (:func:`optim.data.values.check_labels`): its output names and
+    their specs (each a ``tf.TensorSpec``), without the net itself."""
+
+    output_names: tuple = ()
+    output_specs: tuple = ()
+
+    @classmethod
+    def of(cls, net) -> NetOutputs:
+        """``net``'s output names and specs."""
+        return cls(tuple(net.output_names), tuple(net.output_specs))
+
+
 @dataclass
 class TrainSpec:
     """What to train and how: the net (its bytes, a path in the exchange folder, or a broadcast) and its hooks,
     the loss, the method and the metrics, the ranks' config (``batch_size`` per rank), the state to go on from
     (the optimiser's, the server method's, the step) and what gives the logged learning rate. ``outputs``: the
-    net's output names and specs, for the checks of labels on the ranks."""
+    net's output names and specs, for the checks of labels on the ranks. The driver's spec holds the net itself;
+    the ranks' (:meth:`for_ranks`), the net as shipped."""
 
     net: TFNet | bytes | str | Broadcast
     hooks: bytes | None
@@ -75,7 +90,12 @@ class TrainSpec:
     exchange_state: list[np.ndarray] | None = None
     #: what has ``learning_rate_at(step)`` (a :class:`~optim.methods.Method`), or None: the method
     lr_source: Any = None
-    outputs: tuple = ((), ())
+    outputs: NetOutputs = field(default_factory=NetOutputs)
+
+    def for_ranks(self, net: bytes | str | Broadcast, hooks: bytes | None, config: Any) -> TrainSpec:
+        """This spec as the ranks get it: ``net`` shipped (its bytes, a path or a broadcast), its ``hooks``, and
+        the ranks' ``config`` (the per-rank batch)."""
+        return dataclasses.replace(self, net=net, hooks=hooks, config=config)
 
 
 @dataclass

@@ -16,7 +16,6 @@ The ranks run :data:`optim.protocol.TRAIN_ENTRY`, named, never imported here.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import math
@@ -33,6 +32,7 @@ from optim.protocol import (
     ClusterRun,
     RunResult,
     RunSummary,
+    TrainSpec,
     entry,
     unpack_result,
 )
@@ -109,13 +109,14 @@ def backend_for(spark) -> Backend:
     return ConnectBackend(spark) if is_connect(spark) else ClassicBackend(spark)
 
 
-def optimize_distributed(opt, dataset, config: TrainConfig, validation, *,
+def optimize_distributed(spec: TrainSpec, dataset, validation, *,
                          num_workers: int | None = None, min_workers: int | None = None, verbose: int = 1,
                          max_retries: int = 2, timeout: float = 300.0, startup_timeout: float = 600.0,
                          slot_wait: float = 30.0, elastic_wait: float = 60.0,
                          steps_per_epoch: int | None = None, reporters=()) -> RunResult:
-    """Trains ``opt.net`` on ``num_workers`` Horovod ranks in one Spark barrier stage, in the session
-    the data belongs to (or the active one), classic or Spark Connect.
+    """Trains ``spec.net`` as ``spec`` says (:meth:`TFOptimizer.train_spec <optim.TFOptimizer.train_spec>`) on
+    ``num_workers`` Horovod ranks in one Spark barrier stage, in the session the data belongs to (or the active
+    one), classic or Spark Connect.
 
     Args:
         num_workers: Ranks. Default: Spark's default parallelism (under Spark Connect, the ``N`` of a
@@ -143,19 +144,19 @@ def optimize_distributed(opt, dataset, config: TrainConfig, validation, *,
             Default: none.
     """
     backend = backend_for(dataset.session() or get_spark())
-    run = _DistributedRun(opt, backend, RetryPolicy(max_retries), verbose=verbose, timeout=timeout,
+    run = _DistributedRun(spec, backend, RetryPolicy(max_retries), verbose=verbose, timeout=timeout,
                           startup_timeout=startup_timeout, slot_wait=slot_wait, steps_per_epoch=steps_per_epoch,
                           reporters=reporters)
     with backend.quiet(verbose), small_arrow_batches(backend.spark, dataset.arrow_batch_rows):
-        return run(dataset, config, validation, num_workers, min_workers, elastic_wait)
+        return run(dataset, validation, num_workers, min_workers, elastic_wait)
 
 
 class _DistributedRun:
     """One distributed ``optimize()`` call: its settings, its states, and what it does in each."""
 
-    def __init__(self, opt, backend: Backend, policy: RetryPolicy, *, verbose: int, timeout: float,
+    def __init__(self, spec: TrainSpec, backend: Backend, policy: RetryPolicy, *, verbose: int, timeout: float,
                  startup_timeout: float, slot_wait: float, steps_per_epoch: int | None, reporters=()):
-        self.opt, self.backend, self.policy = opt, backend, policy
+        self.spec, self.backend, self.policy = spec, backend, policy  # spec: the driver's (the net itself)
         self.reporters = list(reporters)  # more reporters of the progress that reaches this process (tfnet's callbacks)
         self.verbose, self.timeout, self.startup_timeout = verbose, timeout, startup_timeout
         self.slot_wait, self.steps_per_epoch = slot_wait, steps_per_epoch
@@ -172,14 +173,14 @@ class _DistributedRun:
         self.slot_check_s = SLOT_CHECK_S
         self.t_call = time.monotonic()
 
-    def __call__(self, dataset, config: TrainConfig, validation, num_workers: int | None, min_workers: int | None,
+    def __call__(self, dataset, validation, num_workers: int | None, min_workers: int | None,
                  elastic_wait: float) -> RunResult:
         self.t_call = time.monotonic()
         self.grow_check_s = seconds_setting(self.backend.spark, GROW_CHECK_KEY, GROW_CHECK_S)
         self.slot_check_s = seconds_setting(self.backend.spark, SLOT_CHECK_KEY, SLOT_CHECK_S)
         started_at = time.time()  # attempt_log's started_s, ended_s and first_step_s count from here
-        config = copy.copy(config)
-        config.run_id = config.run_id or new_run_id()
+        config = dataclasses.replace(self.spec.config, run_id=self.spec.config.run_id or new_run_id())
+        self.spec = dataclasses.replace(self.spec, config=config)
         n = self.backend.ranks(num_workers)
         self.elastic = ElasticPolicy(n, n if min_workers is None else min_workers, elastic_wait)
         if self.elastic.elastic and not config.model_dir:
@@ -366,10 +367,10 @@ class _DistributedRun:
         per_rank = per_rank_batch(dataset, config, n)
         staged = dataset.stage(self.backend, n, per_rank, cleanup=self.cleanup, validation=validation,
                                timeout_s=self.startup_timeout)
-        opt = self.opt
-        carried = carried_bytes(dataset, validation, (opt.state or []) + list(opt.exchange_state))
-        net, exchange = self.backend.ship_net(opt, config, net_to_bytes(opt.net), carried, self.cleanup)
-        return Stage(n, staged, net, shipped_hooks(opt.net), worker_config(config, per_rank), exchange=exchange,
+        spec = self.spec
+        carried = carried_bytes(dataset, validation, (spec.state or []) + list(spec.exchange_state or []))
+        net, exchange = self.backend.ship_net(spec, net_to_bytes(spec.net), carried, self.cleanup)
+        return Stage(n, staged, net, shipped_hooks(spec.net), worker_config(config, per_rank), exchange=exchange,
                      **self.backend.stage_defaults())
 
     def run_stage(self, stage: Stage, attempt: int) -> RunResult:
@@ -378,7 +379,7 @@ class _DistributedRun:
         with self.backend.attempt(self.secret, stage.n, attempt, self.sink, stage.config,
                                   self.startup_timeout) as channels:
             control = self.control if stage.n < self.elastic.num_workers else None
-            job = rank_job(self.opt, stage, attempt,
+            job = rank_job(self.spec, stage, attempt,
                            dataclasses.replace(channels.channels, exchange=stage.exchange, control=control,
                                                notice=self.notice and self.notice.path),
                            timeout=self.timeout, startup_timeout=self.startup_timeout,
