@@ -19,7 +19,7 @@ from optim.callbacks import Callback, run_info
 from optim.data import as_dataset, in_input_order, resolve_batch_size
 from optim.data.holdout import HoldOut, check_split
 from optim.logs import console_error
-from optim.protocol import RunResult, TrainSpec
+from optim.protocol import NetOutputs, RunResult, RunSummary, TrainSpec
 from optim.sync import check_sync
 from optim.training.callbacks import callback_list, check_callbacks, shippable_callbacks
 from optim.training.checkpoint import new_run_id, resolve_resume
@@ -29,7 +29,6 @@ from optim.training.evaluation import evaluate, metrics_copy
 from optim.training.history import History
 from optim.training.interrupts import Interruptible
 from optim.training.keras_callbacks import plan_keras_callbacks
-from optim.training.loop import train
 from optim.training.reporting import (
     MultiReporter,
     ProgressBar,
@@ -38,6 +37,7 @@ from optim.training.reporting import (
     TensorBoardWriter,
     check_verbose,
 )
+from optim.training.spec import train
 from optim.transforms import assign_groups, partition
 from tfnet import TFNet, storage
 from tfnet.errors import TFNetError
@@ -335,8 +335,8 @@ class TFOptimizer:
         from optim.spark.driver.launcher import optimize_distributed
 
         try:
-            result = optimize_distributed(self, dataset, config, val, num_workers=num_workers, verbose=verbose,
-                                          reporters=list(reporters), **options)
+            result = optimize_distributed(self.train_spec(config), dataset, val, num_workers=num_workers,
+                                          verbose=verbose, reporters=list(reporters), **options)
         except TFNetError as err:  # a rank's typed error: short on the console (its traces are attributes)
             raise console_error(err)  # noqa: B904 (its cause is kept as err.spark_error)
         return self._finish(result)
@@ -345,13 +345,12 @@ class TFOptimizer:
         """In this process, with the same loop every rank runs."""
         recorder = StepRecorder()
         reporter = MultiReporter([self._reporter(verbose, config), recorder, *reporters])
-        spec = self.train_spec(config)
-        result = train(self.net, spec.loss, spec.method, spec.metrics, dataset, config, reporter=reporter,
-                       validation_data=val, initial_state=spec.state, start_step=spec.start_step,
-                       lr_source=spec.lr_source, initial_exchange_state=spec.exchange_state)
-        result.run = {"num_workers": 1, "attempts": 1, "failures": [], "run_id": config.run_id,
-                      "startup_s": (recorder.first_step_at - recorder.started) if recorder.first_step_at else None,
-                      "step_times": recorder.step_times, "allreduce_seconds": recorder.allreduce_seconds}
+        result = train(self.net, self.train_spec(config), dataset, reporter=reporter, validation_data=val)
+        result.run = RunSummary(
+            num_workers=1, failures=[], run_id=config.run_id,
+            startup_s=(recorder.first_step_at - recorder.started) if recorder.first_step_at else None,
+            step_times=recorder.step_times, allreduce_seconds=recorder.allreduce_seconds,
+            start_step=result.start_step, resumed_from=result.resumed_from).to_dict()
         return self._finish(result)
 
     def _finish(self, result: RunResult) -> dict[str, list]:
@@ -364,13 +363,13 @@ class TFOptimizer:
         self.last_run = result.last_run()
         return result.history
 
-    def train_spec(self, config: TrainConfig, net=None, hooks: bytes | None = None) -> TrainSpec:
-        """What to train and how (:class:`~optim.protocol.TrainSpec`), for this process or for the ranks:
-        ``net`` as the ranks get it (default: this optimiser's net) and its ``hooks``."""
-        return TrainSpec(net=self.net if net is None else net, hooks=hooks, loss=self.loss, method=self.method,
+    def train_spec(self, config: TrainConfig) -> TrainSpec:
+        """What to train and how (:class:`~optim.protocol.TrainSpec`): this optimiser's net, loss, method, metrics,
+        state and step, with ``config``; the launcher ships it to the ranks (:meth:`TrainSpec.for_ranks`)."""
+        return TrainSpec(net=self.net, hooks=None, loss=self.loss, method=self.method,
                          metrics=self.metrics, config=config, state=self.state, start_step=self.global_step,
                          exchange_state=self.exchange_state or None, lr_source=self.lr_source,
-                         outputs=(self.net.output_names, self.net.output_specs))
+                         outputs=NetOutputs.of(self.net))
 
     def _dataset(self, data, batch_size, need_labels: bool = True):
         """``as_dataset``, with features given as a dict by input name put in the net's input order, and the

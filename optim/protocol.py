@@ -16,16 +16,27 @@ points by name (:func:`entry`), as a plugin's entry point is named.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["EVALUATE_ENTRY", "RESULT_FORMAT", "RESULT_SCHEMA", "STATES_SCHEMA", "TRAIN_ENTRY", "Channels", "EvalJob",
-           "Limits", "RankJob", "RunResult", "TrainSpec", "entry", "pack_result", "unpack_result"]
+if TYPE_CHECKING:  # the types only: importing them would load TensorFlow and Spark here
+    from pyspark.broadcast import Broadcast
+
+    from optim.losses import Loss
+    from optim.methods import Method
+    from optim.metrics import Metric
+    from optim.transforms import GradientTransformation
+    from tfnet import TFNet
+
+__all__ = ["EVALUATE_ENTRY", "RESULT_FORMAT", "RESULT_SCHEMA", "STATES_SCHEMA", "TRAIN_ENTRY", "AttemptReport", "Channels",
+           "ClusterRun", "EvalJob", "Limits", "NetOutputs", "RankJob", "RunResult", "RunSummary", "TrainSpec", "entry", "pack_result",
+           "unpack_result"]
 
 #: The function every task of the training stage runs: ``(job: RankJob, rows) -> iterator of result records``.
 TRAIN_ENTRY = "optim.spark.worker.task:run_task"
@@ -45,24 +56,46 @@ def entry(name: str):
     return getattr(importlib.import_module(module), function)
 
 
+@dataclass(frozen=True)
+class NetOutputs:
+    r"""What the ranks' label checks read of the net (:func:`optim.data.values.check_labels`): its output names and
+    their specs (each a ``tf.TensorSpec``), without the net itself."""
+
+    output_names: tuple = ()
+    output_specs: tuple = ()
+
+    @classmethod
+    def of(cls, net) -> NetOutputs:
+        """``net``'s output names and specs."""
+        return cls(tuple(net.output_names), tuple(net.output_specs))
+
+
 @dataclass
 class TrainSpec:
     """What to train and how: the net (its bytes, a path in the exchange folder, or a broadcast) and its hooks,
     the loss, the method and the metrics, the ranks' config (``batch_size`` per rank), the state to go on from
     (the optimiser's, the server method's, the step) and what gives the logged learning rate. ``outputs``: the
-    net's output names and specs, for the checks of labels on the ranks."""
+    net's output names and specs, for the checks of labels on the ranks. The driver's spec holds the net itself;
+    the ranks' (:meth:`for_ranks`), the net as shipped."""
 
-    net: Any
+    net: TFNet | bytes | str | Broadcast
     hooks: bytes | None
-    loss: Any
-    method: Any
-    metrics: list
+    loss: Loss
+    method: Method | GradientTransformation
+    metrics: list[Metric]
+    #: an :class:`optim.training.config.TrainConfig` (a layer above this one: not imported here)
     config: Any
-    state: list | None = None
+    state: list[np.ndarray] | None = None
     start_step: int = 0
-    exchange_state: list | None = None
+    exchange_state: list[np.ndarray] | None = None
+    #: what has ``learning_rate_at(step)`` (a :class:`~optim.methods.Method`), or None: the method
     lr_source: Any = None
-    outputs: tuple = ((), ())
+    outputs: NetOutputs = field(default_factory=NetOutputs)
+
+    def for_ranks(self, net: bytes | str | Broadcast, hooks: bytes | None, config: Any) -> TrainSpec:
+        """This spec as the ranks get it: ``net`` shipped (its bytes, a path or a broadcast), its ``hooks``, and
+        the ranks' ``config`` (the per-rank batch)."""
+        return dataclasses.replace(self, net=net, hooks=hooks, config=config)
 
 
 @dataclass
@@ -116,7 +149,8 @@ class RankJob:
     """Everything a rank of one attempt needs (picklable): see the module."""
 
     train: TrainSpec
-    data: Any  # optim.data.base.RankData
+    #: an :class:`optim.data.base.RankData` (a layer above this one: not imported here)
+    data: Any
     channels: Channels
     limits: Limits
     size: int
@@ -130,10 +164,11 @@ class EvalJob:
     under Spark Connect) and its hooks, the loss, the metrics, the batch size and the data's
     :class:`~optim.data.base.RankData`."""
 
-    net: Any
-    loss: Any
-    metrics: list
+    net: bytes | Broadcast
+    loss: Loss
+    metrics: list[Metric]
     batch_size: int
+    #: an :class:`optim.data.base.RankData` (a layer above this one: not imported here)
     data: Any
     hooks: bytes | None = None
     size: int = 1  # the tasks of a job over a placeholder (each reads its share of ``size``)
@@ -144,29 +179,111 @@ class RunResult:
     """One ``optimize()`` run's outcome, local or distributed: the history, the global step, the optimiser state
     (its leaves) and the server method's, the step the run started from and the checkpoint it resumed, whether it
     stopped early at an epoch boundary (elastic training), and, from a distributed run, rank 0's final weights
-    (None: trained in place), the rows per rank and the steps per epoch. ``run``: what the run measured
-    (attempts, start-up, step times; the launcher's or the local loop's summary). ``start_sha256``: a run that
+    (None: trained in place), the rows per rank and the steps per epoch. ``run``: what the run measured, as
+    ``last_run`` shows it (:meth:`RunSummary.to_dict`; rank 0's payload carries only its attempt). ``start_sha256``: a run that
     resumed from a checkpoint, the SHA-256 of the state it started from
     (:func:`optim.training.restore.state_digest`), to check against the checkpoint's; ``skipped_checkpoints``: why
     it passed over newer checkpoints (corrupt or truncated files, each named)."""
 
-    history: dict
+    history: dict[str, list]
     step: int
-    state: list
+    state: list[np.ndarray]
     start_step: int = 0
     resumed_from: str | None = None
-    exchange_state: tuple = ()
+    exchange_state: tuple[np.ndarray, ...] = ()
     stopped: bool = False
-    weights: dict | None = None
-    rows: list | None = None
+    weights: dict[str, np.ndarray] | None = None
+    rows: list[int] | None = None
     steps_per_epoch: int | None = None
     run: dict = field(default_factory=dict)
     start_sha256: str | None = None
-    skipped_checkpoints: list = field(default_factory=list)
+    skipped_checkpoints: list[str] = field(default_factory=list)
 
     def last_run(self) -> dict:
         """``TFOptimizer.last_run``: what the run measured, with the step it started from and what it resumed."""
         return {**self.run, "start_step": self.start_step, "resumed_from": self.resumed_from}
+
+
+@dataclass
+class AttemptReport:
+    """What rank 0 reported of one attempt of a distributed run (an entry of ``last_run["attempt_log"]`` holds it,
+    and ``last_run`` the last one's): the step it started from and the checkpoint it resumed, the rows per rank
+    (None where the data does not count rows), the steps per epoch, whether it stopped at an epoch boundary, the
+    step it ended at, the SHA-256 of the state it started from and the newer checkpoints it passed over."""
+
+    start_step: int = 0
+    resumed_from: str | None = None
+    rows: list | None = None
+    steps_per_epoch: int | None = None
+    stopped: bool = False
+    end_step: int = 0
+    start_sha256: str | None = None
+    skipped_checkpoints: list = field(default_factory=list)
+
+    @classmethod
+    def of(cls, result: RunResult, counts_rows: bool) -> AttemptReport:
+        """Rank 0's report in ``result`` (``counts_rows``: whether the data's row counts mean rows)."""
+        return cls(result.start_step, result.resumed_from, result.rows if counts_rows else None,
+                   result.steps_per_epoch, result.stopped, result.step, result.start_sha256,
+                   result.skipped_checkpoints)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class ClusterRun:
+    """What only a distributed run measures: its wall time, the progress clients refused, the last attempt's
+    :class:`AttemptReport`, every attempt's log entry, when it started (``time.time()``), the kind of session
+    (``"classic"``, ``"connect"``), barrier mode, the states it went through, the ranks from each step on, and how
+    the net went out and rank 0's result came back (``net_via``, ``result_via``, ``result_pieces``)."""
+
+    wall_s: float
+    refused_progress_clients: int
+    last_attempt: AttemptReport
+    attempt_log: list[dict]
+    started_at: float
+    mode: str
+    barrier: bool
+    states: list[str]
+    membership: list[dict]
+    roads: dict = field(default_factory=dict)
+
+
+@dataclass
+class RunSummary:
+    """What one ``optimize()`` run measured: ``TFOptimizer.last_run`` is its :meth:`to_dict`, built here alone.
+
+    Every run has ``num_workers``, ``attempts`` (the failures plus one), ``failures`` (one line each), ``run_id``,
+    ``startup_s`` (to the first step; None: no step), ``step_times``, ``allreduce_seconds``, ``start_step`` and
+    ``resumed_from``; a distributed run adds ``wall_s``, ``refused_progress_clients``, its last attempt's report
+    (``rows``, ``steps_per_epoch``, ``stopped``, ``end_step``, ``start_sha256``, ``skipped_checkpoints``:
+    :class:`AttemptReport`), ``attempt_log``, ``started_at``, ``mode``, ``barrier``, ``states``, ``membership``,
+    ``net_via``, ``result_via`` and ``result_pieces`` (:class:`ClusterRun`)."""
+
+    num_workers: int
+    failures: list[str]
+    run_id: str | None
+    startup_s: float | None
+    step_times: list
+    allreduce_seconds: list
+    start_step: int = 0
+    resumed_from: str | None = None
+    cluster: ClusterRun | None = None
+
+    def to_dict(self) -> dict:
+        """``last_run``: the keys above, in this order."""
+        head = {"num_workers": self.num_workers, "attempts": len(self.failures) + 1, "failures": self.failures}
+        where = {"start_step": self.start_step, "resumed_from": self.resumed_from}
+        c = self.cluster
+        if c is None:
+            return {**head, "run_id": self.run_id, "startup_s": self.startup_s, "step_times": self.step_times,
+                    "allreduce_seconds": self.allreduce_seconds, **where}
+        return {**head, "startup_s": self.startup_s, "wall_s": c.wall_s, "step_times": self.step_times,
+                "allreduce_seconds": self.allreduce_seconds, "refused_progress_clients": c.refused_progress_clients,
+                **c.last_attempt.to_dict(), **where, "attempt_log": c.attempt_log, "run_id": self.run_id,
+                "started_at": c.started_at, "mode": c.mode, "barrier": c.barrier, "states": c.states,
+                "membership": c.membership, **c.roads}
 
 
 def pack_result(weights: dict[str, np.ndarray], result: RunResult, plan: dict) -> bytes:

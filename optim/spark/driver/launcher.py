@@ -16,7 +16,6 @@ The ranks run :data:`optim.protocol.TRAIN_ENTRY`, named, never imported here.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import math
@@ -26,7 +25,17 @@ import warnings
 
 from optim.errors import CheckpointWarning, DistributedTrainingError
 from optim.logs import user_stacklevel
-from optim.protocol import RESULT_SCHEMA, TRAIN_ENTRY, RunResult, entry, unpack_result
+from optim.protocol import (
+    RESULT_SCHEMA,
+    TRAIN_ENTRY,
+    AttemptReport,
+    ClusterRun,
+    RunResult,
+    RunSummary,
+    TrainSpec,
+    entry,
+    unpack_result,
+)
 from optim.spark.conf import seconds_setting
 from optim.spark.connect import is_connect
 from optim.spark.driver.backends.base import Backend
@@ -34,7 +43,7 @@ from optim.spark.driver.backends.classic import ClassicBackend
 from optim.spark.driver.backends.connect import ConnectBackend
 from optim.spark.driver.elastic import ElasticPolicy, membership
 from optim.spark.driver.notice import DecommissionNotice
-from optim.spark.driver.results import print_history, read_result, run_summary
+from optim.spark.driver.results import print_history, read_result, step_times
 from optim.spark.driver.retry import RetryPolicy, one_line
 from optim.spark.driver.stage import (
     Cleanup,
@@ -100,13 +109,14 @@ def backend_for(spark) -> Backend:
     return ConnectBackend(spark) if is_connect(spark) else ClassicBackend(spark)
 
 
-def optimize_distributed(opt, dataset, config: TrainConfig, validation, *,
+def optimize_distributed(spec: TrainSpec, dataset, validation, *,
                          num_workers: int | None = None, min_workers: int | None = None, verbose: int = 1,
                          max_retries: int = 2, timeout: float = 300.0, startup_timeout: float = 600.0,
                          slot_wait: float = 30.0, elastic_wait: float = 60.0,
                          steps_per_epoch: int | None = None, reporters=()) -> RunResult:
-    """Trains ``opt.net`` on ``num_workers`` Horovod ranks in one Spark barrier stage, in the session
-    the data belongs to (or the active one), classic or Spark Connect.
+    """Trains ``spec.net`` as ``spec`` says (:meth:`TFOptimizer.train_spec <optim.TFOptimizer.train_spec>`) on
+    ``num_workers`` Horovod ranks in one Spark barrier stage, in the session the data belongs to (or the active
+    one), classic or Spark Connect.
 
     Args:
         num_workers: Ranks. Default: Spark's default parallelism (under Spark Connect, the ``N`` of a
@@ -134,19 +144,19 @@ def optimize_distributed(opt, dataset, config: TrainConfig, validation, *,
             Default: none.
     """
     backend = backend_for(dataset.session() or get_spark())
-    run = _DistributedRun(opt, backend, RetryPolicy(max_retries), verbose=verbose, timeout=timeout,
+    run = _DistributedRun(spec, backend, RetryPolicy(max_retries), verbose=verbose, timeout=timeout,
                           startup_timeout=startup_timeout, slot_wait=slot_wait, steps_per_epoch=steps_per_epoch,
                           reporters=reporters)
     with backend.quiet(verbose), small_arrow_batches(backend.spark, dataset.arrow_batch_rows):
-        return run(dataset, config, validation, num_workers, min_workers, elastic_wait)
+        return run(dataset, validation, num_workers, min_workers, elastic_wait)
 
 
 class _DistributedRun:
     """One distributed ``optimize()`` call: its settings, its states, and what it does in each."""
 
-    def __init__(self, opt, backend: Backend, policy: RetryPolicy, *, verbose: int, timeout: float,
+    def __init__(self, spec: TrainSpec, backend: Backend, policy: RetryPolicy, *, verbose: int, timeout: float,
                  startup_timeout: float, slot_wait: float, steps_per_epoch: int | None, reporters=()):
-        self.opt, self.backend, self.policy = opt, backend, policy
+        self.spec, self.backend, self.policy = spec, backend, policy  # spec: the driver's (the net itself)
         self.reporters = list(reporters)  # more reporters of the progress that reaches this process (tfnet's callbacks)
         self.verbose, self.timeout, self.startup_timeout = verbose, timeout, startup_timeout
         self.slot_wait, self.steps_per_epoch = slot_wait, steps_per_epoch
@@ -158,18 +168,19 @@ class _DistributedRun:
         self.notice: DecommissionNotice | None = None  # a classic session that sees decommission notices
         self.ranks = 0  # the ranks of the last attempt that finished
         self.roads: dict = {}  # how the net went out and rank 0's result came back (last_run's net_via, result_via)
+        self.report = AttemptReport()  # what rank 0 reported of the last attempt that finished
         self.grow_check_s = GROW_CHECK_S
         self.slot_check_s = SLOT_CHECK_S
         self.t_call = time.monotonic()
 
-    def __call__(self, dataset, config: TrainConfig, validation, num_workers: int | None, min_workers: int | None,
+    def __call__(self, dataset, validation, num_workers: int | None, min_workers: int | None,
                  elastic_wait: float) -> RunResult:
-        t_call = self.t_call = time.monotonic()
+        self.t_call = time.monotonic()
         self.grow_check_s = seconds_setting(self.backend.spark, GROW_CHECK_KEY, GROW_CHECK_S)
         self.slot_check_s = seconds_setting(self.backend.spark, SLOT_CHECK_KEY, SLOT_CHECK_S)
         started_at = time.time()  # attempt_log's started_s, ended_s and first_step_s count from here
-        config = copy.copy(config)
-        config.run_id = config.run_id or new_run_id()
+        config = dataclasses.replace(self.spec.config, run_id=self.spec.config.run_id or new_run_id())
+        self.spec = dataclasses.replace(self.spec, config=config)
         n = self.backend.ranks(num_workers)
         self.elastic = ElasticPolicy(n, n if min_workers is None else min_workers, elastic_wait)
         if self.elastic.elastic and not config.model_dir:
@@ -214,11 +225,18 @@ class _DistributedRun:
         result = state.result
         if self.verbose and not self.sink.events:  # no progress reached here while the stage ran
             print_history(result)
-        result.run = {**run_summary(self.sink, n, self.failures, t_call), **result.run, "attempt_log": self.attempts,
-                      "run_id": config.run_id, "started_at": started_at, "mode": self.backend.mode,
-                      "barrier": not self.backend.gang, "states": self.states,
-                      "membership": membership(self.members), "num_workers": self.ranks, **self.roads}
+        result.run = self.summary(result, config.run_id, started_at).to_dict()
         return result
+
+    def summary(self, result: RunResult, run_id: str, started_at: float) -> RunSummary:
+        """The run's summary (``last_run``), from the last attempt's ``result`` and what this call saw."""
+        cluster = ClusterRun(wall_s=time.monotonic() - self.t_call, refused_progress_clients=self.sink.refused,
+                             last_attempt=self.report, attempt_log=self.attempts, started_at=started_at,
+                             mode=self.backend.mode, barrier=not self.backend.gang, states=self.states,
+                             membership=membership(self.members), roads=self.roads)
+        return RunSummary(num_workers=self.ranks, failures=self.failures, run_id=run_id,
+                          **step_times(self.sink, self.t_call), start_step=result.start_step,
+                          resumed_from=result.resumed_from, cluster=cluster)
 
     # ---- the states
 
@@ -264,8 +282,9 @@ class _DistributedRun:
             _tell(f"Training stage attempt {state.failed + 1} failed ({one_line(str(decision.error))}); retrying "
                   f"{_RETRY_FROM[bool(stage.config.model_dir)]}.")
             return Retrying(stage, attempt, state.failed + 1, decision.error)
+        self.report = AttemptReport.of(result, stage.staged.rank_data.counts_rows)
         self.attempts.append({"attempt": attempt, "ok": True, "ranks": stage.n, "started_s": started,
-                              "ended_s": self.clock(), **result.run})
+                              "ended_s": self.clock(), **self.report.to_dict()})
         for why in result.skipped_checkpoints:  # rank 0 passed over a newer checkpoint: say so here, once
             message = (f"Attempt {attempt + 1} resumed from {result.resumed_from or 'the start'}, passing over a newer "
                        f"checkpoint: {why}")
@@ -348,10 +367,10 @@ class _DistributedRun:
         per_rank = per_rank_batch(dataset, config, n)
         staged = dataset.stage(self.backend, n, per_rank, cleanup=self.cleanup, validation=validation,
                                timeout_s=self.startup_timeout)
-        opt = self.opt
-        carried = carried_bytes(dataset, validation, (opt.state or []) + list(opt.exchange_state))
-        net, exchange = self.backend.ship_net(opt, config, net_to_bytes(opt.net), carried, self.cleanup)
-        return Stage(n, staged, net, shipped_hooks(opt.net), worker_config(config, per_rank), exchange=exchange,
+        spec = self.spec
+        carried = carried_bytes(dataset, validation, (spec.state or []) + list(spec.exchange_state or []))
+        net, exchange = self.backend.ship_net(spec, net_to_bytes(spec.net), carried, self.cleanup)
+        return Stage(n, staged, net, shipped_hooks(spec.net), worker_config(config, per_rank), exchange=exchange,
                      **self.backend.stage_defaults())
 
     def run_stage(self, stage: Stage, attempt: int) -> RunResult:
@@ -360,7 +379,7 @@ class _DistributedRun:
         with self.backend.attempt(self.secret, stage.n, attempt, self.sink, stage.config,
                                   self.startup_timeout) as channels:
             control = self.control if stage.n < self.elastic.num_workers else None
-            job = rank_job(self.opt, stage, attempt,
+            job = rank_job(self.spec, stage, attempt,
                            dataclasses.replace(channels.channels, exchange=stage.exchange, control=control,
                                                notice=self.notice and self.notice.path),
                            timeout=self.timeout, startup_timeout=self.startup_timeout,
@@ -377,13 +396,7 @@ class _DistributedRun:
         self.roads = {"net_via": "file" if isinstance(net, str) else "plan" if isinstance(net, bytes) else "broadcast",
                       "result_via": "file" if any(isinstance(r, str) for r in records) else "rows",
                       "result_pieces": len(records)}
-        result = unpack_result(read_result(records, stage.config.storage_options))
-        counts_rows = stage.staged.rank_data.counts_rows
-        result.run = {"start_step": result.start_step, "resumed_from": result.resumed_from,
-                      "rows": result.rows if counts_rows else None, "steps_per_epoch": result.steps_per_epoch,
-                      "stopped": result.stopped, "end_step": result.step, "start_sha256": result.start_sha256,
-                      "skipped_checkpoints": result.skipped_checkpoints}
-        return result
+        return unpack_result(read_result(records, stage.config.storage_options))
 
     def watch(self, stage: Stage, stuck):
         """What the driver checks while the stage runs: a stuck rank (``stuck``), task slots lost under the stage

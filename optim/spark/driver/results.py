@@ -1,10 +1,8 @@
-"""What the launcher makes of a finished stage: rank 0's payload from the stage's rows, the run's summary, and the
+"""What the launcher makes of a finished stage: rank 0's payload from the stage's rows, the run's step timings, and the
 per-epoch lines when no progress reached this process. Driver side (or a Spark Connect client).
 """
 
 from __future__ import annotations
-
-import time
 
 from optim.errors import DistributedTrainingError
 from optim.protocol import RunResult
@@ -12,7 +10,7 @@ from optim.training.reporting import ProgressBar
 from optim.transport.chunks import join_chunks
 from tfnet import storage
 
-__all__ = ["print_history", "read_result", "run_summary"]
+__all__ = ["print_history", "read_result", "step_times"]
 
 
 def read_result(rows: list, options=None) -> bytes:
@@ -32,17 +30,13 @@ def read_result(rows: list, options=None) -> bytes:
     return join_chunks(rows)
 
 
-def run_summary(sink, n: int, failures: list[str], t_call: float) -> dict:
-    """What the run measured: attempts, start-up and wall time, step and allreduce times."""
+def step_times(sink, t_call: float) -> dict:
+    """The step timings of a run's summary (:class:`~optim.protocol.RunSummary`) from the progress that reached
+    this process: ``startup_s`` (from ``t_call`` to the first step), ``step_times`` and ``allreduce_seconds``."""
     steps = [e for e in sink.events if e.get("event") == "step"]
-    return {
-        "num_workers": n, "attempts": len(failures) + 1, "failures": failures,
-        "startup_s": (sink.first_step_at - t_call) if sink.first_step_at else None,
-        "wall_s": time.monotonic() - t_call,
-        "step_times": [e["logs"].get("step_time") for e in steps],
-        "allreduce_seconds": [e["logs"].get("allreduce_seconds") for e in steps],
-        "refused_progress_clients": sink.refused,
-    }
+    return {"startup_s": (sink.first_step_at - t_call) if sink.first_step_at else None,
+            "step_times": [e["logs"].get("step_time") for e in steps],
+            "allreduce_seconds": [e["logs"].get("allreduce_seconds") for e in steps]}
 
 
 def print_history(result: RunResult) -> None:
@@ -50,7 +44,7 @@ def print_history(result: RunResult) -> None:
     ``model_dir``), the per-epoch lines come from the history at the end."""
     history = result.history
     epochs = max((len(v) for v in history.values()), default=0)
-    per_epoch, start = result.run.get("steps_per_epoch"), result.run.get("start_step") or 0
+    per_epoch, start = result.steps_per_epoch, result.start_step or 0
     bar = ProgressBar(2)
     bar.begin(epochs, per_epoch, start, 0)
     for e in range(epochs):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from optim.data.base import Staged
-from optim.protocol import Channels, Limits, RankJob
+from optim.protocol import Channels, Limits, RankJob, TrainSpec
 from optim.spark.driver.preflight import check_model_dir, probe_workers
 from optim.sync import LocalSGD
 from optim.training import comm_threads
@@ -131,29 +131,32 @@ def worker_log_level(verbose: int) -> int:
     return logging.DEBUG if verbose >= 2 else logging.WARNING
 
 
-def rank_job(opt, stage: Stage, attempt: int, channels: Channels, *, timeout: float, startup_timeout: float,
-             steps_per_epoch: int | None, verbose: int, gang: bool = False) -> RankJob:
-    """The ranks' job for one attempt of ``stage`` (:class:`optim.protocol.RankJob`); ``channels``: how the
-    ranks meet and report (the backend's, for this attempt)."""
+def rank_job(spec: TrainSpec, stage: Stage, attempt: int, channels: Channels, *, timeout: float,
+             startup_timeout: float, steps_per_epoch: int | None, verbose: int, gang: bool = False) -> RankJob:
+    """The ranks' job for one attempt of ``stage`` (:class:`optim.protocol.RankJob`): ``spec`` (the driver's) with
+    the stage's shipped net and hooks and its ranks' config; ``channels``: how the ranks meet and report (the
+    backend's, for this attempt)."""
     limits = Limits(timeout_s=timeout, startup_timeout_s=startup_timeout, steps_per_epoch=steps_per_epoch,
                     log_level=worker_log_level(verbose), horovod_threads=comm_threads.mode_from_env(),
                     chunk_bytes=stage.chunk or (1 << 30))
-    return RankJob(train=opt.train_spec(stage.config, net=stage.net, hooks=stage.hooks), data=stage.staged.rank_data,
+    return RankJob(train=spec.for_ranks(stage.net, stage.hooks, stage.config), data=stage.staged.rank_data,
                    channels=channels, limits=limits, size=stage.n, attempt=attempt, gang=gang)
 
 
-def result_bytes(opt, config: TrainConfig) -> int:
-    """What rank 0's result holds: every weight (a net with adapters: those and the trainable ones), the
-    optimiser state (its slots are sized like the trainable weights; estimated from the method's own
-    state), and local SGD's server state."""
-    variables = opt.net.weight_variables
+def result_bytes(spec: TrainSpec, config: TrainConfig) -> int:
+    """What rank 0's result holds for ``spec`` (the driver's: its net, optimiser state and server state; or
+    anything that has those, as a TFOptimizer) under ``config``: every weight (a net with adapters: those and the
+    trainable ones), the optimiser state (its slots are sized like the trainable weights; estimated from the
+    method's own state), and local SGD's server state."""
+    net = spec.net
+    variables = net.weight_variables
     weights = sum(int(variables[n].shape.num_elements() or 0) * variables[n].dtype.size
-                  for n in carried_weight_names(opt.net))
-    trainable = sum(int(v.shape.num_elements() or 0) * v.dtype.size for v in opt.net.trainable_variables)
-    state = sum(int(np.asarray(a).nbytes) for a in opt.state) if opt.state is not None else 2 * trainable
+                  for n in carried_weight_names(net))
+    trainable = sum(int(v.shape.num_elements() or 0) * v.dtype.size for v in net.trainable_variables)
+    state = sum(int(np.asarray(a).nbytes) for a in spec.state) if spec.state is not None else 2 * trainable
     server = 0
     if isinstance(config.sync, LocalSGD):
-        carried = opt.exchange_state
+        carried = spec.exchange_state
         server = sum(int(np.asarray(a).nbytes) for a in carried) if carried else 2 * trainable
     return weights + state + server  # 2 x trainable: Adam's two slots, the largest of tfnet's methods'
 

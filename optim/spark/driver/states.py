@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from optim.protocol import RunResult
+    from optim.spark.driver.stage import Stage
 
 __all__ = ["Failed", "Finished", "Growing", "Retrying", "RunState", "RunStateType", "Running", "Shrinking",
            "Starting"]
@@ -58,7 +62,7 @@ class Running(RunState):
     """Attempt ``attempt`` runs ``stage`` (an :class:`optim.spark.driver.stage.Stage`); ``failed``: the attempts
     that failed before it."""
 
-    stage: Any
+    stage: Stage
     attempt: int
     failed: int = 0
     type = RunStateType.RUNNING
@@ -69,7 +73,7 @@ class Retrying(RunState):
     """Attempt ``attempt`` failed with ``error`` (a failure a rerun can mend); the next attempt waits for the
     lost slots, then runs with as many ranks as there are (at least ``min_workers``)."""
 
-    stage: Any
+    stage: Stage
     attempt: int
     failed: int
     error: BaseException
@@ -80,7 +84,7 @@ class Retrying(RunState):
 class Shrinking(RunState):
     """The next attempt runs on fewer ranks, ``ranks``, from the run's newest checkpoint (elastic training)."""
 
-    stage: Any
+    stage: Stage
     attempt: int
     failed: int
     ranks: int
@@ -92,7 +96,7 @@ class Growing(RunState):
     """The ranks stopped at an epoch boundary because the lost slots came back: the next attempt runs on as many
     ranks as there are slots for (up to ``num_workers``), from that epoch's checkpoint."""
 
-    stage: Any
+    stage: Stage
     attempt: int
     failed: int
     type = RunStateType.GROWING
@@ -102,7 +106,7 @@ class Growing(RunState):
 class Finished(RunState):
     """The run is over: ``result`` (an :class:`optim.protocol.RunResult`)."""
 
-    result: Any
+    result: RunResult
     type = RunStateType.FINISHED
 
 

@@ -19,7 +19,6 @@ import os
 import socket
 import time
 from collections.abc import Iterable, Iterator
-from types import SimpleNamespace
 
 from optim.data.base import RankEnv, unshipped
 from optim.data.values import PartitionChecks, check_labels, finite_rows_only
@@ -29,8 +28,8 @@ from optim.spark.worker.network import check_process_sets, gloo_iface, iface_add
 from optim.spark.worker.tally import EpochTally
 from optim.spark.worker.watchdog import Watchdog
 from optim.training.horovod import HorovodSession, horovod_env
-from optim.training.loop import train
 from optim.training.reporting import MultiReporter, Reporter, TensorBoardWriter
+from optim.training.spec import train
 from optim.transport import client as kv
 from optim.transport.client import GlooProxy
 from optim.transport.progress import RemoteReporter
@@ -101,13 +100,11 @@ def run_rank(job: RankJob, partition: Iterable, ctx) -> Iterator[bytes | str]:
             net = _build_net(job)
             reporter = _reporter(job, rank)
         dog.kick("training")
-        spec = job.train
         tally = _tally(job, rank, opened.train, counts[rank])
-        result = train(net, spec.loss, spec.method, spec.metrics, tally, config, collective=hvd.collective,
-                       reporter=MultiReporter([reporter, tally.reporter()]), validation_data=opened.validation, steps_per_epoch=steps,
-                       initial_state=spec.state, start_step=spec.start_step, lr_source=spec.lr_source, liveness=dog,
-                       initial_exchange_state=spec.exchange_state, stop_check=_stop_check(job),
-                       notice_check=_notice_check(job))
+        result = train(net, job.train, tally, collective=hvd.collective,
+                                 reporter=MultiReporter([reporter, tally.reporter()]),
+                                 validation_data=opened.validation, steps_per_epoch=steps, liveness=dog,
+                                 stop_check=_stop_check(job), notice_check=_notice_check(job))
         tally.close()
         _write_rank_info(job, rank, horovod_idle_threads=len(hvd.idle.demoted), tf_threads=threads, **network,
                          **_memory(opened.local))
@@ -140,7 +137,7 @@ def _result(job: RankJob, net, result: RunResult, counts: list[int], steps: int)
 
 def _env(job: RankJob, rank: int) -> RankEnv:
     """What this rank offers its data: names for local copies, and the checks of the run's loss and outputs."""
-    outputs = SimpleNamespace(output_names=job.train.outputs[0], output_specs=job.train.outputs[1])
+    outputs = job.train.outputs  # what the label checks read of the net
     policy = job.train.config.on_nonfinite
 
     def checks(where: str) -> PartitionChecks:

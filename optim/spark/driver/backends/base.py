@@ -27,7 +27,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from optim.protocol import Channels
+from optim.protocol import Channels, TrainSpec
 
 __all__ = ["Attempt", "Backend"]
 
@@ -117,10 +117,11 @@ class Backend:
         """``value`` (numpy data, validation arrays) as the ranks get it: a broadcast, or itself (the plan)."""
         raise NotImplementedError
 
-    def ship_net(self, opt, config, net_bytes: bytes, carried: int, cleanup) -> tuple[Any, str | None]:
-        """``(net, exchange)``: the net as the ranks get it (a path, a broadcast or the bytes), and the
-        exchange folder rank 0's result goes through (None: the job's result rows). ``carried``: the
-        bytes of numpy data and state that travel with the job."""
+    def ship_net(self, spec: TrainSpec, net_bytes: bytes, carried: int, cleanup) -> tuple[Any, str | None]:
+        """``(net, exchange)``: the net of ``spec`` (the driver's; ``net_bytes``, serialised) as the ranks get it (a
+        path, a broadcast or the bytes), and the exchange folder rank 0's result goes through (None: the job's
+        result rows), as ``spec.config`` and the size of rank 0's result say. ``carried``: the bytes of numpy data
+        and state that travel with the job."""
         raise NotImplementedError
 
     def progress(self, reporter, config, secret: bytes, cleanup):

@@ -111,10 +111,11 @@ class ClassicBackend(Backend):
     def ship(self, value, cleanup):
         return cleanup.broadcast(self.sc.broadcast(value))
 
-    def ship_net(self, opt, config, net_bytes: bytes, carried: int, cleanup):
+    def ship_net(self, spec, net_bytes: bytes, carried: int, cleanup):
+        config = spec.config
         exchange = _exchange_dir(self.sc, config.model_dir, config.storage_options)
         if exchange is None:
-            check_driver_memory(self.sc, len(net_bytes), result_bytes(opt, config))
+            check_driver_memory(self.sc, len(net_bytes), result_bytes(spec, config))
             return cleanup.broadcast(self.sc.broadcast(net_bytes)), None
         cleanup.add(storage.rmtree, exchange, config.storage_options)
         path = storage.join(exchange, "net.npz")

@@ -184,9 +184,10 @@ class ConnectBackend(Backend):
         local = connect_slots(self.spark)
         return max(0, local - running) if local is not None else concurrent_slots(self.spark, wanted)
 
-    def ship_net(self, opt, config, net_bytes: bytes, carried: int, cleanup):
+    def ship_net(self, spec, net_bytes: bytes, carried: int, cleanup):
+        config = spec.config
         limit = plan_limit(self.spark)
-        result = result_bytes(opt, config)
+        result = result_bytes(spec, config)
         if carried > limit:
             raise DistributedTrainingError(
                 f"The numpy data and optimiser state ({carried / 2**20:.0f} MiB) exceed what a Spark Connect plan carries "
