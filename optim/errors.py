@@ -3,7 +3,7 @@ Spark or Horovod.
 
 Each error derives from :class:`tfnet.TFNetError` and from the builtin a caller would expect, so
 both ``except ValueError`` and ``except tfnet.TFNetError`` catch it. Errors carry ``retryable``:
-whether rerunning the distributed training stage can help (see :mod:`optim.spark.driver.retry`).
+whether rerunning the distributed training stage can help (see :mod:`optim.launch.retry`).
 """
 
 from __future__ import annotations

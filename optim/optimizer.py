@@ -2,7 +2,7 @@
 
 Runs on the driver. ``optimize`` trains in this process for local data; for distributed data
 (``TFDataset.from_dataframe`` / ``from_rdd``, or ``num_workers``), it runs the same training loop
-on every task of one Spark barrier stage (``optim.spark.driver.launcher``).
+on every task of one Spark barrier stage (``optim.launch.launcher``).
 """
 
 from __future__ import annotations
@@ -246,7 +246,7 @@ class TFOptimizer:
             **distributed_options: For distributed data: ``min_workers`` and ``elastic_wait``
                 (elastic training: go on with fewer ranks when executors are lost, grow back when
                 they return), ``max_retries``, ``timeout``, ``startup_timeout``, ``slot_wait`` and
-                ``steps_per_epoch``; see :func:`optim.spark.driver.launcher.optimize_distributed`.
+                ``steps_per_epoch``; see :func:`optim.launch.launcher.optimize_distributed`.
         """
         verbose = check_verbose(verbose)
         with Interruptible():
@@ -331,8 +331,8 @@ class TFOptimizer:
 
     def _train_distributed(self, dataset, config: TrainConfig, val, num_workers: int | None, verbose: int,
                            options: dict, reporters=()) -> dict[str, list]:
-        """Over Spark (:func:`optim.spark.driver.launcher.optimize_distributed`); keeps what rank 0 returned."""
-        from optim.spark.driver.launcher import optimize_distributed
+        """Over Spark (:func:`optim.launch.launcher.optimize_distributed`); keeps what rank 0 returned."""
+        from optim.launch.launcher import optimize_distributed
 
         try:
             result = optimize_distributed(self.train_spec(config), dataset, val, num_workers=num_workers,
@@ -417,7 +417,7 @@ class TFOptimizer:
         dataset = self._dataset(data, batch_size)
         batch_size = resolve_batch_size(dataset, batch_size)
         if dataset.distributed or num_workers is not None:
-            from optim.spark.driver.evaluate import evaluate_distributed
+            from optim.launch.evaluate import evaluate_distributed
 
             with Interruptible():
                 try:
@@ -437,7 +437,7 @@ class TFOptimizer:
         dataset = self._dataset(data, batch_size, need_labels=False)
         batch_size = resolve_batch_size(dataset, batch_size)
         if dataset.distributed:
-            from optim.spark.driver.evaluate import predict_distributed
+            from optim.launch.evaluate import predict_distributed
 
             return predict_distributed(self.net, dataset, batch_size)
         chunks = []

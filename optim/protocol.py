@@ -39,9 +39,9 @@ __all__ = ["EVALUATE_ENTRY", "RESULT_FORMAT", "RESULT_SCHEMA", "STATES_SCHEMA", 
            "unpack_result"]
 
 #: The function every task of the training stage runs: ``(job: RankJob, rows) -> iterator of result records``.
-TRAIN_ENTRY = "optim.spark.worker.task:run_task"
+TRAIN_ENTRY = "optim.rank.task:run_task"
 #: The function every task of a distributed evaluation runs: ``(job: EvalJob, rows) -> iterator of records``.
-EVALUATE_ENTRY = "optim.spark.worker.evaluate:evaluate_task"
+EVALUATE_ENTRY = "optim.rank.evaluate:evaluate_task"
 #: Rank 0's result, as the stage's rows: the path of the result file, or the payload in numbered pieces.
 RESULT_SCHEMA = pa.schema([("piece", pa.int32()), ("chunk", pa.binary()), ("path", pa.string())])
 #: A partition's loss and metric accumulators (JSON), as an evaluation's rows.
@@ -155,7 +155,7 @@ class RankJob:
     limits: Limits
     size: int
     attempt: int = 0
-    gang: bool = False  # a plain stage (no barrier mode: dynamic allocation on), see optim.spark.worker.gang
+    gang: bool = False  # a plain stage (no barrier mode: dynamic allocation on), see optim.rank.gang
 
 
 @dataclass

@@ -115,7 +115,7 @@ LAYERS = [
     ("the one-worker loop", ["optim.training"]),
     ("transport: the channels between the driver and the ranks", ["optim.transport"]),
     ("prediction: TFPredictor, TFNetTransformer", ["optim.predict"]),
-    ("the rank side | the driver side", ["optim.spark.worker", "|", "optim.spark.driver"]),
+    ("the rank side | the driver side", ["optim.rank", "|", "optim.launch"]),
     ("TFOptimizer", ["optim.optimizer"]),
     ("Spark ML: TFNetEstimator", ["optim.ml"]),
     ("optim's public names (lazy)", ["=optim"]),
@@ -284,7 +284,7 @@ def room(module: str, mods: dict[str, str] | None = None) -> str:
     here = module if path.endswith("__init__.py") else module.rpartition(".")[0] or module
     if here == "optim":
         return "optim core"
-    return "optim.spark.driver" if here.startswith("optim.spark.driver.") else here
+    return "optim.launch" if here.startswith("optim.launch.") else here
 
 
 def rooms() -> dict[str, set[str]]:
@@ -295,6 +295,51 @@ def rooms() -> dict[str, set[str]]:
     for mod, targets in edges.items():
         here = room(mod, mods)
         out.setdefault(here, set()).update(room(t, mods) for t in targets if room(t, mods) != here)
+    return out
+
+
+def entry_points(mods: dict[str, str]) -> list[tuple[str, str, str, bool]]:
+    """Every entry point a module names as a string (``"optim.rank.task:run_task"``, what a Spark stage runs, imported
+    where it runs): ``(module, named module, function, found)``, ``found`` True when the named module exists and
+    defines that function at its top level. An edge the import checks cannot see, so it is checked on its own."""
+    import re
+
+    pattern = re.compile(r"^((?:tfnet|optim)(?:\.\w+)+):(\w+)$")
+    out = []
+    for mod, path in mods.items():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and (m := pattern.match(node.value)):
+                target, function = m.groups()
+                found = False
+                if target in mods:
+                    with open(mods[target], encoding="utf-8") as f:
+                        body = ast.parse(f.read(), mods[target]).body
+                    found = any(isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name == function
+                                for d in body)
+                out.append((mod, target, function, found))
+    return out
+
+
+def folder_edges(root: str = ROOT) -> dict[str, set[str]]:
+    """Folder -> the other folders its modules import, for ``optim``'s folders (``optim/data``, ``optim/launch``, ...;
+    a subfolder counts as its folder's); a module directly in ``optim`` (``optim/errors``, ``optim/optimizer``) is
+    its own, as its layer is its own."""
+    mods = modules(root)
+    edges, _ = imports(mods)
+
+    def folder(mod: str) -> str | None:
+        parts = os.path.relpath(mods[mod], root).split(os.sep)
+        if parts[0] != "optim":
+            return None
+        return "/".join(parts[:2]) if len(parts) > 2 else "/".join(parts)[: -len(".py")]
+
+    out: dict[str, set[str]] = {}
+    for mod, targets in edges.items():
+        here = folder(mod)
+        if here is not None:
+            out.setdefault(here, set()).update(f for f in map(folder, targets) if f is not None and f != here)
     return out
 
 

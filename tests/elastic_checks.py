@@ -3,7 +3,7 @@
 * :func:`checkpoint_digest`: the SHA-256 of a checkpoint's weights and state, computed here from the file alone, for
   ``attempt_log[i]["start_sha256"]`` (what the attempt held when it started): equal exactly when the attempt started
   from that checkpoint bit for bit, weights and optimiser state (not from fresh weights, nor without its moments);
-* :func:`full_epochs`: from the ranks' ``epochs-a<attempt>-r<rank>.json`` (:mod:`optim.spark.worker.tally`), the rows
+* :func:`full_epochs`: from the ranks' ``epochs-a<attempt>-r<rank>.json`` (:mod:`optim.rank.tally`), the rows
   and the fingerprint of every epoch an attempt's ranks trained whole; :func:`data_fingerprint` is the data's own;
   equal exactly when the epoch took every row once (a shrink that dropped the lost rank's rows takes the survivor's
   rows twice: the same count, another fingerprint);
@@ -16,7 +16,7 @@ import hashlib
 
 import numpy as np
 
-from optim.spark.worker.tally import fingerprint
+from optim.rank.tally import fingerprint
 from optim.training.checkpoint import CheckpointManager
 
 _MOD = 1 << 64

@@ -17,6 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from scripts.import_graph import (  # noqa: E402
     MAX_LINES,
     cycles,
+    entry_points,
+    folder_edges,
     imports,
     layer_of,
     long_modules,
@@ -53,9 +55,9 @@ def test_the_checks_find_what_they_look_for(tmp_path):
                       "        return self._own, self._tracker\n",
         "optim/data/__init__.py": "from optim.training import loop\n",
         "optim/training/__init__.py": "", "optim/training/loop.py": "",
-        "optim/spark/__init__.py": "", "optim/spark/driver/__init__.py": "",
-        "optim/spark/driver/x.py": "import optim.spark.worker.y\n",
-        "optim/spark/worker/__init__.py": "", "optim/spark/worker/y.py": "x = 1\n" * (MAX_LINES + 1),
+        "optim/spark/__init__.py": "", "optim/launch/__init__.py": "",
+        "optim/launch/x.py": "import optim.rank.y\n",
+        "optim/rank/__init__.py": "", "optim/rank/y.py": "x = 1\n" * (MAX_LINES + 1),
     })
     edges, private = imports(mods)
     assert cycles(edges) == [["optim.training.a", "optim.training.b"]]
@@ -63,8 +65,8 @@ def test_the_checks_find_what_they_look_for(tmp_path):
     assert sorted((m, n) for m, n, _, _ in private_reads(mods)) == [("optim.training.e", "_state"), ("optim.training.g", "_state")]
     assert [(m, n) for m, n, _, _ in self_private_reads(mods)] == [("optim.training.f", "_state")]
     assert ("optim.data", "optim.training.loop") in upward(edges)
-    assert ("optim.spark.driver.x", "optim.spark.worker.y") in upward(edges)
-    assert long_modules(mods) == {"optim.spark.worker.y": MAX_LINES + 1}
+    assert ("optim.launch.x", "optim.rank.y") in upward(edges)
+    assert long_modules(mods) == {"optim.rank.y": MAX_LINES + 1}
 
 
 def test_every_module_is_in_a_layer():
@@ -78,6 +80,40 @@ def test_every_module_is_in_a_layer():
 def test_no_import_cycles_in_tfnet_and_optim():
     edges, _ = imports(modules())
     assert cycles(edges) == []
+
+
+def test_string_entry_points_name_rank_side_functions_that_exist():
+    """A Spark stage reaches the rank through a string (``TRAIN_ENTRY``), an edge no import shows: each such string
+    names a function that exists, on the rank side (what the driver runs on the executors, never imports)."""
+    mods = modules()
+    found = entry_points(mods)
+    assert ("optim.protocol", "optim.rank.task", "run_task", True) in found, found
+    assert [e for e in found if not e[3]] == []
+    rank_side = layer_of("optim.rank.task")
+    assert [e for e in found if layer_of(e[1]) != rank_side] == []
+
+
+def test_the_entry_point_check_finds_a_name_that_does_not_resolve(tmp_path):
+    mods = small_tree(tmp_path, {"optim/rank/__init__.py": "", "optim/rank/task.py": "def run_task():\n    pass\n",
+                                 "optim/protocol.py": 'A = "optim.rank.task:run_task"\nB = "optim.rank.gone:run"\n'
+                                                      'C = "optim.rank.task:missing"\n'})
+    assert sorted(entry_points(mods)) == [("optim.protocol", "optim.rank.gone", "run", False),
+                                          ("optim.protocol", "optim.rank.task", "missing", False),
+                                          ("optim.protocol", "optim.rank.task", "run_task", True)]
+
+
+def test_optims_folders_form_no_cycle():
+    """Folders say their layer: grouped by folder, optim's modules import one way (Spark plumbing in ``optim/spark``
+    below ``optim/data``; the driver side in ``optim/launch`` and the rank side in ``optim/rank`` above it). With the
+    driver and rank sides inside ``optim/spark``, as before, data, predict, spark, training and transport formed one."""
+    assert cycles(folder_edges()) == []
+
+
+def test_the_folder_check_finds_a_cycle_of_folders(tmp_path):
+    small_tree(tmp_path, {"optim/data/__init__.py": "", "optim/data/a.py": "from optim.spark import b\n",
+                          "optim/spark/__init__.py": "", "optim/spark/b.py": "",
+                          "optim/spark/driver/__init__.py": "", "optim/spark/driver/c.py": "import optim.data.a\n"})
+    assert cycles(folder_edges(str(tmp_path))) == [["optim/data", "optim/spark"]]
 
 
 def test_imports_run_down_the_layers_and_the_two_sides_stay_apart():

@@ -2,7 +2,7 @@
 
 With dynamic allocation on (EMR's and Dataproc's default), Spark refuses a barrier stage (SPARK-24942) and a
 cluster may have no executor at all until tasks are pending. tfnet's training stage then runs without barrier mode
-(:mod:`optim.spark.worker.gang`), and the slots it plans with are what the allocation may grow to, not what is
+(:mod:`optim.rank.gang`), and the slots it plans with are what the allocation may grow to, not what is
 registered now.
 """
 

@@ -4,7 +4,7 @@ The loop calls :meth:`Liveness.kick` after every unit of work (a training step, 
 batch) and wraps the phases that are long by nature (the first step's compile, a checkpoint write,
 waiting for the other ranks to finish their validation) in :meth:`Liveness.phase`, which gives them
 their own, longer bound. A local run uses :class:`Liveness` itself, which does nothing; a rank of a
-distributed run uses :class:`optim.spark.worker.watchdog.Watchdog`, which ends a rank that stops
+distributed run uses :class:`optim.rank.watchdog.Watchdog`, which ends a rank that stops
 making progress and tells the driver it is alive.
 """
 

@@ -1,7 +1,7 @@
 """A notice that the ranks must stop at the next step boundary (an executor holding a rank is being
 decommissioned: a spot reclaim, a scale-down). Runs on every rank.
 
-Rank 0 asks its ``check`` (the driver's control file, :mod:`optim.spark.worker.rank`) about once every
+Rank 0 asks its ``check`` (the driver's control file, :mod:`optim.rank.rank`) about once every
 ``every_s`` seconds; every rank learns the answer at the same global step, so that all of them checkpoint and stop
 at the same boundary. The question costs one small broadcast per check, not per step: rank 0 sends, with the
 answer, the step of the next question, from the step time it measured.

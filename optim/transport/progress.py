@@ -6,7 +6,7 @@ and runs its HMAC challenge with the job's secret before it reads anything, so a
 the secret is refused. Messages are JSON (never unpickled). Progress is best effort: if the
 connection fails, training goes on, the reporter reconnects (at most every
 :data:`RECONNECT_S` seconds), and the driver still gets the results. The driver does not take this
-channel as a sign of life: that is the ranks' heartbeat (:mod:`optim.spark.worker.watchdog`).
+channel as a sign of life: that is the ranks' heartbeat (:mod:`optim.rank.watchdog`).
 Every read and send on it has a bound (:data:`IO_TIMEOUT_S`).
 """
 

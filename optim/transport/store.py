@@ -1,6 +1,6 @@
 """The rendezvous store for one training stage, secured with the job's rendezvous key. It runs
 where the stage's channels are hosted: on the driver in a classic session, on rank 0 under Spark
-Connect (whose client the executors may not reach; :mod:`optim.spark.worker.task`). Both sides.
+Connect (whose client the executors may not reach; :mod:`optim.rank.task`). Both sides.
 
 It is Horovod's own HTTP key-value server (``horovod.runner.http``), which Gloo's rendezvous uses,
 with two changes:
@@ -121,7 +121,7 @@ class SecureRendezvous:
             return dict(self._httpd.cache.get(scope, {}))
 
     def heartbeats(self) -> dict[int, dict]:
-        """Each rank's newest heartbeat (:class:`optim.spark.worker.watchdog.Watchdog` sends one
+        """Each rank's newest heartbeat (:class:`optim.rank.watchdog.Watchdog` sends one
         every few seconds), with ``received``: when (``time.monotonic()`` on the driver) it last
         changed."""
         now = time.monotonic()

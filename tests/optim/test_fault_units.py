@@ -10,10 +10,10 @@ import numpy as np
 
 import optim
 from optim.data.arrays import ArrayDataset
+from optim.launch.launcher import _DistributedRun
+from optim.launch.retry import RetryPolicy
 from optim.protocol import RunResult, pack_result, unpack_result
-from optim.spark.driver.launcher import _DistributedRun
-from optim.spark.driver.retry import RetryPolicy
-from optim.spark.worker.tally import EpochTally, fingerprint
+from optim.rank.tally import EpochTally, fingerprint
 from optim.training.config import TrainConfig
 from optim.training.loop import train
 from tests import digits

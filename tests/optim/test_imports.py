@@ -52,9 +52,9 @@ def test_transport_runs_on_both_sides_without_pyspark():
 
 def test_the_driver_loads_nothing_of_the_worker_package():
     """The driver and the ranks meet in ``optim.protocol``: the launcher, the distributed evaluation and the
-    optimiser load no module of ``optim.spark.worker`` (the ranks' entry points are named, not imported)."""
-    loaded = loaded_by("optim.spark.driver.launcher, optim.spark.driver.evaluate, optim.optimizer, optim.ml.estimator")
-    assert not [m for m in loaded if m.startswith("optim.spark.worker")], loaded
+    optimiser load no module of ``optim.rank`` (the ranks' entry points are named, not imported)."""
+    loaded = loaded_by("optim.launch.launcher, optim.launch.evaluate, optim.optimizer, optim.ml.estimator")
+    assert not [m for m in loaded if m.startswith("optim.rank")], loaded
 
 
 def test_public_names_still_import_from_optim():

@@ -101,7 +101,7 @@ def test_rank_zeros_result_carries_the_adapters_not_the_base():
     """Rank 0's result (packed by the rank, read by the driver) holds what training can change: the
     adapters of an adapted net, every weight of a plain one."""
     from optim.protocol import RunResult, pack_result, unpack_result
-    from tfnet.lora import carried_weight_names  # what rank 0 packs (optim.spark.worker.rank)
+    from tfnet.lora import carried_weight_names  # what rank 0 packs (optim.rank.rank)
 
     net, plain = adapted(), base_net()
 

@@ -1,4 +1,4 @@
-"""The driver<->rank protocol (optim.protocol) and the launcher's states (optim.spark.driver.states), without
+"""The driver<->rank protocol (optim.protocol) and the launcher's states (optim.launch.states), without
 Spark: rank 0's payload read back whole, a local run's result and a distributed one's alike, jobs that pickle,
 entry points that resolve, and every state's place on the run's path."""
 
@@ -7,6 +7,7 @@ import pickle
 import numpy as np
 import pytest
 
+from optim.launch.states import RunStateType
 from optim.protocol import (
     EVALUATE_ENTRY,
     RESULT_FORMAT,
@@ -20,7 +21,6 @@ from optim.protocol import (
     pack_result,
     unpack_result,
 )
-from optim.spark.driver.states import RunStateType
 from tfnet.container import ContainerError
 
 

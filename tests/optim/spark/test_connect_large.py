@@ -11,7 +11,7 @@ import optim
 from optim import TFOptimizer
 from optim.data.arrays import ArrayDataset
 from optim.errors import DistributedTrainingError
-from optim.spark.driver.stage import carried_bytes, result_bytes
+from optim.launch.stage import carried_bytes, result_bytes
 from optim.training.config import TrainConfig
 from tests import digits
 from tests.connect_server import ConnectServer, close_session

@@ -13,7 +13,7 @@ import pytest
 import optim
 from optim import TFDataset, TFOptimizer
 from optim.data.base import agree_steps
-from optim.spark.driver.launcher import DistributedTrainingError, scale_learning_rate
+from optim.launch.launcher import DistributedTrainingError, scale_learning_rate
 from optim.training.checkpoint import CheckpointManager
 from tests import digits
 from tests.elastic_checks import data_fingerprint, stitched_epochs
@@ -198,7 +198,7 @@ def test_a_tf_data_dataset_object_validates_on_the_ranks(spark, monkeypatch):
     The epoch's ``val_`` figures equal an evaluation of the same rows with the same weights."""
     import tensorflow as tf
 
-    from optim.spark.driver.backends import classic
+    from optim.launch.backends import classic
 
     x, y = digits.load()
     val = tf.data.Dataset.from_tensor_slices((x[300:400], y[300:400])).batch(16)
@@ -271,7 +271,7 @@ def test_a_tf_data_dataset_object_trains_over_the_ranks_as_a_function_building_i
 
 
 def test_clear_errors(spark, monkeypatch):
-    from optim.spark.driver.backends import classic
+    from optim.launch.backends import classic
 
     x, y = digits.load()
     opt = TFOptimizer(cnn_net(), SCE, optim.SGD(0.1))
@@ -344,8 +344,8 @@ def test_workers_without_tfnet_get_a_clear_error(tmp_path):
 
 
 def test_missing_java_and_horovod_give_clear_errors(monkeypatch):
+    from optim.launch import preflight
     from optim.spark import session as spark_env
-    from optim.spark.driver import preflight
 
     monkeypatch.setenv("JAVA_HOME", "/nonexistent/jdk")
     with pytest.raises(spark_env.SparkSetupError, match=r"Spark needs Java 17 or newer, and no `java` was found"):

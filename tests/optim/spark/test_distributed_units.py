@@ -21,7 +21,7 @@ def test_watchdog_ends_a_stuck_process():
     end it, with exit code 70 and the phase it was stuck in."""
     code = textwrap.dedent("""
         import threading
-        from optim.spark.worker.watchdog import Watchdog
+        from optim.rank.watchdog import Watchdog
         dog = Watchdog(1.0, "tfnet rank 1").start()
         dog.kick("waiting in allreduce")
         print("stuck", flush=True)

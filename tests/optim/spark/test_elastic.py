@@ -15,7 +15,7 @@ import time
 import pytest
 
 from optim.errors import DistributedTrainingError
-from optim.spark.driver.elastic import ElasticPolicy, membership
+from optim.launch.elastic import ElasticPolicy, membership
 from optim.training.checkpoint import CheckpointManager
 from tests import digits
 from tests.cluster import ROOT
@@ -245,7 +245,7 @@ def test_the_run_grows_back_when_a_worker_returns_and_min_workers_out_of_reach_i
     assert STEPS_PER_EPOCH <= steps[1] < steps[2] and steps[2] % STEPS_PER_EPOCH == 0, members  # grew at an epoch end
     assert res["step"] == epochs * STEPS_PER_EPOCH and len(res["history"]["loss"]) == epochs
     assert run["num_workers"] == 2 and run["attempts"] == 2, run
-    # every path of the run, as the launcher's states went (optim.spark.driver.states)
+    # every path of the run, as the launcher's states went (optim.launch.states)
     assert run["states"] == ["starting", "running", "retrying", "shrinking", "running", "growing", "running",
                              "finished"], run["states"]
     assert "grows to 2 ranks at the next epoch boundary" in err

@@ -99,7 +99,7 @@ def test_validation_slower_than_the_timeout_finishes_in_one_attempt(spark, tmp_p
 
         import tensorflow as tf
 
-        from optim.spark.worker.watchdog import Watchdog
+        from optim.rank.watchdog import Watchdog
 
         if not tf.executing_eagerly():
             return

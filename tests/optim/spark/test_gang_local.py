@@ -1,4 +1,4 @@
-"""The training stage without barrier mode (dynamic allocation on: :mod:`optim.spark.worker.gang`) against the
+"""The training stage without barrier mode (dynamic allocation on: :mod:`optim.rank.gang`) against the
 barrier stage, on ``local[2]``: Spark's ``spark.dynamicAllocation.testing`` makes a local master refuse barrier
 stages as a cluster with dynamic allocation does (SPARK-24942), so the plain stage runs in a driver of its own. Same
 ranks, same data, same seed: the weights are equal bit for bit, and a rank's own error is the same typed error."""

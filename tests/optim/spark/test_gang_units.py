@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 
 from optim.errors import RendezvousError
+from optim.launch.backends.classic import posted_failures
 from optim.protocol import Channels, Limits, RankJob
-from optim.spark.driver.backends.classic import posted_failures
+from optim.rank.gang import GangBrokenError, GangContext
 from optim.spark.dynamic_allocation import DynamicAllocation, dynamic_allocation
-from optim.spark.worker.gang import GangBrokenError, GangContext
 from optim.transport import client as kv
 from optim.transport.failures import failures_in, from_exception
 from optim.transport.store import SecureRendezvous
@@ -92,8 +92,8 @@ def test_under_connect_a_failure_outlives_rank_0s_store_and_a_rerun_carries_it(t
     last re-run's. The first run leaves its failure beside the store's address; the re-run (no store, no gang)
     carries it in its own error text, so the client rebuilds the rank's own error, not a retryable one."""
     from optim.protocol import TrainSpec
-    from optim.spark.worker.gang import leave_failure, left_failures
-    from optim.spark.worker.task import _peers
+    from optim.rank.gang import leave_failure, left_failures
+    from optim.rank.task import _peers
     from optim.training.config import TrainConfig
 
     channels = Channels(rendezvous=None, rendezvous_key=KEY, store_file=str(tmp_path / "store-0"))

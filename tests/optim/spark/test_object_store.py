@@ -209,8 +209,8 @@ def test_a_model_dir_that_cannot_be_written_fails_before_the_stage(spark, s3, tm
 
 def test_driver_memory_is_checked_when_the_model_moves_through_spark(spark):
     from optim.errors import DistributedTrainingError
+    from optim.launch.backends.classic import check_driver_memory
     from optim.spark.conf import size_setting
-    from optim.spark.driver.backends.classic import check_driver_memory
 
     assert size_setting("1g") == 1 << 30 and size_setting("512m") == 512 << 20 and size_setting("0") is None
     sc = spark.sparkContext

@@ -15,7 +15,7 @@ from optim.errors import (
     StorageError,
     WorkerError,
 )
-from optim.spark.driver.retry import RetryPolicy, stage_error
+from optim.launch.retry import RetryPolicy, stage_error
 from optim.transport.failures import WorkerFailure, from_exception, pick_root, to_exception
 
 
@@ -166,7 +166,7 @@ def test_watchdog_phases_have_their_own_bound(monkeypatch):
     every 0.3 s keep the short bound; 1.5 s without one is past it (the process would end); so is
     6.5 s in a phase. The watchdog's thread, which ends the process when this says so, is
     tests/optim/spark/test_distributed_units.py's."""
-    from optim.spark.worker import watchdog
+    from optim.rank import watchdog
     from tests.clock import VirtualClock
 
     clock = VirtualClock()
@@ -193,7 +193,7 @@ def test_watchdog_phases_have_their_own_bound(monkeypatch):
 def test_watchdog_heartbeat_says_phase_and_bound():
     import json
 
-    from optim.spark.worker.watchdog import Watchdog
+    from optim.rank.watchdog import Watchdog
 
     dog = Watchdog(5.0, long_timeout_s=50.0)
     with dog.phase("writing a checkpoint"):
@@ -204,7 +204,7 @@ def test_watchdog_heartbeat_says_phase_and_bound():
 
 
 def test_retry_warning_keeps_a_graph_error_on_one_line():
-    from optim.spark.driver.launcher import one_line
+    from optim.launch.launcher import one_line
 
     graph_error = ("Rank 0 failed with UnknownError: Graph execution error:\n\nDetected at node tfnet_loss defined at"
                    " (most recent call last):\n  File \"<frozen runpy>\", line 198\n\nHorovod has been shut down.")

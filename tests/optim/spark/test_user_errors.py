@@ -55,7 +55,7 @@ def no_stage(monkeypatch):
     def launched(*args, **kwargs):
         raise AssertionError("the training stage was launched")
 
-    monkeypatch.setattr("optim.spark.driver.launcher.optimize_distributed", launched)
+    monkeypatch.setattr("optim.launch.launcher.optimize_distributed", launched)
 
 
 def test_mistakes_the_driver_can_see_fail_there(spark, no_stage):

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from optim.errors import SparkSetupError
-from optim.spark.worker import network as rank_network
+from optim.rank import network as rank_network
 from tests.cluster import ROOT
 from tests.netns import Network
 
@@ -20,7 +20,7 @@ import json, sys
 rank, root, port, key = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), bytes.fromhex(sys.argv[4])
 import numpy as np, tensorflow as tf
 from optim.transport.client import GlooProxy
-from optim.spark.worker.network import check_process_sets, gloo_iface, iface_address
+from optim.rank.network import check_process_sets, gloo_iface, iface_address
 from optim.training.horovod import HorovodSession, horovod_env
 
 own = sys.argv[5]

@@ -1,4 +1,4 @@
-"""The seam between the one distributed path (:mod:`optim.spark.driver.launcher`) and the two kinds of
+"""The seam between the one distributed path (:mod:`optim.launch.launcher`) and the two kinds of
 session it runs in. Driver side (or a Spark Connect client).
 
 The launcher makes every decision (ranks, batch split, checks, the attempts loop, retries, clean-up,
@@ -63,7 +63,7 @@ class Backend:
     #: Whether the session counts its task slots cheaply (a classic session asks its scheduler; a Connect
     #: client measures them with a probe job, so it does only for elastic runs).
     counts_slots = False
-    #: The training stage runs without barrier mode (:mod:`optim.spark.worker.gang`): dynamic allocation is on.
+    #: The training stage runs without barrier mode (:mod:`optim.rank.gang`): dynamic allocation is on.
     gang = False
 
     #: Whether the driver sees decommission notices for the executors that run ranks (a classic session on a
@@ -134,7 +134,7 @@ class Backend:
         raise NotImplementedError
 
     def stage_defaults(self) -> dict:
-        """Fields of :class:`~optim.spark.driver.stage.Stage` this kind sets (the driver's address, the
+        """Fields of :class:`~optim.launch.stage.Stage` this kind sets (the driver's address, the
         size of rank 0's result pieces)."""
         return {}
 

@@ -3,7 +3,7 @@
 
 Evaluation runs one Spark task per partition (:data:`optim.protocol.EVALUATE_ENTRY`, over what the data
 adapter's :meth:`~optim.data.base.DataAdapter.evaluation` stages), with the net and
-its hooks shipped as for training (:func:`optim.spark.driver.launcher.backend_for`), and sums the loss
+its hooks shipped as for training (:func:`optim.launch.launcher.backend_for`), and sums the loss
 and metric accumulators here: metric states are sums, so the result equals an evaluation of the
 collected data (counts exactly; the loss to float64 rounding). Prediction is TFPredictor's.
 """
@@ -15,13 +15,13 @@ import json
 import numpy as np
 
 from optim.errors import DistributedTrainingError
+from optim.launch.launcher import backend_for
+from optim.launch.stage import Cleanup, shipped_hooks
 from optim.metrics import Mean
 from optim.predict.predictor import TFPredictor
 from optim.protocol import EVALUATE_ENTRY, STATES_SCHEMA, EvalJob, entry
 from optim.spark import typed_errors
 from optim.spark.connect import plan_limit
-from optim.spark.driver.launcher import backend_for
-from optim.spark.driver.stage import Cleanup, shipped_hooks
 from optim.spark.jobs import run_job
 from optim.spark.session import get_spark, small_arrow_batches
 from optim.training.evaluation import logs_from_states, metrics_copy

@@ -1,7 +1,7 @@
 """Where a rank meets the others on the network: the interface Gloo listens on (:func:`gloo_iface`,
 :func:`iface_address`), and whether Horovod's process sets could reach this rank from another host
 (:func:`check_process_sets`). Worker side: runs in each rank's process, before ``hvd.init()``
-(:func:`optim.spark.worker.rank.run_rank`); needs no Spark.
+(:func:`optim.rank.rank.run_rank`); needs no Spark.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from optim.data.base import Staged
+from optim.launch.preflight import check_model_dir, probe_workers
 from optim.protocol import Channels, Limits, RankJob, TrainSpec
-from optim.spark.driver.preflight import check_model_dir, probe_workers
 from optim.sync import LocalSGD
 from optim.training import comm_threads
 from optim.training.config import TrainConfig
@@ -104,7 +104,7 @@ def worker_config(config: TrainConfig, per_rank: int) -> TrainConfig:
 
 def check_workers(target, n: int, timeout_s: float, config: TrainConfig) -> None:
     """``model_dir`` writable here (a marker file, removed after) and the workers' Python, and the
-    marker readable there (:func:`~optim.spark.driver.preflight.probe_workers`); ``target`` is a
+    marker readable there (:func:`~optim.launch.preflight.probe_workers`); ``target`` is a
     SparkContext or a Spark Connect session."""
     marker = check_model_dir(config.model_dir, config.storage_options) if config.model_dir else None
     try:

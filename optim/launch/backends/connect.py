@@ -1,7 +1,7 @@
 """The training stage from a Spark Connect client. Client side.
 
 Nothing is hosted on the client, which the executors may not reach: rank 0 hosts the rendezvous store
-and watches the heartbeats (:mod:`optim.spark.worker.task`); the net, the hooks, the optimiser state
+and watches the heartbeats (:mod:`optim.rank.task`); the net, the hooks, the optimiser state
 and numpy data travel in the plan, up to :func:`optim.spark.connect.plan_limit` bytes (48 MiB by
 default); a larger net, or a rank 0 result larger than that, goes through ``model_dir``
 (``model_dir/.exchange/<id>/``), and without one the call fails before the stage, naming ``model_dir``.
@@ -17,10 +17,10 @@ import uuid
 from contextlib import ExitStack, contextmanager, nullcontext
 
 from optim.errors import DistributedTrainingError
+from optim.launch.backends.base import Attempt, Backend
+from optim.launch.stage import result_bytes
 from optim.protocol import Channels
 from optim.spark.connect import chunk_bytes, plan_limit, result_limit
-from optim.spark.driver.backends.base import Attempt, Backend
-from optim.spark.driver.stage import result_bytes
 from optim.spark.dynamic_allocation import dynamic_allocation
 from optim.spark.slots import connect_slots
 from optim.transport.auth import derive_key

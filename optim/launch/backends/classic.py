@@ -15,12 +15,12 @@ import uuid
 from contextlib import ExitStack, contextmanager
 
 from optim.errors import DistributedTrainingError
+from optim.launch.backends.base import Attempt, Backend
+from optim.launch.preflight import check_driver_horovod
+from optim.launch.stage import result_bytes
 from optim.protocol import Channels
 from optim.spark.conf import pinned_port, setting, size_setting
 from optim.spark.decommission import decommission_enabled, decommissioning_tasks
-from optim.spark.driver.backends.base import Attempt, Backend
-from optim.spark.driver.preflight import check_driver_horovod
-from optim.spark.driver.stage import result_bytes
 from optim.spark.dynamic_allocation import dynamic_allocation
 from optim.spark.jobs import run_job
 from optim.spark.slots import task_slots, wait_for_slots
@@ -213,7 +213,7 @@ def _exchange_dir(sc, model_dir: str | None, storage_options=None) -> str | None
     """A folder the driver and every rank can read and write, to move the net and the results
     without passing them through Spark's JVM heap: a private temporary folder when the master is
     local, ``model_dir/.exchange/<id>`` otherwise (a URI, or a path every host sees: checked by
-    :func:`~optim.spark.driver.preflight.check_model_dir`). None: use a broadcast and the job result
+    :func:`~optim.launch.preflight.check_model_dir`). None: use a broadcast and the job result
     instead. The caller removes it."""
     if sc.master.startswith("local"):
         return tempfile.mkdtemp(prefix="tfnet-exchange-")

@@ -7,7 +7,7 @@ its pending tasks are what makes dynamic allocation ask for executors. :class:`G
 in the attempt's rendezvous store (the driver's), bounded by ``startup_timeout``.
 
 What barrier mode did and a plain stage does not, done here and by the driver's watch
-(:mod:`optim.spark.driver.backends.classic`):
+(:mod:`optim.launch.backends.classic`):
 
 * Spark re-runs a failed or lost task by itself. A rank's gang is gone by then, so a re-run task (attempt number
   above 0) joins nothing: it fails at once with :class:`GangBrokenError`, carrying the failures the ranks left in

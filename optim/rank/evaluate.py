@@ -1,6 +1,6 @@
 """Distributed evaluation (:data:`optim.protocol.EVALUATE_ENTRY`): one Spark task per partition computes the
 loss and metric accumulators (sums) over its rows. Worker side. The driver sums them
-(:mod:`optim.spark.driver.evaluate`), so the result equals an evaluation of the collected data.
+(:mod:`optim.launch.evaluate`), so the result equals an evaluation of the collected data.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from optim.errors import DistributedTrainingError, SparkSetupError, StorageError
-from optim.spark.driver.retry import stage_error
+from optim.launch.retry import stage_error
 from optim.spark.jobs import run_job
 from optim.spark.probe import import_report_fn
 from optim.spark.slots import task_slots, wait_for_slots

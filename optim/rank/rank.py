@@ -8,7 +8,7 @@ checkpoints and TensorBoard events, and returns the final weights, optimiser sta
 (:func:`optim.protocol.pack_result`). Every call to the store is signed with the job's rendezvous key;
 the progress channel has a key of its own (:mod:`optim.transport.auth`). The job is an
 :class:`optim.protocol.RankJob`; a failure travels back as data in the task's error
-(:mod:`optim.spark.worker.task`).
+(:mod:`optim.rank.task`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from optim.data.base import RankEnv, unshipped
 from optim.data.values import PartitionChecks, check_labels, finite_rows_only
 from optim.errors import StageRetryError
 from optim.protocol import RankJob, RunResult, pack_result
-from optim.spark.worker.network import check_process_sets, gloo_iface, iface_address
-from optim.spark.worker.tally import EpochTally
-from optim.spark.worker.watchdog import Watchdog
+from optim.rank.network import check_process_sets, gloo_iface, iface_address
+from optim.rank.tally import EpochTally
+from optim.rank.watchdog import Watchdog
 from optim.training.horovod import HorovodSession, horovod_env
 from optim.training.reporting import MultiReporter, Reporter, TensorBoardWriter
 from optim.training.spec import train
@@ -59,7 +59,7 @@ def _write_rank_info(job: RankJob, rank: int, **extra) -> None:
 
 
 def _tally(job: RankJob, rank: int, data, count: int) -> EpochTally:
-    """The rank's training data, counting what each epoch trains on (:mod:`optim.spark.worker.tally`), written to
+    """The rank's training data, counting what each epoch trains on (:mod:`optim.rank.tally`), written to
     ``model_dir/ranks/<run id>/epochs-a<attempt>-r<rank>.json`` with ``count`` (what the rank's data reported to
     agree on the steps: its rows; batches for ``tf.data`` input)."""
     config = job.train.config
@@ -240,7 +240,7 @@ def _memory(local: list) -> dict:
 def _network(job: RankJob, ctx, rank: int) -> dict:
     """Where this rank meets the others: ``address`` (its executor's, as Spark's task infos give it),
     ``gloo_iface`` and ``gloo_address`` (the interface Gloo listens on and every peer connects to:
-    :func:`optim.spark.worker.network.gloo_iface`), ``rendezvous`` (the store's ``host:port``, the
+    :func:`optim.rank.network.gloo_iface`), ``rendezvous`` (the store's ``host:port``, the
     driver's or rank 0's) and ``hosts`` (every rank's executor address)."""
     rendezvous = job.channels.rendezvous
     infos = ctx.getTaskInfos()

@@ -4,8 +4,8 @@ Every path a run can take is in :class:`RunStateType`: it starts (the first atte
 stage prepared), runs an attempt, and then either finishes, fails, retries (a failure a rerun can mend, with
 as many ranks as before), shrinks (a retry with fewer ranks: slots were lost, elastic training) or grows (the
 ranks stopped at an epoch boundary because the lost slots came back). What to do after an attempt is decided
-by pure policies, :meth:`optim.spark.driver.retry.RetryPolicy.decide` and
-:class:`optim.spark.driver.elastic.ElasticPolicy`; the launcher (:mod:`optim.spark.driver.launcher`) carries
+by pure policies, :meth:`optim.launch.retry.RetryPolicy.decide` and
+:class:`optim.launch.elastic.ElasticPolicy`; the launcher (:mod:`optim.launch.launcher`) carries
 the decisions out. Ray Train V2's controller states are the model.
 
 >>> RunStateType.FINISHED.terminal, RunStateType.SHRINKING.new_attempt
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from optim.launch.stage import Stage
     from optim.protocol import RunResult
-    from optim.spark.driver.stage import Stage
 
 __all__ = ["Failed", "Finished", "Growing", "Retrying", "RunState", "RunStateType", "Running", "Shrinking",
            "Starting"]
@@ -59,7 +59,7 @@ class Starting(RunState):
 
 @dataclass(frozen=True)
 class Running(RunState):
-    """Attempt ``attempt`` runs ``stage`` (an :class:`optim.spark.driver.stage.Stage`); ``failed``: the attempts
+    """Attempt ``attempt`` runs ``stage`` (an :class:`optim.launch.stage.Stage`); ``failed``: the attempts
     that failed before it."""
 
     stage: Stage

@@ -4,13 +4,13 @@ Connect client).
 The one distributed path, for a classic session and a Spark Connect client alike, and for every kind of
 data: ``optimize_distributed`` settles the ranks and the batch split, checks the workers, stages the data
 for the ranks (the data adapter's :meth:`~optim.data.base.DataAdapter.stage`; the net and hooks shipped
-once), and moves the run through its states (:mod:`optim.spark.driver.states`): starting, running an
+once), and moves the run through its states (:mod:`optim.launch.states`): starting, running an
 attempt, and then finished, failed, retrying, shrinking or growing, each transition decided by a pure
-policy (:class:`~optim.spark.driver.retry.RetryPolicy`, :class:`~optim.spark.driver.elastic.ElasticPolicy`)
+policy (:class:`~optim.launch.retry.RetryPolicy`, :class:`~optim.launch.elastic.ElasticPolicy`)
 and carried out here. Every attempt runs under the run's id, so a retry resumes from the run's own newest
 checkpoint. The stage is cancelled on Ctrl-C or a stuck rank (:mod:`~optim.spark.jobs`), what the call made
 is taken away on every way out, and the run ends in an :class:`optim.protocol.RunResult` with its summary.
-What differs between the two kinds of session is behind :class:`~optim.spark.driver.backends.base.Backend`.
+What differs between the two kinds of session is behind :class:`~optim.launch.backends.base.Backend`.
 The ranks run :data:`optim.protocol.TRAIN_ENTRY`, named, never imported here.
 """
 
@@ -24,6 +24,33 @@ import time
 import warnings
 
 from optim.errors import CheckpointWarning, DistributedTrainingError
+from optim.launch.backends.base import Backend
+from optim.launch.backends.classic import ClassicBackend
+from optim.launch.backends.connect import ConnectBackend
+from optim.launch.elastic import ElasticPolicy, membership
+from optim.launch.notice import DecommissionNotice
+from optim.launch.results import print_history, read_result, step_times
+from optim.launch.retry import RetryPolicy, one_line
+from optim.launch.stage import (
+    Cleanup,
+    Stage,
+    carried_bytes,
+    check_workers,
+    per_rank_batch,
+    rank_job,
+    shipped_hooks,
+    worker_config,
+)
+from optim.launch.states import (
+    Failed,
+    Finished,
+    Growing,
+    Retrying,
+    Running,
+    RunState,
+    Shrinking,
+    Starting,
+)
 from optim.logs import user_stacklevel
 from optim.protocol import (
     RESULT_SCHEMA,
@@ -38,33 +65,6 @@ from optim.protocol import (
 )
 from optim.spark.conf import seconds_setting
 from optim.spark.connect import is_connect
-from optim.spark.driver.backends.base import Backend
-from optim.spark.driver.backends.classic import ClassicBackend
-from optim.spark.driver.backends.connect import ConnectBackend
-from optim.spark.driver.elastic import ElasticPolicy, membership
-from optim.spark.driver.notice import DecommissionNotice
-from optim.spark.driver.results import print_history, read_result, step_times
-from optim.spark.driver.retry import RetryPolicy, one_line
-from optim.spark.driver.stage import (
-    Cleanup,
-    Stage,
-    carried_bytes,
-    check_workers,
-    per_rank_batch,
-    rank_job,
-    shipped_hooks,
-    worker_config,
-)
-from optim.spark.driver.states import (
-    Failed,
-    Finished,
-    Growing,
-    Retrying,
-    Running,
-    RunState,
-    Shrinking,
-    Starting,
-)
 from optim.spark.jobs import run_job
 from optim.spark.session import get_spark, small_arrow_batches
 from optim.training.checkpoint import new_run_id
@@ -121,7 +121,7 @@ def optimize_distributed(spec: TrainSpec, dataset, validation, *,
     Args:
         num_workers: Ranks. Default: Spark's default parallelism (under Spark Connect, the ``N`` of a
             ``local[N]`` master; other masters need it).
-        min_workers: Elastic training (:mod:`~optim.spark.driver.elastic`): when executors are lost
+        min_workers: Elastic training (:mod:`~optim.launch.elastic`): when executors are lost
             and ``num_workers`` slots are not back within ``elastic_wait``, the run goes on from its
             newest checkpoint with fewer ranks, at least this many (the global batch re-split, the
             learning rate unchanged), and grows back at an epoch boundary when the slots return.

@@ -2,7 +2,7 @@
 every kind of data: a barrier task over the rank's partition (Arrow batches of a DataFrame, or an RDD's
 records). Worker side.
 
-Around :func:`optim.spark.worker.rank.run_rank` (the rank itself), a task:
+Around :func:`optim.rank.rank.run_rank` (the rank itself), a task:
 
 * under Spark Connect, whose client the executors may not reach, hosts the stage's channels itself:
   rank 0 starts the secured rendezvous store (:mod:`optim.transport.store`, the job's
@@ -31,8 +31,8 @@ from pyspark import BarrierTaskContext
 from optim.errors import RendezvousError, WorkerError
 from optim.logs import quiet_worker
 from optim.protocol import RankJob
-from optim.spark.worker.gang import GangBrokenError, GangContext, leave_failure, left_failures, store_by_file
-from optim.spark.worker.rank import run_rank
+from optim.rank.gang import GangBrokenError, GangContext, leave_failure, left_failures, store_by_file
+from optim.rank.rank import run_rank
 from optim.transport import client as kv
 from optim.transport.chunks import to_chunks
 from optim.transport.failures import WorkerFailure, failure_text, from_exception, read_failures
@@ -96,7 +96,7 @@ PEER_WAIT_S = 3.0
 def _peers(job: RankJob, rank: int, failure: WorkerFailure, post: bool = True) -> list[WorkerFailure]:
     """Failures travel to the driver one way, in the task's error; which task's error Spark reports is a race.
     So every failing rank leaves its failure in the stage's store (and, under Spark Connect without barrier mode,
-    in a file that outlives rank 0's store: :func:`~optim.spark.worker.gang.leave_failure`), and a rank whose own
+    in a file that outlives rank 0's store: :func:`~optim.rank.gang.leave_failure`), and a rank whose own
     error may be a peer's doing (a retryable one: a broken collective, a lost connection, a task Spark ran again)
     waits briefly for the others' and carries them in its error too. The driver then finds the cause
     (:func:`~optim.transport.failures.pick_root`) whichever error it gets."""

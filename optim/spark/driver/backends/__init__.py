@@ -1,6 +1,0 @@
-"""``optim.spark.driver.backends``: how each kind of session runs the training stage (classic, Connect).
-Its modules are imported when first named (``optim.spark.driver.backends.<module>``)."""
-
-from optim._lazy import submodules
-
-__getattr__ = submodules(__name__)

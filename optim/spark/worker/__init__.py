@@ -1,5 +1,0 @@
-"""``optim.spark.worker``: its modules are imported when first named (``optim.spark.worker.<module>``)."""
-
-from optim._lazy import submodules
-
-__getattr__ = submodules(__name__)
