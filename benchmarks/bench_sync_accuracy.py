@@ -35,7 +35,7 @@ def main(argv=None):
     from tests.tfnet import transfer
 
     spark = local_spark(2)
-    from optim.spark.driver.preflight import ensure_warm_up
+    from optim.launch.preflight import ensure_warm_up
 
     ensure_warm_up(spark).wait(600)  # the workers have imported TensorFlow: no mode pays for it
     (xtr, ytr), (xte, yte) = transfer.data()
