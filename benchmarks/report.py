@@ -5,6 +5,11 @@ rewrites the block of ``docs/benchmarks.md`` between its two markers (a section 
 machine that gave them, the command, the plot) and ``docs/plots/<topic>.png``. The rest of
 ``docs/benchmarks.md`` is the dated log of how each figure came about, and is left as it is.
 
+The same benchmarks run on another kind of CPU write to ``docs/bench/<kind>/bench_<name>.json`` (``<kind>`` as
+``python benchmarks/report.py --kind`` names this machine's: ``intel-xeon-amx``, ``amd-epyc-avx512-bf16``,
+``amd-epyc-avx2``): each kind that has a topic's figures gets a column of its own beside the first, so a regression on
+one kind is seen. A kind that ran only part of a benchmark (``--only train``) shows the topics it has.
+
     python benchmarks/report.py            # rewrite the block and the plots
     python benchmarks/report.py --check    # exit 1, naming the first difference, if the block is stale
 
@@ -50,6 +55,9 @@ class Topic:
     notes: list[str] = field(default_factory=list)
     unit: str = ""  # the plot's axis
     machines: list[str] = field(default_factory=list)  # the machine of each source, as the plot's footer names it
+    #: the same topic on other kinds of CPU: ``(kind, its reader, its topic)``, each a column beside the first
+    columns: list[tuple[str, Reader, Topic]] = field(default_factory=list)
+    first_machine: dict = field(default_factory=dict)  # the first column's ``machine`` record
 
 
 class Reader:
@@ -86,6 +94,31 @@ class Reader:
                                                                         "avx2")))
         return (f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores"
                 f"{'; ' + flags if flags else ''}; oneDNN {m.get('onednn')}; {m.get('date', '?')}")
+
+
+#: The folder of ``docs`` that holds one folder of JSON per other kind of CPU.
+KINDS = "bench"
+
+
+def kind_of(machine: dict) -> str:
+    """A kind of CPU as a folder name, from a benchmark's ``machine`` record: its vendor and model family, and the
+    widest of AMX, AVX-512 with bf16, AVX-512 and AVX2 it has (what picks TensorFlow's, oneDNN's and OpenVINO's
+    kernels)."""
+    cpu = str(machine.get("cpu", "cpu")).lower()
+    vendor = "intel-xeon" if "xeon" in cpu else "amd-epyc" if "epyc" in cpu else \
+        "-".join("".join(c if c.isalnum() else " " for c in cpu).split()[:2]) or "cpu"
+    flags = set(machine.get("flags", []))
+    isa = ("amx" if any(f.startswith("amx") for f in flags) else "avx512-bf16" if "avx512_bf16" in flags
+           else "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "no-avx2")
+    return f"{vendor}-{isa}"
+
+
+def kind_folders(docs: str) -> list[str]:
+    """The kinds of CPU with a folder of their own under ``docs/bench`` (sorted)."""
+    root = os.path.join(docs, KINDS)
+    if not os.path.isdir(root):
+        return []
+    return sorted(k for k in os.listdir(root) if os.path.isdir(os.path.join(root, k)))
 
 
 def _ratios(figures: list[Figure], base: int = 0) -> list[Figure]:
@@ -252,16 +285,39 @@ def _fmt(v: float) -> str:
     return f"{v:,.3f}" if abs(v) < 10 else f"{v:,.1f}"
 
 
+def _cells(f: Figure | None) -> str:
+    if f is None:
+        return "| - | "
+    return f"| {_fmt(f.value)}{(' ' + f.unit) if f.unit else ''} | {'' if f.ratio is None else f'{f.ratio:.2f}'} "
+
+
 def section(t: Topic, r: Reader) -> str:
     lines = [f"### {t.title}", "", t.what, ""]
     for src in t.sources:
         command = r.load(src).get("command")
         lines.append(f"Source: `docs/{src}` ({r.machine(src)})" + (f", from `{command}`." if command else "."))
-    lines += ["", "| | figure | ratio |", "|---|---:|---:|"]
-    for f in t.figures:
-        lines.append(f"| {f.label} | {_fmt(f.value)}{(' ' + f.unit) if f.unit else ''} | "
-                     f"{'' if f.ratio is None else f'{f.ratio:.2f}'} |")
-    lines += ["", *t.notes, "" if t.notes else None, f"![{t.title}](plots/{t.slug}.png)", ""]
+    for kind, other, _ in t.columns:
+        for src in t.sources:
+            command = other.load(src).get("command")
+            lines.append(f"Source: `docs/{KINDS}/{kind}/{src}` ({other.machine(src)})"
+                         + (f", from `{command}`." if command else "."))
+    if not t.columns:
+        lines += ["", "| | figure | ratio |", "|---|---:|---:|"]
+        for f in t.figures:
+            lines.append(f"| {f.label} {_cells(f)}|")
+    else:  # one column of figures and ratios per kind of CPU, the first the top folder's
+        kinds = [kind_of(t.first_machine), *(k for k, _, _ in t.columns)]
+        lines += ["", "| | " + " | ".join(f"{k} | ratio" for k in kinds) + " |",
+                  "|---|" + "---:|---:|" * len(kinds)]
+        labels = [f.label for f in t.figures]
+        for _, _, other in t.columns:
+            labels += [f.label for f in other.figures if f.label not in labels]
+        for label in labels:
+            cells = [next((f for f in figs if f.label == label), None)
+                     for figs in [t.figures, *(o.figures for _, _, o in t.columns)]]
+            lines.append(f"| {label} " + "".join(_cells(c) for c in cells) + "|")
+    notes = [*t.notes, *(f"On {kind}: {note}" for kind, _, other in t.columns for note in other.notes)]
+    lines += ["", *notes, "" if notes else None, f"![{t.title}](plots/{t.slug}.png)", ""]
     return "\n".join(line for line in lines if line is not None)
 
 
@@ -269,8 +325,16 @@ def render(docs: str = DOCS) -> tuple[str, list[Topic]]:
     """The generated block (markers included) and the topics it shows."""
     r = Reader(docs)
     topics = [make(r) for make in TOPICS]
-    for t in topics:
+    others = [(kind, Reader(os.path.join(docs, KINDS, kind))) for kind in kind_folders(docs)]
+    for t, make in zip(topics, TOPICS):
         t.machines = [r.machine(src) for src in t.sources]
+        t.first_machine = r.load(t.sources[0]).get("machine", {})
+        for kind, other in others:
+            try:
+                t.columns.append((kind, other, make(other)))
+            except ReportError:  # that kind has not run this topic's benchmark (or not all of it)
+                continue
+            t.machines += [other.machine(src) for src in t.sources]
     body = "\n".join(section(t, r) for t in topics)
     return f"{START}\n\n## The latest figures, by topic\n\n{body}\n{END}", topics
 
@@ -282,13 +346,30 @@ def plot(t: Topic, path: str) -> list[float]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(t.figures) + 1.4))
+    series = [t.figures, *(other.figures for _, _, other in t.columns)]  # the first kind's, then each other kind's
+    labels = [f.label for f in t.figures]
+    height = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(labels) * (1 + 0.6 * (len(series) - 1)) + 1.4))
     try:
-        bars = ax.barh([f.label for f in t.figures][::-1], [f.value for f in t.figures][::-1], color="#4878a8")
-        for bar, f in zip(bars, t.figures[::-1]):
-            ax.annotate(_fmt(f.value) + (f"  ({f.ratio:.2f}x)" if f.ratio is not None else ""),
-                        (bar.get_width(), bar.get_y() + bar.get_height() / 2), xytext=(3, 0),
-                        textcoords="offset points", va="center", fontsize=8)
+        first: list = []
+        colors = ["#4878a8", "#d08c34", "#5a9e5a", "#a05a9e"]
+        for k, figures in enumerate(series):
+            by_label = {f.label: f for f in figures}
+            ys = [len(labels) - 1 - i + (len(series) - 1 - 2 * k) * height / 2 for i in range(len(labels))]
+            shown = [(y, by_label[label]) for y, label in zip(ys, labels) if label in by_label]
+            bars = ax.barh([y for y, _ in shown], [f.value for _, f in shown], height=height if len(series) > 1 else 0.8,
+                           color=colors[k % len(colors)])
+            for bar, (_, f) in zip(bars, shown):
+                ax.annotate(_fmt(f.value) + (f"  ({f.ratio:.2f}x)" if f.ratio is not None else ""),
+                            (bar.get_width(), bar.get_y() + bar.get_height() / 2), xytext=(3, 0),
+                            textcoords="offset points", va="center", fontsize=8)
+            if k == 0:
+                first = [b.get_width() for b in bars]
+        ax.set_yticks(range(len(labels)), labels[::-1])
+        if len(series) > 1:
+            kinds = [kind_of(t.first_machine), *(kind for kind, _, _ in t.columns)]
+            ax.legend([plt.Rectangle((0, 0), 1, 1, color=colors[k % len(colors)]) for k in range(len(series))], kinds,
+                      fontsize=7, loc="lower right")
         ax.set_xlabel(t.unit)
         ax.set_title(t.title, fontsize=9)
         ax.margins(x=0.25)
@@ -296,7 +377,7 @@ def plot(t: Topic, path: str) -> list[float]:
         if t.machines:  # every figure with the machine that gave it
             fig.text(0.01, 0.01, "; ".join(t.machines), fontsize=6, color="#555555")
         fig.savefig(path, dpi=90)
-        return [b.get_width() for b in bars][::-1]
+        return first
     finally:
         plt.close(fig)
 
@@ -314,7 +395,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--docs", default=DOCS, help="the folder of benchmarks.md and the bench_*.json files")
     ap.add_argument("--check", action="store_true", help="only say whether the block in benchmarks.md is current")
+    ap.add_argument("--kind", action="store_true", help="print this machine's kind of CPU (its folder under "
+                    "docs/bench/, for a benchmark's --json) and exit")
     args = ap.parse_args(argv)
+    if args.kind:
+        from common import machine
+
+        print(kind_of(machine()))
+        return 0
     md_path = os.path.join(args.docs, "benchmarks.md")
     try:
         block, topics = render(args.docs)

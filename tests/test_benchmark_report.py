@@ -75,3 +75,34 @@ def test_a_missing_file_or_figure_is_an_error_naming_it(docs_copy, capsys):
     assert report.main(["--docs", str(docs_copy)]) == 2
     assert "bench_startup.json is missing" in capsys.readouterr().err
     assert (docs_copy / "benchmarks.md").read_text() == before, "nothing written on an error"
+
+
+def test_each_kind_of_cpu_gets_a_column_of_the_topics_it_ran(docs_copy, capsys):
+    """``docs/bench/<kind>/``: the same benchmarks on another kind of CPU, a column beside the first in each topic it
+    has all the figures of; a kind that ran part of a benchmark adds nothing to the topics it lacks."""
+    report = _report()
+    assert report.kind_of({"cpu": "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz",
+                           "flags": ["amx_bf16", "amx_tile", "avx2", "avx512_bf16", "avx512f"]}) == "intel-xeon-amx"
+    assert report.kind_of({"cpu": "AMD EPYC 9B14", "flags": ["avx2", "avx512_bf16", "avx512f"]}) == \
+        "amd-epyc-avx512-bf16"
+    assert report.kind_of({"cpu": "AMD EPYC 7B13", "flags": ["avx2", "fma"]}) == "amd-epyc-avx2"
+    amx = json.loads((docs_copy / "bench_precision.json").read_text())
+    amx["machine"] = {"cpu": "Intel Xeon", "flags": ["amx_tile", "avx512_bf16", "avx512f"], "cores": 2, "onednn": "1",
+                      "date": "2026-11-28"}
+    amx["train"]["img_s"]["tfnet_bf16"] = 77.0
+    del amx["spark"]  # --only train: no inference figures from this kind
+    (docs_copy / "bench" / "intel-xeon-amx").mkdir(parents=True)
+    (docs_copy / "bench" / "intel-xeon-amx" / "bench_precision.json").write_text(json.dumps(amx))
+    assert report.main(["--check", "--docs", str(docs_copy)]) == 1
+    capsys.readouterr()
+    assert report.main(["--docs", str(docs_copy)]) == 0
+    markdown = (docs_copy / "benchmarks.md").read_text()
+    keras_fp32 = amx["train"]["img_s"]["keras_fp32"]
+    assert "| | amd-epyc-avx512-bf16 | ratio | intel-xeon-amx | ratio |" in markdown
+    assert f"| 77.0 img/s | {77.0 / keras_fp32:.2f} |" in markdown
+    assert "Source: `docs/bench/intel-xeon-amx/bench_precision.json` (Intel Xeon, 2 cores; amx_tile" in markdown
+    topics = {t.slug: t for t in report.render(str(docs_copy))[1]}
+    assert [k for k, _, _ in topics["training"].columns] == ["intel-xeon-amx"]
+    assert topics["inference"].columns == []  # that kind has no inference figures: one column, as before
+    drawn = report.plot(topics["training"], str(docs_copy / "training.png"))
+    assert drawn == [f.value for f in topics["training"].figures]
