@@ -26,8 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 if TYPE_CHECKING:  # the types only: importing them would load TensorFlow and Spark here
-    from pyspark.broadcast import Broadcast
-
+    from optim.carriers import Carrier
     from optim.losses import Loss
     from optim.methods import Method
     from optim.metrics import Metric
@@ -72,13 +71,13 @@ class NetOutputs:
 
 @dataclass
 class TrainSpec:
-    """What to train and how: the net (its bytes, a path in the exchange folder, or a broadcast) and its hooks,
+    """What to train and how: the net (as shipped, its :class:`~optim.carriers.Carrier`) and its hooks,
     the loss, the method and the metrics, the ranks' config (``batch_size`` per rank), the state to go on from
     (the optimiser's, the server method's, the step) and what gives the logged learning rate. ``outputs``: the
     net's output names and specs, for the checks of labels on the ranks. The driver's spec holds the net itself;
     the ranks' (:meth:`for_ranks`), the net as shipped."""
 
-    net: TFNet | bytes | str | Broadcast
+    net: TFNet | Carrier
     hooks: bytes | None
     loss: Loss
     method: Method | GradientTransformation
@@ -92,9 +91,9 @@ class TrainSpec:
     lr_source: Any = None
     outputs: NetOutputs = field(default_factory=NetOutputs)
 
-    def for_ranks(self, net: bytes | str | Broadcast, hooks: bytes | None, config: Any) -> TrainSpec:
-        """This spec as the ranks get it: ``net`` shipped (its bytes, a path or a broadcast), its ``hooks``, and
-        the ranks' ``config`` (the per-rank batch)."""
+    def for_ranks(self, net: Carrier, hooks: bytes | None, config: Any) -> TrainSpec:
+        """This spec as the ranks get it: ``net`` shipped (its carrier: a file, a broadcast or the plan), its
+        ``hooks``, and the ranks' ``config`` (the per-rank batch)."""
         return dataclasses.replace(self, net=net, hooks=hooks, config=config)
 
 
@@ -160,11 +159,11 @@ class RankJob:
 
 @dataclass
 class EvalJob:
-    """What every task of a distributed evaluation needs (picklable): the net's bytes (a broadcast, or the bytes
-    under Spark Connect) and its hooks, the loss, the metrics, the batch size and the data's
+    """What every task of a distributed evaluation needs (picklable): the net's bytes in their carrier (a broadcast,
+    or the plan under Spark Connect) and its hooks, the loss, the metrics, the batch size and the data's
     :class:`~optim.data.base.RankData`."""
 
-    net: bytes | Broadcast
+    net: Carrier
     loss: Loss
     metrics: list[Metric]
     batch_size: int

@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from optim.data.base import Batch, DataAdapter, Opened, RankData, RankEnv, Shipped, Staged
+from optim.carriers import Carrier
+from optim.data.base import Batch, DataAdapter, Opened, RankData, RankEnv, Staged
 from optim.data.checks import Feed, array_type, check_feeds
 from optim.data.values import check_label_types, check_labels, finite_rows_only
 from optim.errors import DataError
@@ -168,11 +169,11 @@ class ArrayDataset(DataAdapter):
     def stage(self, host, n, per_rank, *, cleanup, validation=None, timeout_s=600.0) -> Staged:
         if len(self) < n:
             raise ValueError(f"The training data has {len(self)} rows, fewer than the {n} workers.")
-        return Staged(ArrayRankData(Shipped(host.ship(self, cleanup)), _validation(host, validation, cleanup)),
+        return Staged(ArrayRankData(host.ship(self, cleanup), _validation(host, validation, cleanup)),
                       frame=host.placeholder(n))
 
-    def for_ranks(self, host, cleanup) -> Shipped:
-        return Shipped(host.ship(self, cleanup))
+    def for_ranks(self, host, cleanup) -> Carrier:
+        return host.ship(self, cleanup)
 
     def hold_out(self, holdout):
         """The rows ``holdout`` keeps for validation, split off here: ``(training rows, validation rows)``."""
@@ -183,7 +184,7 @@ class ArrayDataset(DataAdapter):
         return sum(int(np.asarray(a).nbytes) for a in list(self.features) + list(self.labels or []))
 
 
-def _validation(host, validation, cleanup) -> Shipped | None:
+def _validation(host, validation, cleanup) -> Carrier | None:
     return None if validation is None else validation.for_ranks(host, cleanup)
 
 
@@ -210,10 +211,10 @@ class ArrayRankData(RankData):
     """A rank's share of arrays shipped with the job: every ``size``-th row from ``rank`` (the driver checked
     them)."""
 
-    def __init__(self, data: Shipped, validation: Shipped | None = None):
+    def __init__(self, data: Carrier, validation: Carrier | None = None):
         self.data, self.validation = data, validation
 
     def open(self, rows: Iterable, rank: int, size: int, env: RankEnv) -> Opened:
         for _ in rows:  # the placeholder partition carries nothing
             pass
-        return Opened(self.data.get(), self.open_validation())
+        return Opened(self.data.read(), self.open_validation())

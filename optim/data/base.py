@@ -39,10 +39,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from optim.carriers import Carrier
 from optim.errors import DataError
 
-__all__ = ["CAPABILITIES", "Batch", "DataAdapter", "Opened", "RankData", "RankEnv", "Shipped", "StageHost", "Staged",
-           "agree_steps", "unshipped"]
+__all__ = ["CAPABILITIES", "Batch", "DataAdapter", "Opened", "RankData", "RankEnv", "StageHost", "Staged",
+           "agree_steps"]
 
 Batch = tuple[list, Any]
 
@@ -65,32 +66,14 @@ class StageHost(Protocol):
     def records(self, rdd):
         """``rdd`` as it is, for a job over its partitions; raises TypeError where the session has no RDDs."""
 
-    def ship(self, value, cleanup):
-        """``value`` as the ranks get it: a broadcast, or itself in the plan."""
+    def ship(self, value, cleanup) -> Carrier:
+        """``value`` as the ranks get it: its carrier (:mod:`optim.carriers`), a broadcast or the plan."""
 
     def validation_limit(self) -> int:
         """The most bytes of validation arrays that go to every rank."""
 
     def partitions(self, requested: int | None) -> int:
         """Tasks for a job over a placeholder: ``requested`` or the session's default."""
-
-
-class Shipped:
-    """A value as the ranks get it: a Spark broadcast, or the value itself (in the plan)."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def get(self):
-        return unshipped(self.value)
-
-
-def unshipped(value):
-    """What a broadcast holds, or ``value`` itself when it came in the plan (Spark Connect)."""
-    cls = type(value)
-    if cls.__name__ == "Broadcast" and cls.__module__.startswith("pyspark"):
-        return value.value
-    return value
 
 
 @dataclass
@@ -126,10 +109,10 @@ class Opened:
 
 class RankData:
     """How a rank opens its share of the data: made by :meth:`DataAdapter.stage` on the driver, shipped in
-    the job (picklable), used on the rank. ``validation`` is shipped validation data (a :class:`Shipped`,
-    or None)."""
+    the job (picklable), used on the rank. ``validation`` is shipped validation data (its
+    :class:`~optim.carriers.Carrier`, or None)."""
 
-    validation: Shipped | None = None
+    validation: Carrier | None = None
     #: Whether :meth:`count` counts rows (a ``tf.data`` input counts batches).
     counts_rows: bool = True
 
@@ -149,7 +132,7 @@ class RankData:
         raise NotImplementedError  # pragma: no cover - interface
 
     def open_validation(self):
-        return None if self.validation is None else self.validation.get()
+        return None if self.validation is None else self.validation.read()
 
 
 def agree_steps(rows: list[int], per_rank_batch: int) -> int:
@@ -280,7 +263,7 @@ class DataAdapter:
         or an adapter whose :meth:`for_ranks` this may call) travelling with it."""
         raise self.unsupported("stage")
 
-    def for_ranks(self, host: StageHost, cleanup) -> Shipped:
+    def for_ranks(self, host: StageHost, cleanup) -> Carrier:
         """This data as the validation data of a distributed run: what every rank gets."""
         raise self.unsupported("for_ranks", "give numpy arrays, or a TFDataset (from_ndarrays, from_tf_data, "
                                             "from_dataframe, from_rdd, from_parquet, from_delta)")

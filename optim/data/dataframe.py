@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from optim.carriers import Carrier
 from optim.data import stream
 from optim.data.arrays import ArrayDataset
-from optim.data.base import Shipped, Staged
+from optim.data.base import Staged
 from optim.data.columns import ColumnDataset
 from optim.data.decode import TensorColumns
 from optim.data.partition import (
@@ -160,7 +161,7 @@ class DataFrameDataset(ColumnDataset):
         shipped = None if validation is None else validation.for_ranks(host, cleanup)
         return Staged(FrameRankData(self.shard_reader(), shipped), frame=frame)
 
-    def for_ranks(self, host, cleanup) -> Shipped:
+    def for_ranks(self, host, cleanup) -> Carrier:
         return self.to_local().for_ranks(host, cleanup)
 
     def evaluation(self, host, partitions) -> Staged:

@@ -22,8 +22,9 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from optim.carriers import Carrier, InPlan
 from optim.data import stream
-from optim.data.base import Opened, RankData, RankEnv, Shipped, Staged
+from optim.data.base import Opened, RankData, RankEnv, Staged
 from optim.data.checks import spark_type
 from optim.data.columns import ColumnDataset
 from optim.data.parquet_read import BatchCheck, FileRows, ParquetSource, filesystem
@@ -334,8 +335,8 @@ class ParquetDataset(ColumnDataset):
         shipped = None if validation is None else validation.for_ranks(host, cleanup)
         return Staged(ParquetRankData(self, shipped), frame=host.placeholder(n))
 
-    def for_ranks(self, host, cleanup) -> Shipped:
-        return Shipped(self)
+    def for_ranks(self, host, cleanup) -> Carrier:
+        return InPlan(self)
 
     def evaluation(self, host, partitions) -> Staged:
         n = host.partitions(partitions)
@@ -355,7 +356,7 @@ def _find(schema: pa.Schema, where: FileColumn) -> str | None:
 class ParquetRankData(RankData):
     """A rank's share of the files, checked batch by batch as it is read (rows named by file and row)."""
 
-    def __init__(self, data: ParquetDataset, validation: Shipped | None = None):
+    def __init__(self, data: ParquetDataset, validation: Carrier | None = None):
         self.data, self.validation = data, validation
 
     def open(self, rows, rank: int, size: int, env: RankEnv) -> Opened:

@@ -11,9 +11,10 @@ from collections.abc import Iterable
 import numpy as np
 import pyarrow as pa
 
+from optim.carriers import Carrier
 from optim.data import stream
 from optim.data.arrays import ArrayDataset
-from optim.data.base import Opened, RankData, RankEnv, Shipped
+from optim.data.base import Opened, RankData, RankEnv
 from optim.data.decode import TensorColumns, arrow_to_arrays, row_weights
 from optim.data.spool import spool, spool_folder
 
@@ -29,7 +30,7 @@ class FrameRankData(RankData):
     local copy (checked part by part as it is stored), or read whole and checked. ``validation``: validation
     data shipped apart (None when the partition carries its own rows of it, or there is none)."""
 
-    def __init__(self, reader, validation: Shipped | None = None):
+    def __init__(self, reader, validation: Carrier | None = None):
         self.reader, self.validation = reader, validation
 
     def open(self, rows: Iterable, rank: int, size: int, env: RankEnv) -> Opened:

@@ -14,8 +14,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from optim.carriers import Carrier
 from optim.data.arrays import ArrayDataset
-from optim.data.base import DataAdapter, Opened, RankData, RankEnv, Shipped, Staged
+from optim.data.base import DataAdapter, Opened, RankData, RankEnv, Staged
 from optim.data.decode import records_to_arrays
 from optim.data.values import check_label_types
 from optim.errors import ColumnError
@@ -72,7 +73,7 @@ class RDDDataset(DataAdapter):
         shipped = None if validation is None else validation.for_ranks(host, cleanup)
         return Staged(RecordRankData(shipped, self.holdout if validation is None else None), records=records)
 
-    def for_ranks(self, host, cleanup) -> Shipped:
+    def for_ranks(self, host, cleanup) -> Carrier:
         return self.to_local().for_ranks(host, cleanup)
 
     def evaluation(self, host, partitions) -> Staged:
@@ -99,7 +100,7 @@ class RecordShard:
 class RecordRankData(RankData):
     """A rank's partition of records, read whole and checked."""
 
-    def __init__(self, validation: Shipped | None = None, holdout=None):
+    def __init__(self, validation: Carrier | None = None, holdout=None):
         self.validation, self.holdout = validation, holdout
 
     def open(self, rows: Iterable, rank: int, size: int, env: RankEnv) -> Opened:

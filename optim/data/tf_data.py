@@ -16,8 +16,9 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from optim.carriers import Carrier, InPlan
 from optim.data.arrays import ArrayDataset
-from optim.data.base import Batch, DataAdapter, Opened, RankData, RankEnv, Shipped, Staged
+from optim.data.base import Batch, DataAdapter, Opened, RankData, RankEnv, Staged
 from optim.data.checks import Feed, array_type, check_feeds
 from optim.data.values import check_label_types, finite_batch
 from optim.errors import DataError, NonFiniteInputError
@@ -178,7 +179,7 @@ class TFDataDataset(DataAdapter):
         shipped = None if validation is None else validation.for_ranks(host, cleanup)
         return Staged(TFDataRankData(self, shipped), frame=host.placeholder(n))
 
-    def for_ranks(self, host, cleanup) -> Shipped:
+    def for_ranks(self, host, cleanup) -> Carrier:
         """Itself when it can be pickled (``from_tf_data(fn)``: each rank builds its shard); a
         ``tf.data.Dataset`` object is collected here to numpy arrays of at most
         ``host.validation_limit()`` bytes and shipped as those (every rank validates on its share of them).
@@ -192,7 +193,7 @@ class TFDataDataset(DataAdapter):
         if self.given is None:
             try:
                 cloudpickle.dumps(self)
-                return Shipped(self)
+                return InPlan(self)
             except Exception:  # noqa: BLE001 - a function that cannot be pickled: collect its dataset instead
                 pass
         return _collected(self, host.validation_limit()).for_ranks(host, cleanup)
@@ -302,7 +303,7 @@ class TFDataRankData(RankData):
 
     counts_rows = False
 
-    def __init__(self, data: TFDataDataset, validation: Shipped | None = None):
+    def __init__(self, data: TFDataDataset, validation: Carrier | None = None):
         self.data, self.validation = data, validation
 
     def open(self, rows: Iterable, rank: int, size: int, env: RankEnv) -> Opened:

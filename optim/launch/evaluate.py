@@ -62,7 +62,7 @@ def _evaluate(backend, opt, dataset, batch_size: int, num_partitions: int | None
 
 
 def _ship_net(backend, data: bytes, cleanup: Cleanup):
-    """The net's bytes as the tasks get them: a broadcast, or (Spark Connect) in the plan."""
+    """The net's bytes as the tasks get them: their carrier (a broadcast, or the plan under Spark Connect)."""
     if backend.mode == "connect":
         limit = plan_limit(backend.spark)
         if len(data) > limit:

@@ -29,7 +29,7 @@ from optim.launch.backends.classic import ClassicBackend
 from optim.launch.backends.connect import ConnectBackend
 from optim.launch.elastic import ElasticPolicy, membership
 from optim.launch.notice import DecommissionNotice
-from optim.launch.results import print_history, read_result, step_times
+from optim.launch.results import print_history, step_times
 from optim.launch.retry import RetryPolicy, one_line
 from optim.launch.stage import (
     Cleanup,
@@ -70,6 +70,7 @@ from optim.spark.session import get_spark, small_arrow_batches
 from optim.training.checkpoint import new_run_id
 from optim.training.config import TrainConfig
 from optim.training.reporting import MultiReporter, ProgressBar
+from optim.transport.chunks import result_carrier
 from optim.transport.failures import failures_in
 from tfnet import storage
 from tfnet.serialize import net_to_bytes
@@ -391,12 +392,9 @@ class _DistributedRun:
             rows = run_job(self.backend.spark, f"training on {job.size} ranks (attempt {attempt + 1})",
                            lambda: stage.staged.collect(task, RESULT_SCHEMA, barrier=not job.gang), kind="train",
                            watch=self.watch(stage, channels.watch))
-        net = stage.net
-        records = [r[2] or (r[0], r[1]) for r in rows]
-        self.roads = {"net_via": "file" if isinstance(net, str) else "plan" if isinstance(net, bytes) else "broadcast",
-                      "result_via": "file" if any(isinstance(r, str) for r in records) else "rows",
-                      "result_pieces": len(records)}
-        return unpack_result(read_result(records, stage.config.storage_options))
+        result = result_carrier(rows)
+        self.roads = {"net_via": stage.net.via, "result_via": result.via, "result_pieces": len(rows)}
+        return unpack_result(result.take(stage.config.storage_options))
 
     def watch(self, stage: Stage, stuck):
         """What the driver checks while the stage runs: a stuck rank (``stuck``), task slots lost under the stage

@@ -1,33 +1,14 @@
-"""What the launcher makes of a finished stage: rank 0's payload from the stage's rows, the run's step timings, and the
-per-epoch lines when no progress reached this process. Driver side (or a Spark Connect client).
+"""What the launcher makes of a finished stage: the run's step timings, and the per-epoch lines when no progress
+reached this process. Driver side (or a Spark Connect client). Rank 0's payload comes back through its carrier
+(:func:`optim.transport.chunks.result_carrier`).
 """
 
 from __future__ import annotations
 
-from optim.errors import DistributedTrainingError
 from optim.protocol import RunResult
 from optim.training.reporting import ProgressBar
-from optim.transport.chunks import join_chunks
-from tfnet import storage
 
-__all__ = ["print_history", "read_result", "step_times"]
-
-
-def read_result(rows: list, options=None) -> bytes:
-    """Rank 0's payload from the stage's rows: a file in the exchange folder (read, then removed), the
-    payload itself (an RDD stage), or its pieces."""
-    paths = [r for r in rows if isinstance(r, str)]
-    if paths:
-        data = storage.read_bytes(paths[0], options)
-        storage.remove(paths[0], options)
-        return data
-    if rows and isinstance(rows[0], (bytes, bytearray)):
-        if len(rows) != 1:
-            raise DistributedTrainingError(f"Expected one result from rank 0; got {len(rows)}.")
-        return bytes(rows[0])
-    if not rows:
-        raise DistributedTrainingError("Rank 0 returned no result.")
-    return join_chunks(rows)
+__all__ = ["print_history", "step_times"]
 
 
 def step_times(sink, t_call: float) -> dict:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from optim.carriers import Carrier
 from optim.data.base import Staged
 from optim.launch.preflight import check_model_dir, probe_workers
 from optim.protocol import Channels, Limits, RankJob, TrainSpec
@@ -32,13 +33,13 @@ log = logging.getLogger("tfnet.spark.driver")
 @dataclass
 class Stage:
     """What every attempt of the stage shares: the ranks (``n``), the data staged for them (``staged``: what the
-    stage runs over, and what each rank gets), the shipped net and hooks, and the ranks' config (per-rank
+    stage runs over, and what each rank gets), the shipped net (its carrier) and hooks, and the ranks' config (per-rank
     batch). ``exchange``: the folder the net and rank 0's result go through (None: the job and its rows);
     ``host`` and ``bind_host``: the driver's address (classic); ``chunk``: the size of rank 0's result pieces."""
 
     n: int
     staged: Staged
-    net: object
+    net: Carrier
     hooks: bytes | None
     config: TrainConfig
     exchange: str | None = None

@@ -5,13 +5,12 @@ or locally on numpy arrays. Driver side; the code that runs in the workers is
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any
 
 import numpy as np
 
-from optim.errors import BackendError, CalibrationError
+from optim.errors import CalibrationError
 from optim.predict.backends import Payload, check_backend, import_openvino, make_payload
 from optim.predict.columns import ColumnSpec, input_columns, plan_columns
 from optim.predict.quantize import (
@@ -22,8 +21,9 @@ from optim.predict.quantize import (
     import_nncf,
     quantize_ir,
 )
+from optim.predict.shipping import Shipping, shipping_for
 from optim.predict.snapshot import ModelSnapshot, ModelSource
-from optim.predict.worker import StatsParam, WorkerJob, arrow_udf_body, get_engine, merge_stats, predict_rdd_partition
+from optim.predict.worker import WorkerJob, arrow_udf_body, get_engine, merge_stats, predict_rdd_partition
 
 __all__ = ["TFPredictor"]
 
@@ -32,7 +32,8 @@ ON_ERROR = ("raise", "null")
 
 class TFPredictor:
     """Runs a model over a Spark DataFrame or RDD, ``batch_per_thread`` rows per model call, with
-    the model shipped once (a broadcast) and loaded once per Python worker; or locally on numpy.
+    the model shipped once (a broadcast; in the plan under Spark Connect: :mod:`optim.predict.shipping`) and
+    loaded once per Python worker; or locally on numpy.
 
     Args:
         net_or_path: A :class:`tfnet.TFNet` (for example the fine-tuned ``TFOptimizer.net``), an
@@ -113,7 +114,7 @@ class TFPredictor:
         self.requested_backend = backend
         self.requested_precision = precision
         self._snapshot = ModelSnapshot.from_source(net_or_path, inputs, outputs, storage_options)
-        self._spark: tuple | None = None  # (SparkContext, broadcast, stats accumulator, model id)
+        self._shipped: Shipping | None = None  # the broadcast model of a classic session, kept between calls
         self._local_stats: dict = {}
         int8 = None
         if precision == "int8":
@@ -168,7 +169,7 @@ class TFPredictor:
         for k, v in settings.items():
             setattr(predictor, k, v)
         predictor._snapshot, predictor._payload = snapshot, payload
-        predictor._spark, predictor._local_stats = None, {}
+        predictor._shipped, predictor._local_stats = None, {}
         return predictor
 
     def __repr__(self) -> str:
@@ -242,15 +243,14 @@ class TFPredictor:
         job = self._job(rdd.context, None)
         return rdd.mapPartitionsWithIndex(functools.partial(predict_rdd_partition, job=job))
 
-    def _job(self, sc, plan) -> WorkerJob:
-        """Broadcasts the model on first use with this SparkContext, then reuses the broadcast."""
-        if self._spark is None or self._spark[0] is not sc or sc._jsc is None:
-            threads = self.num_threads or int(sc.getConf().get("spark.task.cpus", "1"))
-            payload = dataclasses.replace(self._payload, num_threads=threads,
-                                          model_id=f"{self._payload.model_id}-t{threads}")
-            self._spark = (sc, sc.broadcast(payload), sc.accumulator({}, StatsParam()), payload.model_id)
-        _, broadcast, stats, model_id = self._spark
-        return WorkerJob(model_id, broadcast, plan, self.batch_per_thread, self.on_error, stats)
+    def _job(self, spark, plan) -> WorkerJob:
+        """The tasks' job for ``spark`` (a session of either kind, or a SparkContext): the model shipped as that kind
+        of session ships it (:func:`~optim.predict.shipping.shipping_for`); a broadcast is made on first use with a
+        SparkContext, then reused."""
+        shipping = shipping_for(spark, self._payload, self.num_threads, self._shipped)
+        if shipping.kept:
+            self._shipped = shipping
+        return shipping.job(plan, self.batch_per_thread, self.on_error)
 
     def _predict_arrays(self, df, feature_cols, output_cols):
         """The model runs in an Arrow UDF over the feature columns alone, so the other columns stay in Spark
@@ -259,11 +259,9 @@ class TFPredictor:
         from pyspark.sql import functions as F
         from pyspark.sql.types import StructType
 
-        from optim.spark.connect import is_connect
-
         plan = plan_columns(df.schema, self._snapshot.inputs, self._snapshot.outputs, feature_cols, output_cols,
                             self.error_col if self.on_error == "null" else None)
-        job = self._connect_job(df.sparkSession, plan) if is_connect(df) else self._job(df.sparkSession.sparkContext, plan)
+        job = self._job(df.sparkSession, plan)
         fields = plan.output_fields()
         model = F.arrow_udf(arrow_udf_body(job), StructType(fields))
         hidden = "__tfnet_outputs"
@@ -272,26 +270,6 @@ class TFPredictor:
         out = df.withColumn(hidden, model(*[_column(spec.column) for spec in plan.inputs]))
         # appended by position, so that no input column is named again (a join's twin names stay as they were)
         return out.withColumns({f.name: F.col(hidden).getField(f.name) for f in fields}).drop(hidden)
-
-    def _connect_job(self, spark, plan) -> WorkerJob:
-        """Under Spark Connect (no SparkContext, no broadcast) the model travels in the plan itself,
-        up to :func:`optim.spark.connect.plan_limit` bytes; the workers still load it once per
-        Python worker (the cache is keyed by the model's checksum). No statistics come back."""
-        import cloudpickle
-
-        from optim.spark.connect import plan_limit
-
-        threads = self.num_threads or int(spark.conf.get("spark.task.cpus", "1") or 1)
-        payload = dataclasses.replace(self._payload, num_threads=threads,
-                                      model_id=f"{self._payload.model_id}-t{threads}")
-        size, limit = len(cloudpickle.dumps(payload)), plan_limit(spark)
-        if size > limit:
-            raise BackendError(
-                f"The model ({size / 2**20:.0f} MiB as it runs) exceeds what a Spark Connect plan carries "
-                f"({limit / 2**20:.0f} MiB, spark.tfnet.connect.maxPlanBytes). Raise that setting if the Connect "
-                "server's spark.connect.grpc.maxInboundMessageSize and the executors' heap allow it, or predict "
-                "from a classic SparkSession, which broadcasts the model.")
-        return WorkerJob(payload.model_id, payload, plan, self.batch_per_thread, self.on_error, None)
 
     def predict_local(self, data):
         """The numpy road of :meth:`predict` (internal interface, for :mod:`optim.predict.inputs`)."""
@@ -320,8 +298,8 @@ class TFPredictor:
         ``loads`` (``{"host:pid": model loads}``, one entry per Python worker that loaded it) and
         ``quantizations`` (INT8 quantisations done for this predictor, on the driver: 1 or 0)."""
         merged: dict = {}
-        if self._spark is not None:
-            merge_stats(merged, dict(self._spark[2].value))
+        if self._shipped is not None:
+            merge_stats(merged, self._shipped.stats())
         merge_stats(merged, self._local_stats)
         loads = {k.split("@", 1)[1]: v for k, v in merged.items() if k.startswith("loads@")}
         out = {k: merged.get(k, 0) for k in ("calls", "rows", "max_rows", "quantizations")}
@@ -353,12 +331,9 @@ class TFPredictor:
     def close(self) -> None:
         """Removes the broadcast model from the executors. DataFrames and RDDs returned by
         :meth:`predict` cannot be computed after this."""
-        if self._spark is not None:
-            try:
-                self._spark[1].destroy()
-            except Exception:  # the SparkContext may be gone already
-                pass
-            self._spark = None
+        if self._shipped is not None:
+            self._shipped.close()
+            self._shipped = None
 
     def __enter__(self) -> TFPredictor:
         return self

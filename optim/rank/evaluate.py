@@ -12,7 +12,6 @@ from typing import Any
 
 from pyspark import TaskContext
 
-from optim.data.base import unshipped
 from optim.logs import quiet_worker
 from optim.protocol import EvalJob
 from optim.training.evaluation import accumulate, metrics_copy
@@ -24,7 +23,7 @@ _NETS: dict[str, Any] = {}  # this Python worker's nets, by the SHA-256 of their
 
 
 def _net(job: EvalJob):
-    data = unshipped(job.net)
+    data = job.net.read()
     key = hashlib.sha256(data + (job.hooks or b"")).hexdigest()
     if key not in _NETS:
         _NETS.clear()  # one net per worker at a time

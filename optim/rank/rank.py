@@ -20,7 +20,8 @@ import socket
 import time
 from collections.abc import Iterable, Iterator
 
-from optim.data.base import RankEnv, unshipped
+from optim.carriers import Carrier, InFile
+from optim.data.base import RankEnv
 from optim.data.values import PartitionChecks, check_labels, finite_rows_only
 from optim.errors import StageRetryError
 from optim.protocol import RankJob, RunResult, pack_result
@@ -31,6 +32,7 @@ from optim.training.horovod import HorovodSession, horovod_env
 from optim.training.reporting import MultiReporter, Reporter, TensorBoardWriter
 from optim.training.spec import train
 from optim.transport import client as kv
+from optim.transport.chunks import InPieces
 from optim.transport.client import GlooProxy
 from optim.transport.progress import RemoteReporter
 from optim.transport.progress_store import StoredReporter
@@ -69,9 +71,9 @@ def _tally(job: RankJob, rank: int, data, count: int) -> EpochTally:
                       {"rank": rank, "attempt": job.attempt, "size": job.size, "count": int(count)})
 
 
-def run_rank(job: RankJob, partition: Iterable, ctx) -> Iterator[bytes | str]:
-    """The body of one barrier task (``ctx``: its ``BarrierTaskContext``). Yields one result on rank 0 (the
-    payload, or its path in the exchange folder), nothing elsewhere."""
+def run_rank(job: RankJob, partition: Iterable, ctx) -> Iterator[Carrier]:
+    """The body of one barrier task (``ctx``: its ``BarrierTaskContext``). Yields one result on rank 0 (its carrier:
+    the payload in pieces, or its file in the exchange folder), nothing elsewhere."""
     rank = ctx.partitionId()
     _claim(job, rank)
     _reset_peak_rss()
@@ -122,17 +124,16 @@ def run_rank(job: RankJob, partition: Iterable, ctx) -> Iterator[bytes | str]:
         dog.stop()
 
 
-def _result(job: RankJob, net, result: RunResult, counts: list[int], steps: int) -> bytes | str:
+def _result(job: RankJob, net, result: RunResult, counts: list[int], steps: int) -> Carrier:
     """Rank 0's payload (a net with low-rank adapters returns those and its trainable weights only: its frozen
-    base cannot change), or its path in the exchange folder."""
+    base cannot change) in its carrier: a file in the exchange folder when there is one, else pieces in the rows."""
     payload = pack_result(net.get_weights(carried_weight_names(net)), result,
                           {"rows": counts, "steps_per_epoch": steps, "attempt": job.attempt})
     exchange = job.channels.exchange
     if not exchange:
-        return payload
-    path = storage.join(exchange, f"result-{job.attempt}.npz")
-    storage.write_bytes_atomic(path, payload, job.train.config.storage_options)
-    return path
+        return InPieces(payload)
+    return InFile.written(storage.join(exchange, f"result-{job.attempt}.npz"), payload,
+                          job.train.config.storage_options)
 
 
 def _env(job: RankJob, rank: int) -> RankEnv:
@@ -266,11 +267,7 @@ def _horovod(job: RankJob, rank: int, network: dict) -> HorovodSession:
 
 
 def _build_net(job: RankJob):
-    shipped = job.train.net
-    if isinstance(shipped, str):  # a path in the exchange folder
-        data = storage.read_bytes(shipped, job.train.config.storage_options)
-    else:
-        data = unshipped(shipped)
+    data = job.train.net.read(job.train.config.storage_options)  # its carrier: the backend chose the road
     return register_hooks(net_from_bytes(data), job.train.hooks)
 
 

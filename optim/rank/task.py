@@ -34,7 +34,6 @@ from optim.protocol import RankJob
 from optim.rank.gang import GangBrokenError, GangContext, leave_failure, left_failures, store_by_file
 from optim.rank.rank import run_rank
 from optim.transport import client as kv
-from optim.transport.chunks import to_chunks
 from optim.transport.failures import WorkerFailure, failure_text, from_exception, read_failures
 from optim.transport.store import stuck_rank
 from optim.transport.store_address import AddressGather, find_store, start_store
@@ -81,12 +80,8 @@ def run_task(job: RankJob, rows: Iterable) -> Iterator[tuple]:
             monitor.stop()
         if store is not None:
             store.stop()
-    for payload in results:
-        if isinstance(payload, str):  # a file in the exchange folder
-            yield 0, None, payload
-            continue
-        for index, piece in to_chunks(payload, job.limits.chunk_bytes):
-            yield index, piece, None
+    for carrier in results:  # rank 0's result: a file in the exchange folder, or pieces in the rows
+        yield from carrier.records(job.limits.chunk_bytes)
 
 
 #: Seconds a rank whose error may be a peer's doing (a broken collective) waits for that peer's failure.

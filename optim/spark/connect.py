@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from optim.spark.conf import setting_bytes
 
-__all__ = ["is_connect", "chunk_bytes", "plan_limit", "result_limit"]
+__all__ = ["is_connect", "chunk_bytes", "plan_limit", "result_limit", "spark_context"]
 
 #: What the plan may carry by default (``spark.tfnet.connect.maxPlanBytes`` changes it). A Connect
 #: server takes messages up to 128 MiB (``spark.connect.grpc.maxInboundMessageSize``), but the plan
@@ -34,6 +34,11 @@ DEFAULT_ARROW_BATCH = 4 << 20
 def is_connect(obj) -> bool:
     """Whether ``obj`` (a SparkSession or a DataFrame) belongs to Spark Connect."""
     return type(obj).__module__.startswith("pyspark.sql.connect")
+
+
+def spark_context(spark):
+    """A classic session's SparkContext (``spark`` itself when it is one)."""
+    return spark if hasattr(spark, "parallelize") else spark.sparkContext
 
 
 def chunk_bytes(spark) -> int:

@@ -15,7 +15,7 @@ import threading
 from contextlib import nullcontext
 
 from optim.logs import paused_console_progress
-from optim.spark.connect import is_connect
+from optim.spark.connect import is_connect, spark_context
 from optim.spark.jobs import run_job
 from optim.spark.jvm_threads import release_connection
 from optim.spark.probe import REPORT_SCHEMA, arrow_report_fn, import_report_fn
@@ -51,7 +51,7 @@ class WarmUp:
 
         try:
             # not shown as a stage of Spark's console progress bar: the user started no such job
-            with nullcontext() if is_connect(self._spark) else paused_console_progress(_context(self._spark)):
+            with nullcontext() if is_connect(self._spark) else paused_console_progress(spark_context(self._spark)):
                 rows = run_job(self._spark, "warming up the workers' Python", self._action, kind="warm-up")
             self.reports = [r if isinstance(r, dict) else json.loads(r["report"]) for r in rows]
         except Exception as exc:  # noqa: BLE001 - optimize() checks the workers and says what is wrong
@@ -117,19 +117,14 @@ _STARTED: dict[str, WarmUp] = {}
 def _slots(spark) -> int | None:
     if is_connect(spark):
         return connect_slots(spark)
-    return task_slots(_context(spark))
-
-
-def _context(spark):
-    """A classic session's SparkContext (``spark`` itself when it is one)."""
-    return spark if hasattr(spark, "parallelize") else spark.sparkContext
+    return task_slots(spark_context(spark))
 
 
 def _key(spark) -> str:
     try:
         if is_connect(spark):
             return f"connect:{spark.session_id}"
-        return str(_context(spark).applicationId)
+        return str(spark_context(spark).applicationId)
     except Exception:  # noqa: BLE001 - a stopped context has none
         return ""
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
 
+from optim.carriers import Carrier
 from optim.protocol import Channels, TrainSpec
 
 __all__ = ["Attempt", "Backend"]
@@ -113,15 +113,16 @@ class Backend:
         """The most bytes of validation arrays collected here and sent to every rank."""
         raise NotImplementedError
 
-    def ship(self, value, cleanup):
-        """``value`` (numpy data, validation arrays) as the ranks get it: a broadcast, or itself (the plan)."""
+    def ship(self, value, cleanup) -> Carrier:
+        """``value`` (numpy data, validation arrays, the net's bytes to evaluate) as the ranks get it: its carrier
+        (:mod:`optim.carriers`), a broadcast or the plan."""
         raise NotImplementedError
 
-    def ship_net(self, spec: TrainSpec, net_bytes: bytes, carried: int, cleanup) -> tuple[Any, str | None]:
-        """``(net, exchange)``: the net of ``spec`` (the driver's; ``net_bytes``, serialised) as the ranks get it (a
-        path, a broadcast or the bytes), and the exchange folder rank 0's result goes through (None: the job's
-        result rows), as ``spec.config`` and the size of rank 0's result say. ``carried``: the bytes of numpy data
-        and state that travel with the job."""
+    def ship_net(self, spec: TrainSpec, net_bytes: bytes, carried: int, cleanup) -> tuple[Carrier, str | None]:
+        """``(net, exchange)``: the net of ``spec`` (the driver's; ``net_bytes``, serialised) as the ranks get it (its
+        carrier, :mod:`optim.carriers`: a file in the exchange folder, a broadcast or the plan), and the exchange
+        folder rank 0's result goes through (None: the job's result rows), as ``spec.config`` and the size of rank
+        0's result say. ``carried``: the bytes of numpy data and state that travel with the job."""
         raise NotImplementedError
 
     def progress(self, reporter, config, secret: bytes, cleanup):

@@ -14,6 +14,7 @@ import time
 import uuid
 from contextlib import ExitStack, contextmanager
 
+from optim.carriers import Carrier, InBroadcast, InFile
 from optim.errors import DistributedTrainingError
 from optim.launch.backends.base import Attempt, Backend
 from optim.launch.preflight import check_driver_horovod
@@ -108,19 +109,17 @@ class ClassicBackend(Backend):
     def validation_limit(self) -> int:
         return VALIDATION_ARRAYS_LIMIT
 
-    def ship(self, value, cleanup):
-        return cleanup.broadcast(self.sc.broadcast(value))
+    def ship(self, value, cleanup) -> Carrier:
+        return InBroadcast(cleanup.broadcast(self.sc.broadcast(value)))
 
-    def ship_net(self, spec, net_bytes: bytes, carried: int, cleanup):
+    def ship_net(self, spec, net_bytes: bytes, carried: int, cleanup) -> tuple[Carrier, str | None]:
         config = spec.config
         exchange = _exchange_dir(self.sc, config.model_dir, config.storage_options)
         if exchange is None:
             check_driver_memory(self.sc, len(net_bytes), result_bytes(spec, config))
-            return cleanup.broadcast(self.sc.broadcast(net_bytes)), None
+            return self.ship(net_bytes, cleanup), None
         cleanup.add(storage.rmtree, exchange, config.storage_options)
-        path = storage.join(exchange, "net.npz")
-        storage.write_bytes_atomic(path, net_bytes, config.storage_options)
-        return path, exchange
+        return InFile.written(storage.join(exchange, "net.npz"), net_bytes, config.storage_options), exchange
 
     def stage_defaults(self) -> dict:
         host = setting(self.sc, "spark.driver.host", "127.0.0.1")

@@ -16,6 +16,7 @@ import time
 import uuid
 from contextlib import ExitStack, contextmanager, nullcontext
 
+from optim.carriers import Carrier, InFile, InPlan
 from optim.errors import DistributedTrainingError
 from optim.launch.backends.base import Attempt, Backend
 from optim.launch.stage import result_bytes
@@ -162,8 +163,8 @@ class ConnectBackend(Backend):
     def validation_limit(self) -> int:
         return plan_limit(self.spark)
 
-    def ship(self, value, cleanup):
-        return value
+    def ship(self, value, cleanup) -> Carrier:
+        return InPlan(value)
 
     def wait_for_slots(self, n: int, wait_s: float) -> int:
         if self.dynamic is not None:  # the stage's pending tasks bring the executors, up to maxExecutors
@@ -184,7 +185,7 @@ class ConnectBackend(Backend):
         local = connect_slots(self.spark)
         return max(0, local - running) if local is not None else concurrent_slots(self.spark, wanted)
 
-    def ship_net(self, spec, net_bytes: bytes, carried: int, cleanup):
+    def ship_net(self, spec, net_bytes: bytes, carried: int, cleanup) -> tuple[Carrier, str | None]:
         config = spec.config
         limit = plan_limit(self.spark)
         result = result_bytes(spec, config)
@@ -194,15 +195,13 @@ class ConnectBackend(Backend):
                 f"({limit / 2**20:.0f} MiB, spark.tfnet.connect.maxPlanBytes): pass the data as a DataFrame.")
         back = result_limit(self.spark)
         if len(net_bytes) + carried <= limit and result <= back:
-            return net_bytes, None
+            return InPlan(net_bytes), None
         if not config.model_dir:
             raise _too_large(len(net_bytes) + carried, limit, result, back)
         exchange = storage.join(config.model_dir, ".exchange", uuid.uuid4().hex[:12])
         storage.makedirs(exchange, config.storage_options)
         cleanup.add(storage.rmtree, exchange, config.storage_options)
-        path = storage.join(exchange, "net.npz")
-        storage.write_bytes_atomic(path, net_bytes, config.storage_options)
-        return path, exchange
+        return InFile.written(storage.join(exchange, "net.npz"), net_bytes, config.storage_options), exchange
 
     def stage_defaults(self) -> dict:
         return {"chunk": chunk_bytes(self.spark)}
