@@ -13,7 +13,7 @@ import numpy as np
 
 from optim.data import stream
 from optim.data.arrays import ArrayDataset
-from optim.data.base import Shipped, Staged
+from optim.data.base import Staged
 from optim.data.columns import ColumnDataset
 from optim.data.decode import TensorColumns
 from optim.data.partition import (
@@ -26,6 +26,7 @@ from optim.data.partition import (
 )
 from optim.data.vectors import vectors_as_arrays
 from optim.errors import ColumnError
+from optim.shares import Shipped
 
 __all__ = ["DataFrameDataset", "SPLIT_COLUMN", "WEIGHT_COLUMN", "with_validation"]
 

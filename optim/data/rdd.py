@@ -15,10 +15,11 @@ from collections.abc import Iterable
 import numpy as np
 
 from optim.data.arrays import ArrayDataset
-from optim.data.base import DataAdapter, Opened, RankData, RankEnv, Shipped, Staged
+from optim.data.base import DataAdapter, Staged
 from optim.data.decode import records_to_arrays
 from optim.data.values import check_label_types
 from optim.errors import ColumnError
+from optim.shares import Opened, RankData, RankEnv, Shipped
 
 __all__ = ["RDDDataset", "RecordRankData", "RecordShard"]
 

@@ -17,11 +17,12 @@ import numpy as np
 import tensorflow as tf
 
 from optim.data.arrays import ArrayDataset
-from optim.data.base import Batch, DataAdapter, Opened, RankData, RankEnv, Shipped, Staged
+from optim.data.base import Batch, DataAdapter, Staged
 from optim.data.checks import Feed, array_type, check_feeds
 from optim.data.values import check_label_types, finite_batch
 from optim.errors import DataError, NonFiniteInputError
 from optim.losses import SampleWeighted
+from optim.shares import Opened, RankData, RankEnv, Shipped
 
 __all__ = ["TFDataDataset"]
 

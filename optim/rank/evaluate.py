@@ -12,9 +12,9 @@ from typing import Any
 
 from pyspark import TaskContext
 
-from optim.data.base import unshipped
 from optim.logs import quiet_worker
 from optim.protocol import EvalJob
+from optim.shares import unshipped
 from optim.training.evaluation import accumulate, metrics_copy
 from tfnet.serialize import net_from_bytes, register_hooks
 
