@@ -380,6 +380,10 @@ class TFOptimizer:
         elif isinstance(data, tuple) and len(data) in (2, 3) and isinstance(data[0], Mapping):
             data = (in_input_order(data[0], names), *data[1:])
         dataset = as_dataset(data, batch_size, need_labels=need_labels)
+        if dataset.distributed:  # its workers import TensorFlow while this process checks and stages the data
+            from optim.launch.preflight import warm_up_for
+
+            warm_up_for(dataset)
         dataset.bind(names, self.net.input_specs)
         return dataset
 

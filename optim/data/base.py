@@ -164,6 +164,11 @@ class DataAdapter:
         """The SparkSession the data belongs to, or None."""
         return None
 
+    def spark_app(self):
+        """The Spark application (a session, or an RDD's SparkContext) whose workers run this data's jobs, or None:
+        what the launcher warms up as soon as a call has the data (:func:`optim.launch.preflight.warm_up_for`)."""
+        return self.session()
+
     def bind(self, input_names: list[str], input_specs) -> None:
         """Before any Spark job: puts the data's feature columns in the net's input order and checks them against
         the net's inputs (names, dtypes, per-row shapes) with :func:`optim.data.checks.check_feeds`. Every road
