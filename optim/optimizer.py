@@ -16,15 +16,15 @@ import numpy as np
 from optim import losses as L
 from optim import metrics as M
 from optim.callbacks import Callback, run_info
+from optim.config import TrainConfig, check_callbacks
 from optim.data import as_dataset, in_input_order, resolve_batch_size
 from optim.data.holdout import HoldOut, check_split
 from optim.logs import console_error
 from optim.protocol import NetOutputs, RunResult, RunSummary, TrainSpec
 from optim.sync import check_sync
-from optim.training.callbacks import callback_list, check_callbacks, shippable_callbacks
+from optim.training.callbacks import callback_list, shippable_callbacks
 from optim.training.checkpoint import new_run_id, resolve_resume
 from optim.training.checks import warn_if_logits_to_probability_loss
-from optim.training.config import TrainConfig
 from optim.training.evaluation import evaluate, metrics_copy
 from optim.training.history import History
 from optim.training.interrupts import Interruptible
@@ -380,6 +380,10 @@ class TFOptimizer:
         elif isinstance(data, tuple) and len(data) in (2, 3) and isinstance(data[0], Mapping):
             data = (in_input_order(data[0], names), *data[1:])
         dataset = as_dataset(data, batch_size, need_labels=need_labels)
+        if dataset.distributed:  # its workers import TensorFlow while this process checks and stages the data
+            from optim.launch.preflight import warm_up_for
+
+            warm_up_for(dataset)
         dataset.bind(names, self.net.input_specs)
         return dataset
 

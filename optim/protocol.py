@@ -1,8 +1,8 @@
 """The driver<->rank protocol: what a rank is asked to do and what it hands back, as plain data. Both sides.
 
 The driver (or a Spark Connect client) builds a :class:`RankJob` for each attempt of the training stage,
-split by concern: :class:`TrainSpec` (what to train and how), the data's
-:class:`~optim.data.base.RankData` (where the rank's data comes from and how it opens it),
+split by concern: :class:`TrainSpec` (what to train and how, with its :class:`~optim.config.TrainConfig`), the
+data's :class:`~optim.shares.RankData` (where the rank's data comes from and how it opens it),
 :class:`Channels` (how the ranks meet and report) and :class:`Limits` (how long anything may take). The
 stage runs the entry point named by :data:`TRAIN_ENTRY` on every rank; rank 0 packs its outcome with
 :func:`pack_result`, and the driver reads it back with :func:`unpack_result`. A local run and a distributed
@@ -24,6 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+
+from optim.config import TrainConfig
+from optim.shares import RankData
 
 if TYPE_CHECKING:  # the types only: importing them would load TensorFlow and Spark here
     from optim.carriers import Carrier
@@ -82,8 +85,7 @@ class TrainSpec:
     loss: Loss
     method: Method | GradientTransformation
     metrics: list[Metric]
-    #: an :class:`optim.training.config.TrainConfig` (a layer above this one: not imported here)
-    config: Any
+    config: TrainConfig
     state: list[np.ndarray] | None = None
     start_step: int = 0
     exchange_state: list[np.ndarray] | None = None
@@ -91,7 +93,7 @@ class TrainSpec:
     lr_source: Any = None
     outputs: NetOutputs = field(default_factory=NetOutputs)
 
-    def for_ranks(self, net: Carrier, hooks: bytes | None, config: Any) -> TrainSpec:
+    def for_ranks(self, net: Carrier, hooks: bytes | None, config: TrainConfig) -> TrainSpec:
         """This spec as the ranks get it: ``net`` shipped (its carrier: a file, a broadcast or the plan), its
         ``hooks``, and the ranks' ``config`` (the per-rank batch)."""
         return dataclasses.replace(self, net=net, hooks=hooks, config=config)
@@ -148,8 +150,7 @@ class RankJob:
     """Everything a rank of one attempt needs (picklable): see the module."""
 
     train: TrainSpec
-    #: an :class:`optim.data.base.RankData` (a layer above this one: not imported here)
-    data: Any
+    data: RankData
     channels: Channels
     limits: Limits
     size: int
@@ -161,14 +162,13 @@ class RankJob:
 class EvalJob:
     """What every task of a distributed evaluation needs (picklable): the net's bytes in their carrier (a broadcast,
     or the plan under Spark Connect) and its hooks, the loss, the metrics, the batch size and the data's
-    :class:`~optim.data.base.RankData`."""
+    :class:`~optim.shares.RankData`."""
 
     net: Carrier
     loss: Loss
     metrics: list[Metric]
     batch_size: int
-    #: an :class:`optim.data.base.RankData` (a layer above this one: not imported here)
-    data: Any
+    data: RankData
     hooks: bytes | None = None
     size: int = 1  # the tasks of a job over a placeholder (each reads its share of ``size``)
 

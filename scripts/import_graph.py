@@ -103,10 +103,10 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 #: layers below; a layer of two sides (``|`` in the name) keeps them apart: neither imports the other.
 LAYERS = [
     ("tfnet: the layer", ["tfnet"]),
-    ("optim's core: rules, losses, metrics, errors, the driver<->rank protocol",
+    ("optim's core: rules, losses, metrics, errors, the run's config, the driver<->rank protocol",
      ["optim.errors", "optim.losses", "optim.metrics", "optim.methods", "optim.transforms", "optim.schedules",
       "optim.sync", "optim.arrow", "optim.logs", "optim._lazy", "optim.keras_compat", "optim.protocol",
-      "optim.carriers", "optim.callbacks", "optim.mlflow_model"]),
+      "optim.carriers", "optim.config", "optim.shares", "optim.callbacks", "optim.mlflow_model"]),
     ("Spark plumbing: sessions, settings, cancellable jobs, slots, the warm-up",
      ["optim.spark.conf", "optim.spark.connect", "optim.spark.session", "optim.spark.jobs", "optim.spark.slots",
       "optim.spark.warm_up", "optim.spark.probe", "optim.spark.typed_errors", "optim.spark.decommission",

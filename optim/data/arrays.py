@@ -10,11 +10,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from optim.carriers import Carrier
-from optim.data.base import Batch, DataAdapter, Opened, RankData, RankEnv, Staged
+from optim.data.base import Batch, DataAdapter, Staged
 from optim.data.checks import Feed, array_type, check_feeds
 from optim.data.values import check_label_types, check_labels, finite_rows_only
 from optim.errors import DataError
 from optim.losses import SampleWeighted
+from optim.shares import Opened, RankData, RankEnv
 
 __all__ = ["ArrayDataset", "array_feeds", "label_type"]
 

@@ -37,14 +37,6 @@ def _through(spec: TensorColumns, mapping: dict[str, str]) -> TensorColumns:
     return dataclasses.replace(spec, columns=tuple(mapping.get(c, c) for c in spec.columns))
 
 
-def _warm_up(spark) -> None:
-    """The workers start importing TensorFlow now, while the driver prepares the rest (once per
-    Spark application or Connect session; :func:`~optim.spark.warm_up.ensure_warm_up`)."""
-    from optim.spark.warm_up import ensure_warm_up
-
-    ensure_warm_up(spark)
-
-
 class DataFrameDataset(ColumnDataset):
     """``TFDataset.from_dataframe(df, feature_cols, label_cols, feature_shapes)``.
 
@@ -105,7 +97,6 @@ class DataFrameDataset(ColumnDataset):
         if self.vectors:
             self.features = [_through(s, self.vectors) for s in self.features]
             self.labels = [_through(s, self.vectors) for s in self.labels]
-        _warm_up(getattr(df, "sparkSession", None))
 
     @property
     def arrow_batch_rows(self) -> int | None:

@@ -24,11 +24,12 @@ import pyarrow as pa
 
 from optim.carriers import Carrier, InPlan
 from optim.data import stream
-from optim.data.base import Opened, RankData, RankEnv, Staged
+from optim.data.base import Staged
 from optim.data.checks import spark_type
 from optim.data.columns import ColumnDataset
 from optim.data.parquet_read import BatchCheck, FileRows, ParquetSource, filesystem
 from optim.errors import DataError
+from optim.shares import Opened, RankData, RankEnv
 from tfnet.errors import first_line
 
 __all__ = ["FileColumn", "ParquetDataset", "list_parquet"]

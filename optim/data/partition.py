@@ -14,9 +14,9 @@ import pyarrow as pa
 from optim.carriers import Carrier
 from optim.data import stream
 from optim.data.arrays import ArrayDataset
-from optim.data.base import Opened, RankData, RankEnv
 from optim.data.decode import TensorColumns, arrow_to_arrays, row_weights
 from optim.data.spool import spool, spool_folder
+from optim.shares import Opened, RankData, RankEnv
 
 __all__ = ["SPLIT_COLUMN", "ArrowShard", "CheckedParts", "FrameRankData", "SplitShard", "SplitStreamShard",
            "StreamShard"]

@@ -16,10 +16,11 @@ import numpy as np
 
 from optim.carriers import Carrier
 from optim.data.arrays import ArrayDataset
-from optim.data.base import DataAdapter, Opened, RankData, RankEnv, Staged
+from optim.data.base import DataAdapter, Staged
 from optim.data.decode import records_to_arrays
 from optim.data.values import check_label_types
 from optim.errors import ColumnError
+from optim.shares import Opened, RankData, RankEnv
 
 __all__ = ["RDDDataset", "RecordRankData", "RecordShard"]
 
@@ -37,9 +38,10 @@ class RDDDataset(DataAdapter):
         self.batch_size = batch_size
         self.has_labels = True
         self._sample: list | None = None  # the record the driver's checks read (rdd.take(1)), once
-        from optim.spark.warm_up import ensure_warm_up
 
-        ensure_warm_up(getattr(rdd, "context", None))
+    def spark_app(self):
+        """The RDD's SparkContext."""
+        return getattr(self.rdd, "context", None)
 
     def sample(self) -> ArrayDataset | None:
         """The first record as one row of arrays (None: the RDD is empty), read once (``rdd.take(1)``)."""

@@ -18,11 +18,12 @@ import tensorflow as tf
 
 from optim.carriers import Carrier, InPlan
 from optim.data.arrays import ArrayDataset
-from optim.data.base import Batch, DataAdapter, Opened, RankData, RankEnv, Staged
+from optim.data.base import Batch, DataAdapter, Staged
 from optim.data.checks import Feed, array_type, check_feeds
 from optim.data.values import check_label_types, finite_batch
 from optim.errors import DataError, NonFiniteInputError
 from optim.losses import SampleWeighted
+from optim.shares import Opened, RankData, RankEnv
 
 __all__ = ["TFDataDataset"]
 

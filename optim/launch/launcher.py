@@ -23,6 +23,7 @@ import secrets
 import time
 import warnings
 
+from optim.config import TrainConfig
 from optim.errors import CheckpointWarning, DistributedTrainingError
 from optim.launch.backends.base import Backend
 from optim.launch.backends.classic import ClassicBackend
@@ -68,7 +69,6 @@ from optim.spark.connect import is_connect
 from optim.spark.jobs import run_job
 from optim.spark.session import get_spark, small_arrow_batches
 from optim.training.checkpoint import new_run_id
-from optim.training.config import TrainConfig
 from optim.training.reporting import MultiReporter, ProgressBar
 from optim.transport.chunks import result_carrier
 from optim.transport.failures import failures_in

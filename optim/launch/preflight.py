@@ -18,7 +18,7 @@ from optim.spark.slots import task_slots, wait_for_slots
 from optim.spark.warm_up import WarmUp, ensure_warm_up, probe_job, warm_up_workers
 
 __all__ = ["WarmUp", "check_driver_horovod", "check_model_dir", "ensure_warm_up", "probe_workers", "task_slots",
-           "wait_for_slots", "warm_up_workers"]
+           "wait_for_slots", "warm_up_for", "warm_up_workers"]
 
 
 def check_driver_horovod() -> None:
@@ -57,6 +57,16 @@ def check_model_dir(model_dir: str, storage_options=None) -> str:
     except Exception as exc:  # noqa: BLE001 - a file system library's own error (botocore, ...)
         raise StorageError(f"model_dir {model_dir!r} cannot be written ({type(exc).__name__}: {exc}).") from exc
     return path
+
+
+def warm_up_for(dataset) -> WarmUp | None:
+    """Starts the workers' imports of TensorFlow, Horovod and tfnet (:func:`~optim.spark.warm_up.ensure_warm_up`:
+    once per Spark application or Connect session, in the background) for distributed data's application, as soon
+    as an ``optimize``, ``evaluate`` or ``predict`` call has the data: the workers import while the driver checks the
+    data against the net and stages it. Nothing for local data, or data that names no application. Never raises."""
+    if not dataset.distributed:
+        return None
+    return ensure_warm_up(dataset.spark_app())
 
 
 def probe_workers(spark, n: int, timeout_s: float, probe: tuple | None = None) -> None:

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from optim.carriers import Carrier
+from optim.config import TrainConfig
 from optim.data.base import Staged
 from optim.launch.preflight import check_model_dir, probe_workers
 from optim.protocol import Channels, Limits, RankJob, TrainSpec
 from optim.sync import LocalSGD
 from optim.training import comm_threads
-from optim.training.config import TrainConfig
 from tfnet import storage
 from tfnet.lora import carried_weight_names
 from tfnet.serialize import hooks_to_bytes

@@ -21,13 +21,13 @@ import time
 from collections.abc import Iterable, Iterator
 
 from optim.carriers import Carrier, InFile
-from optim.data.base import RankEnv
 from optim.data.values import PartitionChecks, check_labels, finite_rows_only
 from optim.errors import StageRetryError
 from optim.protocol import RankJob, RunResult, pack_result
 from optim.rank.network import check_process_sets, gloo_iface, iface_address
 from optim.rank.tally import EpochTally
 from optim.rank.watchdog import Watchdog
+from optim.shares import RankEnv
 from optim.training.horovod import HorovodSession, horovod_env
 from optim.training.reporting import MultiReporter, Reporter, TensorBoardWriter
 from optim.training.spec import train

@@ -136,9 +136,10 @@ def started(spark) -> WarmUp | None:
 
 def ensure_warm_up(spark) -> WarmUp | None:
     """Starts :func:`warm_up_workers` for ``spark``'s application (or Connect session) unless it ran
-    already: tfnet does it as soon as it creates a session or finds one (``build_session``,
-    ``TFDataset.from_dataframe`` and ``from_rdd``), so the workers import TensorFlow while the driver
-    prepares the model and the data. Nothing when the cluster has no task slot yet, or the slots of
+    already: tfnet does it as soon as it creates a session (``build_session``) and as soon as an
+    ``optimize``, ``evaluate`` or ``predict`` call has distributed data (the launcher's
+    :func:`optim.launch.preflight.warm_up_for`), so the workers import TensorFlow while the driver
+    checks and stages the model and the data. Nothing when the cluster has no task slot yet, or the slots of
     a Connect session's cluster are unknown. Never raises: ``optimize()`` checks the workers itself."""
     try:
         if spark is None:

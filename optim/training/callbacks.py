@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from optim.callbacks import Callback
 
-__all__ = ["CallbackRun", "ModelView", "ScaledRate", "callback_list", "check_callbacks", "shippable_callbacks"]
+__all__ = ["CallbackRun", "ModelView", "ScaledRate", "callback_list", "shippable_callbacks"]
 
 _BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
 
@@ -43,23 +43,6 @@ def callback_list(callbacks) -> list:
     if isinstance(callbacks, Callback) or (hasattr(callbacks, "on_epoch_end") and hasattr(callbacks, "set_model")):
         return [callbacks]
     raise TypeError(f"`callbacks` must be a list of keras.callbacks.Callback. Received: {callbacks!r}")
-
-
-def check_callbacks(callbacks) -> list:
-    """``callbacks`` as a list, each one with Keras's callback methods.
-
-    Raises:
-        TypeError: not a list, or an entry that is no callback.
-    """
-    if callbacks is None:
-        return []
-    if not isinstance(callbacks, (list, tuple)):
-        raise TypeError(f"`callbacks` must be a list of keras.callbacks.Callback. Received: {callbacks!r}")
-    for cb in callbacks:
-        if not (hasattr(cb, "on_epoch_end") and hasattr(cb, "set_model")):
-            raise TypeError(f"`callbacks` entries must be keras.callbacks.Callback objects (on_epoch_end, set_model). "
-                            f"Received: {cb!r}")
-    return list(callbacks)
 
 
 def shippable_callbacks(callbacks: list) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from optim.config import RUN_ID
 from optim.errors import CheckpointError, CheckpointWarning, StorageError
 from tfnet import storage
 
@@ -37,13 +38,11 @@ __all__ = ["Checkpoint", "CheckpointManager", "CheckpointWarning", "CheckpointEr
 
 FORMAT = "tfnet-checkpoint-1"
 _NAME = re.compile(r"^ckpt-(\d{9})\.npz$")
-#: A run id: the UTC start time to the microsecond, then 4 random hex digits (sorts in start order).
-RUN_ID = re.compile(r"^\d{8}-\d{6}-\d{6}-[0-9a-f]{4}$")
 log = logging.getLogger("tfnet.training.checkpoint")
 
 
 def new_run_id() -> str:
-    """A fresh run id, ``YYYYmmdd-HHMMSS-ffffff-xxxx`` (UTC start time and 16 random bits)."""
+    """A fresh run id, ``YYYYmmdd-HHMMSS-ffffff-xxxx`` (UTC start time and 16 random bits: :data:`optim.config.RUN_ID`)."""
     now = time.time()
     return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{int(now % 1 * 1e6):06d}-{secrets.token_hex(2)}"
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from optim import losses as L
 from optim import metrics as M
+from optim.config import TrainConfig
 from optim.data.base import DataAdapter as TFDataset
 from optim.errors import CheckpointWarning, NonFiniteLossError
 from optim.protocol import RunResult
@@ -25,7 +26,6 @@ from optim.training.callbacks import CallbackRun
 from optim.training.checkpoint import Checkpoint, CheckpointManager, new_run_id
 from optim.training.checks import check_batch_labels
 from optim.training.collective import Collective, LocalCollective
-from optim.training.config import TrainConfig
 from optim.training.evaluation import (
     Accumulators,
     batch_len,

@@ -184,14 +184,6 @@ class ProgressBar(Reporter):
             self.bar = None
 
 
-def tensorboard_dir(model_dir: str, run_id: str | None) -> str:
-    """Where a run's TensorBoard events go: ``model_dir/tensorboard/<run id>`` (TensorBoard shows
-    each run as its own line)."""
-    from tfnet import storage
-
-    return storage.join(model_dir, "tensorboard", run_id or "")
-
-
 class TensorBoardWriter(Reporter):
     """Scalars under ``logdir/train`` (loss, metrics, learning rate, samples per second, every
     step) and ``logdir/validation``.

@@ -4,34 +4,11 @@ the dict leaves out), times its sample weight when it has one. Runs in the loop,
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from optim.losses import SampleWeighted
 
-__all__ = ["ClassWeights", "check_class_weight"]
-
-
-def check_class_weight(class_weight) -> dict[int, float] | None:
-    """``class_weight`` as ``{class id: weight}``, checked.
-
-    Raises:
-        TypeError: not a dict.
-        ValueError: a key that is not a class id (an integer >= 0) or a weight that is not a finite number >= 0.
-    """
-    if class_weight is None:
-        return None
-    if not isinstance(class_weight, dict):
-        raise TypeError(f"`class_weight` must be a dict {{class id: weight}}. Received: class_weight={class_weight!r}")
-    out = {}
-    for k, v in class_weight.items():
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
-            raise ValueError(f"`class_weight` keys are class ids (integers >= 0). Received: {k!r}")
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not math.isfinite(float(v)) or v < 0:
-            raise ValueError(f"`class_weight` values are finite weights >= 0. Received: {k!r}: {v!r}")
-        out[int(k)] = float(v)
-    return out
+__all__ = ["ClassWeights"]
 
 
 class ClassWeights:
