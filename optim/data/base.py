@@ -42,10 +42,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from optim.carriers import Carrier
-from optim.shares import RankData, agree_steps
+from optim.shares import RankData
 
-# agree_steps lives in optim.shares (the core layer), with RankData; it stays importable from here
-__all__ = ["CAPABILITIES", "Batch", "DataAdapter", "StageHost", "Staged", "agree_steps"]
+__all__ = ["CAPABILITIES", "Batch", "DataAdapter", "StageHost", "Staged"]
 
 Batch = tuple[list, Any]
 

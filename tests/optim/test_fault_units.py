@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import numpy as np
 
 import optim
+from optim.config import TrainConfig
 from optim.data.arrays import ArrayDataset
 from optim.launch.launcher import _DistributedRun
 from optim.launch.retry import RetryPolicy
 from optim.protocol import RunResult, pack_result, unpack_result
 from optim.rank.tally import EpochTally, fingerprint
-from optim.training.config import TrainConfig
 from optim.training.loop import train
 from tests import digits
 from tests.elastic_checks import checkpoint_digest

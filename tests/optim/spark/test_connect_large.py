@@ -9,10 +9,10 @@ import pytest
 
 import optim
 from optim import TFOptimizer
+from optim.config import TrainConfig
 from optim.data.arrays import ArrayDataset
 from optim.errors import DistributedTrainingError
 from optim.launch.stage import carried_bytes, result_bytes
-from optim.training.config import TrainConfig
 from tests import digits
 from tests.connect_server import ConnectServer, close_session
 from tests.spark_utils import BIT_FOR_BIT, own_python_workers

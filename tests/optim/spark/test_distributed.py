@@ -12,8 +12,8 @@ import pytest
 
 import optim
 from optim import TFDataset, TFOptimizer
-from optim.data.base import agree_steps
 from optim.launch.launcher import DistributedTrainingError, scale_learning_rate
+from optim.shares import agree_steps
 from optim.training.checkpoint import CheckpointManager
 from tests import digits
 from tests.elastic_checks import data_fingerprint, stitched_epochs

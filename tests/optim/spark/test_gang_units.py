@@ -91,10 +91,10 @@ def test_under_connect_a_failure_outlives_rank_0s_store_and_a_rerun_carries_it(t
     """Spark Connect without barrier mode: the store is rank 0's, and the error Spark reports is the failed rank's
     last re-run's. The first run leaves its failure beside the store's address; the re-run (no store, no gang)
     carries it in its own error text, so the client rebuilds the rank's own error, not a retryable one."""
+    from optim.config import TrainConfig
     from optim.protocol import TrainSpec
     from optim.rank.gang import leave_failure, left_failures
     from optim.rank.task import _peers
-    from optim.training.config import TrainConfig
 
     channels = Channels(rendezvous=None, rendezvous_key=KEY, store_file=str(tmp_path / "store-0"))
     spec = TrainSpec(net=None, hooks=None, loss=None, method=None, metrics=[], config=TrainConfig())

@@ -5,9 +5,9 @@ weights of a run never stopped, bit for bit; the question is asked about once a 
 import numpy as np
 
 import optim
+from optim.config import TrainConfig
 from optim.data.arrays import ArrayDataset
 from optim.training.collective import LocalCollective
-from optim.training.config import TrainConfig
 from optim.training.loop import train
 from optim.training.notice import StepNotice
 from optim.training.reporting import Reporter
