@@ -369,13 +369,14 @@ def plot(t: Topic, path: str) -> list[float]:
         if len(series) > 1:
             kinds = [kind_of(t.first_machine), *(kind for kind, _, _ in t.columns)]
             ax.legend([plt.Rectangle((0, 0), 1, 1, color=colors[k % len(colors)]) for k in range(len(series))], kinds,
-                      fontsize=7, loc="lower right")
+                      fontsize=7, loc="upper right")
         ax.set_xlabel(t.unit)
         ax.set_title(t.title, fontsize=9)
         ax.margins(x=0.25)
-        fig.tight_layout(rect=(0, 0.06 if t.machines else 0, 1, 1))
-        if t.machines:  # every figure with the machine that gave it
-            fig.text(0.01, 0.01, "; ".join(t.machines), fontsize=6, color="#555555")
+        machines = list(dict.fromkeys(t.machines))  # each machine once, one line each
+        fig.tight_layout(rect=(0, 0.045 * len(machines) + 0.015 if machines else 0, 1, 1))
+        if machines:  # every figure with the machine that gave it
+            fig.text(0.01, 0.01, "\n".join(machines), fontsize=6, color="#555555")
         fig.savefig(path, dpi=90)
         return first
     finally:
