@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from optim.carriers import InPlan
 from optim.errors import CalibrationError
 from optim.predict.backends import Payload, check_backend, import_openvino, make_payload
 from optim.predict.columns import ColumnSpec, input_columns, plan_columns
@@ -279,7 +280,7 @@ class TFPredictor:
         values = arrange(data, self.input_names)
         tensors = [convert(v, s, t.name) for v, s, t in zip(values, specs, self._snapshot.inputs)]
         n = batch_size_of(tensors) or 1
-        job = WorkerJob(self._payload.model_id + "-local", self._payload, None, self.batch_per_thread, "raise")
+        job = WorkerJob(self._payload.model_id + "-local", InPlan(self._payload), None, self.batch_per_thread, "raise")
         engine = get_engine(job, set_threads=False)
         chunks = []
         for start in range(0, n, self.batch_per_thread):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from optim.carriers import InBroadcast, InPlan
 from optim.errors import BackendError
 from optim.predict.backends import Payload
 from optim.predict.columns import ColumnPlan
@@ -71,7 +72,7 @@ class BroadcastShipping(Shipping):
         return spark_context(spark) is self.sc and self.sc._jsc is not None
 
     def job(self, plan: ColumnPlan | None, batch_size: int, on_error: str) -> WorkerJob:
-        return WorkerJob(self.model_id, self.broadcast, plan, batch_size, on_error, self.accumulator)
+        return WorkerJob(self.model_id, InBroadcast(self.broadcast), plan, batch_size, on_error, self.accumulator)
 
     def stats(self) -> dict:
         return dict(self.accumulator.value)
@@ -104,7 +105,7 @@ class PlanShipping(Shipping):
                 "from a classic SparkSession, which broadcasts the model.")
 
     def job(self, plan: ColumnPlan | None, batch_size: int, on_error: str) -> WorkerJob:
-        return WorkerJob(self.payload.model_id, self.payload, plan, batch_size, on_error, None)
+        return WorkerJob(self.payload.model_id, InPlan(self.payload), plan, batch_size, on_error, None)
 
 
 def shipping_for(spark, payload: Payload, num_threads: int | None, held: Shipping | None = None) -> Shipping:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from optim.arrow import array_to_arrow, decode_image, read_column
+from optim.carriers import Carrier
 from optim.errors import BadRowError
 from optim.predict.backends import Payload, build_engine
 from optim.predict.columns import ColumnPlan
@@ -45,7 +46,8 @@ class WorkerJob:
 
     Attributes:
         model_id: The payload's checksum: the cache key.
-        payload: A Spark ``Broadcast`` of the :class:`Payload` (or the payload itself, locally).
+        payload: The :class:`Payload` in its :class:`~optim.carriers.Carrier`: a Spark broadcast (classic), the
+            plan (Spark Connect) or the job itself (locally), as :mod:`optim.predict.shipping` chose.
         plan: The column plan (DataFrames) or None (RDDs).
         batch_size: Rows per model call (``batch_per_thread``).
         on_error: ``"raise"`` or ``"null"``.
@@ -53,7 +55,7 @@ class WorkerJob:
     """
 
     model_id: str
-    payload: Any
+    payload: Carrier
     plan: ColumnPlan | None
     batch_size: int
     on_error: str
@@ -93,7 +95,7 @@ def get_engine(job: WorkerJob, set_threads: bool = True):
         from optim.logs import quiet_worker
 
         quiet_worker()
-    payload = job.payload if isinstance(job.payload, Payload) else job.payload.value
+    payload = job.payload.read()
     engine = build_engine(payload, set_threads=set_threads)
     _ENGINES[job.model_id] = engine
     while len(_ENGINES) > max(_CACHE_SIZE, 1):
@@ -325,7 +327,7 @@ def _run(job: WorkerJob, feed: list, good: np.ndarray, messages: dict, where: st
 def _outputs(job: WorkerJob):
     if job.plan is not None:
         return [spec.output for spec in job.plan.outputs]
-    payload = job.payload if isinstance(job.payload, Payload) else job.payload.value
+    payload = job.payload.read()
     return list(payload.outputs)
 
 
@@ -336,7 +338,7 @@ def predict_rdd_partition(index: int, rows: Iterable, job: WorkerJob) -> Iterato
     """``mapPartitionsWithIndex`` body: one output per element, in order. An element is an array
     (one input), a list or tuple in input order, or a dict by input name; an output is an array
     (one output) or a list of arrays. With ``on_error="null"`` a bad element gives None."""
-    payload = job.payload if isinstance(job.payload, Payload) else job.payload.value
+    payload = job.payload.read()
     buffer, first = [], 0
     with _ends_quietly_when_unread():
         for row in rows:

@@ -300,6 +300,7 @@ def test_snapshot_save_and_load(cnn, tmp_path):
 
 
 def test_worker_loop_numbers_rows_across_batches_and_nulls_bad_chunks(cnn):
+    from optim.carriers import InPlan
     from optim.predict.backends import make_payload
     from optim.predict.worker import WorkerJob, predict_columns
 
@@ -310,7 +311,7 @@ def test_worker_loop_numbers_rows_across_batches_and_nulls_bad_chunks(cnn):
     flat[4], flat[5], flat[8] = None, None, flat[8][:3]
     batches = [pa.array(flat[a:b], pa.list_(pa.float32())) for a, b in ((0, 6), (6, 10))]  # the feature column
     plan = plan_columns(schema, snap.inputs, snap.outputs, error_col="err")
-    job = WorkerJob("unit-" + snap.model_id, make_payload(snap, "tensorflow"), plan, 2, "null")
+    job = WorkerJob("unit-" + snap.model_id, InPlan(make_payload(snap, "tensorflow")), plan, 2, "null")
     parts = list(predict_columns(iter(batches), job))
     assert [len(p) for p in parts] == [2, 2, 2, 2, 2]  # batch_size rows at a time, within each Arrow batch
     out = pa.Table.from_struct_array(pa.concat_arrays(parts))
