@@ -178,16 +178,11 @@ def left_failures(job, rank: int, wait_s: float) -> list[bytes]:
     if job.channels.store_file is None:
         return []
     options = job.train.config.storage_options
-    deadline = time.monotonic() + wait_s
-    while True:
-        found = []
-        for r in range(job.size):
-            if r == rank:
-                continue
-            try:
-                found.append(storage.read_bytes(job.channels.failure_file(r), options))
-            except OSError:  # none from that rank (FileNotFoundError), or storage that does not answer
-                continue
-        if found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.1)
+
+    def read(r: int) -> bytes | None:
+        try:
+            return storage.read_bytes(job.channels.failure_file(r), options)
+        except OSError:  # none from that rank (FileNotFoundError), or storage that does not answer
+            return None
+
+    return kv.others_left(read, rank, job.size, wait_s)

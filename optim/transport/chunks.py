@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
-from optim.carriers import Carrier, InFile
+from optim.carriers import Carrier, InFile, InPlan
 from optim.errors import DistributedTrainingError
 
 __all__ = ["InPieces", "join_chunks", "result_carrier", "to_chunks"]
@@ -38,14 +38,12 @@ def join_chunks(rows: Iterable[tuple[int, bytes]]) -> bytes:
 
 
 @dataclass
-class InPieces(Carrier):
-    """Rank 0's result in the stage's rows, in pieces (:func:`to_chunks`)."""
+class InPieces(InPlan):
+    """Rank 0's result in the stage's rows, in pieces (:func:`to_chunks`): the payload held as :class:`InPlan` holds
+    it, on another road."""
 
     value: bytes
     via: ClassVar[str] = "rows"
-
-    def read(self, storage_options: dict | None = None) -> bytes:
-        return self.value
 
     def records(self, chunk_bytes: int) -> Iterator[tuple[int, bytes | None, str | None]]:
         for index, piece in to_chunks(self.value, chunk_bytes):

@@ -19,7 +19,8 @@ from urllib.request import Request, urlopen
 from optim.errors import RendezvousError
 from optim.transport.auth import AUTH_HEADER, sign_request
 
-__all__ = ["FAILURE_SCOPE", "GLOO_PATH", "GlooProxy", "all_gather", "get", "peer_failures", "post_failure", "put"]
+__all__ = ["FAILURE_SCOPE", "GLOO_PATH", "GlooProxy", "all_gather", "get", "others_left", "peer_failures", "post_failure",
+           "put"]
 
 #: The requests Gloo's rendezvous makes through Horovod's HTTP store: ``/<scope>/<key>`` with the
 #: scopes ``global``, ``local_<hostname>`` (tfnet names each rank's host ``rank<N>``) and
@@ -104,13 +105,20 @@ def post_failure(addr, rank: int, data: bytes, token: bytes | None, timeout_s: f
 def peer_failures(addr, rank: int, size: int, token: bytes | None, wait_s: float) -> list[bytes]:
     """The failures other ranks left (:func:`post_failure`), waiting up to ``wait_s`` seconds for the first; best
     effort (an unreachable store gives none)."""
+    return others_left(lambda r: get(addr, FAILURE_SCOPE, f"rank{r}", timeout_s=2.0, token=token), rank, size, wait_s)
+
+
+def others_left(read, rank: int, size: int, wait_s: float) -> list[bytes]:
+    """What every rank but ``rank`` (-1: none left out) left where ``read(r)`` looks (None: nothing from rank
+    ``r``), asked again every 0.1 s for up to ``wait_s`` seconds until something is there. A
+    :class:`~optim.errors.RendezvousError` from ``read`` (the place is gone) ends the asking with what was found."""
     deadline = time.monotonic() + wait_s
     while True:
         found = []
         try:
             for r in range(size):
                 if r != rank:
-                    got = get(addr, FAILURE_SCOPE, f"rank{r}", timeout_s=2.0, token=token)
+                    got = read(r)
                     if got is not None:
                         found.append(got)
         except RendezvousError:
