@@ -26,7 +26,7 @@ INSTALL_REQUIRES = [
 EXTRAS = {
     # real object stores for the tests, each with its client: S3 (moto_server lands in .venv/bin) and GCS
     # (gcp-storage-emulator); Azure's (Azurite) is an npm package, which scripts/install.sh installs
-    "test": ["pytest>=8", "pytest-timeout>=2.3", "scikit-learn>=1.4", "ruff>=0.6", "moto[server]>=5", "s3fs>=2024.6",
+    "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "scikit-learn>=1.4", "ruff>=0.6", "moto[server]>=5", "s3fs>=2024.6",
              "boto3", "gcp-storage-emulator>=2024.8", "gcsfs>=2024.6", "adlfs>=2024.4",
              # the onnx whose conformance cases tests/fixtures/onnx_conformance_passing.txt lists (its first line)
              "onnx==1.23.2"],

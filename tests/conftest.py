@@ -5,6 +5,11 @@
 * parallel: real Horovod ranks over Gloo;
 * docker: the cluster image and a compose cluster on a real Docker engine (tests/docker/; set up by
   scripts/docker_env.sh, never skipped in CI).
+
+``make test`` runs two pytest workers (pytest-xdist, ``--dist loadgroup``): each test module goes whole to one worker
+(its module-scoped fixtures are made once), and every test that uses something the whole machine shares (the
+``machine`` marker: network namespaces and iptables, the Docker engine, the standalone cluster of
+``tests/cluster_fixture.py``) goes to the same worker, one after another.
 """
 
 import os
@@ -90,12 +95,32 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "parallel: starts several Horovod ranks over Gloo")
     config.addinivalue_line("markers", "slow: takes more than about 20 seconds")
     config.addinivalue_line("markers", "docker: builds the cluster image and runs a compose cluster (Docker Engine)")
+    config.addinivalue_line("markers", "machine: uses what the whole machine shares (network namespaces, iptables, "
+                                       "the Docker engine, the shared standalone cluster): never beside another such test")
+
+
+#: The pytest-xdist group of every test that uses what the whole machine shares.
+MACHINE_GROUP = "machine"
+#: A test module that imports from these makes network namespaces (and sweeps away stale ones: tests/netns.py).
+_NETNS_MODULES = ("tests.netns", "tests.netns_cluster")
+
+
+def xdist_group(item) -> str:
+    """The worker group of a test: ``machine`` for what uses the whole machine's network, Docker engine or shared
+    cluster (two of those side by side would tear down each other's namespaces and bridges), else its module."""
+    module = getattr(item, "module", None)
+    uses_netns = any(getattr(v, "__module__", None) in _NETNS_MODULES for v in vars(module).values()) if module else False
+    if (uses_netns or item.get_closest_marker("machine") or item.get_closest_marker("docker")
+            or "standalone_cluster" in getattr(item, "fixturenames", ())):
+        return MACHINE_GROUP
+    return item.nodeid.split("::")[0]
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
         if not any(item.get_closest_marker(m) for m in ("spark", "parallel", "docker")):
             item.add_marker(pytest.mark.unit)
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
 
 
 @pytest.fixture
