@@ -6,8 +6,8 @@ STAMP  := $(VENV)/.tfnet-installed
 TESTS  ?= tests
 PYTEST_ARGS ?=
 # pytest workers (pytest-xdist). The suite alone keeps about one of CI's two cores busy (Spark and TensorFlow wait
-# on each other), so two workers share them; tests/conftest.py keeps each module in one worker and puts every test
-# that uses the whole machine's network, Docker engine or shared cluster in one worker. TEST_WORKERS=0: one process.
+# on each other), so two workers share them; tests/conftest.py keeps each module in one worker and runs the modules
+# that use the whole machine's network, Docker engine or shared cluster (pytest.ini) in one worker. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
 export TF_ENABLE_ONEDNN_OPTS ?= 1
@@ -32,7 +32,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(TESTS) $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(TESTS) $(PYTEST_ARGS)
 
 # the cluster image (docker/README.md); `make test` builds it too, in its docker tier (tests/docker/),
 # which starts the Docker engine itself through scripts/docker_env.sh

@@ -16,7 +16,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import banner, setup_env, write_json  # noqa: E402
+from common import banner, finish, setup_env  # noqa: E402
 
 ACTIONS = [
     ("count", lambda d: d.count()),
@@ -72,7 +72,7 @@ def main(argv=None) -> dict:
     for (name, a), (_, b) in zip(out["seconds"]["pandas_udf"], out["seconds"]["tfpredictor"]):
         print(f"{name:18} {a:10.2f} {b:12.2f}")
     spark.stop()
-    write_json(args.json, out)
+    finish(args.json, out)
     return out
 
 

@@ -25,7 +25,7 @@ import sys
 import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import banner, interleaved, machine, median, write_json  # noqa: E402
+from common import banner, finish, interleaved, machine, median  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -108,7 +108,7 @@ def main() -> None:
             ratios[f"{old} / {new}"] = times[old] / times[new]
     for name, r in ratios.items():
         print(f"  ratio {name}: {r:.2f}")
-    write_json(args.json, {"machine": info, "rows": args.rows, "seconds": times, "ratios": ratios})
+    finish(args.json, {"machine": info, "rows": args.rows, "seconds": times, "ratios": ratios})
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import banner, median, setup_env, write_json  # noqa: E402
+from benchmarks.common import banner, finish, median, setup_env  # noqa: E402
 
 
 def run_job(model_dir: str) -> dict:
@@ -76,7 +76,7 @@ def main() -> None:
     print(f"connect/classic: start-up {summary['connect']['startup_s'] / summary['classic']['startup_s']:.2f}x, "
           f"whole call {summary['connect']['wall_s'] / summary['classic']['wall_s']:.2f}x; "
           f"the Connect server itself took {connect_up:.1f} s to start")
-    write_json(args.json, {"results": results, "summary": summary, "connect_server_start_s": connect_up})
+    finish(args.json, {"results": results, "summary": summary, "connect_server_start_s": connect_up})
 
 
 if __name__ == "__main__":

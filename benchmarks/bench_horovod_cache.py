@@ -23,7 +23,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import banner
+from common import banner, finish
 
 RANK = """
 import json, statistics, sys, time
@@ -95,6 +95,7 @@ def main(argv=None):
     print(f"{args.tensors} tensors, {args.mb:g} MB, {args.steps} steps, 2 ranks; median step over rounds:")
     for name, xs in results.items():
         print(f"  {name}: {statistics.median(xs) * 1000:.1f} ms (runs: {', '.join(f'{x * 1000:.1f}' for x in xs)})")
+    finish(None, {"seconds": results})
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import banner, machine, write_json
+from common import banner, finish, machine
 
 RANK = textwrap.dedent("""
     import json, sys, time
@@ -103,7 +103,7 @@ def main(argv=None):
         ar = statistics.median(ars) if ars else None
         out["settings"][setting] = {"rate": rate, "of_baseline": rate / base, "allreduce_s": ar}
         print(f"{setting:16s} {rate:25.1f} {rate / base:12.3f} {'-' if ar is None else f'{ar * 1e3:.0f} ms':>17s}")
-    write_json(args.json, out)
+    finish(args.json, out)
     return out
 
 

@@ -42,7 +42,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import banner, machine, setup_env, write_json
+from common import banner, finish, machine, setup_env
 
 WIDTHS = (1024, 4096, 4096, 1024, 10)
 
@@ -181,7 +181,7 @@ def main(argv=None):
     out["load_after"] = os.getloadavg()[0]
     _report(out, args)
     print(f"# load average after: {out['load_after']:.1f}")
-    write_json(args.json, out)
+    finish(args.json, out)
     return out
 
 

@@ -29,7 +29,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_memory import SIZE, png_frame, small_cnn, spark_session  # noqa: E402
-from common import banner, machine, setup_env, write_json  # noqa: E402
+from common import banner, finish, machine, setup_env  # noqa: E402
 
 BATCH = 32
 
@@ -125,7 +125,7 @@ def main(argv=None) -> dict:
           f"{ratios['streamed_overall_vs_memory']:.3f}, from_parquet / in memory {ratios['parquet_overall_vs_memory']:.3f}")
     results = {"machine": machine(), "command": "python benchmarks/bench_input.py " + " ".join(
         sys.argv[1:] if argv is None else argv), "args": vars(args), "runs": runs, "ratios": ratios}
-    write_json(args.json, results)
+    finish(args.json, results)
     return results
 
 

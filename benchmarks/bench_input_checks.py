@@ -18,7 +18,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import banner, interleaved, machine, median, setup_env, write_json  # noqa: E402
+from common import banner, finish, interleaved, machine, median, setup_env  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -65,7 +65,7 @@ def main(argv=None) -> dict:
         print(f"  {name:44s} {out['us_fresh_batch'][key]:12.0f} {out['us_same_batch'][key]:12.0f}")
     print(f"  finite_batch, one NaN row, skip: {out['us_finite_batch_one_nan_row_skip']:.0f}")
     if args.json:
-        write_json(args.json, out)
+        finish(args.json, out)
     return out
 
 

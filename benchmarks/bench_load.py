@@ -23,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import banner, interleaved, machine, median, peak_rss_mb, setup_env, write_json  # noqa: E402
+from common import banner, finish, interleaved, machine, median, peak_rss_mb, setup_env  # noqa: E402
 
 
 def main() -> None:
@@ -81,7 +81,7 @@ def main() -> None:
     for name, s in result["seconds"].items():
         print(f"  {name:28s} {s:6.2f} s   ({s / base:.2f}x the TF baseline)")
     print(f"peak RSS {result['peak_rss_mb']:.0f} MB")
-    write_json(args.json, result)
+    finish(args.json, result)
 
 
 if __name__ == "__main__":

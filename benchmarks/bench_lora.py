@@ -42,7 +42,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import banner, machine, setup_env, write_json
+from common import banner, finish, machine, setup_env
 
 VOCAB, SEQ, CLS, MARKER = 1000, 64, 0, 1
 ATTENTION = r"_attn/(query|key|value|attention_output)/kernel$"
@@ -206,7 +206,7 @@ def main(argv=None):
                            if lora["peak_rss_mb"] and full["peak_rss_mb"] else None)}
     print(f"LoRA / full: step time {ratios['step_time']:.2f}, bytes per step {ratios['bytes']:.4f}, peak memory "
           f"{ratios['peak_rss'] if ratios['peak_rss'] is not None else float('nan'):.2f}")
-    write_json(args.json, {"machine": machine(), "args": vars(args), "runs": results, "lora_over_full": ratios})
+    finish(args.json, {"machine": machine(), "args": vars(args), "runs": results, "lora_over_full": ratios})
     return results
 
 

@@ -21,7 +21,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import banner, machine, setup_env, write_json  # noqa: E402
+from common import banner, finish, machine, setup_env  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout, for tests/
 from tests.spark_utils import png_frame  # noqa: E402,F401 (bench_input.py takes it from here too)
@@ -107,7 +107,7 @@ def main(argv=None) -> dict:
               f"{streamed['local_copy_mib']:>11.1f} MiB {walls:>25}   streamed peak / first: "
               f"{streamed['peak_rss_mib'] / base:.3f}", flush=True)
     spark.stop()
-    write_json(args.json, results)
+    finish(args.json, results)
     return results
 
 

@@ -23,7 +23,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import banner, interleaved, machine, median, setup_env, write_json  # noqa: E402
+from common import banner, finish, interleaved, machine, median, setup_env  # noqa: E402
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "onnx", "resnet18.onnx")
 
@@ -129,7 +129,7 @@ def main(argv=None) -> dict:
               f"{r['max_rel_error_vs_onnxruntime']}")
     if len(results["models"]) == 1:  # the single-model layout of earlier runs
         results.update(results.pop("models")[0])
-    write_json(args.json, results)
+    finish(args.json, results)
     return results
 
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import banner, interleaved, machine, median, peak_rss_mb, setup_env, write_json  # noqa: E402
+from common import banner, finish, interleaved, machine, median, peak_rss_mb, setup_env  # noqa: E402
 
 MOM = float(os.environ.get("BENCH_MOMENTUM", "0.9"))
 
@@ -98,7 +98,7 @@ def main(argv=None):
         print(f"peak memory  TFOptimizer {peaks['tfnet']:.0f} MB   Keras fit {peaks['keras']:.0f} MB   "
               f"ratio {peaks['tfnet'] / peaks['keras']:.2f} (lower is better)")
     print(f"machine: {out['machine']}")
-    write_json(args.json, out)
+    finish(args.json, out)
     return out
 
 

@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (  # noqa: E402
     banner,
     ceilings_line,
+    finish,
     interleaved,
     machine,
     matmul_ceilings,
@@ -36,7 +37,6 @@ from common import (  # noqa: E402
     openvino_matmul_ceilings,
     resnet50_gflop,
     setup_env,
-    write_json,
 )
 
 
@@ -233,7 +233,7 @@ def main(argv=None) -> dict:
             results["local"] = local_inference(args, net, x)
         if args.only in (None, "spark"):
             results["spark"] = spark_inference(args, net, x)
-    write_json(args.json, results)
+    finish(args.json, results)
     return results
 
 

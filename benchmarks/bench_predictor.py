@@ -25,7 +25,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import banner, ceilings_line, interleaved, machine, matmul_ceilings, median, setup_env, write_json  # noqa: E402
+from common import banner, ceilings_line, finish, interleaved, machine, matmul_ceilings, median, setup_env  # noqa: E402
 
 GFLOP_PER_IMAGE = 8.2  # ResNet-50 forward at 224x224: about 4.1 GMACs
 
@@ -219,7 +219,7 @@ def main(argv=None) -> dict:
     if args.only in (None, "udf"):
         results["udf"] = against_predict_batch_udf(args, net, model, x, ceilings)
     print(f"machine: {results['machine']}")
-    write_json(args.json, results)
+    finish(args.json, results)
     return results
 
 

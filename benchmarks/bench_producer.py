@@ -25,7 +25,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import banner, interleaved, machine, median, setup_env, write_json  # noqa: E402
+from common import banner, finish, interleaved, machine, median, setup_env  # noqa: E402
 
 SIZE = 64
 BATCH = 16
@@ -158,7 +158,7 @@ def main(argv=None) -> dict:
     if args.step:
         results["step_on_one_core"] = step_beside(u8, pixels, labels, args)
     f32.release(), u8.release()
-    write_json(args.json, results)
+    finish(args.json, results)
     return results
 
 

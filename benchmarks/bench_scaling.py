@@ -27,7 +27,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import banner, machine, setup_env, write_json
+from common import banner, finish, machine, setup_env
 
 CEILING = """
 import os, sys, time
@@ -175,7 +175,7 @@ def main(argv=None):
         out["modes"][m] = {"throughput_2": thr2, "efficiency": eff, "of_ceiling": rel, "mb_per_step": mb}
         print(f"{m:70s} {thr2:7.2f} {eff:10.3f} {rel:9.3f} {share if share is not None else float('nan'):9.1%} "
               f"{mb:12.1f}")
-    write_json(args.json, out)
+    finish(args.json, out)
     spark.stop()
     return out
 

@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import banner, machine, setup_env, write_json  # noqa: E402
+from common import banner, finish, machine, setup_env  # noqa: E402
 
 
 def _horovod_spark_run() -> float | None:
@@ -124,7 +124,7 @@ def main(argv=None):
         out["horovod_spark_run_s"] = t
         if t is not None:
             print(f"horovod.spark.run (workers already warm): {t:.2f} s from the call to hvd.init() done on both ranks")
-    write_json(args.json, out)
+    finish(args.json, out)
     spark.stop()
     return out
 

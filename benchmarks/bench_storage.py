@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import banner, interleaved, median, write_json  # noqa: E402
+from benchmarks.common import banner, finish, interleaved, median  # noqa: E402
 
 
 def start_moto() -> tuple[subprocess.Popen, str, str]:
@@ -75,7 +75,7 @@ def main() -> None:
     for k, v in out.items():
         print(f"{k:12s} {v:7.3f} s  {mb / v:7.0f} MiB/s")
     print(f"s3 / local: write {out['s3 write'] / out['local write']:.2f}x, read {out['s3 read'] / out['local read']:.2f}x")
-    write_json(args.json, {"mib": mb, "median_s": out})
+    finish(args.json, {"mib": mb, "median_s": out})
 
 
 if __name__ == "__main__":

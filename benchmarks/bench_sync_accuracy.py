@@ -18,7 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import banner, machine, setup_env, write_json
+from common import banner, finish, machine, setup_env
 
 
 def main(argv=None):
@@ -72,7 +72,7 @@ def main(argv=None):
         loss = statistics.median(r["loss"] for r in runs)
         print(f"{name:42s} {acc:12.4f} {loss:10.4f} {runs[-1]['bytes_per_step'] / 1e3:8.1f} "
               f"{statistics.median(r['seconds'] for r in runs):8.1f}")
-    write_json(args.json, {"machine": machine(), "epochs": args.epochs, "results": results})
+    finish(args.json, {"machine": machine(), "epochs": args.epochs, "results": results})
     spark.stop()
 
 

@@ -13,7 +13,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import banner, ceilings_line, interleaved, machine, matmul_ceilings, median, resnet50_gflop, setup_env, write_json  # noqa: E402
+from common import banner, ceilings_line, finish, interleaved, machine, matmul_ceilings, median, resnet50_gflop, setup_env  # noqa: E402
 
 
 def main(argv=None) -> dict:
@@ -107,7 +107,7 @@ def main(argv=None) -> dict:
         results["forward"]["tfnet_share_of_fp32_ceiling"] = share
         print(f"                 TFNet at {100 * share:.0f}% of the fp32 matmul ceiling")
     print(f"machine: {results['machine']}")
-    write_json(args.json, results)
+    finish(args.json, results)
     return results
 
 

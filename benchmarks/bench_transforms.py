@@ -18,7 +18,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import banner, interleaved, machine, median, setup_env, write_json  # noqa: E402
+from common import banner, finish, interleaved, machine, median, setup_env  # noqa: E402
 
 METHODS = {
     "sgd momentum": (lambda optim: optim.SGD(0.01, momentum=0.9), lambda k: k.SGD(0.01, momentum=0.9),
@@ -127,7 +127,7 @@ def main(argv=None):
         print(line, flush=True)
         del fns
     print(f"machine: {out['machine']}")
-    write_json(args.json, out)
+    finish(args.json, out)
     return out
 
 

@@ -155,3 +155,60 @@ def write_json(path: str | None, obj: dict) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:
             json.dump(obj, f, indent=2)
+
+
+def measure_ceilings() -> dict:
+    """This CPU's matmul ceilings: TensorFlow's fp32 and bf16 (:func:`matmul_ceilings`) and OpenVINO's fp32 and INT8
+    (:func:`openvino_matmul_ceilings`), measured in a fresh interpreter with this process's oneDNN setting, so that
+    neither the benchmark's own threads, memory or start-up figures nor its TensorFlow settings change them (nor
+    they the benchmark's). A part that cannot be measured here says why instead of a figure."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), "--ceilings"], capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1][:200]}
+
+
+def _has(c: object, key: str) -> dict | None:
+    return c if isinstance(c, dict) and key in c else None
+
+
+def ceilings_lines(tf_c: dict, ov_c: dict) -> list[str]:
+    """The lines of the ceilings, TensorFlow's then OpenVINO's; a part not measured says why."""
+    return [ceilings_line(tf_c) if _has(tf_c, "fp32_gflops") else f"# ceilings: TF not measured ({tf_c.get('error')})",
+            openvino_ceilings_line(ov_c) if _has(ov_c, "int8_gops")
+            else f"# ceilings: OpenVINO INT8 not measured ({ov_c.get('error')})"]
+
+
+def finish(path: str | None, results: dict) -> dict:
+    """The end of every benchmark: prints the machine and its matmul ceilings beside the benchmark's results (fp32,
+    bf16 and INT8: the rates its figures are read against on this CPU kind), adds them to ``results`` (TensorFlow's
+    under ``"ceilings"``, OpenVINO's under ``"openvino_ceilings"``; what the benchmark measured itself is kept), and
+    writes ``results`` to ``path``."""
+    tf_c, ov_c = _has(results.get("ceilings"), "fp32_gflops"), _has(results.get("openvino_ceilings"), "int8_gops")
+    if not (tf_c and ov_c):
+        measured = measure_ceilings()
+        tf_c = tf_c or measured.get("tf") or measured
+        ov_c = ov_c or measured.get("openvino") or measured
+    results["ceilings"], results["openvino_ceilings"] = tf_c, ov_c
+    print(banner(), flush=True)
+    for line in ceilings_lines(tf_c, ov_c):
+        print(line, flush=True)
+    write_json(path, results)
+    return results
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] == ["--ceilings"]:
+        out: dict = {"tf": matmul_ceilings()}
+        try:
+            out["openvino"] = openvino_matmul_ceilings()
+        except Exception as e:  # noqa: BLE001 - reported as a line instead of a figure
+            out["openvino"] = {"error": f"{type(e).__name__}: {e}"[:200]}
+        print(json.dumps(out))

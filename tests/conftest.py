@@ -6,10 +6,10 @@
 * docker: the cluster image and a compose cluster on a real Docker engine (tests/docker/; set up by
   scripts/docker_env.sh, never skipped in CI).
 
-``make test`` runs two pytest workers (pytest-xdist, ``--dist loadgroup``): each test module goes whole to one worker
-(its module-scoped fixtures are made once), and every test that uses something the whole machine shares (the
-``machine`` marker: network namespaces and iptables, the Docker engine, the standalone cluster of
-``tests/cluster_fixture.py``) goes to the same worker, one after another.
+``make test`` runs two pytest workers (pytest-xdist): each test module goes whole to one worker (its module-scoped
+fixtures are made once), and the modules that use what the whole machine shares (pytest.ini's ``machine_modules``:
+network namespaces and iptables, the Docker engine, the standalone cluster of ``tests/cluster_fixture.py``) go to one
+worker, one after another (:func:`pytest_xdist_make_scheduler`).
 """
 
 import os
@@ -105,22 +105,57 @@ MACHINE_GROUP = "machine"
 _NETNS_MODULES = ("tests.netns", "tests.netns_cluster")
 
 
-def xdist_group(item) -> str:
-    """The worker group of a test: ``machine`` for what uses the whole machine's network, Docker engine or shared
-    cluster (two of those side by side would tear down each other's namespaces and bridges), else its module."""
+def uses_the_machine(item) -> bool:
+    """Whether a test uses what the whole machine shares: network namespaces and iptables, the Docker engine, the
+    shared standalone cluster (two such tests side by side would tear down each other's namespaces and bridges)."""
     module = getattr(item, "module", None)
     uses_netns = any(getattr(v, "__module__", None) in _NETNS_MODULES for v in vars(module).values()) if module else False
-    if (uses_netns or item.get_closest_marker("machine") or item.get_closest_marker("docker")
-            or "standalone_cluster" in getattr(item, "fixturenames", ())):
-        return MACHINE_GROUP
-    return item.nodeid.split("::")[0]
+    return bool(uses_netns or item.get_closest_marker("machine") or item.get_closest_marker("docker")
+                or "standalone_cluster" in getattr(item, "fixturenames", ()))
 
 
-def pytest_collection_modifyitems(items):
+def worker_group(config, nodeid: str) -> str:
+    """The group a test runs in under pytest-xdist: ``machine`` for the modules pytest.ini's ``machine_modules``
+    names (path prefixes), else the test's module. pytest-xdist's controller places tests knowing only their node
+    ids, so the rule is by path; :func:`pytest_collection_modifyitems` checks it against what each test uses."""
+    module = nodeid.split("::")[0]
+    return MACHINE_GROUP if module.startswith(tuple(config.getini("machine_modules"))) else module
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """make test's workers take whole groups (:func:`worker_group`): a module's tests in one worker (its module
+    fixtures are made once) and the ``machine`` group's in one worker, one after another. pytest-xdist's own
+    ``--dist loadgroup`` does not group on pytest 9.2 (pytest-xdist#1386: it renames node ids, which pytest 9.2 no
+    longer lets it do), so this is its scope scheduler with the group as the scope, through xdist's own hook."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    # groups in collection order, not xdist's default of most tests first: tests/docker/ is collected first, so the
+    # machine group, the longest by far, starts at once and the other worker takes the modules one at a time
+    config.option.loadscopereorder = False
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(self.config, nodeid)
+
+    return ByGroup(config, log)
+
+
+def pytest_addoption(parser):
+    parser.addini("machine_modules", "test modules (path prefixes) that use what the whole machine shares: they run "
+                  "in one pytest-xdist worker, one after another", type="linelist", default=[])
+
+
+def pytest_collection_modifyitems(config, items):
+    strays = set()
     for item in items:
         if not any(item.get_closest_marker(m) for m in ("spark", "parallel", "docker")):
             item.add_marker(pytest.mark.unit)
-        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+        if uses_the_machine(item) and worker_group(config, item.nodeid) != MACHINE_GROUP:
+            strays.add(item.nodeid.split("::")[0])
+    if strays:
+        raise pytest.UsageError(f"{', '.join(sorted(strays))}: uses what the whole machine shares (network namespaces, "
+                                "the Docker engine, the standalone cluster) but is not in pytest.ini's machine_modules, "
+                                "so pytest-xdist could run it beside another such test: add it there")
 
 
 @pytest.fixture
