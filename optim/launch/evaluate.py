@@ -14,14 +14,12 @@ import json
 
 import numpy as np
 
-from optim.errors import DistributedTrainingError
 from optim.launch.launcher import backend_for
 from optim.launch.stage import Cleanup, shipped_hooks
 from optim.metrics import Mean
 from optim.predict.predictor import TFPredictor
 from optim.protocol import EVALUATE_ENTRY, STATES_SCHEMA, EvalJob, entry
 from optim.spark import typed_errors
-from optim.spark.connect import plan_limit
 from optim.spark.jobs import run_job
 from optim.spark.session import get_spark, small_arrow_batches
 from optim.training.evaluation import logs_from_states, metrics_copy
@@ -43,7 +41,7 @@ def evaluate_distributed(opt, dataset, batch_size: int, num_partitions: int | No
 def _evaluate(backend, opt, dataset, batch_size: int, num_partitions: int | None) -> dict[str, float]:
     cleanup = Cleanup()
     try:
-        net = _ship_net(backend, net_to_bytes(opt.net), cleanup)
+        net = backend.ship_evaluated_net(net_to_bytes(opt.net), cleanup)
         staged = dataset.evaluation(backend, num_partitions)
         job = EvalJob(net, opt.loss, metrics_copy(opt.metrics), batch_size, staged.rank_data,
                       hooks=shipped_hooks(opt.net), size=staged.size or 1)
@@ -59,18 +57,6 @@ def _evaluate(backend, opt, dataset, batch_size: int, num_partitions: int | None
     shapes = [np.shape(s.state) for s in [Mean()] + metrics_copy(opt.metrics)]
     total = [sum(p[i] for p in parts).reshape(shapes[i]) for i in range(len(shapes))]
     return logs_from_states(opt.metrics, total)
-
-
-def _ship_net(backend, data: bytes, cleanup: Cleanup):
-    """The net's bytes as the tasks get them: their carrier (a broadcast, or the plan under Spark Connect)."""
-    if backend.mode == "connect":
-        limit = plan_limit(backend.spark)
-        if len(data) > limit:
-            raise DistributedTrainingError(
-                f"The net ({len(data) / 2**20:.0f} MiB) exceeds what a Spark Connect plan carries "
-                f"({limit / 2**20:.0f} MiB, spark.tfnet.connect.maxPlanBytes); evaluate it from a classic SparkSession, "
-                "or raise that setting.")
-    return backend.ship(data, cleanup)
 
 
 def predict_distributed(net, dataset, batch_size: int):

@@ -118,6 +118,11 @@ class Backend:
         (:mod:`optim.carriers`), a broadcast or the plan."""
         raise NotImplementedError
 
+    def ship_evaluated_net(self, net_bytes: bytes, cleanup) -> Carrier:
+        """The net's bytes to evaluate as the tasks get them (:meth:`ship`; a kind with a limit on what it carries
+        refuses a larger net here, with the fix)."""
+        return self.ship(net_bytes, cleanup)
+
     def ship_net(self, spec: TrainSpec, net_bytes: bytes, carried: int, cleanup) -> tuple[Carrier, str | None]:
         """``(net, exchange)``: the net of ``spec`` (the driver's; ``net_bytes``, serialised) as the ranks get it (its
         carrier, :mod:`optim.carriers`: a file in the exchange folder, a broadcast or the plan), and the exchange

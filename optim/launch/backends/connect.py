@@ -166,6 +166,15 @@ class ConnectBackend(Backend):
     def ship(self, value, cleanup) -> Carrier:
         return InPlan(value)
 
+    def ship_evaluated_net(self, net_bytes: bytes, cleanup) -> Carrier:
+        limit = plan_limit(self.spark)
+        if len(net_bytes) > limit:
+            raise DistributedTrainingError(
+                f"The net ({len(net_bytes) / 2**20:.0f} MiB) exceeds what a Spark Connect plan carries "
+                f"({limit / 2**20:.0f} MiB, spark.tfnet.connect.maxPlanBytes); evaluate it from a classic SparkSession, "
+                "or raise that setting.")
+        return self.ship(net_bytes, cleanup)
+
     def wait_for_slots(self, n: int, wait_s: float) -> int:
         if self.dynamic is not None:  # the stage's pending tasks bring the executors, up to maxExecutors
             return self.dynamic.slots_for(n)

@@ -122,3 +122,25 @@ def test_warm_up_workers_imports_in_every_slot(spark):
     assert warm.done() and warm.error is None
     assert len(reports) == 2
     assert all(set(r) == {"python", "host"} for r in reports), reports  # nothing failed to import
+
+
+def test_a_net_too_large_for_a_connect_plan_is_refused_before_evaluating():
+    """evaluate() from a Connect client carries the net in the plan: past spark.tfnet.connect.maxPlanBytes it is a
+    DistributedTrainingError that names the setting and the fix, before any job; within it, the plan carries it."""
+    from optim.carriers import InPlan
+    from optim.errors import DistributedTrainingError
+    from optim.launch.backends.connect import ConnectBackend
+    from optim.launch.stage import Cleanup
+
+    class Conf:
+        def __init__(self, values):
+            self.conf, self.values = self, values
+
+        def get(self, key, default=None):
+            return self.values.get(key, default)
+
+    backend = ConnectBackend(Conf({"spark.tfnet.connect.maxPlanBytes": "1k"}))
+    with pytest.raises(DistributedTrainingError, match=r"spark.tfnet.connect.maxPlanBytes\); evaluate it from a classic"):
+        backend.ship_evaluated_net(b"x" * 1025, Cleanup())
+    carrier = backend.ship_evaluated_net(b"x" * 1024, Cleanup())
+    assert isinstance(carrier, InPlan) and carrier.read() == b"x" * 1024
