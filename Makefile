@@ -5,10 +5,11 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.tfnet-installed
 TESTS  ?= tests
 PYTEST_ARGS ?=
-# pytest workers (pytest-xdist). The suite alone keeps about one of CI's two cores busy (Spark and TensorFlow wait
-# on each other), so two workers share them; tests/conftest.py keeps each module in one worker and runs the modules
-# that use the whole machine's network, Docker engine or shared cluster (pytest.ini) in one worker. TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 2
+# pytest workers (pytest-xdist). One process by default: on CI's 2 cores two workers did not shorten the suite (62.4
+# min of tests against 50-61 in one process: the cores are already busy, and each test ran 2-3x slower beside another;
+# docs/benchmarks.md). TEST_WORKERS=2 runs two: tests/conftest.py keeps each module in one worker and runs the modules
+# that use the whole machine's network, Docker engine or shared cluster (pytest.ini) in one worker.
+TEST_WORKERS ?= 0
 
 export TF_ENABLE_ONEDNN_OPTS ?= 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2

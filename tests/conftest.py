@@ -6,7 +6,7 @@
 * docker: the cluster image and a compose cluster on a real Docker engine (tests/docker/; set up by
   scripts/docker_env.sh, never skipped in CI).
 
-``make test`` runs two pytest workers (pytest-xdist): each test module goes whole to one worker (its module-scoped
+``make test TEST_WORKERS=2`` runs two pytest workers (pytest-xdist): each test module goes whole to one worker (its module-scoped
 fixtures are made once), and the modules that use what the whole machine shares (pytest.ini's ``machine_modules``:
 network namespaces and iptables, the Docker engine, the standalone cluster of ``tests/cluster_fixture.py``) go to one
 worker, one after another (:func:`pytest_xdist_make_scheduler`).
@@ -123,7 +123,7 @@ def worker_group(config, nodeid: str) -> str:
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """make test's workers take whole groups (:func:`worker_group`): a module's tests in one worker (its module
+    """``make test TEST_WORKERS=2``'s workers take whole groups (:func:`worker_group`): a module's tests in one worker (its module
     fixtures are made once) and the ``machine`` group's in one worker, one after another. pytest-xdist's own
     ``--dist loadgroup`` does not group on pytest 9.2 (pytest-xdist#1386: it renames node ids, which pytest 9.2 no
     longer lets it do), so this is its scope scheduler with the group as the scope, through xdist's own hook."""

@@ -51,7 +51,7 @@ def test_skips_stay_skips_outside_ci(tmp_path):
 
 
 def test_a_skip_fails_under_ci_in_two_workers_as_make_test_runs_them(tmp_path):
-    """make test runs pytest-xdist's workers: the skip becomes a failure in the worker, and the controller, which
+    """make test TEST_WORKERS=2 runs pytest-xdist's workers: the skip becomes a failure in the worker, and the controller, which
     writes the summary, still sees it as one, and still sums up the hardware skips."""
     done = _run(tmp_path, "true", SUITE, "-n", "2")
     assert done.returncode == 1, done.stdout[-3000:]
@@ -90,7 +90,7 @@ def _pytest(tmp_path, *args: str):
 
 
 def test_two_workers_keep_a_module_and_the_machine_group_together(tmp_path):
-    """make test's workers: every test of a module runs in one worker (its module fixtures are made once), and the
+    """make test TEST_WORKERS=2's workers: every test of a module runs in one worker (its module fixtures are made once), and the
     modules that use the whole machine (pytest.ini's machine_modules) in one worker. Without the grouping,
     pytest-xdist spreads each module's tests over both workers (and its own --dist loadgroup does on pytest 9.2)."""
     _grouped_suite(tmp_path, ("test_m1.py", "test_m2.py"))
