@@ -27,9 +27,7 @@ SUITE = textwrap.dedent("""
 def _run(tmp_path, ci: str, suite: str = SUITE, *args: str):
     (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F401,F403\n")
     (tmp_path / "test_throwaway.py").write_text(suite)
-    env = dict(os.environ, PYTHONPATH=ROOT, CI=ci)
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *args, str(tmp_path)],
-                          env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=300)
+    return _pytest(tmp_path, "-rA", *args, ci=ci)
 
 
 def test_a_skip_fails_under_ci_unless_it_is_hardware(tmp_path):
@@ -83,9 +81,10 @@ def _grouped_suite(tmp_path, listed: tuple[str, ...]) -> None:
         (tmp_path / f"test_{prefix}.py").write_text(_module(prefix, machine))
 
 
-def _pytest(tmp_path, *args: str):
+def _pytest(tmp_path, *args: str, ci: str = ""):
+    """A fresh pytest on the throwaway suite in ``tmp_path`` (``CI`` set to ``ci``)."""
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, str(tmp_path)],
-                          env=dict(os.environ, PYTHONPATH=ROOT, CI=""), cwd=str(tmp_path), capture_output=True,
+                          env=dict(os.environ, PYTHONPATH=ROOT, CI=ci), cwd=str(tmp_path), capture_output=True,
                           text=True, timeout=300)
 
 
