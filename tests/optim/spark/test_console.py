@@ -282,3 +282,43 @@ def test_tfnets_threads_leave_nothing_in_an_info_log_and_a_failing_callback_is_o
     lines = [line for line in failed.strip().split("\n") if line.strip()]
     assert "ValueError: the user's callback failed (rank 0)" in failed and len(lines) <= 25, failed
     assert not [line for line in lines if line.lstrip().startswith("at ") or "Py4JJavaError" in line], failed
+
+
+# Ctrl-C while the main thread waits for the JVM's answer to a Py4J call, with the handler a plain SparkSession
+# installs (pyspark's: it cancels every job through py4j, then raises KeyboardInterrupt).
+CTRL_C_IN_PY4J = textwrap.dedent("""
+    import os, signal, threading, time
+    from pyspark.sql import SparkSession
+    from optim.training.interrupts import Interruptible
+
+    spark = SparkSession.builder.master("local[1]").getOrCreate()
+    jvm = spark.sparkContext._jvm
+    caught = []
+    try:
+        with Interruptible():
+            threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()  # Ctrl-C, 1 s into the call
+            jvm.java.lang.Thread.sleep(3000)  # the main thread waits for the JVM's answer
+            print("<<RETURNED>>", flush=True)
+            asleep = time.monotonic()
+            time.sleep(60)  # the held Ctrl-C ends this sleep
+            print("<<NOT INTERRUPTED>>", flush=True)
+    except KeyboardInterrupt:
+        caught.append(("KeyboardInterrupt", "in the sleep" if time.monotonic() - asleep < 50 else "after it"))
+    print("<<RESULT>>", caught, spark.range(5).count(), signal.getsignal(signal.SIGINT).__module__, flush=True)
+    spark.stop()
+""")
+
+
+def test_ctrl_c_during_a_py4j_call_waits_for_its_answer_and_leaves_the_connection_whole():
+    """Under load, Ctrl-C landed while the driver's main thread waited in a Py4J call (run_job's watch): pyspark's
+    handler called the JVM again through that same half-read connection ("RuntimeError: reentrant call inside
+    <_io.BufferedReader>", a raw Py4J traceback, py4j's "KeyboardInterrupt while sending command"). The
+    interrupt is now held until the JVM has answered, then raised as a plain KeyboardInterrupt, and the session
+    still works (a count, then the handler put back)."""
+    done = subprocess.run([sys.executable, "-c", CTRL_C_IN_PY4J], env=user_env(), capture_output=True, text=True,
+                          timeout=180, cwd=ROOT)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "<<RETURNED>>" in out and "<<NOT INTERRUPTED>>" not in out, out[-4000:]
+    assert "<<RESULT>> [('KeyboardInterrupt', 'in the sleep')] 5 pyspark.core.context" in out, out[-4000:]
+    assert "Traceback" not in out and "reentrant" not in out and "while sending command" not in out, out[-4000:]
