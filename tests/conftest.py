@@ -22,6 +22,10 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # such API. gcsfs reads this at import, so it is set before anything imports it; Spark's Python workers,
 # started later, inherit it.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+# Every JVM the tests start (drivers, executors, Connect servers; the standalone master and workers) compiles with
+# the client compiler only: tests/spark-conf/spark-defaults.conf says why.
+os.environ.setdefault("SPARK_CONF_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark-conf"))
+os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", "-XX:TieredStopAtLevel=1")
 
 import json  # noqa: E402
 import re  # noqa: E402
