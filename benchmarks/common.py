@@ -66,8 +66,11 @@ def matmul_ceilings(n: int = 2048, rounds: int = 5) -> dict:
 
 
 def openvino_matmul_ceilings(n: int = 2048, threads: int | None = None, rounds: int = 5) -> dict:
-    """OpenVINO's own ``n`` x ``n`` matmul on the CPU, in fp32 and in INT8 (both operands through a 256-level
+    """OpenVINO's own ``n`` x ``n`` matmul on the CPU, in fp32, bf16 and INT8 (both operands through a 256-level
     ``FakeQuantize``, which the CPU plugin runs as an int8 GEMM: VNNI or AMX), GOP/s (the best of ``rounds``).
+    fp32 and INT8 run with ``INFERENCE_PRECISION_HINT`` ``f32``, as TFPredictor's fp32 and int8 do: left to its
+    default, the plugin runs an fp32 model in bf16 on a CPU with bf16 (AMX, avx512_bf16), and "fp32" was bf16 there.
+    bf16 is the hint ``bf16`` (on a CPU without bf16 the plugin runs it in f32: ``bf16_vs_fp32`` near 1).
     Their ratio is what INT8 gains on one large GEMM on this CPU, beside the figures a benchmark measures on a
     model (a network's convolutions run other kernels, and gained more than this ratio on an AMD EPYC). ``threads``:
     OpenVINO's threads (default: all cores)."""
@@ -89,18 +92,22 @@ def openvino_matmul_ceilings(n: int = 2048, threads: int | None = None, rounds: 
     if threads:
         config["INFERENCE_NUM_THREADS"] = int(threads)
     data = np.random.default_rng(1).uniform(-1, 1, (n, n)).astype(np.float32)
-    out = {"n": n, "threads": threads or "all"}
-    for name, int8 in (("fp32", False), ("int8", True)):
-        request = ov.Core().compile_model(model(int8), "CPU", config).create_infer_request()
+    out = {"n": n, "threads": threads or "all", "precisions": {}}
+    for name, int8, hint in (("fp32", False, "f32"), ("bf16", False, "bf16"), ("int8", True, "f32")):
+        compiled = ov.Core().compile_model(model(int8), "CPU", {**config, "INFERENCE_PRECISION_HINT": hint})
+        out["precisions"][name] = compiled.get_property("INFERENCE_PRECISION_HINT").to_string()  # what the plugin runs
+        request = compiled.create_infer_request()
         out[f"{name}_gops"] = 2 * n ** 3 / best_seconds(lambda r=request: r.infer({0: data}), rounds) / 1e9
     out["int8_vs_fp32"] = out["int8_gops"] / out["fp32_gops"]
+    out["bf16_vs_fp32"] = out["bf16_gops"] / out["fp32_gops"]
     return out
 
 
 def openvino_ceilings_line(c: dict) -> str:
     """One line of :func:`openvino_matmul_ceilings`' figures."""
+    bf16 = (f"bf16 {c['bf16_gops']:.0f} GOP/s ({c['bf16_vs_fp32']:.2f}x fp32), " if "bf16_gops" in c else "")
     return (f"# ceilings: OpenVINO {c['n']}x{c['n']} matmul ({c['threads']} threads) fp32 {c['fp32_gops']:.0f} GOP/s, "
-            f"INT8 {c['int8_gops']:.0f} GOP/s ({c['int8_vs_fp32']:.2f}x fp32)")
+            f"{bf16}INT8 {c['int8_gops']:.0f} GOP/s ({c['int8_vs_fp32']:.2f}x fp32)")
 
 
 def ceilings_line(c: dict) -> str:
