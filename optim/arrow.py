@@ -291,6 +291,12 @@ def _read_images(col: pa.Array, how: ColumnRead, bad: dict[int, RowProblem], col
                           f"channels) with 1, 3 or 4 channels. Received: shape={how.shape}")
     height, width, channels = how.shape
     dtype = np.dtype(how.dtype or "float32")
+    raw = _raw_pixel_rows(col, height * width * channels)
+    if raw is not None:  # every row holds raw pixels' size: one view, one conversion
+        out = raw.reshape(len(col), height, width, channels).astype(dtype)
+        for i in np.flatnonzero(_starts_like_a_file(raw)):  # (rare) decoded if it is a file, as one row is
+            out[i] = decode_image(raw[i].tobytes(), height, width, channels, dtype)
+        return out
     out = np.zeros((len(col), height, width, channels), dtype)
     for i, data in enumerate(col.to_pylist()):
         if data is None:
@@ -301,6 +307,39 @@ def _read_images(col: pa.Array, how: ColumnRead, bad: dict[int, RowProblem], col
         except ValueError as exc:
             bad.setdefault(i, RowProblem("image", str(exc)))
     return out
+
+
+def _raw_pixel_rows(col: pa.Array, size: int) -> np.ndarray | None:
+    """``col``'s rows as one ``(rows, size)`` uint8 view of its data buffer (no copy) when it is a binary column
+    without nulls whose every row holds exactly ``size`` bytes; else None, and the rows are read one by one
+    (:func:`decode_image`). A binary column of raw pixels is how decoded images cross Arrow at a byte a value:
+    reading it row by row made a Python ``bytes`` copy of every image before the conversion. A row of that size
+    may still be an image file (:func:`decode_image` decodes it if it is one): the caller decodes the rows
+    :func:`_starts_like_a_file` finds."""
+    n = len(col)
+    if n == 0 or col.null_count or not (pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
+        return None
+    offset_type = np.int64 if pa.types.is_large_binary(col.type) else np.int32
+    _, offsets_buf, data_buf = col.buffers()
+    offsets = np.frombuffer(offsets_buf, offset_type)[col.offset:col.offset + n + 1]
+    if data_buf is None or offsets[-1] - offsets[0] != n * size or np.any(np.diff(offsets) != size):
+        return None
+    return np.frombuffer(data_buf, np.uint8)[offsets[0]:offsets[-1]].reshape(n, size)
+
+
+def _starts_like_a_file(rows: np.ndarray) -> np.ndarray:
+    """Per row of ``rows`` (``(n, size)`` uint8): whether it starts like a PNG, JPEG, GIF, BMP or WebP file, as
+    :func:`is_encoded_image` says for one row's bytes."""
+    found = np.zeros(len(rows), bool)
+    for magic in _MAGIC:
+        if rows.shape[1] < len(magic):
+            continue
+        hit = np.all(rows[:, :len(magic)] == np.frombuffer(magic, np.uint8), axis=1)
+        if magic == b"RIFF":  # a RIFF file is an image only as WebP
+            hit &= (np.all(rows[:, 8:12] == np.frombuffer(b"WEBP", np.uint8), axis=1) if rows.shape[1] >= 12
+                    else False)
+        found |= hit
+    return found
 
 
 _READERS = {"array": _read_array, "scalar": _read_scalar, "image": _read_images, "bytes": _read_bytes}

@@ -98,6 +98,37 @@ def test_raw_uint8_pixels_of_the_shape_are_taken_as_they_are():
                                   "60 bytes of raw uint8 pixels)")
 
 
+
+@pytest.mark.parametrize("binary", [pa.binary(), pa.large_binary()], ids=["binary", "large_binary"])
+def test_raw_pixels_are_read_as_one_view_and_equal_row_by_row(binary, monkeypatch):
+    """A binary column of raw pixels (how decoded images cross Arrow at a byte a value) is read as one view of its
+    buffer and converted once: equal, value for value, to reading it row by row, in a slice of a column too (as a
+    prediction's batch is); only the rows that start like an image file go through the per-row decoder. Before,
+    every row did (a Python ``bytes`` copy of each image first)."""
+    import optim.arrow as arrow
+
+    pixels = np.random.default_rng(2).integers(0, 256, (9, 6, 5, 3), dtype=np.uint8)
+    pixels[2, 0, 0, :2] = [ord("B"), ord("M")]  # starts like a BMP: tried as a file, then raw
+    pixels[4, 0, 0, :3] = [0xFF, 0xD8, 0xFF]  # starts like a JPEG
+    col = pa.array([p.tobytes() for p in pixels], binary)
+    calls = []
+    decode = arrow.decode_image
+    monkeypatch.setattr(arrow, "decode_image", lambda data, *a, **k: calls.append(data) or decode(data, *a, **k))
+    for part, rows in ((col, slice(None)), (col.slice(1, 5), slice(1, 6))):
+        calls.clear()
+        values, bad = read_column(part, ColumnRead(shape=(6, 5, 3), dtype="float32"))
+        assert bad == {} and values.dtype == np.float32
+        np.testing.assert_array_equal(values, pixels[rows].astype(np.float32))
+        assert sorted(calls) == sorted(pixels[i].tobytes() for i in (2, 4)), len(calls)
+    as_uint8, _ = read_column(col, ColumnRead(shape=(6, 5, 3), dtype="uint8"))
+    np.testing.assert_array_equal(as_uint8, pixels)
+    # a null, or a row of another size, and the rows are read one by one, as before
+    calls.clear()
+    values, bad = read_column(pa.array([pixels[0].tobytes(), None], binary), ColumnRead(shape=(6, 5, 3)))
+    assert bad[1].what == "null" and len(calls) == 1
+    np.testing.assert_array_equal(values[0], pixels[0].astype(np.float32))
+
+
 BAD = pa.array([[1.0] * 6, [1.0, 2.0, 3.0], None, [1.0, None, 3.0, 4.0, 5.0, 6.0], [2.0] * 6],
                pa.list_(pa.float64()))
 
