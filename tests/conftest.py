@@ -23,8 +23,9 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # started later, inherit it.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 # Every JVM the tests start (drivers, executors, Connect servers; the standalone master and workers) compiles with
-# the client compiler only: tests/spark-conf/spark-defaults.conf says why.
-os.environ.setdefault("SPARK_CONF_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark-conf"))
+# the client compiler only: tests/spark-conf/spark-defaults.conf says why. Not pytest's own (_own_jvm_keeps_c2).
+TEST_SPARK_CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark-conf")
+os.environ.setdefault("SPARK_CONF_DIR", TEST_SPARK_CONF)
 os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", "-XX:TieredStopAtLevel=1")
 
 import json  # noqa: E402
@@ -34,6 +35,32 @@ import pytest  # noqa: E402
 
 #: The standalone cluster that test_cluster.py and test_elastic.py share (its ``cluster`` fixture).
 pytest_plugins = ["tests.cluster_fixture"]
+
+
+def _own_jvm_keeps_c2() -> None:
+    """The JVM of pytest's own process (every in-process SparkSession's, whichever test starts it) lives the whole
+    run and does most of the in-process Spark work: it keeps both compilers, as before tests/spark-conf, whose
+    client compiler alone is meant for the short-lived JVMs. In the one clean clone with it everywhere, the
+    in-process Spark modules took 1.6-2x as long as in the clone before, while a short run of two of them alone
+    showed no difference either way (docs/benchmarks.md): until a clean clone says which, this JVM stays as it
+    was. pyspark builds the JVM's environment from ``os.environ`` when it launches it, once per process."""
+    import pyspark.core.context as context
+
+    launch = context.launch_gateway
+
+    def launch_gateway(*args, **kwargs):
+        if os.environ.get("SPARK_CONF_DIR") != TEST_SPARK_CONF:
+            return launch(*args, **kwargs)
+        del os.environ["SPARK_CONF_DIR"]
+        try:
+            return launch(*args, **kwargs)
+        finally:
+            os.environ["SPARK_CONF_DIR"] = TEST_SPARK_CONF
+
+    context.launch_gateway = launch_gateway
+
+
+_own_jvm_keeps_c2()
 
 #: The only skips allowed under CI=true: tests of a hardware feature this CPU lacks. Any other skip fails there.
 HARDWARE_SKIPS = re.compile(r"no native bfloat16|\bAMX\b")
