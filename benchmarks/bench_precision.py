@@ -145,21 +145,27 @@ def spark_inference(args, net, x) -> dict:
     df = image_frame(spark, x, args.cores)
     made, quantise_s = predictors(net, x, args, 1)
 
-    def run(p):
-        p.predict(df, feature_cols="image").write.format("noop").mode("overwrite").save()
+    engine = {k: [] for k in made}  # the workers' seconds in the engine, per call of run (the warm-up's first)
 
-    times = interleaved({k: (lambda p=p: run(p)) for k, p in made.items()}, args.rounds)
+    def timed(k, frame, col):
+        before = made[k].stats()["seconds"]["engine"]
+        made[k].predict(frame, feature_cols=col).write.format("noop").mode("overwrite").save()
+        engine[k].append(made[k].stats()["seconds"]["engine"] - before)
+
+    times = interleaved({k: (lambda k=k: timed(k, df, "image")) for k in made}, args.rounds)
     img_s = {k: args.images / median(t) for k, t in times.items()}
+    # the engine's own rate in the same worker processes (1 thread each, both busy): what the road could reach
+    engine_img_s = {k: args.images * args.cores / median(engine[k][1:]) for k in made}
+    share = {k: median([e / (t * args.cores) for e, t in zip(engine[k][1:], times[k])]) for k in made}
     # the same images as raw uint8 pixels (a binary column, 1 byte a value against the list column's 4 + offsets),
     # converted to float32 on the workers (issue 36)
     df8 = raw_pixel_frame(spark, x, args.cores)
 
-    def run8(p):
-        p.predict(df8, feature_cols="pixels").write.format("noop").mode("overwrite").save()
-
-    pairs = {k: made[k] for k in ("tensorflow_fp32", "openvino_int8")}
-    times8 = interleaved({k: (lambda p=p: run8(p)) for k, p in pairs.items()}, args.rounds)
+    pairs = ("tensorflow_fp32", "openvino_int8")
+    engine = {k: [] for k in made}
+    times8 = interleaved({k: (lambda k=k: timed(k, df8, "pixels")) for k in pairs}, args.rounds)
     img_s8 = {k: args.images / median(t) for k, t in times8.items()}
+    share8 = {k: median([e / (t * args.cores) for e, t in zip(engine[k][1:], times8[k])]) for k in pairs}
     loads = {k: p.stats()["loads"] for k, p in made.items()}
     out = {"img_s": img_s, "quantise_s": quantise_s, "loads_per_worker": loads,
            "quantizations": {k: p.stats()["quantizations"] for k, p in made.items()},
@@ -167,13 +173,23 @@ def spark_inference(args, net, x) -> dict:
            "int8_vs_ov_fp32": img_s["openvino_int8"] / img_s["openvino_fp32"],
            "bf16_vs_ov_fp32": img_s["openvino_bf16"] / img_s["openvino_fp32"], "times": times,
            "uint8_img_s": img_s8, "times_uint8": times8,
-           "int8_vs_tf_fp32_uint8": img_s8["openvino_int8"] / img_s8["tensorflow_fp32"]}
+           "int8_vs_tf_fp32_uint8": img_s8["openvino_int8"] / img_s8["tensorflow_fp32"],
+           "engine_img_s": engine_img_s, "engine_share": share, "engine_share_uint8": share8,
+           "engine_int8_vs_tf_fp32": engine_img_s["openvino_int8"] / engine_img_s["tensorflow_fp32"]}
+    out["road_keeps"] = out["int8_vs_tf_fp32"] / out["engine_int8_vs_tf_fp32"]
+    out["road_keeps_uint8"] = out["int8_vs_tf_fp32_uint8"] / out["engine_int8_vs_tf_fp32"]
     print(f"(c) TFPredictor over Spark local[{args.cores}], img/s: "
           + "   ".join(f"{k} {v:6.2f}" for k, v in img_s.items()))
     print(f"    INT8 / TF fp32 {out['int8_vs_tf_fp32']:.2f} (target >= 4)   INT8 / OV fp32 {out['int8_vs_ov_fp32']:.2f}   "
           f"bf16 / OV fp32 {out['bf16_vs_ov_fp32']:.2f}; INT8 model loads per worker: {loads['openvino_int8']}")
     print(f"    uint8 input (raw pixels, converted on the workers), img/s: TF fp32 {img_s8['tensorflow_fp32']:6.2f}   "
           f"OpenVINO INT8 {img_s8['openvino_int8']:6.2f}   INT8 / TF fp32 {out['int8_vs_tf_fp32_uint8']:.2f} (target >= 4)")
+    print("    the engines alone in the same workers, img/s: " + "   ".join(f"{k} {v:6.2f}" for k, v in engine_img_s.items())
+          + f"; INT8 / TF fp32 {out['engine_int8_vs_tf_fp32']:.2f}")
+    print("    share of the workers' time in the engine: " + "   ".join(f"{k} {v:.2f}" for k, v in share.items())
+          + "; uint8 rows: " + "   ".join(f"{k} {v:.2f}" for k, v in share8.items()))
+    print(f"    Spark keeps {out['road_keeps']:.2f} of the engines' INT8 / TF fp32 ratio with float rows, "
+          f"{out['road_keeps_uint8']:.2f} with uint8 rows (target >= 0.9)")
     for p in made.values():
         p.close()
     spark.stop()
@@ -233,6 +249,12 @@ def main(argv=None) -> dict:
             results["local"] = local_inference(args, net, x)
         if args.only in (None, "spark"):
             results["spark"] = spark_inference(args, net, x)
+        if "local" in results and "spark" in results:
+            local, spark = results["local"]["int8_vs_tf_fp32"], results["spark"]
+            spark["keeps_of_local"] = spark["int8_vs_tf_fp32"] / local
+            spark["keeps_of_local_uint8"] = spark["int8_vs_tf_fp32_uint8"] / local
+            print(f"    Spark keeps {spark['keeps_of_local']:.2f} of (b)'s INT8 / TF fp32 ratio ({local:.2f}, one process, "
+                  f"{args.cores} threads) with float rows, {spark['keeps_of_local_uint8']:.2f} with uint8 rows")
     finish(args.json, results)
     return results
 

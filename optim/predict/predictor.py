@@ -6,6 +6,7 @@ or locally on numpy arrays. Driver side; the code that runs in the workers is
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any
 
 import numpy as np
@@ -285,9 +286,11 @@ class TFPredictor:
         chunks = []
         for start in range(0, n, self.batch_per_thread):
             feed = [t[start:start + self.batch_per_thread].numpy() for t in tensors]
+            t0 = time.perf_counter()
             chunks.append(engine.run(feed))
             k = len(feed[0]) if feed else 0
-            merge_stats(self._local_stats, {"calls": 1, "rows": k, "max_rows": k})
+            merge_stats(self._local_stats, {"calls": 1, "rows": k, "max_rows": k,
+                                            "engine_s": time.perf_counter() - t0})
         outs = [np.concatenate([c[i] for c in chunks]) for i in range(len(self.output_names))]
         return outs[0] if len(outs) == 1 else outs
 
@@ -297,7 +300,10 @@ class TFPredictor:
         """What the workers reported for this predictor's finished tasks, plus local calls:
         ``calls`` (model calls), ``rows`` (rows predicted), ``max_rows`` (largest batch),
         ``loads`` (``{"host:pid": model loads}``, one entry per Python worker that loaded it) and
-        ``quantizations`` (INT8 quantisations done for this predictor, on the driver: 1 or 0)."""
+        ``quantizations`` (INT8 quantisations done for this predictor, on the driver: 1 or 0) and ``seconds``,
+        summed over the processes that predicted: ``engine`` (in the model's calls), ``read`` (the workers'
+        reading of Arrow columns into the model's arrays) and ``write`` (the outputs back into Arrow). What a
+        Spark job took beyond their sum went to Spark: moving the rows between the JVM and Python, scheduling."""
         merged: dict = {}
         if self._shipped is not None:
             merge_stats(merged, self._shipped.stats())
@@ -305,6 +311,7 @@ class TFPredictor:
         loads = {k.split("@", 1)[1]: v for k, v in merged.items() if k.startswith("loads@")}
         out = {k: merged.get(k, 0) for k in ("calls", "rows", "max_rows", "quantizations")}
         out["loads"] = loads
+        out["seconds"] = {k: merged.get(f"{k}_s", 0.0) for k in ("engine", "read", "write")}
         return out
 
     # ------------------------------------------------------------------ saving

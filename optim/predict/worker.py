@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -270,6 +271,7 @@ def _predict_chunk(chunk: list, job: WorkerJob, partition: int, first_row: int):
     import pyarrow as pa
 
     plan, n = job.plan, len(chunk[0])
+    t0 = time.perf_counter()
     bad: dict[int, tuple[str, str]] = {}
     arrays = []
     for spec, column in zip(plan.inputs, chunk):
@@ -284,13 +286,17 @@ def _predict_chunk(chunk: list, job: WorkerJob, partition: int, first_row: int):
     good[list(bad)] = False
     messages = {r: f"column {c!r}: {reason}" for r, (c, reason) in bad.items()}
     feed = arrays if not bad else [a[good] for a in arrays]
+    t1 = time.perf_counter()
     outputs = _run(job, feed, good, messages, f"rows {first_row} to {first_row + n - 1} of partition {partition}")
+    t2 = time.perf_counter()
     columns = [array_to_arrow(o, good, spec.dtype) for o, spec in zip(outputs, plan.outputs)]
     names = [spec.column for spec in plan.outputs]
     if plan.error_col:
         columns.append(pa.array([messages.get(i) for i in range(n)], pa.string()))
         names.append(plan.error_col)
-    return pa.StructArray.from_arrays(columns, names=names)
+    out = pa.StructArray.from_arrays(columns, names=names)
+    _record(job, {"read_s": t1 - t0, "write_s": time.perf_counter() - t2})
+    return out
 
 
 def _run(job: WorkerJob, feed: list, good: np.ndarray, messages: dict, where: str) -> list[np.ndarray]:
@@ -300,7 +306,10 @@ def _run(job: WorkerJob, feed: list, good: np.ndarray, messages: dict, where: st
     outs = None
     if k:
         try:
-            outs = get_engine(job).run(feed)
+            engine = get_engine(job)
+            t0 = time.perf_counter()
+            outs = engine.run(feed)
+            engine_s = time.perf_counter() - t0
         except Exception as exc:  # the engine's own error types vary (TF, OpenVINO)
             if job.on_error == "raise":
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -309,7 +318,7 @@ def _run(job: WorkerJob, feed: list, good: np.ndarray, messages: dict, where: st
                 messages[int(i)] = f"the model failed on this row's batch: {type(exc).__name__}: {str(exc)[:300]}"
             good[:] = False
         else:
-            _record(job, {"calls": 1, "rows": k, "max_rows": k})
+            _record(job, {"calls": 1, "rows": k, "max_rows": k, "engine_s": engine_s})
     if outs is not None and k == n:
         return list(outs)
     full = []

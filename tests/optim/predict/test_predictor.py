@@ -62,6 +62,11 @@ def test_dataframe_equals_forward_keeps_columns_and_order(spark, cnn, images):
     stats = p.stats()
     # batch_per_thread rows per model call: 500 rows per partition -> 16 calls each
     assert stats["calls"] == 2 * math.ceil(500 / 32) and stats["max_rows"] == 32 and stats["rows"] == n
+    # where the workers' time went, summed over them: every part ran, and the engine's part is what a timer around
+    # forward alone says (TensorFlow here: well over the microseconds Arrow's reading and writing take a batch)
+    seconds = stats["seconds"]
+    assert seconds["engine"] > 0 and seconds["read"] > 0 and seconds["write"] > 0
+    assert seconds["engine"] > seconds["write"]
 
     # A second predict, on one partition: the broadcast is reused, and no worker loads twice.
     again = p.predict(df.coalesce(1)).select("id", "output").collect()

@@ -57,6 +57,8 @@ def test_local_predict_equals_forward(cnn):
     # CPUs do: 3 of 140 values one float32 rounding apart), so equal within a few roundings, not bit for bit
     np.testing.assert_allclose(p.predict(x), cnn.forward(x), rtol=1e-6, atol=1e-7)
     assert p.stats()["calls"] == 3 and p.stats()["max_rows"] == 32 and p.stats()["rows"] == 70
+    seconds = p.stats()["seconds"]  # locally only the engine runs: nothing goes through Arrow
+    assert seconds["engine"] > 0 and seconds["read"] == seconds["write"] == 0
 
 
 def test_local_predict_several_inputs_and_outputs(two):
