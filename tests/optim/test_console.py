@@ -147,3 +147,50 @@ def test_a_second_ctrl_c_while_a_call_stops_is_ignored():
     """))
     assert status == 0, shown[-3000:]
     assert "RESULT [True, 'raised'] True" in shown, shown[-3000:]
+
+
+def test_a_ctrl_c_held_for_a_py4j_call_is_raised_when_it_returns_or_after_hold_s_at_most():
+    """A Ctrl-C that lands while the main thread waits in a Py4J call is held until the call returns (then raised
+    in the caller's code), and no longer than ``HOLD_S``: a JVM that never answers cannot swallow it. The call
+    stands in for Py4J's by its module's name (what :func:`~optim.training.interrupts._in_py4j` looks at), in a
+    program of its own, as in the test above."""
+    status, shown = run(textwrap.dedent("""
+        import signal, sys, threading, time, types
+        from optim.training import interrupts
+        from optim.training.interrupts import Interruptible
+
+        fake = types.ModuleType("py4j.java_gateway_stand_in")  # a call that answers after `seconds`
+        exec("import time\\n"
+             "def call(seconds, log):\\n"
+             "    start = time.monotonic()\\n"
+             "    while time.monotonic() - start < seconds:\\n"
+             "        time.sleep(0.01)\\n"
+             "    log.append('answered')\\n", fake.__dict__)
+
+        def ctrl_c_in(seconds):
+            threading.Timer(seconds, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
+
+        def case(answer_s, hold_s):
+            interrupts.HOLD_S = hold_s
+            log, start = [], time.monotonic()
+            try:
+                with Interruptible():
+                    ctrl_c_in(0.1)
+                    fake.call(answer_s, log)
+                    log.append('caller')
+                    time.sleep(answer_s + hold_s + 30)  # the held Ctrl-C ends this sleep
+                    log.append('slept')
+            except KeyboardInterrupt:
+                return log, time.monotonic() - start
+            return log, None
+
+        log, took = case(answer_s=0.6, hold_s=30.0)
+        print("ANSWERED", log, took is not None and took >= 0.6 and took < 30)
+        log, took = case(answer_s=60.0, hold_s=0.5)
+        print("NEVER", log, took is not None and took >= 0.6 and took < 60)
+    """))
+    assert status == 0, shown[-3000:]
+    # held until the call answered, then raised in the caller's code (its sleep), not lost and not inside the call
+    assert "ANSWERED ['answered', 'caller'] True" in shown, shown[-3000:]
+    # a call that never answers: raised inside it once HOLD_S had passed since the Ctrl-C (0.1 s in)
+    assert "NEVER [] True" in shown, shown[-3000:]
