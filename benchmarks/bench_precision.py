@@ -12,7 +12,10 @@ one process, timed in alternation after a warm-up (median per round gives the ra
 (c) Inference through TFPredictor over Spark local[2] (two Python workers, one thread each):
     OpenVINO INT8 and bf16 against TensorFlow fp32 and OpenVINO fp32. Target: INT8 >= 4x
     TensorFlow fp32. Then INT8 against TensorFlow fp32 again with the images as raw uint8 pixels (a binary
-    column, converted to float32 on the workers), the rows a quarter of the size.
+    column, converted to float32 on the workers), the rows a quarter of the size. The workers time their engine
+    calls (``TFPredictor.stats()["seconds"]``): the engines' own rates in the same two busy processes, the share
+    of the workers' time in the engine, and what Spark keeps of the engines' INT8 / TF fp32 ratio (issue 57's
+    target: >= 0.9); with (b) too, what it keeps of (b)'s ratio (one process, ``--cores`` threads).
 
     python benchmarks/bench_precision.py [--images 64] [--rounds 3] [--only train|local|spark] [--json out.json]
 """
