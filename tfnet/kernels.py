@@ -7,8 +7,11 @@ some of them (measured against float64, docs/benchmarks.md, "Kernels on every CP
   ``ONEDNN_MAX_CPU_ISA=AVX2``), oneDNN's filter gradient is 0.2 to 1.2 (relative) off when the input has fewer than
   8 channels (for example 2x8x8x4 to 8 channels, stride 2: ResNet's downsample in a small net), in a
   ``tf.function`` and eagerly; the forward pass is right, and so are the same shapes with AVX-512. The same
-  kernel over every s-th pixel with stride 1 is the same convolution, exactly, and cheaper: :func:`conv2d`
-  slices first.
+  kernel over every s-th pixel with stride 1 is the same convolution, exactly: where oneDNN runs its AVX2 kernels,
+  or this process's kernel gets that shape's gradient wrong (:func:`strided_1x1_routed`, measured once against
+  float64), :func:`conv2d` slices first. Elsewhere the convolution runs as it is: the view costs ResNet-50's
+  fine-tuning step 4-6% in fp32 and 6-12% in bf16 on an AVX-512 CPU (docs/benchmarks.md, "The strided view only
+  where a kernel needs it").
 * **A dilation above 1.** TensorFlow's own ``Conv2DBackpropFilter`` ("Current CPU implementations do not yet
   support dilation rates larger than 1"), the kernel that runs with oneDNN off and on AVX2-only CPUs, has none.
   :func:`conv2d` runs a dilated convolution through space-to-batch, as ``tf.nn.convolution`` does.
@@ -22,8 +25,10 @@ convolutions no CPU kernel differentiates per group.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
+import os
 
 import numpy as np
 import tensorflow as tf
@@ -31,9 +36,9 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2, t
 from tensorflow.python.framework import tensor_util
 
 from tfnet.errors import KernelCheckError
-from tfnet.precision import onednn_enabled
+from tfnet.precision import cpu_flags, onednn_enabled
 
-__all__ = ["conv2d", "rewrite_graph", "self_check"]
+__all__ = ["conv2d", "raw_strided_1x1_error", "rewrite_graph", "self_check", "strided_1x1_routed"]
 
 log = logging.getLogger("tfnet.kernels")
 
@@ -54,7 +59,7 @@ def conv2d(x: tf.Tensor, kernel: tf.Tensor, strides, dilations, padding) -> tf.T
     """
     strides, dilations = [int(s) for s in strides], [int(d) for d in dilations]
     one_by_one = kernel.shape[0] == 1 and kernel.shape[1] == 1
-    if one_by_one and strides != [1, 1]:
+    if one_by_one and strides != [1, 1] and strided_1x1_routed():
         if isinstance(padding, list):
             x = tf.pad(x, padding)
         # a 1x1 window needs no padding for SAME: its stride-s output reads every s-th pixel from the first
@@ -91,8 +96,9 @@ def _same_padding(x, kernel, strides, dilations) -> tf.Tensor:
 def rewrite_graph(graph_def: graph_pb2.GraphDef, graph: tf.Graph) -> tuple[graph_pb2.GraphDef, int]:
     """``graph_def`` with the convolution forms some CPUs get wrong rewritten, and how many it rewrote:
 
-    * each NHWC ``Conv2D`` of a 1x1 kernel and a stride above 1 (SAME or VALID) reads a strided view of its input at
-      stride 1, as :func:`conv2d` runs it;
+    * where this process's kernel differentiates it wrong (:func:`strided_1x1_routed`), each NHWC ``Conv2D`` of a 1x1
+      kernel and a stride above 1 (SAME or VALID) reads a strided view of its input at stride 1, as :func:`conv2d`
+      runs it;
     * each grouped ``Conv3D`` (a filter with fewer input channels than its input: Keras's ``groups=``), and each
       grouped ``Conv2D`` where oneDNN is off, runs as one convolution per group, concatenated: TensorFlow's CPU
       kernels have no grouped ``Conv3D``, and without oneDNN no gradient of a grouped ``Conv2D``.
@@ -112,7 +118,7 @@ def rewrite_graph(graph_def: graph_pb2.GraphDef, graph: tf.Graph) -> tuple[graph
     added: list = []
     count = 0
     for node in list(out.node):
-        if node.op == "Conv2D" and _strided_one_by_one(node, shapes):
+        if node.op == "Conv2D" and _strided_one_by_one(node, shapes) and strided_1x1_routed():
             added.extend(_strided_view(node, _free(f"{node.name}/tfnet_strided_view", taken)))
             count += 1
         if node.op == "Conv3D" or (node.op == "Conv2D" and split_grouped_conv2d):
@@ -223,6 +229,56 @@ def _split_groups(node, groups: int, prefix: str) -> list:
 
 
 @functools.lru_cache(maxsize=1)
+def raw_strided_1x1_error() -> float:
+    """Once per process: the relative error, against float64, of this CPU's filter gradient of a raw strided 1x1
+    ``Conv2D`` in the shape that came out wrong (2x8x8x4 to 8 channels, stride 2; the worst of a few runs)."""
+    rng = np.random.default_rng(0)
+    x, w, gy = rng.standard_normal((2, 8, 8, 4)), rng.standard_normal((1, 1, 4, 8)), rng.standard_normal((2, 4, 4, 8))
+    # in a thread of its own: eager and with no tape recording, also when first asked while a tf.function is traced
+    # (conv2d in an ONNX graph; tf.init_scope would pause the check's own tape too)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(_relative_error, _raw_strided, _raw_strided, x, w, gy).result()
+
+
+def strided_1x1_routed() -> bool:
+    """Whether :func:`conv2d` and :func:`rewrite_graph` run strided 1x1 convolutions over a strided view: where
+    oneDNN runs its AVX2 kernels (the CPU has no AVX-512, or ``ONEDNN_MAX_CPU_ISA`` stops below it: the kernels found
+    wrong, which were right now and then), and wherever this CPU's kernel gets the gradient wrong
+    (:func:`raw_strided_1x1_error`)."""
+    routed = _onednn_below_avx512() or raw_strided_1x1_error() >= _RIGHT
+    if routed and not _SAID:
+        _SAID.append(True)
+        log.info("This CPU's oneDNN filter gradient of a strided 1x1 convolution is %.2g off float64; tfnet runs such "
+                 "convolutions over a strided view at stride 1, which is right.", raw_strided_1x1_error())
+    return routed
+
+
+_RIGHT = 1e-4  # a kernel's gradient within this of float64 (relative) is right: float32 gives about 1e-7
+_SAID: list = []
+#: ``ONEDNN_MAX_CPU_ISA`` values below AVX-512 (oneDNN's names, any case; ``DNNL_MAX_CPU_ISA`` is its older name)
+_BELOW_AVX512 = {"sse41", "avx", "avx2", "avx2_vnni", "avx2_vnni_2"}
+
+
+def _onednn_below_avx512() -> bool:
+    if not onednn_enabled():
+        return False
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().lower()
+    return "avx512f" not in cpu_flags() or cap in _BELOW_AVX512
+
+
+def _raw_strided(a, w):
+    return _raw(a, w, [2, 2], [1, 1], "VALID")
+
+
+def _relative_error(f, reference, x, w, gy) -> float:
+    """The worst relative error of ``f``'s filter gradient in float32 against ``reference``'s in float64, over a few
+    runs (the wrong kernel found so far gave a right answer now and then: memory it reuses)."""
+    want = _filter_gradient(reference, x, w, gy, tf.float64)
+    runs = [_filter_gradient(f, x, w, gy, tf.float32) for _ in range(_RUNS)]
+    return max(float(np.abs(got - want).max() / np.abs(want).max()) for got in runs)
+
+
+@functools.lru_cache(maxsize=1)
 def self_check() -> dict[str, float]:
     """Once per process: the convolution gradients this module's forms give on this CPU, against float64. Returns
     the relative error of each form checked (``strided_1x1``, ``dilated``, and ``raw_strided_1x1``: TensorFlow's own
@@ -231,35 +287,28 @@ def self_check() -> dict[str, float]:
     Raises:
         KernelCheckError: one of tfnet's own forms is wrong here (a kernel this module does not know of yet).
     """
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(1)
     x, gy = rng.standard_normal((2, 8, 8, 4)), rng.standard_normal((2, 4, 4, 8))
-    strided = lambda a, w: _raw(a, w, [2, 2], [1, 1], "VALID")  # noqa: E731
     # the references: float64 (never oneDNN's), undilated (a dilated kernel is the kernel with zeros between taps)
     cases = {
         "strided_1x1": (rng.standard_normal((1, 1, 4, 8)), lambda a, w: conv2d(a, w, [2, 2], [1, 1], "VALID"),
-                        strided, gy),
-        "raw_strided_1x1": (rng.standard_normal((1, 1, 4, 8)), strided, strided, gy),
+                        _raw_strided, gy),
         "dilated": (rng.standard_normal((3, 3, 4, 8)), lambda a, w: conv2d(a, w, [1, 1], [2, 2], "SAME"),
                     lambda a, w: _raw(a, _dilated(w, 2), [1, 1], [1, 1], "SAME"), rng.standard_normal((2, 8, 8, 8))),
     }
-    errors, failed = {}, {}
+    errors, failed = {"raw_strided_1x1": raw_strided_1x1_error()}, {}
     for name, (w, f, reference, g) in cases.items():
-        want = _filter_gradient(reference, x, w, g, tf.float64)
-        try:  # a few times: the wrong kernel found so far gave a right answer now and then (memory it reuses)
-            runs = [_filter_gradient(f, x, w, g, tf.float32) for _ in range(_RUNS)]
+        try:
+            errors[name] = _relative_error(f, reference, x, w, g)
         except tf.errors.OpError as exc:  # no kernel for the form here ("do not yet support dilation rates")
             errors[name], failed[name] = float("inf"), exc.message.strip().splitlines()[0][:200]
-            continue
-        errors[name] = max(float(np.abs(got - want).max() / np.abs(want).max()) for got in runs)
-    wrong = {k: failed.get(k, v) for k, v in errors.items() if not k.startswith("raw") and not v < 1e-4}
+    wrong = {k: failed.get(k, v) for k, v in errors.items() if not k.startswith("raw") and not v < _RIGHT}
     if wrong:
         raise KernelCheckError(
             f"TensorFlow's CPU kernels compute a wrong convolution gradient here ({wrong}; relative to float64): "
             "training would be silently wrong. Set TF_ENABLE_ONEDNN_OPTS=0 before TensorFlow is imported, and report "
             "the CPU (tfnet.precision.cpu_model()).")
-    if errors["raw_strided_1x1"] >= 1e-4:
-        log.info("This CPU's oneDNN filter gradient of a strided 1x1 convolution is %.2g off float64; tfnet runs such "
-                 "convolutions in a form that is right.", errors["raw_strided_1x1"])
+    strided_1x1_routed()  # said once where the view is taken
     return errors
 
 
