@@ -169,7 +169,8 @@ def spark_inference(args, net, x) -> dict:
     df8 = raw_pixel_frame(spark, x, args.cores)
 
     pairs = ("tensorflow_fp32", "openvino_int8")
-    engine = {k: [] for k in made}
+    for k in pairs:
+        engine[k].clear()
     times8 = interleaved({k: (lambda k=k: timed(k, df8, "pixels")) for k in pairs}, args.rounds)
     img_s8 = {k: args.images / median(t) for k, t in times8.items()}
     share8 = {k: median([e / (t * args.cores) for e, t in zip(engine[k][1:], times8[k])]) for k in pairs}
@@ -223,7 +224,7 @@ def large_jobs(args, spark, x, made: dict, timed, engine: dict) -> dict:
     for rows, (make, col, names) in plans.items():
         frame = make(spark, big, args.cores)
         for k in names:
-            engine[k] = []
+            engine[k].clear()
         times = interleaved({k: (lambda k=k, frame=frame, col=col: timed(k, frame, col)) for k in names}, args.rounds)
         rate = {k: n / median(times[k]) for k in names}
         alone = {k: n * args.cores / median(engine[k][1:]) for k in names}
