@@ -121,6 +121,23 @@ class ArrayDataset(DataAdapter):
         for b, (features, labels) in enumerate(batches, start=skip):
             yield self.augment(features, np.random.default_rng([seed, epoch, rank, b, 7])), labels
 
+    @property
+    def gives_shards(self) -> bool:
+        """Whether :meth:`shard_batches` can give other ranks' shards: the arrays are whole here."""
+        return not self.presharded
+
+    def shard_batches(self, batch_size, *, shards, rank, size, **kwargs) -> Iterator[Batch]:
+        """Rank ``rank`` of ``size``'s batches of an epoch that ``shards`` ranks began (an epoch resumed on fewer
+        ranks: :mod:`optim.data.virtual_shards`): the batches of each shard it takes, as that shard's rank would have
+        trained on them, put together. Arrays every rank holds whole only (a partition's rows hold one shard)."""
+        from optim.data.virtual_shards import held_shards, joined
+
+        if self.presharded:
+            raise ValueError("A partition's rows are one rank's shard; another rank's shard is not here.")
+        held = held_shards(shards, rank, size)
+        per_shard = batch_size // len(held)
+        return joined([self.batches(per_shard, rank=v, size=shards, **kwargs) for v in held])
+
     def _fixed_steps(self, idx, batch_size, steps, epoch, seed, shuffle, skip, rank):
         if len(idx) == 0:
             raise DataError(f"Rank {rank} has no rows to train on.")

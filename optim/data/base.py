@@ -194,6 +194,13 @@ class DataAdapter:
         or an adapter whose :meth:`for_ranks` this may call) travelling with it."""
         raise self.unsupported("stage")
 
+    def stage_resumed(self, host: StageHost, n: int, per_rank: int, shards: int, *, cleanup,
+                      validation: DataAdapter | None = None, timeout_s: float = 600.0) -> Staged | None:
+        """This data staged for ``n`` ranks that go on with an epoch ``shards`` ranks began, each rank holding the
+        rows of the shards it takes, marked (:mod:`optim.data.virtual_shards`); None where it is staged as for a fresh
+        epoch (numpy arrays, which every rank holds whole, need nothing more; other roads cut the epoch afresh)."""
+        return None
+
     def for_ranks(self, host: StageHost, cleanup) -> Carrier:
         """This data as the validation data of a distributed run: what every rank gets."""
         raise self.unsupported("for_ranks", "give numpy arrays, or a TFDataset (from_ndarrays, from_tf_data, "

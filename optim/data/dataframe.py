@@ -152,6 +152,35 @@ class DataFrameDataset(ColumnDataset):
         shipped = None if validation is None else validation.for_ranks(host, cleanup)
         return Staged(FrameRankData(self.shard_reader(), shipped), frame=frame)
 
+    def stage_resumed(self, host, n, per_rank, shards, *, cleanup, validation=None, timeout_s=600.0) -> Staged | None:
+        """The DataFrame staged as ``shards`` ranks had it (:meth:`stage`), each row marked with its partition there
+        (:data:`~optim.data.virtual_shards.SHARD_COLUMN`), then moved to ``n`` partitions: partition ``k`` the shards
+        that rank ``k`` takes (:func:`~optim.data.virtual_shards.held_shards`), each shard's rows in their order.
+        With no validation rows in the frame (a validation DataFrame, ``validation_split``); else None."""
+        from pyspark.sql import functions as F
+
+        from optim.data.virtual_shards import (
+            SHARD_COLUMN,
+            ShardedArrowShard,
+            ShardedStreamShard,
+            held_shards,
+            partition_keys,
+        )
+
+        if self.holdout is not None or isinstance(validation, DataFrameDataset) or shards % n or shards <= n:
+            return None
+        frame = host.balance(self.df.select(*self.columns()), shards, per_rank * n // shards, timeout_s)
+        frame = frame.withColumn(SHARD_COLUMN, F.spark_partition_id())
+        keys = partition_keys(n)
+        key = F.lit(keys[0])
+        for k in range(1, n):
+            key = F.when(F.col(SHARD_COLUMN).isin(held_shards(shards, k, n)), F.lit(keys[k])).otherwise(key)
+        frame = frame.repartition(n, key)
+        shipped = None if validation is None else validation.for_ranks(host, cleanup)
+        reader = self.shard_reader()
+        sharded = ShardedStreamShard(reader, shards, n) if self.streaming else ShardedArrowShard(reader, shards)
+        return Staged(FrameRankData(sharded, shipped), frame=frame)
+
     def for_ranks(self, host, cleanup) -> Carrier:
         return self.to_local().for_ranks(host, cleanup)
 

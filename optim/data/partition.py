@@ -43,6 +43,8 @@ class FrameRankData(RankData):
             return Opened(train, val, local)
         made = self.reader(rows, rank)
         train, val = made if isinstance(made, tuple) else (made, self.open_validation())
+        if hasattr(train, "each_shard"):  # an epoch resumed on fewer ranks: each shard's rows checked apart
+            return Opened(train.each_shard(env.check_values, where), val)
         return Opened(env.check_values(train, where), val)
 
     def evaluate(self, rows: Iterable, partition: int, size: int):

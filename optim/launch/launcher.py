@@ -24,6 +24,7 @@ import time
 import warnings
 
 from optim.config import TrainConfig
+from optim.data.base import DataAdapter
 from optim.errors import CheckpointWarning, DistributedTrainingError
 from optim.launch.backends.base import Backend
 from optim.launch.backends.classic import ClassicBackend
@@ -31,6 +32,7 @@ from optim.launch.backends.connect import ConnectBackend
 from optim.launch.elastic import ElasticPolicy, membership
 from optim.launch.notice import DecommissionNotice
 from optim.launch.results import print_history, step_times
+from optim.launch.resume_point import resumed_epoch_shards
 from optim.launch.retry import RetryPolicy, one_line
 from optim.launch.stage import (
     Cleanup,
@@ -366,8 +368,15 @@ class _DistributedRun:
         hooks shipped once. Everything it makes is registered with the call's clean-up."""
         dataset, validation, config = self.data
         per_rank = per_rank_batch(dataset, config, n)
-        staged = dataset.stage(self.backend, n, per_rank, cleanup=self.cleanup, validation=validation,
-                               timeout_s=self.startup_timeout)
+        staged = None
+        if type(dataset).stage_resumed is not DataAdapter.stage_resumed and (self.attempts or config.resume):
+            shards = resumed_epoch_shards(config, n)  # an epoch more ranks began: each rank its shards of it
+            if shards:
+                staged = dataset.stage_resumed(self.backend, n, per_rank, shards, cleanup=self.cleanup,
+                                               validation=validation, timeout_s=self.startup_timeout)
+        if staged is None:
+            staged = dataset.stage(self.backend, n, per_rank, cleanup=self.cleanup, validation=validation,
+                                   timeout_s=self.startup_timeout)
         spec = self.spec
         carried = carried_bytes(dataset, validation, (spec.state or []) + list(spec.exchange_state or []))
         net, exchange = self.backend.ship_net(spec, net_to_bytes(spec.net), carried, self.cleanup)

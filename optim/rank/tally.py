@@ -79,13 +79,22 @@ class EpochTally:
     def __getattr__(self, name):
         return getattr(self._data, name)
 
-    def batches(self, batch_size, *, epoch: int = 0, skip: int = 0, **kwargs):
-        """The data's batches for ``epoch`` from batch ``skip``; each one counted once the loop comes back for the
-        next (it trained on it), so a batch pulled and left (the epoch's steps were done) is not."""
+    #: It counts an epoch resumed on fewer ranks too (``shards``: :func:`optim.data.virtual_shards.epoch_batches`).
+    tallies_resumed = True
+
+    def batches(self, batch_size, *, epoch: int = 0, skip: int = 0, shards: int = 0, **kwargs):
+        """The data's batches for ``epoch`` from batch ``skip`` (of an epoch that ``shards`` ranks began, when it is
+        resumed on fewer); each one counted once the loop comes back for the next (it trained on it), so a batch
+        pulled and left (the epoch's steps were done) is not."""
+        from optim.data.virtual_shards import epoch_batches
+
         self.close()  # the epoch before is over
         record = self.epochs[int(epoch)] = {"from_batch": int(skip), "batches": 0, "rows": 0, "fingerprint": 0}
+        if shards:
+            record["shards"] = int(shards)
         self._open, self._sums = record, []
-        return self._counted(self._data.batches(batch_size, epoch=epoch, skip=skip, **kwargs), record, self._sums)
+        return self._counted(epoch_batches(self._data, batch_size, epoch=epoch, skip=skip, shards=shards, **kwargs),
+                             record, self._sums)
 
     @staticmethod
     def _counted(batches, record: dict, sums: list):

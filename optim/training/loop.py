@@ -20,6 +20,7 @@ from optim import losses as L
 from optim import metrics as M
 from optim.config import TrainConfig
 from optim.data.base import DataAdapter as TFDataset
+from optim.data.virtual_shards import epoch_batches
 from optim.errors import CheckpointWarning, NonFiniteLossError
 from optim.protocol import RunResult
 from optim.training.callbacks import CallbackRun
@@ -138,12 +139,19 @@ def train(
             if hooks is not None:
                 hooks.epoch_begin(epoch)
             skip = start.batch if epoch == start.epoch else 0
-            run.epoch(data, epoch, skip, start.epoch_states if skip else None, steps, fixed_steps=steps_per_epoch)
+            epoch_steps, fixed, shards = steps, steps_per_epoch, 0
+            if skip and start.shards and start.shards != run.collective.size and \
+                    (start.epoch_steps or steps_per_epoch) is not None:
+                # an epoch that other ranks began: their shards and their steps (optim.data.virtual_shards)
+                epoch_steps = fixed = start.epoch_steps or steps_per_epoch
+                shards = start.shards
+            run.epoch(data, epoch, skip, start.epoch_states if skip else None, epoch_steps, fixed_steps=fixed,
+                      shards=shards)
             if run.noticed:  # a decommission notice: a checkpoint at this step, and the launcher goes on without it
                 run.save_checkpoint(epoch, run.batch)
                 run.stopped = True
                 break
-            if (run.done() or run.callback_stop) and steps is not None and run.batch < steps:
+            if (run.done() or run.callback_stop) and epoch_steps is not None and run.batch < epoch_steps:
                 # max_steps (or a callback) stopped mid-epoch: the checkpoint says so, and a resume continues it
                 run.save_checkpoint(epoch, run.batch)
                 run.end_epoch(epoch, checkpoint=False)
@@ -200,6 +208,7 @@ class _Run:
         self.callback_stop = False  # a callback stopped the run in the middle of an epoch
         self.notice = StepNotice(None, collective, 0)  # train() sets the run's own
         self.noticed = False  # the ranks stop at this step (a decommission notice): train() checkpoints here
+        self.epoch_shards, self.epoch_steps_fixed = collective.size, None  # the open epoch's (checkpoints keep them)
         self.start_sha256: str | None = None  # a resumed run's start state (rank 0): state_digest
         self.skipped_checkpoints: list[str] = []  # why rank 0 passed over newer checkpoints (corrupt, truncated)
         self.saved: dict = {}  # what saved_weights keeps for the run (the base weights' fingerprint)
@@ -291,16 +300,18 @@ class _Run:
     # ---- one epoch
 
     def epoch(self, data: TFDataset, epoch: int, skip: int, epoch_states: list | None, steps: int | None,
-              fixed_steps: int | None) -> None:
-        """Runs the steps of ``epoch`` from batch ``skip`` (a resumed epoch restores its accumulators)."""
+              fixed_steps: int | None, shards: int = 0) -> None:
+        """Runs the steps of ``epoch`` from batch ``skip`` (a resumed epoch restores its accumulators); ``shards``:
+        the ranks that began a resumed epoch, where they were more (:mod:`optim.data.virtual_shards`)."""
         config, collective = self.config, self.collective
         self.acc = Accumulators(self.metrics)
         if epoch_states:
             self.acc.load(epoch_states)
+        self.epoch_shards, self.epoch_steps_fixed = shards or collective.size, fixed_steps
         clock = EpochClock.start()
-        batches = data.batches(config.batch_size, epoch=epoch, seed=config.seed, shuffle=config.shuffle,
-                               skip=skip, rank=collective.rank, size=collective.size,
-                               drop_remainder=config.drop_remainder, steps=fixed_steps, training=True)
+        batches = epoch_batches(data, config.batch_size, epoch=epoch, seed=config.seed, shuffle=config.shuffle,
+                                skip=skip, rank=collective.rank, size=collective.size, shards=shards,
+                                drop_remainder=config.drop_remainder, steps=fixed_steps, training=True)
         b = skip
         weigh = ClassWeights(config.class_weight) if config.class_weight else None
         for features, labels in batches:
@@ -461,6 +472,8 @@ class _Run:
             "skipped": self.skipped,
             "seed": seed,
             "rng": {"shuffle": "numpy PCG64 seeded with [seed, epoch, rank]", "seed": seed, "epoch": epoch},
+            # the epoch's shards (the ranks that began it) and steps: a resume on fewer ranks takes the same rows
+            "epoch_shards": self.epoch_shards, "epoch_steps": self.epoch_steps_fixed,
         }
         server = self.exchange.state()
         if server:  # the server method's state (local SGD) follows the worker method's

@@ -26,11 +26,14 @@ class Start(NamedTuple):
     history: dict | None = None
     epoch_states: list | None = None
     skipped: int = 0
+    #: The ranks that began the epoch the checkpoint is in, and that epoch's steps (0 and None: not recorded).
+    shards: int = 0
+    epoch_steps: int | None = None
 
     @classmethod
     def of(cls, ckpt: Checkpoint) -> Start:
         return cls(ckpt.step, ckpt.epoch, ckpt.batch, ckpt.extra.get("history", {}), ckpt.extra.get("epoch_states"),
-                   ckpt.extra.get("skipped", 0))
+                   ckpt.extra.get("skipped", 0), int(ckpt.extra.get("epoch_shards", 0)), ckpt.extra.get("epoch_steps"))
 
 
 def load_initial_state(step_fn, template, initial_state: Sequence[np.ndarray] | None) -> None:
