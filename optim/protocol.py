@@ -128,8 +128,8 @@ class Channels:
 class Limits:
     """How long anything may take on a rank, and how it behaves: ``timeout_s`` without progress, the start-up
     bound (launch to first step, and the long phases), the steps per epoch given (None: agreed from the data),
-    the ranks' log level, Horovod's threads (:mod:`optim.training.comm_threads`) and the size of rank 0's
-    result pieces when they come back as rows."""
+    the ranks' log level, Horovod's threads (:mod:`optim.training.comm_threads`), the size of rank 0's
+    result pieces when they come back as rows, and how often rank 0 asks for a decommission notice."""
 
     timeout_s: float = 300.0
     startup_timeout_s: float = 600.0
@@ -137,6 +137,8 @@ class Limits:
     log_level: int = logging.WARNING
     horovod_threads: str = "idle"
     chunk_bytes: int = 1 << 30
+    #: About how often rank 0 asks for a decommission notice at step boundaries (:mod:`optim.training.notice`).
+    notice_every_s: float = 1.0
 
     @property
     def long_s(self) -> float:

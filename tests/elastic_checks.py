@@ -12,7 +12,10 @@
 
 from __future__ import annotations
 
+import glob
 import hashlib
+import json
+import os
 
 import numpy as np
 
@@ -32,6 +35,17 @@ def checkpoint_digest(path: str, storage_options=None) -> str:
         h.update(f"{a.dtype.str}{a.shape}".encode())
         h.update(a.tobytes())
     return h.hexdigest()
+
+
+def epoch_infos(model_dir: str) -> list[dict]:
+    """Every rank's tally file (``ranks/<run id>/epochs-a<attempt>-r<rank>.json``) under ``model_dir`` that reads."""
+    out = []
+    for path in glob.glob(os.path.join(model_dir, "ranks", "*", "epochs-a*-r*.json")):
+        try:
+            out.append(json.load(open(path)))
+        except (OSError, ValueError):
+            pass
+    return out
 
 
 def data_fingerprint(features, labels) -> tuple[int, int]:

@@ -32,7 +32,7 @@ from optim.launch.backends.connect import ConnectBackend
 from optim.launch.elastic import ElasticPolicy, membership
 from optim.launch.notice import DecommissionNotice
 from optim.launch.results import print_history, step_times
-from optim.launch.resume_point import resumed_epoch_shards
+from optim.launch.resume_point import record_staging_order, resumed_epoch_shards, resumes_in_order
 from optim.launch.retry import RetryPolicy, one_line
 from optim.launch.stage import (
     Cleanup,
@@ -71,6 +71,7 @@ from optim.spark.connect import is_connect
 from optim.spark.jobs import run_job
 from optim.spark.session import get_spark, small_arrow_batches
 from optim.training.checkpoint import new_run_id
+from optim.training.notice import NOTICE_EVERY_S
 from optim.training.reporting import MultiReporter, ProgressBar
 from optim.transport.chunks import result_carrier
 from optim.transport.failures import failures_in
@@ -174,6 +175,7 @@ class _DistributedRun:
         self.report = AttemptReport()  # what rank 0 reported of the last attempt that finished
         self.grow_check_s = GROW_CHECK_S
         self.slot_check_s = SLOT_CHECK_S
+        self.notice_check_s = NOTICE_EVERY_S
         self.t_call = time.monotonic()
 
     def __call__(self, dataset, validation, num_workers: int | None, min_workers: int | None,
@@ -181,11 +183,18 @@ class _DistributedRun:
         self.t_call = time.monotonic()
         self.grow_check_s = seconds_setting(self.backend.spark, GROW_CHECK_KEY, GROW_CHECK_S)
         self.slot_check_s = seconds_setting(self.backend.spark, SLOT_CHECK_KEY, SLOT_CHECK_S)
+        self.notice_check_s = seconds_setting(self.backend.spark, NOTICE_CHECK_KEY, NOTICE_EVERY_S)
         started_at = time.time()  # attempt_log's started_s, ended_s and first_step_s count from here
         config = dataclasses.replace(self.spec.config, run_id=self.spec.config.run_id or new_run_id())
         self.spec = dataclasses.replace(self.spec, config=config)
         n = self.backend.ranks(num_workers)
         self.elastic = ElasticPolicy(n, n if min_workers is None else min_workers, elastic_wait)
+        # a run that may go on with fewer ranks inside an epoch stages its rows in an order of their values, so that
+        # the ranks that go on find the shards of the ones that began it as those had them (optim.data.virtual_shards);
+        # so does a call that resumes such a run
+        self.backend.canonical_order = self.elastic.elastic or resumes_in_order(config)
+        if self.backend.canonical_order and config.model_dir:
+            record_staging_order(config)
         if self.elastic.elastic and not config.model_dir:
             raise ValueError("Elastic training (min_workers < num_workers) goes on from the run's checkpoints: give "
                              "TFOptimizer a model_dir.")
@@ -393,7 +402,8 @@ class _DistributedRun:
                            dataclasses.replace(channels.channels, exchange=stage.exchange, control=control,
                                                notice=self.notice and self.notice.path),
                            timeout=self.timeout, startup_timeout=self.startup_timeout,
-                           steps_per_epoch=self.steps_per_epoch, verbose=self.verbose, gang=self.backend.gang)
+                           steps_per_epoch=self.steps_per_epoch, verbose=self.verbose, gang=self.backend.gang,
+                           notice_every_s=self.notice_check_s)
 
             def task(rows, job=job):
                 return entry(TRAIN_ENTRY)(job, rows)
@@ -477,6 +487,9 @@ GROW_CHECK_KEY = "spark.tfnet.elastic.growCheckInterval"
 #: notices (the Spark setting :data:`SLOT_CHECK_KEY` changes it).
 SLOT_CHECK_S = 2.0
 SLOT_CHECK_KEY = "spark.tfnet.slotCheckInterval"
+#: About how often the ranks ask, at step boundaries, whether a decommission notice came (seconds of training between
+#: two questions; the Spark setting :data:`NOTICE_CHECK_KEY` changes it; "1ms": about every step).
+NOTICE_CHECK_KEY = "spark.tfnet.noticeCheckInterval"
 
 
 def _first(*checks):

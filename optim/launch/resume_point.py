@@ -9,15 +9,54 @@ import warnings
 from optim.config import TrainConfig
 from tfnet import storage
 
-__all__ = ["resumed_epoch_shards"]
+__all__ = ["ORDER_RECORD", "record_staging_order", "resumed_epoch_shards", "resumes_in_order"]
 
 log = logging.getLogger("tfnet.spark")
 
+#: The file (under ``model_dir/ranks/<run id>/``) that says a run staged its DataFrame's rows in an order of their
+#: values (:func:`optim.launch.backends.base.in_canonical_order`): a later staging of the same rows finds each
+#: partition's rows in the same order.
+ORDER_RECORD = "staging.json"
+
+
+def record_staging_order(config: TrainConfig) -> None:
+    """Writes :data:`ORDER_RECORD` for this run (best effort: without it, a resume on fewer ranks stages as it is)."""
+    import json
+
+    try:
+        storage.write_bytes_atomic(storage.join(config.model_dir, "ranks", config.run_id, ORDER_RECORD),
+                                   json.dumps({"rows": "in_canonical_order"}).encode(), config.storage_options)
+    except OSError as exc:
+        log.warning("Cannot record the staging order of run %s (%s).", config.run_id, exc)
+
+
+def resumes_in_order(config: TrainConfig) -> bool:
+    """Whether the run this call resumes (``resume``: a run id, a checkpoint path, or True for the newest run) staged
+    its rows in an order of their values (:data:`ORDER_RECORD`): then this call stages them so too, and an epoch it
+    resumes on fewer ranks finds each shard as it was."""
+    from optim.training.checkpoint import resolve_resume
+
+    if not config.model_dir or config.resume in (False, None):
+        return False
+    root = storage.join(config.model_dir, "checkpoints")
+    try:
+        source, _ = resolve_resume(root, config.resume, config.run_id, config.storage_options)
+    except Exception as exc:  # noqa: BLE001 - rank 0 meets the same source and says what is wrong with it
+        log.debug("No resume source read for staging: %s", exc)
+        return False
+    if source is None:
+        return False
+    if source.endswith(".npz"):
+        record = _order_record(source, config)
+    else:
+        record = storage.join(config.model_dir, "ranks", source, ORDER_RECORD)
+    return storage.exists(record, config.storage_options)
+
 
 def resumed_epoch_shards(config: TrainConfig, n: int) -> int:
-    """The shards (the ranks that began it) of the epoch the run resumes in, where the resume is inside an epoch
-    that more than ``n`` ranks began; else 0. Reads the checkpoint rank 0 will start from (the run's own newest, or
-    what ``resume`` names); a checkpoint that cannot be read is rank 0's to report, here it counts as none."""
+    """The shards (the ranks that began it) of the epoch the run resumes in, where the resume is inside an epoch that
+    more than ``n`` ranks began; else 0. Reads the checkpoint rank 0 will start from (the run's own newest, or what
+    ``resume`` names); a checkpoint that cannot be read is rank 0's to report, here it counts as none."""
     from optim.training.checkpoint import load_resume, resolve_resume
 
     if not config.model_dir:
@@ -35,3 +74,12 @@ def resumed_epoch_shards(config: TrainConfig, n: int) -> int:
         return 0
     shards = int(ckpt.extra.get("epoch_shards", 0))
     return shards if shards > n else 0
+
+
+def _order_record(path: str, config: TrainConfig) -> str:
+    """The :data:`ORDER_RECORD` of the run that wrote the checkpoint at ``path``
+    (``<its model_dir>/checkpoints/<run id>/ckpt-<step>.npz``: the run resumed may be another ``model_dir``'s)."""
+    parts = str(path).replace("\\", "/").rsplit("/", 3)
+    if len(parts) == 4 and parts[1] == "checkpoints":
+        return storage.join(parts[0], "ranks", parts[2], ORDER_RECORD)
+    return storage.join(config.model_dir, "ranks", config.run_id or "", ORDER_RECORD)

@@ -133,13 +133,14 @@ def worker_log_level(verbose: int) -> int:
 
 
 def rank_job(spec: TrainSpec, stage: Stage, attempt: int, channels: Channels, *, timeout: float,
-             startup_timeout: float, steps_per_epoch: int | None, verbose: int, gang: bool = False) -> RankJob:
+             startup_timeout: float, steps_per_epoch: int | None, verbose: int, gang: bool = False,
+             notice_every_s: float = 1.0) -> RankJob:
     """The ranks' job for one attempt of ``stage`` (:class:`optim.protocol.RankJob`): ``spec`` (the driver's) with
     the stage's shipped net and hooks and its ranks' config; ``channels``: how the ranks meet and report (the
     backend's, for this attempt)."""
     limits = Limits(timeout_s=timeout, startup_timeout_s=startup_timeout, steps_per_epoch=steps_per_epoch,
                     log_level=worker_log_level(verbose), horovod_threads=comm_threads.mode_from_env(),
-                    chunk_bytes=stage.chunk or (1 << 30))
+                    chunk_bytes=stage.chunk or (1 << 30), notice_every_s=notice_every_s)
     return RankJob(train=spec.for_ranks(stage.net, stage.hooks, stage.config), data=stage.staged.rank_data,
                    channels=channels, limits=limits, size=stage.n, attempt=attempt, gang=gang)
 

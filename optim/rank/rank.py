@@ -106,7 +106,8 @@ def run_rank(job: RankJob, partition: Iterable, ctx) -> Iterator[Carrier]:
         result = train(net, job.train, tally, collective=hvd.collective,
                                  reporter=MultiReporter([reporter, tally.reporter()]),
                                  validation_data=opened.validation, steps_per_epoch=steps, liveness=dog,
-                                 stop_check=_stop_check(job), notice_check=_notice_check(job))
+                                 stop_check=_stop_check(job), notice_check=_notice_check(job),
+                                 notice_every_s=limits.notice_every_s)
         tally.close()
         _write_rank_info(job, rank, horovod_idle_threads=len(hvd.idle.demoted), tf_threads=threads, **network,
                          **_memory(opened.local))

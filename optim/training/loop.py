@@ -82,6 +82,7 @@ def train(
     stop_check: Callable[[], bool] | None = None,
     callbacks: Sequence | None = None,
     notice_check: Callable[[], bool] | None = None,
+    notice_every_s: float | None = None,
 ) -> RunResult:
     """Trains ``net`` in place.
 
@@ -105,6 +106,8 @@ def train(
         notice_check: Asked by rank 0 about once a second at step boundaries (:mod:`optim.training.notice`);
             when it says True (an executor holding a rank is being decommissioned), every rank checkpoints at
             that step and stops (``RunResult.stopped``). Default: never.
+        notice_every_s: About how often ``notice_check`` is asked (seconds of training; 0: after every step).
+            Default: :data:`~optim.training.notice.NOTICE_EVERY_S`.
         callbacks: Keras callbacks, called as ``model.fit`` calls them, on rank 0
             (:mod:`optim.training.callbacks`); their decisions reach every rank. Default:
             ``config.callbacks``.
@@ -127,7 +130,7 @@ def train(
                    reporter or Reporter(), validation_data, lr_source if lr_source is not None else method, alive)
         run.callbacks = hooks
         start = run.start(initial_state, start_step, initial_exchange_state)
-        run.notice = StepNotice(notice_check, run.collective, run.global_step)
+        run.notice = StepNotice(notice_check, run.collective, run.global_step, every_s=notice_every_s)
     steps = steps_per_epoch if steps_per_epoch is not None else run.batches_per_epoch(data)
     run.reporter.begin(config.epochs, steps, run.global_step, start.epoch)
     if hooks is not None:

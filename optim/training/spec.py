@@ -18,11 +18,13 @@ __all__ = ["train"]
 def train(net, spec: TrainSpec, data: DataAdapter, *, collective: Collective | None = None,
           reporter: Reporter | None = None, validation_data: DataAdapter | None = None,
           steps_per_epoch: int | None = None, liveness: Liveness | None = None,
-          stop_check: Callable[[], bool] | None = None, notice_check: Callable[[], bool] | None = None) -> RunResult:
+          stop_check: Callable[[], bool] | None = None, notice_check: Callable[[], bool] | None = None,
+          notice_every_s: float | None = None) -> RunResult:
     """Trains ``net`` (built: ``spec.net`` may be its shipped form) on ``data`` as ``spec`` says: its loss, method,
     metrics and config, the optimiser and server states and the step to go on from, and what gives the logged
     learning rate. The other arguments are :func:`optim.training.loop.train`'s."""
     return loop.train(net, spec.loss, spec.method, spec.metrics, data, spec.config, collective=collective,
                       reporter=reporter, validation_data=validation_data, steps_per_epoch=steps_per_epoch,
                       initial_state=spec.state, start_step=spec.start_step, lr_source=spec.lr_source, liveness=liveness,
-                      initial_exchange_state=spec.exchange_state, stop_check=stop_check, notice_check=notice_check)
+                      initial_exchange_state=spec.exchange_state, stop_check=stop_check, notice_check=notice_check,
+                      notice_every_s=notice_every_s)

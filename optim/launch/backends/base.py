@@ -70,6 +70,10 @@ class Backend:
     #: cluster with ``spark.decommission.enabled``: :mod:`optim.spark.decommission`).
     sees_decommission = False
 
+    #: Whether :meth:`balance` gives each partition's rows in an order of their values (:func:`in_canonical_order`):
+    #: set by the launcher for a run whose rank count may change inside an epoch (an elastic one).
+    canonical_order = False
+
     def decommissioning_tasks(self) -> int:
         """The running tasks on executors being decommissioned now (0 where the session cannot tell)."""
         return 0
@@ -147,3 +151,18 @@ class Backend:
     def stopped(self) -> bool:
         """Whether the session is gone (a stopped session cannot retry)."""
         raise NotImplementedError
+
+
+#: The column :func:`in_canonical_order` sorts the rows by, for the time of the sort.
+ORDER_COLUMN = "__tfnet_order"
+
+
+def in_canonical_order(df):
+    """``df`` with each partition's rows sorted by a hash of their values (Spark's ``xxhash64``): the same order
+    whichever order a shuffle before it fetched them in, so that every staging of the same rows gives each rank
+    its rows in the same order. An epoch resumed on fewer ranks then finds each shard as its rank had it
+    (:mod:`optim.data.virtual_shards`). Rows of equal values tie, and are alike anyway."""
+    from pyspark.sql import functions as F
+
+    keyed = df.withColumn(ORDER_COLUMN, F.xxhash64(*[F.col(c) for c in df.columns]))
+    return keyed.sortWithinPartitions(ORDER_COLUMN).drop(ORDER_COLUMN)

@@ -16,7 +16,7 @@ from contextlib import ExitStack, contextmanager
 
 from optim.carriers import Carrier, InBroadcast, InFile
 from optim.errors import DistributedTrainingError
-from optim.launch.backends.base import Attempt, Backend
+from optim.launch.backends.base import Attempt, Backend, in_canonical_order
 from optim.launch.preflight import check_driver_horovod
 from optim.launch.stage import result_bytes
 from optim.protocol import Channels
@@ -98,7 +98,8 @@ class ClassicBackend(Backend):
         return max(0, task_slots(self.sc) - running)
 
     def balance(self, df, n: int, per_rank: int, timeout_s: float):
-        return balance_dataframe(df, n, per_rank, timeout_s)[0]
+        frame = balance_dataframe(df, n, per_rank, timeout_s)[0]
+        return in_canonical_order(frame) if self.canonical_order else frame
 
     def balance_records(self, rdd, n: int, per_rank: int, timeout_s: float):
         return balance_rdd(rdd, n, per_rank, timeout_s)[0]

@@ -18,7 +18,7 @@ from contextlib import ExitStack, contextmanager, nullcontext
 
 from optim.carriers import Carrier, InFile, InPlan
 from optim.errors import DistributedTrainingError
-from optim.launch.backends.base import Attempt, Backend
+from optim.launch.backends.base import Attempt, Backend, in_canonical_order
 from optim.launch.stage import result_bytes
 from optim.protocol import Channels
 from optim.spark.connect import chunk_bytes, plan_limit, result_limit
@@ -151,7 +151,8 @@ class ConnectBackend(Backend):
         return num_workers(self.spark, num_workers_)
 
     def balance(self, df, n: int, per_rank: int, timeout_s: float):
-        return df.repartition(n)
+        frame = df.repartition(n)
+        return in_canonical_order(frame) if self.canonical_order else frame
 
     def balance_records(self, rdd, n: int, per_rank: int, timeout_s: float):
         return self.records(rdd)

@@ -21,9 +21,10 @@ import time
 
 import pytest
 
+from tests import digits
 from tests.cluster import ROOT
 from tests.console_checks import assert_each_action_printed_its_own_output
-from tests.elastic_checks import checkpoint_digest
+from tests.elastic_checks import checkpoint_digest, data_fingerprint, epoch_infos, stitched_epochs
 
 pytestmark = [pytest.mark.spark, pytest.mark.parallel, pytest.mark.slow]
 
@@ -219,16 +220,35 @@ def test_standalone_cluster_survives_a_killed_worker(cluster, tmp_path):
 
 
 DECOMMISSION_DRIVER = driver_script("""
-             .config("spark.decommission.enabled", "true")
+             .config("spark.decommission.enabled", "true").config("spark.tfnet.noticeCheckInterval", "1ms")
 """, """
+    import keras
+
+    class HoldAtStep(keras.callbacks.Callback):
+        # rank 0, after step 40 (batch 8 of the second epoch): says so in a file, then waits for the driver's notice,
+        # so that the ranks stop inside an epoch (asked after every step: spark.tfnet.noticeCheckInterval)
+        def __init__(self):
+            super().__init__()
+            self.steps = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            import glob, time
+            self.steps += 1
+            marker = os.path.join({model_dir!r}, "at-step-40")
+            if self.steps == 40 and not os.path.exists(marker):  # the first attempt's step 40 only
+                open(marker, "w").close()
+                deadline = time.time() + 120
+                while time.time() < deadline and not glob.glob(os.path.join({model_dir!r}, "control", "*", "notice")):
+                    time.sleep(0.05)
+
     history = opt.optimize(data, epochs={epochs}, batch_size=32, num_workers=2, min_workers=1, elastic_wait=1,
-                           checkpoint_every=100000, verbose=0, timeout=60, max_retries=0)
+                           checkpoint_every=100000, verbose=0, timeout=60, max_retries=0, callbacks=[HoldAtStep()])
     print("RESULT " + json.dumps({{"step": opt.global_step, "last_run": opt.last_run, "history": history}}), flush=True)
 """)
 
 
 def test_a_decommissioned_worker_is_a_planned_shrink_from_the_step_of_the_notice(cluster, tmp_path):
-    """The newest of the two workers is decommissioned once the first epoch's checkpoint is there."""
+    """The newest of the two workers is decommissioned while rank 0 holds after step 40, inside the second epoch."""
     model_dir = str(tmp_path / "run")
     epochs = 12  # 1024 rows, 16 per rank per step: 32 steps per epoch
     script = DECOMMISSION_DRIVER.format(root=ROOT, url=cluster.url, model_dir=model_dir, epochs=epochs)
@@ -236,10 +256,10 @@ def test_a_decommissioned_worker_is_a_planned_shrink_from_the_step_of_the_notice
                               text=True, cwd=ROOT)
     try:
         deadline = time.time() + 300
-        while time.time() < deadline and not glob.glob(os.path.join(model_dir, "checkpoints", "*", "ckpt-*.npz")):
+        while time.time() < deadline and not os.path.exists(os.path.join(model_dir, "at-step-40")):
             assert driver.poll() is None, driver.communicate()[1][-3000:]
             time.sleep(0.2)
-        assert glob.glob(os.path.join(model_dir, "checkpoints", "*", "ckpt-*.npz")), "training started"
+        assert glob.glob(os.path.join(model_dir, "checkpoints", "*", "ckpt-*.npz")), "the first epoch's checkpoint"
         os.kill(cluster.workers[cluster.newest()].pid, signal.SIGPWR)  # the worker's JVM (entrypoint.sh execs it)
         out, err = driver.communicate(timeout=600)
     finally:
@@ -262,4 +282,14 @@ def test_a_decommissioned_worker_is_a_planned_shrink_from_the_step_of_the_notice
     assert res["step"] == epochs * 32 and len(res["history"]["loss"]) == epochs, res
     assert res["history"]["accuracy"][-1] > 0.9, res["history"]
     assert "Traceback" not in err and "retrying" not in err, err[-3000:]
+    # each row of every epoch once, the interrupted one included: its batches before the notice's checkpoint on two
+    # ranks, the rest on one rank that took both ranks' shards (optim.data.virtual_shards)
+    x, y = digits.load()
+    want = data_fingerprint(x[:1024], y[:1024])
+    assert second["start_step"] == 40, second  # batch 8 of the second epoch: the rank held there until the notice
+    stitched = stitched_epochs(epoch_infos(model_dir), 32)
+    assert sorted(e for _, e in stitched) == list(range(epochs)), sorted(stitched)
+    assert (1, 1) in stitched, sorted(stitched)  # the interrupted epoch, stitched: 8 batches on 2 ranks, 24 on 1
+    for key, got in stitched.items():
+        assert got == want, (key, got, want)
 

@@ -20,7 +20,14 @@ from optim.training.checkpoint import CheckpointManager
 from tests import digits
 from tests.cluster import ROOT
 from tests.connect_server import ConnectServer
-from tests.elastic_checks import checkpoint_digest, data_fingerprint, epoch_done, full_epochs, same_checkpoints
+from tests.elastic_checks import (
+    checkpoint_digest,
+    data_fingerprint,
+    epoch_done,
+    epoch_infos,
+    same_checkpoints,
+    stitched_epochs,
+)
 
 STEPS_PER_EPOCH = 1024 // 32  # global batch 32, whatever the ranks
 
@@ -72,16 +79,6 @@ def epoch_written(model_dir, attempt, epoch, ranks):
         infos = epoch_infos(model_dir)
         return sum(1 for i in infos if i["attempt"] == attempt and epoch_done(i, epoch, STEPS_PER_EPOCH)) >= ranks
     return ok
-
-
-def epoch_infos(model_dir):
-    out = []
-    for path in glob.glob(os.path.join(model_dir, "ranks", "*", "epochs-a*-r*.json")):
-        try:
-            out.append(json.load(open(path)))
-        except (OSError, ValueError):
-            pass
-    return out
 
 
 def running_on(model_dir, size):
@@ -136,16 +133,17 @@ def assert_resumed_bit_for_bit(run):
     return resumed
 
 
-def assert_every_row_once_per_epoch(model_dir, last_attempt, epochs, shrink_epoch):
-    """Each epoch an attempt trained whole took each of the 1,024 rows exactly once: before the shrink on two ranks
-    (epoch 0 at least), and after it on one, every epoch after the one it resumed in."""
+def assert_every_row_once_per_epoch(model_dir, last_attempt, epochs, shrink_step):
+    """Each epoch took each of the 1,024 rows exactly once: before the shrink on two ranks (epoch 0 at least), and
+    after it on one, the epoch it resumed in included (stitched: its batches before the checkpoint on two ranks, the
+    rest on one rank that took both ranks' shards: optim.data.virtual_shards)."""
     x, y = digits.load()
     want = data_fingerprint(x[:1024], y[:1024])
-    whole = full_epochs(epoch_infos(model_dir), STEPS_PER_EPOCH)
-    assert (0, 0) in whole, sorted(whole)
-    after = sorted(e for a, e in whole if a == last_attempt)
-    assert after == list(range(shrink_epoch + 1, epochs)) or after == list(range(shrink_epoch, epochs)), sorted(whole)
-    for key, got in whole.items():
+    stitched = stitched_epochs(epoch_infos(model_dir), STEPS_PER_EPOCH)
+    assert (0, 0) in stitched, sorted(stitched)
+    after = sorted(e for a, e in stitched if a == last_attempt)
+    assert after == list(range(shrink_step // STEPS_PER_EPOCH, epochs)), (shrink_step, sorted(stitched))
+    for key, got in stitched.items():
         assert got == want, (key, got, want)
 
 
@@ -182,7 +180,7 @@ def test_a_lost_worker_that_does_not_come_back_shrinks_the_run_of_a_connect_clie
     # the shrunk attempt started from its checkpoint, weights and Adam's moments, bit for bit
     (shrunk,) = assert_resumed_bit_for_bit(run)
     assert shrunk["start_step"] == shrink and run["rows"] == [1024], run["rows"]
-    assert_every_row_once_per_epoch(model_dir, shrunk["attempt"], 12, shrink // STEPS_PER_EPOCH)
+    assert_every_row_once_per_epoch(model_dir, shrunk["attempt"], 12, shrink)
     # and it equals, checkpoint by checkpoint, an uninterrupted one-rank run from that checkpoint
     ref = lines["REFERENCE"]
     assert ref["last_run"]["attempts"] == 1 and ref["last_run"]["resumed_from"] == shrunk["resumed_from"]
@@ -257,8 +255,10 @@ def test_the_run_grows_back_when_a_worker_returns_and_min_workers_out_of_reach_i
     assert (shrunk["ranks"], grown["ranks"]) == (1, 2) and grown["start_step"] == steps[2]
     x, y = digits.load()
     want = data_fingerprint(x[:1024], y[:1024])
-    whole = full_epochs(epoch_infos(model_dir), STEPS_PER_EPOCH)
-    assert {0, 2} <= {a for a, _ in whole} and all(got == want for got in whole.values()), whole
+    # every epoch, the one the shrink interrupted included, each row once (stitched across the resume)
+    whole = stitched_epochs(epoch_infos(model_dir), STEPS_PER_EPOCH)
+    assert sorted({e for _, e in whole}) == list(range(epochs)), sorted(whole)
+    assert all(got == want for got in whole.values()), whole
     assert every_checkpoint_loads(model_dir) >= epochs * STEPS_PER_EPOCH // 8
 
     # min_workers out of reach: the typed error, after elastic_wait measured from the loss (not read from a message)

@@ -1,7 +1,8 @@
 """A DataFrame staged for an epoch resumed on fewer ranks (DataFrameDataset.stage_resumed) on a real local Spark: each
 new partition holds the shards its rank takes, and each shard's rows are the rows, in the order, that the partition of
 that number held when the epoch began (the staging for the ranks that began it), through Spark's shuffle; whether the
-DataFrame was staged as it came or rebalanced round robin."""
+DataFrame was staged as it came or rebalanced round robin, its rows as they came or in an order of their values (an
+elastic run's staging)."""
 
 import numpy as np
 import pyarrow as pa
@@ -25,9 +26,9 @@ def _partitions(frame) -> dict[int, pa.Table]:
 
 
 @pytest.mark.parametrize("source_partitions", [4, 3])  # staged as it is; rebalanced (round robin)
-@pytest.mark.parametrize("goes_on, streaming", [(2, True), (1, False)])
+@pytest.mark.parametrize("goes_on, streaming, in_order", [(2, True, True), (1, False, False), (1, True, True)])
 def test_each_rank_holds_its_shards_rows_in_the_order_their_ranks_had_them(spark, source_partitions, goes_on,
-                                                                            streaming):
+                                                                            streaming, in_order):
     from pyspark.sql import functions as F
 
     df = spark.range(0, 96, numPartitions=source_partitions).select(
@@ -35,6 +36,7 @@ def test_each_rank_holds_its_shards_rows_in_the_order_their_ranks_had_them(spark
         (F.col("id") % 7).alias("y"))
     data = TFDataset.from_dataframe(df, "x", "y", feature_shapes={"x": (3,)}, streaming=streaming)
     host, cleanup = ClassicBackend(spark), Cleanup()
+    host.canonical_order = in_order  # an elastic run's staging: each partition's rows in an order of their values
     began = _partitions(data.stage(host, 4, 8, cleanup=cleanup).frame)
     assert sorted(began) == [0, 1, 2, 3]
     staged = data.stage_resumed(host, goes_on, 32 // goes_on, 4, cleanup=cleanup)
@@ -61,3 +63,18 @@ def test_data_with_validation_rows_or_no_fewer_ranks_is_staged_as_for_a_fresh_ep
     assert whole.stage_resumed(host, 2, 8, 2, cleanup=cleanup) is None  # not fewer ranks
     assert whole.stage_resumed(host, 2, 8, 3, cleanup=cleanup) is None  # 3 shards do not divide over 2 ranks
     cleanup.run()
+
+
+def test_the_canonical_order_does_not_depend_on_the_order_rows_came_in(spark):
+    """An elastic run's staging sorts each partition's rows by a hash of their values: the same rows in any order
+    (a shuffle's fetch order) come out in one order; without it they stay as they came."""
+    from optim.launch.backends.base import in_canonical_order
+
+    rows = [([float(i), float(i % 5)], i % 3) for i in range(40)]
+    mixed = list(reversed(rows[::2])) + rows[1::2]
+    a = spark.createDataFrame(rows, "x array<float>, y long").coalesce(1)
+    b = spark.createDataFrame(mixed, "x array<float>, y long").coalesce(1)
+    assert [r.x for r in a.collect()] != [r.x for r in b.collect()]
+    ordered_a = [(r.x, r.y) for r in in_canonical_order(a).collect()]
+    assert ordered_a == [(r.x, r.y) for r in in_canonical_order(b).collect()]
+    assert sorted(ordered_a) == sorted((r[0], r[1]) for r in rows)
