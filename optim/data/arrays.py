@@ -12,6 +12,7 @@ import numpy as np
 from optim.carriers import Carrier
 from optim.data.base import Batch, DataAdapter, Staged
 from optim.data.checks import Feed, array_type, check_feeds
+from optim.data.shards import held_shards, joined
 from optim.data.values import check_label_types, check_labels, finite_rows_only
 from optim.errors import DataError
 from optim.losses import SampleWeighted
@@ -130,8 +131,6 @@ class ArrayDataset(DataAdapter):
         """Rank ``rank`` of ``size``'s batches of an epoch that ``shards`` ranks began (an epoch resumed on fewer
         ranks: :mod:`optim.data.virtual_shards`): the batches of each shard it takes, as that shard's rank would have
         trained on them, put together. Arrays every rank holds whole only (a partition's rows hold one shard)."""
-        from optim.data.virtual_shards import held_shards, joined
-
         if self.presharded:
             raise ValueError("A partition's rows are one rank's shard; another rank's shard is not here.")
         held = held_shards(shards, rank, size)

@@ -159,13 +159,8 @@ class DataFrameDataset(ColumnDataset):
         With no validation rows in the frame (a validation DataFrame, ``validation_split``); else None."""
         from pyspark.sql import functions as F
 
-        from optim.data.virtual_shards import (
-            SHARD_COLUMN,
-            ShardedArrowShard,
-            ShardedStreamShard,
-            held_shards,
-            partition_keys,
-        )
+        from optim.data.shards import SHARD_COLUMN, held_shards, partition_keys
+        from optim.data.virtual_shards import ShardedArrowShard, ShardedStreamShard
 
         if self.holdout is not None or isinstance(validation, DataFrameDataset) or shards % n or shards <= n:
             return None

@@ -24,15 +24,14 @@ import time
 import warnings
 
 from optim.config import TrainConfig
-from optim.data.base import DataAdapter
 from optim.errors import CheckpointWarning, DistributedTrainingError
 from optim.launch.backends.base import Backend
 from optim.launch.backends.classic import ClassicBackend
 from optim.launch.backends.connect import ConnectBackend
 from optim.launch.elastic import ElasticPolicy, membership
+from optim.launch.intervals import Intervals
 from optim.launch.notice import DecommissionNotice
 from optim.launch.results import print_history, step_times
-from optim.launch.resume_point import record_staging_order, resumed_epoch_shards, resumes_in_order
 from optim.launch.retry import RetryPolicy, one_line
 from optim.launch.stage import (
     Cleanup,
@@ -44,6 +43,7 @@ from optim.launch.stage import (
     shipped_hooks,
     worker_config,
 )
+from optim.launch.staging import order_rows, staged_for
 from optim.launch.states import (
     Failed,
     Finished,
@@ -66,12 +66,10 @@ from optim.protocol import (
     entry,
     unpack_result,
 )
-from optim.spark.conf import seconds_setting
 from optim.spark.connect import is_connect
 from optim.spark.jobs import run_job
 from optim.spark.session import get_spark, small_arrow_batches
 from optim.training.checkpoint import new_run_id
-from optim.training.notice import NOTICE_EVERY_S
 from optim.training.reporting import MultiReporter, ProgressBar
 from optim.transport.chunks import result_carrier
 from optim.transport.failures import failures_in
@@ -173,28 +171,19 @@ class _DistributedRun:
         self.ranks = 0  # the ranks of the last attempt that finished
         self.roads: dict = {}  # how the net went out and rank 0's result came back (last_run's net_via, result_via)
         self.report = AttemptReport()  # what rank 0 reported of the last attempt that finished
-        self.grow_check_s = GROW_CHECK_S
-        self.slot_check_s = SLOT_CHECK_S
-        self.notice_check_s = NOTICE_EVERY_S
+        self.intervals = Intervals()
         self.t_call = time.monotonic()
 
     def __call__(self, dataset, validation, num_workers: int | None, min_workers: int | None,
                  elastic_wait: float) -> RunResult:
         self.t_call = time.monotonic()
-        self.grow_check_s = seconds_setting(self.backend.spark, GROW_CHECK_KEY, GROW_CHECK_S)
-        self.slot_check_s = seconds_setting(self.backend.spark, SLOT_CHECK_KEY, SLOT_CHECK_S)
-        self.notice_check_s = seconds_setting(self.backend.spark, NOTICE_CHECK_KEY, NOTICE_EVERY_S)
+        self.intervals = Intervals.of(self.backend.spark)
         started_at = time.time()  # attempt_log's started_s, ended_s and first_step_s count from here
         config = dataclasses.replace(self.spec.config, run_id=self.spec.config.run_id or new_run_id())
         self.spec = dataclasses.replace(self.spec, config=config)
         n = self.backend.ranks(num_workers)
         self.elastic = ElasticPolicy(n, n if min_workers is None else min_workers, elastic_wait)
-        # a run that may go on with fewer ranks inside an epoch stages its rows in an order of their values, so that
-        # the ranks that go on find the shards of the ones that began it as those had them (optim.data.virtual_shards);
-        # so does a call that resumes such a run
-        self.backend.canonical_order = self.elastic.elastic or resumes_in_order(config)
-        if self.backend.canonical_order and config.model_dir:
-            record_staging_order(config)
+        order_rows(self.backend, config, self.elastic.elastic)  # a run that may shrink inside an epoch
         if self.elastic.elastic and not config.model_dir:
             raise ValueError("Elastic training (min_workers < num_workers) goes on from the run's checkpoints: give "
                              "TFOptimizer a model_dir.")
@@ -377,15 +366,8 @@ class _DistributedRun:
         hooks shipped once. Everything it makes is registered with the call's clean-up."""
         dataset, validation, config = self.data
         per_rank = per_rank_batch(dataset, config, n)
-        staged = None
-        if type(dataset).stage_resumed is not DataAdapter.stage_resumed and (self.attempts or config.resume):
-            shards = resumed_epoch_shards(config, n)  # an epoch more ranks began: each rank its shards of it
-            if shards:
-                staged = dataset.stage_resumed(self.backend, n, per_rank, shards, cleanup=self.cleanup,
-                                               validation=validation, timeout_s=self.startup_timeout)
-        if staged is None:
-            staged = dataset.stage(self.backend, n, per_rank, cleanup=self.cleanup, validation=validation,
-                                   timeout_s=self.startup_timeout)
+        staged = staged_for(dataset, self.backend, n, per_rank, config, resuming=bool(self.attempts or config.resume),
+                            cleanup=self.cleanup, validation=validation, timeout_s=self.startup_timeout)
         spec = self.spec
         carried = carried_bytes(dataset, validation, (spec.state or []) + list(spec.exchange_state or []))
         net, exchange = self.backend.ship_net(spec, net_to_bytes(spec.net), carried, self.cleanup)
@@ -403,7 +385,7 @@ class _DistributedRun:
                                                notice=self.notice and self.notice.path),
                            timeout=self.timeout, startup_timeout=self.startup_timeout,
                            steps_per_epoch=self.steps_per_epoch, verbose=self.verbose, gang=self.backend.gang,
-                           notice_every_s=self.notice_check_s)
+                           notice_every_s=self.intervals.notice_s)
 
             def task(rows, job=job):
                 return entry(TRAIN_ENTRY)(job, rows)
@@ -422,7 +404,7 @@ class _DistributedRun:
         epoch boundary)."""
         lost = self.lost_slots(stage)
         if self.notice is not None:  # a decommissioning executor is one whose slots are going: not a lost one
-            lost = self.notice.watch(stage.n, lost, self.sink, self.slot_check_s)
+            lost = self.notice.watch(stage.n, lost, self.sink, self.intervals.slot_s)
         if stage.n >= self.elastic.num_workers:
             return _first(stuck, lost)
         config = stage.config
@@ -431,7 +413,7 @@ class _DistributedRun:
 
         def check() -> str | None:
             why = _first(stuck, lost)()
-            if why or time.monotonic() - last[0] < self.grow_check_s:
+            if why or time.monotonic() - last[0] < self.intervals.grow_s:
                 return why
             last[0] = time.monotonic()
             slots = stage.n + self.backend.free_slots(wanted, stage.n)
@@ -444,7 +426,7 @@ class _DistributedRun:
         return check
 
     def lost_slots(self, stage: Stage):
-        """A check, every ``slot_check_s``, that the cluster still has the task slots the stage's ranks need
+        """A check, every ``intervals.slot_s``, that the cluster still has the task slots the stage's ranks need
         (where the session counts them cheaply: a classic one). When an executor is lost, Spark fails a barrier
         stage and resubmits it, and the resubmitted stage waits for slots the cluster no longer has (up to Spark's
         own check, minutes); a retry launched before Spark declared the executor lost waits likewise, with a rank
@@ -454,7 +436,7 @@ class _DistributedRun:
         last = [time.monotonic()]
 
         def check() -> str | None:
-            if time.monotonic() - last[0] < self.slot_check_s:
+            if time.monotonic() - last[0] < self.intervals.slot_s:
                 return None
             last[0] = time.monotonic()
             slots = self.backend.slots_now()
@@ -479,17 +461,6 @@ class _DistributedRun:
 
 
 _RETRY_FROM = {True: "from this run's newest checkpoint", False: "from the start (no model_dir)"}
-#: Seconds between the checks for returned slots while an elastic run has fewer ranks than it asked for (the Spark
-#: setting :data:`GROW_CHECK_KEY` changes it).
-GROW_CHECK_S = 5.0
-GROW_CHECK_KEY = "spark.tfnet.elastic.growCheckInterval"
-#: Seconds between the checks that the cluster still has the slots a running stage needs, and for decommission
-#: notices (the Spark setting :data:`SLOT_CHECK_KEY` changes it).
-SLOT_CHECK_S = 2.0
-SLOT_CHECK_KEY = "spark.tfnet.slotCheckInterval"
-#: About how often the ranks ask, at step boundaries, whether a decommission notice came (seconds of training between
-#: two questions; the Spark setting :data:`NOTICE_CHECK_KEY` changes it; "1ms": about every step).
-NOTICE_CHECK_KEY = "spark.tfnet.noticeCheckInterval"
 
 
 def _first(*checks):

@@ -141,13 +141,7 @@ def train(
                 break
             if hooks is not None:
                 hooks.epoch_begin(epoch)
-            skip = start.batch if epoch == start.epoch else 0
-            epoch_steps, fixed, shards = steps, steps_per_epoch, 0
-            if skip and start.shards and start.shards != run.collective.size and \
-                    (start.epoch_steps or steps_per_epoch) is not None:
-                # an epoch that other ranks began: their shards and their steps (optim.data.virtual_shards)
-                epoch_steps = fixed = start.epoch_steps or steps_per_epoch
-                shards = start.shards
+            skip, epoch_steps, fixed, shards = start.plan(epoch, run.collective.size, steps, steps_per_epoch)
             run.epoch(data, epoch, skip, start.epoch_states if skip else None, epoch_steps, fixed_steps=fixed,
                       shards=shards)
             if run.noticed:  # a decommission notice: a checkpoint at this step, and the launcher goes on without it

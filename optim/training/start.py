@@ -30,6 +30,16 @@ class Start(NamedTuple):
     shards: int = 0
     epoch_steps: int | None = None
 
+    def plan(self, epoch: int, size: int, steps: int | None, fixed: int | None) -> tuple[int, int | None, int | None, int]:
+        """``(skip, steps, fixed steps, shards)`` of ``epoch`` on ``size`` ranks (``steps`` and ``fixed``: the run's):
+        the batch a resumed epoch starts at, and, for an epoch other ranks began, their steps and shards
+        (:mod:`optim.data.virtual_shards`; 0 shards: the epoch is this run's own)."""
+        skip = self.batch if epoch == self.epoch else 0
+        if skip and self.shards and self.shards != size and (self.epoch_steps or fixed) is not None:
+            theirs = self.epoch_steps or fixed
+            return skip, theirs, theirs, self.shards
+        return skip, steps, fixed, 0
+
     @classmethod
     def of(cls, ckpt: Checkpoint) -> Start:
         return cls(ckpt.step, ckpt.epoch, ckpt.batch, ckpt.extra.get("history", {}), ckpt.extra.get("epoch_states"),

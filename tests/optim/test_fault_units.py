@@ -121,7 +121,7 @@ def test_a_stage_whose_slots_are_lost_is_ended_by_the_watch():
     backend = SimpleNamespace(counts_slots=True, slots_now=lambda: slots[0])
     run = _DistributedRun(None, backend, RetryPolicy(2), verbose=0, timeout=60, startup_timeout=600, slot_wait=0,
                           steps_per_epoch=None)
-    run.slot_check_s = 0.0
+    run.intervals.slot_s = 0.0
     check = run.lost_slots(SimpleNamespace(n=2))
     assert check() is None
     slots[0] = 1

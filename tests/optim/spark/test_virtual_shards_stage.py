@@ -9,7 +9,8 @@ import pyarrow as pa
 import pytest
 
 from optim import TFDataset
-from optim.data.virtual_shards import SHARD_COLUMN, ShardedArrowShard, ShardedStreamShard, held_shards
+from optim.data.shards import SHARD_COLUMN, held_shards
+from optim.data.virtual_shards import ShardedArrowShard, ShardedStreamShard
 from optim.launch.backends.classic import ClassicBackend
 from optim.launch.stage import Cleanup
 

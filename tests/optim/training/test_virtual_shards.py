@@ -15,13 +15,8 @@ from optim.config import TrainConfig
 from optim.data.arrays import ArrayDataset
 from optim.data.decode import TensorColumns
 from optim.data.partition import ArrowShard
-from optim.data.virtual_shards import (
-    SHARD_COLUMN,
-    ShardedArrowShard,
-    held_shards,
-    partition_keys,
-    resumed_batches,
-)
+from optim.data.shards import SHARD_COLUMN, held_shards, partition_keys, spark_hash_int
+from optim.data.virtual_shards import ShardedArrowShard, resumed_batches
 from optim.rank.tally import EpochTally, fingerprint
 from optim.training.checkpoint import CheckpointManager
 from optim.training.loop import train
@@ -111,14 +106,12 @@ def test_data_that_cannot_give_another_ranks_shard_is_cut_afresh_and_says_so(cap
 
 
 def test_partition_keys_land_in_their_partitions():
-    from optim.data.virtual_shards import _murmur3_int
-
     # Spark's hash() of these ints (pyspark.sql.functions.hash over spark.range(...).cast("int")); the Spark test
     # tests/optim/spark/test_virtual_shards_stage.py checks the staging itself
-    assert [_murmur3_int(v) for v in (0, 1, 2, 42, -1)] == [933211791, -559580957, 1765031574, 29417773, -1604776387]
+    assert [spark_hash_int(v) for v in (0, 1, 2, 42, -1)] == [933211791, -559580957, 1765031574, 29417773, -1604776387]
     for n in (1, 2, 3, 4, 8):
         keys = partition_keys(n)
-        assert [_murmur3_int(k) % n for k in keys] == list(range(n))
+        assert [spark_hash_int(k) % n for k in keys] == list(range(n))
 
 
 def test_train_resumes_an_epoch_two_ranks_began_with_their_shards(tmp_path, monkeypatch):

@@ -1,5 +1,7 @@
-"""Where the next attempt of a run resumes, as far as the staging of its data cares: the ranks that began the epoch
-it resumes in (:mod:`optim.data.virtual_shards`). Driver side; rank 0 reads the same checkpoint again when it starts."""
+"""How each attempt's data is staged, as far as a change of rank count inside an epoch cares
+(:mod:`optim.data.virtual_shards`): in an order of the rows' values for a run that may shrink (and a call that resumes
+one), and, for an attempt that resumes an epoch more ranks began, each rank with those ranks' shards. Driver side; rank
+0 reads the same checkpoint again when it starts."""
 
 from __future__ import annotations
 
@@ -7,9 +9,10 @@ import logging
 import warnings
 
 from optim.config import TrainConfig
+from optim.data.base import DataAdapter, Staged
 from tfnet import storage
 
-__all__ = ["ORDER_RECORD", "record_staging_order", "resumed_epoch_shards", "resumes_in_order"]
+__all__ = ["ORDER_RECORD", "order_rows", "record_staging_order", "resumed_epoch_shards", "resumes_in_order", "staged_for"]
 
 log = logging.getLogger("tfnet.spark")
 
@@ -83,3 +86,27 @@ def _order_record(path: str, config: TrainConfig) -> str:
     if len(parts) == 4 and parts[1] == "checkpoints":
         return storage.join(parts[0], "ranks", parts[2], ORDER_RECORD)
     return storage.join(config.model_dir, "ranks", config.run_id or "", ORDER_RECORD)
+
+
+def order_rows(host, config: TrainConfig, elastic: bool) -> None:
+    """Whether ``host`` (the call's backend) stages a DataFrame's rows in an order of their values
+    (:func:`optim.launch.backends.base.in_canonical_order`): for an elastic run, which may go on with fewer ranks
+    inside an epoch, and a call that resumes such a run; recorded for a later call (:data:`ORDER_RECORD`)."""
+    host.canonical_order = elastic or resumes_in_order(config)
+    if host.canonical_order and config.model_dir:
+        record_staging_order(config)
+
+
+def staged_for(dataset: DataAdapter, host, n: int, per_rank: int, config: TrainConfig, *, resuming: bool, cleanup,
+               validation, timeout_s: float) -> Staged:
+    """``dataset`` staged for an attempt on ``n`` ranks: where the attempt may resume (``resuming``) an epoch that
+    more ranks began, each rank with their shards (:meth:`~optim.data.base.DataAdapter.stage_resumed`), else as for
+    a fresh epoch (:meth:`~optim.data.base.DataAdapter.stage`)."""
+    if resuming and type(dataset).stage_resumed is not DataAdapter.stage_resumed:
+        shards = resumed_epoch_shards(config, n)
+        if shards:
+            staged = dataset.stage_resumed(host, n, per_rank, shards, cleanup=cleanup, validation=validation,
+                                           timeout_s=timeout_s)
+            if staged is not None:
+                return staged
+    return dataset.stage(host, n, per_rank, cleanup=cleanup, validation=validation, timeout_s=timeout_s)
