@@ -64,14 +64,37 @@ def epoch_batches(data, batch_size: int, *, shards: int = 0, rank: int = 0, size
     return resumed_batches(data, batch_size, shards=shards, rank=rank, size=size, **kwargs)
 
 
-class ShardedArrays:
+class _HeldShards:
+    """The shards a rank holds (``parts``: shard -> its rows, an adapter) of an epoch cut into ``shards``; their
+    batches put together, each shard's as its own rank took them."""
+
+    #: It gives the shards it holds (:func:`resumed_batches`).
+    gives_shards = True
+
+    def __init__(self, parts: dict, shards: int):
+        self.parts, self.shards = dict(sorted(parts.items())), int(shards)
+
+    def joined_batches(self, batch_size: int, **kwargs) -> Iterator:
+        """A batch of each shard a step, ``batch_size`` rows in all (each shard seeded as rank ``v`` of ``shards``)."""
+        per_shard = batch_size // len(self.parts)
+        return joined([p.batches(per_shard, rank=v, size=self.shards, **kwargs) for v, p in self.parts.items()])
+
+    def shard_batches(self, batch_size, *, shards, rank, size, **kwargs) -> Iterator:
+        held = held_shards(shards, rank, size)
+        if shards != self.shards or sorted(self.parts) != held:
+            raise ValueError(f"Rank {rank} of {size} holds shards {sorted(self.parts)} of {self.shards}; the epoch "
+                             f"resumed needs shards {held} of {shards}.")
+        return self.joined_batches(batch_size, **kwargs)
+
+
+class ShardedArrays(_HeldShards):
     """A rank's rows staged for a resumed epoch: ``parts`` maps each shard it holds to that shard's rows (an
     :class:`ArrayDataset`, in the order the shard's own rank read them). For the resumed epoch,
     :meth:`shard_batches`; for the epochs after it, everything else, as one partition (the shards' rows in shard
     order)."""
 
     def __init__(self, parts: dict[int, ArrayDataset], shards: int):
-        self.parts, self.shards = dict(sorted(parts.items())), int(shards)
+        super().__init__(parts, shards)
         first = next(iter(self.parts.values()))
         self.whole = ArrayDataset([np.concatenate(a) for a in zip(*(p.features for p in self.parts.values()))],
                                   None if first.labels is None else
@@ -88,20 +111,9 @@ class ShardedArrays:
     def __len__(self) -> int:
         return len(self.whole)
 
-    #: It gives the shards it holds (:func:`resumed_batches`).
-    gives_shards = True
-
     def each_shard(self, check, where: str) -> ShardedArrays:
         """Each shard's rows through ``check(dataset, where)`` (the rank's value checks, which may drop rows)."""
         return ShardedArrays({v: check(p, f"{where}, shard {v}") for v, p in self.parts.items()}, self.shards)
-
-    def shard_batches(self, batch_size, *, shards, rank, size, **kwargs) -> Iterator:
-        held = held_shards(shards, rank, size)
-        if shards != self.shards or sorted(self.parts) != held:
-            raise ValueError(f"Rank {rank} of {size} holds shards {sorted(self.parts)} of {self.shards}; the epoch "
-                             f"resumed needs shards {held} of {shards}.")
-        per_shard = batch_size // len(held)
-        return joined([self.parts[v].batches(per_shard, rank=v, size=shards, **kwargs) for v in held])
 
 
 class ShardedArrowShard:
@@ -127,17 +139,15 @@ class ShardedArrowShard:
         return ShardedArrays(parts, self.shards)
 
 
-class ShardedStreams:
+class ShardedStreams(_HeldShards):
     """A rank's rows staged for a resumed epoch and streamed (``streaming=True``): ``parts`` maps each shard it holds to
     that shard's local copy (a :class:`~optim.data.stream.StreamedDataset`, stored as the shard's own rank stored
     it). Every epoch of the attempt takes each shard's batches, ``G / V`` rows a step, put together: the resumed epoch
     as the shards' ranks would have gone on, the later ones each shard shuffled on its own (``[seed, epoch, shard]``),
     every row once an epoch as ever."""
 
-    gives_shards = True
-
     def __init__(self, parts: dict, shards: int):
-        self.parts, self.shards = dict(sorted(parts.items())), int(shards)
+        super().__init__(parts, shards)
         first = next(iter(self.parts.values()))
         self.has_labels, self.single_label = first.has_labels, first.single_label
 
@@ -154,15 +164,7 @@ class ShardedStreams:
         return max(p.num_batches(per_shard, drop_remainder=drop_remainder) for p in self.parts.values())
 
     def batches(self, batch_size, *, rank=0, size=1, **kwargs) -> Iterator:
-        per_shard = batch_size // len(self.parts)
-        return joined([p.batches(per_shard, rank=v, size=self.shards, **kwargs) for v, p in self.parts.items()])
-
-    def shard_batches(self, batch_size, *, shards, rank, size, **kwargs) -> Iterator:
-        held = held_shards(shards, rank, size)
-        if shards != self.shards or sorted(self.parts) != held:
-            raise ValueError(f"Rank {rank} of {size} holds shards {sorted(self.parts)} of {self.shards}; the epoch "
-                             f"resumed needs shards {held} of {shards}.")
-        return self.batches(batch_size, rank=rank, size=size, **kwargs)
+        return self.joined_batches(batch_size, **kwargs)
 
     def release(self) -> None:
         for p in self.parts.values():

@@ -20,6 +20,7 @@ from optim.launch.preflight import check_model_dir, probe_workers
 from optim.protocol import Channels, Limits, RankJob, TrainSpec
 from optim.sync import LocalSGD
 from optim.training import comm_threads
+from optim.training.notice import NOTICE_EVERY_S
 from tfnet import storage
 from tfnet.lora import carried_weight_names
 from tfnet.serialize import hooks_to_bytes
@@ -134,7 +135,7 @@ def worker_log_level(verbose: int) -> int:
 
 def rank_job(spec: TrainSpec, stage: Stage, attempt: int, channels: Channels, *, timeout: float,
              startup_timeout: float, steps_per_epoch: int | None, verbose: int, gang: bool = False,
-             notice_every_s: float = 1.0) -> RankJob:
+             notice_every_s: float = NOTICE_EVERY_S) -> RankJob:
     """The ranks' job for one attempt of ``stage`` (:class:`optim.protocol.RankJob`): ``spec`` (the driver's) with
     the stage's shipped net and hooks and its ranks' config; ``channels``: how the ranks meet and report (the
     backend's, for this attempt)."""

@@ -49,11 +49,9 @@ def resumes_in_order(config: TrainConfig) -> bool:
         return False
     if source is None:
         return False
-    if source.endswith(".npz"):
-        record = _order_record(source, config)
-    else:
-        record = storage.join(config.model_dir, "ranks", source, ORDER_RECORD)
-    return storage.exists(record, config.storage_options)
+    record = _order_record(source) if source.endswith(".npz") else \
+        storage.join(config.model_dir, "ranks", source, ORDER_RECORD)
+    return record is not None and storage.exists(record, config.storage_options)
 
 
 def resumed_epoch_shards(config: TrainConfig, n: int) -> int:
@@ -79,13 +77,14 @@ def resumed_epoch_shards(config: TrainConfig, n: int) -> int:
     return shards if shards > n else 0
 
 
-def _order_record(path: str, config: TrainConfig) -> str:
+def _order_record(path: str) -> str | None:
     """The :data:`ORDER_RECORD` of the run that wrote the checkpoint at ``path``
-    (``<its model_dir>/checkpoints/<run id>/ckpt-<step>.npz``: the run resumed may be another ``model_dir``'s)."""
+    (``<its model_dir>/checkpoints/<run id>/ckpt-<step>.npz``: the run resumed may be another ``model_dir``'s); None
+    for a file outside that layout (no run's record)."""
     parts = str(path).replace("\\", "/").rsplit("/", 3)
     if len(parts) == 4 and parts[1] == "checkpoints":
         return storage.join(parts[0], "ranks", parts[2], ORDER_RECORD)
-    return storage.join(config.model_dir, "ranks", config.run_id or "", ORDER_RECORD)
+    return None
 
 
 def order_rows(host, config: TrainConfig, elastic: bool) -> None:
