@@ -105,14 +105,15 @@ def pytest_make_collect_report(collector):
 
 def pytest_terminal_summary(terminalreporter):
     """One line for the hardware skips, with the CPU that caused them; every duration to DURATIONS_FILE."""
-    from tfnet.precision import cpu_flags, cpu_model
-
     skipped = [r for r in terminalreporter.stats.get("skipped", []) if HARDWARE_SKIPS.search(_skip_reason(r))]
     if skipped:
+        from tfnet.precision import cpu_flags, cpu_model  # imports TensorFlow (3 s): only where the line is written
+
         flags = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8"})
         terminalreporter.write_line(f"hardware skips: {len(skipped)} test(s) need a feature this CPU lacks "
                                     f"({cpu_model()}; flags {' '.join(flags) or 'none of note'})")
-    durations = sorted(((r.nodeid, r.when, round(r.duration, 2)) for key in ("passed", "failed", "error")
+    # (a set-up or teardown that passed is filed under "": the module fixtures' clusters and image builds)
+    durations = sorted(((r.nodeid, r.when, round(r.duration, 2)) for key in ("passed", "failed", "error", "")
                         for r in terminalreporter.stats.get(key, []) if hasattr(r, "duration")),
                        key=lambda row: -row[2])
     os.makedirs(os.path.dirname(DURATIONS_FILE), exist_ok=True)

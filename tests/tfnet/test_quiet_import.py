@@ -6,48 +6,65 @@ brings the banner back. Fresh interpreters with an environment set here (no
 ``TF_CPP_MIN_LOG_LEVEL``, oneDNN on), as a user's script starts."""
 
 import os
-import subprocess
 import sys
+
+import pytest
+
+from tests.side_by_side import SideBySide
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BANNER = ("oneDNN custom operations", "absl::InitializeLog", "cpu_feature_guard", "To enable the following instructions")
+#: Each program, with what its environment adds.
+PROGRAMS = {
+    "tfnet": ("import tfnet; print('ready', tfnet.TFNet.__name__)", {}),
+    "tfnet first": ("import tfnet\nimport keras\nimport tensorflow as tf\nprint('ready', keras.__name__, tf.__name__)",
+                    {}),
+    "keras first": ("import sys; import keras; import tfnet; print([m for m in sys.modules if 'quiet' in m])", {}),
+    "verbose": ("import tfnet", {"TFNET_VERBOSE": "1"}),
+}
 
 
-def run(tmp_path, code: str, **env_extra) -> subprocess.CompletedProcess:
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory):
+    """Every program in an interpreter of its own, started side by side as the module begins."""
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TFNET_VERBOSE", "PYTHONSTARTUP")}
-    env.update(PYTHONPATH=ROOT, TF_ENABLE_ONEDNN_OPTS="1", **env_extra)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
-                          cwd=str(tmp_path))
+    env.update(PYTHONPATH=ROOT, TF_ENABLE_ONEDNN_OPTS="1")
+    runs = SideBySide()
+    for name, (code, extra) in PROGRAMS.items():
+        runs.start(name, [sys.executable, "-c", code], timeout=300, env=dict(env, **extra),
+                   cwd=str(tmp_path_factory.mktemp("quiet")))
+    yield runs
+    runs.close()
 
 
-def banner(proc: subprocess.CompletedProcess) -> list[str]:
+def banner(proc) -> list[str]:
     return [line for line in proc.stderr.splitlines() if any(b in line for b in BANNER)]
 
 
-def test_import_tfnet_prints_no_banner(tmp_path):
-    proc = run(tmp_path, "import tfnet; print('ready', tfnet.TFNet.__name__)")
+def test_import_tfnet_prints_no_banner(fresh):
+    proc = fresh.result("tfnet")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ready TFNet"
     assert banner(proc) == [], proc.stderr
 
 
-def test_the_opt_in_import_tfnet_first_keeps_the_banner_out_of_a_keras_program(tmp_path):
-    proc = run(tmp_path, "import tfnet\nimport keras\nimport tensorflow as tf\nprint('ready', keras.__name__, tf.__name__)")
+def test_the_opt_in_import_tfnet_first_keeps_the_banner_out_of_a_keras_program(fresh):
+    proc = fresh.result("tfnet first")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ready keras tensorflow"
     assert banner(proc) == [], proc.stderr
 
 
-def test_tensorflow_imported_before_tfnet_is_left_alone(tmp_path):
+def test_tensorflow_imported_before_tfnet_is_left_alone(fresh):
     """No start-up hook: TensorFlow's own import, first, prints its banner (and the test would see it)."""
-    proc = run(tmp_path, "import sys; import keras; import tfnet; print([m for m in sys.modules if 'quiet' in m])")
+    proc = fresh.result("keras first")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "['tfnet.quiet']"
     assert any("oneDNN custom operations" in line for line in banner(proc)), proc.stderr
 
 
-def test_the_banner_comes_back_when_asked_for(tmp_path):
-    proc = run(tmp_path, "import tfnet", TFNET_VERBOSE="1")
+def test_the_banner_comes_back_when_asked_for(fresh):
+    proc = fresh.result("verbose")
     assert proc.returncode == 0, proc.stderr
     assert any("oneDNN custom operations" in line for line in proc.stderr.splitlines()), proc.stderr
 
