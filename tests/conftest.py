@@ -64,7 +64,8 @@ _own_jvm_keeps_c2()
 
 #: The only skips allowed under CI=true: tests of a hardware feature this CPU lacks. Any other skip fails there.
 HARDWARE_SKIPS = re.compile(r"no native bfloat16|\bAMX\b")
-#: Every test's duration in the last run, slowest first (compare two runs to see what a change cost).
+#: Every test phase's duration in the last run, slowest first (compare two runs to see what a change cost):
+#: ``[node id, phase, wall seconds, the machine's busy CPU-seconds meanwhile]``.
 DURATIONS_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".pytest_cache",
                               "durations.json")
 
@@ -91,10 +92,50 @@ def _refuse_skip_in_ci(report) -> None:
                        "(tests/conftest.py, HARDWARE_SKIPS): install what the test needs (scripts/install.sh).")
 
 
+def _machine_busy_s() -> float:
+    """Seconds of CPU the whole machine has spent busy since boot (``/proc/stat``: all but idle and iowait, over
+    every core and process, the JVMs, Spark's workers and containers included)."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+_BUSY = pytest.StashKey[dict]()
+
+
+def _measured(item, when: str):
+    """A phase hook's wrapper body: the machine's busy CPU-seconds during ``when``, kept in the item's stash."""
+    start = _machine_busy_s()
+    yield
+    item.stash.setdefault(_BUSY, {})[when] = _machine_busy_s() - start
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    yield from _measured(item, "setup")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    yield from _measured(item, "call")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    yield from _measured(item, "teardown")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
-    _refuse_skip_in_ci(outcome.get_result())
+    report = outcome.get_result()
+    # the machine's busy CPU-seconds during the phase, beside its wall time in DURATIONS_FILE: a slow test whose
+    # machine sat idle waits on something (a timeout, a poll, a heartbeat), not on work
+    report.machine_cpu_s = item.stash.get(_BUSY, {}).get(call.when)
+    _refuse_skip_in_ci(report)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -113,9 +154,14 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"hardware skips: {len(skipped)} test(s) need a feature this CPU lacks "
                                     f"({cpu_model()}; flags {' '.join(flags) or 'none of note'})")
     # (a set-up or teardown that passed is filed under "": the module fixtures' clusters and image builds)
-    durations = sorted(((r.nodeid, r.when, round(r.duration, 2)) for key in ("passed", "failed", "error", "")
+    durations = sorted(((r.nodeid, r.when, round(r.duration, 2), round(getattr(r, "machine_cpu_s", None) or 0, 1))
+                        for key in ("passed", "failed", "error", "")
                         for r in terminalreporter.stats.get(key, []) if hasattr(r, "duration")),
                        key=lambda row: -row[2])
+    wall, busy = sum(row[2] for row in durations), sum(row[3] for row in durations)
+    if wall >= 60:
+        terminalreporter.write_line(f"the machine during the tests: {busy:.0f} busy CPU-seconds in {wall:.0f} s, "
+                                    f"{busy / wall:.2f} of its {os.cpu_count()} cores on average ({DURATIONS_FILE})")
     os.makedirs(os.path.dirname(DURATIONS_FILE), exist_ok=True)
     with open(DURATIONS_FILE, "w") as f:
         json.dump(durations, f, indent=0)
