@@ -5,13 +5,18 @@
 that leaves a Python worker's output unread (first, take, head, limit) makes Spark drop that worker, so the next
 action that needs one forks a fresh worker: for TFPredictor that worker imports TensorFlow and loads the net again.
 
-    python benchmarks/bench_actions.py [--json out.json]
+TFPredictor's workers run twice, side by side: as ``import tfnet`` starts them (Keras left unloaded), and with
+``TFNET_EAGER_KERAS=1`` (TensorFlow's own import, which loads all of Keras): a fresh worker's start is most of what an
+action after an unread one costs.
+
+    python benchmarks/bench_actions.py [--rounds 2] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -30,8 +35,14 @@ ACTIONS = [
 ]
 
 
+#: TFPredictor's Python workers as ``import tfnet`` starts them (Keras left unloaded: tfnet.quiet.without_eager_keras),
+#: and with TensorFlow's own import, which loads all of Keras (``TFNET_EAGER_KERAS=1``), side by side.
+WORKERS = [("tfpredictor_eager_keras", {"TFNET_EAGER_KERAS": "1"}), ("tfpredictor", {})]
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=2, help="rounds of every side, in alternation (default 2)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     setup_env()
@@ -39,6 +50,7 @@ def main(argv=None) -> dict:
     import keras
     from pyspark.sql import SparkSession
     from pyspark.sql.functions import pandas_udf
+    from pyspark.sql.types import DoubleType
 
     from optim import TFPredictor
     from tfnet import TFNet
@@ -48,30 +60,45 @@ def main(argv=None) -> dict:
     model = keras.Sequential([keras.Input((8, 8, 1), name="image"), keras.layers.Conv2D(16, 3, activation="relu"),
                               keras.layers.Flatten(), keras.layers.Dense(10)])
     net = TFNet.from_keras(model)
-    spark = (SparkSession.builder.master("local[2]").config("spark.ui.showConsoleProgress", "false")
-             .getOrCreate())
-    df = spark.createDataFrame([([float(i % 7) / 7] * 64, i % 10) for i in range(120)],
-                               "pixels array<float>, label long").repartition(2)
-    df.cache().count()
-    predictor = TFPredictor(net, batch_per_thread=32)
 
-    @pandas_udf("double")
+    @pandas_udf(DoubleType())  # (a type, not "double": no session is active yet)
     def column(s):
         return s.astype("float64")
 
-    out: dict = {"banner": banner(), "seconds": {}}
-    for side, make in [("pandas_udf", lambda: df.withColumn("o", column("label"))),
-                       ("tfpredictor", lambda: predictor.predict(df, feature_cols="pixels"))]:
-        rows = []
-        for name, action in ACTIONS:
-            t0 = time.perf_counter()
-            action(make())
-            rows.append((name, round(time.perf_counter() - t0, 2)))
-        out["seconds"][side] = rows
-    print(f"{'action':18} {'pandas UDF':>10} {'TFPredictor':>12}")
-    for (name, a), (_, b) in zip(out["seconds"]["pandas_udf"], out["seconds"]["tfpredictor"]):
-        print(f"{name:18} {a:10.2f} {b:12.2f}")
-    spark.stop()
+    out: dict = {"banner": banner(), "seconds": {}, "rounds": args.rounds}
+    for _ in range(args.rounds):
+        for side, env in [("pandas_udf", {}), *WORKERS]:
+            # a Spark application of its own for each side and round: fresh Python workers with the side's environment
+            builder = SparkSession.builder.master("local[2]").config("spark.ui.showConsoleProgress", "false")
+            for key, value in env.items():
+                builder = builder.config(f"spark.executorEnv.{key}", value)
+            spark = builder.getOrCreate()
+            df = spark.createDataFrame([([float(i % 7) / 7] * 64, i % 10) for i in range(120)],
+                                       "pixels array<float>, label long").repartition(2)
+            df.cache().count()
+            predictor = TFPredictor(net, batch_per_thread=32)
+            rows = []
+            for name, action in ACTIONS:
+                t0 = time.perf_counter()
+                action(df.withColumn("o", column("label")) if side == "pandas_udf" else
+                       predictor.predict(df, feature_cols="pixels"))
+                rows.append((name, round(time.perf_counter() - t0, 2)))
+            spark.stop()
+            out["seconds"].setdefault(side, []).append(rows)
+    sides = list(out["seconds"])
+    medians = {side: [statistics.median(rounds[k][i][1] for k in range(args.rounds)) for i in range(len(ACTIONS))]
+               for side, rounds in out["seconds"].items()}
+    out["median_seconds"] = {side: dict(zip([f"{i} {n}" for i, (n, _) in enumerate(ACTIONS)], m))
+                             for side, m in medians.items()}
+    out["total_seconds"] = {side: round(sum(m), 2) for side, m in medians.items()}
+    out["eager_keras_over_tfnet"] = round(out["total_seconds"]["tfpredictor_eager_keras"]
+                                          / out["total_seconds"]["tfpredictor"], 3)
+    print(f"medians of {args.rounds} round(s), seconds an action, each on a new DataFrame (Spark local[2])")
+    print(f"{'action':18}" + "".join(f"{side:>26}" for side in sides))
+    for i, (name, _) in enumerate(ACTIONS):
+        print(f"{name:18}" + "".join(f"{medians[side][i]:26.2f}" for side in sides))
+    print(f"{'all':18}" + "".join(f"{out['total_seconds'][side]:26.2f}" for side in sides))
+    print(f"TensorFlow's own import (Keras loaded) / tfnet's, all actions: {out['eager_keras_over_tfnet']}")
     finish(args.json, out)
     return out
 

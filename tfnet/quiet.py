@@ -8,6 +8,9 @@ warnings and errors still show). ``TFNET_VERBOSE=1`` turns the filtering off. Im
 imports TensorFlow that way (``tfnet/__init__`` does it first), so ``import tfnet`` before anything
 else imports TensorFlow (``import keras``, ``import tensorflow``) keeps the banner out of a program.
 
+It also leaves Keras unloaded (:func:`without_eager_keras`): TensorFlow's own import loads all of Keras, which
+most of tfnet's processes never use.
+
 Nothing here runs unless tfnet is imported: tfnet installs no start-up hook (no ``.pth`` file), so it
 cannot filter an import of TensorFlow that came before its own.
 """
@@ -20,9 +23,11 @@ import re
 import sys
 import tempfile
 
-__all__ = ["VERBOSE_ENV", "filtered_stderr", "import_tensorflow", "noisy"]
+__all__ = ["EAGER_KERAS_ENV", "VERBOSE_ENV", "filtered_stderr", "import_tensorflow", "noisy", "without_eager_keras"]
 
 VERBOSE_ENV = "TFNET_VERBOSE"
+#: Set (not ``0``): TensorFlow's import loads Keras, as TensorFlow does alone (:func:`without_eager_keras`).
+EAGER_KERAS_ENV = "TFNET_EAGER_KERAS"
 # What TensorFlow writes to stderr on import that is not a real problem.
 _TF_NOISE = re.compile(
     r"All log messages before absl::InitializeLog|port\.cc:\d+\] oneDNN custom operations|cpu_feature_guard|"
@@ -63,15 +68,44 @@ def filtered_stderr():
                 sys.stderr.write("\n".join(kept) + "\n")
 
 
+#: What TensorFlow's ``__init__`` imports last, "so that any function/method that needs to happen at load time will
+#: trigger, eg registration of optimizers in the SavedModel registry": for tf_keras. Keras 3 registers nothing there
+#: (no global TensorFlow state either), but importing it loads all of Keras, scikit-learn and matplotlib with it.
+_EAGER_KERAS = "keras.src.optimizers"
+
+
+@contextlib.contextmanager
+def without_eager_keras():
+    """TensorFlow imported inside leaves Keras unloaded: its eager ``import_module`` of :data:`_EAGER_KERAS` raises
+    ``ImportError``, which TensorFlow catches and passes over. That was 1.5 s of a 3.5 s ``import tensorflow`` in every
+    Spark Python worker and rank process (2-core AMD EPYC; docs/benchmarks.md), most of which never use Keras; Keras
+    loads as usual when something imports it (``import keras``, ``tf.keras``, :meth:`TFNet.from_keras`). Does nothing
+    where Keras is loaded already, with ``TF_USE_LEGACY_KERAS`` (tf_keras's registrations are real), or with
+    ``TFNET_EAGER_KERAS=1`` (TensorFlow's own behaviour: ``spark.executorEnv.TFNET_EAGER_KERAS`` for the workers)."""
+    legacy = os.environ.get("TF_USE_LEGACY_KERAS", "") in ("true", "True", "1")
+    eager = os.environ.get(EAGER_KERAS_ENV, "0") not in ("", "0")
+    if legacy or eager or "keras" in sys.modules or _EAGER_KERAS in sys.modules:
+        yield
+        return
+    sys.modules[_EAGER_KERAS] = None  # an import of it raises ModuleNotFoundError
+    try:
+        yield
+    finally:
+        if sys.modules.get(_EAGER_KERAS, False) is None:
+            del sys.modules[_EAGER_KERAS]
+
+
 def import_tensorflow():
-    """Imports TensorFlow, keeping its start-up banner out of stderr (unless :func:`noisy`).
-    Returns the module. Where TensorFlow is imported already, its banner (if any) was printed then."""
-    if "tensorflow" in sys.modules or noisy():
+    """Imports TensorFlow, keeping its start-up banner out of stderr (unless :func:`noisy`) and Keras unloaded
+    (:func:`without_eager_keras`). Returns the module. Where TensorFlow is imported already, its banner (if any) was
+    printed then, and Keras loaded with it."""
+    if "tensorflow" in sys.modules:
         import tensorflow
 
         return tensorflow
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    with filtered_stderr():
+    if not noisy():
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    with filtered_stderr(), without_eager_keras():
         import tensorflow
     return tensorflow
 

@@ -14,6 +14,22 @@ from tests.side_by_side import SideBySide
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BANNER = ("oneDNN custom operations", "absl::InitializeLog", "cpu_feature_guard", "To enable the following instructions")
+# ``import tfnet`` leaves Keras (and scikit-learn, matplotlib) unloaded; Keras, imported after, builds a model that
+# tfnet freezes to Keras's own outputs, and ``tf.keras`` is Keras 3, as in a program without tfnet.
+KERAS_LATER = """
+import sys
+import numpy as np
+import tfnet
+import tensorflow as tf
+print("LOADED", "keras" in sys.modules, "sklearn" in sys.modules, "matplotlib" in sys.modules)
+import keras
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(3)])
+x = np.random.default_rng(0).normal(size=(5, 6)).astype(np.float32)
+net = tfnet.TFNet.from_keras(model)
+print("DIFF", float(np.max(np.abs(net.forward(x) - model.predict(x, verbose=0)))))
+print("TF.KERAS", tf.keras.layers.Dense is keras.layers.Dense, tf.keras.__version__ == keras.__version__)
+"""
 #: Each program, with what its environment adds.
 PROGRAMS = {
     "tfnet": ("import tfnet; print('ready', tfnet.TFNet.__name__)", {}),
@@ -21,6 +37,9 @@ PROGRAMS = {
                     {}),
     "keras first": ("import sys; import keras; import tfnet; print([m for m in sys.modules if 'quiet' in m])", {}),
     "verbose": ("import tfnet", {"TFNET_VERBOSE": "1"}),
+    "keras later": (KERAS_LATER, {}),
+    "keras eager": ("import sys, tfnet; print('keras' in sys.modules, 'sklearn' in sys.modules)",
+                    {"TFNET_EAGER_KERAS": "1"}),
 }
 
 
@@ -79,3 +98,21 @@ def test_only_the_known_start_up_lines_are_dropped(capfd, monkeypatch):
                     b"I0000 cpu_feature_guard.cc:227] This TensorFlow binary is optimized\n"
                     b"kept: a real warning\n")
     assert capfd.readouterr().err.splitlines() == ["kept: a real warning"]
+
+
+def test_import_tfnet_leaves_keras_unloaded_until_something_imports_it(fresh):
+    """TensorFlow's own import loads all of Keras (with scikit-learn and matplotlib): 1.5 s of every Spark worker's and
+    rank's start that most never use. ``import tfnet`` skips it; Keras imported after works as in any program."""
+    proc = fresh.result("keras later")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.split(" ", 1)[0].isupper())
+    assert lines["LOADED"] == "False False False", proc.stdout
+    assert float(lines["DIFF"]) < 1e-6, proc.stdout
+    assert lines["TF.KERAS"] == "True True", proc.stdout
+    assert banner(proc) == [], proc.stderr
+
+
+def test_tfnet_eager_keras_gives_tensorflows_own_import(fresh):
+    proc = fresh.result("keras eager")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["True", "True"], proc.stdout
