@@ -64,9 +64,12 @@ def logged(tmp_path_factory):
         mlflow.set_tracking_uri("file:" + str(folder / "mlruns"))
         try:
             out = {}
-            # an experiment of this store (the active one may be an earlier test's, in another store)
-            experiment = mlflow.set_experiment("tfnet-model-inputs")
-            with mlflow.start_run(experiment_id=experiment.experiment_id):
+            # an experiment of this store (the active one may be an earlier test's, in another store), made without
+            # mlflow.set_experiment: that would make it the process's active experiment (and MLFLOW_EXPERIMENT_ID) for
+            # every later test, whose new runs in other stores then look for it there and fail (test_distributed.py's
+            # MLflowLogger run did, right after this module)
+            experiment_id = mlflow.tracking.MlflowClient().create_experiment("tfnet-model-inputs")
+            with mlflow.start_run(experiment_id=experiment_id):
                 for kind, shapes in MODELS.items():
                     model = keras_model(shapes)
                     expected = np.asarray(model([DATA[kind][n] for n in shapes]))
