@@ -35,9 +35,14 @@ _TF_NOISE = re.compile(
 )
 
 
+def _switched_on(name: str) -> bool:
+    """Whether the environment variable ``name`` is set to something other than ``""`` or ``0``."""
+    return os.environ.get(name, "0") not in ("", "0")
+
+
 def noisy() -> bool:
     """True when the user asked for other libraries' output (``TFNET_VERBOSE`` set, not ``0``)."""
-    return os.environ.get(VERBOSE_ENV, "0") not in ("", "0")
+    return _switched_on(VERBOSE_ENV)
 
 
 @contextlib.contextmanager
@@ -83,8 +88,7 @@ def without_eager_keras():
     where Keras is loaded already, with ``TF_USE_LEGACY_KERAS`` (tf_keras's registrations are real), or with
     ``TFNET_EAGER_KERAS=1`` (TensorFlow's own behaviour: ``spark.executorEnv.TFNET_EAGER_KERAS`` for the workers)."""
     legacy = os.environ.get("TF_USE_LEGACY_KERAS", "") in ("true", "True", "1")
-    eager = os.environ.get(EAGER_KERAS_ENV, "0") not in ("", "0")
-    if legacy or eager or "keras" in sys.modules or _EAGER_KERAS in sys.modules:
+    if legacy or _switched_on(EAGER_KERAS_ENV) or "keras" in sys.modules or _EAGER_KERAS in sys.modules:
         yield
         return
     sys.modules[_EAGER_KERAS] = None  # an import of it raises ModuleNotFoundError
