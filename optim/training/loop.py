@@ -27,13 +27,7 @@ from optim.training.callbacks import CallbackRun
 from optim.training.checkpoint import Checkpoint, CheckpointManager, new_run_id
 from optim.training.checks import check_batch_labels
 from optim.training.collective import Collective, LocalCollective
-from optim.training.evaluation import (
-    Accumulators,
-    batch_len,
-    evaluate,
-    metrics_copy,
-    update_metrics,
-)
+from optim.training.evaluation import Accumulators, batch_len, evaluate, metrics_copy, update_metrics
 from optim.training.exchange import make_exchange
 from optim.training.liveness import Liveness
 from optim.training.notice import StepNotice
@@ -448,18 +442,22 @@ class _Run:
         self.reporter.epoch_end(epoch, self.global_step, logs)
 
     def save_checkpoint(self, epoch: int, batch: int) -> None:
-        """Rank 0 writes a checkpoint (with ``model_dir``): weights, optimiser state, counters, history.
-        Every rank waits for the write in a phase of the long bound (a slow write is not a dead rank)."""
+        """Rank 0 writes a checkpoint (with ``model_dir``): weights, optimiser state, counters, history. Every rank
+        reports it first (what its steps trained: :mod:`optim.rank.tally`), then the ranks meet, so a checkpoint that
+        exists was reported by every rank, whichever dies after; every rank waits for the write in a phase of the
+        long bound (a slow write is not a dead rank)."""
         if self.manager is None:
             return
         self.settle()
+        self.reporter.checkpoint(self.global_step, epoch, batch)
         with self.alive.phase("writing a checkpoint"):
             peers = self._peer_states()
+            if self.collective.size > 1:
+                self.collective.allreduce_sum(np.zeros(1))  # every rank has reported it
             if self.chief:
                 self._write_checkpoint(epoch, batch, peers)
             if self.collective.size > 1:
                 self.collective.allreduce_sum(np.zeros(1))  # the others wait here, not in the next step
-        self.reporter.checkpoint(self.global_step, epoch, batch)  # on every rank: what the checkpoint's steps trained
 
     def _write_checkpoint(self, epoch: int, batch: int, peers: list[list[np.ndarray]]) -> None:
         seed = self.config.seed

@@ -129,3 +129,25 @@ def test_a_stage_whose_slots_are_lost_is_ended_by_the_watch():
     assert run.lost_slots(SimpleNamespace(n=1))() is None
     assert _DistributedRun(None, SimpleNamespace(counts_slots=False), RetryPolicy(2), verbose=0, timeout=60,
                            startup_timeout=600, slot_wait=0, steps_per_epoch=None).lost_slots(SimpleNamespace(n=2)) is None
+
+
+def test_every_rank_reports_a_checkpoint_before_it_is_written(tmp_path):
+    """The loop's ``checkpoint`` event (the tally's mark) comes before rank 0 writes the file, and the ranks meet in
+    between (optim.training.loop.save_checkpoint): so a checkpoint that a resume can take was marked by every rank,
+    the one killed just after it included. Checked here on one rank: at each event, no file of that step yet."""
+    from optim.training.reporting import Reporter
+
+    x, y = digits.load()
+    config = TrainConfig(epochs=1, batch_size=32, checkpoint_every=2, keep_checkpoints=10, model_dir=str(tmp_path),
+                         run_id="20261201-000000-000000-cccc")
+    folder = tmp_path / "checkpoints" / config.run_id
+    seen = []
+
+    class Marks(Reporter):
+        def checkpoint(self, step, epoch, batch):
+            seen.append((step, epoch, batch, os.path.exists(folder / f"ckpt-{step:09d}.npz")))
+
+    net = TFNet.from_keras(digits.cnn(classes=10, seed=0))
+    train(net, SCE, optim.SGD(0.05), [], ArrayDataset.from_tensors((x[:96], y[:96])), config, reporter=Marks())
+    assert seen == [(2, 0, 2, False), (3, 1, 0, False)], seen
+    assert sorted(p.name for p in folder.glob("ckpt-*.npz")) == ["ckpt-000000002.npz", "ckpt-000000003.npz"]
