@@ -5,11 +5,11 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.tfnet-installed
 TESTS  ?= tests
 PYTEST_ARGS ?=
-# pytest workers (pytest-xdist). One process by default: on CI's 2 cores two workers did not shorten the suite (62.4
-# min of tests against 50-61 in one process: the cores are already busy, and each test ran 2-3x slower beside another;
-# docs/benchmarks.md). TEST_WORKERS=2 runs two: tests/conftest.py keeps each module in one worker and runs the modules
-# that use the whole machine's network, Docker engine or shared cluster (pytest.ini) in one worker.
-TEST_WORKERS ?= 0
+# pytest workers (pytest-xdist), as two lanes (tests/conftest.py): the first runs every test module but pytest.ini's
+# one_core_modules, one test after another as one process would; the second runs those, in-process TensorFlow modules
+# that keep one core busy, with TensorFlow at one thread, beside it. On CI's 2 cores the rest keep 1.4 cores busy
+# (docs/benchmarks.md). TEST_WORKERS=0 runs one process.
+TEST_WORKERS ?= 2
 
 export TF_ENABLE_ONEDNN_OPTS ?= 1
 export TF_CPP_MIN_LOG_LEVEL ?= 2

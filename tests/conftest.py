@@ -6,10 +6,10 @@
 * docker: the cluster image and a compose cluster on a real Docker engine (tests/docker/; set up by
   scripts/docker_env.sh, never skipped in CI).
 
-``make test TEST_WORKERS=2`` runs two pytest workers (pytest-xdist): each test module goes whole to one worker (its module-scoped
-fixtures are made once), and the modules that use what the whole machine shares (pytest.ini's ``machine_modules``:
-network namespaces and iptables, the Docker engine, the standalone cluster of ``tests/cluster_fixture.py``) go to one
-worker, one after another (:func:`pytest_xdist_make_scheduler`).
+``make test`` runs two pytest workers (pytest-xdist) as two lanes (:func:`pytest_xdist_make_scheduler`): the first
+worker runs every module but pytest.ini's ``one_core_modules``, one test after another in collection order, as one
+process would; the second runs those, in-process TensorFlow modules that keep one core busy, with TensorFlow at one
+thread, beside the first. ``make test TEST_WORKERS=0`` runs one process.
 """
 
 import os
@@ -27,9 +27,17 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 TEST_SPARK_CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark-conf")
 os.environ.setdefault("SPARK_CONF_DIR", TEST_SPARK_CONF)
 os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", "-XX:TieredStopAtLevel=1")
+#: The pytest-xdist worker of the one-core lane (pytest.ini's one_core_modules): TensorFlow's thread pools there have one
+#: thread, read from the environment as TensorFlow starts (its own variables), so that the lane keeps one core busy
+#: and the first worker's Spark, JVMs and ranks have the other. xdist names its workers before this file is imported.
+ONE_CORE_WORKER = "gw1"
+if os.environ.get("PYTEST_XDIST_WORKER") == ONE_CORE_WORKER:
+    os.environ["TF_NUM_INTRAOP_THREADS"] = "1"
+    os.environ["TF_NUM_INTEROP_THREADS"] = "1"
 
 import json  # noqa: E402
 import re  # noqa: E402
+import time  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -144,8 +152,30 @@ def pytest_make_collect_report(collector):
     _refuse_skip_in_ci(outcome.get_result())
 
 
-def pytest_terminal_summary(terminalreporter):
-    """One line for the hardware skips, with the CPU that caused them; every duration to DURATIONS_FILE."""
+_SESSION = pytest.StashKey[tuple]()
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_SESSION] = (time.monotonic(), _machine_busy_s())
+
+
+@pytest.fixture
+def summary_line(request):
+    """``summary_line(text)`` adds a line to the end of the run's output (what an outside suite passed, say), where
+    pytest-xdist's controller writes it too: a worker's own prints are not shown."""
+    return lambda text: request.node.user_properties.append(("summary", text))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The tests' summary lines, one line for the hardware skips with the CPU that caused them, the machine's load;
+    every duration to DURATIONS_FILE. Only where the run's summary is written (not in a pytest-xdist worker)."""
+    if hasattr(config, "workerinput"):
+        return
+    reports = [r for key in ("passed", "failed", "error", "") for r in terminalreporter.stats.get(key, [])]
+    for report in reports:
+        for name, text in getattr(report, "user_properties", ()):
+            if name == "summary":
+                terminalreporter.write_line(text)
     skipped = [r for r in terminalreporter.stats.get("skipped", []) if HARDWARE_SKIPS.search(_skip_reason(r))]
     if skipped:
         from tfnet.precision import cpu_flags, cpu_model  # imports TensorFlow (3 s): only where the line is written
@@ -153,12 +183,12 @@ def pytest_terminal_summary(terminalreporter):
         flags = sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8"})
         terminalreporter.write_line(f"hardware skips: {len(skipped)} test(s) need a feature this CPU lacks "
                                     f"({cpu_model()}; flags {' '.join(flags) or 'none of note'})")
-    # (a set-up or teardown that passed is filed under "": the module fixtures' clusters and image builds)
+    # (a set-up or teardown that passed is filed under "": the module fixtures' clusters and image builds). The
+    # busy CPU-seconds are the whole machine's, so in two lanes a phase's count includes the other lane's work.
     durations = sorted(((r.nodeid, r.when, round(r.duration, 2), round(getattr(r, "machine_cpu_s", None) or 0, 1))
-                        for key in ("passed", "failed", "error", "")
-                        for r in terminalreporter.stats.get(key, []) if hasattr(r, "duration")),
-                       key=lambda row: -row[2])
-    wall, busy = sum(row[2] for row in durations), sum(row[3] for row in durations)
+                        for r in reports if hasattr(r, "duration")), key=lambda row: -row[2])
+    started, busy_before = config.stash.get(_SESSION, (time.monotonic(), _machine_busy_s()))
+    wall, busy = time.monotonic() - started, _machine_busy_s() - busy_before
     if wall >= 60:
         terminalreporter.write_line(f"the machine during the tests: {busy:.0f} busy CPU-seconds in {wall:.0f} s, "
                                     f"{busy / wall:.2f} of its {os.cpu_count()} cores on average ({DURATIONS_FILE})")
@@ -177,8 +207,9 @@ def pytest_configure(config):
                                        "the Docker engine, the shared standalone cluster): never beside another such test")
 
 
-#: The pytest-xdist group of every test that uses what the whole machine shares.
-MACHINE_GROUP = "machine"
+#: make test's two lanes (pytest-xdist workers): the main one, and the one-core one of pytest.ini's one_core_modules.
+MAIN_LANE, ONE_CORE_LANE = "main", "one-core"
+LANE_WORKER = {MAIN_LANE: "gw0", ONE_CORE_LANE: ONE_CORE_WORKER}
 #: A test module that imports from these makes network namespaces (and sweeps away stale ones: tests/netns.py).
 _NETNS_MODULES = ("tests.netns", "tests.netns_cluster")
 
@@ -192,35 +223,63 @@ def uses_the_machine(item) -> bool:
                 or "standalone_cluster" in getattr(item, "fixturenames", ()))
 
 
-def worker_group(config, nodeid: str) -> str:
-    """The group a test runs in under pytest-xdist: ``machine`` for the modules pytest.ini's ``machine_modules``
-    names (path prefixes), else the test's module. pytest-xdist's controller places tests knowing only their node
-    ids, so the rule is by path; :func:`pytest_collection_modifyitems` checks it against what each test uses."""
+def lane(config, nodeid: str) -> str:
+    """The lane a test runs in: the one-core lane for the modules pytest.ini's ``one_core_modules`` names (path
+    prefixes), else the main one. pytest-xdist's controller places tests knowing only their node ids, so the rule
+    is by path; :func:`pytest_collection_modifyitems` checks what each one-core test uses."""
     module = nodeid.split("::")[0]
-    return MACHINE_GROUP if module.startswith(tuple(config.getini("machine_modules"))) else module
+    return ONE_CORE_LANE if module.startswith(tuple(config.getini("one_core_modules"))) else MAIN_LANE
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """``make test TEST_WORKERS=2``'s workers take whole groups (:func:`worker_group`): a module's tests in one worker (its module
-    fixtures are made once) and the ``machine`` group's in one worker, one after another. pytest-xdist's own
-    ``--dist loadgroup`` does not group on pytest 9.2 (pytest-xdist#1386: it renames node ids, which pytest 9.2 no
-    longer lets it do), so this is its scope scheduler with the group as the scope, through xdist's own hook."""
+    """make test's two workers as two lanes (:func:`lane`). The first worker (gw0) takes the main lane, every test
+    in collection order, one after another, as one process runs them: module fixtures made once, and the tests that
+    use what the whole machine shares (namespaces, the Docker engine, the shared cluster) never side by side. The
+    second (gw1, TensorFlow at one thread) takes the one-core lane. A lane whose worker is missing (one worker, or
+    one that crashed and was replaced) goes to whichever worker asks next. This is pytest-xdist's scope scheduler
+    with the lane as the scope, through xdist's own hook (its ``--dist loadgroup`` does not group on pytest 9.2:
+    pytest-xdist#1386)."""
     from xdist.scheduler import LoadScopeScheduling
 
-    # groups in collection order, not xdist's default of most tests first: tests/docker/ is collected first, so the
-    # machine group, the longest by far, starts at once and the other worker takes the modules one at a time
-    config.option.loadscopereorder = False
-
-    class ByGroup(LoadScopeScheduling):
+    class Lanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return worker_group(self.config, nodeid)
+            return lane(self.config, nodeid)
 
-    return ByGroup(config, log)
+        def _assign_work_unit(self, node) -> None:
+            workers = {n.gateway.id for n in self.nodes}
+            own = ONE_CORE_LANE if node.gateway.id == ONE_CORE_WORKER else MAIN_LANE
+            free = [name for name in self.workqueue if name == own or LANE_WORKER[name] not in workers]
+            if not free:
+                return
+            work_unit = self.workqueue.pop(free[0])
+            self.assigned_work.setdefault(node, {})[free[0]] = work_unit
+            collection = self.registered_collections[node]
+            node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
+
+        def schedule(self) -> None:
+            assert self.collection_is_completed
+            if self.collection is not None:
+                for node in self.nodes:
+                    self._reschedule(node)
+                return
+            if not self._check_nodes_have_same_collection():
+                self.log("**Different tests collected, aborting run**")
+                return
+            self.collection = list(next(iter(self.registered_collections.values())))
+            for nodeid in self.collection:
+                self.workqueue.setdefault(self._split_scope(nodeid), {})[nodeid] = False
+            for node in self.nodes:
+                self._assign_work_unit(node)
+            for node in self.nodes:  # a worker stops once its lane is done and nothing is left to take
+                self._reschedule(node)
+
+    return Lanes(config, log)
 
 
 def pytest_addoption(parser):
-    parser.addini("machine_modules", "test modules (path prefixes) that use what the whole machine shares: they run "
-                  "in one pytest-xdist worker, one after another", type="linelist", default=[])
+    parser.addini("one_core_modules", "in-process TensorFlow test modules (path prefixes) that keep one core busy: "
+                  "make test runs them in a second pytest-xdist worker, with TensorFlow at one thread, beside the "
+                  "rest", type="linelist", default=[])
 
 
 def pytest_collection_modifyitems(config, items):
@@ -228,12 +287,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if not any(item.get_closest_marker(m) for m in ("spark", "parallel", "docker")):
             item.add_marker(pytest.mark.unit)
-        if uses_the_machine(item) and worker_group(config, item.nodeid) != MACHINE_GROUP:
+        elif lane(config, item.nodeid) == ONE_CORE_LANE:
+            strays.add(item.nodeid.split("::")[0])
+        if uses_the_machine(item) and lane(config, item.nodeid) == ONE_CORE_LANE:
             strays.add(item.nodeid.split("::")[0])
     if strays:
-        raise pytest.UsageError(f"{', '.join(sorted(strays))}: uses what the whole machine shares (network namespaces, "
-                                "the Docker engine, the standalone cluster) but is not in pytest.ini's machine_modules, "
-                                "so pytest-xdist could run it beside another such test: add it there")
+        raise pytest.UsageError(f"{', '.join(sorted(strays))}: in pytest.ini's one_core_modules, but starts Spark, "
+                                "Horovod ranks or Docker, or uses what the whole machine shares (network namespaces, "
+                                "the standalone cluster), which would run beside the main lane: take it off the list")
 
 
 @pytest.fixture

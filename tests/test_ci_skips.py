@@ -19,8 +19,8 @@ SUITE = textwrap.dedent("""
     def test_needs_bf16():
         pass
 
-    def test_plain():
-        pass
+    def test_plain(summary_line):
+        summary_line("the plain test says this at the end")
 """)
 
 
@@ -36,6 +36,7 @@ def test_a_skip_fails_under_ci_unless_it_is_hardware(tmp_path):
     assert "1 failed, 1 passed, 1 skipped" in done.stdout, done.stdout[-3000:]
     assert "skipped under CI=true: the server is not installed" in done.stdout
     assert "hardware skips: 1 test(s) need a feature this CPU lacks (" in done.stdout
+    assert "\nthe plain test says this at the end\n" in done.stdout, done.stdout[-3000:]
 
 
 def test_a_module_that_skips_fails_under_ci(tmp_path):
@@ -49,18 +50,19 @@ def test_skips_stay_skips_outside_ci(tmp_path):
 
 
 def test_a_skip_fails_under_ci_in_two_workers_as_make_test_runs_them(tmp_path):
-    """make test TEST_WORKERS=2 runs pytest-xdist's workers: the skip becomes a failure in the worker, and the controller, which
-    writes the summary, still sees it as one, and still sums up the hardware skips."""
+    """make test runs pytest-xdist's workers: the skip becomes a failure in the worker, and the controller, which
+    writes the summary, still sees it as one, sums up the hardware skips and writes the tests' summary lines (a
+    worker's own prints are not shown)."""
     done = _run(tmp_path, "true", SUITE, "-n", "2")
     assert done.returncode == 1, done.stdout[-3000:]
     assert "1 failed, 1 passed, 1 skipped" in done.stdout, done.stdout[-3000:]
     assert "skipped under CI=true: the server is not installed" in done.stdout
     assert "hardware skips: 1 test(s) need a feature this CPU lacks (" in done.stdout
-
+    assert "\nthe plain test says this at the end\n" in done.stdout, done.stdout[-3000:]
 
 
 def _module(prefix: str, machine: bool = False) -> str:
-    """A test module of four tests that each write their name and worker to ran.txt."""
+    """A test module of four tests that each write their name, worker and TensorFlow's thread setting to ran.txt."""
     return textwrap.dedent(f"""
         import os, time
         import pytest
@@ -69,14 +71,15 @@ def _module(prefix: str, machine: bool = False) -> str:
         @pytest.mark.parametrize("i", range(4))
         def test_one(i):
             with open(os.path.join(os.path.dirname(__file__), "ran.txt"), "a") as f:
-                f.write(f"{prefix} {{os.environ['PYTEST_XDIST_WORKER']}}" + chr(10))
+                threads = os.environ.get("TF_NUM_INTRAOP_THREADS", "-") + os.environ.get("TF_NUM_INTEROP_THREADS", "-")
+                f.write(f"{prefix} {{os.environ.get('PYTEST_XDIST_WORKER', 'none')}} {{threads}}" + chr(10))
             time.sleep(0.3)
     """)
 
 
-def _grouped_suite(tmp_path, listed: tuple[str, ...]) -> None:
+def _laned_suite(tmp_path, listed: tuple[str, ...]) -> None:
     (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F401,F403\n")
-    (tmp_path / "pytest.ini").write_text("[pytest]\nmachine_modules =\n" + "".join(f"    {m}\n" for m in listed))
+    (tmp_path / "pytest.ini").write_text("[pytest]\none_core_modules =\n" + "".join(f"    {m}\n" for m in listed))
     for prefix, machine in (("a", False), ("b", False), ("c", False), ("m1", True), ("m2", True)):
         (tmp_path / f"test_{prefix}.py").write_text(_module(prefix, machine))
 
@@ -88,24 +91,33 @@ def _pytest(tmp_path, *args: str, ci: str = ""):
                           text=True, timeout=300)
 
 
-def test_two_workers_keep_a_module_and_the_machine_group_together(tmp_path):
-    """make test TEST_WORKERS=2's workers: every test of a module runs in one worker (its module fixtures are made once), and the
-    modules that use the whole machine (pytest.ini's machine_modules) in one worker. Without the grouping,
-    pytest-xdist spreads each module's tests over both workers (and its own --dist loadgroup does on pytest 9.2)."""
-    _grouped_suite(tmp_path, ("test_m1.py", "test_m2.py"))
+def _ran(tmp_path) -> list[tuple[str, str, str]]:
+    return [tuple(line.split()) for line in (tmp_path / "ran.txt").read_text().splitlines()]
+
+
+def test_two_workers_are_two_lanes_the_one_core_modules_beside_the_rest_in_order(tmp_path):
+    """make test's workers: the first runs every module but pytest.ini's one_core_modules, one test after another in
+    collection order (the machine's modules among them, never side by side); the second runs the listed ones with
+    TensorFlow at one thread. pytest-xdist's own scheduling spreads the tests over both workers, machine's included."""
+    _laned_suite(tmp_path, ("test_a.py", "test_b.py"))
     done = _pytest(tmp_path, "-n", "2")
     assert done.returncode == 0 and "20 passed" in done.stdout, done.stdout[-3000:]
-    ran = [line.split() for line in (tmp_path / "ran.txt").read_text().splitlines()]
-    worker: dict[str, set[str]] = {}
-    for prefix, gw in ran:
-        worker.setdefault(prefix, set()).add(gw)
-    assert len(ran) == 20 and all(len(gws) == 1 for gws in worker.values()), worker
-    assert worker["m1"] == worker["m2"], worker
-    assert {gw for gws in worker.values() for gw in gws} == {"gw0", "gw1"}, worker  # both workers had work
+    ran = _ran(tmp_path)
+    assert sorted(ran) == sorted([(p, "gw1", "11") for p in ("a", "b") for _ in range(4)]
+                                 + [(p, "gw0", "--") for p in ("c", "m1", "m2") for _ in range(4)]), ran
+    assert [p for p, gw, _ in ran if gw == "gw0"] == ["c"] * 4 + ["m1"] * 4 + ["m2"] * 4, ran
 
 
-def test_a_module_that_uses_the_machine_must_be_listed(tmp_path):
-    _grouped_suite(tmp_path, ("test_m1.py",))
+def test_one_worker_runs_both_lanes(tmp_path):
+    """With one worker (or where the one-core lane's worker is gone) the lane waits for no one: the first takes it."""
+    _laned_suite(tmp_path, ("test_a.py",))
+    done = _pytest(tmp_path, "-n", "1")
+    assert done.returncode == 0 and "20 passed" in done.stdout, done.stdout[-3000:]
+    assert {gw for _, gw, _ in _ran(tmp_path)} == {"gw0"}
+
+
+def test_a_one_core_module_must_not_use_the_machine(tmp_path):
+    _laned_suite(tmp_path, ("test_a.py", "test_m2.py"))
     done = _pytest(tmp_path, "--collect-only")
     assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "test_m2.py: uses what the whole machine shares" in done.stderr, done.stderr[-3000:]
+    assert "test_m2.py: in pytest.ini's one_core_modules, but starts Spark" in done.stderr, done.stderr[-3000:]

@@ -18,19 +18,18 @@ def known() -> dict[str, str]:
     return {name: reason for name, reason in rows}
 
 
-def test_keras_layer_tests_pass_through_from_keras(capsys):
+def test_keras_layer_tests_pass_through_from_keras(summary_line):
     import keras
 
     verdicts = run_suite(processes=2)
     counts = collections.Counter(v.outcome for v in verdicts)
     reasons = collections.Counter(v.reason for v in verdicts if v.outcome == "n/a")
-    with capsys.disabled():
-        print(f"\nkeras {keras.__version__} layer tests through from_keras: {len(verdicts)} run_layer_test calls; "
-              + ", ".join(f"{k} {counts[k]}" for k in ("equal", "differs", "error", "n/a"))
-              + "; not applicable: " + ", ".join(f"{r} {n}" for r, n in reasons.most_common()))
-        for v in verdicts:
-            if v.outcome in ("differs", "error"):
-                print(f"  {v.outcome}: {v.name} ({v.layer}): {v.reason}")
+    summary_line(f"keras {keras.__version__} layer tests through from_keras: {len(verdicts)} run_layer_test calls; "
+                 + ", ".join(f"{k} {counts[k]}" for k in ("equal", "differs", "error", "n/a"))
+                 + "; not applicable: " + ", ".join(f"{r} {n}" for r, n in reasons.most_common()))
+    for v in verdicts:
+        if v.outcome in ("differs", "error"):
+            summary_line(f"  {v.outcome}: {v.name} ({v.layer}): {v.reason}")
     allowed = known()
     unexpected = [f"{v.name} ({v.layer}) {v.outcome}: {v.reason}" for v in verdicts
                   if v.outcome in ("differs", "error") and v.name not in allowed]

@@ -43,10 +43,10 @@ def report():
 
 
 @pytest.mark.slow  # the tier: about 30 s on 2 cores, the nine light networks most of it
-def test_every_case_passes_or_is_known_with_its_reason(report, capsys):
+def test_every_case_passes_or_is_known_with_its_reason(report, summary_line):
     version, known = known_list()
-    with capsys.disabled():
-        print("\n" + report.summary())
+    for line in report.summary().splitlines():
+        summary_line(line)
     assert onnx.__version__ == version, (f"the list of known failures was made with onnx {version}; this is onnx "
                                          f"{onnx.__version__}: install the test extra, or run "
                                          "scripts/onnx_model_suite_known.py")
@@ -66,13 +66,12 @@ def test_every_case_passes_or_is_known_with_its_reason(report, capsys):
 
 
 @pytest.mark.slow
-def test_no_case_takes_more_than_ten_seconds(report, capsys):
+def test_no_case_takes_more_than_ten_seconds(report, summary_line):
     """Load, convert and forward every data set, in the CPU time of the case's process (every thread): on a
     machine shared with other work the wall-clock time also counts theirs. Both are printed."""
     slowest = sorted(report.results, key=lambda r: -r.cpu_seconds)[:3]
-    with capsys.disabled():
-        print("slowest cases: " + ", ".join(f"{r.name} {r.cpu_seconds:.1f} s of CPU ({r.seconds:.1f} s)"
-                                            for r in slowest))
+    summary_line("slowest cases: " + ", ".join(f"{r.name} {r.cpu_seconds:.1f} s of CPU ({r.seconds:.1f} s)"
+                                               for r in slowest))
     slow = [r for r in slowest if r.cpu_seconds > CASE_SECONDS]
     assert not slow, "cases over 10 s: " + ", ".join(f"{r.name} {r.cpu_seconds:.1f} s of CPU" for r in slow)
 
