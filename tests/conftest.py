@@ -172,7 +172,7 @@ def pytest_terminal_summary(terminalreporter, config):
     if hasattr(config, "workerinput"):
         return
     reports = [r for key in ("passed", "failed", "error", "") for r in terminalreporter.stats.get(key, [])]
-    for report in reports:
+    for report in (r for r in reports if r.when == "call"):  # (every phase's report carries the test's properties)
         for name, text in getattr(report, "user_properties", ()):
             if name == "summary":
                 terminalreporter.write_line(text)
