@@ -8,6 +8,9 @@ import sys
 import textwrap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: The throwaway pytests start as make test does, without the one-core lane's thread settings (this module runs there)
+ENVIRON = {k: v for k, v in os.environ.items() if k not in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS",
+                                                             "PYTEST_XDIST_WORKER")}
 
 SUITE = textwrap.dedent("""
     import pytest
@@ -87,7 +90,7 @@ def _laned_suite(tmp_path, listed: tuple[str, ...]) -> None:
 def _pytest(tmp_path, *args: str, ci: str = ""):
     """A fresh pytest on the throwaway suite in ``tmp_path`` (``CI`` set to ``ci``)."""
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, str(tmp_path)],
-                          env=dict(os.environ, PYTHONPATH=ROOT, CI=ci), cwd=str(tmp_path), capture_output=True,
+                          env=dict(ENVIRON, PYTHONPATH=ROOT, CI=ci), cwd=str(tmp_path), capture_output=True,
                           text=True, timeout=300)
 
 

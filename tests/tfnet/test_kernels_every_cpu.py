@@ -19,6 +19,9 @@ import pytest
 pytest.importorskip("onnx")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: The children run at TensorFlow's own thread counts, as users run it, also from make test's one-core lane (which
+#: sets these for its own process: tests/conftest.py): a kernel's sums are split by thread.
+ENVIRON = {k: v for k, v in os.environ.items() if k not in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")}
 
 CHILD = textwrap.dedent("""
     import itertools, json
@@ -132,7 +135,7 @@ def test_convolution_gradients_match_float64_and_pytorch(setting):
 
     from tfnet.precision import cpu_flags
 
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", **SETTINGS[setting])
+    env = dict(ENVIRON, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", **SETTINGS[setting])
     done = subprocess.run([sys.executable, "-c", CHILD], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -170,7 +173,7 @@ def test_the_self_check_stops_training_on_a_cpu_with_a_wrong_kernel(monkeypatch)
         except KernelCheckError as exc:
             print("REFUSED", opt.global_step, str(exc))
     ''')
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", **SETTINGS["onednn_avx2"])
+    env = dict(ENVIRON, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", **SETTINGS["onednn_avx2"])
     done = subprocess.run([sys.executable, "-c", child], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert "REFUSED 0 TensorFlow's CPU kernels compute a wrong convolution gradient here" in done.stdout, (
