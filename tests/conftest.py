@@ -31,9 +31,14 @@ os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", "-XX:TieredStopAtLevel=1")
 #: thread, read from the environment as TensorFlow starts (its own variables), so that the lane keeps one core busy
 #: and the first worker's Spark, JVMs and ranks have the other. xdist names its workers before this file is imported.
 ONE_CORE_WORKER = "gw1"
+ONE_CORE_ENV = {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
 if os.environ.get("PYTEST_XDIST_WORKER") == ONE_CORE_WORKER:
-    os.environ["TF_NUM_INTRAOP_THREADS"] = "1"
-    os.environ["TF_NUM_INTEROP_THREADS"] = "1"
+    os.environ.update(ONE_CORE_ENV)
+
+
+def environ_without_the_lane() -> dict[str, str]:
+    """``os.environ`` without the one-core lane's settings: for a child that must run as users run it."""
+    return {k: v for k, v in os.environ.items() if k not in (*ONE_CORE_ENV, "PYTEST_XDIST_WORKER")}
 
 import json  # noqa: E402
 import re  # noqa: E402
@@ -285,11 +290,10 @@ def pytest_addoption(parser):
 def pytest_collection_modifyitems(config, items):
     strays = set()
     for item in items:
-        if not any(item.get_closest_marker(m) for m in ("spark", "parallel", "docker")):
+        unit = not any(item.get_closest_marker(m) for m in ("spark", "parallel", "docker"))
+        if unit:
             item.add_marker(pytest.mark.unit)
-        elif lane(config, item.nodeid) == ONE_CORE_LANE:
-            strays.add(item.nodeid.split("::")[0])
-        if uses_the_machine(item) and lane(config, item.nodeid) == ONE_CORE_LANE:
+        if lane(config, item.nodeid) == ONE_CORE_LANE and (not unit or uses_the_machine(item)):
             strays.add(item.nodeid.split("::")[0])
     if strays:
         raise pytest.UsageError(f"{', '.join(sorted(strays))}: in pytest.ini's one_core_modules, but starts Spark, "

@@ -7,10 +7,11 @@ import subprocess
 import sys
 import textwrap
 
+from tests.conftest import environ_without_the_lane
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: The throwaway pytests start as make test does, without the one-core lane's thread settings (this module runs there)
-ENVIRON = {k: v for k, v in os.environ.items() if k not in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS",
-                                                             "PYTEST_XDIST_WORKER")}
+ENVIRON = environ_without_the_lane()
 
 SUITE = textwrap.dedent("""
     import pytest

@@ -16,12 +16,14 @@ import textwrap
 
 import pytest
 
+from tests.conftest import environ_without_the_lane
+
 pytest.importorskip("onnx")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: The children run at TensorFlow's own thread counts, as users run it, also from make test's one-core lane (which
 #: sets these for its own process: tests/conftest.py): a kernel's sums are split by thread.
-ENVIRON = {k: v for k, v in os.environ.items() if k not in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")}
+ENVIRON = environ_without_the_lane()
 
 CHILD = textwrap.dedent("""
     import itertools, json
