@@ -77,8 +77,10 @@ case "$role" in
         ;;
     connect)
         # the Connect server is the application's driver: its executors run on the workers, with the
-        # image's Python (PYSPARK_PYTHON); clients reach it on SPARK_CONNECT_PORT
+        # image's Python (PYSPARK_PYTHON), forked with TensorFlow imported (optim.spark.worker_daemon: a
+        # client cannot set it); clients reach it on SPARK_CONNECT_PORT
         args=(--master "$MASTER_URL" --conf spark.connect.grpc.binding.address=0.0.0.0
+              --conf spark.python.daemon.module=optim.spark.worker_daemon
               --conf "spark.connect.grpc.binding.port=${SPARK_CONNECT_PORT:-15002}")
         if [ -n "${SPARK_LOCAL_IP:-}" ]; then
             args+=(--conf "spark.driver.host=$SPARK_LOCAL_IP")

@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.executor.memory", "1g")
                .config("spark.executorEnv.TF_ENABLE_ONEDNN_OPTS", os.environ["TF_ENABLE_ONEDNN_OPTS"])
-               .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2"))
+               .config("spark.executorEnv.TF_CPP_MIN_LOG_LEVEL", "2")
+               .config("spark.python.daemon.module", "optim.spark.worker_daemon"))  # workers forked with TF
     if os.environ.get("SPARK_LOCAL_IP"):
         builder = builder.config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
     spark = builder.getOrCreate()

@@ -217,7 +217,32 @@ def _tfnet_error_in(text: str) -> tuple[type[Exception], str] | None:
         m = _ERROR_LINE.match(line.strip())
         if m and error_class(m.group(1)) is not None:
             found = m
-    return None if found is None else (error_class(found.group(1)), found.group(2))
+    if found is None:
+        return _daemon_failure_in(text)
+    return error_class(found.group(1)), found.group(2)
+
+
+#: Spark's words when the Python daemon of ``spark.python.daemon.module`` did not start (optim.spark.worker_daemon)
+_DAEMON_FAILED = "EOFException occurred while reading the port number from optim.spark.worker_daemon's stdout"
+#: the daemon's own last words, which Spark quotes: ``<python>: Error while finding module specification for
+#: '<module>' (<error>)``, or the last line of a traceback
+_DAEMON_SPEC = re.compile(r"^\s*(\S+): Error while finding module specification for '[^']+' \((.*)\)\s*$", re.M)
+_DAEMON_SAID = re.compile(r"Error from python worker:\n(.*?)\nPYTHONPATH was:", re.S)
+
+
+def _daemon_failure_in(text: str) -> tuple[type[Exception], str] | None:
+    """A :class:`SparkSetupError` for a worker Python that cannot start tfnet's worker daemon (no tfnet there),
+    which Spark reports only as an ``EOFException`` reading the daemon's port; else None."""
+    if _DAEMON_FAILED not in text:
+        return None
+    spec = _DAEMON_SPEC.search(text)
+    said = _DAEMON_SAID.search(text)
+    lines = [line.strip() for line in said.group(1).splitlines() if line.strip()] if said else []
+    python, why = spec.groups() if spec else ("PYSPARK_PYTHON", lines[-1] if lines else "it exited before it started")
+    return SparkSetupError, (
+        f"The Spark workers' Python ({python}) cannot import tfnet, whose daemon starts them (spark.python.daemon.module "
+        f"= optim.spark.worker_daemon): {why}. Install tfnet there (pip install tfnet, or the same .venv), point "
+        "PYSPARK_PYTHON at a Python that has it, or leave spark.python.daemon.module unset.")
 
 
 def from_spark_error(exc: BaseException) -> BaseException:

@@ -45,11 +45,18 @@ def require_java() -> None:
         raise SparkSetupError(f"Spark 4 needs Java 17 or newer; found Java {version}. Install Java 17 or set JAVA_HOME.")
 
 
+#: tfnet's Python worker daemon (pyspark's, with TensorFlow imported before it forks): the value of
+#: ``spark.python.daemon.module`` that :func:`build_session` sets, and a user's own session may.
+WORKER_DAEMON = "optim.spark.worker_daemon"
+
+
 def build_session(app_name: str = "tfnet", master: str | None = None, conf: dict[str, str] | None = None,
                   verbose: int = 1, warm_up: bool = True):
     """The one SparkSession builder of tfnet (the examples, benchmarks and tests use it): the
     active session if there is one, else a new one on ``master`` (Spark's default when None) with
-    the settings tfnet's workers need, quiet at ``verbose < 2`` (see :mod:`optim.logs`).
+    the settings tfnet's workers need, quiet at ``verbose < 2`` (see :mod:`optim.logs`). Its Python
+    workers are forked with TensorFlow imported (``spark.python.daemon.module``:
+    :mod:`optim.spark.worker_daemon`), so a worker Spark starts mid-application costs no import.
 
     Args:
         app_name: Default ``"tfnet"``.
@@ -76,6 +83,7 @@ def build_session(app_name: str = "tfnet", master: str | None = None, conf: dict
     settings = {
         "spark.ui.showConsoleProgress": "false",
         "spark.executorEnv.TF_ENABLE_ONEDNN_OPTS": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1"),
+        "spark.python.daemon.module": WORKER_DAEMON,
     }
     if os.environ.get("SPARK_LOCAL_IP"):
         settings["spark.driver.host"] = os.environ["SPARK_LOCAL_IP"]

@@ -316,7 +316,8 @@ def test_learning_rate_scaling_helper():
 
 def test_workers_without_tfnet_get_a_clear_error(tmp_path):
     """A Spark whose worker Python lacks tfnet (a fresh, empty virtual environment of this Python):
-    a clear error, in a fresh process because a process holds one SparkContext."""
+    a clear error, under pyspark's worker daemon and under tfnet's (optim.spark.worker_daemon, which that Python
+    cannot even start), in a fresh process because a process holds one SparkContext."""
     import venv
 
     bare = tmp_path / "bare-venv"
@@ -331,20 +332,26 @@ def test_workers_without_tfnet_get_a_clear_error(tmp_path):
         from tfnet import TFNet, TFNetError
         from tests import digits
         from pyspark.sql import SparkSession
-        spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-                 .config("spark.driver.host", "127.0.0.1").getOrCreate())
-        opt = optim.TFOptimizer(TFNet.from_keras(digits.cnn(10)), "mse", optim.SGD(0.1))
-        try:
-            opt.optimize((np.zeros((8, 8, 8, 1)), np.zeros((8, 10))), batch_size=4, num_workers=2, verbose=0)
-        except SparkSetupError as e:
-            print("SETUP-ERROR", e)
+        for daemon in ("pyspark.daemon", "optim.spark.worker_daemon"):
+            spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+                     .config("spark.driver.host", "127.0.0.1").config("spark.python.daemon.module", daemon).getOrCreate())
+            opt = optim.TFOptimizer(TFNet.from_keras(digits.cnn(10)), "mse", optim.SGD(0.1))
+            try:
+                opt.optimize((np.zeros((8, 8, 8, 1)), np.zeros((8, 10))), batch_size=4, num_workers=2, verbose=0)
+            except SparkSetupError as e:
+                print("SETUP-ERROR", daemon, e)
+            spark.stop()
     """)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the workers must not find tfnet's source
     env["PYSPARK_PYTHON"] = python
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env,
                           cwd=str(tmp_path))
-    assert "SETUP-ERROR" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "cannot import tfnet" in proc.stdout and python in proc.stdout
+    errors = [line for line in proc.stdout.splitlines() if line.startswith("SETUP-ERROR ")]
+    assert [line.split()[1] for line in errors] == ["pyspark.daemon", "optim.spark.worker_daemon"], \
+        proc.stdout[-2000:] + proc.stderr[-3000:]
+    # pyspark's daemon: tfnet's probe task reports the failed import; tfnet's: the daemon itself cannot start
+    assert all(f"The Spark workers' Python ({python}) cannot import tfnet" in line for line in errors), errors
+    assert "No module named 'optim'" in errors[1] and "spark.python.daemon.module" in errors[1], errors[1]
 
 
 def test_missing_java_and_horovod_give_clear_errors(monkeypatch):

@@ -1,0 +1,65 @@
+"""Spark's Python worker daemon with TensorFlow already imported. Runs on each executor (and the driver of a
+``local[n]`` session), as ``python -m optim.spark.worker_daemon``, when the session is started with::
+
+    spark.python.daemon.module   optim.spark.worker_daemon
+
+(:func:`optim.spark.session.build_session` sets it.) pyspark starts one daemon per executor, which forks a
+Python worker for each task that finds no idle one. A worker imports TensorFlow when it first unpickles tfnet's
+code, about 3 s on a 2-core machine, and Spark does not reuse a worker whose task ended before reading all of its
+output (``first()``, ``take``, ``limit``, ``show``): each such action after ``TFPredictor.predict`` paid that
+import again. Imported once here (``import optim`` imports it, before this module runs), it is in every worker
+the daemon forks, and its pages are shared between them.
+
+pyspark's own daemon imports its worker module only after the fork, so that no thread exists when it forks
+(pandas and pyarrow start threads as they are imported). TensorFlow starts none until its runtime is first used,
+which happens in the worker. :func:`threads_started_here` checks that against a fresh Python that imports numpy
+alone in the same environment (numpy's BLAS may start threads, which are safe to fork: OpenBLAS stops them before
+a fork and starts them again after). Where the imports started any other thread, the daemon replaces itself with
+pyspark's own, with one line on stderr: the workers then start as they would without this setting. A worker
+Python that cannot import tfnet cannot start this daemon at all; tfnet's errors name that
+(:class:`~optim.errors.SparkSetupError`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+__all__ = ["threads_started_here", "main"]
+
+_STOCK = "pyspark.daemon"
+_COUNT = "import os; print(len(os.listdir('/proc/self/task')))"
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def threads_started_here() -> int | None:
+    """How many more threads this process has than a fresh Python that imports numpy alone, in this environment
+    (the same ``OMP_NUM_THREADS``); None where that cannot be told (no ``/proc``, the fresh Python failed)."""
+    try:
+        mine = _threads()
+        out = subprocess.run([sys.executable, "-c", "import numpy; " + _COUNT], capture_output=True, text=True,
+                             timeout=60, check=True)
+        return mine - int(out.stdout.strip())
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+
+
+def main() -> None:
+    started = threads_started_here()
+    if started is None or started > 0:
+        why = ("a process's threads cannot be counted here" if started is None else
+               f"importing TensorFlow and tfnet started {started} thread(s), and a process with threads must not fork")
+        print(f"tfnet: optim.spark.worker_daemon runs as pyspark's own daemon: {why}", file=sys.stderr, flush=True)
+        # the same process, stdin and stdout (Spark reads the daemon's port from its stdout): pyspark's daemon
+        os.execv(sys.executable, [sys.executable, "-m", _STOCK, *sys.argv[1:]])
+    from pyspark import daemon
+
+    daemon.manager()
+
+
+if __name__ == "__main__":
+    main()
