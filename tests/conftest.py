@@ -36,6 +36,12 @@ if os.environ.get("PYTEST_XDIST_WORKER") == ONE_CORE_WORKER:
     os.environ.update(ONE_CORE_ENV)
 
 
+def lane_cores() -> int:
+    """The cores a test may keep busy: one in the one-core lane (the first worker's tests have the other), else the
+    machine's. For a test that shares its work among processes of its own."""
+    return 1 if os.environ.get("PYTEST_XDIST_WORKER") == ONE_CORE_WORKER else (os.cpu_count() or 1)
+
+
 def environ_without_the_lane() -> dict[str, str]:
     """``os.environ`` without the one-core lane's settings: for a child that must run as users run it."""
     return {k: v for k, v in os.environ.items() if k not in (*ONE_CORE_ENV, "PYTEST_XDIST_WORKER")}

@@ -7,6 +7,7 @@ committed list (tests/fixtures/keras_layer_suite_known.txt, each entry with its 
 import collections
 import os
 
+from tests.conftest import lane_cores
 from tests.tfnet.keras_layer_suite import run_suite
 
 KNOWN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "keras_layer_suite_known.txt")
@@ -21,7 +22,7 @@ def known() -> dict[str, str]:
 def test_keras_layer_tests_pass_through_from_keras(summary_line):
     import keras
 
-    verdicts = run_suite(processes=2)
+    verdicts = run_suite(processes=min(2, lane_cores()))  # fresh processes share the calls, one per core of the lane
     counts = collections.Counter(v.outcome for v in verdicts)
     reasons = collections.Counter(v.reason for v in verdicts if v.outcome == "n/a")
     summary_line(f"keras {keras.__version__} layer tests through from_keras: {len(verdicts)} run_layer_test calls; "

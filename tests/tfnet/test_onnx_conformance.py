@@ -23,6 +23,7 @@ import pytest
 
 onnx = pytest.importorskip("onnx")
 
+from tests.conftest import lane_cores  # noqa: E402
 from tfnet.onnx.conformance import OUTCOMES, run_suite  # noqa: E402
 
 PASSING = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "onnx_conformance_passing.txt")
@@ -52,7 +53,7 @@ def passing_list() -> tuple[str, set[str]]:
 
 @pytest.fixture(scope="module")
 def report():
-    return run_suite(processes=2)  # two fresh processes share the cases: the suite's time on 2 cores
+    return run_suite(processes=min(2, lane_cores()))  # fresh processes share the cases, one per core of the lane
 
 
 def test_every_case_on_the_committed_list_still_passes(report, summary_line):
