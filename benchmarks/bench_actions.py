@@ -5,9 +5,10 @@
 that leaves a Python worker's output unread (first, take, head, limit) makes Spark drop that worker, so the next
 action that needs one forks a fresh worker: for TFPredictor that worker imports TensorFlow and loads the net again.
 
-TFPredictor's workers run twice, side by side: as ``import tfnet`` starts them (Keras left unloaded), and with
-``TFNET_EAGER_KERAS=1`` (TensorFlow's own import, which loads all of Keras): a fresh worker's start is most of what an
-action after an unread one costs.
+TFPredictor's workers run three ways, side by side: forked by pyspark's own daemon as ``import tfnet`` starts them
+(Keras left unloaded); the same with ``TFNET_EAGER_KERAS=1`` (TensorFlow's own import, which loads all of Keras); and
+forked by tfnet's daemon, which imported TensorFlow before it forks (``spark.python.daemon.module =
+optim.spark.worker_daemon``). A fresh worker's start is most of what an action after an unread one costs.
 
     python benchmarks/bench_actions.py [--rounds 2] [--json out.json]
 """
@@ -35,9 +36,12 @@ ACTIONS = [
 ]
 
 
-#: TFPredictor's Python workers as ``import tfnet`` starts them (Keras left unloaded: tfnet.quiet.without_eager_keras),
-#: and with TensorFlow's own import, which loads all of Keras (``TFNET_EAGER_KERAS=1``), side by side.
-WORKERS = [("tfpredictor_eager_keras", {"TFNET_EAGER_KERAS": "1"}), ("tfpredictor", {})]
+#: Each side's Spark settings. TFPredictor's Python workers as ``import tfnet`` starts them (Keras left unloaded:
+#: tfnet.quiet.without_eager_keras), with TensorFlow's own import, which loads all of Keras (``TFNET_EAGER_KERAS=1``),
+#: and forked with TensorFlow imported (optim.spark.worker_daemon), side by side; the others under pyspark's daemon.
+STOCK = {"spark.python.daemon.module": "pyspark.daemon"}
+SIDES = [("pandas_udf", STOCK), ("tfpredictor_eager_keras", {**STOCK, "spark.executorEnv.TFNET_EAGER_KERAS": "1"}),
+         ("tfpredictor", STOCK), ("tfpredictor_worker_daemon", {"spark.python.daemon.module": "optim.spark.worker_daemon"})]
 
 
 def main(argv=None) -> dict:
@@ -67,11 +71,11 @@ def main(argv=None) -> dict:
 
     out: dict = {"banner": banner(), "seconds": {}, "rounds": args.rounds}
     for _ in range(args.rounds):
-        for side, env in [("pandas_udf", {}), *WORKERS]:
-            # a Spark application of its own for each side and round: fresh Python workers with the side's environment
+        for side, conf in SIDES:
+            # a Spark application of its own for each side and round: fresh Python workers with the side's settings
             builder = SparkSession.builder.master("local[2]").config("spark.ui.showConsoleProgress", "false")
-            for key, value in env.items():
-                builder = builder.config(f"spark.executorEnv.{key}", value)
+            for key, value in conf.items():
+                builder = builder.config(key, value)
             spark = builder.getOrCreate()
             df = spark.createDataFrame([([float(i % 7) / 7] * 64, i % 10) for i in range(120)],
                                        "pixels array<float>, label long").repartition(2)
@@ -98,7 +102,11 @@ def main(argv=None) -> dict:
     for i, (name, _) in enumerate(ACTIONS):
         print(f"{name:18}" + "".join(f"{medians[side][i]:26.2f}" for side in sides))
     print(f"{'all':18}" + "".join(f"{out['total_seconds'][side]:26.2f}" for side in sides))
+    out["stock_daemon_over_worker_daemon"] = round(out["total_seconds"]["tfpredictor"]
+                                                   / out["total_seconds"]["tfpredictor_worker_daemon"], 3)
     print(f"TensorFlow's own import (Keras loaded) / tfnet's, all actions: {out['eager_keras_over_tfnet']}")
+    print(f"pyspark's daemon / tfnet's (optim.spark.worker_daemon), all actions: "
+          f"{out['stock_daemon_over_worker_daemon']}")
     finish(args.json, out)
     return out
 
