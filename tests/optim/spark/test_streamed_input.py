@@ -102,12 +102,16 @@ def peak_rss(spark, tmp_path, rows, streaming):
 
 
 def test_a_ranks_memory_does_not_grow_with_its_rows(spark, tmp_path):
-    """4,000 and 16,000 PNG rows over 2 ranks, one epoch: the larger adds at most 15% to a rank's peak RSS
-    (VmHWM of its Python worker, in its rank info). In memory it added about 60% (the issue's table)."""
+    """4,000 and 16,000 PNG rows over 2 ranks, one epoch: the larger adds to a rank's peak RSS (VmHWM of its Python
+    worker, in its rank info) at most 60% of what the rank's 6,000 more rows take decoded (float32, 281 MiB). Held in
+    memory they added 1,020 MiB here; streamed, 105-116 MiB (most of it the pages of the local copy its reads map).
+    The bound is on the growth, not a ratio of the peaks: workers forked from tfnet's daemon start about 250 MiB
+    smaller (optim.spark.worker_daemon), and the same growth over that smaller peak read as +17% (ci25)."""
     small = peak_rss(spark, tmp_path, 4000, True)
     large = peak_rss(spark, tmp_path, 16000, True)
-    assert large <= 1.15 * small, f"peak RSS per rank: {small / 2**20:.0f} MiB at 4,000 rows, {large / 2**20:.0f} MiB " \
-                                  "at 16,000"
+    decoded = (16000 - 4000) // 2 * 64 * 64 * 3 * 4
+    assert large - small <= 0.6 * decoded, f"peak RSS per rank: {small / 2**20:.0f} MiB at 4,000 rows, " \
+        f"{large / 2**20:.0f} MiB at 16,000 (the extra rows decoded: {decoded / 2**20:.0f} MiB)"
 
 
 def test_a_killed_rank_resumes_mid_epoch_bit_for_bit_from_a_fresh_read(spark, tmp_path):
