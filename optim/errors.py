@@ -236,9 +236,12 @@ def _daemon_failure_in(text: str) -> tuple[type[Exception], str] | None:
     if _DAEMON_FAILED not in text:
         return None
     spec = _DAEMON_SPEC.search(text)
-    said = _DAEMON_SAID.search(text)
-    lines = [line.strip() for line in said.group(1).splitlines() if line.strip()] if said else []
-    python, why = spec.groups() if spec else ("PYSPARK_PYTHON", lines[-1] if lines else "it exited before it started")
+    if spec:
+        python, why = spec.groups()
+    else:  # it started and failed later: the last line it wrote
+        said = _DAEMON_SAID.search(text)
+        lines = [line.strip() for line in said.group(1).splitlines() if line.strip()] if said else []
+        python, why = "PYSPARK_PYTHON", lines[-1] if lines else "it exited before it started"
     return SparkSetupError, (
         f"The Spark workers' Python ({python}) cannot import tfnet, whose daemon starts them (spark.python.daemon.module "
         f"= optim.spark.worker_daemon): {why}. Install tfnet there (pip install tfnet, or the same .venv), point "

@@ -8,6 +8,20 @@ import sys
 
 import pytest
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def user_env(**extra: str) -> dict:
+    """The environment of a user's own PySpark program: tfnet's source on the path, the workers' Python set (the
+    user's own setting, as for any PySpark job with a venv), and none of the test process's Spark gateway, Connect or
+    tfnet verbosity settings; then ``extra``."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+               PYSPARK_PYTHON=sys.executable)
+    for key in ("TFNET_VERBOSE", "PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET", "SPARK_REMOTE"):
+        env.pop(key, None)
+    env.update(extra)
+    return env
+
 
 def assert_each_action_printed_its_own_output(out: str, actions: int) -> None:
     """Each of the ``actions`` sections holds its own result line (and, for ``show``, its table) and nothing else,

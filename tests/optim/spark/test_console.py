@@ -21,19 +21,11 @@ import time
 
 import pytest
 
-from tests.console_checks import Program, assert_each_action_printed_its_own_output
+from tests.console_checks import Program, assert_each_action_printed_its_own_output, user_env
 
 pytestmark = [pytest.mark.spark, pytest.mark.parallel, pytest.mark.slow]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-
-def user_env() -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
-               PYSPARK_PYTHON=sys.executable)  # the user's own setting, as for any PySpark job with a venv
-    for key in ("TFNET_VERBOSE", "PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET", "SPARK_REMOTE"):
-        env.pop(key, None)
-    return env
 
 
 # The README's quick-start net and its bad-row example, then show(3) and limit(5) on a predicted DataFrame.

@@ -4,7 +4,6 @@ one process: the workers start with TensorFlow only under tfnet's, and TFPredict
 both. Where a thread exists before it forks, it runs as pyspark's own (a worker Python without tfnet: test_distributed)."""
 
 import json
-import os
 import struct
 import subprocess
 import sys
@@ -13,9 +12,9 @@ import textwrap
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.spark]
+from tests.console_checks import user_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+pytestmark = [pytest.mark.spark]
 
 # One program, two sessions one after another (a process holds one SparkContext at a time): pyspark's daemon, then
 # tfnet's. Each session's first job asks fresh workers whether TensorFlow is there before any task imported it; then
@@ -48,18 +47,11 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
-def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET")}
-    env.update({"PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), "PYSPARK_PYTHON": sys.executable,
-                **extra})
-    return env
-
-
 def test_workers_start_with_tensorflow_under_tfnets_daemon_and_predict_the_same(tmp_path):
     from tests import digits
     from tfnet import TFNet
 
-    proc = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=300, env=_env(),
+    proc = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=300, env=user_env(),
                           cwd=tmp_path)
     results = {r["daemon"]: r for r in (json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines()
                                          if line.startswith("RESULT "))}
@@ -85,7 +77,7 @@ def test_the_daemon_runs_as_pysparks_own_where_a_thread_exists_before_it_forks(t
     code = ("import sys, threading, time; threading.Thread(target=time.sleep, args=(120,), daemon=True).start(); "
             "from optim.spark.worker_daemon import main; main()")
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=_env(), cwd=tmp_path)
+                            stderr=subprocess.PIPE, env=user_env(), cwd=tmp_path)
     try:
         port = struct.unpack("!i", proc.stdout.read(4))[0]  # pyspark's daemon: write_int(port) to stdout
         with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
@@ -105,5 +97,5 @@ def test_importing_the_daemon_starts_no_thread_beyond_numpys():
     for omp in ("1", "4"):
         code = "from optim.spark.worker_daemon import threads_started_here; print(threads_started_here())"
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                              env=_env(OMP_NUM_THREADS=omp))
+                              env=user_env(OMP_NUM_THREADS=omp))
         assert proc.stdout.strip() == "0", (omp, proc.stdout + proc.stderr[-2000:])
