@@ -258,22 +258,33 @@ def streamed_input(r: Reader) -> Topic:
     t.figures = first + _ratios([Figure(f"in memory, epoch {last}", median("memory", "epoch_img_s", -1), "img/s"),
                                  Figure(f"streamed from the local copy, epoch {last}",
                                         median("streamed", "epoch_img_s", -1), "img/s")])
+    paired = r.load(src).get("paired")
+    if paired:
+        t.notes.append("Streamed against in memory, paired within each round (the same epoch of the two paths in one "
+                       "round, the median of the rounds; the machine's slow spells hit a round's paths alike): "
+                       + ", ".join(f"{k} {v:.2f}" for k, v in paired.items()) + ".")
     t.notes.append(f"The whole call (start-up included), streamed against in memory: "
                    f"{r.get(src, 'ratios', 'streamed_overall_vs_memory'):.2f}; from_parquet against in memory: "
                    f"{r.get(src, 'ratios', 'parquet_overall_vs_memory'):.2f}.")
     producer = "bench_producer.json"
     t.sources.append(producer)
     one_core = lambda k: r.get(producer, "step_on_one_core", "img_s", k)  # noqa: E731
-    t.figures += _ratios([Figure("one core, batch 16: in memory", one_core("in memory"), "img/s"),
-                          Figure("one core: streamed, a batch a decode", one_core("streamed, a batch a decode"),
+    t.figures += _ratios([Figure("one core, batch 16: in memory, float32", one_core("in memory, float32"), "img/s"),
+                          Figure("one core: in memory, uint8", one_core("in memory, uint8"), "img/s"),
+                          Figure("one core: streamed, widened to float32", one_core("streamed, widened to float32"),
                                  "img/s"),
-                          Figure("one core: streamed, small batches decoded in groups", one_core("streamed, grouped"),
+                          Figure("one core: streamed, uint8 (cast in the graph)", one_core("streamed, uint8"),
                                  "img/s")])
+    ms = lambda k: r.get(producer, "ms_per_batch", k)  # noqa: E731
+    kib = lambda k: r.get(producer, "batch_bytes", k) / 1024  # noqa: E731
     t.notes.append("The one-core rows (`bench_producer.py --step`, no Spark) train the same CNN in one process pinned "
                    "to one core, TensorFlow on one thread, as a rank of one task CPU runs: the producer thread takes "
-                   "its time from the step. Producer alone, ms a batch of 16: a batch a decode "
-                   f"{r.get(producer, 'ms_per_batch', 'uint8 copy, a batch a decode'):.3f}, in groups "
-                   f"{r.get(producer, 'ms_per_batch', 'uint8 copy, grouped'):.3f}.")
+                   "its time from the step. Producer alone, ms a batch of 16 (and the features it hands the step): "
+                   f"float32 copy, a batch a decode {ms('float32 copy, a batch a decode'):.3f} "
+                   f"({kib('float32 copy, a batch a decode'):.0f} KiB); uint8 copy widened to float32, in groups "
+                   f"{ms('uint8 copy as float32, grouped'):.3f} ({kib('uint8 copy as float32, grouped'):.0f} KiB); "
+                   f"uint8 as uint8, in groups {ms('uint8 copy as uint8, grouped'):.3f} "
+                   f"({kib('uint8 copy as uint8, grouped'):.0f} KiB).")
     return t
 
 

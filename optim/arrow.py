@@ -48,7 +48,9 @@ class ColumnRead:
             ``shape`` is ``"image"``, other binary and strings are ``"bytes"``).
         shape: The per-row shape. Default: as stored (a flat array: the first valid row's
             length; a nested one: the first valid row's dimensions; a scalar: ``()``).
-        dtype: The numpy dtype of the result. Default: as stored (images: float32).
+        dtype: The numpy dtype of the result. Default: as stored; images as decoded: uint8 where every row
+            of the column is at its shape (raw pixels, or files decoded at their own size), float32 where
+            one was resized (:func:`decode_image`).
         tensor: The tensor the column feeds, named in the reasons (``"input 'x:0' needs 6"``).
     """
 
@@ -126,8 +128,8 @@ def read_column(col: pa.Array | pa.ChunkedArray, how: ColumnRead = ColumnRead(),
     """
     if on_bad not in ("raise", "collect"):
         raise ValueError(f"`on_bad` must be 'raise' or 'collect'. Received: on_bad={on_bad!r}")
-    if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks()
+    if isinstance(col, pa.ChunkedArray):  # one chunk is read as it is: combine_chunks copies even that
+        col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
     kind = how.kind or _infer_kind(col.type, how.shape, column)
     if kind not in KINDS:
         raise ValueError(f"`kind` must be one of {KINDS}. Received: kind={kind!r}")
@@ -290,22 +292,29 @@ def _read_images(col: pa.Array, how: ColumnRead, bad: dict[int, RowProblem], col
         raise ColumnError(f"Column {column!r} holds encoded images, which need a per-row shape (height, width, "
                           f"channels) with 1, 3 or 4 channels. Received: shape={how.shape}")
     height, width, channels = how.shape
-    dtype = np.dtype(how.dtype or "float32")
+    dtype = np.dtype(how.dtype) if how.dtype else None  # None: as decoded (uint8 unless a row is resized)
     raw = _raw_pixel_rows(col, height * width * channels)
-    if raw is not None:  # every row holds raw pixels' size: one view, one conversion
-        out = raw.reshape(len(col), height, width, channels).astype(dtype)
+    if raw is not None:  # every row holds raw pixels' size: one view, one copy (or conversion)
+        out = raw.reshape(len(col), height, width, channels).astype(dtype or np.uint8)
         for i in np.flatnonzero(_starts_like_a_file(raw)):  # (rare) decoded if it is a file, as one row is
-            out[i] = decode_image(raw[i].tobytes(), height, width, channels, dtype)
+            image = decode_image(raw[i].tobytes(), height, width, channels, dtype)
+            out = out if image.dtype == out.dtype else out.astype(image.dtype)  # resized: the column is float32
+            out[i] = image
         return out
-    out = np.zeros((len(col), height, width, channels), dtype)
+    rows: list = [None] * len(col)
     for i, data in enumerate(col.to_pylist()):
         if data is None:
             bad.setdefault(i, NULL)
             continue
         try:
-            out[i] = decode_image(data, height, width, channels, dtype)
+            rows[i] = decode_image(data, height, width, channels, dtype)
         except ValueError as exc:
             bad.setdefault(i, RowProblem("image", str(exc)))
+    resized = any(r is not None and r.dtype != np.uint8 for r in rows)
+    out = np.zeros((len(col), height, width, channels), dtype or (np.float32 if resized else np.uint8))
+    for i, image in enumerate(rows):
+        if image is not None:
+            out[i] = image
     return out
 
 
@@ -357,7 +366,7 @@ def decode_image(data: bytes, height: int, width: int, channels: int, dtype=np.f
     """Decodes a JPEG, PNG, GIF, BMP or WebP image to ``channels`` channels and resizes it (bilinear)
     to ``height`` x ``width``; bytes that are no such file and hold exactly ``height * width * channels``
     bytes are raw pixels (uint8, row-major: ``ndarray.tobytes()`` of a ``uint8`` image), taken as they are.
-    Values stay in 0..255.
+    Values stay in 0..255. ``dtype=None``: as decoded, uint8, or float32 where the image was resized.
 
     Raises:
         ValueError: the bytes are empty, or neither raw pixels of that shape nor an image TensorFlow can
@@ -367,12 +376,12 @@ def decode_image(data: bytes, height: int, width: int, channels: int, dtype=np.f
         raise ValueError("the image is empty (0 bytes)")
     raw = len(data) == height * width * channels
     if raw and not is_encoded_image(data):
-        return np.frombuffer(data, np.uint8).reshape(height, width, channels).astype(dtype)
+        return np.frombuffer(data, np.uint8).reshape(height, width, channels).astype(dtype or np.uint8)
     try:
         return _decode(data, height, width, channels, dtype)
     except ValueError:
         if raw:  # raw pixels that happen to start like a file
-            return np.frombuffer(data, np.uint8).reshape(height, width, channels).astype(dtype)
+            return np.frombuffer(data, np.uint8).reshape(height, width, channels).astype(dtype or np.uint8)
         raise
 
 
@@ -395,6 +404,8 @@ def _decode(data: bytes, height: int, width: int, channels: int, dtype) -> np.nd
     if tuple(image.shape[:2]) != (height, width):
         image = tf.image.resize(image, (height, width), method="bilinear")
     array = image.numpy()
+    if dtype is None:  # as decoded: uint8, float32 once resized
+        return array
     if np.issubdtype(dtype, np.integer):
         array = np.clip(np.rint(array), 0, 255)
     return array.astype(dtype, copy=False)

@@ -63,12 +63,19 @@ def _is_single_array_like(value) -> bool:
     return not isinstance(first, (np.ndarray, tf.Tensor, tf.Variable)) and not hasattr(first, "__array__")
 
 
-def convert(value: Any, spec: tf.TensorSpec, name: str) -> tf.Tensor:
+#: The dtypes a float input takes into the graph as they are, cast inside it (:func:`convert` with ``narrow``): decoded
+#: pixels and other small integers cross to the graph at a byte or two a value, not four. Every value of these is
+#: exact in float32, and a cast rounds the same inside the graph as in numpy where a narrower float cannot hold one.
+NARROW_DTYPES = ("uint8", "int8", "uint16", "int16")
+
+
+def convert(value: Any, spec: tf.TensorSpec, name: str, narrow: bool = False) -> tf.Tensor:
     """Converts one value to a tensor of ``spec``'s dtype, checking kind, rank and shape.
 
     Floats take any float, integer or bool input (cast); integers take integers; strings take
     str/bytes/object arrays; bools take bools. A batch of scalars ``(N,)`` feeds an input of shape
-    ``(None, 1)`` as ``(N, 1)``, as Keras takes it.
+    ``(None, 1)`` as ``(N, 1)``, as Keras takes it. With ``narrow``, a float input given one of
+    :data:`NARROW_DTYPES` keeps it: the caller's graph casts it (:func:`tfnet.net_compute.run_graph`).
     """
     want = spec.dtype
     if value is None:
@@ -92,6 +99,8 @@ def convert(value: Any, spec: tf.TensorSpec, name: str) -> tf.Tensor:
         tensor = tensor.reshape(shape + (1,)) if isinstance(tensor, np.ndarray) else tf.expand_dims(tensor, -1)
         shape = shape + (1,)
     _check_shape(shape, spec, name)
+    if narrow and want.is_floating and got.name in NARROW_DTYPES:
+        return tf.convert_to_tensor(tensor)
     if isinstance(tensor, np.ndarray):
         if want == tf.string:
             return tf.constant(tensor, dtype=tf.string)

@@ -33,6 +33,7 @@ from tfnet import net_compute, net_export, net_loading, net_surgery
 from tfnet.graph_function import GraphFunction
 from tfnet.graph_io import PathLike
 from tfnet.hooks import HookList
+from tfnet.inputs import NARROW_DTYPES
 from tfnet.lora import Adapter
 from tfnet.net_state import NetState, TrainableSpec
 from tfnet.parts import NetParts
@@ -100,7 +101,8 @@ class TFNet(tf.Module):
     * :attr:`tables`: the lookup tables the graph reads; :attr:`onnx_source`: the ONNX model behind a
       net from :meth:`from_onnx`, or None;
     * :meth:`run_graph` ``(inputs, weights, training)``: the graph imported into the function being
-      traced; :meth:`pure_function` ``(training)``: that, compiled; :meth:`v1_vjp`: gradients of graphs
+      traced (narrow integer inputs cast first: :meth:`cast_inputs`); :meth:`pure_function` ``(training,
+      dtypes)``: that, compiled; :meth:`v1_vjp`: gradients of graphs
       with v1 loops; :meth:`pack`: one output as a tensor, several as a list;
     * :attr:`forward_hooks`, :attr:`gradient_hooks`, :attr:`update_hooks`: the hook lists
       (:class:`tfnet.hooks.HookList`);
@@ -208,6 +210,7 @@ class TFNet(tf.Module):
 
     run_graph = _on_state(net_compute.run_graph)
     pure_function = _on_state(net_compute.pure_function)
+    cast_inputs = _on_state(net_compute.cast_inputs)
     v1_vjp = _on_state(net_compute.v1_vjp)
     pack = staticmethod(net_compute.pack)
 
@@ -243,6 +246,15 @@ class TFNet(tf.Module):
     def input_specs(self) -> list[tf.TensorSpec]:
         """dtype and shape of each input (dimension 0, the batch, is usually ``None``)."""
         return list(self.state.graph.input_specs)
+
+    @property
+    def input_dtypes(self) -> dict[str, tuple[str, ...]]:
+        """``{input name: the dtypes it takes into the graph as they are}``: its own, and for a float input the
+        narrow integers (:data:`tfnet.inputs.NARROW_DTYPES`: uint8 pixels first), which :meth:`forward` and a
+        training step cast inside the graph, so a batch crosses to the graph at a quarter of the bytes. Any other
+        number is converted to the input's dtype before (a float64 array to float32)."""
+        return {n: (s.dtype.name,) + (NARROW_DTYPES if s.dtype.is_floating else ())
+                for n, s in zip(self.state.graph.input_names, self.state.graph.input_specs)}
 
     @property
     def output_specs(self) -> list[tf.TensorSpec]:

@@ -43,20 +43,32 @@ def run_graph(
         training: Feed :attr:`phase_values` their training values. Default: False.
     """
     graph_weights = adapted_weights(weights, state.lora_plan, len(state.graph.weight_names))
-    return state.graph(inputs, graph_weights, training=training)
+    return state.graph(cast_inputs(state, inputs), graph_weights, training=training)
 
 
-def pure_function(state: NetState, training: bool = False) -> Callable:
-    """``(inputs, weights) -> outputs``, compiled once per mode with a batch-agnostic signature
+def cast_inputs(state: NetState, inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """``inputs`` cast to the graph's input dtypes where they differ: a float input given narrow integers
+    (:data:`tfnet.inputs.NARROW_DTYPES`, by :func:`prepare_inputs` with ``narrow``) casts them here, inside the
+    function being traced (internal interface)."""
+    return [t if t.dtype == s.dtype else tf.cast(t, s.dtype) for t, s in zip(inputs, state.graph.input_specs)]
+
+
+def pure_function(state: NetState, training: bool = False, dtypes: Sequence[tf.DType] | None = None) -> Callable:
+    """``(inputs, weights) -> outputs``, compiled once per mode and input dtypes with a batch-agnostic signature
     (internal interface).
 
     Args:
         training: Feed :attr:`phase_values` their training values. Default: False.
+        dtypes: The dtypes the inputs come in (a float input may take narrow integers, cast inside). Default: the
+            graph's.
     """
-    key = ("pure", bool(training) and bool(state.graph.phase_values))
+    specs = list(state.graph.input_specs)
+    dtypes = tuple(tf.as_dtype(d) for d in dtypes) if dtypes is not None else tuple(s.dtype for s in specs)
+    narrow = dtypes != tuple(s.dtype for s in specs)
+    key = ("pure", bool(training) and bool(state.graph.phase_values)) + ((dtypes,) if narrow else ())
     fn = state.compiled.get(key)
     if fn is None:
-        input_specs = list(state.graph.input_specs)
+        input_specs = [tf.TensorSpec(s.shape, d, s.name) for s, d in zip(specs, dtypes)]
         signature = [input_specs, state.weight_specs()]
 
         def run(inputs, weights):
@@ -107,9 +119,10 @@ def pack(outs: Sequence[tf.Tensor]):
 # ---------------------------------------------------------------------- forward
 
 
-def prepare_inputs(state: NetState, inputs: Any) -> list[tf.Tensor]:
+def prepare_inputs(state: NetState, inputs: Any, narrow: bool = False) -> list[tf.Tensor]:
     """Checks inputs (one array, a list in input order, or a dict by name) and converts them to
-    tensors of the graph's dtypes.
+    tensors of the graph's dtypes; with ``narrow``, a float input given narrow integers
+    (:data:`tfnet.inputs.NARROW_DTYPES`) keeps them, for the graph to cast (:func:`run_graph`).
 
     Raises:
         InputSpecError: wrong number of inputs, rank or shape.
@@ -117,7 +130,7 @@ def prepare_inputs(state: NetState, inputs: Any) -> list[tf.Tensor]:
     """
     names, specs = list(state.graph.input_names), list(state.graph.input_specs)
     values = arrange(inputs, names)
-    tensors = [convert(v, s, n) for v, s, n in zip(values, specs, names)]
+    tensors = [convert(v, s, n, narrow) for v, s, n in zip(values, specs, names)]
     batch_size_of(tensors, specs)
     return tensors
 
@@ -125,7 +138,7 @@ def prepare_inputs(state: NetState, inputs: Any) -> list[tf.Tensor]:
 def _call_pure(state: NetState, tensors: list[tf.Tensor], weights: list[tf.Tensor],
                training: bool = False) -> list[tf.Tensor]:
     try:
-        return list(pure_function(state, training)(tensors, weights))
+        return list(pure_function(state, training, [t.dtype for t in tensors])(tensors, weights))
     except tf.errors.OpError as exc:
         raise GraphExecutionError(
             f"TensorFlow failed to run the graph on inputs of shapes "
@@ -152,7 +165,8 @@ def forward(state: NetState, inputs: Any, *, as_tensors: bool = False, batch_siz
     Args:
         inputs: One array (single-input graphs), a list in :attr:`input_names` order, or a dict
             by input name. Numpy arrays, lists or tensors; floats are cast to the graph's float
-            dtype, integers and strings pass through.
+            dtype, integers and strings pass through. A float input given narrow integers (uint8
+            pixels: :data:`tfnet.inputs.NARROW_DTYPES`) takes them into the graph, which casts them.
         as_tensors: Return ``tf.Tensor`` s instead of numpy arrays. Default: False.
         batch_size: Run in chunks of this many rows and concatenate. Default: one call. Inputs
             whose dimension 0 is fixed in :attr:`input_specs` are whole tensors, not rows: each
@@ -165,7 +179,7 @@ def forward(state: NetState, inputs: Any, *, as_tensors: bool = False, batch_siz
     Raises:
         InputSpecError: the inputs that take a batch (dimension 0 open) have different sizes there.
     """
-    tensors = prepare_inputs(state, inputs)
+    tensors = prepare_inputs(state, inputs, narrow=True)
     weights = state.weight_values()
     specs = list(state.graph.input_specs)
     n = batch_size_of(tensors, specs)

@@ -143,6 +143,7 @@ class TrainStep:
         if net.graph.v1_loops:
             # v1 loops differentiate only in graph mode with their loop contexts rebuilt (see
             # tfnet.v1_loops): the outputs' gradient comes from the loss here, the rest from there.
+            inputs = net.cast_inputs(inputs)  # narrow integers (prepare_inputs) cast here, in the step's graph
             raw = net.pure_function(training=True)(inputs, list(reads.values()))
             outs = net.forward_hooks.run(net.pack(raw))
             loss = tf.cast(self.loss_fn(targets, outs), tf.float32)
@@ -224,7 +225,7 @@ class TrainStep:
 
         ``inputs`` as for ``TFNet.forward``; ``targets`` is passed to the loss."""
         self._check_current()
-        tensors = self.net.prepare_inputs(inputs)
+        tensors = self.net.prepare_inputs(inputs, narrow=True)
         targets = tf.nest.map_structure(tf.convert_to_tensor, targets)
         with bf16_rewrite(self.precision == "bf16"):
             loss, outs, state, finite, reduce_seconds = self._compiled(False)(tensors, targets, state)
@@ -239,7 +240,7 @@ class TrainStep:
         self._check_current()
         if self._state_vars is None:
             self.set_state(self.init_state())
-        tensors = self.net.prepare_inputs(inputs)
+        tensors = self.net.prepare_inputs(inputs, narrow=True)
         targets = tf.nest.map_structure(tf.convert_to_tensor, targets)
         with bf16_rewrite(self.precision == "bf16"):
             loss, outs, _, finite, reduce_seconds = self._compiled(True)(tensors, targets)
@@ -249,7 +250,7 @@ class TrainStep:
         """The first half of a step, for an exchange outside it (asynchronous training):
         ``(loss, outputs, {weight name: gradient})`` for this batch, nothing applied."""
         self._check_current()
-        tensors = self.net.prepare_inputs(inputs)
+        tensors = self.net.prepare_inputs(inputs, narrow=True)
         targets = tf.nest.map_structure(tf.convert_to_tensor, targets)
         with bf16_rewrite(self.precision == "bf16"):
             return self._compiled("grads")(tensors, targets)

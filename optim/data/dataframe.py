@@ -69,9 +69,9 @@ class DataFrameDataset(ColumnDataset):
             local dir (``spark.local.dir``, ``SPARK_LOCAL_DIRS``).
         decode_once: With ``streaming``, encoded images are decoded once, as the partition is stored, and the
             local copy holds their pixels (uint8, 12 KiB a 64x64x3 row, where every image is at its
-            ``feature_shapes`` size; float32, 48 KiB, once one had to be resized; the batches are float32 either
-            way), so no epoch decodes them again; False keeps them encoded on disk (smaller) and decodes each
-            batch every epoch. Default True.
+            ``feature_shapes`` size; float32, 48 KiB, once one had to be resized; the batches come in that dtype,
+            and the step casts uint8 inside its graph), so no epoch decodes them again; False keeps them encoded
+            on disk (smaller) and decodes each batch every epoch. Default True.
     """
 
     road = "a DataFrame"

@@ -60,39 +60,41 @@ def _rows(value, lo: int, hi: int):
 def decoded_groups(tables: Iterator[pa.Table], decoder: Callable[[pa.Table], Batch], batch_size: int,
                    target_bytes: int = DECODE_BYTES,
                    max_batches: int = MAX_DECODE_BATCHES) -> Iterator[list[tuple[Batch, pa.Table]]]:
-    """The batch tables of ``tables`` (``batch_size`` rows each, the last may be shorter), decoded a
-    group of consecutive ones at a time: a list of ``(batch, table)`` per group, the batches equal to
-    ``decoder(table)`` of each. A group holds about ``target_bytes`` of decoded values (the first
-    decode, one batch, measures a row), at most ``max_batches`` batches. A group with a bad row is
-    decoded again a batch at a time: the batches before the bad one come out first, then the error that
-    ``decoder(table)`` of that batch raises."""
-    per_group, group, measured = 1, [], False
+    """The batches of ``tables`` (tables of whole batches: a multiple of ``batch_size`` rows each, the last may
+    hold fewer; :func:`~optim.data.stream.row_batches`), decoded a group of consecutive ones at a time: a list of
+    ``(batch, table)`` per group, the batches equal to ``decoder(table)`` of each ``batch_size`` rows. A group is
+    a slice of one table (no copy before the decode) of about ``target_bytes`` of decoded values (the first
+    decode, one batch, measures a row), at most ``max_batches`` batches. A group with a bad row is decoded again
+    a batch at a time: the batches before the bad one come out first, then the error that ``decoder(table)`` of
+    that batch raises."""
+    per_group, measured = 1, False
     for table in tables:
-        group.append(table)
-        if len(group) < per_group and table.num_rows == batch_size:
-            continue
-        for batches in _decode_group(group, decoder):
-            yield batches
-            if not measured:
-                (first, rows), measured = batches[0], True
-                row_bytes = max(_nbytes(first) / max(rows.num_rows, 1), 1.0)
-                per_group = int(min(max(target_bytes // (row_bytes * batch_size), 1), max_batches))
-        group = []
-    if group:
-        yield from _decode_group(group, decoder)
+        lo = 0
+        while lo < table.num_rows:
+            rows = min(per_group * batch_size, table.num_rows - lo)
+            group = table.slice(lo, rows)
+            lo += rows
+            for batches in _decode_group(group, [group.slice(i, batch_size) for i in range(0, rows, batch_size)],
+                                         decoder):
+                yield batches
+                if not measured:
+                    (first, first_rows), measured = batches[0], True
+                    row_bytes = max(_nbytes(first) / max(first_rows.num_rows, 1), 1.0)
+                    per_group = int(min(max(target_bytes // (row_bytes * batch_size), 1), max_batches))
 
 
-def _decode_group(group: list[pa.Table], decoder: Callable[[pa.Table], Batch]) -> Iterator[list[tuple[Batch, pa.Table]]]:
-    if len(group) > 1:
+def _decode_group(group: pa.Table, parts: list[pa.Table],
+                  decoder: Callable[[pa.Table], Batch]) -> Iterator[list[tuple[Batch, pa.Table]]]:
+    if len(parts) > 1:
         try:
-            whole = decoder(pa.concat_tables(group))
+            whole = decoder(group)
         except Exception:  # noqa: BLE001 - decoded again a batch at a time below, where it is raised
             pass
         else:
-            yield list(zip(split_batch(whole, [t.num_rows for t in group]), group))
+            yield list(zip(split_batch(whole, [t.num_rows for t in parts]), parts))
             return
     out, error = [], None
-    for table in group:
+    for table in parts:
         try:
             out.append((decoder(table), table))
         except Exception as exc:  # noqa: BLE001 - raised as it is, after the batches before it

@@ -222,15 +222,21 @@ class SpoolWriter:
 
 
 class _Reader:
+    """A block is a view of the file's pages (a memory map of its own, no copy: the window's gather is the one copy
+    of its rows), unmapped once the block's table is dropped. One map for the whole file would keep every page read
+    in the pass resident; one a block keeps only the blocks still in use."""
+
     def __init__(self, path: str):
-        self._file = pa.OSFile(path, "rb")  # read into memory block by block: a memory map would stay resident
-        self._reader = pa.ipc.open_file(self._file)
+        self._path = path
+        with pa.memory_map(path) as f:  # the file is there and readable: errors come here, not at the first block
+            pa.ipc.open_file(f)
 
     def read(self, block: int) -> pa.Table:
-        return pa.Table.from_batches([self._reader.get_batch(block)])
+        with pa.memory_map(self._path) as f:
+            return pa.Table.from_batches([pa.ipc.open_file(f).get_batch(block)])
 
     def close(self) -> None:
-        self._file.close()
+        pass
 
 
 class _Empty:

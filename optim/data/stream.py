@@ -24,10 +24,15 @@ local copy of a Spark partition (:mod:`optim.data.spool`), or row groups of Parq
   and the per-call cost of the Arrow reads and of the hand-over would otherwise take a share of the
   rank's core. The batches are the ones a decode a batch gives, bit for bit.
 
+* **one copy**: a window's rows are gathered once, in their shuffled order, into one buffer a column
+  (:func:`gather_rows`); its groups are slices of it, and stored uint8 pixels come out of it as views, as
+  uint8 (the step casts them inside its graph).
+
 Memory is set by four numbers, none by the rows of the partition: the decoded groups (``prefetch + 1``
-of them at once, each about :data:`~optim.data.producer.DECODE_BYTES`, or one batch where a batch is larger), the window
-(``shuffle_buffer`` rows, encoded; twice that while one is permuted), one block
-(:data:`DEFAULT_BLOCK_ROWS` rows, encoded) and the encoded rows of the group being decoded.
+of them at once, each about :data:`~optim.data.producer.DECODE_BYTES`, or one batch where a batch is larger; a
+group of uint8 pixels is a view that keeps its window's gathered rows alive), the window (``shuffle_buffer`` rows,
+encoded, and once gathered; a few rows of the one before), one block (:data:`DEFAULT_BLOCK_ROWS` rows, encoded) and
+the encoded rows of the group being decoded.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from optim.losses import SampleWeighted
 
 __all__ = ["DEFAULT_BLOCK_ROWS", "DEFAULT_PREFETCH", "DEFAULT_SHUFFLE_BUFFER", "PIXELS_KEY", "ROW_COLUMN", "ArrowStream",
            "Decoder", "FilteredSource", "Prefetch", "StreamedDataset", "Window", "numbered", "pixel_column", "positions",
-           "rebatch", "row_batches", "windows"]
+           "gather_rows", "rebatch", "row_batches", "windows"]
 
 log = logging.getLogger("tfnet.data")
 
@@ -65,13 +70,16 @@ PIXELS_KEY = b"tfnet.pixels"
 
 
 def pixel_column(name: str, pixels: np.ndarray) -> tuple[pa.Field, pa.Array]:
-    """Decoded images (``(rows, h, w, c)``, float32 as decoded) as a stored column: ``uint8`` where that
-    holds every value exactly (images decoded at their own size: a quarter of the bytes to store, read,
-    shuffle and copy every epoch), else as they are (resized images). The field says which dtype the
-    :class:`Decoder` gives back, so the batches are the decoded ones either way, bit for bit."""
+    """Decoded images (``(rows, h, w, c)``: uint8 as decoded, float32 once one was resized) as a stored column:
+    ``uint8`` where that holds every value exactly (images decoded at their own size: a quarter of the bytes to
+    store, read, shuffle and copy every epoch), else as they are (resized images). The field says which dtype the
+    :class:`Decoder` gives back (uint8 pixels stay uint8, for the step to cast inside its graph), so the batches
+    are the decoded ones either way, bit for bit."""
     flat = pixels.reshape(len(pixels), -1)
-    narrow = flat.astype(np.uint8)
-    stored = narrow if np.array_equal(narrow, flat) else flat
+    stored = flat
+    if flat.dtype != np.uint8:
+        narrow = flat.astype(np.uint8)
+        stored = narrow if np.array_equal(narrow, flat) else flat
     array = pa.FixedSizeListArray.from_arrays(pa.array(stored.reshape(-1)), flat.shape[1])
     return pa.field(name, array.type, metadata={PIXELS_KEY: str(pixels.dtype).encode()}), array
 
@@ -124,29 +132,101 @@ def _window(blocks: list[int], rows: int, shuffle: bool, key: list[int]) -> Wind
 
 def row_batches(read: Callable[[int], pa.Table], plan: Iterator[Window], batch_size: int, start: int,
                 stop: int | None) -> Iterator[pa.Table]:
-    """The rows ``start`` to ``stop`` (None: to the end) of the stream that ``plan`` lays out, as tables of
-    ``batch_size`` rows (the last may be shorter). Windows before ``start`` are not read."""
+    """The rows ``start`` to ``stop`` (None: to the end) of the stream that ``plan`` lays out, as tables of whole
+    batches: each holds a multiple of ``batch_size`` rows (the last may hold fewer), one chunk per column, its rows
+    copied once from the blocks read (:func:`gather_rows`). A window's rows after its last whole batch are gathered
+    with the next window's, so no batch is put together from two tables. Windows before ``start`` are not read."""
+    pos = 0
+    carry: list[pa.Table] = []  # the blocks that rows not yet gathered sit in, and those rows
+    carry_index = np.zeros(0, np.int64)
+    for win in plan:
+        first, pos = pos, pos + win.rows
+        if pos <= start or win.rows == 0:
+            continue
+        if stop is not None and first >= stop:
+            break
+        parts = [read(b) for b in win.blocks]
+        order = win.order if win.order is not None else np.arange(win.rows)
+        lo = max(start - first, 0)
+        hi = win.rows if stop is None else min(stop - first, win.rows)
+        offset = sum(t.num_rows for t in carry)
+        index = np.concatenate([carry_index, order[lo:hi].astype(np.int64) + offset])
+        parts = carry + parts
+        last = stop is not None and pos >= stop
+        whole = len(index) if last else len(index) // batch_size * batch_size
+        if whole:
+            yield gather_rows(parts, index[:whole])
+        carry, carry_index = _still_needed(parts, index[whole:])
+        if last:
+            return
+    if len(carry_index):
+        yield gather_rows(carry, carry_index)
 
-    def tables():
-        pos = 0
-        for win in plan:
-            first, pos = pos, pos + win.rows
-            if pos <= start or win.rows == 0:
-                continue
-            if stop is not None and first >= stop:
-                return
-            parts = [read(b) for b in win.blocks]
-            table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-            del parts
-            if win.order is not None:
-                table = table.take(pa.array(win.order))
-            lo = max(start - first, 0)
-            hi = win.rows if stop is None else min(stop - first, win.rows)
-            yield table.slice(lo, hi - lo)
-            if stop is not None and pos >= stop:
-                return
 
-    return rebatch(tables(), batch_size)
+def _still_needed(parts: list[pa.Table], index: np.ndarray) -> tuple[list[pa.Table], np.ndarray]:
+    """The parts that rows ``index`` (positions in the concatenation of ``parts``) sit in, and the rows' positions
+    in the concatenation of those parts alone."""
+    if not len(index):
+        return [], np.zeros(0, np.int64)
+    starts = np.cumsum([0] + [t.num_rows for t in parts])
+    owner = np.searchsorted(starts, index, side="right") - 1
+    keep = np.unique(owner)
+    new_starts = np.cumsum([0] + [parts[k].num_rows for k in keep])
+    remap = np.zeros(len(parts), np.int64)
+    remap[keep] = new_starts[:-1]
+    return [parts[k] for k in keep], index - starts[owner] + remap[owner]
+
+
+def gather_rows(parts: Sequence[pa.Table], index: np.ndarray) -> pa.Table:
+    """The rows ``index`` (positions in the concatenation of ``parts``, tables of one schema) as one table with one
+    chunk per column, each row copied once. A column of fixed-width numbers, or of fixed-size lists of them (stored
+    pixels), without nulls, is copied row by row into one new buffer; any other column goes through Arrow's take
+    of its concatenation (encoded bytes, labels with nulls: small next to pixels). Arrow's own take over the
+    chunks of a window is several times slower on rows of kilobytes, and leaves chunks that a read copies again.
+
+    >>> t = pa.table({"x": [1, 2, 3]})
+    >>> gather_rows([t.slice(0, 2), t.slice(2)], np.array([2, 0])).column("x").to_pylist()
+    [3, 1]
+    """
+    schema = parts[0].schema
+    starts = np.cumsum([0] + [t.num_rows for t in parts])
+    owner = np.searchsorted(starts, index, side="right") - 1
+    local = index - starts[owner]
+    columns = []
+    for name in schema.names:
+        chunks = [c for t in parts for c in t.column(name).chunks]
+        rows = None if len(chunks) != len(parts) else _fixed_width_rows(chunks)
+        if rows is None:
+            whole = pa.concat_arrays(chunks) if len(chunks) != 1 else chunks[0]
+            columns.append(whole.take(pa.array(index)))
+            continue
+        out = np.empty((len(index),) + rows[0].shape[1:], rows[0].dtype)
+        if out.ndim == 1 or out.shape[1] < 64:  # a number (or a short list) a row: fancy indexing is cheaper
+            out[:] = np.concatenate(rows)[index]
+        else:
+            for j, (k, r) in enumerate(zip(owner.tolist(), local.tolist())):
+                out[j] = rows[k][r]
+        values = pa.array(out.reshape(-1))  # no copy: Arrow holds the numpy buffer
+        field = schema.field(name)
+        columns.append(values if out.ndim == 1 else pa.FixedSizeListArray.from_arrays(values, type=field.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _fixed_width_rows(chunks: list[pa.Array]) -> list[np.ndarray] | None:
+    """Each chunk as a numpy view of its rows (``(rows,)`` or ``(rows, list size)``) where the column holds fixed-width
+    numbers or fixed-size lists of them and no nulls; else None."""
+    t = chunks[0].type
+    listed = pa.types.is_fixed_size_list(t)
+    leaf = t.value_type if listed else t
+    if not (pa.types.is_integer(leaf) or pa.types.is_floating(leaf)) or pa.types.is_float16(leaf):
+        return None
+    views = []
+    for c in chunks:
+        if c.null_count or (listed and c.values.null_count):
+            return None
+        flat = c.flatten() if listed else c
+        views.append(flat.to_numpy(zero_copy_only=True).reshape((len(c), t.list_size) if listed else (len(c),)))
+    return views
 
 
 def rebatch(tables, batch_size: int) -> Iterator[pa.Table]:

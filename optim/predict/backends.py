@@ -210,25 +210,49 @@ class TFEngine:
 
 class OVEngine:
     """Runs OpenVINO IR on the CPU (fp32, bf16 by the precision hint, or quantised int8), with one
-    reused infer request."""
+    reused infer request. A float input fed narrow integers (uint8 pixels: ``tfnet.inputs.NARROW_DTYPES``)
+    takes them as they are: the model is compiled (once per such set of dtypes) with OpenVINO's own
+    pre-processing step that converts them inside the model, as TensorFlow's graph casts them."""
 
     backend = "openvino"
 
     def __init__(self, payload: Payload):
-        ov = import_openvino()
+        from tfnet.inputs import NARROW_DTYPES
+
+        self._ov = import_openvino()
         xml, weights = payload.model
-        core = ov.Core()
-        model = core.read_model(model=xml, weights=ov.Tensor(np.frombuffer(weights, np.uint8)))
-        self.compiled = core.compile_model(model, "CPU", _ov_config(payload.num_threads, payload.precision))
-        self._inputs = [self.compiled.input(t.name) for t in payload.inputs]
-        self._outputs = [self.compiled.output(t.name) for t in payload.outputs]
+        self._core = self._ov.Core()
+        self._model = self._core.read_model(model=xml, weights=self._ov.Tensor(np.frombuffer(weights, np.uint8)))
+        self._config = _ov_config(payload.num_threads, payload.precision)
+        self._names = [t.name for t in payload.inputs]
+        self._out_names = [t.name for t in payload.outputs]
         self._dtypes = [np.dtype(t.dtype) for t in payload.inputs]
-        self._request = self.compiled.create_infer_request()
+        self._narrow = frozenset(NARROW_DTYPES)
+        self._compiled: dict = {}  # compiled at the first call, for the dtypes it brings
+
+    def _compile(self, dtypes: tuple) -> tuple:
+        found = self._compiled.get(dtypes)
+        if found is None:
+            model = self._model
+            if dtypes != tuple(self._dtypes):
+                ppp = self._ov.preprocess.PrePostProcessor(model)
+                for name, got, want in zip(self._names, dtypes, self._dtypes):
+                    if got != want:
+                        ppp.input(name).tensor().set_element_type(self._ov.Type(got))
+                        ppp.input(name).preprocess().convert_element_type(self._ov.Type(want))
+                model = ppp.build()
+            compiled = self._core.compile_model(model, "CPU", self._config)
+            found = (compiled, [compiled.input(n) for n in self._names], [compiled.output(n) for n in self._out_names],
+                     compiled.create_infer_request())
+            self._compiled[dtypes] = found
+        return found
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-        feeds = {port: np.ascontiguousarray(a, dtype=d) for port, a, d in zip(self._inputs, arrays, self._dtypes)}
-        self._request.infer(feeds)
-        return [self._request.get_tensor(port).data.copy() for port in self._outputs]
+        dtypes = tuple(a.dtype if a.dtype != d and d.kind == "f" and a.dtype.name in self._narrow else d
+                       for a, d in zip(arrays, self._dtypes))
+        _, inputs, outputs, request = self._compile(dtypes)
+        request.infer({port: np.ascontiguousarray(a, dtype=d) for port, a, d in zip(inputs, arrays, dtypes)})
+        return [request.get_tensor(port).data.copy() for port in outputs]
 
 
 def set_tf_threads(num_threads: int | None) -> bool:

@@ -51,8 +51,11 @@ class InputColumn:
 
     @property
     def reading(self) -> ColumnRead:
-        """How :func:`optim.arrow.read_column` reads this column for the input."""
-        dtype = None if self.input.dtype == "string" else self.input.dtype
+        """How :func:`optim.arrow.read_column` reads this column for the input: images (and raw pixels) for a float
+        input as decoded, uint8 unless one was resized, for the engine to cast (inside the graph: ``TFNet.input_dtypes``);
+        anything else as the input's dtype."""
+        as_decoded = self.input.dtype == "string" or (self.kind == "image" and "float" in self.input.dtype)
+        dtype = None if as_decoded else self.input.dtype
         shape = tuple(self.input.row_shape) if self.input.row_shape is not None else None
         return ColumnRead(self.kind, shape, dtype, self.input.name)
 

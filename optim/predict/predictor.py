@@ -279,7 +279,8 @@ class TFPredictor:
 
         specs = self._snapshot.input_specs()
         values = arrange(data, self.input_names)
-        tensors = [convert(v, s, t.name) for v, s, t in zip(values, specs, self._snapshot.inputs)]
+        # uint8 pixels for a float input stay uint8: the engine casts them inside its model
+        tensors = [convert(v, s, t.name, narrow=True) for v, s, t in zip(values, specs, self._snapshot.inputs)]
         n = batch_size_of(tensors) or 1
         job = WorkerJob(self._payload.model_id + "-local", InPlan(self._payload), None, self.batch_per_thread, "raise")
         engine = get_engine(job, set_threads=False)
@@ -289,8 +290,8 @@ class TFPredictor:
             t0 = time.perf_counter()
             chunks.append(engine.run(feed))
             k = len(feed[0]) if feed else 0
-            merge_stats(self._local_stats, {"calls": 1, "rows": k, "max_rows": k,
-                                            "engine_s": time.perf_counter() - t0})
+            merge_stats(self._local_stats, {"calls": 1, "rows": k, "max_rows": k, "engine_s": time.perf_counter() - t0,
+                                            "input_bytes": sum(a.nbytes for a in feed)})
         outs = [np.concatenate([c[i] for c in chunks]) for i in range(len(self.output_names))]
         return outs[0] if len(outs) == 1 else outs
 
@@ -300,7 +301,9 @@ class TFPredictor:
         """What the workers reported for this predictor's finished tasks, plus local calls:
         ``calls`` (model calls), ``rows`` (rows predicted), ``max_rows`` (largest batch),
         ``loads`` (``{"host:pid": model loads}``, one entry per Python worker that loaded it) and
-        ``quantizations`` (INT8 quantisations done for this predictor, on the driver: 1 or 0) and ``seconds``,
+        ``quantizations`` (INT8 quantisations done for this predictor, on the driver: 1 or 0), ``input_bytes``
+        (the bytes of the arrays handed to the engine: a byte a value for uint8 pixels, which the engine casts) and
+        ``seconds``,
         summed over the processes that predicted: ``engine`` (in the model's calls), ``read`` (the workers'
         reading of Arrow columns into the model's arrays) and ``write`` (the outputs back into Arrow). What a
         Spark job took beyond their sum went to Spark: moving the rows between the JVM and Python, scheduling."""
@@ -309,7 +312,7 @@ class TFPredictor:
             merge_stats(merged, self._shipped.stats())
         merge_stats(merged, self._local_stats)
         loads = {k.split("@", 1)[1]: v for k, v in merged.items() if k.startswith("loads@")}
-        out = {k: merged.get(k, 0) for k in ("calls", "rows", "max_rows", "quantizations")}
+        out = {k: merged.get(k, 0) for k in ("calls", "rows", "max_rows", "quantizations", "input_bytes")}
         out["loads"] = loads
         out["seconds"] = {k: merged.get(f"{k}_s", 0.0) for k in ("engine", "read", "write")}
         return out

@@ -318,7 +318,8 @@ def _run(job: WorkerJob, feed: list, good: np.ndarray, messages: dict, where: st
                 messages[int(i)] = f"the model failed on this row's batch: {type(exc).__name__}: {str(exc)[:300]}"
             good[:] = False
         else:
-            _record(job, {"calls": 1, "rows": k, "max_rows": k, "engine_s": engine_s})
+            _record(job, {"calls": 1, "rows": k, "max_rows": k, "engine_s": engine_s,
+                          "input_bytes": sum(int(getattr(a, "nbytes", 0)) for a in feed)})
     if outs is not None and k == n:
         return list(outs)
     full = []

@@ -92,8 +92,12 @@ def test_raw_uint8_pixels_of_the_shape_are_taken_as_they_are():
     pixels[1, 0, 0, :2] = [ord("B"), ord("M")]
     values, bad = read_column(pa.array([p.tobytes() for p in pixels] + [bytes(59)], pa.binary()),
                               ColumnRead(shape=(5, 4, 3)))
-    assert values.dtype == np.float32 and not bad.keys() - {3}
-    np.testing.assert_array_equal(values[:3], pixels.astype(np.float32))
+    assert values.dtype == np.uint8 and not bad.keys() - {3}  # as decoded: the graph casts them
+    np.testing.assert_array_equal(values[:3], pixels)
+    as_float, _ = read_column(pa.array([p.tobytes() for p in pixels], pa.binary()), ColumnRead(shape=(5, 4, 3),
+                                                                                               dtype="float32"))
+    assert as_float.dtype == np.float32
+    np.testing.assert_array_equal(as_float, pixels.astype(np.float32))
     assert bad[3].text.startswith("the image could not be decoded (59 bytes; JPEG, PNG, GIF, BMP or WebP expected, or "
                                   "60 bytes of raw uint8 pixels)")
 
@@ -197,5 +201,5 @@ def test_training_shard_decodes_an_image_column():
     pixels = np.random.default_rng(1).integers(0, 256, (3, 4, 5, 1), dtype=np.uint8)
     batch = pa.record_batch({"img": pa.array([tf.io.encode_png(p).numpy() for p in pixels], pa.binary())})
     (images,) = arrow_to_arrays([batch], [TensorColumns(("img",), (4, 5, 1))], 0)
-    assert images.dtype == np.float32
-    np.testing.assert_array_equal(images, pixels.astype(np.float32))
+    assert images.dtype == np.uint8  # as decoded, a quarter of float32's bytes in a rank's memory
+    np.testing.assert_array_equal(images, pixels)

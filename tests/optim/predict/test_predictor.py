@@ -164,6 +164,24 @@ def test_image_columns_decode_and_resize(spark):
     np.testing.assert_allclose([r.output for r in got], want, rtol=1e-4, atol=1e-5)
 
 
+def test_raw_uint8_pixels_reach_the_engine_as_uint8(spark, cnn):
+    """A binary column of raw uint8 pixels crosses Arrow and reaches the engine at a byte a value, and the engine
+    casts it inside its model (TensorFlow's graph, OpenVINO's pre-processing): the outputs equal ``net.forward`` of
+    the float32 pixels, and the bytes handed to the engine are a quarter of an array column's."""
+    x = np.random.default_rng(5).integers(0, 256, (120, 8, 8, 3)).astype(np.uint8)
+    df = frame(spark, {"id": pa.array(np.arange(120)), "raw": pa.array([p.tobytes() for p in x], pa.binary()),
+                       "img": list_column(x.astype(np.float32))})
+    want = cnn.forward(x.astype(np.float32))
+    for backend, tol in (("tensorflow", 1e-6), ("openvino", 1e-4)):
+        fed = {}
+        for column in ("raw", "img"):
+            p = TFPredictor(cnn, batch_per_thread=20, backend=backend)
+            got = np.array([r.output for r in p.predict(df, feature_cols=column).collect()], np.float32)
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"{backend} {column}")
+            fed[column] = p.stats()["input_bytes"]
+        assert fed == {"raw": x.size, "img": 4 * x.size}, (backend, fed)
+
+
 def test_openvino_backend_over_spark(spark, cnn, images):
     x = images[:200]
     df = frame(spark, {"id": pa.array(np.arange(200)), "img": list_column(x)})

@@ -185,7 +185,11 @@ def test_images_decoded_once_as_stored_give_the_batches_decoding_every_epoch_giv
             b = list(every.batches(4, seed=5, shuffle=True, **kw))
             assert len(a) == len(b) > 0
             for (fa, la), (fb, lb) in zip(a, b):
-                assert fa[0].dtype == fb[0].dtype == np.float32, case
+                # as decoded: uint8 where every image is at its size (cast inside the step's graph), else float32:
+                # the stored copy for the whole partition, a batch decoded every epoch for itself
+                assert fa[0].dtype == (np.uint8 if kind == pa.uint8() else np.float32), case
+                assert fb[0].dtype == (np.float32 if not np.array_equal(fb[0], np.rint(fb[0])) else fb[0].dtype)
+                assert fb[0].dtype == np.uint8 or kind != pa.uint8(), case
                 np.testing.assert_array_equal(fa[0], fb[0], err_msg=case)
                 np.testing.assert_array_equal(la, lb)
         if case != "own size":
@@ -342,3 +346,58 @@ def test_a_bad_row_in_a_group_comes_after_the_batches_before_it(tmp_path):
                 4, shuffle=False):
             got.append(batch)
     assert [b[1].tolist()[0] for b in got] == [0, 4, 8, 12, 16]
+
+
+class RecordingSource(stream.BlockSource):
+    """A spool file whose reads are kept, to tell the blocks' buffers from the batches'."""
+
+    def __init__(self, source):
+        self.source, self.block_rows, self.read = source, source.block_rows, []
+
+    def open(self):
+        reader, read = self.source.open(), self.read
+
+        class Reader:
+            def read(self, block):
+                table = reader.read(block)
+                read.append(np.asarray(table.column("img").chunk(0).flatten()))
+                return table
+
+            def close(self):
+                reader.close()
+
+        return Reader()
+
+
+def test_a_window_is_copied_once_and_its_uint8_pixels_reach_the_batches_as_they_are(tmp_path):
+    """Pixels stored as uint8 come out as uint8 (the step casts them inside its graph), each row copied once after
+    its block is read: the batches of a window, across the groups decoded apart, are views of one buffer that is
+    none of the blocks'. Before, the window's take, each group's concatenation and its cast to float32 each made
+    a copy. A resumed epoch gives the same rows."""
+    rng = np.random.default_rng(7)
+    pixels = rng.integers(0, 256, (200, 32, 32, 3), dtype=np.uint8)
+    field, column = stream.pixel_column("img", pixels)
+    assert field.metadata[stream.PIXELS_KEY] == b"uint8"
+    w = sp.SpoolWriter(str(tmp_path / "px.arrow"), 16)
+    for b in stream.numbered([pa.record_batch([column, pa.array(np.arange(200))],
+                                              schema=pa.schema([field, pa.field("y", pa.int64())]))]):
+        w.write(b)
+    src = RecordingSource(w.finish())
+    img = TensorColumns(("img",), (32, 32, 3))
+    decoder = CountingDecoder([img], [Y], True, 0)
+    ds = stream.StreamedDataset(src, decoder, shuffle_buffer=96)
+    got = list(ds.batches(6, seed=2, epoch=1, shuffle=True))
+    assert len(got) == 34 and decoder.calls < len(got)
+    seen = np.concatenate([labels for _, labels in got])
+    assert sorted(seen.tolist()) == list(range(200))  # every row once
+    for features, labels in got:
+        assert features[0].dtype == np.uint8
+        np.testing.assert_array_equal(features[0], pixels[labels])
+        assert not any(np.shares_memory(features[0], block) for block in src.read)
+    # a window of 96 rows: its 16 whole batches, decoded in more than one group, lie one after the other in the
+    # buffer of one gather
+    first_window = [f[0] for f, _ in got[:16]]
+    address = [f.__array_interface__["data"][0] for f in first_window]
+    assert all(a + f.nbytes == b for a, f, b in zip(address, first_window, address[1:])), address
+    resumed = list(ds.batches(6, seed=2, epoch=1, shuffle=True, skip=5))
+    assert [r.tolist() for _, r in resumed] == [r.tolist() for _, r in got[5:]]
