@@ -235,6 +235,7 @@ class OVEngine:
         if found is None:
             model = self._model
             if dtypes != tuple(self._dtypes):
+                model = model.clone()  # the pre-processing step changes the model it is built on
                 ppp = self._ov.preprocess.PrePostProcessor(model)
                 for name, got, want in zip(self._names, dtypes, self._dtypes):
                     if got != want:

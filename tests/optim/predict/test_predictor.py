@@ -164,10 +164,12 @@ def test_image_columns_decode_and_resize(spark):
     np.testing.assert_allclose([r.output for r in got], want, rtol=1e-4, atol=1e-5)
 
 
-def test_raw_uint8_pixels_reach_the_engine_as_uint8(spark, cnn):
+def test_raw_uint8_pixels_reach_the_engine_as_uint8(spark):
     """A binary column of raw uint8 pixels crosses Arrow and reaches the engine at a byte a value, and the engine
     casts it inside its model (TensorFlow's graph, OpenVINO's pre-processing): the outputs equal ``net.forward`` of
-    the float32 pixels, and the bytes handed to the engine are a quarter of an array column's."""
+    the float32 pixels, and the bytes handed to the engine are a quarter of an array column's. (A net of its own:
+    the workers keep an engine per model, and the other tests count their own loads.)"""
+    cnn = TFNet.from_keras(models.small_cnn(seed=5))
     x = np.random.default_rng(5).integers(0, 256, (120, 8, 8, 3)).astype(np.uint8)
     df = frame(spark, {"id": pa.array(np.arange(120)), "raw": pa.array([p.tobytes() for p in x], pa.binary()),
                        "img": list_column(x.astype(np.float32))})

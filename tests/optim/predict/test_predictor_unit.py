@@ -108,6 +108,21 @@ def test_openvino_equals_tensorflow(build):
         assert models.rel_err(g, w) < 1e-5
 
 
+@pytest.mark.parametrize("backend", ["tensorflow", "openvino"])
+def test_uint8_and_float_inputs_in_turn_each_equal_forward(cnn, backend):
+    """uint8 pixels reach the engine as uint8 (OpenVINO: a model compiled with its pre-processing cast), float32
+    pixels as float32, in either order on the one cached engine: the uint8 variant must not change the model the
+    float32 one is compiled from (it did: the float32 rows were then read as uint8, every output the same)."""
+    x8 = np.random.default_rng(0).integers(0, 256, (40, 8, 8, 3)).astype(np.uint8)
+    xf = models.random_images(40, 8, seed=3)  # fractions in [-1, 1]: a uint8 reading of them is far off
+    p = TFPredictor(cnn, batch_per_thread=16, backend=backend)
+    tol = 1e-6 if backend == "tensorflow" else 1e-4
+    for x in (x8, xf, x8, xf):
+        before = p.stats()["input_bytes"]
+        np.testing.assert_allclose(p.predict(x), cnn.forward(x), rtol=tol, atol=tol)
+        assert p.stats()["input_bytes"] - before == x.nbytes  # as given: a byte a value for uint8
+
+
 def test_openvino_falls_back_naming_the_op():
     net = TFNet.from_frozen_graph(lgamma_graph(), "x", "y")
     with pytest.warns(BackendFallbackWarning, match=r"unsupported operation\(s\): Lgamma\. Falling back"):
