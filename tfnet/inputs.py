@@ -69,6 +69,17 @@ def _is_single_array_like(value) -> bool:
 NARROW_DTYPES = ("uint8", "int8", "uint16", "int16")
 
 
+def taken_as_is(want, got) -> bool:
+    """Whether a value of dtype ``got`` goes into an input of dtype ``want`` as it is, for the graph (or engine) to
+    cast: narrow integers (:data:`NARROW_DTYPES`) into a float input. Either dtype a tf.DType, a numpy dtype or a
+    name.
+
+    >>> taken_as_is("float32", "uint8"), taken_as_is("float32", "int32"), taken_as_is("int32", "uint8")
+    (True, False, False)
+    """
+    return getattr(got, "name", str(got)) in NARROW_DTYPES and tf.as_dtype(want).is_floating
+
+
 def convert(value: Any, spec: tf.TensorSpec, name: str, narrow: bool = False) -> tf.Tensor:
     """Converts one value to a tensor of ``spec``'s dtype, checking kind, rank and shape.
 
@@ -99,7 +110,7 @@ def convert(value: Any, spec: tf.TensorSpec, name: str, narrow: bool = False) ->
         tensor = tensor.reshape(shape + (1,)) if isinstance(tensor, np.ndarray) else tf.expand_dims(tensor, -1)
         shape = shape + (1,)
     _check_shape(shape, spec, name)
-    if narrow and want.is_floating and got.name in NARROW_DTYPES:
+    if narrow and taken_as_is(want, got):
         return tf.convert_to_tensor(tensor)
     if isinstance(tensor, np.ndarray):
         if want == tf.string:

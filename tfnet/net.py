@@ -33,7 +33,7 @@ from tfnet import net_compute, net_export, net_loading, net_surgery
 from tfnet.graph_function import GraphFunction
 from tfnet.graph_io import PathLike
 from tfnet.hooks import HookList
-from tfnet.inputs import NARROW_DTYPES
+from tfnet.inputs import NARROW_DTYPES, taken_as_is
 from tfnet.lora import Adapter
 from tfnet.net_state import NetState, TrainableSpec
 from tfnet.parts import NetParts
@@ -253,7 +253,7 @@ class TFNet(tf.Module):
         narrow integers (:data:`tfnet.inputs.NARROW_DTYPES`: uint8 pixels first), which :meth:`forward` and a
         training step cast inside the graph, so a batch crosses to the graph at a quarter of the bytes. Any other
         number is converted to the input's dtype before (a float64 array to float32)."""
-        return {n: (s.dtype.name,) + (NARROW_DTYPES if s.dtype.is_floating else ())
+        return {n: (s.dtype.name,) + tuple(d for d in NARROW_DTYPES if taken_as_is(s.dtype, d))
                 for n, s in zip(self.state.graph.input_names, self.state.graph.input_specs)}
 
     @property

@@ -63,9 +63,9 @@ def pure_function(state: NetState, training: bool = False, dtypes: Sequence[tf.D
             graph's.
     """
     specs = list(state.graph.input_specs)
-    dtypes = tuple(tf.as_dtype(d) for d in dtypes) if dtypes is not None else tuple(s.dtype for s in specs)
-    narrow = dtypes != tuple(s.dtype for s in specs)
-    key = ("pure", bool(training) and bool(state.graph.phase_values)) + ((dtypes,) if narrow else ())
+    own = tuple(s.dtype for s in specs)
+    dtypes = own if dtypes is None else tuple(tf.as_dtype(d) for d in dtypes)
+    key = ("pure", bool(training) and bool(state.graph.phase_values)) + ((dtypes,) if dtypes != own else ())
     fn = state.compiled.get(key)
     if fn is None:
         input_specs = [tf.TensorSpec(s.shape, d, s.name) for s, d in zip(specs, dtypes)]

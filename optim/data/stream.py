@@ -168,13 +168,19 @@ def _still_needed(parts: list[pa.Table], index: np.ndarray) -> tuple[list[pa.Tab
     in the concatenation of those parts alone."""
     if not len(index):
         return [], np.zeros(0, np.int64)
-    starts = np.cumsum([0] + [t.num_rows for t in parts])
-    owner = np.searchsorted(starts, index, side="right") - 1
+    owner, local = _locate(parts, index)
     keep = np.unique(owner)
     new_starts = np.cumsum([0] + [parts[k].num_rows for k in keep])
     remap = np.zeros(len(parts), np.int64)
     remap[keep] = new_starts[:-1]
-    return [parts[k] for k in keep], index - starts[owner] + remap[owner]
+    return [parts[k] for k in keep], local + remap[owner]
+
+
+def _locate(parts: Sequence[pa.Table], index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each position of ``index`` in the concatenation of ``parts``: the part it is in, and its row there."""
+    starts = np.cumsum([0] + [t.num_rows for t in parts])
+    owner = np.searchsorted(starts, index, side="right") - 1
+    return owner, index - starts[owner]
 
 
 def gather_rows(parts: Sequence[pa.Table], index: np.ndarray) -> pa.Table:
@@ -189,9 +195,7 @@ def gather_rows(parts: Sequence[pa.Table], index: np.ndarray) -> pa.Table:
     [3, 1]
     """
     schema = parts[0].schema
-    starts = np.cumsum([0] + [t.num_rows for t in parts])
-    owner = np.searchsorted(starts, index, side="right") - 1
-    local = index - starts[owner]
+    owner, local = _locate(parts, index)
     columns = []
     for name in schema.names:
         chunks = [c for t in parts for c in t.column(name).chunks]

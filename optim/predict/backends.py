@@ -217,8 +217,6 @@ class OVEngine:
     backend = "openvino"
 
     def __init__(self, payload: Payload):
-        from tfnet.inputs import NARROW_DTYPES
-
         self._ov = import_openvino()
         xml, weights = payload.model
         self._core = self._ov.Core()
@@ -227,7 +225,6 @@ class OVEngine:
         self._names = [t.name for t in payload.inputs]
         self._out_names = [t.name for t in payload.outputs]
         self._dtypes = [np.dtype(t.dtype) for t in payload.inputs]
-        self._narrow = frozenset(NARROW_DTYPES)
         self._compiled: dict = {}  # compiled at the first call, for the dtypes it brings
 
     def _compile(self, dtypes: tuple) -> tuple:
@@ -249,8 +246,9 @@ class OVEngine:
         return found
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-        dtypes = tuple(a.dtype if a.dtype != d and d.kind == "f" and a.dtype.name in self._narrow else d
-                       for a, d in zip(arrays, self._dtypes))
+        from tfnet.inputs import taken_as_is
+
+        dtypes = tuple(a.dtype if taken_as_is(d, a.dtype) else d for a, d in zip(arrays, self._dtypes))
         _, inputs, outputs, request = self._compile(dtypes)
         request.infer({port: np.ascontiguousarray(a, dtype=d) for port, a, d in zip(inputs, arrays, dtypes)})
         return [request.get_tensor(port).data.copy() for port in outputs]

@@ -87,16 +87,19 @@ def test_the_shuffle_is_seeded_bounded_and_covers_every_row_each_pass(tmp_path):
 
 
 class CountingSource(stream.BlockSource):
+    """A source whose reads are kept: the blocks read (``reads``) and the tables they gave (``tables``)."""
+
     def __init__(self, inner):
-        self.inner, self.block_rows, self.reads = inner, inner.block_rows, []
+        self.inner, self.block_rows, self.reads, self.tables = inner, inner.block_rows, [], []
 
     def open(self):
-        reader, reads = self.inner.open(), self.reads
+        reader, reads, tables = self.inner.open(), self.reads, self.tables
 
         class Reader:
             def read(self, block):
                 reads.append(block)
-                return reader.read(block)
+                tables.append(reader.read(block))
+                return tables[-1]
 
             def close(self):
                 reader.close()
@@ -348,27 +351,6 @@ def test_a_bad_row_in_a_group_comes_after_the_batches_before_it(tmp_path):
     assert [b[1].tolist()[0] for b in got] == [0, 4, 8, 12, 16]
 
 
-class RecordingSource(stream.BlockSource):
-    """A spool file whose reads are kept, to tell the blocks' buffers from the batches'."""
-
-    def __init__(self, source):
-        self.source, self.block_rows, self.read = source, source.block_rows, []
-
-    def open(self):
-        reader, read = self.source.open(), self.read
-
-        class Reader:
-            def read(self, block):
-                table = reader.read(block)
-                read.append(np.asarray(table.column("img").chunk(0).flatten()))
-                return table
-
-            def close(self):
-                reader.close()
-
-        return Reader()
-
-
 def test_a_window_is_copied_once_and_its_uint8_pixels_reach_the_batches_as_they_are(tmp_path):
     """Pixels stored as uint8 come out as uint8 (the step casts them inside its graph), each row copied once after
     its block is read: the batches of a window, across the groups decoded apart, are views of one buffer that is
@@ -382,7 +364,7 @@ def test_a_window_is_copied_once_and_its_uint8_pixels_reach_the_batches_as_they_
     for b in stream.numbered([pa.record_batch([column, pa.array(np.arange(200))],
                                               schema=pa.schema([field, pa.field("y", pa.int64())]))]):
         w.write(b)
-    src = RecordingSource(w.finish())
+    src = CountingSource(w.finish())
     img = TensorColumns(("img",), (32, 32, 3))
     decoder = CountingDecoder([img], [Y], True, 0)
     ds = stream.StreamedDataset(src, decoder, shuffle_buffer=96)
@@ -393,7 +375,8 @@ def test_a_window_is_copied_once_and_its_uint8_pixels_reach_the_batches_as_they_
     for features, labels in got:
         assert features[0].dtype == np.uint8
         np.testing.assert_array_equal(features[0], pixels[labels])
-        assert not any(np.shares_memory(features[0], block) for block in src.read)
+        assert not any(np.shares_memory(features[0], np.asarray(t.column("img").chunk(0).flatten()))
+                       for t in src.tables)
     # a window of 96 rows: its 16 whole batches, decoded in more than one group, lie one after the other in the
     # buffer of one gather
     first_window = [f[0] for f, _ in got[:16]]
