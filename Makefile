@@ -5,10 +5,10 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.tfnet-installed
 TESTS  ?= tests
 PYTEST_ARGS ?=
-# pytest workers (pytest-xdist), as two lanes (tests/conftest.py): the first runs every test module but pytest.ini's
-# one_core_modules, one test after another as one process would; the second runs those, in-process TensorFlow modules
-# that keep one core busy, with TensorFlow at one thread, beside it. On CI's 2 cores the rest keep 1.4 cores busy
-# (docs/benchmarks.md). TEST_WORKERS=0 runs one process.
+# pytest workers (pytest-xdist), in three lanes (tests/conftest.py): the first runs every test module but pytest.ini's
+# one_core_modules and beside_modules, one test after another as one process would; the second runs the
+# one_core_modules, in-process TensorFlow modules that keep one core busy, with TensorFlow at one thread, beside it,
+# then the beside_modules (Spark modules that use nothing the whole machine shares). TEST_WORKERS=0 runs one process.
 TEST_WORKERS ?= 2
 
 export TF_ENABLE_ONEDNN_OPTS ?= 1

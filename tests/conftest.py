@@ -6,10 +6,12 @@
 * docker: the cluster image and a compose cluster on a real Docker engine (tests/docker/; set up by
   scripts/docker_env.sh, never skipped in CI).
 
-``make test`` runs two pytest workers (pytest-xdist) as two lanes (:func:`pytest_xdist_make_scheduler`): the first
-worker runs every module but pytest.ini's ``one_core_modules``, one test after another in collection order, as one
-process would; the second runs those, in-process TensorFlow modules that keep one core busy, with TensorFlow at one
-thread, beside the first. ``make test TEST_WORKERS=0`` runs one process.
+``make test`` runs two pytest workers (pytest-xdist) in three lanes (:func:`pytest_xdist_make_scheduler`): the first
+worker runs every module but pytest.ini's ``one_core_modules`` and ``beside_modules``, one test after another in
+collection order, as one process would; the second runs the ``one_core_modules``, in-process TensorFlow modules that
+keep one core busy, with TensorFlow at one thread, beside the first, and then the ``beside_modules``, Spark modules
+that use nothing the whole machine shares (their own ``local[2]`` or Connect server), still at one thread.
+``make test TEST_WORKERS=0`` runs one process.
 """
 
 import os
@@ -218,9 +220,11 @@ def pytest_configure(config):
                                        "the Docker engine, the shared standalone cluster): never beside another such test")
 
 
-#: make test's two lanes (pytest-xdist workers): the main one, and the one-core one of pytest.ini's one_core_modules.
-MAIN_LANE, ONE_CORE_LANE = "main", "one-core"
-LANE_WORKER = {MAIN_LANE: "gw0", ONE_CORE_LANE: ONE_CORE_WORKER}
+#: make test's lanes: the main one (the first pytest-xdist worker), and the one-core one of pytest.ini's
+#: one_core_modules and then the one of its beside_modules (the second worker, in that order).
+MAIN_LANE, ONE_CORE_LANE, BESIDE_LANE = "main", "one-core", "beside"
+WORKER_LANES = {"gw0": (MAIN_LANE,), ONE_CORE_WORKER: (ONE_CORE_LANE, BESIDE_LANE)}
+LANE_WORKER = {name: worker for worker, lanes in WORKER_LANES.items() for name in lanes}
 #: A test module that imports from these makes network namespaces (and sweeps away stale ones: tests/netns.py).
 _NETNS_MODULES = ("tests.netns", "tests.netns_cluster")
 
@@ -236,20 +240,25 @@ def uses_the_machine(item) -> bool:
 
 def lane(config, nodeid: str) -> str:
     """The lane a test runs in: the one-core lane for the modules pytest.ini's ``one_core_modules`` names (path
-    prefixes), else the main one. pytest-xdist's controller places tests knowing only their node ids, so the rule
-    is by path; :func:`pytest_collection_modifyitems` checks what each one-core test uses."""
+    prefixes), the beside lane for its ``beside_modules``, else the main one. pytest-xdist's controller places tests
+    knowing only their node ids, so the rule is by path; :func:`pytest_collection_modifyitems` checks what each test
+    of the second worker's lanes uses."""
     module = nodeid.split("::")[0]
-    return ONE_CORE_LANE if module.startswith(tuple(config.getini("one_core_modules"))) else MAIN_LANE
+    for name, key in ((ONE_CORE_LANE, "one_core_modules"), (BESIDE_LANE, "beside_modules")):
+        if module.startswith(tuple(config.getini(key))):
+            return name
+    return MAIN_LANE
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """make test's two workers as two lanes (:func:`lane`). The first worker (gw0) takes the main lane, every test
+    """make test's two workers in three lanes (:func:`lane`). The first worker (gw0) takes the main lane, every test
     in collection order, one after another, as one process runs them: module fixtures made once, and the tests that
     use what the whole machine shares (namespaces, the Docker engine, the shared cluster) never side by side. The
-    second (gw1, TensorFlow at one thread) takes the one-core lane. A lane whose worker is missing (one worker, or
-    one that crashed and was replaced) goes to whichever worker asks next. This is pytest-xdist's scope scheduler
-    with the lane as the scope, through xdist's own hook (its ``--dist loadgroup`` does not group on pytest 9.2:
-    pytest-xdist#1386)."""
+    second (gw1, TensorFlow at one thread) takes the one-core lane, then the beside lane. The split is fixed, not
+    taken by whichever worker is free first, so that a module runs in the same worker, with the same threads, on
+    every run. A lane whose worker is missing (one worker, or one that crashed and was replaced) goes to whichever
+    worker asks next. This is pytest-xdist's scope scheduler with the lane as the scope, through xdist's own hook
+    (its ``--dist loadgroup`` does not group on pytest 9.2: pytest-xdist#1386)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class Lanes(LoadScopeScheduling):
@@ -258,8 +267,8 @@ def pytest_xdist_make_scheduler(config, log):
 
         def _assign_work_unit(self, node) -> None:
             workers = {n.gateway.id for n in self.nodes}
-            own = ONE_CORE_LANE if node.gateway.id == ONE_CORE_WORKER else MAIN_LANE
-            free = [name for name in self.workqueue if name == own or LANE_WORKER[name] not in workers]
+            own = [name for name in WORKER_LANES.get(node.gateway.id, ()) if name in self.workqueue]
+            free = own + [name for name in self.workqueue if LANE_WORKER[name] not in workers]
             if not free:
                 return
             work_unit = self.workqueue.pop(free[0])
@@ -291,20 +300,30 @@ def pytest_addoption(parser):
     parser.addini("one_core_modules", "in-process TensorFlow test modules (path prefixes) that keep one core busy: "
                   "make test runs them in a second pytest-xdist worker, with TensorFlow at one thread, beside the "
                   "rest", type="linelist", default=[])
+    parser.addini("beside_modules", "Spark test modules (path prefixes) that use nothing the whole machine shares: "
+                  "make test's second pytest-xdist worker runs them after the one_core_modules, beside the rest",
+                  type="linelist", default=[])
 
 
 def pytest_collection_modifyitems(config, items):
-    strays = set()
+    strays, machine = set(), set()
     for item in items:
         unit = not any(item.get_closest_marker(m) for m in ("spark", "parallel", "docker"))
         if unit:
             item.add_marker(pytest.mark.unit)
-        if lane(config, item.nodeid) == ONE_CORE_LANE and (not unit or uses_the_machine(item)):
+        where = lane(config, item.nodeid)
+        if where == ONE_CORE_LANE and (not unit or uses_the_machine(item)):
             strays.add(item.nodeid.split("::")[0])
+        elif where == BESIDE_LANE and uses_the_machine(item):
+            machine.add(item.nodeid.split("::")[0])
     if strays:
         raise pytest.UsageError(f"{', '.join(sorted(strays))}: in pytest.ini's one_core_modules, but starts Spark, "
                                 "Horovod ranks or Docker, or uses what the whole machine shares (network namespaces, "
                                 "the standalone cluster), which would run beside the main lane: take it off the list")
+    if machine:
+        raise pytest.UsageError(f"{', '.join(sorted(machine))}: in pytest.ini's beside_modules, but uses what the "
+                                "whole machine shares (network namespaces, iptables, the Docker engine, the standalone "
+                                "cluster), which the main lane's tests use too: take it off the list")
 
 
 @pytest.fixture

@@ -81,9 +81,10 @@ def _module(prefix: str, machine: bool = False) -> str:
     """)
 
 
-def _laned_suite(tmp_path, listed: tuple[str, ...]) -> None:
+def _laned_suite(tmp_path, listed: tuple[str, ...], beside: tuple[str, ...] = ()) -> None:
     (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F401,F403\n")
-    (tmp_path / "pytest.ini").write_text("[pytest]\none_core_modules =\n" + "".join(f"    {m}\n" for m in listed))
+    (tmp_path / "pytest.ini").write_text("[pytest]\none_core_modules =\n" + "".join(f"    {m}\n" for m in listed)
+                                         + "beside_modules =\n" + "".join(f"    {m}\n" for m in beside))
     for prefix, machine in (("a", False), ("b", False), ("c", False), ("m1", True), ("m2", True)):
         (tmp_path / f"test_{prefix}.py").write_text(_module(prefix, machine))
 
@@ -112,9 +113,27 @@ def test_two_workers_are_two_lanes_the_one_core_modules_beside_the_rest_in_order
     assert [p for p, gw, _ in ran if gw == "gw0"] == ["c"] * 4 + ["m1"] * 4 + ["m2"] * 4, ran
 
 
-def test_one_worker_runs_both_lanes(tmp_path):
-    """With one worker (or where the one-core lane's worker is gone) the lane waits for no one: the first takes it."""
-    _laned_suite(tmp_path, ("test_a.py",))
+def test_the_second_worker_runs_the_beside_modules_after_the_one_core_ones(tmp_path):
+    """pytest.ini's beside_modules go to the second worker, after its one_core_modules (TensorFlow still at one
+    thread), every run the same; the first keeps the rest, the machine's modules among them."""
+    _laned_suite(tmp_path, ("test_b.py",), beside=("test_a.py",))
+    done = _pytest(tmp_path, "-n", "2")
+    assert done.returncode == 0 and "20 passed" in done.stdout, done.stdout[-3000:]
+    ran = _ran(tmp_path)
+    assert [(p, t) for p, gw, t in ran if gw == "gw1"] == [("b", "11")] * 4 + [("a", "11")] * 4, ran
+    assert [p for p, gw, _ in ran if gw == "gw0"] == ["c"] * 4 + ["m1"] * 4 + ["m2"] * 4, ran
+
+
+def test_a_beside_module_must_not_use_the_machine(tmp_path):
+    _laned_suite(tmp_path, ("test_a.py",), beside=("test_b.py", "test_m1.py"))
+    done = _pytest(tmp_path, "--collect-only")
+    assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "test_m1.py: in pytest.ini's beside_modules, but uses what the whole machine shares" in done.stderr
+
+
+def test_one_worker_runs_every_lane(tmp_path):
+    """With one worker (or where the second worker is gone) its lanes wait for no one: the first takes them."""
+    _laned_suite(tmp_path, ("test_a.py",), beside=("test_b.py",))
     done = _pytest(tmp_path, "-n", "1")
     assert done.returncode == 0 and "20 passed" in done.stdout, done.stdout[-3000:]
     assert {gw for _, gw, _ in _ran(tmp_path)} == {"gw0"}
