@@ -6,9 +6,10 @@ machine that gave them, the command, the plot) and ``docs/plots/<topic>.png``. T
 ``docs/benchmarks.md`` is the dated log of how each figure came about, and is left as it is.
 
 The same benchmarks run on another kind of CPU write to ``docs/bench/<kind>/bench_<name>.json`` (``<kind>`` as
-``python benchmarks/report.py --kind`` names this machine's: ``intel-xeon-amx``, ``amd-epyc-avx512-bf16``,
-``amd-epyc-avx2``): each kind that has a topic's figures gets a column of its own beside the first, so a regression on
-one kind is seen. A kind that ran only part of a benchmark (``--only train``) shows the topics it has.
+``python benchmarks/report.py --kind`` names this machine's: ``intel-xeon-amx``, ``amd-epyc-zen5-avx512-bf16``,
+``amd-epyc-zen4-avx512-bf16``, ``amd-epyc-zen3-avx2``): each kind that has a topic's figures gets a column of its own
+beside the first, so a regression on one kind is seen. A kind that ran only part of a benchmark (``--only train``)
+shows the topics it has.
 
     python benchmarks/report.py            # rewrite the block and the plots
     python benchmarks/report.py --check    # exit 1, naming the first difference, if the block is stale
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 from collections.abc import Callable
@@ -101,16 +103,36 @@ KINDS = "bench"
 
 
 def kind_of(machine: dict) -> str:
-    """A kind of CPU as a folder name, from a benchmark's ``machine`` record: its vendor and model family, and the
-    widest of AMX, AVX-512 with bf16, AVX-512 and AVX2 it has (what picks TensorFlow's, oneDNN's and OpenVINO's
-    kernels)."""
+    """A kind of CPU as a folder name, from a benchmark's ``machine`` record: its vendor, for AMD its Zen generation
+    where the record has the family and model numbers (Zen 4 and Zen 5 have the same flags but not the same
+    datapaths: Zen 5 runs AVX-512 at full width), and the widest of AMX, AVX-512 with bf16, AVX-512 and AVX2 it has
+    (what picks TensorFlow's, oneDNN's and OpenVINO's kernels)."""
     cpu = str(machine.get("cpu", "cpu")).lower()
     vendor = "intel-xeon" if "xeon" in cpu else "amd-epyc" if "epyc" in cpu else \
         "-".join("".join(c if c.isalnum() else " " for c in cpu).split()[:2]) or "cpu"
+    zen = amd_zen(cpu) if vendor == "amd-epyc" else None
     flags = set(machine.get("flags", []))
     isa = ("amx" if any(f.startswith("amx") for f in flags) else "avx512-bf16" if "avx512_bf16" in flags
            else "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "no-avx2")
-    return f"{vendor}-{isa}"
+    return "-".join([vendor, *([zen] if zen else []), isa])
+
+
+#: AMD's family 25 (0x19) models by generation: Zen 4 (Genoa 0x10-0x1f, Raphael and Phoenix 0x60-0x7f, Bergamo and
+#: Siena 0xa0-0xaf); the rest of the family is Zen 3 (Milan 0x00-0x0f, Vermeer 0x20-0x2f, the APUs 0x40-0x5f).
+_ZEN4_MODELS = (range(0x10, 0x20), range(0x60, 0x80), range(0xA0, 0xB0))
+
+
+def amd_zen(cpu: str) -> str | None:
+    """An AMD CPU's Zen generation from ``(family F model M)`` in its name (:func:`tfnet.precision.cpu_model`):
+    family 23 ``zen2`` (Zen and Zen 2), 25 ``zen3`` or ``zen4`` by model, 26 ``zen5``; None where the name has no
+    numbers (a record from before they were kept) or the family is another."""
+    found = re.search(r"family (\d+) model (\d+)", cpu)
+    if not found:
+        return None
+    family, model = int(found.group(1)), int(found.group(2))
+    if family == 25:
+        return "zen4" if any(model in r for r in _ZEN4_MODELS) else "zen3"
+    return {23: "zen2", 26: "zen5"}.get(family)
 
 
 def kind_folders(docs: str) -> list[str]:

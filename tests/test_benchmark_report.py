@@ -86,6 +86,12 @@ def test_each_kind_of_cpu_gets_a_column_of_the_topics_it_ran(docs_copy, capsys):
     assert report.kind_of({"cpu": "AMD EPYC 9B14", "flags": ["avx2", "avx512_bf16", "avx512f"]}) == \
         "amd-epyc-avx512-bf16"
     assert report.kind_of({"cpu": "AMD EPYC 7B13", "flags": ["avx2", "fma"]}) == "amd-epyc-avx2"
+    # with the family and model numbers (tfnet.precision.cpu_model): Zen 4 and Zen 5 share their flags
+    avx512 = ["avx2", "avx512_bf16", "avx512f"]
+    assert [report.kind_of({"cpu": f"AMD EPYC (family {f} model {m})", "flags": flags}) for f, m, flags in
+            [(25, 1, ["avx2"]), (25, 17, avx512), (25, 160, avx512), (26, 2, avx512), (26, 17, avx512)]] == \
+        ["amd-epyc-zen3-avx2", "amd-epyc-zen4-avx512-bf16", "amd-epyc-zen4-avx512-bf16",
+         "amd-epyc-zen5-avx512-bf16", "amd-epyc-zen5-avx512-bf16"]
     amx = json.loads((docs_copy / "bench_precision.json").read_text())
     amx["machine"] = {"cpu": "Intel Xeon", "flags": ["amx_tile", "avx512_bf16", "avx512f"], "cores": 2, "onednn": "1",
                       "date": "2026-11-28"}

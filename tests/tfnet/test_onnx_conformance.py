@@ -19,6 +19,7 @@ add it by running the script again.
 
 import os
 
+import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
@@ -87,3 +88,40 @@ def test_what_does_not_convert_fails_at_load_by_name(report):
                                                                               if "GraphExecutionError" in r.detail]
     unsupported = [r for r in failures if r.outcome == "unsupported"]
     assert unsupported and all("that tfnet cannot convert:" in r.detail and " v" in r.detail for r in unsupported)
+
+
+def test_a_float_cast_to_4_bits_is_compared_where_onnx_defines_it():
+    """onnx's expected values for a float Cast to UINT4 come from ml_dtypes when the cases are collected, and differ
+    between its versions outside the type's range (0.5 wraps -9 to 7, 0.7 gives 0; ONNX leaves it undefined): those
+    positions are not compared, every other one is, and a wrong value in the range still fails the case."""
+    import dataclasses
+
+    from onnx import numpy_helper
+
+    from tfnet.onnx.conformance import collect, defined_positions, run_case
+
+    (case,) = [c for c in collect("test_cast_FLOAT_to_UINT4") if c.name == "test_cast_FLOAT_to_UINT4"]
+    inputs, outputs = case.data_sets[0]
+    x = numpy_helper.to_array(inputs[0])
+    assert x.ravel().tolist() == list(range(-9, 16))
+    defined = defined_positions(case.model, inputs)
+    assert defined.ravel().tolist() == [False] * 9 + [True] * 16  # -9..-1 out of UINT4's range
+    assert run_case(case).outcome == "pass"
+    for wrap_or_zero in (7, 0):  # what ml_dtypes 0.5 and 0.7 expect of -9: either passes
+        want = numpy_helper.to_array(outputs[0]).astype(np.uint8).ravel()
+        want[0] = wrap_or_zero
+        changed = dataclasses.replace(case, data_sets=[(inputs, [_uint4(want.reshape(x.shape))])])
+        assert run_case(changed).outcome == "pass"
+    want[12] = 4  # the input 3 expected as 4: in the range, so compared
+    changed = dataclasses.replace(case, data_sets=[(inputs, [_uint4(want.reshape(x.shape))])])
+    assert run_case(changed).outcome == "wrong"
+    (f32,) = [c for c in collect("test_cast_FLOAT_to_FLOAT16") if c.name == "test_cast_FLOAT_to_FLOAT16"]
+    assert defined_positions(f32.model, f32.data_sets[0][0]) is None  # every other case: all compared
+
+
+def _uint4(values: np.ndarray):
+    import ml_dtypes
+    from onnx import TensorProto, helper, numpy_helper
+
+    packed = numpy_helper._pack_4bitx2(values.astype(ml_dtypes.uint4))
+    return helper.make_tensor("output", TensorProto.UINT4, values.shape, vals=packed.tobytes(), raw=True)
