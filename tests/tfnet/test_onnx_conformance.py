@@ -121,7 +121,6 @@ def test_a_float_cast_to_4_bits_is_compared_where_onnx_defines_it():
 
 def _uint4(values: np.ndarray):
     import ml_dtypes
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import numpy_helper
 
-    packed = numpy_helper._pack_4bitx2(values.astype(ml_dtypes.uint4))
-    return helper.make_tensor("output", TensorProto.UINT4, values.shape, vals=packed.tobytes(), raw=True)
+    return numpy_helper.from_array(values.astype(ml_dtypes.uint4), "output")

@@ -16,13 +16,12 @@ Values of the 8-bit and 4-bit element types are fed and compared in their carrie
 (:mod:`tfnet.onnx.dtypes`). A float ``Cast`` or ``CastLike`` to a 2- or 4-bit integer is compared only where the
 spec defines it: where the input, truncated, is in the type's range (:func:`defined_positions`).
 
-Cases are *in scope* when their nodes are in the default (``ai.onnx``)
-domain, their inputs and outputs are tensors (not sequences, maps or optionals), and they are
-inference: not random generators (their outputs are draws) and not training mode (``Dropout`` given
-``training_mode=True``, ``BatchNormalization(training_mode=1)``). Each in-scope case ends as
-*pass*, *wrong* (ran, different result), *unsupported* (refused at load by name: an operator or
-operator version tfnet does not convert, :class:`~tfnet.onnx.UnsupportedOperatorError` or
-:class:`~tfnet.onnx.OpsetError`) or *error* (anything else).
+Cases are *in scope* when their nodes are in the default (``ai.onnx``) domain, their inputs and outputs are tensors
+(not sequences, maps or optionals), and they are inference: not random generators (their outputs are draws) and not
+training mode (``Dropout`` given ``training_mode=True``, ``BatchNormalization(training_mode=1)``). Each in-scope case
+ends as *pass*, *wrong* (ran, different result), *unsupported* (refused at load by name: an operator or operator
+version tfnet does not convert, :class:`~tfnet.onnx.UnsupportedOperatorError` or :class:`~tfnet.onnx.OpsetError`) or
+*error* (anything else).
 
 ``python -m tfnet.onnx.conformance`` prints the figures and the failures.
 """
@@ -188,10 +187,6 @@ def run_case(case) -> CaseResult:
     return CaseResult(case.name, "pass")
 
 
-#: The 2- and 4-bit integer types: ONNX element type name -> the range of its values.
-_NARROW_INT_RANGES = {"INT4": (-8, 7), "UINT4": (0, 15), "INT2": (-2, 1), "UINT2": (0, 3)}
-
-
 def defined_positions(model, inputs: list) -> np.ndarray | None:
     """Where a case's first output is defined by the spec, for a float ``Cast`` or ``CastLike`` to a 2- or 4-bit
     integer: the positions whose input, truncated toward zero, is in the type's range (NaN and infinities are
@@ -202,16 +197,16 @@ def defined_positions(model, inputs: list) -> np.ndarray | None:
     :mod:`tfnet.onnx.dtypes`), ml_dtypes 0.7 gives 0, onnxruntime 1.32 rounds to nearest and wraps. The cases'
     expected values are computed by ml_dtypes when onnx collects them, so they change with the ml_dtypes installed
     (onnx 1.23.2's own outputs for ``test_cast_FLOAT_to_UINT4`` went from wrapped to zeros with ml_dtypes 0.7.0)."""
-    from onnx import TensorProto
+    from tfnet.onnx.dtypes import narrow_int_range
 
     nodes = model.graph.node
     if len(nodes) != 1 or nodes[0].op_type not in ("Cast", "CastLike") or not inputs:
         return None
-    target = TensorProto.DataType.Name(model.graph.output[0].type.tensor_type.elem_type)
+    target = narrow_int_range(model.graph.output[0].type.tensor_type.elem_type)
     x = _array(inputs[0])
-    if target not in _NARROW_INT_RANGES or x.dtype.kind != "f":
+    if target is None or x.dtype.kind != "f":
         return None
-    lo, hi = _NARROW_INT_RANGES[target]
+    lo, hi = target
     x = x.astype(np.float64)
     with np.errstate(invalid="ignore"):
         t = np.trunc(x)

@@ -137,12 +137,20 @@ def _wrap_int(x: tf.Tensor, bits: int, signed: bool) -> tf.Tensor:
     return tf.cast(v, tf.uint8)
 
 
+def narrow_int_range(onnx_type: int) -> tuple[int, int] | None:
+    """The smallest and largest value of a 2- or 4-bit integer ``onnx_type``; None for every other type."""
+    name = _type_name(onnx_type)
+    if name not in _INTS:
+        return None
+    bits, signed = _INTS[name]
+    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+
+
 def saturate_int(x: tf.Tensor, onnx_type: int) -> tf.Tensor:
     """Integers clipped to the range of ``onnx_type`` (carried or not), in its TensorFlow dtype."""
-    name = _type_name(onnx_type)
-    if name in _INTS:
-        bits, signed = _INTS[name]
-        lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    narrow = narrow_int_range(onnx_type)
+    if narrow is not None:
+        lo, hi = narrow
     else:
         dtype = tf_type(onnx_type)
         lo, hi = dtype.min, dtype.max
