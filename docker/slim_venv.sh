@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Slims the image's venv (in the Dockerfile's builder stage, after Horovod is installed) by removing
-# what the runtime never uses. Each step saves tens to hundreds of MB:
+# Slims the image's venv (from docker/install_venv.sh in the Dockerfile's runtime stage, after Horovod is
+# installed) by removing what the runtime never uses. Each step saves tens to hundreds of MB:
 #   - TensorFlow's C++ headers (tensorflow/include; only Horovod's build reads them);
 #   - test suites (`tests` folders; not TensorFlow's own, which its modules import);
 #   - libclang (a TensorFlow build-time dependency, not imported at run time);

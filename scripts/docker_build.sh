@@ -14,13 +14,16 @@
 #    and Horovod's sdist, so that the image can compile it when no wheel is cached.
 #    Made with the host's pip, which trusts the host's certificates; nothing is copied into the image
 #    but wheels. A second run reuses it and needs no network.
-# 3. `docker build` (the legacy builder) on a context streamed from here: src/ holds the working tree's
-#    files that git tracks or would track (`git ls-files -co --exclude-standard`: never .venv or a
-#    stale build/), wheelhouse/ the wheelhouse.
-#
+# 3. tfnet's own wheel, built on the host from the files git tracks or would track (`git ls-files -co
+#    --exclude-standard`: never .venv or a stale build/).
+# 4. `docker build` (the legacy builder, `--network host`) on a context streamed from here: src/ (those
+#    files) and build/ (the pins, horovod.txt naming Horovod's file, tfnet's wheel), while the wheelhouse is
+#    served over HTTP on 127.0.0.1 for the image's pip (docker/install_venv.sh). The server listens on
+#    $TFNET_WHEELHOUSE_PORT (default 47611) while that port is free, since its URL is part of the venv
+#    layer's cache key; on another free port otherwise (the venv layer is then installed again).
 # Settings: TFNET_PYTHON (the Python 3.11 whose pip makes the wheelhouse; default .venv/bin/python, else
 # python3), TFNET_BASE_IMAGE (see docker_env.sh), TFNET_WHEEL_CACHE (build_horovod.sh's wheel cache),
-# TFNET_DOCKER_BUILD_ARGS (more `docker build` options, e.g. --no-cache).
+# TFNET_DOCKER_BUILD_ARGS (more `docker build` options, e.g. --no-cache), TFNET_WHEELHOUSE_PORT (above).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -90,18 +93,62 @@ if [ ! -f "$hvd_dir/horovod-${HVD_VERSION}.tar.gz" ]; then
     "$PY" -m pip download --quiet --no-deps --no-binary :all: "horovod==${HVD_VERSION}" -d "$hvd_dir"
 fi
 if ls "$hvd_dir-$patches"/horovod-*.whl >/dev/null 2>&1; then
-    log "Horovod: the cached wheel $(basename "$(ls "$hvd_dir-$patches"/horovod-*.whl | head -n 1)") ($patches)"
+    hvd_file=$(ls "$hvd_dir-$patches"/horovod-*.whl | head -n 1)
+    log "Horovod: the cached wheel $(basename "$hvd_file") ($patches)"
 else
-    log "Horovod: no cached wheel; the image's builder stage compiles it (about 7 minutes on 2 free cores)"
+    hvd_file="$hvd_dir/horovod-${HVD_VERSION}.tar.gz"
+    log "Horovod: no cached wheel; the image compiles it from the sdist (about 7 minutes on 2 free cores)"
 fi
 
 [ $ONLY_WHEELS = 1 ] && exit 0
 
+# --- the context: the repository's files and tfnet's wheel ----------------------------------------
+ctx=$(mktemp -d)
+server=""
+cleanup() {
+    [ -z "$server" ] || kill "$server" 2>/dev/null || true
+    rm -rf "$ctx"
+}
+trap cleanup EXIT
+mkdir -p "$ctx/src" "$ctx/build/dist" "$ctx/wheel-src"
+git ls-files -co --exclude-standard -z | tar --null -c -f - -T - | tar -x -f - -C "$ctx/src"
+cp -a "$ctx/src/." "$ctx/wheel-src/"  # setuptools writes build/ and *.egg-info into the tree it builds
+"$PY" -m pip wheel --quiet --no-index --no-deps --no-build-isolation -w "$ctx/build/dist" "$ctx/wheel-src" >/dev/null
+rm -rf "$ctx/wheel-src"
+cp "$WH/requirements.txt" "$ctx/build/requirements.txt"
+realpath --relative-to="$WH" "$hvd_file" >"$ctx/build/horovod.txt"
+
+# --- the wheelhouse over HTTP, for the image's pip -----------------------------------------------
+portfile="$ctx/port"
+"$PY" - "$WH" "${TFNET_WHEELHOUSE_PORT:-47611}" "$portfile" <<'EOF' &
+import functools, http.server, os, sys
+folder, port, portfile = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+class Handler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+handler = functools.partial(Handler, directory=folder)
+try:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+except OSError:  # taken: any free port (the venv layer's cache key changes with it)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+with open(portfile + ".tmp", "w") as f:
+    f.write(str(server.server_address[1]))
+os.rename(portfile + ".tmp", portfile)
+server.serve_forever()
+EOF
+server=$!
+for _ in $(seq 300); do
+    [ -s "$portfile" ] && break
+    kill -0 "$server" 2>/dev/null || die "the wheelhouse's HTTP server did not start"
+    sleep 0.1
+done
+[ -s "$portfile" ] || die "the wheelhouse's HTTP server gave no port within 30 s"
+url="http://127.0.0.1:$(cat "$portfile")"
+
 # --- build ---------------------------------------------------------------------------------------
-log "building $TAG on $BASE ($(du -sh "$WH" | cut -f1) wheelhouse)"
+log "building $TAG on $BASE ($(du -sh "$WH" | cut -f1) wheelhouse at $url)"
 start=$(date +%s)
-git ls-files -co --exclude-standard -z \
-    | tar --null -c -f - -T - -C "$(dirname "$WH")" --transform 's,^,src/,' \
-        --transform "s,^src/$(basename "$WH"),wheelhouse," "$(basename "$WH")" \
-    | DOCKER_BUILDKIT=0 docker build -f src/docker/Dockerfile --build-arg "BASE=$BASE" ${TFNET_DOCKER_BUILD_ARGS:-} -t "$TAG" -
+tar -c -f - -C "$ctx" src build \
+    | DOCKER_BUILDKIT=0 docker build --network host -f src/docker/Dockerfile --build-arg "BASE=$BASE" \
+        --build-arg "WHEELHOUSE=$url" ${TFNET_DOCKER_BUILD_ARGS:-} -t "$TAG" -
 log "built $TAG in $(( $(date +%s) - start )) s: $(docker image inspect -f '{{.Size}}' "$TAG" | awk '{printf "%.2f GB", $1/1e9}')"

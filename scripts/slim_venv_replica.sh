@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Measures docker/slim_venv.sh without Docker: makes the image builder stage's venv on this host from the
+# Measures docker/slim_venv.sh without Docker: makes the image's venv on this host from the
 # same wheelhouse (scripts/docker_build.sh's) and Debian's Python 3.11, slims it, prints its size before
 # and after (du -sb: what the image's venv layer holds), then runs scripts/slim_venv_smoke.py with it.
 #

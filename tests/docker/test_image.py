@@ -1,5 +1,5 @@
-"""The cluster image, built from a clean clone by scripts/docker_build.sh (multi-stage, from the
-host-made wheelhouse): small enough, no compilers, not root, and everything imports."""
+"""The cluster image, built from a clean clone by scripts/docker_build.sh (the venv installed in the stage that
+ships it, from the host-made wheelhouse): small enough, no compilers, not root, and everything imports."""
 
 import pytest
 
