@@ -23,8 +23,11 @@ __all__ = ["WarmUp", "check_driver_horovod", "check_model_dir", "ensure_warm_up"
 
 def check_driver_horovod() -> None:
     try:
-        import horovod.tensorflow as hvd  # noqa: F401
         from horovod.runner.http.http_server import RendezvousServer  # noqa: F401
+
+        from optim.horovod_import import import_horovod
+
+        import_horovod()
     except ImportError as exc:
         raise SparkSetupError(
             f"Horovod is not installed in this Python ({exc}). Distributed training needs Horovod 0.28.1 "

@@ -36,14 +36,15 @@ def import_report_fn(probe: tuple | None = None):
             pass
         for module in ("tfnet", "optim", "tensorflow", "horovod.tensorflow"):
             try:
-                __import__(module)
+                if module == "horovod.tensorflow":  # as the ranks import it: Keras left unloaded
+                    from optim.horovod_import import import_horovod
+
+                    if not import_horovod().gloo_built():
+                        report[module] = "built without Gloo"
+                else:
+                    __import__(module)
             except Exception as exc:  # noqa: BLE001 - reported back to the driver
                 report[module] = f"{type(exc).__name__}: {exc}"
-        if "horovod.tensorflow" not in report:
-            import horovod.tensorflow as hvd
-
-            if not hvd.gloo_built():
-                report["horovod.tensorflow"] = "built without Gloo"
         if probe is not None and "tfnet" not in report:
             try:
                 from tfnet import storage

@@ -3,7 +3,8 @@ rank's process; needs no Spark (:class:`HorovodSession` works in any process tha
 rendezvous environment).
 
 Only Horovod's core collective ops are used (``grouped_allreduce``, ``allreduce``,
-``broadcast``, ``allgather``); ``horovod.tensorflow.keras`` breaks with Keras 3.
+``broadcast``, ``allgather``); ``horovod.tensorflow.keras`` breaks with Keras 3. Horovod is imported with Keras left
+unloaded (:func:`optim.horovod_import.import_horovod`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
+from optim.horovod_import import import_horovod
 from optim.training.collective import Collective
 
 log = logging.getLogger("tfnet.training")
@@ -130,8 +132,7 @@ class HorovodCollective(Collective):
     """Collectives over an initialised Horovod (``hvd.init()`` already called)."""
 
     def __init__(self):
-        import horovod.tensorflow as hvd
-
+        hvd = import_horovod()
         self.hvd = hvd
         self.rank = hvd.rank()
         self.size = hvd.size()
@@ -227,9 +228,9 @@ class HorovodSession:
             os.environ.pop(k, None)
         os.environ.update(env)
         try:
-            import horovod.tensorflow as hvd
-
             from optim.training import comm_threads
+
+            hvd = import_horovod()
 
             before = comm_threads.thread_ids()
             hvd.init()
@@ -258,9 +259,7 @@ class HorovodSession:
             return
         self._closed = True
         try:
-            import horovod.tensorflow as hvd
-
-            hvd.shutdown()
+            import_horovod().shutdown()
         except Exception:  # noqa: BLE001 - best effort when tearing down after a failure
             pass
         finally:

@@ -1,5 +1,6 @@
 """The Horovod collective without Spark: two real ranks (processes) over Gloo on loopback, meeting
-through tfnet's secured rendezvous store (each rank through its request-signing proxy)."""
+through tfnet's secured rendezvous store (each rank through its request-signing proxy). The ranks run with Keras
+unloaded (optim.horovod_import), and Horovod's Keras layer still loads when asked for."""
 
 import textwrap
 
@@ -28,6 +29,13 @@ RANK = textwrap.dedent("""
         grads, loss = c.reducer()({"w": tf.constant([float(rank), 2.0 * rank])}, tf.constant(float(rank)))
         out = {"rank": c.rank, "size": c.size, "sum": summed.tolist(), "bcast": [b.tolist() for b in bcast],
                "obj": obj, "avg": grads["w"].numpy().tolist(), "loss": float(loss), "max": c.allreduce_max(rank)}
+        out["loaded"] = sorted(m for m in ("keras", "sklearn", "matplotlib") if m in sys.modules)
+    import horovod.tensorflow as hvd
+    layer = hvd.SyncBatchNormalization  # Horovod's Keras layer, and Keras with it, on first use
+    import keras
+    from horovod.tensorflow.sync_batch_norm import SyncBatchNormalization
+    out["layer"] = [layer.__module__, issubclass(layer, keras.layers.BatchNormalization),
+                    layer is SyncBatchNormalization]
     out["env_restored"] = "HOROVOD_RANK" not in os.environ and "HOROVOD_GLOO_RENDEZVOUS_PORT" not in os.environ
     print("RESULT " + json.dumps(out), flush=True)
 """)
@@ -45,5 +53,8 @@ def test_two_ranks_over_gloo_without_spark(tmp_path):
         assert out["obj"] == {"from": 0, "values": [0, 0.5]}  # sent as bytes, never unpickled
         assert out["avg"] == [0.5, 1.0] and out["loss"] == 0.5  # gradients and loss averaged
         assert out["max"] == 1
+        # Horovod's import left Keras (and scikit-learn, matplotlib) unloaded: 1.4 CPU-s of a rank's start
+        assert out["loaded"] == [], out["loaded"]
+        assert out["layer"] == ["horovod.tensorflow.sync_batch_norm", True, True]
         assert out["env_restored"], "Horovod's variables are removed after the rank ends"
 
