@@ -3,11 +3,10 @@ workers' import probe, the driver's check before a distributed run."""
 
 from __future__ import annotations
 
-import os
 import sys
 import types
 
-from tfnet.quiet import EAGER_KERAS_ENV
+from tfnet.quiet import eager_keras
 
 __all__ = ["import_horovod"]
 
@@ -23,9 +22,9 @@ def import_horovod():
     AMD EPYC Zen 5), in every process that runs a rank, though tfnet's ranks use Horovod's collective ops only.
     While Horovod is imported here, that module is a stand-in; afterwards ``hvd.SyncBatchNormalization`` (or
     ``import horovod.tensorflow.sync_batch_norm``) imports the real one, and Keras with it, on first use. Horovod is
-    imported as it is where Keras is loaded already or ``TFNET_EAGER_KERAS`` is set (:mod:`tfnet.quiet`)."""
-    if "horovod.tensorflow" in sys.modules or "keras" in sys.modules or \
-            os.environ.get(EAGER_KERAS_ENV, "0") not in ("", "0"):
+    imported as it is wherever tfnet leaves Keras as TensorFlow loads it (:func:`tfnet.quiet.eager_keras`: Keras loaded
+    already, ``TF_USE_LEGACY_KERAS``, ``TFNET_EAGER_KERAS``)."""
+    if "horovod.tensorflow" in sys.modules or eager_keras():
         import horovod.tensorflow as hvd
 
         return hvd

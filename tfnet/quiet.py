@@ -23,7 +23,8 @@ import re
 import sys
 import tempfile
 
-__all__ = ["EAGER_KERAS_ENV", "VERBOSE_ENV", "filtered_stderr", "import_tensorflow", "noisy", "without_eager_keras"]
+__all__ = ["EAGER_KERAS_ENV", "VERBOSE_ENV", "eager_keras", "filtered_stderr", "import_tensorflow", "noisy",
+           "without_eager_keras"]
 
 VERBOSE_ENV = "TFNET_VERBOSE"
 #: Set (not ``0``): TensorFlow's import loads Keras, as TensorFlow does alone (:func:`without_eager_keras`).
@@ -79,6 +80,14 @@ def filtered_stderr():
 _EAGER_KERAS = "keras.src.optimizers"
 
 
+def eager_keras() -> bool:
+    """Whether Keras is to load as TensorFlow loads it, so that tfnet leaves nothing out of an import: Keras is loaded
+    already, ``TF_USE_LEGACY_KERAS`` is on (tf_keras's registrations are real), or ``TFNET_EAGER_KERAS`` is set. Read by
+    :func:`without_eager_keras` and by ``optim.horovod_import`` (Horovod's import, which loads Keras too)."""
+    legacy = os.environ.get("TF_USE_LEGACY_KERAS", "") in ("true", "True", "1")
+    return legacy or _switched_on(EAGER_KERAS_ENV) or "keras" in sys.modules
+
+
 @contextlib.contextmanager
 def without_eager_keras():
     """TensorFlow imported inside leaves Keras unloaded: its eager ``import_module`` of :data:`_EAGER_KERAS` raises
@@ -87,8 +96,7 @@ def without_eager_keras():
     loads as usual when something imports it (``import keras``, ``tf.keras``, :meth:`TFNet.from_keras`). Does nothing
     where Keras is loaded already, with ``TF_USE_LEGACY_KERAS`` (tf_keras's registrations are real), or with
     ``TFNET_EAGER_KERAS=1`` (TensorFlow's own behaviour: ``spark.executorEnv.TFNET_EAGER_KERAS`` for the workers)."""
-    legacy = os.environ.get("TF_USE_LEGACY_KERAS", "") in ("true", "True", "1")
-    if legacy or _switched_on(EAGER_KERAS_ENV) or "keras" in sys.modules or _EAGER_KERAS in sys.modules:
+    if eager_keras() or _EAGER_KERAS in sys.modules:
         yield
         return
     sys.modules[_EAGER_KERAS] = None  # an import of it raises ModuleNotFoundError
