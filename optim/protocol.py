@@ -128,14 +128,16 @@ class Channels:
 class Limits:
     """How long anything may take on a rank, and how it behaves: ``timeout_s`` without progress, the start-up
     bound (launch to first step, and the long phases), the steps per epoch given (None: agreed from the data),
-    the ranks' log level, Horovod's threads (:mod:`optim.training.comm_threads`), the size of rank 0's
-    result pieces when they come back as rows, and how often rank 0 asks for a decommission notice."""
+    the ranks' log level, Horovod's threads (:mod:`optim.training.comm_threads`) and its own log level (None:
+    Horovod's default; :func:`optim.launch.stage.horovod_log_level`), the size of rank 0's result pieces when they
+    come back as rows, and how often rank 0 asks for a decommission notice."""
 
     timeout_s: float = 300.0
     startup_timeout_s: float = 600.0
     steps_per_epoch: int | None = None
     log_level: int = logging.WARNING
     horovod_threads: str = "idle"
+    horovod_log_level: str | None = None
     chunk_bytes: int = 1 << 30
     #: About how often rank 0 asks for a decommission notice at step boundaries (:mod:`optim.training.notice`).
     notice_every_s: float = 1.0

@@ -385,7 +385,7 @@ class _DistributedRun:
                                                notice=self.notice and self.notice.path),
                            timeout=self.timeout, startup_timeout=self.startup_timeout,
                            steps_per_epoch=self.steps_per_epoch, verbose=self.verbose, gang=self.backend.gang,
-                           notice_every_s=self.intervals.notice_s)
+                           console=self.backend.shares_console, notice_every_s=self.intervals.notice_s)
 
             def task(rows, job=job):
                 return entry(TRAIN_ENTRY)(job, rows)

@@ -23,6 +23,7 @@ from optim.training import comm_threads
 from optim.training.notice import NOTICE_EVERY_S
 from tfnet import storage
 from tfnet.lora import carried_weight_names
+from tfnet.quiet import noisy
 from tfnet.serialize import hooks_to_bytes
 
 __all__ = ["Cleanup", "Stage", "check_workers", "per_rank_batch", "rank_job", "result_bytes", "worker_config",
@@ -133,14 +134,30 @@ def worker_log_level(verbose: int) -> int:
     return logging.DEBUG if verbose >= 2 else logging.WARNING
 
 
+def horovod_log_level(verbose: int, console: bool) -> str | None:
+    """Horovod's own log level on the ranks (``HOROVOD_LOG_LEVEL``, read by its C++ core at the first line it
+    logs in a process), or None for Horovod's default (``warning``).
+
+    Where the ranks write to the user's console (``console``: a local master), ``fatal`` unless ``verbose >= 2`` or
+    ``TFNET_VERBOSE``: when one rank's process ends first (Ctrl-C kills the ranks one by one; a killed worker), the
+    others' Horovod logs the lost Gloo connection ("Horovod background loop uncaught exception: ... Connection reset
+    by peer") beside the error or ``KeyboardInterrupt`` tfnet raises for the same event. On a cluster the ranks'
+    stderr is the executors' log, where that line helps, and Horovod keeps its default. A ``HOROVOD_LOG_LEVEL`` in
+    the executors' environment always wins (:func:`optim.training.horovod.horovod_env`)."""
+    if not console or verbose >= 2 or noisy():
+        return None
+    return "fatal"
+
+
 def rank_job(spec: TrainSpec, stage: Stage, attempt: int, channels: Channels, *, timeout: float,
              startup_timeout: float, steps_per_epoch: int | None, verbose: int, gang: bool = False,
-             notice_every_s: float = NOTICE_EVERY_S) -> RankJob:
+             console: bool = False, notice_every_s: float = NOTICE_EVERY_S) -> RankJob:
     """The ranks' job for one attempt of ``stage`` (:class:`optim.protocol.RankJob`): ``spec`` (the driver's) with
     the stage's shipped net and hooks and its ranks' config; ``channels``: how the ranks meet and report (the
-    backend's, for this attempt)."""
+    backend's, for this attempt); ``console``: the ranks write to the user's console (:func:`horovod_log_level`)."""
     limits = Limits(timeout_s=timeout, startup_timeout_s=startup_timeout, steps_per_epoch=steps_per_epoch,
                     log_level=worker_log_level(verbose), horovod_threads=comm_threads.mode_from_env(),
+                    horovod_log_level=horovod_log_level(verbose, console),
                     chunk_bytes=stage.chunk or (1 << 30), notice_every_s=notice_every_s)
     return RankJob(train=spec.for_ranks(stage.net, stage.hooks, stage.config), data=stage.staged.rank_data,
                    channels=channels, limits=limits, size=stage.n, attempt=attempt, gang=gang)

@@ -259,7 +259,7 @@ def _horovod(job: RankJob, rank: int, network: dict) -> HorovodSession:
     check_process_sets(network["gloo_address"], network["hosts"])
     proxy = GlooProxy(job.channels.rendezvous, job.channels.rendezvous_key, timeout_s=job.limits.timeout_s)
     env = horovod_env(rank, job.size, proxy.address[0], proxy.address[1], network["gloo_iface"],
-                      int(job.limits.long_s))
+                      int(job.limits.long_s), log_level=job.limits.horovod_log_level)
     try:
         return HorovodSession(env, on_close=proxy.stop, threads=job.limits.horovod_threads)
     except BaseException:

@@ -35,11 +35,14 @@ UNSAFE_ACROSS_INIT = ("HOROVOD_CYCLE_TIME", "HOROVOD_AUTOTUNE")
 
 
 def horovod_env(rank: int, size: int, rendezvous_addr: str, rendezvous_port: int, iface: str | None,
-                timeout_s: int) -> dict[str, str]:
+                timeout_s: int, log_level: str | None = None) -> dict[str, str]:
     """Environment for ``hvd.init()`` with Gloo and the driver's rendezvous server.
 
     Each rank is its own host for Horovod (local size 1), which needs no knowledge of where Spark
-    put the tasks; Gloo still connects every pair of ranks directly over TCP.
+    put the tasks; Gloo still connects every pair of ranks directly over TCP. ``log_level``: Horovod's
+    ``HOROVOD_LOG_LEVEL`` (:func:`optim.launch.stage.horovod_log_level`), unless this process's environment
+    has one. Horovod's C++ core reads it once per process, at the first line it logs (``hvd.init()``'s): a
+    reused Python worker keeps the level of its first run.
     """
     env = {
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_addr,
@@ -68,6 +71,8 @@ def horovod_env(rank: int, size: int, rendezvous_addr: str, rendezvous_port: int
     }
     if iface:
         env["HOROVOD_GLOO_IFACE"] = iface
+    if log_level and not os.environ.get("HOROVOD_LOG_LEVEL"):
+        env["HOROVOD_LOG_LEVEL"] = log_level
     return env
 
 

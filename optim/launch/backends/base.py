@@ -65,6 +65,9 @@ class Backend:
     counts_slots = False
     #: The training stage runs without barrier mode (:mod:`optim.rank.gang`): dynamic allocation is on.
     gang = False
+    #: The ranks' stderr is the user's console (a local master: the executor runs in the driver's JVM, and its
+    #: Python workers write where the user's program does).
+    shares_console = False
 
     #: Whether the driver sees decommission notices for the executors that run ranks (a classic session on a
     #: cluster with ``spark.decommission.enabled``: :mod:`optim.spark.decommission`).

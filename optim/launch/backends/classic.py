@@ -54,6 +54,7 @@ class ClassicBackend(Backend):
         # dynamic allocation on: no barrier mode (Spark refuses it), and executors come for pending tasks
         self.dynamic = dynamic_allocation(self.sc)
         self.sees_decommission = decommission_enabled(self.sc)
+        self.shares_console = self.sc.master.startswith("local")
 
     @property
     def gang(self) -> bool:

@@ -58,3 +58,59 @@ def test_two_ranks_over_gloo_without_spark(tmp_path):
         assert out["layer"] == ["horovod.tensorflow.sync_batch_norm", True, True]
         assert out["env_restored"], "Horovod's variables are removed after the rank ends"
 
+
+
+# Rank 1's process ends at once after one allreduce (as a task that Ctrl-C or a lost executor kills); rank 0 then
+# meets the closed connection in its next allreduce. argv[4]: the log level tfnet gives Horovod ("" for none).
+PEER_GONE = textwrap.dedent("""
+    import json, os, sys
+    import numpy as np
+    from optim.transport.client import GlooProxy
+    from optim.training.horovod import HorovodSession, horovod_env
+
+    rank, port, key, level = int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3]), sys.argv[4]
+    proxy = GlooProxy(("127.0.0.1", port), key, timeout_s=30)
+    env = horovod_env(rank, 2, proxy.address[0], proxy.address[1], "lo", 30, log_level=level or None)
+    with HorovodSession(env, on_close=proxy.stop) as session:
+        first = session.collective.allreduce_sum(np.array([1.0]))
+        if rank == 1:
+            os._exit(0)
+        try:
+            session.collective.allreduce_sum(np.array([1.0]))
+            raised = None
+        except Exception as exc:  # TensorFlow's UnknownError around Horovod's shutdown
+            from optim.transport.failures import from_exception
+            raised = ["Horovod has been shut down" in str(exc), from_exception(exc).retryable]
+    print("RESULT " + json.dumps({"first": first.tolist(), "raised": raised}), flush=True)
+""")
+
+
+def test_a_departed_peer_leaves_no_horovod_log_where_the_ranks_share_the_console(tmp_path):
+    """On a local master the ranks' stderr is the user's console: with the level tfnet gives Horovod there
+    (optim.launch.stage.horovod_log_level), the surviving rank raises Horovod's error, and its C++ log of the lost
+    connection ("Horovod background loop uncaught exception: ... Connection reset by peer"), which made Ctrl-C
+    print a sixth line, stays out. With Horovod's default level (argument "") the same run prints it: tried."""
+    (rc0, stdout0, stderr0), (rc1, _, stderr1) = run_rank_pair(PEER_GONE, tmp_path, args=("fatal",),
+                                                               env={"HOROVOD_LOG_LEVEL": ""})
+    assert rc0 == 0 and rc1 == 0, (stderr0[-3000:], stderr1[-3000:])
+    out = result_of(stdout0)
+    assert out == {"first": [2.0], "raised": [True, True]}, out  # the peer's loss, read as one (retryable)
+    assert "Horovod background loop" not in stderr0 and "operations.cc" not in stderr0, stderr0[-3000:]
+
+
+def test_horovod_log_level_is_quiet_only_on_the_users_console(monkeypatch):
+    from optim.launch.stage import horovod_log_level
+    from optim.training.horovod import horovod_env
+
+    monkeypatch.delenv("TFNET_VERBOSE", raising=False)
+    monkeypatch.delenv("HOROVOD_LOG_LEVEL", raising=False)
+    assert horovod_log_level(1, console=True) == "fatal"
+    assert horovod_log_level(1, console=False) is None  # an executor's own log: Horovod's default
+    assert horovod_log_level(2, console=True) is None   # verbose=2 shows everything
+    assert horovod_env(0, 2, "127.0.0.1", 1, None, 30, log_level="fatal")["HOROVOD_LOG_LEVEL"] == "fatal"
+    assert "HOROVOD_LOG_LEVEL" not in horovod_env(0, 2, "127.0.0.1", 1, None, 30)
+    monkeypatch.setenv("HOROVOD_LOG_LEVEL", "debug")  # the user's own, in the executors' environment
+    assert "HOROVOD_LOG_LEVEL" not in horovod_env(0, 2, "127.0.0.1", 1, None, 30, log_level="fatal")
+    monkeypatch.delenv("HOROVOD_LOG_LEVEL")
+    monkeypatch.setenv("TFNET_VERBOSE", "1")
+    assert horovod_log_level(1, console=True) is None
