@@ -15,6 +15,14 @@ that use nothing the whole machine shares (their own ``local[2]`` or Connect ser
 """
 
 import os
+import signal
+
+# Ctrl-C as a terminal delivers it. A suite started in the background of a non-interactive shell (`make test &`, a
+# runner's subshell) inherits SIGINT ignored; Python then leaves it ignored, and so does every program the tests start,
+# so the Ctrl-C tests saw no KeyboardInterrupt at all. With a handler here, each child starts with SIGINT at its
+# default and installs Python's own handler, as an interpreter started from a terminal has.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
