@@ -302,8 +302,10 @@ class TFPredictor:
         ``calls`` (model calls), ``rows`` (rows predicted), ``max_rows`` (largest batch),
         ``loads`` (``{"host:pid": model loads}``, one entry per Python worker that loaded it) and
         ``quantizations`` (INT8 quantisations done for this predictor, on the driver: 1 or 0), ``input_bytes``
-        (the bytes of the arrays handed to the engine: a byte a value for uint8 pixels, which the engine casts) and
-        ``seconds``,
+        (the bytes of the arrays handed to the engine: a byte a value for uint8 pixels, which the engine casts),
+        ``arrow_batches`` (the Arrow batches Spark sent the workers of a DataFrame: it cuts each partition by
+        ``spark.sql.execution.arrow.maxRecordsPerBatch`` and ``maxBytesPerBatch``; the model's calls take
+        ``batch_per_thread`` rows across them) and ``seconds``,
         summed over the processes that predicted: ``engine`` (in the model's calls), ``read`` (the workers'
         reading of Arrow columns into the model's arrays) and ``write`` (the outputs back into Arrow). What a
         Spark job took beyond their sum went to Spark: moving the rows between the JVM and Python, scheduling."""
@@ -312,7 +314,8 @@ class TFPredictor:
             merge_stats(merged, self._shipped.stats())
         merge_stats(merged, self._local_stats)
         loads = {k.split("@", 1)[1]: v for k, v in merged.items() if k.startswith("loads@")}
-        out = {k: merged.get(k, 0) for k in ("calls", "rows", "max_rows", "quantizations", "input_bytes")}
+        out = {k: merged.get(k, 0) for k in ("calls", "rows", "max_rows", "quantizations", "input_bytes",
+                                             "arrow_batches")}
         out["loads"] = loads
         out["seconds"] = {k: merged.get(f"{k}_s", 0.0) for k in ("engine", "read", "write")}
         return out

@@ -243,13 +243,51 @@ def predict_columns(batches: Iterable, job: WorkerJob) -> Iterator:
     ``job.batch_size`` rows, in order, it yields a struct array with the output columns (and the error column).
     Only the feature columns come to the worker, and only the outputs go back: Spark keeps the other columns."""
     partition, row = _partition_id(), 0
+
+    def counted(batches):
+        for batch in batches:
+            _record(job, {"arrow_batches": 1})
+            yield batch
+
     with _ends_quietly_when_unread():
-        for arrays in batches:
-            arrays = tuple(arrays) if isinstance(arrays, (tuple, list)) else (arrays,)
-            for start in range(0, len(arrays[0]), job.batch_size):
-                chunk = [a.slice(start, job.batch_size) for a in arrays]
-                yield _predict_chunk(chunk, job, partition, row)
-                row += len(chunk[0])
+        for chunk in _chunks(counted(batches), job.batch_size):
+            yield _predict_chunk(chunk, job, partition, row)
+            row += len(chunk[0])
+
+
+def _chunks(batches: Iterable, size: int) -> Iterator[list]:
+    """The rows of ``batches`` (each a tuple of equal-length Arrow arrays, or one array) in chunks of ``size`` rows,
+    across the batches' boundaries: Spark cuts a partition into Arrow batches by its own bounds (rows and bytes), and
+    a chunk cut short at each boundary would be a smaller call of the model. A chunk that spans two batches is
+    concatenated (its own rows only); every other chunk is a slice. The partition's last chunk may be shorter.
+    (An iterator Arrow UDF may answer later than it is fed, never sooner: pyspark checks both.)"""
+    pending: list[list] = []  # slices of the chunk being filled, one list of columns each
+    have = 0
+    for arrays in batches:
+        arrays = tuple(arrays) if isinstance(arrays, (tuple, list)) else (arrays,)
+        n, start = len(arrays[0]), 0
+        if pending:
+            start = min(size - have, n)
+            pending.append([a.slice(0, start) for a in arrays])
+            have += start
+            if have < size:
+                continue
+            yield [pa_concat([p[i] for p in pending]) for i in range(len(arrays))]
+            pending, have = [], 0
+        while n - start >= size:
+            yield [a.slice(start, size) for a in arrays]
+            start += size
+        if start < n:
+            pending, have = [[a.slice(start, n - start) for a in arrays]], n - start
+    if pending:
+        yield [pa_concat([p[i] for p in pending]) for i in range(len(pending[0]))]
+
+
+def pa_concat(arrays: list):
+    """One Arrow array of ``arrays`` (the array itself when there is one)."""
+    import pyarrow as pa
+
+    return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
 
 
 def arrow_udf_body(job: WorkerJob):

@@ -184,6 +184,27 @@ def test_raw_uint8_pixels_reach_the_engine_as_uint8(spark):
         assert fed == {"raw": x.size, "img": 4 * x.size}, (backend, fed)
 
 
+def test_arrow_batches_of_16_mib_in_tfnets_session_and_full_model_calls_across_them(spark):
+    """Rows of 1 MiB (512x512 floats), 24 a partition: tfnet's session (build_session) has Spark cut each partition
+    into Arrow batches of at most 16 MiB, where Spark's 64 MiB sent it whole; the model still runs on 7 rows a call,
+    across the batches' boundaries (4 calls a partition: 7, 7, 7, 3), and each row's output is its own mean."""
+    import keras
+
+    from optim.spark.session import ARROW_BATCH_BYTES, ARROW_BATCH_BYTES_KEY
+
+    assert spark.conf.get(ARROW_BATCH_BYTES_KEY) == ARROW_BATCH_BYTES == "16m"
+    net = TFNet.from_keras(keras.Sequential([keras.Input((512, 512, 1)), keras.layers.GlobalAveragePooling2D()]))
+    x = np.random.default_rng(3).uniform(0, 1, (48, 512, 512, 1)).astype(np.float32)
+    df = spark.createDataFrame(pa.table({"id": pa.array(np.arange(48)), "image": list_column(x)})).repartition(2)
+    predictor = TFPredictor(net, batch_per_thread=7)
+    rows = predictor.predict(df, feature_cols="image").select("id", "output").collect()
+    got = np.array([r.output for r in sorted(rows, key=lambda r: r.id)])
+    np.testing.assert_allclose(got, x.mean(axis=(1, 2)), rtol=1e-5)
+    stats = predictor.stats()
+    assert stats["arrow_batches"] >= 4, stats  # 2 or more a partition (Spark's default: 1)
+    assert (stats["calls"], stats["rows"], stats["max_rows"]) == (8, 48, 7), stats
+
+
 def test_openvino_backend_over_spark(spark, cnn, images):
     x = images[:200]
     df = frame(spark, {"id": pa.array(np.arange(200)), "img": list_column(x)})

@@ -316,6 +316,18 @@ def test_snapshot_save_and_load(cnn, tmp_path):
 # ---------------------------------------------------------------------------- the worker loop, without Spark
 
 
+class Tally:
+    """Stands in for the predictor's Spark accumulator of the workers' statistics."""
+
+    def __init__(self):
+        self.value: dict = {}
+
+    def add(self, update: dict) -> None:
+        from optim.predict.worker import merge_stats
+
+        merge_stats(self.value, update)
+
+
 def test_worker_loop_numbers_rows_across_batches_and_nulls_bad_chunks(cnn):
     from optim.carriers import InPlan
     from optim.predict.backends import make_payload
@@ -326,24 +338,51 @@ def test_worker_loop_numbers_rows_across_batches_and_nulls_bad_chunks(cnn):
     snap = ModelSnapshot.from_net(cnn)
     flat = [row.ravel().tolist() for row in x]
     flat[4], flat[5], flat[8] = None, None, flat[8][:3]
-    batches = [pa.array(flat[a:b], pa.list_(pa.float32())) for a, b in ((0, 6), (6, 10))]  # the feature column
+    # the feature column in Arrow batches of 5 and 5 rows, as Spark cuts a partition by its own bounds
+    batches = [pa.array(flat[a:b], pa.list_(pa.float32())) for a, b in ((0, 5), (5, 10))]
     plan = plan_columns(schema, snap.inputs, snap.outputs, error_col="err")
-    job = WorkerJob("unit-" + snap.model_id, InPlan(make_payload(snap, "tensorflow")), plan, 2, "null")
+    tally = Tally()
+    job = WorkerJob("unit-" + snap.model_id, InPlan(make_payload(snap, "tensorflow")), plan, 2, "null", tally)
     parts = list(predict_columns(iter(batches), job))
-    assert [len(p) for p in parts] == [2, 2, 2, 2, 2]  # batch_size rows at a time, within each Arrow batch
+    # batch_size rows at a time, across the Arrow batches' boundary (not 2, 2, 1, 2, 2, 1)
+    assert [len(p) for p in parts] == [2, 2, 2, 2, 2]
+    # the model's calls: the chunk of rows 4 and 5 has no good row; the one of 8 and 9 feeds row 9 alone
+    assert (tally.value["calls"], tally.value["rows"]) == (4, 7), tally.value
     out = pa.Table.from_struct_array(pa.concat_arrays(parts))
     assert out.column_names == ["output", "err"] and out.num_rows == 10
     errors = out.column("err").to_pylist()
-    assert [i for i, e in enumerate(errors) if e] == [4, 5, 8]  # rows 4 and 5 are a whole bad chunk
+    assert [i for i, e in enumerate(errors) if e] == [4, 5, 8]  # rows 4 and 5, one from each batch, are a bad chunk
     good = [0, 1, 2, 3, 6, 7, 9]
     np.testing.assert_allclose(np.array([out.column("output")[i].as_py() for i in good]), cnn.forward(x[good]),
                                rtol=1e-5, atol=1e-6)
 
     strict = WorkerJob("unit-" + snap.model_id, job.payload, plan_columns(schema, snap.inputs, snap.outputs), 2, "raise")
     with pytest.raises(BadRowError, match=r"Column 'img', row 2 of partition 0: the array has 3 values"):
-        list(predict_columns(iter(batches[1:]), strict))  # rows are numbered within the partition,
+        list(predict_columns(iter([pa.array(flat[6:10], pa.list_(pa.float32()))]), strict))  # numbered in the partition,
     with pytest.raises(BadRowError, match=r"Column 'img', row 4 of partition 0: the value is null"):
         list(predict_columns(iter(batches), strict))  # across its Arrow batches
+
+
+def test_chunks_cut_every_partition_into_full_batches_whatever_spark_s_arrow_batches():
+    """Two columns in Arrow batches of random sizes (empty ones, ones shorter than a chunk, ones of many chunks):
+    every chunk but the partition's last has exactly ``size`` rows, the columns stay in step, and the chunks put
+    back together are the partition's rows in order."""
+    from optim.predict.worker import _chunks
+
+    rng = np.random.default_rng(0)
+    for trial in range(40):
+        size = int(rng.integers(1, 9))
+        cuts = np.sort(rng.integers(0, 60, int(rng.integers(0, 8))))
+        bounds = [0, *cuts.tolist(), 60]
+        ids = pa.array(np.arange(60, dtype=np.int64))
+        lists = pa.array([[float(i)] * (i % 3) for i in range(60)], pa.list_(pa.float32()))
+        batches = [(ids.slice(a, b - a), lists.slice(a, b - a)) for a, b in zip(bounds, bounds[1:])]
+        chunks = list(_chunks(iter(batches), size))
+        assert all(len(c[0]) == size for c in chunks[:-1]) and 0 < len(chunks[-1][0]) <= size, (trial, bounds)
+        assert all(len(c[0]) == len(c[1]) for c in chunks)
+        assert pa.concat_arrays([c[0] for c in chunks]).to_pylist() == list(range(60)), (trial, bounds)
+        assert pa.concat_arrays([c[1] for c in chunks]).to_pylist() == lists.to_pylist(), (trial, bounds)
+    assert list(_chunks(iter([]), 4)) == [] and list(_chunks(iter([pa.array([], pa.int64())]), 4)) == []
 
 
 def test_between_tasks_the_workers_stderr_drops_only_a_reset_sockets_traceback():
