@@ -1,4 +1,5 @@
-"""Arrow columns to numpy arrays, checked row by row, and numpy arrays back to Arrow columns.
+"""Arrow columns to numpy arrays, checked row by row, and numpy arrays back to Arrow columns; Arrow batches cut
+and joined into batches of a given number of rows (:func:`rebatch`).
 
 The one reader for both sides: training (:mod:`optim.data.decode`) and prediction
 (:mod:`optim.predict.worker`). Pure: pyarrow and numpy only (TensorFlow is imported when an image
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -34,7 +36,7 @@ import pyarrow as pa
 from optim.errors import BadRowError, ColumnError
 
 __all__ = ["ColumnRead", "RowProblem", "ColumnValues", "read_column", "decode_image", "is_encoded_image", "is_image_shape",
-           "array_to_arrow", "KINDS"]
+           "array_to_arrow", "rebatch", "KINDS"]
 
 KINDS = ("array", "scalar", "image", "bytes")
 
@@ -436,3 +438,23 @@ def array_to_arrow(values: np.ndarray, valid: np.ndarray | None, dtype: str) -> 
         count //= d
         arr = pa.ListArray.from_arrays(pa.array(np.arange(count + 1, dtype=np.int32) * d), arr)
     return pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * dims[0]), arr, mask=mask)
+
+
+def rebatch(tables, batch_size: int) -> Iterator[pa.Table]:
+    """Arrow tables (or record batches) cut and joined into tables of ``batch_size`` rows, in order (the
+    last may be shorter)."""
+    pending: list[pa.Table] = []
+    have = 0
+    for table in tables:
+        if isinstance(table, pa.RecordBatch):
+            table = pa.Table.from_batches([table])
+        while table.num_rows:
+            piece = table.slice(0, batch_size - have)
+            table = table.slice(piece.num_rows)
+            pending.append(piece)
+            have += piece.num_rows
+            if have == batch_size:
+                yield pa.concat_tables(pending) if len(pending) > 1 else pending[0]
+                pending, have = [], 0
+    if pending:
+        yield pa.concat_tables(pending) if len(pending) > 1 else pending[0]

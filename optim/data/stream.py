@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from optim.arrow import ColumnRead, read_column
+from optim.arrow import ColumnRead, read_column, rebatch
 from optim.data.base import Batch, DataAdapter
 from optim.data.decode import row_weights
 from optim.data.producer import MAX_DECODE_BATCHES, Prefetch, decoded_groups
@@ -231,26 +231,6 @@ def _fixed_width_rows(chunks: list[pa.Array]) -> list[np.ndarray] | None:
         flat = c.flatten() if listed else c
         views.append(flat.to_numpy(zero_copy_only=True).reshape((len(c), t.list_size) if listed else (len(c),)))
     return views
-
-
-def rebatch(tables, batch_size: int) -> Iterator[pa.Table]:
-    """Arrow tables (or record batches) cut and joined into tables of ``batch_size`` rows, in order (the
-    last may be shorter)."""
-    pending: list[pa.Table] = []
-    have = 0
-    for table in tables:
-        if isinstance(table, pa.RecordBatch):
-            table = pa.Table.from_batches([table])
-        while table.num_rows:
-            piece = table.slice(0, batch_size - have)
-            table = table.slice(piece.num_rows)
-            pending.append(piece)
-            have += piece.num_rows
-            if have == batch_size:
-                yield pa.concat_tables(pending) if len(pending) > 1 else pending[0]
-                pending, have = [], 0
-    if pending:
-        yield pa.concat_tables(pending) if len(pending) > 1 else pending[0]
 
 
 def numbered(batches, first: int = 0) -> Iterator[pa.RecordBatch]:

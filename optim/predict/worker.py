@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from optim.arrow import array_to_arrow, decode_image, read_column
+from optim.arrow import array_to_arrow, decode_image, read_column, rebatch
 from optim.carriers import Carrier
 from optim.errors import BadRowError
 from optim.predict.backends import Payload, build_engine
@@ -257,37 +257,20 @@ def predict_columns(batches: Iterable, job: WorkerJob) -> Iterator:
 
 def _chunks(batches: Iterable, size: int) -> Iterator[list]:
     """The rows of ``batches`` (each a tuple of equal-length Arrow arrays, or one array) in chunks of ``size`` rows,
-    across the batches' boundaries: Spark cuts a partition into Arrow batches by its own bounds (rows and bytes), and
-    a chunk cut short at each boundary would be a smaller call of the model. A chunk that spans two batches is
-    concatenated (its own rows only); every other chunk is a slice. The partition's last chunk may be shorter.
-    (An iterator Arrow UDF may answer later than it is fed, never sooner: pyspark checks both.)"""
-    pending: list[list] = []  # slices of the chunk being filled, one list of columns each
-    have = 0
-    for arrays in batches:
-        arrays = tuple(arrays) if isinstance(arrays, (tuple, list)) else (arrays,)
-        n, start = len(arrays[0]), 0
-        if pending:
-            start = min(size - have, n)
-            pending.append([a.slice(0, start) for a in arrays])
-            have += start
-            if have < size:
-                continue
-            yield [pa_concat([p[i] for p in pending]) for i in range(len(arrays))]
-            pending, have = [], 0
-        while n - start >= size:
-            yield [a.slice(start, size) for a in arrays]
-            start += size
-        if start < n:
-            pending, have = [[a.slice(start, n - start) for a in arrays]], n - start
-    if pending:
-        yield [pa_concat([p[i] for p in pending]) for i in range(len(pending[0]))]
-
-
-def pa_concat(arrays: list):
-    """One Arrow array of ``arrays`` (the array itself when there is one)."""
+    a list of columns each, across the batches' boundaries (:func:`optim.arrow.rebatch`): Spark cuts a partition into
+    Arrow batches by its own bounds (rows and bytes), and a chunk cut short at each boundary would be a smaller call of
+    the model. A chunk that spans two batches holds two-chunk columns, which :func:`optim.arrow.read_column` joins
+    (its own rows only). The partition's last chunk may be shorter. (An iterator Arrow UDF may answer later than it is
+    fed, never sooner: pyspark checks both.)"""
     import pyarrow as pa
 
-    return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+    def tables():
+        for arrays in batches:
+            arrays = tuple(arrays) if isinstance(arrays, (tuple, list)) else (arrays,)
+            yield pa.Table.from_arrays(list(arrays), names=[str(i) for i in range(len(arrays))])
+
+    for table in rebatch(tables(), size):
+        yield table.columns
 
 
 def arrow_udf_body(job: WorkerJob):
