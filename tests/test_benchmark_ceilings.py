@@ -24,7 +24,8 @@ def test_finish_prints_and_keeps_the_ceilings_it_measured(tmp_path, capsys):
     written = json.loads((tmp_path / "b.json").read_text())
     assert written["figure"] == 1.5 and written["ceilings"] == out["ceilings"]
     tf_c, ov_c = written["ceilings"], written["openvino_ceilings"]
-    assert tf_c["fp32_gflops"] > 1 and tf_c["bf16_gflops"] > 0, tf_c
+    assert tf_c["fp32_gflops"] > 1 and (tf_c["bf16_gflops"] > 0 if "bf16_not_measured" not in tf_c
+                                        else common._bf16_capped()), tf_c
     assert ov_c["fp32_gops"] > 1 and ov_c["int8_gops"] > 1, ov_c
     assert printed[-2] == common.ceilings_line(tf_c) and printed[-1] == common.openvino_ceilings_line(ov_c)
     assert printed[-3].startswith("# ") and common.machine()["cpu"] in printed[-3]
@@ -63,6 +64,9 @@ def test_openvinos_fp32_ceiling_runs_in_fp32_where_the_cpu_has_bf16():
     common = _common()
     c = common.openvino_matmul_ceilings(n=64, threads=1, rounds=1)
     bf16 = "bf16" if set(common.machine()["flags"]) & {"avx512_bf16", "amx_bf16"} else "f32"
+    if common._bf16_capped():  # ONEDNN_MAX_CPU_ISA below bf16 on a CPU with it: the plugin refuses the hint
+        assert c["precisions"] == {"fp32": "f32", "int8": "f32"} and "bf16" not in common.openvino_ceilings_line(c)
+        return
     assert c["precisions"] == {"fp32": "f32", "bf16": bf16, "int8": "f32"}, c
     assert c["bf16_gops"] > 0 and c["bf16_vs_fp32"] == c["bf16_gops"] / c["fp32_gops"]
     assert "bf16" in common.openvino_ceilings_line(c)

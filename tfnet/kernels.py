@@ -30,7 +30,6 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import logging
-import os
 
 import numpy as np
 import tensorflow as tf
@@ -38,7 +37,7 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2, t
 from tensorflow.python.framework import tensor_util
 
 from tfnet.errors import KernelCheckError
-from tfnet.precision import cpu_flags, onednn_enabled
+from tfnet.precision import cpu_flags, onednn_enabled, onednn_isa_cap
 
 __all__ = ["conv2d", "raw_strided_1x1_error", "rewrite_graph", "self_check", "strided_1x1_routed"]
 
@@ -275,8 +274,7 @@ _BELOW_AVX512 = {"sse41", "avx", "avx2", "avx2_vnni", "avx2_vnni_2"}
 def _onednn_below_avx512() -> bool:
     if not onednn_enabled():
         return False
-    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().lower()
-    return "avx512f" not in cpu_flags() or cap in _BELOW_AVX512
+    return "avx512f" not in cpu_flags() or onednn_isa_cap() in _BELOW_AVX512
 
 
 def _raw_strided(a, w):

@@ -9,7 +9,8 @@ gradients (and the elementwise ops between them) in bfloat16 with casts at the e
 are never rewritten, and the loss's reductions (``Sum``, ``Mean``, ``Log``, ``Exp``, the softmax
 cross-entropies) are on its float32-only list.
 
-Where the CPU has no native bfloat16 (``avx512_bf16`` or ``amx_bf16``), or oneDNN is off, a
+Where the CPU has no native bfloat16 (``avx512_bf16`` or ``amx_bf16``; or ``ONEDNN_MAX_CPU_ISA`` keeps oneDNN
+below it), or oneDNN is off, a
 :class:`PrecisionWarning` says so once and the step runs in float32: emulated bfloat16 is slower
 than float32, never faster.
 """
@@ -25,8 +26,8 @@ from contextlib import contextmanager
 
 from tfnet.errors import TFNetError
 
-__all__ = ["PRECISIONS", "PrecisionError", "PrecisionWarning", "cpu_flags", "cpu_model", "cpu_has_bf16", "check_precision",
-           "training_precision", "onednn_enabled", "bf16_rewrite"]
+__all__ = ["PRECISIONS", "PrecisionError", "PrecisionWarning", "cpu_flags", "cpu_model", "cpu_has_bf16", "bf16_missing", "check_precision",
+           "training_precision", "onednn_enabled", "onednn_isa_cap", "bf16_rewrite"]
 
 log = logging.getLogger("tfnet.precision")
 
@@ -80,9 +81,33 @@ def cpu_model() -> str:
     return f"{fields['model name']} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')})"
 
 
+#: ``ONEDNN_MAX_CPU_ISA`` values (oneDNN's names, any case) that stop below oneDNN's bfloat16 kernels
+#: (``avx512_core_bf16`` and above); OpenVINO's CPU plugin, built on oneDNN, honours the same variable
+ISA_BELOW_BF16 = frozenset({"sse41", "avx", "avx2", "avx2_vnni", "avx2_vnni_2", "avx512_core", "avx512_core_vnni"})
+
+
+def onednn_isa_cap() -> str:
+    """``ONEDNN_MAX_CPU_ISA`` (or its older name ``DNNL_MAX_CPU_ISA``), lower case; ``""`` where unset."""
+    return (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().lower()
+
+
+def bf16_missing() -> str | None:
+    """Why bfloat16 is not native here (None where it is): the CPU has neither ``avx512_bf16`` nor ``amx_bf16``, or
+    ``ONEDNN_MAX_CPU_ISA`` stops oneDNN (TensorFlow's and OpenVINO's kernels) below its bfloat16 kernels. With such a
+    cap on a CPU whose flags say bfloat16, TensorFlow still sends bfloat16 matmuls to oneDNN, which then has no
+    kernel: the process aborts ("could not create a primitive descriptor")."""
+    if not cpu_flags() & {"avx512_bf16", "amx_bf16"}:
+        return "this CPU has no native bfloat16 (avx512_bf16 or amx_bf16)"
+    cap = onednn_isa_cap()
+    if cap in ISA_BELOW_BF16:
+        return f"oneDNN is capped below its bfloat16 kernels (ONEDNN_MAX_CPU_ISA={cap})"
+    return None
+
+
 def cpu_has_bf16() -> bool:
-    """Whether this CPU computes bfloat16 natively (``avx512_bf16`` or ``amx_bf16``)."""
-    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+    """Whether this CPU computes bfloat16 natively (``avx512_bf16`` or ``amx_bf16``), for oneDNN's kernels:
+    :func:`bf16_missing` is None."""
+    return bf16_missing() is None
 
 
 def check_precision(precision: str) -> str:
@@ -114,10 +139,8 @@ def training_precision(precision: str) -> str:
     check_precision(precision)
     if precision != "bf16":
         return precision
-    missing = None
-    if not cpu_has_bf16():
-        missing = "this CPU has no native bfloat16 (avx512_bf16 or amx_bf16)"
-    elif not onednn_enabled():
+    missing = bf16_missing()
+    if missing is None and not onednn_enabled():
         missing = "TensorFlow's oneDNN kernels are off (set TF_ENABLE_ONEDNN_OPTS=1 before TensorFlow is imported)"
     if missing is None:
         return "bf16"

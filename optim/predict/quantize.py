@@ -52,10 +52,8 @@ def effective_precision(precision: str, backend: str = "openvino") -> str:
     bfloat16 (or, for the TensorFlow backend, with oneDNN off)."""
     if precision != "bf16":
         return precision
-    missing = None
-    if not _precision.cpu_has_bf16():
-        missing = "this CPU has no native bfloat16 (avx512_bf16 or amx_bf16)"
-    elif backend == "tensorflow" and not _precision.onednn_enabled():
+    missing = _precision.bf16_missing()
+    if missing is None and backend == "tensorflow" and not _precision.onednn_enabled():
         missing = "TensorFlow's oneDNN kernels are off (TF_ENABLE_ONEDNN_OPTS=0)"
     if missing is None:
         return "bf16"

@@ -118,7 +118,7 @@ def test_bf16_fine_tuning_of_digits_reaches_fp32_accuracy():
 
 
 def test_cpu_without_bf16_warns_once_and_runs_fp32(monkeypatch):
-    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx2", "fma"}))  # a Zen 3's /proc/cpuinfo
     monkeypatch.setattr(precision, "_warned", set())
     net = TFNet.from_keras(models.small_cnn(classes=3))
     x, y = models.random_images(8, 8, seed=2), np.arange(8) % 3
@@ -137,11 +137,36 @@ def test_cpu_without_bf16_warns_once_and_runs_fp32(monkeypatch):
 
 
 def test_onednn_off_warns_and_runs_fp32(monkeypatch):
-    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512_bf16"}))
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.setattr(precision, "_warned", set())
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
     with pytest.warns(PrecisionWarning, match="oneDNN kernels are off"):
         assert precision.training_precision("bf16") == "fp32"
+
+
+@pytest.mark.parametrize("cap,native", [("AVX2", False), ("avx512_core", False), ("AVX512_CORE_BF16", True),
+                                        ("ALL", True), ("", True)])
+def test_a_onednn_cap_below_bf16_warns_and_runs_fp32(monkeypatch, cap, native):
+    """On a CPU with bfloat16, ``ONEDNN_MAX_CPU_ISA`` below oneDNN's bfloat16 kernels (as a Zen 3 is emulated): the
+    step runs fp32 with a warning naming the cap. Asked for bf16 anyway, TensorFlow sends the matmuls to oneDNN,
+    which has no kernel for them under the cap, and the process aborted (every bf16 test under the cap)."""
+    from optim.predict.quantize import effective_precision
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512_bf16"}))
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "1")
+    monkeypatch.setattr(precision, "_warned", set())
+    assert precision.cpu_has_bf16() is native
+    if native:
+        assert precision.training_precision("bf16") == "bf16" == effective_precision("bf16", "tensorflow")
+        return
+    with pytest.warns(PrecisionWarning, match=f"oneDNN is capped below its bfloat16 kernels .ONEDNN_MAX_CPU_ISA="
+                                              f"{cap.lower()}.; training runs in fp32"):
+        assert precision.training_precision("bf16") == "fp32"
+    for backend in ("tensorflow", "openvino"):  # OpenVINO's CPU plugin honours the cap too
+        with pytest.warns(PrecisionWarning, match="ONEDNN_MAX_CPU_ISA"):
+            assert effective_precision("bf16", backend) == "fp32"
 
 
 def test_unknown_precision_is_a_typed_error():

@@ -85,7 +85,7 @@ def test_bf16_hint_runs_bf16_and_stays_close(tuned):
 
 def test_cpu_without_bf16_warns_and_runs_fp32(tuned, monkeypatch):
     net, _, xte, _ = tuned
-    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx2", "fma"}))  # a Zen 3's /proc/cpuinfo
     with pytest.warns(PrecisionWarning, match="no native bfloat16"):
         p = TFPredictor(net, backend="openvino", precision="bf16")
     assert p.precision == "fp32"
