@@ -71,12 +71,13 @@ def matmul_ceilings(n: int = 2048, rounds: int = 5) -> dict:
 
 
 def _bf16_capped() -> bool:
-    """Whether the CPU has bfloat16 but ``ONEDNN_MAX_CPU_ISA`` stops oneDNN below it (as a Zen 3 is emulated): then
-    TensorFlow's bfloat16 matmul and OpenVINO's ``bf16`` hint find no kernel (the process aborts, or the plugin
-    refuses to compile), so that ceiling is not measured."""
-    from tfnet.precision import ISA_BELOW_BF16, cpu_flags, onednn_isa_cap
+    """Whether oneDNN is capped below its bfloat16 kernels (as a Zen 3 is emulated): TensorFlow's bfloat16 matmul
+    and OpenVINO's ``bf16`` hint find no kernel there on a CPU with bfloat16 (the process aborts, or the plugin
+    refuses to compile), so that ceiling is not measured. (On a CPU without it, TensorFlow emulates bfloat16 and
+    OpenVINO runs the hint in f32, whatever the cap.)"""
+    from tfnet.precision import cpu_flags, onednn_capped_below_bf16
 
-    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"}) and onednn_isa_cap() in ISA_BELOW_BF16
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"}) and onednn_capped_below_bf16()
 
 
 def openvino_matmul_ceilings(n: int = 2048, threads: int | None = None, rounds: int = 5) -> dict:

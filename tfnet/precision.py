@@ -27,7 +27,8 @@ from contextlib import contextmanager
 from tfnet.errors import TFNetError
 
 __all__ = ["PRECISIONS", "PrecisionError", "PrecisionWarning", "cpu_flags", "cpu_model", "cpu_has_bf16", "bf16_missing", "check_precision",
-           "training_precision", "onednn_enabled", "onednn_isa_cap", "bf16_rewrite"]
+           "training_precision", "onednn_enabled", "onednn_isa_cap", "onednn_capped_below_bf16",
+           "bf16_rewrite"]
 
 log = logging.getLogger("tfnet.precision")
 
@@ -98,10 +99,15 @@ def bf16_missing() -> str | None:
     kernel: the process aborts ("could not create a primitive descriptor")."""
     if not cpu_flags() & {"avx512_bf16", "amx_bf16"}:
         return "this CPU has no native bfloat16 (avx512_bf16 or amx_bf16)"
-    cap = onednn_isa_cap()
-    if cap in ISA_BELOW_BF16:
-        return f"oneDNN is capped below its bfloat16 kernels (ONEDNN_MAX_CPU_ISA={cap})"
+    if onednn_capped_below_bf16():
+        return f"oneDNN is capped below its bfloat16 kernels (ONEDNN_MAX_CPU_ISA={onednn_isa_cap()})"
     return None
+
+
+def onednn_capped_below_bf16() -> bool:
+    """Whether ``ONEDNN_MAX_CPU_ISA`` stops oneDNN below its bfloat16 kernels (:data:`ISA_BELOW_BF16`). On a CPU with
+    bfloat16, TensorFlow's bfloat16 matmuls and OpenVINO's ``bf16`` hint then find no kernel."""
+    return onednn_isa_cap() in ISA_BELOW_BF16
 
 
 def cpu_has_bf16() -> bool:
