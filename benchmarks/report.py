@@ -159,10 +159,15 @@ def training(r: Reader) -> Topic:
                          Figure("tfnet fp32", img("tfnet_fp32"), "img/s"),
                          Figure("Keras mixed_bfloat16", img("keras_mixed_bfloat16"), "img/s"),
                          Figure("tfnet bf16", img("tfnet_bf16"), "img/s")])
-    ceilings = r.load("bench_precision.json").get("ceilings")
+    results = r.load("bench_precision.json")
+    ceilings = results.get("ceilings")
     if ceilings:
         t.notes.append(f"TensorFlow's 2048x2048 matmul on that machine: fp32 {ceilings['fp32_gflops']:.0f} GFLOP/s, "
                        f"bf16 {ceilings['bf16_gflops']:.0f} GFLOP/s.")
+        if ceilings.get("bf16_native") is False:  # (records from before the key was kept say nothing)
+            step = results.get("train", {}).get("bf16_step_precision", "fp32")
+            t.notes.append(f"That CPU has no native bf16: TensorFlow emulates it (Keras's mixed_bfloat16 row), and "
+                           f"tfnet's bf16 step ran {step}, with a PrecisionWarning saying why.")
     return t
 
 
@@ -188,6 +193,11 @@ def inference(r: Reader) -> Topic:
     t.notes.append(f"OpenVINO's {ov['n']}x{ov['n']} matmul on that machine: fp32 {ov['fp32_gops']:.0f} GOP/s, INT8 "
                    f"{ov['int8_gops']:.0f} GOP/s ({ov['int8_vs_fp32']:.2f}x; both operands through a 256-level "
                    "FakeQuantize).")
+    ran = r.load("bench_precision.json").get("local", {}).get("precision", {})
+    fell_back = [key for key in ("tensorflow_bf16", "openvino_bf16") if ran.get(key) == "fp32"]
+    if fell_back:  # a CPU without native bf16: the bf16 rows measure the fp32 they ran (and say so)
+        t.notes.append(f"That CPU has no native bf16: {' and '.join(fell_back)} ran fp32, with a PrecisionWarning "
+                       "saying why, so their rows are fp32 measured again.")
     return t
 
 

@@ -112,3 +112,24 @@ def test_each_kind_of_cpu_gets_a_column_of_the_topics_it_ran(docs_copy, capsys):
     assert topics["inference"].columns == []  # that kind has no inference figures: one column, as before
     drawn = report.plot(topics["training"], str(docs_copy / "training.png"))
     assert drawn == [f.value for f in topics["training"].figures]
+
+
+def test_a_cpu_without_native_bf16_says_what_its_bf16_rows_ran(docs_copy):
+    """On a Zen 3 (no bf16) Keras emulates bf16 and tfnet's bf16 runs fp32: the topics say so, where the record
+    says so, and say nothing of it for a CPU with bf16 (or a record from before the keys were kept)."""
+    report = _report()
+    path = docs_copy / "bench_precision.json"
+    results = json.loads(path.read_text())
+
+    def notes() -> str:
+        topics = {t.slug: t for t in report.render(str(docs_copy))[1]}
+        return " ".join(topics["training"].notes + topics["inference"].notes)
+
+    assert "no native bf16" not in notes()
+    results["ceilings"]["bf16_native"] = False
+    results["train"]["bf16_step_precision"] = "fp32"
+    results["local"]["precision"] = {"tensorflow_bf16": "fp32", "openvino_bf16": "fp32", "openvino_int8": "int8"}
+    path.write_text(json.dumps(results))
+    said = notes()
+    assert "tfnet's bf16 step ran fp32" in said
+    assert "tensorflow_bf16 and openvino_bf16 ran fp32" in said
