@@ -75,9 +75,9 @@ def _bf16_capped() -> bool:
     and OpenVINO's ``bf16`` hint find no kernel there on a CPU with bfloat16 (the process aborts, or the plugin
     refuses to compile), so that ceiling is not measured. (On a CPU without it, TensorFlow emulates bfloat16 and
     OpenVINO runs the hint in f32, whatever the cap.)"""
-    from tfnet.precision import cpu_flags, onednn_capped_below_bf16
+    from tfnet.precision import BF16_FLAGS, cpu_flags, onednn_capped_below_bf16
 
-    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"}) and onednn_capped_below_bf16()
+    return bool(cpu_flags() & BF16_FLAGS) and onednn_capped_below_bf16()
 
 
 def openvino_matmul_ceilings(n: int = 2048, threads: int | None = None, rounds: int = 5) -> dict:

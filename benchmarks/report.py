@@ -165,7 +165,7 @@ def training(r: Reader) -> Topic:
         t.notes.append(f"TensorFlow's 2048x2048 matmul on that machine: fp32 {ceilings['fp32_gflops']:.0f} GFLOP/s, "
                        f"bf16 {ceilings['bf16_gflops']:.0f} GFLOP/s.")
         if ceilings.get("bf16_native") is False:  # (records from before the key was kept say nothing)
-            step = results.get("train", {}).get("bf16_step_precision", "fp32")
+            step = r.get("bench_precision.json", "train", "bf16_step_precision")
             t.notes.append(f"That CPU has no native bf16: TensorFlow emulates it (Keras's mixed_bfloat16 row), and "
                            f"tfnet's bf16 step ran {step}, with a PrecisionWarning saying why.")
     return t

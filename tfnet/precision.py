@@ -85,6 +85,8 @@ def cpu_model() -> str:
 #: ``ONEDNN_MAX_CPU_ISA`` values (oneDNN's names, any case) that stop below oneDNN's bfloat16 kernels
 #: (``avx512_core_bf16`` and above); OpenVINO's CPU plugin, built on oneDNN, honours the same variable
 ISA_BELOW_BF16 = frozenset({"sse41", "avx", "avx2", "avx2_vnni", "avx2_vnni_2", "avx512_core", "avx512_core_vnni"})
+#: The CPU flags (``/proc/cpuinfo``) of native bfloat16: AVX-512's and AMX's
+BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
 def onednn_isa_cap() -> str:
@@ -97,7 +99,7 @@ def bf16_missing() -> str | None:
     ``ONEDNN_MAX_CPU_ISA`` stops oneDNN (TensorFlow's and OpenVINO's kernels) below its bfloat16 kernels. With such a
     cap on a CPU whose flags say bfloat16, TensorFlow still sends bfloat16 matmuls to oneDNN, which then has no
     kernel: the process aborts ("could not create a primitive descriptor")."""
-    if not cpu_flags() & {"avx512_bf16", "amx_bf16"}:
+    if not cpu_flags() & BF16_FLAGS:
         return "this CPU has no native bfloat16 (avx512_bf16 or amx_bf16)"
     if onednn_capped_below_bf16():
         return f"oneDNN is capped below its bfloat16 kernels (ONEDNN_MAX_CPU_ISA={onednn_isa_cap()})"
