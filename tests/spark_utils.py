@@ -58,17 +58,24 @@ def kill_rank_after_checkpoints(model_dir, checkpoints: int, rank: int = 1, dead
     """From a thread: kills ``rank``'s Python process (SIGKILL) once ``model_dir`` (a local folder)
     holds ``checkpoints`` checkpoints and the rank's ``rank-N.json``, that is mid-training. Returns a
     dict that gets ``pid``, ``after`` (the newest checkpoint then) and has ``thread``. With
-    ``truncate_newest``, once rank 0's process is gone too (the stage failed with the dead rank: no rank of this
-    attempt can write another checkpoint; a bounded wait on its ``rank-0.json`` pid) the newest checkpoint is cut
-    to half its length, as a crash in the middle of a write to a file system without atomic renames would leave it;
-    ``truncated`` names it."""
+    ``truncate_newest``, the newest checkpoint is cut to half its length before the failure, as a crash in the middle
+    of a write to a file system without atomic renames would leave it (``truncated`` names it): rank 0, the writer,
+    is first stopped (SIGSTOP: no later checkpoint can appear, and one it was writing is never renamed into place),
+    the newest is cut, and then ``rank`` and rank 0 are killed. So the retry, whenever it starts, finds the cut file
+    newest. (Waiting for rank 0 to die after killing ``rank`` raced with the retry: Spark fails the job before it
+    kills the other task's Python worker, up to ``spark.python.task.killTimeout`` later.)"""
     import glob
     import json
     import signal
     import threading
     import time
 
+    assert not (truncate_newest and rank == 0), "rank 0 writes the checkpoints: kill another rank"
     killed: dict = {}
+
+    def pid_of(infos, r):
+        with open(os.path.join(os.path.dirname(infos[0]), f"rank-{r}.json")) as f:
+            return json.load(f)["pid"]
 
     def killer():
         deadline = time.time() + deadline_s
@@ -76,23 +83,20 @@ def kill_rank_after_checkpoints(model_dir, checkpoints: int, rank: int = 1, dead
             ckpts = glob.glob(os.path.join(model_dir, "checkpoints", "*", "ckpt-*.npz"))
             infos = glob.glob(os.path.join(model_dir, "ranks", "*", f"rank-{rank}.json"))
             if len(ckpts) >= checkpoints and infos:
-                with open(infos[0]) as f:
-                    pid = json.load(f)["pid"]
-                os.kill(pid, signal.SIGKILL)
-                killed["after"] = sorted(ckpts)[-1]
-                if truncate_newest:
-                    zero = glob.glob(os.path.join(os.path.dirname(infos[0]), "rank-0.json"))
-                    with open(zero[0]) as f:
-                        writer = json.load(f)["pid"]
-                    while alive(writer):  # rank 0 writes the checkpoints; gone, it writes no more
-                        assert time.time() < deadline, f"rank 0 (pid {writer}) still runs after rank {rank} was killed"
-                        time.sleep(0.02)
+                pid = pid_of(infos, rank)
+                writer = pid_of(infos, 0) if truncate_newest else None
+                if writer is not None:
+                    os.kill(writer, signal.SIGSTOP)
                     newest = sorted(glob.glob(os.path.join(model_dir, "checkpoints", "*", "ckpt-*.npz")))[-1]
                     with open(newest, "rb") as f:
                         data = f.read()
                     with open(newest, "wb") as f:
                         f.write(data[:len(data) // 2])
                     killed["truncated"] = newest
+                os.kill(pid, signal.SIGKILL)
+                if writer is not None:
+                    os.kill(writer, signal.SIGKILL)
+                killed["after"] = sorted(ckpts)[-1]
                 killed["pid"] = pid
             time.sleep(0.05)
 

@@ -410,10 +410,11 @@ class _DistributedRun:
         config = stage.config
         wanted = self.elastic.num_workers - stage.n
         last = [0.0]
+        seen = len(self.sink.events)
 
         def check() -> str | None:
             why = _first(stuck, lost)()
-            if why or time.monotonic() - last[0] < self.intervals.grow_s:
+            if why or time.monotonic() - last[0] < self.intervals.grow_s or not _stepping(self.sink.events, seen):
                 return why
             last[0] = time.monotonic()
             slots = stage.n + self.backend.free_slots(wanted, stage.n)
@@ -458,6 +459,14 @@ class _DistributedRun:
         arrived = getattr(self.sink, "arrived", [])
         if steps and steps[0] < len(arrived):
             self.attempts[-1]["first_step_s"] = round(arrived[steps[0]] - self.t_call, 3)
+
+
+def _stepping(events: list[dict], seen: int) -> bool:
+    """Whether this attempt's first step has reached here (a ``step`` event after index ``seen``): every rank has
+    passed its first allreduce, so each holds its task slot. Before that, a slot the stage is about to take is
+    free (between its shuffle and its ranks' start, say), and a Connect client's probe would count it as one that
+    came back."""
+    return any(e.get("event") == "step" for e in events[seen:])
 
 
 _RETRY_FROM = {True: "from this run's newest checkpoint", False: "from the start (no model_dir)"}

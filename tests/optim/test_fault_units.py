@@ -11,11 +11,14 @@ import numpy as np
 import optim
 from optim.config import TrainConfig
 from optim.data.arrays import ArrayDataset
+from optim.launch.elastic import ElasticPolicy
 from optim.launch.launcher import _DistributedRun
 from optim.launch.retry import RetryPolicy
 from optim.protocol import RunResult, pack_result, unpack_result
 from optim.rank.tally import EpochTally, fingerprint
+from optim.training.reporting import Reporter
 from optim.training.loop import train
+from optim.transport.progress import EventSink
 from tests import digits
 from tests.elastic_checks import checkpoint_digest
 from tfnet import TFNet
@@ -129,6 +132,29 @@ def test_a_stage_whose_slots_are_lost_is_ended_by_the_watch():
     assert run.lost_slots(SimpleNamespace(n=1))() is None
     assert _DistributedRun(None, SimpleNamespace(counts_slots=False), RetryPolicy(2), verbose=0, timeout=60,
                            startup_timeout=600, slot_wait=0, steps_per_epoch=None).lost_slots(SimpleNamespace(n=2)) is None
+
+
+def test_a_connect_client_probes_for_returned_slots_only_once_its_ranks_hold_theirs(tmp_path):
+    """A Connect client counts free slots with a probe job. Before the stage's ranks start (between its shuffle and
+    its tasks, say) the slot they are about to take is free, and a probe then would grow a run whose lost worker
+    never came back (seen in CI on a Zen 3: states ..., "running", "growing", "running"). The watch probes only
+    after the attempt's first step, when every rank has passed an allreduce and holds its slot."""
+    probes = []
+    backend = SimpleNamespace(counts_slots=False, free_slots=lambda wanted, running: probes.append(wanted) or 1)
+    run = _DistributedRun(None, backend, RetryPolicy(2), verbose=0, timeout=60, startup_timeout=600, slot_wait=0,
+                          steps_per_epoch=None)
+    run.intervals.grow_s = 0.0
+    run.elastic = ElasticPolicy(2, 1)
+    run.sink = EventSink(Reporter())
+    run.sink.dispatch({"event": "step", "step": 40, "epoch": 1, "logs": {}})  # the attempt before this one
+    run.control = str(tmp_path / "grow")
+    check = run.watch(SimpleNamespace(n=1, config=TrainConfig()), stuck=None)
+    run.sink.dispatch({"event": "begin", "epochs": 12, "steps_per_epoch": 32, "initial_step": 32, "initial_epoch": 1})
+    assert check() is None and check() is None
+    assert probes == [] and not os.path.exists(run.control), "a probe before the ranks hold their slots"
+    run.sink.dispatch({"event": "step", "step": 33, "epoch": 1, "logs": {}})
+    assert check() is None
+    assert probes == [1] and open(run.control, "rb").read() == b"grow"
 
 
 def test_every_rank_reports_a_checkpoint_before_it_is_written(tmp_path):
