@@ -400,8 +400,8 @@ class _DistributedRun:
     def watch(self, stage: Stage, stuck):
         """What the driver checks while the stage runs: a stuck rank (``stuck``), task slots lost under the stage
         (:meth:`lost_slots`), and, for an elastic run on fewer ranks than it asked for, whether to grow (the
-        elastic policy's ``should_grow``; then it asks the ranks, through the control file, to stop at the next
-        epoch boundary)."""
+        elastic policy's ``should_grow``, once the attempt's first step has come; then it asks the ranks, through
+        the control file, to stop at the next epoch boundary)."""
         lost = self.lost_slots(stage)
         if self.notice is not None:  # a decommissioning executor is one whose slots are going: not a lost one
             lost = self.notice.watch(stage.n, lost, self.sink, self.intervals.slot_s)
