@@ -16,8 +16,8 @@ from optim.launch.launcher import _DistributedRun
 from optim.launch.retry import RetryPolicy
 from optim.protocol import RunResult, pack_result, unpack_result
 from optim.rank.tally import EpochTally, fingerprint
-from optim.training.reporting import Reporter
 from optim.training.loop import train
+from optim.training.reporting import Reporter
 from optim.transport.progress import EventSink
 from tests import digits
 from tests.elastic_checks import checkpoint_digest
