@@ -159,8 +159,7 @@ def training(r: Reader) -> Topic:
                          Figure("tfnet fp32", img("tfnet_fp32"), "img/s"),
                          Figure("Keras mixed_bfloat16", img("keras_mixed_bfloat16"), "img/s"),
                          Figure("tfnet bf16", img("tfnet_bf16"), "img/s")])
-    results = r.load("bench_precision.json")
-    ceilings = results.get("ceilings")
+    ceilings = r.load("bench_precision.json").get("ceilings")
     if ceilings:
         t.notes.append(f"TensorFlow's 2048x2048 matmul on that machine: fp32 {ceilings['fp32_gflops']:.0f} GFLOP/s, "
                        f"bf16 {ceilings['bf16_gflops']:.0f} GFLOP/s.")
