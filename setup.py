@@ -7,6 +7,10 @@ from setuptools import find_packages, setup
 # TensorFlow itself (tfnet/quiet.py).
 INSTALL_REQUIRES = [
     "tensorflow-cpu==2.21.*",
+    # TensorFlow's (and onnx's) numpy types. 0.7.0's import registers its types' ufunc loops one by one, each a
+    # linear scan of the ufunc's loops in numpy (PyUFunc_AddLoop): 1.2 s of CPU in every process that imports
+    # TensorFlow (Spark daemons, drivers, rank processes), against 6 ms for 0.6.0 (docs/benchmarks.md, 2026-12-02)
+    "ml_dtypes>=0.5.4,<0.7",
     "pyspark>=4.1,<5",  # TFPredictor runs its model in an Arrow UDF (pyspark.sql.functions.arrow_udf, Spark 4.1)
     "numpy>=1.26",
     "pyarrow>=11",
