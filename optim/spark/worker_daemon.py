@@ -12,7 +12,11 @@ the daemon forks, and its pages are shared between them.
 
 pyspark's own daemon imports its worker module only after the fork, so that no thread exists when it forks
 (pandas and pyarrow start threads as they are imported). TensorFlow starts none until its runtime is first used,
-which happens in the worker. :func:`threads_started_here` checks that against a fresh Python that imports numpy
+which happens in the worker. The one thread pyarrow starts is the background thread of its bundled jemalloc, which
+its default memory pool (mimalloc) does not use: with ``JE_ARROW_MALLOC_CONF=background_thread:false`` (unless the
+environment sets it) pyarrow starts none, and this daemon also imports what a forked worker imports for tfnet's
+tasks (:data:`WORKER_MODULES`, and Horovod where Keras stays unloaded): 0.7 CPU-seconds less in every worker (2-core
+AMD EPYC Zen 4; docs/benchmarks.md, 2026-12-02). :func:`threads_started_here` checks that against a fresh Python that imports numpy
 alone in the same environment (numpy's BLAS may start threads, which are safe to fork: OpenBLAS stops them before
 a fork and starts them again after). Where the imports started any other thread, the daemon replaces itself with
 pyspark's own, with one line on stderr: the workers then start as they would without this setting. A worker
@@ -22,11 +26,17 @@ Python that cannot import tfnet cannot start this daemon at all; tfnet's errors 
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
 
-__all__ = ["threads_started_here", "main"]
+__all__ = ["WORKER_MODULES", "preload", "threads_started_here", "main"]
+
+#: What a forked worker imports for tfnet's tasks beyond ``import optim``: pyspark's worker and its Arrow
+#: serializers (which import pandas and pyarrow), and tfnet's rank and predictor task code.
+WORKER_MODULES = ("pyspark.worker", "pyspark.sql.pandas.serializers", "pandas", "optim.rank.task",
+                  "optim.predict.worker")
 
 _STOCK = "pyspark.daemon"
 _COUNT = "import os; print(len(os.listdir('/proc/self/task')))"
@@ -48,7 +58,29 @@ def threads_started_here() -> int | None:
         return None
 
 
+def preload() -> None:
+    """Imports :data:`WORKER_MODULES` and Horovod (where it is installed and Keras stays unloaded), pyarrow's
+    jemalloc without its background thread unless the environment says otherwise. A module that cannot be imported
+    here is left to the worker, whose task then names the error as it would without this daemon."""
+    os.environ.setdefault("JE_ARROW_MALLOC_CONF", "background_thread:false")
+    for name in WORKER_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the worker imports it again, and its task reports what it raises
+            pass
+    from tfnet.quiet import eager_keras
+
+    if not eager_keras():  # Horovod's own import would load Keras, 1.5 s and threads, in a daemon of no training
+        from optim.horovod_import import import_horovod
+
+        try:
+            import_horovod()
+        except Exception:  # noqa: BLE001 - no Horovod here (predicting needs none): a rank's task reports it
+            pass
+
+
 def main() -> None:
+    preload()
     started = threads_started_here()
     if started is None or started > 0:
         why = ("a process's threads cannot be counted here" if started is None else

@@ -1,5 +1,5 @@
 """tfnet's Python worker daemon (``spark.python.daemon.module = optim.spark.worker_daemon``): pyspark's own, with
-TensorFlow imported before it forks each worker. A user's own session with pyspark's daemon, then with tfnet's, in
+TensorFlow (and what tfnet's tasks import) imported before it forks each worker. A user's own session with pyspark's daemon, then with tfnet's, in
 one process: the workers start with TensorFlow only under tfnet's, and TFPredictor's results are the same under
 both. Where a thread exists before it forks, it runs as pyspark's own (a worker Python without tfnet: test_distributed)."""
 
@@ -28,13 +28,14 @@ PROGRAM = textwrap.dedent("""
     from tfnet import TFNet
     from tests import digits
 
+    MODULES = ("tensorflow", "pandas", "optim.rank.task", "optim.predict.worker", "horovod.tensorflow", "keras")
     net = TFNet.from_keras(digits.cnn(classes=10, seed=0))
     x = np.random.default_rng(0).random((40, 8, 8, 1), dtype=np.float32)
     for daemon in ("pyspark.daemon", "optim.spark.worker_daemon"):
         spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
                  .config("spark.python.daemon.module", daemon).getOrCreate())
         workers = spark.sparkContext.parallelize(range(2), 2).map(
-            lambda _: ("tensorflow" in sys.modules, os.getpid())).collect()
+            lambda _: ({m: m in sys.modules for m in MODULES}, os.getpid())).collect()
         df = spark.createDataFrame([(image.ravel().tolist(), i) for i, image in enumerate(x)],
                                    "pixels array<float>, id long").repartition(2)
         predicted = TFPredictor(net, batch_per_thread=16).predict(df, feature_cols="pixels")
@@ -57,8 +58,14 @@ def test_workers_start_with_tensorflow_under_tfnets_daemon_and_predict_the_same(
                                          if line.startswith("RESULT "))}
     assert proc.returncode == 0 and len(results) == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
     stock, tfnets = results["pyspark.daemon"], results["optim.spark.worker_daemon"]
-    assert [preloaded for preloaded, _ in stock["workers"]] == [False, False]  # the workers import it themselves
-    assert [preloaded for preloaded, _ in tfnets["workers"]] == [True, True]
+    # before any task imported them: under pyspark's daemon the workers import everything themselves; under tfnet's
+    # they hold TensorFlow, pandas, tfnet's task code and Horovod (without the Keras its own import loads)
+    nothing = {"tensorflow": False, "pandas": False, "optim.rank.task": False, "optim.predict.worker": False,
+               "horovod.tensorflow": False, "keras": False}
+    assert [preloaded for preloaded, _ in stock["workers"]] == [nothing, nothing]
+    held = dict(nothing, tensorflow=True, pandas=True, **{"optim.rank.task": True, "optim.predict.worker": True,
+                                                          "horovod.tensorflow": True})
+    assert [preloaded for preloaded, _ in tfnets["workers"]] == [held, held]
     x = np.random.default_rng(0).random((40, 8, 8, 1), dtype=np.float32)
     expected = TFNet.from_keras(digits.cnn(classes=10, seed=0)).forward(x)
     for result in (stock, tfnets):
