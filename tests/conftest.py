@@ -33,10 +33,12 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # started later, inherit it.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 # Every JVM the tests start (drivers, executors, Connect servers; the standalone master and workers) compiles with
-# the client compiler only: tests/spark-conf/spark-defaults.conf says why. Not pytest's own (_own_jvm_keeps_c2).
+# the client compiler only, collects with the serial collector and verifies no jar's bytecode:
+# tests/spark-conf/spark-defaults.conf says why. Not pytest's own (_own_jvm_keeps_c2).
 TEST_SPARK_CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark-conf")
 os.environ.setdefault("SPARK_CONF_DIR", TEST_SPARK_CONF)
-os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", "-XX:TieredStopAtLevel=1")
+os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:+UnlockDiagnosticVMOptions "
+                      "-XX:-BytecodeVerificationRemote")
 #: The pytest-xdist worker of the one-core lane (pytest.ini's one_core_modules): TensorFlow's thread pools there have one
 #: thread, read from the environment as TensorFlow starts (its own variables), so that the lane keeps one core busy
 #: and the first worker's Spark, JVMs and ranks have the other. xdist names its workers before this file is imported.
