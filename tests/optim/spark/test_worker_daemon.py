@@ -1,7 +1,7 @@
 """tfnet's Python worker daemon (``spark.python.daemon.module = optim.spark.worker_daemon``): pyspark's own, with
-TensorFlow (and what tfnet's tasks import) imported before it forks each worker. A user's own session with pyspark's daemon, then with tfnet's, in
-one process: the workers start with TensorFlow only under tfnet's, and TFPredictor's results are the same under
-both. Where a thread exists before it forks, it runs as pyspark's own (a worker Python without tfnet: test_distributed)."""
+TensorFlow (and what tfnet's tasks import) imported before it forks each worker. A user's own session with pyspark's
+daemon, then with tfnet's, in one process: the workers start with TensorFlow only under tfnet's, and TFPredictor's
+results are the same under both. Where a thread exists before it forks, it runs as pyspark's own (a worker Python without tfnet: test_distributed)."""
 
 import json
 import struct
