@@ -27,7 +27,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import banner, machine, setup_env  # noqa: E402
+from common import banner, finish, machine, setup_env  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMPORTS = {"numpy": "import numpy", "numpy, ml_dtypes": "import numpy, ml_dtypes",
@@ -108,9 +108,7 @@ def main(argv=None):
     print(f"a forked worker's task imports: {statistics.median(forked['without_preload_s']):.2f} CPU-s without the "
           f"daemon's preload, {statistics.median(forked['with_preload_s']):.3f} with it (the daemon pays "
           f"{forked['preload_in_daemon_s']:.2f} once; {forked['daemon_threads']} threads when it forks)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    finish(args.json, result)  # the machine and its matmul ceilings beside the figures, and the JSON
 
 
 if __name__ == "__main__":
