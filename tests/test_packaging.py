@@ -93,9 +93,9 @@ def test_the_environment_holds_what_the_wheel_requires(wheel):
 
     from packaging.requirements import Requirement
 
-    names = zipfile.ZipFile(wheel).namelist()
-    (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
-    requires = Parser().parsestr(zipfile.ZipFile(wheel).read(metadata).decode()).get_all("Requires-Dist")
+    with zipfile.ZipFile(wheel) as archive:
+        (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        requires = Parser().parsestr(archive.read(metadata).decode()).get_all("Requires-Dist")
     wanted = [r for r in map(Requirement, requires) if r.marker is None or r.marker.evaluate({"extra": "all"})]
     assert "ml-dtypes" in {r.name.replace("_", "-") for r in wanted}, requires
     unmet = []

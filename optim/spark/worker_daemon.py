@@ -18,9 +18,9 @@ environment sets it) pyarrow starts none, and this daemon also imports what a fo
 tasks (:data:`WORKER_MODULES`, and Horovod where Keras stays unloaded): 0.7 CPU-seconds less in every worker (2-core
 AMD EPYC Zen 4; docs/benchmarks.md, 2026-12-02). :func:`threads_started_here` checks that against a fresh Python
 that imports numpy alone in the same environment (numpy's BLAS may start threads, which are safe to fork: OpenBLAS
-stops them before a fork and starts them again after). Where the imports started any other thread, the daemon replaces itself with
-pyspark's own, with one line on stderr: the workers then start as they would without this setting. A worker
-Python that cannot import tfnet cannot start this daemon at all; tfnet's errors name that
+stops them before a fork and starts them again after). Where the imports started any other thread, the daemon
+replaces itself with pyspark's own, with one line on stderr: the workers then start as they would without this
+setting. A worker Python that cannot import tfnet cannot start this daemon at all; tfnet's errors name that
 (:class:`~optim.errors.SparkSetupError`).
 """
 
