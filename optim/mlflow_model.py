@@ -29,7 +29,8 @@ import mlflow
 import numpy as np
 import pandas as pd
 
-__all__ = ["TFNetPyfunc", "dataset_input", "input_example", "log_net", "signature", "to_inputs"]
+__all__ = ["TFNetPyfunc", "dataset_input", "default_pip_requirements", "input_example", "log_net", "signature",
+           "to_inputs"]
 
 
 def _short(name: str) -> str:
@@ -134,29 +135,53 @@ def _forward(net, data):
     return outs
 
 
-def log_net(net, name: str = "model", step: int = 0):
+def default_pip_requirements() -> list[str]:
+    """What a logged net needs to load, pinned to this environment's versions, as MLflow's own flavors give theirs
+    (``mlflow.tensorflow.get_default_pip_requirements``): tfnet (when installed as a package), the TensorFlow it
+    runs on and cloudpickle (the pyfunc's wrapper is pickled); MLflow adds itself.
+
+    Given to MLflow instead of its inference, which loads the model in a fresh Python process to see what it
+    imports (TensorFlow's import: 5-15 s for each logged model) and then drops TensorFlow as a dependency of tfnet
+    while keeping whatever else tfnet's import pulled in."""
+    from importlib import metadata
+
+    pins = []
+    for names in (("tfnet",), ("tensorflow-cpu", "tensorflow"), ("cloudpickle",)):
+        for name in names:
+            try:
+                pins.append(f"{name}=={metadata.version(name)}")
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return pins
+
+
+def log_net(net, name: str = "model", step: int = 0, pip_requirements: list[str] | None = None):
     """Logs ``net`` into the active run as the MLflow model ``name``, the run's output at ``step``; returns
     MLflow's model info.
 
     MLflow copies the run's metrics at ``step`` to the model (into the run's own series too, with a file store):
-    give a step that has none."""
+    give a step that has none. ``pip_requirements``: the model's requirements (MLflow's argument); default
+    :func:`default_pip_requirements`."""
     folder = tempfile.mkdtemp(prefix="tfnet-mlflow-")
+    requirements = default_pip_requirements() if pip_requirements is None else list(pip_requirements)
     with warnings.catch_warnings():  # MLflow asks for type hints on predict; the signature says what it takes
         warnings.filterwarnings("ignore", message=".*type hints", category=UserWarning)
         try:
-            return _log(net, name, folder, step)
+            return _log(net, name, folder, step, requirements)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _log(net, name: str, folder: str, step: int):
+def _log(net, name: str, folder: str, step: int, requirements: list[str]):
     export = os.path.join(folder, "net")
     net.save(export)
     example = input_example(net)
     outputs = net.forward(to_inputs(example, list(net.input_names), list(net.input_specs)))
     outputs = outputs if isinstance(outputs, list) else [outputs]
     return mlflow.pyfunc.log_model(name=name, python_model=TFNetPyfunc(), artifacts={"net": export},
-                                   signature=signature(net, outputs), input_example=example, step=int(step))
+                                   signature=signature(net, outputs), input_example=example, step=int(step),
+                                   pip_requirements=requirements)
 
 
 # ---- the training data as an MLflow dataset

@@ -100,6 +100,20 @@ def test_the_signature_is_tensor_specs_with_the_inputs_shapes(logged):
     assert logged["single"][0].signature.outputs.inputs == [TensorSpec(np.dtype(np.float32), (-1, 1))]
 
 
+def test_the_requirements_pin_what_the_net_loads_with(logged):
+    """tfnet's own pins (tfnet, TensorFlow, cloudpickle), as MLflow's flavors give theirs, not MLflow's inference: that
+    loads the model in a fresh process to see what it imports, and drops TensorFlow as a dependency of tfnet."""
+    from importlib import metadata
+
+    import tensorflow as tf
+
+    for kind in MODELS:
+        with open(mlflow.pyfunc.get_model_dependencies(logged[kind][0].model_uri)) as f:
+            lines = [line.strip() for line in f if line.strip()]
+        assert lines == [f"mlflow=={mlflow.__version__}", f"tfnet=={metadata.version('tfnet')}",
+                         f"tensorflow-cpu=={tf.__version__}", f"cloudpickle=={metadata.version('cloudpickle')}"], kind
+
+
 def test_model_single_tensor_input(logged):
     _, model, expected = logged["single"]
     close(model.predict(pd.DataFrame(X, columns=["f0", "f1", "f2", "f3"])), expected)  # one column per feature

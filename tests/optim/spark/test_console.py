@@ -71,7 +71,7 @@ PREDICT = textwrap.dedent("""
     fitted = TFNetEstimator(net, featureCols=["pixels"], featureShapes=[[8, 8, 1]], epochs=1, batchSize=32,
                             numWorkers=2, outputCols=["logits"]).fit(small)
     saved = tempfile.mkdtemp() + "/model"
-    mlflow.spark.save_model(fitted, saved)
+    mlflow.spark.save_model(fitted, saved, pip_requirements=["tfnet"])  # MLflow's inference: a JVM of its own
     loaded = mlflow.spark.load_model(saved)  # (MLflow's own INFO line about DFS, before the actions)
     entries = {
         "predictor": lambda: predictor.predict(small, feature_cols="pixels"),
