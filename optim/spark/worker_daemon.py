@@ -31,7 +31,7 @@ import os
 import subprocess
 import sys
 
-__all__ = ["WORKER_MODULES", "preload", "threads_started_here", "main"]
+__all__ = ["WORKER_MODULES", "keep_zip_directories", "preload", "threads_started_here", "main"]
 
 #: What a forked worker imports for tfnet's tasks beyond ``import optim``: pyspark's worker and its Arrow
 #: serializers (which import pandas and pyarrow), and tfnet's rank and predictor task code.
@@ -79,8 +79,54 @@ def preload() -> None:
             pass
 
 
+def keep_zip_directories() -> None:
+    """A zip importer re-reads its archive's directory on ``importlib.invalidate_caches()`` only when the archive
+    changed (its size or mtime), once for all the importers of one archive.
+
+    pyspark's worker invalidates the import caches as a fresh worker's first task puts the application's files folder
+    on ``sys.path``. On Python 3.11 each zip importer then re-reads its whole archive, and pyspark.zip has one importer
+    per package imported from it (19 in a worker of this daemon): 0.15-0.2 CPU-s of every fresh worker (Python 3.12
+    reads lazily). A changed archive is still read again, as before. Applies to this process and the workers it
+    forks; idempotent."""
+    import zipimport
+
+    if sys.version_info >= (3, 12) or getattr(zipimport.zipimporter.invalidate_caches, "_tfnet", False):
+        return
+    original = zipimport.zipimporter.invalidate_caches
+    cache = getattr(zipimport, "_zip_directory_cache", None)
+    if cache is None:
+        return
+    read: dict[str, tuple] = {}
+
+    def stamp(archive: str):
+        try:
+            st = os.stat(archive)
+        except OSError:
+            return None
+        return st.st_size, st.st_mtime_ns
+
+    def invalidate_caches(self) -> None:
+        now = stamp(self.archive)
+        seen = read.get(self.archive)
+        if now is None or seen is None or seen[0] != now:
+            original(self)
+            if now is not None and self.archive in cache:
+                read[self.archive] = (now, cache[self.archive])
+            return
+        self._files = seen[1]
+        cache[self.archive] = seen[1]
+
+    invalidate_caches._tfnet = True
+    for archive, files in list(cache.items()):  # the archives this daemon has read, as read (moments ago)
+        now = stamp(archive)
+        if now is not None:
+            read[archive] = (now, files)
+    zipimport.zipimporter.invalidate_caches = invalidate_caches
+
+
 def main() -> None:
     preload()
+    keep_zip_directories()
     started = threads_started_here()
     if started is None or started > 0:
         why = ("a process's threads cannot be counted here" if started is None else

@@ -106,3 +106,43 @@ def test_importing_the_daemon_starts_no_thread_beyond_numpys():
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                               env=user_env(OMP_NUM_THREADS=omp))
         assert proc.stdout.strip() == "0", (omp, proc.stdout + proc.stderr[-2000:])
+
+
+ZIP_IMPORTS = textwrap.dedent("""
+    import importlib, json, sys, time, zipfile, zipimport
+    from optim.spark.worker_daemon import keep_zip_directories
+
+    archive = sys.argv[1]
+    def write(modules):
+        with zipfile.ZipFile(archive, "w") as z:
+            for name, source in modules.items():
+                z.writestr(name, source)
+    write({"pkg/__init__.py": "", "pkg/a.py": "A = 1", "pkg/sub/__init__.py": ""})
+    sys.path.insert(0, archive)
+    import pkg.a, pkg.sub  # importers of one archive: the path entry's and pkg's
+    reads = []
+    original = zipimport._read_directory
+    zipimport._read_directory = lambda path: reads.append(path) or original(path)
+    counts = []
+    importlib.invalidate_caches(); counts.append(len(reads))  # as pyspark's worker does: each importer reads
+    keep_zip_directories()
+    keep_zip_directories()
+    importlib.invalidate_caches(); counts.append(len(reads))  # unchanged: none
+    time.sleep(0.01)
+    write({"pkg/__init__.py": "", "pkg/a.py": "A = 1", "pkg/sub/__init__.py": "", "pkg/b.py": "B = 2"})
+    importlib.invalidate_caches(); counts.append(len(reads))  # changed: read once, for all
+    import pkg.b
+    print(json.dumps({"reads": counts, "B": pkg.b.B}))
+""")
+
+
+def test_a_workers_import_cache_invalidation_rereads_only_a_changed_zip(tmp_path):
+    """pyspark's worker calls ``importlib.invalidate_caches()`` as a fresh worker's first task changes ``sys.path``;
+    on Python 3.11 every zip importer re-read its whole archive (19 of pyspark.zip: 0.15-0.2 CPU-s a worker). Under
+    :func:`~optim.spark.worker_daemon.keep_zip_directories` an unchanged archive is not read, a changed one once."""
+    proc = subprocess.run([sys.executable, "-c", ZIP_IMPORTS, str(tmp_path / "modules.zip")], capture_output=True,
+                          text=True, timeout=120, env=user_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    before, unchanged, changed = out["reads"]
+    assert before >= 2 and unchanged == before and changed == before + 1 and out["B"] == 2, out
