@@ -294,7 +294,7 @@ def _run_shared(processes: int, optimize_graphs: bool) -> Report:
     """The suite's cases collected once, here (onnx computes every case's reference outputs: 10 CPU-s), while the
     fresh processes import TensorFlow; each process then runs every ``processes``-th case."""
     start = time.perf_counter()
-    results = in_processes(_run_cases, processes, optimize_graphs, items=collect)
+    results = in_processes(_run_cases, processes, collect, optimize_graphs)
     return Report(results=results, seconds=time.perf_counter() - start)
 
 
@@ -302,28 +302,21 @@ def _import_tensorflow() -> None:
     import tensorflow  # noqa: F401 - a pool process's start-up, while the parent collects
 
 
-def in_processes(share, processes: int, *args, items=None) -> list:
-    """``share`` in ``processes`` fresh spawned processes (TensorFlow does not fork); their results put back in the
-    suite's order.
-
-    ``items`` None: ``share(index, processes, *args)``, a module-level function returning the results of cases
-    ``index``, ``index + processes``, ... that it finds itself. ``items`` a callable: it is called here while the
-    processes start (and import TensorFlow), and ``share(items()[index::processes], *args)`` runs in each."""
+def in_processes(share, processes: int, items, *args) -> list:
+    """``share(items()[index::processes], *args)`` (a module-level function returning one result per item) in each
+    of ``processes`` fresh spawned processes (TensorFlow does not fork); ``items`` is called here while the processes
+    start and import TensorFlow. The results are put back in the items' order."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_import_tensorflow) as pool:
-        if items is None:
-            shares = list(pool.map(share, range(processes), [processes] * processes,
-                                   *([a] * processes for a in args)))
-        else:
-            started = [pool.submit(int) for _ in range(processes)]  # the processes start now
-            everything = list(items())
-            for future in started:
-                future.result()
-            shares = list(pool.map(share, [everything[i::processes] for i in range(processes)],
-                                   *([a] * processes for a in args)))
+        started = [pool.submit(int) for _ in range(processes)]  # the processes start now
+        everything = list(items())
+        for future in started:
+            future.result()
+        shares = list(pool.map(share, [everything[i::processes] for i in range(processes)],
+                               *([a] * processes for a in args)))
     results = [None] * sum(len(s) for s in shares)
     for index, part in enumerate(shares):
         results[index::processes] = part

@@ -236,13 +236,13 @@ def run_suite(cases: list[ModelCase] | None = None, *, processes: int = 1) -> Re
     return report
 
 
-def _share(index: int, processes: int) -> list[ModelResult]:
-    return run_suite(collect()[index::processes]).results
+def _run_cases(cases: list[ModelCase]) -> list[ModelResult]:
+    return run_suite(cases).results
 
 
 def _run_shared(processes: int) -> Report:
     start = time.perf_counter()
-    results = conformance.in_processes(_share, processes)
+    results = conformance.in_processes(_run_cases, processes, collect)
     return Report(results=results, seconds=time.perf_counter() - start)
 
 
