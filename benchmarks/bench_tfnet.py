@@ -1,4 +1,6 @@
-"""TFNet against Keras on ResNet-50 (224x224, batch 16): one fine-tuning step and forward only.
+"""TFNet against Keras on ResNet-50 (224x224, batch 16): one fine-tuning step, forward only, and ``TFNet.backward``
+(a vector-Jacobian product: its first call, compiled, and later calls) against the same product of Keras's model
+under a ``tf.GradientTape`` in a ``tf.function``.
 
 Both sides run in this one process, on the same model, data, batch and threads, timed in
 alternation. Fine-tuning trains every weight with batch norm frozen (inference mode) on both sides.
@@ -23,7 +25,7 @@ def main(argv=None) -> dict:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--onednn", type=int, default=1)
     p.add_argument("--threads", type=int, default=0, help="intra/inter-op threads; 0 = TF default")
-    p.add_argument("--only", choices=["train", "forward"], default=None)
+    p.add_argument("--only", choices=["train", "forward", "backward"], default=None)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     setup_env(bool(args.onednn), args.threads or None)
@@ -106,9 +108,48 @@ def main(argv=None) -> dict:
         share = args.batch / t_tfnet * resnet50_gflop(args.size) / fp32_ceiling
         results["forward"]["tfnet_share_of_fp32_ceiling"] = share
         print(f"                 TFNet at {100 * share:.0f}% of the fp32 matmul ceiling")
+    if args.only in (None, "backward"):
+        results["backward"] = _backward(net, model, x, args.rounds, args.batch)
     print(f"machine: {results['machine']}")
     finish(args.json, results)
     return results
+
+
+def _backward(net, model, x, rounds: int, batch: int) -> dict:
+    """``net.backward(x, g)`` against Keras's own vector-Jacobian product of the same outputs, input and trainable
+    weights (compiled once, as tfnet's is): the first call of each (tracing and Grappler included), then the
+    median of ``rounds`` calls, in alternation."""
+    import time
+
+    import numpy as np
+    import tensorflow as tf
+
+    net.trainable = [v.path for v in model.trainable_variables]  # the same trainable set on both sides
+    xt = tf.constant(x)
+    g = tf.constant(np.random.default_rng(1).normal(size=(batch, *model.output_shape[1:])).astype("float32"))
+
+    @tf.function(autograph=False)
+    def keras_vjp(inputs, grad):
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            y = model(inputs, training=False)
+        return tape.gradient(y, [inputs] + model.trainable_variables, output_gradients=grad)
+
+    first = {}
+    for name, fn in (("tfnet", lambda: net.backward(xt, g, as_tensors=True)[0].numpy()),
+                     ("keras", lambda: keras_vjp(xt, g)[0].numpy())):
+        cpu, wall = time.process_time(), time.perf_counter()
+        fn()
+        first[name] = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
+    times = interleaved({"tfnet": lambda: net.backward(xt, g, as_tensors=True)[0].numpy(),
+                         "keras": lambda: keras_vjp(xt, g)[0].numpy()}, rounds, warmup=0)
+    t_tfnet, t_keras = median(times["tfnet"]), median(times["keras"])
+    print(f"backward         TFNet {batch / t_tfnet:6.2f} img/s   Keras tape (tf.function) "
+          f"{batch / t_keras:6.2f} img/s   ratio {t_keras / t_tfnet:.2f}")
+    print(f"                 first call: TFNet {first['tfnet']['cpu_s']:.2f} CPU-s ({first['tfnet']['wall_s']:.2f} s), "
+          f"Keras {first['keras']['cpu_s']:.2f} CPU-s ({first['keras']['wall_s']:.2f} s)")
+    return {"tfnet_img_s": batch / t_tfnet, "keras_img_s": batch / t_keras, "ratio": t_keras / t_tfnet,
+            "first_call": first, "times": times}
 
 
 if __name__ == "__main__":

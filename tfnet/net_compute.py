@@ -14,7 +14,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfnet.errors import GraphExecutionError, InputSpecError, first_line
+from tfnet.errors import GradientUnavailableError, GraphExecutionError, InputSpecError, first_line
 from tfnet.graph_function import own_function
 from tfnet.hooks import HookHandle
 from tfnet.inputs import arrange, batch_size_of, convert, is_batched
@@ -24,7 +24,7 @@ from tfnet.v1_loops import graph_mode_vjp
 
 __all__ = [
     "apply_updates", "backward", "call", "forward", "hooks", "pack", "prepare_inputs", "pure_function",
-    "register_forward_hook", "register_gradient_hook", "register_update_hook", "run_graph", "v1_vjp",
+    "register_forward_hook", "register_gradient_hook", "register_update_hook", "run_graph", "tape_vjp", "v1_vjp",
 ]
 
 # ---------------------------------------------------------------------- internal interface
@@ -107,6 +107,56 @@ def v1_vjp(state: NetState, sources, training: bool, with_grad_outputs: bool, ho
             state.weight_specs(), list(state.graph.output_specs), sources, with_grad_outputs,
             post=(lambda outs: state.forward_hooks.run(pack(outs))) if hooks else None,
         )
+        state.compiled[key] = fn
+    return fn
+
+
+def tape_vjp(state: NetState, dtypes: Sequence[tf.DType], training: bool, given: tuple[bool, ...] | None) -> Callable:
+    """``(inputs, weights, grad_outputs) -> gradients + outputs``, compiled once per mode, input dtypes and set of
+    outputs given a gradient (internal interface): the gradients on the float inputs, then on the trainable weights
+    (zeros where not connected), then the outputs (flat, after the forward hooks). ``given`` says which outputs
+    ``grad_outputs`` holds a gradient for, in order (the others contribute nothing); ``None``: none is given, every
+    output counts with ones.
+
+    One function computes the forward pass and its gradient (``tf.gradients``), so Grappler optimises one graph
+    once, where an eager tape around the forward function builds two (the forward pass keeping its intermediates,
+    then the backward pass). The first ``backward`` of Keras's ResNet50 (32x32, batch 8) took 3.7 CPU-s that way and
+    2.65 this way, each later one 206 ms and 184 ms; NASNetMobile's first, 15.2 and 12.8 CPU-s (2-core AMD EPYC
+    Zen 4; docs/benchmarks.md, 2026-12-03).
+    """
+    own = tuple(s.dtype for s in state.graph.input_specs)
+    dtypes = tuple(tf.as_dtype(d) for d in dtypes)
+    phases = bool(training) and bool(state.graph.phase_values)
+    key = ("tape_vjp", phases, given) + ((dtypes,) if dtypes != own else ())
+    fn = state.compiled.get(key)
+    if fn is None:
+        float_inputs = [i for i, d in enumerate(dtypes) if d.is_floating]
+        index = {n: i for i, n in enumerate(state.weights)}
+        trainable = [index[n] for n in state.trainable]
+        input_specs = [tf.TensorSpec(s.shape, d, s.name) for s, d in zip(state.graph.input_specs, dtypes)]
+        grad_specs = [s for s, g in zip(state.graph.output_specs, given or ()) if g]
+
+        def run(inputs, weights, grads_out):
+            sources = [inputs[i] for i in float_inputs] + [weights[k] for k in trainable]
+            outs = tf.nest.flatten(state.forward_hooks.run(pack(run_graph(state, inputs, weights, phases))))
+            if given is None:
+                grad_ys = None
+            else:  # an output without a gradient does not contribute
+                supplied = iter(grads_out)
+                grad_ys = [next(supplied) if g else tf.zeros_like(o) for g, o in zip(given, outs)]
+            # The imported graph's ops are created below the Python op layer, where a GradientTape inside this
+            # function does not see them; symbolic gradients walk the graph itself (as tfnet.step's do).
+            try:
+                grads = tf.gradients(outs, sources, grad_ys=grad_ys)
+            except LookupError as exc:
+                raise GradientUnavailableError(
+                    f"TensorFlow cannot differentiate the graph: {first_line(str(exc))}"
+                ) from None
+            # the outputs too, so the forward pass runs whole (a graph that fails on these inputs fails here too,
+            # though Grappler could prune what no gradient needs)
+            return [_dense_or_zeros(g, s) for g, s in zip(grads, sources)] + outs
+
+        fn = own_function(run, input_signature=[input_specs, state.weight_specs(), grad_specs], autograph=False)
         state.compiled[key] = fn
     return fn
 
@@ -226,22 +276,18 @@ def backward(state: NetState, inputs: Any, grad_outputs: Any = None, *, as_tenso
     names = list(state.trainable)
     weights = state.weight_values()
     float_inputs = [i for i, t in enumerate(tensors) if t.dtype.is_floating]
-    index = {n: i for i, n in enumerate(state.weights)}
     if state.graph.v1_loops:
         grads = _graph_mode_grads(state, tensors, weights, grads_out, float_inputs, names, training)
     else:
-        with tf.GradientTape(watch_accessed_variables=False) as tape:
-            for i in float_inputs:
-                tape.watch(tensors[i])
-            for n in names:
-                tape.watch(weights[index[n]])
-            outs = _call_pure(state, tensors, weights, training)
-            outs = tf.nest.flatten(state.forward_hooks.run(pack(outs)))
-        sources = [tensors[i] for i in float_inputs] + [weights[index[n]] for n in names]
-        if grads_out is not None:  # an output without a gradient does not contribute
-            grads_out = [tf.zeros_like(o) if g is None else g for g, o in zip(grads_out, outs)]
-        grads = tape.gradient(outs, sources, output_gradients=grads_out)
-        grads = [_dense_or_zeros(g, s) for g, s in zip(grads, sources)]
+        given = None if grads_out is None else tuple(g is not None for g in grads_out)
+        fn = tape_vjp(state, [t.dtype for t in tensors], training, given)
+        try:
+            grads = list(fn(tensors, weights, [g for g in grads_out or () if g is not None]))[:len(float_inputs) + len(names)]
+        except tf.errors.OpError as exc:
+            raise GraphExecutionError(
+                f"TensorFlow failed to differentiate the graph on inputs of shapes "
+                f"{[tuple(t.shape) for t in tensors]}: {first_line(exc.message)}"
+            ) from None
     grad_inputs: list = [None] * len(tensors)
     for k, i in enumerate(float_inputs):
         grad_inputs[i] = grads[k]

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from tests import models
 from tfnet import (
+    GradientUnavailableError,
     GraphExecutionError,
     GraphLoadError,
     InputSpecError,
@@ -219,6 +220,24 @@ def test_runtime_failure_is_wrapped():
     net = TFNet.from_frozen_graph(g.as_graph_def(), "x", "y")
     with pytest.raises(GraphExecutionError, match=r"TensorFlow failed to run the graph on inputs of shapes \[\(3, 4\)\]"):
         net.forward(np.ones((3, 4)))
+
+
+def test_backward_failures_are_typed():
+    """An op without a registered gradient (``RandomGammaGrad``) is a GradientUnavailableError naming it, not
+    TensorFlow's LookupError; a graph that fails at run time while differentiated is a GraphExecutionError."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 4], name="x")
+        a = tf.nn.softplus(x * tf.constant([1.0, 2.0, 3.0, 4.0], name="w")) + 1.0
+        tf.raw_ops.RandomGammaGrad(alpha=a, sample=a, name="y")
+        tf.reshape(x * tf.constant([1.0, 2.0, 3.0, 4.0], name="v"), [2, 2], name="z")
+    no_gradient = TFNet.from_frozen_graph(g.as_graph_def(), "x", "y")
+    assert no_gradient.forward(np.ones((2, 4))).shape == (2, 4)  # forward still works
+    with pytest.raises(GradientUnavailableError, match=r"No gradient defined for operation.*RandomGammaGrad"):
+        no_gradient.backward(np.ones((2, 4)))
+    fails = TFNet.from_frozen_graph(g.as_graph_def(), "x", "z")
+    with pytest.raises(GraphExecutionError, match=r"failed to differentiate the graph on inputs of shapes \[\(3, 4\)\]"):
+        fails.backward(np.ones((3, 4)))
 
 
 # ---------------------------------------------------------------- weights

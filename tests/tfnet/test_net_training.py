@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from tests import models
 from tests.models import rel_err
-from tfnet import TFNet, TFNetError
+from tfnet import InputSpecError, TFNet, TFNetError
 
 
 @pytest.fixture
@@ -45,6 +45,44 @@ def test_backward_covers_only_trainable(net):
     net.trainable = ["fc/w"]
     _, grads = net.backward(X)
     assert list(grads) == ["fc/w"]
+
+
+def test_backward_of_an_output_without_a_gradient_counts_only_the_others():
+    """Two outputs, the second given ``None``: the gradients are those of ``sum(y1 * g)`` alone (a GradientTape of
+    the same arithmetic is the oracle), the second output's weight gets zeros; every output ``None`` is an error."""
+    rng = np.random.default_rng(1)
+    w1, w2 = rng.normal(size=(3, 2)).astype("float32"), rng.normal(size=(3, 4)).astype("float32")
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 3], name="x")
+        tf.matmul(x, tf.constant(w1, name="w1"), name="y1")
+        tf.tanh(tf.matmul(x, tf.constant(w2, name="w2")), name="y2")
+    net = TFNet.from_frozen_graph(g.as_graph_def(), "x", ["y1", "y2"])
+    x = rng.normal(size=(5, 3)).astype("float32")
+    gy = rng.normal(size=(5, 2)).astype("float32")
+    xt, v1, v2 = tf.constant(x), tf.constant(w1), tf.constant(w2)
+    with tf.GradientTape() as tape:
+        tape.watch([xt, v1, v2])
+        y1, y2 = tf.matmul(xt, v1), tf.tanh(tf.matmul(xt, v2))
+    want_x, want_1, want_2 = tape.gradient([y1, y2], [xt, v1, v2], output_gradients=[gy, tf.zeros_like(y2)])
+    for grad_outputs in ([gy, None], {"y1:0": gy, "y2:0": None}):
+        got_x, got_w = net.backward(x, grad_outputs)
+        np.testing.assert_allclose(got_x, want_x.numpy(), rtol=1e-6)
+        np.testing.assert_allclose(got_w["w1"], want_1.numpy(), rtol=1e-6)
+        assert not np.any(want_2.numpy()) and not np.any(got_w["w2"])
+    # both outputs: the sum of the two products
+    both = net.backward(x, [gy, np.ones((5, 4), "float32")])[1]["w2"]
+    np.testing.assert_allclose(both, tape_of_w2(x, w2), rtol=1e-5)
+    with pytest.raises(InputSpecError, match="Every output gradient is None"):
+        net.backward(x, [None, None])
+
+
+def tape_of_w2(x, w2):
+    v2 = tf.constant(w2)
+    with tf.GradientTape() as tape:
+        tape.watch(v2)
+        y2 = tf.tanh(tf.matmul(tf.constant(x), v2))
+    return tape.gradient(y2, v2).numpy()
 
 
 # ---------------------------------------------------------------- hooks and updates
