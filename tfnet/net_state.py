@@ -66,7 +66,8 @@ class NetState(tf.Module):
         self.adapters: dict[str, Adapter] = {}
         self.lora_plan: list[tuple[int, int, int, Adapter]] = []
         self._add_adapters(parts.adapters, parts.values)
-        self.statistics = [s for s in weight_names if s in set(parts.statistics)]
+        detected = set(parts.statistics)
+        self.statistics = [s for s in weight_names if s in detected]
         roles = parts.statistics if isinstance(parts.statistics, Mapping) else {}
         self.statistic_roles = {s: roles.get(s, "statistic") for s in self.statistics}
         stats = set(self.statistics)
@@ -210,8 +211,8 @@ class NetState(tf.Module):
         elif callable(spec):
             chosen = [n for n in names if spec(n) and n not in stats]
         elif isinstance(spec, Iterable):
-            wanted = [self.check_weight_name(n) for n in spec]
-            chosen = [n for n in names if n in set(wanted)]
+            wanted = {self.check_weight_name(n) for n in spec}
+            chosen = [n for n in names if n in wanted]
         else:
             raise TypeError(
                 "`trainable` takes a list of names, a prefix string, a compiled regex, a callable or "
@@ -221,7 +222,8 @@ class NetState(tf.Module):
 
     def set_trainable_names(self, chosen: Sequence[str]) -> None:
         """Exactly the named weights train (statistics too, if named)."""
-        self.trainable = [n for n in self.weights if n in set(chosen)]
+        named = set(chosen)
+        self.trainable = [n for n in self.weights if n in named]
         self.changed()
 
 

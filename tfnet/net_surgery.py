@@ -152,7 +152,8 @@ def _lora_targets(state: NetState) -> dict[str, str]:
     key = ("lora_targets",)
     found = state.compiled.get(key)
     if found is None:
-        base = [n for n in state.graph.weight_names if n not in set(state.statistics)]
+        stats = set(state.statistics)
+        base = [n for n in state.graph.weight_names if n not in stats]
         found = lora.candidates(state.graph.template, base, {n: tuple(state.weights[n].shape) for n in base})
         state.compiled[key] = found
     return found

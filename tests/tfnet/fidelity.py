@@ -163,10 +163,10 @@ def _from_keras_case(name: str, model, tmp: str, oracle) -> Case:
     pb = os.path.join(tmp, f"{name}_from_keras.pb")
     with open(pb, "wb") as f:
         f.write(net.frozen_graph_def().SerializeToString())
-    by_path = {v.path: v for v in model.variables}
     from tfnet.freeze import clean_node_name
 
-    by_name = {w: by_path[p] for w in net.weight_names for p in by_path if clean_node_name(p) == w}
+    by_clean = {clean_node_name(v.path): v for v in model.variables}  # one pass, not one per weight name
+    by_name = {w: by_clean[w] for w in net.weight_names if w in by_clean}
     return Case(name, "from_keras", pb, net.input_names, net.output_names, oracle(by_name))
 
 
