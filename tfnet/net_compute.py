@@ -24,7 +24,7 @@ from tfnet.v1_loops import graph_mode_vjp
 
 __all__ = [
     "apply_updates", "backward", "call", "forward", "hooks", "pack", "prepare_inputs", "pure_function",
-    "register_forward_hook", "register_gradient_hook", "register_update_hook", "run_graph", "tape_vjp", "v1_vjp",
+    "register_forward_hook", "register_gradient_hook", "register_update_hook", "run_graph", "compiled_vjp", "v1_vjp",
 ]
 
 # ---------------------------------------------------------------------- internal interface
@@ -111,7 +111,7 @@ def v1_vjp(state: NetState, sources, training: bool, with_grad_outputs: bool, ho
     return fn
 
 
-def tape_vjp(state: NetState, dtypes: Sequence[tf.DType], training: bool, given: tuple[bool, ...] | None) -> Callable:
+def compiled_vjp(state: NetState, dtypes: Sequence[tf.DType], training: bool, given: tuple[bool, ...] | None) -> Callable:
     """``(inputs, weights, grad_outputs) -> gradients + outputs``, compiled once per mode, input dtypes and set of
     outputs given a gradient (internal interface): the gradients on the float inputs, then on the trainable weights
     (zeros where not connected), then the outputs (flat, after the forward hooks). ``given`` says which outputs
@@ -127,7 +127,7 @@ def tape_vjp(state: NetState, dtypes: Sequence[tf.DType], training: bool, given:
     own = tuple(s.dtype for s in state.graph.input_specs)
     dtypes = tuple(tf.as_dtype(d) for d in dtypes)
     phases = bool(training) and bool(state.graph.phase_values)
-    key = ("tape_vjp", phases, given) + ((dtypes,) if dtypes != own else ())
+    key = ("compiled_vjp", phases, given) + ((dtypes,) if dtypes != own else ())
     fn = state.compiled.get(key)
     if fn is None:
         float_inputs = [i for i, d in enumerate(dtypes) if d.is_floating]
@@ -268,8 +268,8 @@ def backward(state: NetState, inputs: Any, grad_outputs: Any = None, *, as_tenso
         Gradient hooks are applied to ``grad_weights``.
 
     Raises:
-        GradientUnavailableError: TensorFlow has no gradient for the graph (nested v1 control
-            flow loops); the message names the node.
+        GradientUnavailableError: TensorFlow has no gradient for the graph (an op without a registered
+            gradient, nested v1 control flow loops); the message names the node.
     """
     tensors = prepare_inputs(state, inputs)
     grads_out = _prepare_grad_outputs(state, grad_outputs)
@@ -280,7 +280,7 @@ def backward(state: NetState, inputs: Any, grad_outputs: Any = None, *, as_tenso
         grads = _graph_mode_grads(state, tensors, weights, grads_out, float_inputs, names, training)
     else:
         given = None if grads_out is None else tuple(g is not None for g in grads_out)
-        fn = tape_vjp(state, [t.dtype for t in tensors], training, given)
+        fn = compiled_vjp(state, [t.dtype for t in tensors], training, given)
         try:
             grads = list(fn(tensors, weights, [g for g in grads_out or () if g is not None]))[:len(float_inputs) + len(names)]
         except tf.errors.OpError as exc:
