@@ -4,7 +4,7 @@ the forward, gradient and update hooks, as functions of its :class:`tfnet.net_st
 ``TFNet``'s methods of the same names call these with ``net.state`` (see :mod:`tfnet.net`). The
 internal interface, for tfnet's own modules (:mod:`tfnet.step`'s fused training step,
 :mod:`tfnet.saving`'s SavedModel export): :func:`run_graph`, :func:`pure_function`, :func:`v1_vjp` and
-:func:`pack`.
+:func:`pack`; :func:`compiled_vjp` is ``backward``'s compiled function for graphs without v1 loops.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from tfnet.net_state import NetState
 from tfnet.v1_loops import graph_mode_vjp
 
 __all__ = [
-    "apply_updates", "backward", "call", "forward", "hooks", "pack", "prepare_inputs", "pure_function",
-    "register_forward_hook", "register_gradient_hook", "register_update_hook", "run_graph", "compiled_vjp", "v1_vjp",
+    "apply_updates", "backward", "call", "compiled_vjp", "forward", "hooks", "pack", "prepare_inputs", "pure_function",
+    "register_forward_hook", "register_gradient_hook", "register_update_hook", "run_graph", "v1_vjp",
 ]
 
 # ---------------------------------------------------------------------- internal interface
