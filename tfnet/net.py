@@ -102,8 +102,8 @@ class TFNet(tf.Module):
       net from :meth:`from_onnx`, or None;
     * :meth:`run_graph` ``(inputs, weights, training)``: the graph imported into the function being
       traced (narrow integer inputs cast first: :meth:`cast_inputs`); :meth:`pure_function` ``(training,
-      dtypes)``: that, compiled; :meth:`v1_vjp`: gradients of graphs
-      with v1 loops; :meth:`pack`: one output as a tensor, several as a list;
+      dtypes)``: that, compiled; :meth:`compiled_vjp`: the vector-Jacobian product ``backward`` runs
+      (the step's, for graphs with v1 loops); :meth:`pack`: one output as a tensor, several as a list;
     * :attr:`forward_hooks`, :attr:`gradient_hooks`, :attr:`update_hooks`: the hook lists
       (:class:`tfnet.hooks.HookList`);
     * :meth:`from_parts` ``(NetParts)``: a net from a weightless graph and its weights' values
@@ -211,7 +211,7 @@ class TFNet(tf.Module):
     run_graph = _on_state(net_compute.run_graph)
     pure_function = _on_state(net_compute.pure_function)
     cast_inputs = _on_state(net_compute.cast_inputs)
-    v1_vjp = _on_state(net_compute.v1_vjp)
+    compiled_vjp = _on_state(net_compute.compiled_vjp)
     pack = staticmethod(net_compute.pack)
 
     @property

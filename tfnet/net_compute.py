@@ -3,8 +3,8 @@ the forward, gradient and update hooks, as functions of its :class:`tfnet.net_st
 
 ``TFNet``'s methods of the same names call these with ``net.state`` (see :mod:`tfnet.net`). The
 internal interface, for tfnet's own modules (:mod:`tfnet.step`'s fused training step,
-:mod:`tfnet.saving`'s SavedModel export): :func:`run_graph`, :func:`pure_function`, :func:`v1_vjp` and
-:func:`pack`; :func:`compiled_vjp` is ``backward``'s compiled function for graphs without v1 loops.
+:mod:`tfnet.saving`'s SavedModel export): :func:`run_graph`, :func:`pure_function`, :func:`compiled_vjp` (the
+vector-Jacobian product that ``backward`` and the step's graphs with v1 loops use) and :func:`pack`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from tfnet.hooks import HookHandle
 from tfnet.inputs import arrange, batch_size_of, convert, is_batched
 from tfnet.lora import adapted_weights
 from tfnet.net_state import NetState
-from tfnet.v1_loops import graph_mode_vjp
+from tfnet.v1_loops import graph_mode_function, restored_loops
 
 __all__ = [
     "apply_updates", "backward", "call", "compiled_vjp", "forward", "hooks", "pack", "prepare_inputs", "pure_function",
-    "register_forward_hook", "register_gradient_hook", "register_update_hook", "run_graph", "v1_vjp",
+    "register_forward_hook", "register_gradient_hook", "register_update_hook", "run_graph",
 ]
 
 # ---------------------------------------------------------------------- internal interface
@@ -74,71 +74,52 @@ def pure_function(state: NetState, training: bool = False, dtypes: Sequence[tf.D
         def run(inputs, weights):
             return run_graph(state, inputs, weights, training=key[1])
 
-        if state.graph.v1_loops:
-            # v1 loop frames and tf.function's automatic control dependencies do not mix.
-            n_in = len(input_specs)
-            wrapped = tf.compat.v1.wrap_function(
-                lambda *args: run(list(args[:n_in]), list(args[n_in:])), signature[0] + signature[1]
-            )
-
-            def fn(inputs, weights):
-                return wrapped(*inputs, *weights)
+        if state.graph.v1_loops:  # v1 loop frames and tf.function's automatic control dependencies do not mix
+            fn = graph_mode_function(run, signature)
         else:
             fn = own_function(run, input_signature=signature, autograph=False)
         state.compiled[key] = fn
     return fn
 
 
-def v1_vjp(state: NetState, sources, training: bool, with_grad_outputs: bool, hooks: bool) -> Callable:
-    """``(inputs, weights, grad_outputs) -> gradients`` for graphs with v1 loops, compiled once
-    (internal interface; see :func:`tfnet.v1_loops.graph_mode_vjp`).
-
-    Args:
-        sources: What to differentiate: ``("input", index)`` and ``("weight", index)`` pairs.
-        training: Feed :attr:`phase_values` their training values.
-        with_grad_outputs: The function takes the outputs' gradients (else ones).
-        hooks: Differentiate through the forward hooks too.
-    """
-    key = ("vjp", tuple(sources), bool(training), with_grad_outputs, hooks)
-    fn = state.compiled.get(key)
-    if fn is None:
-        fn = graph_mode_vjp(
-            lambda i, w: run_graph(state, i, w, training=training), list(state.graph.input_specs),
-            state.weight_specs(), list(state.graph.output_specs), sources, with_grad_outputs,
-            post=(lambda outs: state.forward_hooks.run(pack(outs))) if hooks else None,
-        )
-        state.compiled[key] = fn
-    return fn
-
-
-def compiled_vjp(state: NetState, dtypes: Sequence[tf.DType], training: bool, given: tuple[bool, ...] | None) -> Callable:
+def compiled_vjp(state: NetState, dtypes: Sequence[tf.DType] | None, training: bool, given: tuple[bool, ...] | None,
+                 *, inputs: bool = True, hooks: bool = True) -> Callable:
     """``(inputs, weights, grad_outputs) -> gradients + outputs``, compiled once per mode, input dtypes and set of
-    outputs given a gradient (internal interface): the gradients on the float inputs, then on the trainable weights
-    (zeros where not connected), then the outputs (flat, after the forward hooks). ``given`` says which outputs
-    ``grad_outputs`` holds a gradient for, in order (the others contribute nothing); ``None``: none is given, every
-    output counts with ones.
+    outputs given a gradient (internal interface): the gradients on the float inputs (with ``inputs``), then on the
+    trainable weights (zeros where not connected), then the outputs (flat, after the forward hooks with ``hooks``).
+    ``given`` says which outputs ``grad_outputs`` holds a gradient for, in order (the others contribute nothing);
+    ``None``: none is given, every output counts with ones. ``dtypes``: the inputs' (None: the graph's own).
 
     One function computes the forward pass and its gradient (``tf.gradients``), so Grappler optimises one graph
     once, where an eager tape around the forward function builds two (the forward pass keeping its intermediates,
     then the backward pass). The first ``backward`` of Keras's ResNet50 (32x32, batch 8) took 3.7 CPU-s that way and
     2.65 this way, each later one 206 ms and 184 ms; NASNetMobile's first, 15.2 and 12.8 CPU-s (2-core AMD EPYC
-    Zen 4; docs/benchmarks.md, 2026-12-03).
+    Zen 4; docs/benchmarks.md, 2026-12-03). A graph with v1 loops is compiled in graph mode with its loops'
+    contexts rebuilt (:mod:`tfnet.v1_loops`): TensorFlow cannot differentiate them otherwise.
     """
     own = tuple(s.dtype for s in state.graph.input_specs)
-    dtypes = tuple(tf.as_dtype(d) for d in dtypes)
+    dtypes = own if dtypes is None else tuple(tf.as_dtype(d) for d in dtypes)
     phases = bool(training) and bool(state.graph.phase_values)
-    key = ("compiled_vjp", phases, given) + ((dtypes,) if dtypes != own else ())
+    key = ("compiled_vjp", phases, given, inputs, hooks) + ((dtypes,) if dtypes != own else ())
     fn = state.compiled.get(key)
     if fn is None:
-        float_inputs = [i for i, d in enumerate(dtypes) if d.is_floating]
+        float_inputs = [i for i, d in enumerate(dtypes) if d.is_floating] if inputs else []
         index = {n: i for i, n in enumerate(state.weights)}
         trainable = [index[n] for n in state.trainable]
         input_specs = [tf.TensorSpec(s.shape, d, s.name) for s, d in zip(state.graph.input_specs, dtypes)]
         grad_specs = [s for s, g in zip(state.graph.output_specs, given or ()) if g]
+        v1_loops = bool(state.graph.v1_loops)
+        # v1 control flow's gradient code raises ValueError or TypeError where it meets what it cannot follow
+        cannot = (LookupError, ValueError, TypeError) if v1_loops else (LookupError,)
 
         def run(inputs, weights, grads_out):
             sources = [inputs[i] for i in float_inputs] + [weights[k] for k in trainable]
-            outs = tf.nest.flatten(state.forward_hooks.run(pack(run_graph(state, inputs, weights, phases))))
+
+            def imported():
+                return run_graph(state, inputs, weights, phases)
+
+            outs = restored_loops(imported) if v1_loops else imported()
+            outs = tf.nest.flatten(state.forward_hooks.run(pack(outs))) if hooks else list(outs)
             if given is None:
                 grad_ys = None
             else:  # an output without a gradient does not contribute
@@ -148,15 +129,18 @@ def compiled_vjp(state: NetState, dtypes: Sequence[tf.DType], training: bool, gi
             # function does not see them; symbolic gradients walk the graph itself (as tfnet.step's do).
             try:
                 grads = tf.gradients(outs, sources, grad_ys=grad_ys)
-            except LookupError as exc:
+            except cannot as exc:
                 raise GradientUnavailableError(
-                    f"TensorFlow cannot differentiate the graph: {first_line(str(exc))}"
+                    f"TensorFlow cannot differentiate the graph{' (its v1 control flow)' if v1_loops else ''}: "
+                    f"{first_line(str(exc))}"
                 ) from None
             # the outputs too, so the forward pass runs whole (a graph that fails on these inputs fails here too,
             # though Grappler could prune what no gradient needs)
             return [_dense_or_zeros(g, s) for g, s in zip(grads, sources)] + outs
 
-        fn = own_function(run, input_signature=[input_specs, state.weight_specs(), grad_specs], autograph=False)
+        signature = [input_specs, state.weight_specs(), grad_specs]
+        fn = (graph_mode_function(run, signature) if v1_loops
+              else own_function(run, input_signature=signature, autograph=False))
         state.compiled[key] = fn
     return fn
 
@@ -276,18 +260,15 @@ def backward(state: NetState, inputs: Any, grad_outputs: Any = None, *, as_tenso
     names = list(state.trainable)
     weights = state.weight_values()
     float_inputs = [i for i, t in enumerate(tensors) if t.dtype.is_floating]
-    if state.graph.v1_loops:
-        grads = _graph_mode_grads(state, tensors, weights, grads_out, float_inputs, names, training)
-    else:
-        given = None if grads_out is None else tuple(g is not None for g in grads_out)
-        fn = compiled_vjp(state, [t.dtype for t in tensors], training, given)
-        try:
-            grads = list(fn(tensors, weights, [g for g in grads_out or () if g is not None]))[:len(float_inputs) + len(names)]
-        except tf.errors.OpError as exc:
-            raise GraphExecutionError(
-                f"TensorFlow failed to differentiate the graph on inputs of shapes "
-                f"{[tuple(t.shape) for t in tensors]}: {first_line(exc.message)}"
-            ) from None
+    given = None if grads_out is None else tuple(g is not None for g in grads_out)
+    fn = compiled_vjp(state, [t.dtype for t in tensors], training, given)
+    try:
+        grads = list(fn(tensors, weights, [g for g in grads_out or () if g is not None]))[:len(float_inputs) + len(names)]
+    except tf.errors.OpError as exc:
+        raise GraphExecutionError(
+            f"TensorFlow failed to differentiate the graph on inputs of shapes "
+            f"{[tuple(t.shape) for t in tensors]}: {first_line(exc.message)}"
+        ) from None
     grad_inputs: list = [None] * len(tensors)
     for k, i in enumerate(float_inputs):
         grad_inputs[i] = grads[k]
@@ -299,21 +280,6 @@ def backward(state: NetState, inputs: Any, grad_outputs: Any = None, *, as_tenso
     if len(grad_inputs) == 1:
         grad_inputs = grad_inputs[0]
     return grad_inputs, grad_weights
-
-
-def _graph_mode_grads(state: NetState, tensors, weights, grads_out, float_inputs, names, training) -> list:
-    """Gradients by ``tf.gradients`` in the graph the frozen graph is imported into, with v1 loop
-    contexts rebuilt (see :mod:`tfnet.v1_loops`): TensorFlow's tape cannot differentiate v1 loops."""
-    index = {n: i for i, n in enumerate(state.weights)}
-    sources = [("input", i) for i in float_inputs] + [("weight", index[n]) for n in names]
-    fn = v1_vjp(state, sources, training, grads_out is not None, hooks=True)
-    if grads_out is not None and any(g is None for g in grads_out):
-        outs = _call_pure(state, tensors, weights, training)
-        grads_out = [tf.zeros_like(o) if g is None else g for g, o in zip(grads_out, outs)]
-    try:
-        return list(fn(tensors, weights, grads_out or ()))
-    except tf.errors.OpError as exc:
-        raise GraphExecutionError(f"TensorFlow failed to differentiate the graph: {first_line(exc.message)}") from None
 
 
 def _prepare_grad_outputs(state: NetState, grad_outputs) -> list | None:

@@ -148,9 +148,8 @@ class TrainStep:
             outs = net.forward_hooks.run(net.pack(raw))
             loss = tf.cast(self.loss_fn(targets, outs), tf.float32)
             grad_raw = [tf.zeros_like(r) if g is None else g for g, r in zip(tf.gradients(loss, raw), raw)]
-            index = {n: i for i, n in enumerate(all_vars)}
-            vjp = net.v1_vjp([("weight", index[n]) for n in self.names], True, True, hooks=False)
-            grads = vjp(inputs, list(reads.values()), grad_raw)
+            vjp = net.compiled_vjp(None, True, (True,) * len(raw), inputs=False, hooks=False)
+            grads = vjp(inputs, list(reads.values()), grad_raw)[:len(self.names)]
         else:
             outs = net.run_graph(inputs, list(reads.values()), training=True)
             outs = net.forward_hooks.run(net.pack(outs))

@@ -8,11 +8,15 @@ and ``GRU`` loops to exactly this form.) :func:`restore_while_contexts` rebuilds
 from the graph's structure after import, so that ``tf.gradients`` in graph mode, in the same graph,
 differentiates the loop as it would have in the original. Every walk is iterative with a visited set,
 so a loop's cycle (``NextIteration`` feeds ``Merge``) costs time linear in the graph's size.
+:func:`restored_loops` does it around an import, and :func:`graph_mode_function` compiles a function of such a
+graph (:mod:`tfnet.net_compute`'s forward pass and vector-Jacobian product of these graphs).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict, deque
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import tensorflow as tf
 from tensorflow.core.protobuf import control_flow_pb2
@@ -20,7 +24,7 @@ from tensorflow.python.ops import control_flow_ops
 
 from tfnet.errors import GradientUnavailableError
 
-__all__ = ["restore_while_contexts"]
+__all__ = ["graph_mode_function", "restore_while_contexts", "restored_loops"]
 
 _ENTER = ("Enter", "RefEnter")
 _EXIT = ("Exit", "RefExit")
@@ -116,48 +120,50 @@ def _build_context(frame: str, enters: list[tf.Operation], frame_ops: list[tf.Op
     control_flow_ops.WhileContext(context_def=context)
 
 
-def graph_mode_vjp(run_graph, input_specs, weight_specs, output_specs, sources, with_grad_outputs, post=None):
-    """Compiles ``(inputs, weights, grad_outputs) -> gradients`` with ``tf.gradients`` in the graph
-    the frozen graph is imported into, after its loops' contexts are restored.
+def restored_loops(import_graph: Callable[[], Any]) -> Any:
+    """Runs ``import_graph`` (which imports the frozen graph into the graph being built) and gives the v1 loops
+    among the ops it created their ``WhileContext``, so that ``tf.gradients`` differentiates them; returns what
+    ``import_graph`` returned.
+
+    Raises:
+        GradientUnavailableError: as :func:`restore_while_contexts`.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    before = len(graph.get_operations())
+    found = import_graph()
+    restore_while_contexts(graph.get_operations()[before:])
+    return found
+
+
+def graph_mode_function(fn: Callable, signature: Sequence[Sequence[tf.TensorSpec]]) -> Callable:
+    """``fn(*lists)`` compiled in graph mode (``tf.compat.v1.wrap_function``), for graphs with v1 loops: their
+    frames and ``tf.function``'s automatic control dependencies do not mix, and v1 control flow's gradient code
+    compares tensors with ``!=``, which TensorFlow 2 turns into an op (tensor equality is off while tracing).
 
     Args:
-        run_graph: ``(inputs, weights) -> outputs``, importing the graph into the default graph.
-        input_specs, weight_specs, output_specs: ``tf.TensorSpec`` lists.
-        sources: ``("input" | "weight", index)`` pairs to differentiate with respect to.
-        with_grad_outputs: Take one gradient per output; else the gradient of ``sum(outputs)``.
-        post: ``outputs -> outputs`` applied before differentiating (forward hooks).
+        fn: Takes one list of tensors per part of ``signature``.
+        signature: One list of ``tf.TensorSpec`` per argument of ``fn``.
+
+    Returns:
+        A function taking the same lists.
     """
-    n_in, n_w = len(input_specs), len(weight_specs)
-    signature = list(input_specs) + list(weight_specs) + (list(output_specs) if with_grad_outputs else [])
+    sizes = [len(part) for part in signature]
 
-    def vjp(*args):
-        inputs, weights = list(args[:n_in]), list(args[n_in:n_in + n_w])
-        graph = tf.compat.v1.get_default_graph()
-        before = len(graph.get_operations())
-        outs = run_graph(inputs, weights)
-        restore_while_contexts(graph.get_operations()[before:])
-        if post is not None:
-            outs = post(outs)
-        outs = tf.nest.flatten(outs)
-        xs = [inputs[i] if kind == "input" else weights[i] for kind, i in sources]
-        grad_ys = list(args[n_in + n_w:]) if with_grad_outputs else None
-        try:
-            grads = tf.gradients(outs, xs, grad_ys=grad_ys)
-        except (ValueError, TypeError, LookupError) as exc:
-            raise GradientUnavailableError(
-                f"TensorFlow could not differentiate the graph's v1 control flow: {str(exc).splitlines()[0]}"
-            ) from None
-        return [tf.zeros_like(x) if g is None else tf.convert_to_tensor(g) for g, x in zip(grads, xs)]
+    def flat(*args):
+        parts, start = [], 0
+        for size in sizes:
+            parts.append(list(args[start:start + size]))
+            start += size
+        return fn(*parts)
 
-    # v1 control flow's gradient code compares tensors with ``!=``, which TF 2 turns into an op.
     equality = tf.compat.v1.executing_eagerly_outside_functions() and _tensor_equality()
     tf.compat.v1.disable_tensor_equality()
     try:
-        wrapped = tf.compat.v1.wrap_function(vjp, signature)
+        wrapped = tf.compat.v1.wrap_function(flat, [spec for part in signature for spec in part])
     finally:
         if equality:
             tf.compat.v1.enable_tensor_equality()
-    return lambda inputs, weights, grad_outputs=(): wrapped(*inputs, *weights, *grad_outputs)
+    return lambda *parts: wrapped(*[t for part in parts for t in part])
 
 
 def _tensor_equality() -> bool:

@@ -112,6 +112,32 @@ def test_fused_step_on_v1_loops_equals_backward_and_apply(folder):
                                    err_msg=f"[rnn_while_v1 via converter] weight {name}")
 
 
+def test_a_v1_loop_output_given_none_counts_nothing_as_in_a_session():
+    """Two outputs of one v1 loop, the second given ``None``: ``backward`` equals a v1 ``Session``'s
+    ``tf.gradients`` of the first alone, on the input and on each weight (constants the net turns into weights)."""
+    v1 = tf.compat.v1
+    rng = np.random.default_rng(3)
+    x0 = rng.normal(size=(2, 3)).astype(np.float32)
+    g0 = rng.normal(size=(2, 2)).astype(np.float32)
+    graph = tf.Graph()
+    with graph.as_default(), tf1_graphs.control_flow(1):
+        x = v1.placeholder(tf.float32, [None, 3], name="x")
+        w = tf.constant(rng.normal(size=(3, 3)).astype(np.float32) * 0.5, name="W")
+        v = tf.constant(rng.normal(size=(3, 2)).astype(np.float32), name="V")
+        _, h = tf.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, tf.tanh(tf.matmul(h, w))), [0, x])
+        y = tf.identity(tf.matmul(h, v), name="y")
+        tf.identity(tf.reduce_sum(tf.square(h), axis=1, keepdims=True), name="z")
+        expected = tf.gradients(y, [x, w, v], grad_ys=g0)
+        with v1.Session(graph=graph) as session:
+            gx_expected, gw_expected, gv_expected = session.run(expected, {x: x0})
+    net = TFNet.from_frozen_graph(graph.as_graph_def(), "x", ["y", "z"])
+    assert net.graph.v1_loops and set(net.trainable) == {"W", "V"}
+    gx, gw = net.backward(x0, [g0, None])
+    np.testing.assert_allclose(gx, gx_expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gw["W"], gw_expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gw["V"], gv_expected, rtol=1e-5, atol=1e-6)
+
+
 def test_nested_v1_loops_are_a_typed_error_naming_the_node(tmp_path):
     v1 = tf.compat.v1
     graph = tf.Graph()
