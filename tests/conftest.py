@@ -34,11 +34,13 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 # Every JVM the tests start (drivers, executors, Connect servers; the standalone master and workers) compiles with
 # the client compiler only, collects with the serial collector and verifies no jar's bytecode:
-# tests/spark-conf/spark-defaults.conf says why. Not pytest's own (_own_jvm_keeps_c2).
-TEST_SPARK_CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spark-conf")
-os.environ.setdefault("SPARK_CONF_DIR", TEST_SPARK_CONF)
+# tests/spark-conf/spark-defaults.conf says why. Not pytest's own (_own_jvm_keeps_c2). They map a class-data archive
+# of Spark's classes, made once, beside the first tests (tests/spark_jvm.py says how and why).
 os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:+UnlockDiagnosticVMOptions "
                       "-XX:-BytecodeVerificationRemote")
+from tests import spark_jvm  # noqa: E402
+
+spark_jvm.configure(os.environ, None if os.environ.get("PYTEST_XDIST_WORKER") else spark_jvm.start_archive())
 #: The pytest-xdist worker of the one-core lane (pytest.ini's one_core_modules): TensorFlow's thread pools there have one
 #: thread, read from the environment as TensorFlow starts (its own variables), so that the lane keeps one core busy
 #: and the first worker's Spark, JVMs and ranks have the other. xdist names its workers before this file is imported.
@@ -80,13 +82,13 @@ def _own_jvm_keeps_c2() -> None:
     launch = context.launch_gateway
 
     def launch_gateway(*args, **kwargs):
-        if os.environ.get("SPARK_CONF_DIR") != TEST_SPARK_CONF:
+        if not spark_jvm.in_force(os.environ):  # the developer's own settings
             return launch(*args, **kwargs)
-        del os.environ["SPARK_CONF_DIR"]
+        own = os.environ.pop("PYSPARK_SUBMIT_ARGS")
         try:
             return launch(*args, **kwargs)
         finally:
-            os.environ["SPARK_CONF_DIR"] = TEST_SPARK_CONF
+            os.environ["PYSPARK_SUBMIT_ARGS"] = own
 
     context.launch_gateway = launch_gateway
 

@@ -12,6 +12,8 @@ import tempfile
 import threading
 import time
 
+from tests import spark_jvm
+
 STARTED = re.compile(r"Spark Connect server started at: ([0-9.]+):(\d+)")
 
 
@@ -34,7 +36,7 @@ class ConnectServer:
         }
         settings.update(conf or {})
         submit = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit")
-        self.cmd = [submit, "--master", master or f"local[{cores}]"]
+        self.cmd = [submit, "--master", master or f"local[{cores}]", *spark_jvm.submit_args()]
         for key, value in settings.items():
             self.cmd += ["--conf", f"{key}={value}"]
         self.cmd += ["--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "spark-internal"]
