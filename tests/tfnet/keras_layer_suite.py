@@ -183,12 +183,12 @@ def replay(call: Call, seed: int = 0) -> Verdict:
          else rng.standard_normal(shape).astype(np.float32))
     try:
         xv = tf.constant(x)
-        with tf.GradientTape(persistent=True) as tape:
+        with tf.GradientTape() as tape:
             tape.watch(xv)
             want_y = model(xv, training=False)
         g = rng.standard_normal(tuple(want_y.shape)).astype(np.float32)
-        want_x = tape.gradient(want_y, xv, output_gradients=tf.constant(g))
-        want_w = tape.gradient(want_y, model.trainable_variables, output_gradients=tf.constant(g))
+        # one backward pass for the input and the weights (two calls of a persistent tape ran it twice)
+        want_x, *want_w = tape.gradient(want_y, [xv, *model.trainable_variables], output_gradients=tf.constant(g))
         # a variable this call does not use (a ReversibleEmbedding's reverse weights) is not in the frozen graph
         used = [(v.path, w) for v, w in zip(model.trainable_variables, want_w) if w is not None]
         want_trainable = [p for p, _ in used]

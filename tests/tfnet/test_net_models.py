@@ -14,15 +14,16 @@ RTOL = 1e-4
 def keras_oracle(model, inputs, grad_outputs):
     """Outputs, input gradients and weight gradients of sum(y * dy) from Keras itself."""
     xs = [tf.constant(x) for x in inputs]
-    with tf.GradientTape(persistent=True) as tape:
-        for x in xs:
-            if x.dtype.is_floating:
-                tape.watch(x)
+    floats = [x for x in xs if x.dtype.is_floating]
+    with tf.GradientTape() as tape:
+        tape.watch(floats)
         ys = model(xs if len(xs) > 1 else xs[0], training=False)
         ys = tf.nest.flatten(ys)
         loss = tf.add_n([tf.reduce_sum(y * dy) for y, dy in zip(ys, grad_outputs)])
-    gw = tape.gradient(loss, model.trainable_variables)
-    gx = [tape.gradient(loss, x) if x.dtype.is_floating else None for x in xs]
+    # one backward pass for the weights and the float inputs
+    grads = tape.gradient(loss, [*model.trainable_variables, *floats])
+    gw, by_input = grads[:len(model.trainable_variables)], iter(grads[len(model.trainable_variables):])
+    gx = [next(by_input) if x.dtype.is_floating else None for x in xs]
     weights = {v.path: tf.convert_to_tensor(g).numpy() for v, g in zip(model.trainable_variables, gw)}
     return [y.numpy() for y in ys], [None if g is None else g.numpy() for g in gx], weights
 
