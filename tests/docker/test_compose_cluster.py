@@ -169,6 +169,32 @@ def test_a_host_client_fine_tunes_and_predicts_on_the_workers(cluster, connect_s
     assert sorted(stage["ranks"]) == ["0", "1"] and set(stage["ranks"].values()) == workers, (stage, workers)
 
 
+def _seconds(stamp: str) -> float:
+    """A Docker timestamp ("2026-12-03T16:48:27.797313624Z": nanoseconds) as seconds since the epoch."""
+    from datetime import datetime, timezone
+
+    return datetime.strptime(stamp[:26], "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=timezone.utc).timestamp()
+
+
+def test_a_healthy_cluster_is_checked_about_every_22_s_not_every_interval(cluster):
+    """docker/health.py: a check that follows a healthy one sleeps 20 s before it looks, so the master and the
+    workers, healthy since the first test, ran one check every 2 s plus 20 (not every 2 s: 9.4 CPU-seconds a minute
+    on an idle cluster, docs/benchmarks.md). Docker keeps each container's last 5 checks."""
+    containers = cluster.containers("spark-master") + cluster.containers("spark-worker")
+    assert len(containers) == 3
+    deadline = time.time() + 150  # run alone, the cluster is new: 4 healthy checks take about 70 s
+    for container in containers:
+        while True:
+            log = cluster.inspect(container)["State"]["Health"]["Log"]
+            if len(log) >= 4 and all(e["ExitCode"] == 0 for e in log[-4:]):
+                break
+            assert time.time() < deadline, (container, log)
+            time.sleep(2)
+        # each of the last 3 followed a healthy check: it slept 20 s, then looked (the next starts 2 s after its end)
+        took = [_seconds(e["End"]) - _seconds(e["Start"]) for e in log[-3:]]
+        assert all(t >= 20 for t in took), (container, took, log)
+
+
 def test_down_v_leaves_nothing_behind(cluster):
     assert cluster.leftovers()["containers"], "the cluster is up before down -v"
     cluster.down()
