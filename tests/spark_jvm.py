@@ -2,9 +2,9 @@
 application class-data archive (AppCDS) of the classes a Spark driver loads, which the suite's JVMs map at start-up
 instead of reading, parsing and linking them class by class.
 
-A short PySpark program's driver JVM (``local[2]``: a group-by, ``createDataFrame``, ``toPandas``) took 11.6 CPU-s
-without the archive and 7.2 with it, 16 s of wall time against 11 (2-core AMD EPYC Zen 4, docs/benchmarks.md,
-2026-12-03). The suite starts about a hundred such JVMs.
+A short PySpark program's driver JVM (``local[2]``: a group-by, ``createDataFrame``, ``toPandas``) took 8.1-10.1 CPU-s
+without the archive and 5.8-6.1 with it, three runs of each (2-core AMD EPYC Zen 4, nothing else running;
+docs/benchmarks.md, 2026-12-03). The suite starts about a hundred such JVMs.
 
 Java 17 maps an archive only where every directory on the class path is empty, and Spark's launcher puts
 ``SPARK_CONF_DIR`` first on it. So the suite's settings reach PySpark's launcher as ``--properties-file`` (in

@@ -206,7 +206,7 @@ class Compose:
         """Containers, networks and volumes still labelled with this project."""
         label = f"label=com.docker.compose.project={self.project}"
         return {
-            "containers": sh(["docker", "ps", "-aq", "--filter", label], timeout=60).stdout.split(),
+            "containers": self.containers(),
             "networks": sh(["docker", "network", "ls", "-q", "--filter", label], timeout=60).stdout.split(),
             "volumes": sh(["docker", "volume", "ls", "-q", "--filter", label], timeout=60).stdout.split(),
         }

@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import threading
+import types
 
 import pytest
 
@@ -44,7 +45,7 @@ def master(monkeypatch, tmp_path):
     monkeypatch.setattr(health, "MASTER_UI", ("127.0.0.1", server.server_address[1]))
     monkeypatch.setattr(health, "MARKER", str(tmp_path / "healthy"))
     slept = []
-    monkeypatch.setattr(health.time, "sleep", slept.append)
+    monkeypatch.setattr(health, "time", types.SimpleNamespace(sleep=slept.append))  # the script's clock only
     server.slept = slept
     yield server
     server.shutdown()
