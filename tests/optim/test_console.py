@@ -122,6 +122,29 @@ def test_optimize_returns_a_keras_history_that_is_also_the_dict_it_was():
         opt.optimize((x[:64], y[:64]), epochs=1, verbose=3)
 
 
+def test_no_epoch_line_once_a_call_stops_on_ctrl_c():
+    """Once a Ctrl-C has the call stopping (:func:`optim.training.interrupts.stopping`), the progress printer prints
+    no more epoch lines, though rank 0 reports on until its task is killed: after the Ctrl-C, the user's console gets
+    the short traceback only."""
+    import io
+
+    from optim.training import interrupts
+    from optim.training.reporting import ProgressBar
+
+    out = io.StringIO()
+    bar = ProgressBar(verbose=2, file=out)
+    bar.begin(epochs=3, steps_per_epoch=2, initial_step=0, initial_epoch=0)
+    bar.step(1, 0, {"loss": 1.0, "samples_per_sec": 10.0})
+    bar.epoch_end(0, 2, {"loss": 1.0})
+    interrupts._STOPPING.set()  # what the first Ctrl-C inside Interruptible sets
+    try:
+        bar.step(3, 1, {"loss": 0.5, "samples_per_sec": 10.0})
+        bar.epoch_end(1, 4, {"loss": 0.5})
+    finally:
+        interrupts._STOPPING.clear()
+    assert out.getvalue().splitlines() == ["epoch 1/3 (step 2): loss=1, samples_per_sec=10"], out.getvalue()
+
+
 def test_a_second_ctrl_c_while_a_call_stops_is_ignored():
     """The first Ctrl-C goes to the process's handler (Python's: ``KeyboardInterrupt``); one more while
     the call winds down changes nothing; the handler is back afterwards. In a program of its own, as a
