@@ -10,7 +10,11 @@ the path, side by side.
 
 Then a forked worker: a process that imported ``optim`` as the daemon does forks children that import
 :data:`optim.spark.worker_daemon.WORKER_MODULES` and Horovod, once without the daemon's :func:`preload` (as before
-it) and once after it.
+it) and once after it. Last, after the preload, children that run a predicting task (a small CNN's frozen graph,
+made beforehand in another process, loaded with ``TFNet.from_frozen_graph`` and run on 32 rows) and then one full
+collection, as a worker's allocations bring one about: once as forked before the daemon froze its objects, once after
+(:func:`optim.spark.worker_daemon.freeze_preloaded`): the task's CPU, the collection's, the pages the child copied
+(minor faults) and its private memory at the end.
 
     python benchmarks/bench_imports.py [--rounds 5] [--ml-dtypes DIR] [--json out.json]
 """
@@ -24,6 +28,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -55,13 +60,57 @@ def child_cpu(rounds):
         os.close(write); out.append(float(os.read(read, 64))); os.close(read); os.waitpid(pid, 0)
     return out
 
+def child_task(rounds, graph):
+    import gc, resource
+    out = []
+    for _ in range(rounds):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            import numpy as np
+            from tfnet import TFNet
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            t = time.process_time()
+            net = TFNet.from_frozen_graph(graph["pb"], graph["inputs"], graph["outputs"])
+            net.forward(np.full((32, 8, 8, 1), 0.5, np.float32))
+            task = time.process_time() - t
+            t = time.process_time(); gc.collect(); collect = time.process_time() - t
+            with open("/proc/self/smaps_rollup") as f:
+                private = sum(int(line.split()[1]) for line in f if line.startswith(("Private_Dirty", "Private_Clean")))
+            os.write(write, json.dumps({"task_s": task, "collect_s": collect, "private_mib": private / 1024,
+                                        "pages_copied": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults}
+                                       ).encode())
+            os._exit(0)
+        os.close(write); out.append(json.loads(os.read(read, 4096))); os.close(read); os.waitpid(pid, 0)
+    return out
+
 rounds = int(sys.argv[1])
 before = child_cpu(rounds)
 t = time.process_time(); worker_daemon.preload(); preload = time.process_time() - t
 started = worker_daemon.threads_started_here()  # the daemon's own check: threads beyond numpy's
 after = child_cpu(rounds)
+graph = json.loads(sys.argv[2])
+unfrozen = child_task(rounds, graph)
+t = time.process_time(); worker_daemon.freeze_preloaded(); freeze = time.process_time() - t
+import gc
+frozen = child_task(rounds, graph)
 print(json.dumps({"without_preload_s": before, "with_preload_s": after, "preload_in_daemon_s": preload,
-                  "threads_started_here": started}))
+                  "threads_started_here": started, "task_unfrozen": unfrozen, "task_frozen": frozen,
+                  "freeze_in_daemon_s": freeze, "objects_frozen": gc.get_freeze_count()}))
+"""
+
+# a small CNN's frozen graph, made in a process of its own (the forking one must not have run TensorFlow)
+GRAPH = """
+import json, sys
+import keras
+from tfnet import TFNet
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((8, 8, 1), name="image"), keras.layers.Conv2D(16, 3, activation="relu"),
+                          keras.layers.Flatten(), keras.layers.Dense(10)])
+net = TFNet.from_keras(model)
+with open(sys.argv[1], "wb") as f:
+    f.write(net.frozen_graph_def().SerializeToString())
+print(json.dumps({"pb": sys.argv[1], "inputs": net.input_names, "outputs": net.output_names}))
 """
 
 
@@ -102,12 +151,23 @@ def main(argv=None):
         medians = {k: statistics.median(v) for k, v in times[side].items()}
         result["imports"][f"ml_dtypes {versions[side]}"] = {"median_cpu_s": medians, "cpu_s": times[side]}
         print(f"ml_dtypes {versions[side]}: " + ", ".join(f"import {k} {s:.2f} CPU-s" for k, s in medians.items()))
-    forked = json.loads(subprocess.run([sys.executable, "-c", FORKED, str(args.rounds)], env=base, check=True,
-                                       capture_output=True, text=True, cwd=ROOT).stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryDirectory() as tmp:
+        graph = subprocess.run([sys.executable, "-c", GRAPH, os.path.join(tmp, "cnn.pb")], env=base, check=True,
+                               capture_output=True, text=True, cwd=ROOT).stdout.strip().splitlines()[-1]
+        forked = json.loads(subprocess.run([sys.executable, "-c", FORKED, str(args.rounds), graph], env=base,
+                                           check=True, capture_output=True, text=True, cwd=ROOT
+                                           ).stdout.strip().splitlines()[-1])
     result["forked_worker"] = forked
     print(f"a forked worker's task imports: {statistics.median(forked['without_preload_s']):.2f} CPU-s without the "
           f"daemon's preload, {statistics.median(forked['with_preload_s']):.3f} with it (the daemon pays "
           f"{forked['preload_in_daemon_s']:.2f} once; threads it started: {forked['threads_started_here']})")
+    for side in ("unfrozen", "frozen"):
+        runs = forked[f"task_{side}"]
+        print(f"a predicting task and one full collection in a worker forked {side}: the task "
+              f"{statistics.median(r['task_s'] for r in runs):.3f} CPU-s, the collection "
+              f"{statistics.median(r['collect_s'] for r in runs):.3f}, {statistics.median(r['pages_copied'] for r in runs):.0f}"
+              f" pages copied, {statistics.median(r['private_mib'] for r in runs):.0f} MiB private")
+    print(f"(the daemon froze {forked['objects_frozen']} objects in {forked['freeze_in_daemon_s']:.2f} CPU-s, once)")
     finish(args.json, result)  # the machine and its matmul ceilings beside the figures, and the JSON
 
 
