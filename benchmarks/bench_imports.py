@@ -40,7 +40,7 @@ IMPORTS = {"numpy": "import numpy", "numpy, ml_dtypes": "import numpy, ml_dtypes
 
 # in a process that imported optim as the daemon does: children forked without and with the daemon's preload
 FORKED = """
-import json, os, sys, time
+import gc, json, os, resource, sys, time
 import optim
 from optim.spark import worker_daemon
 
@@ -50,50 +50,46 @@ def task_imports():
     from optim.horovod_import import import_horovod
     import_horovod()
 
-def child_cpu(rounds):
+def in_children(rounds, work):
+    # work() in each of `rounds` children forked one after another; what each returned (JSON), through a pipe
     out = []
     for _ in range(rounds):
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:
-            t = time.process_time(); task_imports(); os.write(write, str(time.process_time() - t).encode()); os._exit(0)
-        os.close(write); out.append(float(os.read(read, 64))); os.close(read); os.waitpid(pid, 0)
+            os.write(write, json.dumps(work()).encode()); os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as f:
+            out.append(json.loads(f.read()))
+        os.waitpid(pid, 0)
     return out
 
-def child_task(rounds, graph):
-    import gc, resource
-    out = []
-    for _ in range(rounds):
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            import numpy as np
-            from tfnet import TFNet
-            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            t = time.process_time()
-            net = TFNet.from_frozen_graph(graph["pb"], graph["inputs"], graph["outputs"])
-            net.forward(np.full((32, 8, 8, 1), 0.5, np.float32))
-            task = time.process_time() - t
-            t = time.process_time(); gc.collect(); collect = time.process_time() - t
-            with open("/proc/self/smaps_rollup") as f:
-                private = sum(int(line.split()[1]) for line in f if line.startswith(("Private_Dirty", "Private_Clean")))
-            os.write(write, json.dumps({"task_s": task, "collect_s": collect, "private_mib": private / 1024,
-                                        "pages_copied": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults}
-                                       ).encode())
-            os._exit(0)
-        os.close(write); out.append(json.loads(os.read(read, 4096))); os.close(read); os.waitpid(pid, 0)
-    return out
+def imports_cpu():
+    t = time.process_time(); task_imports(); return time.process_time() - t
+
+def predicting_task(graph):
+    import numpy as np
+    from tfnet import TFNet
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    t = time.process_time()
+    net = TFNet.from_frozen_graph(graph["pb"], graph["inputs"], graph["outputs"])
+    net.forward(np.full((32, 8, 8, 1), 0.5, np.float32))
+    task = time.process_time() - t
+    t = time.process_time(); gc.collect(); collect = time.process_time() - t
+    with open("/proc/self/smaps_rollup") as f:
+        private = sum(int(line.split()[1]) for line in f if line.startswith(("Private_Dirty", "Private_Clean")))
+    return {"task_s": task, "collect_s": collect, "private_mib": private / 1024,
+            "pages_copied": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults}
 
 rounds = int(sys.argv[1])
-before = child_cpu(rounds)
+before = in_children(rounds, imports_cpu)
 t = time.process_time(); worker_daemon.preload(); preload = time.process_time() - t
 started = worker_daemon.threads_started_here()  # the daemon's own check: threads beyond numpy's
-after = child_cpu(rounds)
+after = in_children(rounds, imports_cpu)
 graph = json.loads(sys.argv[2])
-unfrozen = child_task(rounds, graph)
+unfrozen = in_children(rounds, lambda: predicting_task(graph))
 t = time.process_time(); worker_daemon.freeze_preloaded(); freeze = time.process_time() - t
-import gc
-frozen = child_task(rounds, graph)
+frozen = in_children(rounds, lambda: predicting_task(graph))
 print(json.dumps({"without_preload_s": before, "with_preload_s": after, "preload_in_daemon_s": preload,
                   "threads_started_here": started, "task_unfrozen": unfrozen, "task_frozen": frozen,
                   "freeze_in_daemon_s": freeze, "objects_frozen": gc.get_freeze_count()}))
