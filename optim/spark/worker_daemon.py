@@ -134,7 +134,7 @@ def freeze_preloaded() -> None:
     Every forked worker otherwise shares the imports' 300,000 objects with the daemon until its first full
     collection, which walks them all and writes each one's collector header: the page of every object is copied
     into the worker. On a 2-core AMD EPYC Zen 4 one full collection in a fresh worker took 0.18 CPU-s and copied
-    about 18,000 pages (70 MB); frozen, nothing, and TFPredictor's forked workers in test_console.py took 30 CPU-s
+    about 20,000 pages (80 MB); frozen, nothing, and TFPredictor's forked workers in test_console.py took 30 CPU-s
     instead of 58-62 (docs/benchmarks.md, 2026-12-04). Frozen objects are never freed in a worker: they are the
     imported modules, which live as long as it does."""
     gc.collect()

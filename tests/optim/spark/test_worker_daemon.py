@@ -75,7 +75,7 @@ def test_workers_start_with_tensorflow_under_tfnets_daemon_and_predict_the_same(
                                                           "horovod.tensorflow": True})
     assert [preloaded for preloaded, *_ in tfnets["workers"]] == [held, held]
     # tfnet's daemon froze what it imported before it forked (gc.freeze): a worker's full collection leaves those
-    # objects' pages shared (without the freeze it walked 300,000 objects and copied about 18,000 pages, 70 MB)
+    # objects' pages shared (without the freeze it walked 300,000 objects and copied about 20,000 pages, 80 MB)
     assert [frozen for _, _, frozen, _ in stock["workers"]] == [0, 0]
     assert all(frozen > 100_000 and copied < 1_000 for _, _, frozen, copied in tfnets["workers"]), tfnets["workers"]
     x = np.random.default_rng(0).random((40, 8, 8, 1), dtype=np.float32)
