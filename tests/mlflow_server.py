@@ -59,6 +59,18 @@ class MLflowServer:
                                    + open(os.path.join(self.folder, "mlflow-server.log"), errors="replace").read()[-2000:])
             time.sleep(0.5)
 
+    def processes(self) -> list[str]:
+        """The command lines of the server's processes (its process group), from ``/proc``."""
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if os.getpgid(int(pid)) == self.proc.pid:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        found.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:  # ended meanwhile
+                pass
+        return found
+
     def __exit__(self, *exc) -> None:
         if self.proc is not None and self.proc.poll() is None:
             import signal

@@ -89,6 +89,8 @@ def test_a_run_in_a_file_store(tmp_path, monkeypatch):
 
 def test_a_run_on_a_tracking_server_and_a_server_that_is_down(tmp_path, capsys):
     with MLflowServer(tmp_path) as server:
+        serving = server.processes()  # the server and its workers; not MLflow's job runner (tests/mlflow_server.py)
+        assert any("mlflow" in c for c in serving) and not any("huey" in c for c in serving), serving
         capsys.readouterr()
         opt, history, rows = run(server.uri)
         printed = capsys.readouterr().out
