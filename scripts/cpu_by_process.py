@@ -68,7 +68,7 @@ def kind(cmd: str) -> str:
     argv0 = cmd.split(" ")[0]
     if os.path.basename(argv0) == "java" or "spark-class" in cmd or "tfnet-entrypoint" in cmd or "entrypoint.sh" in cmd:
         return "JVM (Spark driver, executor, master, worker, Connect server)"
-    if "worker_daemon" in cmd or "pyspark.daemon" in cmd:
+    if " -m optim.spark.worker_daemon" in cmd or " -m pyspark.daemon" in cmd:
         return "Spark's Python workers (daemons and their forks)"
     if "import sys;exec(eval(sys.stdin.readline()))" in cmd:
         return "pytest-xdist workers (in-process tests)"
@@ -77,6 +77,14 @@ def kind(cmd: str) -> str:
     if os.path.basename(argv0).startswith("python"):
         return "other Python programs"
     return "other: " + os.path.basename(argv0)[:30]
+
+
+def _daemons(seen: dict[str, dict]) -> list[float]:
+    """The CPU of each Spark Python worker daemon: a worker process whose parent is not one (the forks' parent is)."""
+    workers = kind("python -m pyspark.daemon pyspark.worker")
+    parents = {key.split(":")[0]: proc["cmd"] for key, proc in seen.items()}
+    return [proc["cpu"] - proc["base"] for proc in seen.values()
+            if kind(proc["cmd"]) == workers and kind(parents.get(str(proc["ppid"]), "")) != workers]
 
 
 def report(path: str, top: int = 30) -> str:
@@ -94,6 +102,8 @@ def report(path: str, top: int = 30) -> str:
     total = sum(by_kind.values())
     lines = [f"{len(seen)} processes, {total:.0f} CPU-s", "by kind:"]
     lines += [f"  {cpu:8.1f} {100 * cpu / total:4.1f}% {count[k]:5d} {k}" for k, cpu in by_kind.most_common(8)]
+    daemons = _daemons(seen)
+    lines.append(f"  (of Spark's Python workers, {len(daemons)} daemons: {sum(daemons):.0f} CPU-s; the rest their forks)")
     lines.append("by the test module that started them:")
     for module, cpu in by_module.most_common(top):
         parts = ", ".join(f"{k.split(' (')[0]} {v:.0f}" for k, v in within[module].most_common(3))

@@ -23,7 +23,8 @@ def test_a_process_is_counted_with_its_cpu_under_the_test_that_started_it(tmp_pa
     finally:
         open(out + ".stop", "w").close()
         sampler.wait(30)
-    burner = [p for p in json.load(open(out)).values() if "process_time" in p["cmd"]]
+    with open(out) as f:
+        burner = [p for p in json.load(f).values() if "process_time" in p["cmd"]]
     assert len(burner) == 1, burner
     assert burner[0]["test"] == "tests/optim/test_burn.py::test_burns (call)"
     assert 0.9 <= burner[0]["cpu"] - burner[0]["base"] <= 2.5, burner  # 1.5 s burnt, less what one sweep missed
@@ -38,3 +39,17 @@ def test_kinds_from_command_lines():
     assert kind("/v/bin/python -m optim.spark.worker_daemon pyspark.worker ").startswith("Spark's Python workers")
     assert kind("/v/bin/python -u -c import sys;exec(eval(sys.stdin.readline()))").startswith("pytest-xdist")
     assert kind("/v/bin/python -c print(1)") == "other Python programs"
+    assert kind("/v/bin/python -c from optim.spark.worker_daemon import preload") == "other Python programs"
+
+
+def test_a_daemon_is_a_spark_worker_whose_parent_is_none(tmp_path):
+    daemon, worker = "/v/bin/python -m optim.spark.worker_daemon pyspark.worker", "/v/bin/python -m pyspark.daemon"
+    seen = {"10:1": {"ppid": 1, "cmd": daemon, "test": "", "cpu": 3.5, "base": 0.0},
+            "11:2": {"ppid": 10, "cmd": daemon, "test": "", "cpu": 1.0, "base": 0.0},
+            "12:3": {"ppid": 10, "cmd": daemon, "test": "", "cpu": 2.0, "base": 0.0},
+            "20:4": {"ppid": 1, "cmd": worker, "test": "", "cpu": 0.5, "base": 0.25}}
+    path = tmp_path / "seen.json"
+    path.write_text(json.dumps(seen))
+    lines = report(str(path)).splitlines()
+    assert "  (of Spark's Python workers, 2 daemons: 4 CPU-s; the rest their forks)" in lines, lines
+    assert any(line.split()[:2] == ["6.8", "100.0%"] and "Spark's Python workers" in line for line in lines), lines
