@@ -7,6 +7,7 @@ distribution live in the sibling package ``optim``.
 
 # first: TensorFlow imported with its start-up banner kept out of stderr (TFNET_VERBOSE=1 keeps it)
 from tfnet.quiet import tensorflow as _tensorflow  # noqa: F401, I001
+from tfnet import fast_exit as _fast_exit  # noqa: I001
 from tfnet.config import get_num_threads, set_num_threads
 from tfnet.errors import (
     GradientUnavailableError,
@@ -27,6 +28,9 @@ from tfnet.net import TFNet
 from tfnet.step import StepResult, TrainStep
 
 __version__ = "0.1.0"
+
+# the exit skips tearing down TensorFlow's objects one by one (TFNET_FAST_EXIT=0: as without tfnet)
+_fast_exit.install()
 
 __all__ = [
     "TFNet",
