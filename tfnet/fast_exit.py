@@ -1,11 +1,13 @@
 """A process that imported tfnet exits without tearing down TensorFlow's objects one by one. Pure standard library.
 
 At exit, CPython clears every module and collects the cycles left (functions and their module's globals, classes and
-their methods): for the 260,000 objects that TensorFlow, Keras and tfnet's imports hold, about 1.3 CPU-s in every
-process, drivers, rank processes and Spark's Python daemons alike, which frees memory the OS takes back a moment
-later anyway. :func:`install` registers an ``atexit`` handler that collects what is garbage by then (its finalizers
-run, as they would at exit), then freezes what is still alive out of the collector's reach (``gc.freeze()``): the
-teardown skips it. ``benchmarks/bench_exit.py`` measures both ways side by side (docs/benchmarks.md).
+their methods): for the 260,000 objects that TensorFlow, Keras and tfnet's imports hold, 0.6-0.8 CPU-s in a process
+that imported ``tfnet, optim`` and 1.3 in a Keras program (2-core AMD EPYC Zen 4), paid by drivers, rank processes and
+users' programs for memory the OS takes back a moment later anyway (Spark's forked Python workers end with
+``os._exit``, and tfnet's worker daemon froze its imports before forking: neither paid it). :func:`install` registers
+an ``atexit`` handler that collects what is garbage by then (its finalizers run, as they would at exit), then freezes
+what is still alive out of the collector's reach (``gc.freeze()``): the teardown skips it. ``benchmarks/bench_exit.py``
+measures both ways side by side (docs/benchmarks.md).
 
 What changes: an object still reachable when the interpreter exits and held in a reference cycle is not deallocated,
 so its ``__del__`` does not run; Python does not promise that it does ("It is not guaranteed that ``__del__()``
