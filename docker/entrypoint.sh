@@ -46,8 +46,28 @@ script() {
     if [ -x "$dir/$1" ]; then echo "$dir/$1"; else command -v "$1" || { echo "entrypoint: $1 not found" >&2; exit 1; }; fi
 }
 
+# The class-data archive of Spark's classes that the image's JVMs map (docker/Dockerfile's JRE_OPTIONS name it):
+# unpacked once per container, before its first JVM. Where it is missing (outside the image) or cannot be
+# unpacked, JVMs start as before.
+CLASS_ARCHIVE=/tmp/tfnet-spark.jsa
+unpack_class_archive() {
+    local packed=${JAVA_HOME:-/opt/java}/lib/spark.jsa.zst
+    if [ ! -f "$packed" ] || [ -f "$CLASS_ARCHIVE" ]; then
+        return 0
+    fi
+    if zstd -q -d -f "$packed" -o "$CLASS_ARCHIVE.$$" 2>/dev/null; then
+        mv -f "$CLASS_ARCHIVE.$$" "$CLASS_ARCHIVE"
+    else
+        rm -f "$CLASS_ARCHIVE.$$"
+        echo "entrypoint: could not unpack $packed into $CLASS_ARCHIVE; Java starts without the class-data archive" >&2
+    fi
+}
+
 role=${1:-help}
 shift || true
+case "$role" in
+    master|worker|main|resnet50|submit|predict|connect|run) unpack_class_archive ;;
+esac
 MASTER_URL=${SPARK_MASTER_URL:-spark://spark-master:7077}
 case "$role" in
     master)

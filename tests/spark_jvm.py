@@ -13,10 +13,11 @@ Java 17 maps an archive only where every directory on the class path is empty, a
 ``pyspark/conf``, does not exist): drivers, standalone executors and standalone daemons then have one class path. The
 archive reaches every ``spark-submit`` JVM through ``SPARK_SUBMIT_OPTS``, the executors through the settings' copy
 beside it, the standalone master and workers through ``SPARK_DAEMON_JAVA_OPTS``. It is made once per Java, PySpark
-and dump program (its name holds their digest) under ``.pytest_cache/spark-cds/``, by a JVM that runs :data:`DUMP`
-and writes the classes it loaded as it exits (``-XX:ArchiveClassesAtExit``, about 50 s), beside the first tests; a
-JVM that cannot map it (not there yet, another class path) runs as before, silently (``-Xlog:cds=off``).
-Tests-only, as the JIT settings are: it changes how fast a JVM starts, not what it runs.
+and dump program (its name holds their digest) under ``.pytest_cache/spark-cds/``, by :data:`DUMP`, whose JVM
+writes the classes it loaded as it exits (``-XX:ArchiveClassesAtExit``, 35-50 s), beside the first tests; a JVM that
+cannot map it (not there yet, another class path) runs as before, silently (``-Xlog:cds=off``). The Docker image makes
+its own with the same program as it is built, and its JVMs map that one by default (docker/Dockerfile); on the host
+it is the tests' own, as the JIT settings are: it changes how fast a JVM starts, not what it runs.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,22 +41,9 @@ DUMP_TIMEOUT_S = 300.0
 #: JVM options that map the archive where the class path allows and say nothing where it does not.
 QUIET = "-Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
 
-#: What the archive's JVM runs: the driver-side classes of what the suite does (SQL with a shuffle, a DataFrame from
-#: Python rows, Arrow both ways, Parquet, a barrier stage). No TensorFlow: the classes are the JVM's.
-DUMP = """
-import os, sys
-from pyspark.sql import SparkSession, functions as F
-spark = SparkSession.builder.master("local[2]").config("spark.ui.showConsoleProgress", "false").getOrCreate()
-df = spark.createDataFrame([(i, float(i), [0.5] * 4) for i in range(2000)], "id long, x double, v array<float>")
-df.groupBy((F.col("id") % 7).alias("k")).agg(F.sum("x"), F.count("*")).collect()
-df.mapInArrow(lambda batches: batches, df.schema).count()
-df.toPandas()
-path = os.path.join(sys.argv[1], "table")
-df.write.mode("overwrite").parquet(path)
-spark.read.parquet(path).filter("id > 5").select("v").collect()
-df.rdd.barrier().mapPartitions(lambda rows: [sum(1 for _ in rows)]).collect()
-spark.stop()
-"""
+#: What makes the archive: the image's program (a driver's SQL with a shuffle, a DataFrame from Python rows, Arrow both
+#: ways, Parquet, a barrier stage; no TensorFlow: the classes are the JVM's), run here against the suite's Java.
+DUMP = os.path.join(ROOT, "docker", "class_archive.py")
 
 
 def _java_home() -> str | None:
@@ -75,7 +62,8 @@ def archive_path() -> str | None:
     home = _java_home()
     if home is None:
         return None
-    digest = hashlib.sha256(DUMP.encode())
+    with open(DUMP, "rb") as f:
+        digest = hashlib.sha256(f.read())
     digest.update(home.encode())
     for name in ("release", "lib/server/libjvm.so"):
         path = os.path.join(home, name)
@@ -115,15 +103,13 @@ def start_archive() -> str | None:
 
 
 def dump(path: str) -> bool:
-    """Makes the archive at ``path``: a JVM runs :data:`DUMP` and writes the classes it loaded as it exits. False
-    (the reason printed) where it could not."""
-    work = tempfile.mkdtemp(prefix="tfnet-cds-")
+    """Makes the archive at ``path`` with :data:`DUMP`. False (the reason printed) where it could not."""
     partial = os.path.join(ARCHIVE_DIR, f".{os.getpid()}.jsa")
-    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_CONF_DIR", "PYSPARK_SUBMIT_ARGS")}
     # the JDK's own default verification (more than the suite's JVMs do), so that every JVM may map what it holds
-    env.update(PYSPARK_PYTHON=sys.executable, SPARK_SUBMIT_OPTS=f"-XX:ArchiveClassesAtExit={partial} -Xlog:cds=off")
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_CONF_DIR", "PYSPARK_SUBMIT_ARGS", "SPARK_SUBMIT_OPTS")}
+    env["PYSPARK_PYTHON"] = sys.executable
     try:
-        done = subprocess.run([sys.executable, "-c", DUMP, work], env=env, capture_output=True, text=True,
+        done = subprocess.run([sys.executable, DUMP, partial], env=env, capture_output=True, text=True,
                               timeout=DUMP_TIMEOUT_S)
         if done.returncode != 0 or not os.path.exists(partial):
             print(done.stdout[-3000:], done.stderr[-3000:], sep="\n")
@@ -138,7 +124,6 @@ def dump(path: str) -> bool:
         print(f"no class-data archive: the dump took over {DUMP_TIMEOUT_S:.0f} s")
         return False
     finally:
-        shutil.rmtree(work, ignore_errors=True)
         for leftover in (partial, os.path.join(ARCHIVE_DIR, "dump.lock")):
             if os.path.exists(leftover):
                 os.remove(leftover)

@@ -28,6 +28,24 @@ def sh(cmd: list[str], timeout: float, check: bool = True, **kw) -> subprocess.C
     return proc
 
 
+#: Run with a container's Python: its JVMs, as ``[[main class, whether the image's class-data archive is mapped]]``
+#: (the first ``org.apache.spark.`` argument of each ``java`` command line, and /proc/PID/maps).
+JVMS = """
+import json, os
+out = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        args = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace").split("\\0")
+        if not args[0].endswith("java"):
+            continue
+        main = next((a for a in args if a.startswith("org.apache.spark.")), "?").rsplit(".", 1)[-1]
+        out.append([main, "/tmp/tfnet-spark.jsa" in open(f"/proc/{pid}/maps").read()])
+    except OSError:
+        pass
+print(json.dumps(sorted(out)))
+"""
+
+
 def bridge_candidates(network: dict) -> list[tuple[str, str]]:
     """Where the host may be reached from containers, read from ``docker network inspect bridge``'s
     JSON, best first, as ``(address, how it was found)``: the IPAM gateway when the engine reports one;
@@ -186,6 +204,11 @@ class Compose:
     @staticmethod
     def inspect(container: str) -> dict:
         return json.loads(sh(["docker", "inspect", container], timeout=60).stdout)[0]
+
+    @staticmethod
+    def jvms(container: str) -> list[list]:
+        """The container's JVMs as ``[main class, maps the image's class-data archive]`` (:data:`JVMS`)."""
+        return json.loads(sh(["docker", "exec", container, "python", "-c", JVMS], timeout=60).stdout)
 
     def master(self) -> str:
         return self.containers("spark-master")[0]

@@ -168,6 +168,14 @@ def test_a_host_client_fine_tunes_and_predicts_on_the_workers(cluster, connect_s
     assert stage["job"] == "SUCCEEDED", stage
     assert sorted(stage["ranks"]) == ["0", "1"] and set(stage["ranks"].values()) == workers, (stage, workers)
 
+    # every JVM of the cluster maps the image's class-data archive of Spark's classes (docker/class_archive.py): the
+    # master, the workers, the Connect server (a driver) and its executors, one on each worker
+    jvms = {c: cluster.jvms(c) for c in cluster.containers("spark-master") + cluster.containers("spark-worker")
+            + [container]}
+    assert sorted(main for found in jvms.values() for main, _ in found) == sorted(
+        ["Master", "Worker", "Worker", "SparkSubmit", "CoarseGrainedExecutorBackend", "CoarseGrainedExecutorBackend"]), jvms
+    assert all(mapped for found in jvms.values() for _, mapped in found), jvms
+
 
 def _seconds(stamp: str) -> float:
     """A Docker timestamp ("2026-12-03T16:48:27.797313624Z": nanoseconds) as seconds since the epoch."""

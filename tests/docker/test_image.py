@@ -60,3 +60,22 @@ print("max_diff", float(np.abs(np.asarray(net.forward(x)) - np.maximum(x @ w, 0)
 def test_image_loads_an_onnx_model(image_build):
     out = run_in_image(image_build["image"], "python", "-c", ONNX_IN_IMAGE)
     assert float(out.split("max_diff")[-1]) < 1e-5, out
+
+
+
+def _shared_classes(*docker_run: str) -> int:
+    """How many classes ``java -version`` loads from a class-data archive, run by ``docker run --rm *docker_run``."""
+    out = sh(["docker", "run", "--rm", *docker_run, "-Xlog:class+load=info", "-version"], timeout=120).stdout
+    return out.count("source: shared objects file")
+
+
+def test_every_jvm_maps_the_jdks_archive_and_sparks_where_the_entrypoint_unpacked_it(image_build):
+    """The JRE's default options name the JDK's own class-data archive and, on top of it, Spark's, which the entrypoint
+    unpacks into the container's /tmp (docker/class_archive.py; the compose cluster's tests check that every JVM there
+    maps it). A JVM started without the entrypoint finds no Spark archive and still maps the JDK's (an option that
+    named the missing archive alone turned class sharing off altogether: 0 classes)."""
+    image = image_build["image"]
+    assert run_in_image(image, "sh", "-c", "test -s /tmp/tfnet-spark.jsa && echo unpacked").strip() == "unpacked"
+    assert _shared_classes(image, "run", "java") > 300
+    assert "tfnet-spark.jsa" not in sh(["docker", "run", "--rm", "--entrypoint", "ls", image, "/tmp"], timeout=60).stdout
+    assert _shared_classes("--entrypoint", "/opt/java/bin/java", image) > 300
