@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -37,6 +38,8 @@ def workload(spark, folder: str) -> None:
 
 def make(out: str, base: str | None = None) -> None:
     """Runs :func:`workload` in a fresh driver JVM that writes its classes to ``out`` as it exits."""
+    if base and not os.path.isfile(base):
+        raise SystemExit(f"class_archive: no base archive at {base}")
     partial = f"{out}.{os.getpid()}.partial"
     flags = [f"-XX:ArchiveClassesAtExit={partial}", "-Xlog:cds=off", "-Xlog:cds+dynamic=off"]
     if base:
@@ -46,16 +49,25 @@ def make(out: str, base: str | None = None) -> None:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.builder.master("local[2]").config("spark.ui.showConsoleProgress", "false").getOrCreate()
+    try:
+        spark = SparkSession.builder.master("local[2]").config("spark.ui.showConsoleProgress", "false").getOrCreate()
+    except Exception as e:  # Java missing or refusing its options: PySpark's own error, in one line
+        raise SystemExit(f"class_archive: no archive at {out}: Spark's JVM did not start: {str(e).splitlines()[0]}") from None
     jvm = SparkContext._gateway.proc  # spark-submit's JVM: it exits when its standard input closes
     try:
         with tempfile.TemporaryDirectory(prefix="tfnet-cds-") as folder:
             workload(spark, folder)
         spark.stop()
-        jvm.stdin.close()
-        code = jvm.wait(EXIT_TIMEOUT_S)
-        if code != 0 or not os.path.exists(partial):
-            raise SystemExit(f"class_archive: no archive: the JVM exited with {code}")
+    finally:
+        jvm.stdin.close()  # the JVM writes the archive as it exits, whether the workload ran or not
+        try:
+            ended = f"exited with {jvm.wait(EXIT_TIMEOUT_S)}"
+        except subprocess.TimeoutExpired:
+            jvm.kill()
+            ended = f"had not exited after {EXIT_TIMEOUT_S:.0f} s (killed)"
+    try:
+        if ended != "exited with 0" or not os.path.exists(partial):
+            raise SystemExit(f"class_archive: no archive at {out}: the JVM {ended}")
         os.replace(partial, out)
     finally:
         if os.path.exists(partial):

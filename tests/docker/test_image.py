@@ -62,7 +62,6 @@ def test_image_loads_an_onnx_model(image_build):
     assert float(out.split("max_diff")[-1]) < 1e-5, out
 
 
-
 def _shared_classes(*docker_run: str) -> int:
     """How many classes ``java -version`` loads from a class-data archive, run by ``docker run --rm *docker_run``."""
     out = sh(["docker", "run", "--rm", *docker_run, "-Xlog:class+load=info", "-version"], timeout=120).stdout
