@@ -61,12 +61,13 @@ def make(out: str, base: str | None = None) -> None:
     finally:
         jvm.stdin.close()  # the JVM writes the archive as it exits, whether the workload ran or not
         try:
-            ended = f"exited with {jvm.wait(EXIT_TIMEOUT_S)}"
+            code = jvm.wait(EXIT_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             jvm.kill()
-            ended = f"had not exited after {EXIT_TIMEOUT_S:.0f} s (killed)"
+            code = None
     try:
-        if ended != "exited with 0" or not os.path.exists(partial):
+        if code != 0 or not os.path.exists(partial):
+            ended = f"exited with {code}" if code is not None else f"had not exited after {EXIT_TIMEOUT_S:.0f} s (killed)"
             raise SystemExit(f"class_archive: no archive at {out}: the JVM {ended}")
         os.replace(partial, out)
     finally:

@@ -103,28 +103,28 @@ def start_archive() -> str | None:
 
 
 def dump(path: str) -> bool:
-    """Makes the archive at ``path`` with :data:`DUMP`. False (the reason printed) where it could not."""
-    partial = os.path.join(ARCHIVE_DIR, f".{os.getpid()}.jsa")
+    """Makes the archive at ``path`` with :data:`DUMP` (which writes it whole, by a rename), then removes the archives of
+    other Javas, PySparks or dump programs. False (the reason printed) where it could not."""
     # the JDK's own default verification (more than the suite's JVMs do), so that every JVM may map what it holds
     env = {k: v for k, v in os.environ.items() if k not in ("SPARK_CONF_DIR", "PYSPARK_SUBMIT_ARGS", "SPARK_SUBMIT_OPTS")}
     env["PYSPARK_PYTHON"] = sys.executable
     try:
-        done = subprocess.run([sys.executable, DUMP, partial], env=env, capture_output=True, text=True,
+        done = subprocess.run([sys.executable, DUMP, path], env=env, capture_output=True, text=True,
                               timeout=DUMP_TIMEOUT_S)
-        if done.returncode != 0 or not os.path.exists(partial):
+        if done.returncode != 0 or not os.path.exists(path):
             print(done.stdout[-3000:], done.stderr[-3000:], sep="\n")
             print(f"no class-data archive: the dump exited with {done.returncode}")
             return False
         for old in glob.glob(os.path.join(ARCHIVE_DIR, "spark-*.jsa")):
-            os.remove(old)
-        os.replace(partial, path)
+            if old != path:
+                os.remove(old)
         print(f"made {path}")
         return True
     except subprocess.TimeoutExpired:
         print(f"no class-data archive: the dump took over {DUMP_TIMEOUT_S:.0f} s")
         return False
-    finally:
-        for leftover in (partial, os.path.join(ARCHIVE_DIR, "dump.lock")):
+    finally:  # the lock, and what a dump that was killed left half-written
+        for leftover in [os.path.join(ARCHIVE_DIR, "dump.lock"), *glob.glob(f"{path}.*.partial")]:
             if os.path.exists(leftover):
                 os.remove(leftover)
 
