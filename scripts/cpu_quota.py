@@ -101,15 +101,14 @@ def run(cores: float, command: list[str]) -> int:
         child = subprocess.Popen(command, preexec_fn=lambda: group.join(os.getpid()))
         try:
             status = child.wait()
-        except KeyboardInterrupt:
-            child.wait()
-            raise
+        except KeyboardInterrupt:  # Ctrl-C reached the command too (one process group): its end is the answer
+            status = child.wait()
         stat = group.stat()
         wall = time.monotonic() - start
         throttled = f"throttled in {stat.get('nr_throttled', 0)} of {stat.get('nr_periods', 0)} periods"
         print(f"cpu_quota: {cores:g} of {os.cpu_count()} cores for {wall:.0f} s: {throttled} (cgroup v{group.version})",
               file=sys.stderr)
-        return status
+        return status if status >= 0 else 128 - status  # killed by a signal: 128 + its number, as a shell says
     finally:
         group.close()
 

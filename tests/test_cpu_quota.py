@@ -45,3 +45,24 @@ def test_a_quota_out_of_range_or_no_command_is_one_line():
     assert "--cores 0.0: give a number from 0.01 to" in bad.stderr
     none = quota("--cores", "1")
     assert none.returncode == 2 and "give the command after --" in none.stderr
+
+
+def test_ctrl_c_ends_the_command_and_the_group_with_the_shells_status():
+    import signal
+
+    waits = "import sys, time\nprint('ready', flush=True)\ntime.sleep(60)"
+    run = subprocess.Popen([sys.executable, SCRIPT, "--cores", "0.5", "--", sys.executable, "-c", waits],
+                           start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert run.stdout.readline() == "ready\n"  # the command runs: Ctrl-C reaches its whole process group
+        os.killpg(run.pid, signal.SIGINT)
+        _, err = run.communicate(timeout=30)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == 128 + signal.SIGINT, err  # as a shell reports a command that SIGINT ended
+    assert "KeyboardInterrupt" in err and err.count("Traceback") == 1, err  # the command's, not the script's
+    name = f"tfnet-cpu-quota-{run.pid}"
+    leftover = subprocess.run(["find", "/sys/fs/cgroup", "-maxdepth", "3", "-name", name], capture_output=True,
+                              text=True).stdout
+    assert not leftover.strip(), leftover
