@@ -6,8 +6,8 @@
 On a 2-core machine, ``--cores 1.2`` gives the command 60% of it: about what a CPU 1.7x slower gives (the issue's
 AMD Zen 3 took 1.6-2x a Zen 4's or Zen 5's time on the same suite). It is not a model of that CPU: a quota runs the
 processes at full speed and then stops them until the next period (100 ms), and what runs outside the command's
-group (Docker's containers, which dockerd places in its own groups) is not slowed. It prints the group's CPU time
-and how often it was throttled when the command ends, and exits with the command's status.
+group (Docker's containers, which dockerd places in its own groups) is not slowed. When the command ends it prints
+its wall time and how often the group was throttled, and exits with the command's status.
 
 Linux, as root: cgroup v2 (``cpu.max``) where the ``cpu`` controller is on the unified hierarchy, else cgroup v1's
 ``cpu`` hierarchy (``cpu.cfs_quota_us``). Stdlib only."""
@@ -48,11 +48,11 @@ def _cpu_hierarchy() -> tuple[str, int]:
 class Group:
     """A fresh cgroup limited to ``cores`` cores; removed by :meth:`close`."""
 
-    def __init__(self, cores: float, name: str | None = None):
+    def __init__(self, cores: float):
         if not 0.01 <= cores <= os.cpu_count():
             raise QuotaError(f"--cores {cores}: give a number from 0.01 to this machine's {os.cpu_count()} cores")
         root, self.version = _cpu_hierarchy()
-        self.path = os.path.join(root, name or f"tfnet-cpu-quota-{os.getpid()}")
+        self.path = os.path.join(root, f"tfnet-cpu-quota-{os.getpid()}")
         quota = round(cores * PERIOD_US)
         try:
             if self.version == 2:
@@ -77,7 +77,7 @@ class Group:
         self._write("cgroup.procs", str(pid))
 
     def stat(self) -> dict[str, int]:
-        """``cpu.stat``: periods, throttled periods and (v2) the group's CPU time in microseconds."""
+        """``cpu.stat``: ``nr_periods`` and ``nr_throttled`` among others."""
         with open(os.path.join(self.path, "cpu.stat")) as f:
             return {k: int(v) for k, v in (line.split() for line in f if line.strip())}
 

@@ -2,6 +2,7 @@
 
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -23,6 +24,12 @@ def quota(*args):
     return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=120)
 
 
+def groups_named(name: str) -> str:
+    """The paths of cgroups called ``name`` in any hierarchy (empty: none)."""
+    return subprocess.run(["find", "/sys/fs/cgroup", "-maxdepth", "3", "-name", name], capture_output=True,
+                          text=True).stdout.strip()
+
+
 def test_the_command_and_what_it_starts_run_throttled_in_a_group_that_is_gone_after():
     done = quota("--cores", "0.25", "--", sys.executable, "-c", PROGRAM)
     assert done.returncode == 3, (done.stdout, done.stderr)  # the command's own status
@@ -34,9 +41,7 @@ def test_the_command_and_what_it_starts_run_throttled_in_a_group_that_is_gone_af
     line = done.stderr.strip().splitlines()[-1]
     throttled, periods = map(int, re.search(r"throttled in (\d+) of (\d+) periods", line).groups())
     assert throttled >= 8 and periods >= throttled, line
-    leftover = subprocess.run(["find", "/sys/fs/cgroup", "-maxdepth", "3", "-name", names[0][0]],
-                              capture_output=True, text=True).stdout
-    assert not leftover.strip(), leftover
+    assert not groups_named(names[0][0]), "the group outlived its command"
 
 
 def test_a_quota_out_of_range_or_no_command_is_one_line():
@@ -48,8 +53,6 @@ def test_a_quota_out_of_range_or_no_command_is_one_line():
 
 
 def test_ctrl_c_ends_the_command_and_the_group_with_the_shells_status():
-    import signal
-
     waits = "import sys, time\nprint('ready', flush=True)\ntime.sleep(60)"
     run = subprocess.Popen([sys.executable, SCRIPT, "--cores", "0.5", "--", sys.executable, "-c", waits],
                            start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -62,7 +65,4 @@ def test_ctrl_c_ends_the_command_and_the_group_with_the_shells_status():
             os.killpg(run.pid, signal.SIGKILL)
     assert run.returncode == 128 + signal.SIGINT, err  # as a shell reports a command that SIGINT ended
     assert "KeyboardInterrupt" in err and err.count("Traceback") == 1, err  # the command's, not the script's
-    name = f"tfnet-cpu-quota-{run.pid}"
-    leftover = subprocess.run(["find", "/sys/fs/cgroup", "-maxdepth", "3", "-name", name], capture_output=True,
-                              text=True).stdout
-    assert not leftover.strip(), leftover
+    assert not groups_named(f"tfnet-cpu-quota-{run.pid}"), "the group outlived its command"
