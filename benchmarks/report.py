@@ -333,6 +333,14 @@ def _cells(f: Figure | None) -> str:
     return f"| {_fmt(f.value)}{(' ' + f.unit) if f.unit else ''} | {'' if f.ratio is None else f'{f.ratio:.2f}'} "
 
 
+def column_names(t: Topic) -> list[str]:
+    """The kind of CPU of each column, the first's and each folder's; where two columns are of the same kind (a kind
+    measured again in its folder beside the first column's older figures), each of those also names its run's date."""
+    machines = [t.first_machine, *(other.load(t.sources[0]).get("machine", {}) for _, other, _ in t.columns)]
+    kinds = [kind_of(t.first_machine), *(k for k, _, _ in t.columns)]
+    return [f"{k} ({m.get('date', 'undated')})" if kinds.count(k) > 1 else k for k, m in zip(kinds, machines)]
+
+
 def section(t: Topic, r: Reader) -> str:
     lines = [f"### {t.title}", "", t.what, ""]
     for src in t.sources:
@@ -348,7 +356,7 @@ def section(t: Topic, r: Reader) -> str:
         for f in t.figures:
             lines.append(f"| {f.label} {_cells(f)}|")
     else:  # one column of figures and ratios per kind of CPU, the first the top folder's
-        kinds = [kind_of(t.first_machine), *(k for k, _, _ in t.columns)]
+        kinds = column_names(t)
         lines += ["", "| | " + " | ".join(f"{k} | ratio" for k in kinds) + " |",
                   "|---|" + "---:|---:|" * len(kinds)]
         labels = [f.label for f in t.figures]
@@ -409,7 +417,7 @@ def plot(t: Topic, path: str) -> list[float]:
                 first = [b.get_width() for b in bars]
         ax.set_yticks(range(len(labels)), labels[::-1])
         if len(series) > 1:
-            kinds = [kind_of(t.first_machine), *(kind for kind, _, _ in t.columns)]
+            kinds = column_names(t)
             ax.legend([plt.Rectangle((0, 0), 1, 1, color=colors[k % len(colors)]) for k in range(len(series))], kinds,
                       fontsize=7, loc="upper right")
         ax.set_xlabel(t.unit)

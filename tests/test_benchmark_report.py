@@ -114,6 +114,28 @@ def test_each_kind_of_cpu_gets_a_column_of_the_topics_it_ran(docs_copy, capsys):
     assert drawn == [f.value for f in topics["training"].figures]
 
 
+def test_a_kind_measured_again_beside_the_first_columns_figures_names_each_columns_date(docs_copy):
+    """The first column's figures and a folder's of the same kind of CPU (the same machine a week later): two columns
+    with one name would not say which is which, so each names its run's date; a kind met once keeps its bare name."""
+    report = _report()
+    again = json.loads((docs_copy / "bench_precision.json").read_text())
+    first_date = again["machine"]["date"]
+    again["machine"]["date"] = "2026-12-05"
+    again["train"]["img_s"]["tfnet_bf16"] = 66.0
+    kind = report.kind_of(again["machine"])
+    (docs_copy / "bench" / kind).mkdir(parents=True)
+    (docs_copy / "bench" / kind / "bench_precision.json").write_text(json.dumps(again))
+    amx = dict(again, machine={"cpu": "Intel Xeon", "flags": ["amx_tile", "avx512_bf16", "avx512f"], "cores": 2,
+                               "onednn": "1", "date": "2026-11-28"})
+    (docs_copy / "bench" / "intel-xeon-amx").mkdir(parents=True)
+    (docs_copy / "bench" / "intel-xeon-amx" / "bench_precision.json").write_text(json.dumps(amx))
+    assert report.main(["--docs", str(docs_copy)]) == 0
+    markdown = (docs_copy / "benchmarks.md").read_text()
+    assert (f"| | {kind} ({first_date}) | ratio | {kind} (2026-12-05) | ratio | intel-xeon-amx | ratio |"
+            in markdown), [line for line in markdown.splitlines() if line.startswith("| | ")]
+    assert "| 66.0 img/s |" in markdown
+
+
 def test_a_cpu_without_native_bf16_says_what_its_bf16_rows_ran(docs_copy):
     """On a Zen 3 (no bf16) Keras emulates bf16 and tfnet's bf16 runs fp32: the topics say so, where the record
     says so, and say nothing of it for a CPU with bf16 (or a record from before the keys were kept)."""
