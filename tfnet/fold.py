@@ -19,12 +19,10 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.python.framework import tensor_util
 
 from tfnet.graph_utils import node_name
+from tfnet.remapper_guard import feeds_a_shared_sum, readers_of
 
 _LINEAR_OPS = ("Conv2D", "MatMul", "DepthwiseConv2dNative")
 _FUSED_BN = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
-_SUM_OPS = ("Add", "AddV2", "AddN")
-#: What TensorFlow's remapper fuses after a contraction, its bias and a sum (``IsSupportedActivation``).
-_FUSED_ACTIVATIONS = ("Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid")
 # v1 control flow: values that change per iteration are never parameter-only.
 _LOOP_OPS = ("Enter", "RefEnter", "Merge", "RefMerge", "Switch", "RefSwitch", "NextIteration", "RefNextIteration",
              "Exit", "RefExit", "LoopCond")
@@ -40,12 +38,10 @@ def fold_affine(
     """
     nodes = {n.name: n for n in graph_def.node}
     consumers: dict[str, list[str]] = defaultdict(list)
-    readers: dict[str, list[str]] = defaultdict(list)  # data edges only
     for n in graph_def.node:
         for inp in n.input:
             consumers[node_name(inp)].append(n.name)
-            if not inp.startswith("^"):
-                readers[node_name(inp)].append(n.name)
+    readers = readers_of(graph_def)
     params = _parameter_only(graph_def, set(weight_names), {node_name(i) for i in input_names})
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
@@ -58,29 +54,11 @@ def fold_affine(
             plan = _match_fused_bn(node, nodes, consumers, params, graph)
         else:
             continue
-        if plan is None or _feeds_a_shared_sum(plan["last"].name, nodes, readers):
+        if plan is None or feeds_a_shared_sum(plan["last"].name, nodes, readers):
             continue
         _rewrite(out, by_name, plan, graph)
         folded += 1
     return out, folded
-
-
-def _feeds_a_shared_sum(name: str, nodes, readers) -> bool:
-    """Whether ``name``'s one reader is a sum of two tensors that more than one op reads, an activation among them:
-    a residual connection that goes on past the next block's activation (Xception's middle flow, NASNet's cells).
-    Folded there, the ops are ``Conv2D, BiasAdd, Add, Relu``, which TensorFlow's remapper (oneDNN on) fuses into one
-    op and deletes the sum that the other reader still needs: the pass fails with "remapper failed: INVALID_ARGUMENT:
-    Mutation::Apply error: fanout ... exist for missing node ..." on the console (at the first backward of Keras's
-    Xception and NASNetMobile), and the graph runs without the remapper's fusions. A Keras model with a biased
-    convolution there meets the same (tests/tfnet/test_fold.py). Such a batch norm is left as it is."""
-    after = readers.get(name, ())
-    if len(after) != 1:
-        return False
-    total = nodes[after[0]]
-    if total.op not in _SUM_OPS or sum(not i.startswith("^") for i in total.input) != 2:
-        return False
-    sum_readers = readers.get(total.name, ())
-    return len(sum_readers) > 1 and any(nodes[r].op in _FUSED_ACTIVATIONS for r in sum_readers)
 
 
 def _parameter_only(graph_def, weights: set[str], inputs: set[str]) -> set[str]:

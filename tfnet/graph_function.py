@@ -15,7 +15,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 
 from tfnet import graph_utils as gu
-from tfnet import kernels
+from tfnet import kernels, remapper_guard
 from tfnet.errors import (
     GraphLoadError,
     InputSpecError,
@@ -76,6 +76,8 @@ class GraphFunction:
                 self.compute_template = gu.subgraph(folded, output_names, feeds=fed_names)
         # strided 1x1 convolutions as views at stride 1: their gradient is wrong on some CPUs (tfnet.kernels)
         self.compute_template, self.rewritten_convolutions = kernels.rewrite_graph(self.compute_template, graph)
+        # a BiasAdd that TensorFlow's remapper would fuse with a sum other ops still read, as an AddV2 (tfnet.remapper_guard)
+        self.compute_template, self.guarded_biases = remapper_guard.rewrite_graph(self.compute_template)
         # lookup tables: built once, their handles fed in place of the table nodes (tfnet.tables)
         self.tables = TableSet(self.compute_template)
         self.compute_template = self.tables.graph

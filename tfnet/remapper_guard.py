@@ -1,0 +1,74 @@
+"""The graph that runs (never the one saved), kept clear of a TensorFlow remapper bug.
+
+With oneDNN on, TensorFlow's remapper fuses ``Conv2D`` (or another contraction), ``BiasAdd``, a two-input ``Add``
+and the activation that reads the sum into one op, and deletes the sum; it does not check that nothing else reads the
+sum (``FindContractionWithBiasAndAddActivation``). Where a residual connection goes on past the next block's
+activation (Xception's middle flow, NASNet's cells, a pre-activation residual net's blocks), the next sum still reads
+it: the pass fails with "remapper failed: INVALID_ARGUMENT: Mutation::Apply error: fanout ... exist for missing node
+..." on the console at the first gradient, and the graph runs without any of the remapper's fusions. A Keras model with
+biased convolutions there meets it under ``tf.GradientTape`` in a ``tf.function``; an ONNX model's biased
+convolutions (``tfnet.onnx``) and a frozen graph's ``BiasAdd`` do in tfnet.
+
+Such a ``BiasAdd`` becomes the ``AddV2`` it computes (an NHWC bias adds along the last axis, as a vector broadcasts),
+which the remapper does not take for that fusion: the same function and gradients, and every other fusion kept.
+Pure functions of a ``GraphDef``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from tensorflow.core.framework import graph_pb2
+
+from tfnet.graph_utils import node_name
+
+_SUM_OPS = ("Add", "AddV2", "AddN")
+#: What the remapper fuses after a contraction, its bias and a sum (its ``IsSupportedActivation``).
+_FUSED_ACTIVATIONS = ("Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid")
+_CONTRACTIONS = ("Conv2D", "Conv3D", "MatMul", "BatchMatMul", "BatchMatMulV2", "DepthwiseConv2dNative")
+
+
+def readers_of(graph_def: graph_pb2.GraphDef) -> dict[str, list[str]]:
+    """Each node's readers through data edges (control edges left out)."""
+    readers: dict[str, list[str]] = defaultdict(list)
+    for n in graph_def.node:
+        for inp in n.input:
+            if not inp.startswith("^"):
+                readers[node_name(inp)].append(n.name)
+    return readers
+
+
+def feeds_a_shared_sum(name: str, nodes: dict, readers: dict[str, list[str]]) -> bool:
+    """Whether ``name``'s one reader is a sum of two tensors that more than one op reads, an activation among them:
+    where a contraction and a bias before it make the pattern the remapper breaks on."""
+    after = readers.get(name, ())
+    if len(after) != 1:
+        return False
+    total = nodes[after[0]]
+    if total.op not in _SUM_OPS or sum(not i.startswith("^") for i in total.input) != 2:
+        return False
+    sum_readers = readers.get(total.name, ())
+    return len(sum_readers) > 1 and any(nodes[r].op in _FUSED_ACTIVATIONS for r in sum_readers)
+
+
+def rewrite_graph(graph_def: graph_pb2.GraphDef) -> tuple[graph_pb2.GraphDef, int]:
+    """``graph_def`` with each NHWC ``BiasAdd`` after a contraction that feeds a shared sum made an ``AddV2``, and how
+    many were; the graph itself where none is."""
+    nodes = {n.name: n for n in graph_def.node}
+    readers = readers_of(graph_def)
+    names = [
+        n.name for n in graph_def.node
+        if n.op == "BiasAdd" and n.attr["data_format"].s in (b"", b"NHWC") and len(n.input) >= 2
+        and getattr(nodes.get(node_name(n.input[0])), "op", None) in _CONTRACTIONS
+        and feeds_a_shared_sum(n.name, nodes, readers)
+    ]
+    if not names:
+        return graph_def, 0
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    chosen = set(names)
+    for node in out.node:
+        if node.name in chosen:
+            node.op = "AddV2"
+            del node.attr["data_format"]
+    return out, len(names)
