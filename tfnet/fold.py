@@ -54,6 +54,8 @@ def fold_affine(
             plan = _match_fused_bn(node, nodes, consumers, params, graph)
         else:
             continue
+        # Folded before a residual sum read past the next activation, the ops are what TensorFlow's remapper breaks
+        # on (tfnet.remapper_guard); such a batch norm is left as it is.
         if plan is None or feeds_a_shared_sum(plan["last"].name, nodes, readers):
             continue
         _rewrite(out, by_name, plan, graph)
