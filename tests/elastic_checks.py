@@ -132,6 +132,8 @@ def stitched_epochs(infos: list[dict], steps_per_epoch: int) -> dict[tuple[int, 
         for e in sorted(set.intersection(*(set(r["epochs"]) for r in ranks)), key=int):
             parts = [r["epochs"][e] for r in ranks]
             start = {int(p["from_batch"]) for p in parts}
+            if start == {steps_per_epoch}:
+                continue  # resumed from a checkpoint after the epoch's last batch: this attempt trained none of it
             if len(start) != 1 or any(int(p["from_batch"]) + p["batches"] != steps_per_epoch for p in parts):
                 continue  # not trained to its end in this attempt
             rows, fp = _sum(parts)
