@@ -18,8 +18,8 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2
 from tensorflow.python.framework import tensor_util
 
-from tfnet.graph_utils import node_name
-from tfnet.remapper_guard import feeds_a_shared_sum, readers_of
+from tfnet.graph_utils import data_readers, node_name
+from tfnet.remapper_guard import feeds_a_shared_sum
 
 _LINEAR_OPS = ("Conv2D", "MatMul", "DepthwiseConv2dNative")
 _FUSED_BN = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
@@ -41,7 +41,7 @@ def fold_affine(
     for n in graph_def.node:
         for inp in n.input:
             consumers[node_name(inp)].append(n.name)
-    readers = readers_of(graph_def)
+    readers = data_readers(graph_def)
     params = _parameter_only(graph_def, set(weight_names), {node_name(i) for i in input_names})
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)

@@ -7,7 +7,7 @@ and easy to test.
 from __future__ import annotations
 
 import re
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -46,6 +46,16 @@ def _input_tensor(inp: str) -> str:
 
 def nodes_by_name(graph_def: graph_pb2.GraphDef) -> dict[str, node_def_pb2.NodeDef]:
     return {n.name: n for n in graph_def.node}
+
+
+def data_readers(graph_def: graph_pb2.GraphDef) -> dict[str, list[str]]:
+    """Each node's readers through data edges (control edges left out), by node name."""
+    readers: dict[str, list[str]] = defaultdict(list)
+    for n in graph_def.node:
+        for inp in n.input:
+            if not inp.startswith("^"):
+                readers[node_name(inp)].append(n.name)
+    return readers
 
 
 def check_tensor_names(graph_def: graph_pb2.GraphDef, names: Iterable[str], kind: str) -> list[str]:

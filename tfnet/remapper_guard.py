@@ -16,26 +16,14 @@ Pure functions of a ``GraphDef``.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from tensorflow.core.framework import graph_pb2
 
-from tfnet.graph_utils import node_name
+from tfnet.graph_utils import data_readers, node_name, nodes_by_name
 
 _SUM_OPS = ("Add", "AddV2", "AddN")
 #: What the remapper fuses after a contraction, its bias and a sum (its ``IsSupportedActivation``).
 _FUSED_ACTIVATIONS = ("Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid")
 _CONTRACTIONS = ("Conv2D", "Conv3D", "MatMul", "BatchMatMul", "BatchMatMulV2", "DepthwiseConv2dNative")
-
-
-def readers_of(graph_def: graph_pb2.GraphDef) -> dict[str, list[str]]:
-    """Each node's readers through data edges (control edges left out)."""
-    readers: dict[str, list[str]] = defaultdict(list)
-    for n in graph_def.node:
-        for inp in n.input:
-            if not inp.startswith("^"):
-                readers[node_name(inp)].append(n.name)
-    return readers
 
 
 def feeds_a_shared_sum(name: str, nodes: dict, readers: dict[str, list[str]]) -> bool:
@@ -54,11 +42,11 @@ def feeds_a_shared_sum(name: str, nodes: dict, readers: dict[str, list[str]]) ->
 def rewrite_graph(graph_def: graph_pb2.GraphDef) -> tuple[graph_pb2.GraphDef, int]:
     """``graph_def`` with each NHWC ``BiasAdd`` after a contraction that feeds a shared sum made an ``AddV2``, and how
     many were; the graph itself where none is."""
-    nodes = {n.name: n for n in graph_def.node}
-    readers = readers_of(graph_def)
+    nodes = nodes_by_name(graph_def)
+    readers = data_readers(graph_def)
     names = [
         n.name for n in graph_def.node
-        if n.op == "BiasAdd" and n.attr["data_format"].s in (b"", b"NHWC") and len(n.input) >= 2
+        if n.op == "BiasAdd" and _data_format(n) in (b"", b"NHWC") and len(n.input) >= 2
         and getattr(nodes.get(node_name(n.input[0])), "op", None) in _CONTRACTIONS
         and feeds_a_shared_sum(n.name, nodes, readers)
     ]
@@ -72,3 +60,8 @@ def rewrite_graph(graph_def: graph_pb2.GraphDef) -> tuple[graph_pb2.GraphDef, in
             node.op = "AddV2"
             del node.attr["data_format"]
     return out, len(names)
+
+
+def _data_format(node) -> bytes:
+    """The node's ``data_format`` (b"" where unset), read without adding the attribute to the caller's graph."""
+    return node.attr["data_format"].s if "data_format" in node.attr else b""

@@ -19,12 +19,11 @@ control flow) cost time linear in their size.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable
 
 from tensorflow.core.framework import graph_pb2
 
-from tfnet.graph_utils import nodes_by_name
+from tfnet.graph_utils import data_readers, nodes_by_name
 
 __all__ = ["find_statistics"]
 
@@ -83,10 +82,7 @@ def find_statistics(graph_def: graph_pb2.GraphDef, weight_names: Iterable[str]) 
     weight_names = list(weight_names)
     weights = set(weight_names)
     nodes = nodes_by_name(graph_def)
-    consumers: dict[str, list[str]] = defaultdict(list)
-    for node in graph_def.node:
-        for inp in _data_inputs(node):
-            consumers[_name(inp)].append(node.name)
+    consumers = data_readers(graph_def)
     found: dict[str, str] = {}
 
     def mark(name: str | None, role: str) -> None:
