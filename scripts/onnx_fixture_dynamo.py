@@ -5,7 +5,8 @@ exporter, opset 20, the weights in ``path + ".data"``). Used by export_onnx_fixt
 torchvision's classes (ResNet, MobileNetV3, EfficientNet, ConvNeXt, ViT, Swin, and the LR-ASPP and
 DeepLabV3 segmentation heads on a MobileNetV3 backbone) at tiny widths and inputs, and hand-made
 ``torch.nn`` models: a Transformer encoder with a padding mask, a causal decoder (its mask from
-``torch.triu``), a GRU text classifier, and a PixelShuffle super-resolution net. Random weights, no
+``torch.triu``), a GRU text classifier, a PixelShuffle super-resolution net, and Xception's entry and middle
+flows (timm's blocks) at tiny widths. Random weights, no
 download; each fixture stays under about 200 KB.
 """
 
@@ -195,6 +196,57 @@ class SuperResolution(nn.Module):
         return y, self.unshuffle(y * y)
 
 
+class SeparableConv(nn.Module):
+    """Xception's separable convolution (timm's ``SeparableConv2d``): a depthwise 3x3, then a pointwise 1x1, no biases."""
+
+    def __init__(self, inc: int, outc: int):
+        super().__init__()
+        self.depthwise = nn.Conv2d(inc, inc, 3, padding=1, groups=inc, bias=False)
+        self.pointwise = nn.Conv2d(inc, outc, 1, bias=False)
+
+    def forward(self, x):
+        return self.pointwise(self.depthwise(x))
+
+
+class XceptionBlock(nn.Module):
+    """Xception's block (timm's ``xception.Block``): ``reps`` times ReLU, separable convolution, batch norm; a
+    strided block ends in a max pool and its skip is a strided 1x1 convolution with its batch norm; then ``rep + skip``."""
+
+    def __init__(self, inc: int, outc: int, reps: int, stride: int = 1, start_with_relu: bool = True):
+        super().__init__()
+        self.skip = None
+        if outc != inc or stride != 1:
+            self.skip = nn.Sequential(nn.Conv2d(inc, outc, 1, stride=stride, bias=False), nn.BatchNorm2d(outc))
+        rep = []
+        for i in range(reps):
+            rep += [nn.ReLU(), SeparableConv(inc if i == 0 else outc, outc), nn.BatchNorm2d(outc)]
+        if not start_with_relu:
+            rep = rep[1:]
+        if stride != 1:
+            rep.append(nn.MaxPool2d(3, stride, 1))
+        self.rep = nn.Sequential(*rep)
+
+    def forward(self, x):
+        return self.rep(x) + (x if self.skip is None else self.skip(x))
+
+
+class XceptionNet(nn.Module):
+    """Xception's entry and middle flows at tiny widths: a stem, a strided block, two middle blocks, a head. Each middle
+    block's sum is read by the next block's ReLU and by its sum: the ``Conv, BiasAdd, Add`` that TensorFlow's remapper
+    fuses and deletes though another op reads it (tfnet.remapper_guard), with the batch norms folded by the export."""
+
+    def __init__(self, width: int = 16, classes: int = 10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+        self.entry = XceptionBlock(8, width, 2, stride=2, start_with_relu=False)
+        self.middle = nn.Sequential(*(XceptionBlock(width, width, 3) for _ in range(2)))
+        self.fc = nn.Linear(width, classes)
+
+    def forward(self, x):
+        x = torch.relu(self.middle(self.entry(self.stem(x))))
+        return self.fc(x.mean(dim=(2, 3)))
+
+
 def legacy_fixtures(rng) -> dict:
     """The segmentation heads exported with the legacy exporter (``dynamo=False``, opset 17), whose
     graphs compute the resize sizes from ``Shape`` at run time (the dynamo export folds them):
@@ -223,5 +275,6 @@ def dynamo_fixtures(rng) -> dict:
         "dyn_decoder": (CausalDecoder, {"ids": ids}, ["logits"]),
         "dyn_gru_text": (GRUText, {"ids": ids[:, :5] % 30}, ["logits"]),
         "dyn_super_resolution": (SuperResolution, image(8, 1), ["upscaled", "unshuffled"]),
+        "dyn_xception": (XceptionNet, image(32), ["logits"]),
     }
 

@@ -34,6 +34,7 @@ MODELS = {
     "dyn_decoder": {"Trilu", "Gelu"},
     "dyn_gru_text": {"GRU"},
     "dyn_super_resolution": {"DepthToSpace"},
+    "dyn_xception": {"Conv", "Add", "Relu", "MaxPool"},  # sums read by the next block's Relu and sum: remapper_guard
 }
 _NETS = {}
 

@@ -1,6 +1,7 @@
 """The graph that runs kept clear of TensorFlow's remapper bug (tfnet.remapper_guard): a biased convolution before a
 residual sum that the next block's activation and sum both read runs as an ``AddV2``, with Keras's values and
-gradients, and its first gradient writes no "remapper failed" where Keras's own writes it."""
+gradients (and PyTorch's, for Xception's blocks as ``torch.onnx.export`` writes them, batch norms folded into biased
+``Conv``s), and its first forward and gradient write no "remapper failed" where Keras's own gradient writes it."""
 
 import os
 import subprocess
@@ -10,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from tests.conftest import environ_without_the_lane
+from tests.tfnet.onnx_fixtures import check_backward, check_forward, path_of
 from tests.tfnet.test_fold import _residual_chain
 from tfnet import TFNet, precision
 
@@ -46,15 +48,41 @@ def test_a_biased_convolution_before_a_shared_sum_runs_as_an_addv2_with_kerass_v
         assert _rel(gw[v.path], g) <= 1e-5, v.path
 
 
-# A fresh process (TensorFlow writes a failing pass's error once, not at every graph): tfnet's nets first, then the
-# biased blocks as Keras runs them, a gradient under tf.function.
+def test_xceptions_blocks_exported_by_pytorch_run_their_shared_sums_biases_as_addv2_with_pytorchs_gradients():
+    """scripts/onnx_fixture_dynamo.py's ``XceptionNet``: the entry block's sum (its skip a strided 1x1 ``Conv`` with the
+    batch norm folded in) and the first middle block's (its last pointwise ``Conv``) are read by the next block's Relu
+    and sum; the second middle block's by the head's Relu alone."""
+    net = TFNet.from_onnx(path_of("dyn_xception"))
+    assert net.graph.guarded_biases == 2
+    ran = net.graph.compute_template.node
+    ops = {n.name: n.op for n in ran}
+    readers = {}
+    for n in ran:
+        for i in n.input:
+            readers.setdefault(i.split(":")[0].lstrip("^"), []).append(n.op)
+    guarded = [n for n in ran if n.op == "AddV2" and ops.get(n.input[0].split(":")[0]) == "Conv2D"]
+    assert len(guarded) == 2
+    for n in guarded:  # each feeds one sum, which a Relu and another sum read
+        (total,) = [m for m in ran if n.name in (i.split(":")[0] for i in m.input)]
+        assert total.op == "AddV2" and sorted(readers[total.name]) == ["AddV2", "Relu"], readers[total.name]
+    check_forward(net, "dyn_xception")
+    check_backward(net, "dyn_xception")
+
+
+# A fresh process (TensorFlow writes a failing pass's error once, not at every graph): tfnet's nets first (PyTorch's
+# Xception export, then the Keras chains), then the biased blocks as Keras runs them, a gradient under tf.function.
 CHILD = """
 import sys
 import numpy as np
 import tensorflow as tf
+from tests.tfnet.onnx_fixtures import path_of, stored
 from tests.tfnet.test_fold import _residual_chain
 from tfnet import TFNet
 
+data = stored("dyn_xception")
+onnx_net = TFNet.from_onnx(path_of("dyn_xception"))
+onnx_net.forward(data["in_0"])  # without the guard, this inference graph is where the remapper fails
+onnx_net.backward(data["in_0"], data["grad_out_0"])
 x = np.random.default_rng(3).normal(size=(2, 6, 6, 8)).astype("float32")
 for bias_not_bn in (False, True):  # the fold's batch norms, then biased convolutions
     net = TFNet.from_keras(_residual_chain(bias_not_bn))
