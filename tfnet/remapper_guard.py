@@ -5,9 +5,10 @@ and the activation that reads the sum into one op, and deletes the sum; it does 
 sum (``FindContractionWithBiasAndAddActivation``). Where a residual connection goes on past the next block's
 activation (Xception's middle flow, NASNet's cells, a pre-activation residual net's blocks), the next sum still reads
 it: the pass fails with "remapper failed: INVALID_ARGUMENT: Mutation::Apply error: fanout ... exist for missing node
-..." on the console at the first gradient, and the graph runs without any of the remapper's fusions. A Keras model with
-biased convolutions there meets it under ``tf.GradientTape`` in a ``tf.function``; an ONNX model's biased
-convolutions (``tfnet.onnx``) and a frozen graph's ``BiasAdd`` do in tfnet.
+..." on the console at the first forward or gradient, and the graph runs without any of the remapper's fusions. A
+Keras model with biased convolutions there meets it under ``tf.GradientTape`` in a ``tf.function``; in tfnet, an ONNX
+model's biased convolutions (PyTorch's export folds batch norms into them), a frozen graph's ``BiasAdd`` and the
+biases that tfnet.fold makes of batch norms do.
 
 Such a ``BiasAdd`` becomes the ``AddV2`` it computes (an NHWC bias adds along the last axis, as a vector broadcasts),
 which the remapper does not take for that fusion: the same function and gradients, and every other fusion kept.
@@ -26,7 +27,7 @@ _FUSED_ACTIVATIONS = ("Relu", "Relu6", "Elu", "LeakyRelu", "Tanh", "Sigmoid")
 _CONTRACTIONS = ("Conv2D", "Conv3D", "MatMul", "BatchMatMul", "BatchMatMulV2", "DepthwiseConv2dNative")
 
 
-def feeds_a_shared_sum(name: str, nodes: dict, readers: dict[str, list[str]]) -> bool:
+def _feeds_a_shared_sum(name: str, nodes: dict, readers: dict[str, list[str]]) -> bool:
     """Whether ``name``'s one reader is a sum of two tensors that more than one op reads, an activation among them:
     where a contraction and a bias before it make the pattern the remapper breaks on."""
     after = readers.get(name, ())
@@ -48,7 +49,7 @@ def rewrite_graph(graph_def: graph_pb2.GraphDef) -> tuple[graph_pb2.GraphDef, in
         n.name for n in graph_def.node
         if n.op == "BiasAdd" and _data_format(n) in (b"", b"NHWC") and len(n.input) >= 2
         and getattr(nodes.get(node_name(n.input[0])), "op", None) in _CONTRACTIONS
-        and feeds_a_shared_sum(n.name, nodes, readers)
+        and _feeds_a_shared_sum(n.name, nodes, readers)
     ]
     if not names:
         return graph_def, 0

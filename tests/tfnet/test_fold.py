@@ -117,19 +117,21 @@ def _residual_chain(bias_not_bn: bool):
     return model
 
 
-def test_a_batch_norm_before_a_sum_read_past_the_next_activation_is_left_unfolded():
-    """Folded there, the ops are what TensorFlow's remapper breaks on (tfnet.remapper_guard): the first two blocks'
-    batch norms stay, the last's (its sum read by the pooling alone) is folded; the same function and gradients.
-    tests/tfnet/test_remapper_guard.py runs its first backward in a fresh process: no error."""
+def test_a_batch_norm_before_a_sum_read_past_the_next_activation_is_folded_and_its_bias_guarded():
+    """Folded there, the ops are what TensorFlow's remapper breaks on: the three batch norms fold, and the first two
+    blocks' biases (their sums read by the next Relu and sum) run as ``AddV2`` (tfnet.remapper_guard), the last's
+    (its sum read by the pooling alone) as ``BiasAdd``; the same function and gradients. tests/tfnet/
+    test_remapper_guard.py runs its first backward in a fresh process: no error."""
     model = _residual_chain(bias_not_bn=False)
     folded, plain = both(lambda f: TFNet.from_keras(model, fold_batch_norm=f))
-    assert folded.graph.folded == 1 and folded.graph.guarded_biases == 0
+    assert folded.graph.folded == 3 and folded.graph.guarded_biases == 2
+    assert plain.graph.folded == 0 and plain.graph.guarded_biases == 0
     assert_same_function(folded, plain, np.random.default_rng(3).normal(size=(2, 6, 6, 8)).astype("float32"))
 
 
 def test_a_batch_norm_before_a_sum_with_one_reader_is_folded():
     """ResNet's blocks: the sum's one reader is the Relu (which the next block's shortcut reads), so the remapper's
-    fusion is sound and the fold stays."""
+    fusion is sound and the folded biases stay ``BiasAdd``."""
     import keras
     from keras import layers
 
@@ -142,5 +144,5 @@ def test_a_batch_norm_before_a_sum_with_one_reader_is_folded():
     model = keras.Model(inp, layers.GlobalAveragePooling2D()(x))
     models._randomise_bn(model, 1)
     folded, plain = both(lambda f: TFNet.from_keras(model, fold_batch_norm=f))
-    assert folded.graph.folded == 2
+    assert folded.graph.folded == 2 and folded.graph.guarded_biases == 0
     assert_same_function(folded, plain, np.random.default_rng(4).normal(size=(2, 6, 6, 8)).astype("float32"))
