@@ -81,6 +81,9 @@ class GraphFunction:
         # lookup tables: built once, their handles fed in place of the table nodes (tfnet.tables)
         self.tables = TableSet(self.compute_template)
         self.compute_template = self.tables.graph
+        # where gradients are taken, a Pad that a Conv3D reads as a PadV2 of zero (tfnet.remapper_guard: the pass
+        # deletes it though the gradient reads it); a forward pass keeps the Pad, which the pass fuses there
+        self.gradient_template, self.guarded_pads = remapper_guard.rewrite_pads(self.compute_template)
         register_library(self.compute_template)
         self.v1_loops = gu.v1_loop_nodes(self.compute_template)
         if self.v1_loops and self.tables:
@@ -89,21 +92,24 @@ class GraphFunction:
         self._input_map_keys = self.input_names + tuple(w + ":0" for w in weight_names)
 
     def __call__(
-        self, inputs: Sequence[tf.Tensor], weights: Sequence[tf.Tensor], training: bool = False
+        self, inputs: Sequence[tf.Tensor], weights: Sequence[tf.Tensor], training: bool = False,
+        differentiated: bool = False,
     ) -> list[tf.Tensor]:
         """Imports the graph into the function being traced, wired to ``inputs`` and ``weights``,
         with each phase tensor fed its training or inference value.
 
         Must run while a graph is being built (inside ``tf.function``). The imported ops are
         created below the Python op layer, so differentiate them with ``tf.gradients`` inside the
-        function, or call the enclosing ``tf.function`` under a tape.
+        function, or call the enclosing ``tf.function`` under a tape. ``differentiated``: gradients will be taken
+        of it (the :attr:`gradient_template`, see :mod:`tfnet.remapper_guard`).
         """
         input_map = dict(zip(self._input_map_keys, list(inputs) + list(weights)))
         input_map.update(self.tables.feeds())
         for name, values in self.phase_values.items():
             input_map[name] = tf.constant(values[0 if training else 1], dtype=self.phase_specs[name].dtype)
+        template = self.gradient_template if differentiated else self.compute_template
         return tf.graph_util.import_graph_def(
-            self.compute_template, input_map=input_map, return_elements=list(self.output_names), name="graph"
+            template, input_map=input_map, return_elements=list(self.output_names), name="graph"
         )
 
 

@@ -31,7 +31,8 @@ __all__ = [
 
 
 def run_graph(
-    state: NetState, inputs: Sequence[tf.Tensor], weights: Sequence[tf.Tensor], training: bool = False
+    state: NetState, inputs: Sequence[tf.Tensor], weights: Sequence[tf.Tensor], training: bool = False,
+    differentiated: bool = False,
 ) -> list[tf.Tensor]:
     """Imports the graph into the function being traced, wired to ``inputs`` and ``weights`` (all
     of :attr:`weight_names`: each adapted weight is fed ``W + alpha / rank * A @ B``); phase
@@ -41,9 +42,11 @@ def run_graph(
         inputs: One tensor per input, in :attr:`input_names` order.
         weights: One tensor per weight, in :attr:`weight_names` order.
         training: Feed :attr:`phase_values` their training values. Default: False.
+        differentiated: Gradients will be taken of it: the graph as :mod:`tfnet.remapper_guard` keeps it
+            differentiable. Default: False.
     """
     graph_weights = adapted_weights(weights, state.lora_plan, len(state.graph.weight_names))
-    return state.graph(cast_inputs(state, inputs), graph_weights, training=training)
+    return state.graph(cast_inputs(state, inputs), graph_weights, training=training, differentiated=differentiated)
 
 
 def cast_inputs(state: NetState, inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
@@ -116,7 +119,7 @@ def compiled_vjp(state: NetState, dtypes: Sequence[tf.DType] | None, training: b
             sources = [inputs[i] for i in float_inputs] + [weights[k] for k in trainable]
 
             def imported():
-                return run_graph(state, inputs, weights, phases)
+                return run_graph(state, inputs, weights, phases, differentiated=True)
 
             outs = restored_loops(imported) if v1_loops else imported()
             outs = tf.nest.flatten(state.forward_hooks.run(pack(outs))) if hooks else list(outs)

@@ -11,15 +11,26 @@ model's biased convolutions (PyTorch's export folds batch norms into them), a fr
 biases that tfnet.fold makes of batch norms do.
 
 Such a ``BiasAdd`` becomes the ``AddV2`` it computes (an NHWC bias adds along the last axis, as a vector broadcasts),
-which the remapper does not take for that fusion: the same function and gradients, and every other fusion kept.
+which the remapper does not take for that fusion: the same function and gradients, and every other fusion kept
+(:func:`rewrite_graph`).
+
+The same pass fuses a ``Pad`` into the ``Conv3D`` that reads it and deletes the ``Pad``, though a gradient reads it too
+(the filter gradient's ``ShapeN``: "fanout 'gradients/.../Conv3D_grad/ShapeN' exist for missing node '.../Pad'") and
+checks no readers there either (``FindPadWithConv3D``): every gradient of a padded 3-D convolution (Keras's
+``ZeroPadding3D``, an ONNX ``Conv`` with pads, ``tf.pad`` in a frozen graph) fails it. In a graph that gradients
+are taken of, such a ``Pad`` becomes the ``PadV2`` of zero it computes, which the pass does not take
+(:func:`rewrite_pads`); a forward pass keeps the ``Pad``, whose fusion is sound there and 15-25% faster (a 3-D CNN's
+forward, docs/benchmarks.md).
 Pure functions of a ``GraphDef``.
 """
 
 from __future__ import annotations
 
+import numpy as np
 from tensorflow.core.framework import graph_pb2
+from tensorflow.python.framework import dtypes, tensor_util
 
-from tfnet.graph_utils import data_readers, node_name, nodes_by_name
+from tfnet.graph_utils import data_readers, node_name, nodes_by_name, unique_name
 
 _SUM_OPS = ("Add", "AddV2", "AddN")
 #: What the remapper fuses after a contraction, its bias and a sum (its ``IsSupportedActivation``).
@@ -61,6 +72,44 @@ def rewrite_graph(graph_def: graph_pb2.GraphDef) -> tuple[graph_pb2.GraphDef, in
             node.op = "AddV2"
             del node.attr["data_format"]
     return out, len(names)
+
+
+def rewrite_pads(graph_def: graph_pb2.GraphDef) -> tuple[graph_pb2.GraphDef, int]:
+    """``graph_def`` with each ``Pad`` that a ``Conv3D`` reads made a ``PadV2`` with a zero of its dtype, and how many
+    were; the graph itself where none is."""
+    nodes = nodes_by_name(graph_def)
+    readers = data_readers(graph_def)
+    chosen = {n.name for n in graph_def.node if n.op == "Pad" and _read_by_a_conv3d(n.name, nodes, readers)}
+    if not chosen:
+        return graph_def, 0
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    taken = set(nodes)
+    for node in [n for n in out.node if n.name in chosen]:
+        zero = out.node.add()
+        zero.name = unique_name(node.name + "/zero", taken)
+        taken.add(zero.name)
+        zero.op = "Const"
+        zero.device = node.device
+        zero.attr["dtype"].type = node.attr["T"].type
+        zero.attr["value"].tensor.CopyFrom(
+            tensor_util.make_tensor_proto(np.zeros((), dtypes.as_dtype(node.attr["T"].type).as_numpy_dtype)))
+        node.op = "PadV2"
+        node.input.insert(2, zero.name)  # after the input and the paddings, before any control input
+    return out, len(chosen)
+
+
+def _read_by_a_conv3d(name: str, nodes: dict, readers: dict[str, list[str]]) -> bool:
+    """Whether a ``Conv3D`` reads ``name``'s value, directly or through what grappler removes before the remapper runs
+    (an ``Identity``, a ``Split`` into one: tfnet.onnx splits a convolution's input by its groups)."""
+    for reader in readers.get(name, ()):
+        node = nodes[reader]
+        if node.op == "Conv3D":
+            return True
+        passes = node.op == "Identity" or (node.op == "Split" and node.attr["num_split"].i == 1)
+        if passes and _read_by_a_conv3d(node.name, nodes, readers):
+            return True
+    return False
 
 
 def _data_format(node) -> bytes:

@@ -151,7 +151,7 @@ class TrainStep:
             vjp = net.compiled_vjp(None, True, (True,) * len(raw), inputs=False, hooks=False)
             grads = vjp(inputs, list(reads.values()), grad_raw)[:len(self.names)]
         else:
-            outs = net.run_graph(inputs, list(reads.values()), training=True)
+            outs = net.run_graph(inputs, list(reads.values()), training=True, differentiated=True)
             outs = net.forward_hooks.run(net.pack(outs))
             loss = tf.cast(self.loss_fn(targets, outs), tf.float32)
             # The imported graph's ops are created below the Python op layer, where GradientTape

@@ -1,13 +1,15 @@
 """The graph that runs kept clear of TensorFlow's remapper bug (tfnet.remapper_guard): a biased convolution before a
 residual sum that the next block's activation and sum both read runs as an ``AddV2``, with Keras's values and
 gradients (and PyTorch's, for Xception's blocks as ``torch.onnx.export`` writes them, batch norms folded into biased
-``Conv``s), and its first forward and gradient write no "remapper failed" where Keras's own gradient writes it."""
+``Conv``s), and its first forward and gradient write no "remapper failed" where Keras's own gradient writes it. The
+same for a ``Pad`` that a ``Conv3D`` reads, which runs as a ``PadV2`` of zero."""
 
 import os
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests.conftest import environ_without_the_lane
@@ -23,18 +25,11 @@ def _rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))
 
 
-def test_a_biased_convolution_before_a_shared_sum_runs_as_an_addv2_with_kerass_values_and_gradients():
-    model = _residual_chain(bias_not_bn=True)
-    net = TFNet.from_keras(model)
-    # the first two blocks' sums are read by the next Relu and the next sum; the last's by the pooling alone
-    assert net.graph.guarded_biases == 2
-    saved = net.frozen_graph_def().node  # what is saved is as it was: the convolutions' three BiasAdds
-    ops = {n.name: n.op for n in saved}
-    biases = [n.name for n in saved if n.op == "BiasAdd" and ops.get(n.input[0]) == "Conv2D"]
-    ran = {n.name: n.op for n in net.graph.compute_template.node}
-    assert [ran[n] for n in biases] == ["AddV2", "AddV2", "BiasAdd"], biases
-    x = np.random.default_rng(3).normal(size=(2, 6, 6, 8)).astype("float32")
-    dy = np.random.default_rng(4).normal(size=(2, 3)).astype("float32")
+def _matches_kerass_gradient_tape(net, model, x_shape, y_shape) -> None:
+    """``net``'s forward, input gradient and every weight gradient within 1e-5 of Keras's ``GradientTape`` on
+    ``model``."""
+    x = np.random.default_rng(3).normal(size=x_shape).astype("float32")
+    dy = np.random.default_rng(4).normal(size=y_shape).astype("float32")
     t = tf.constant(x)
     with tf.GradientTape() as tape:
         tape.watch(t)
@@ -46,6 +41,19 @@ def test_a_biased_convolution_before_a_shared_sum_runs_as_an_addv2_with_kerass_v
     assert _rel(gx, want[0]) <= 1e-5
     for v, g in zip(model.trainable_variables, want[1:]):
         assert _rel(gw[v.path], g) <= 1e-5, v.path
+
+
+def test_a_biased_convolution_before_a_shared_sum_runs_as_an_addv2_with_kerass_values_and_gradients():
+    model = _residual_chain(bias_not_bn=True)
+    net = TFNet.from_keras(model)
+    # the first two blocks' sums are read by the next Relu and the next sum; the last's by the pooling alone
+    assert net.graph.guarded_biases == 2
+    saved = net.frozen_graph_def().node  # what is saved is as it was: the convolutions' three BiasAdds
+    ops = {n.name: n.op for n in saved}
+    biases = [n.name for n in saved if n.op == "BiasAdd" and ops.get(n.input[0]) == "Conv2D"]
+    ran = {n.name: n.op for n in net.graph.compute_template.node}
+    assert [ran[n] for n in biases] == ["AddV2", "AddV2", "BiasAdd"], biases
+    _matches_kerass_gradient_tape(net, model, (2, 6, 6, 8), (2, 3))
 
 
 def test_xceptions_blocks_exported_by_pytorch_run_their_shared_sums_biases_as_addv2_with_pytorchs_gradients():
@@ -69,27 +77,92 @@ def test_xceptions_blocks_exported_by_pytorch_run_their_shared_sums_biases_as_ad
     check_backward(net, "dyn_xception")
 
 
-# A fresh process (TensorFlow writes a failing pass's error once, not at every graph): tfnet's nets first (PyTorch's
-# Xception export, then the Keras chains), then the biased blocks as Keras runs them, a gradient under tf.function.
+def padded_3d():
+    """Keras's ``ZeroPadding3D`` before a ``Conv3D``: a ``Pad`` the convolution reads, and its filter gradient too."""
+    import keras
+    from keras import layers
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((4, 6, 6, 3))
+    x = layers.Conv3D(4, 3, activation="relu")(layers.ZeroPadding3D(1)(inp))
+    return keras.Model(inp, layers.Dense(2)(layers.GlobalAveragePooling3D()(x)))
+
+
+def test_a_pad_before_a_conv3d_runs_as_a_padv2_with_kerass_values_and_gradients():
+    model = padded_3d()
+    net = TFNet.from_keras(model)
+    assert net.graph.guarded_pads == 1
+    assert [n.op for n in net.frozen_graph_def().node if n.op.startswith("Pad")] == ["Pad"]  # saved as it was
+    # the forward pass keeps the Pad (fused, and sound: no gradient reads it); gradients are taken of a PadV2
+    assert [n.op for n in net.graph.compute_template.node if n.op.startswith("Pad")] == ["Pad"]
+    ran = {n.name: n for n in net.graph.gradient_template.node}
+    (pad,) = [n for n in ran.values() if n.op.startswith("Pad")]
+    assert pad.op == "PadV2" and ran[pad.input[2]].op == "Const"
+    _matches_kerass_gradient_tape(net, model, (2, 4, 6, 6, 3), (2, 2))
+
+
+def test_an_onnx_conv3d_with_pads_as_pytorch_exports_it_is_guarded_through_its_one_group_split():
+    """scripts/onnx_fixture_models.py's ``tensor_ops``: tfnet.onnx pads a ``Conv``'s input and splits it by groups; the
+    one-group convolution reads its ``Pad`` through a ``Split`` into one (which grappler removes before the remapper
+    runs), the two-group one through a ``Split`` into two (no fusion there)."""
+    net = TFNet.from_onnx(path_of("tensor_ops"))
+    assert net.graph.guarded_pads == 1
+    ops = {n.name: n.op for n in net.graph.gradient_template.node}
+    assert (ops["ops/conv3d/Conv/Pad"], ops["ops/conv3d_s/Conv/Pad"]) == ("PadV2", "Pad")
+    check_forward(net, "tensor_ops")
+    check_backward(net, "tensor_ops")
+
+
+# A fresh process per bug (TensorFlow writes a failing pass's error once, not at every graph): tfnet's nets first,
+# then the same ops as Keras runs them, a gradient under tf.function, where TensorFlow writes the error.
 CHILD = """
 import sys
 import numpy as np
 import tensorflow as tf
 from tests.tfnet.onnx_fixtures import path_of, stored
 from tests.tfnet.test_fold import _residual_chain
+from tests.tfnet.test_remapper_guard import padded_3d
 from tfnet import TFNet
 
-data = stored("dyn_xception")
-onnx_net = TFNet.from_onnx(path_of("dyn_xception"))
-onnx_net.forward(data["in_0"])  # without the guard, this inference graph is where the remapper fails
-onnx_net.backward(data["in_0"], data["grad_out_0"])
-x = np.random.default_rng(3).normal(size=(2, 6, 6, 8)).astype("float32")
-for bias_not_bn in (False, True):  # the fold's batch norms, then biased convolutions
-    net = TFNet.from_keras(_residual_chain(bias_not_bn))
-    y = net.forward(x)
-    net.backward(x, np.ones_like(y))
+bug = sys.argv[1]
+if bug == "bias":  # PyTorch's Xception export (forward: where the remapper fails without the guard), Keras's blocks
+    data = stored("dyn_xception")
+    onnx_net = TFNet.from_onnx(path_of("dyn_xception"))
+    onnx_net.forward(data["in_0"])
+    onnx_net.backward(data["in_0"], data["grad_out_0"])
+    x = np.random.default_rng(3).normal(size=(2, 6, 6, 8)).astype("float32")
+    for bias_not_bn in (False, True):  # the fold's batch norms, then biased convolutions
+        net = TFNet.from_keras(_residual_chain(bias_not_bn))
+        y = net.forward(x)
+        net.backward(x, np.ones_like(y))
+    model = _residual_chain(bias_not_bn=True)
+else:  # Keras's padded Conv3D, PyTorch's padded Conv through ONNX
+    x = np.random.default_rng(3).normal(size=(2, 4, 6, 6, 3)).astype("float32")
+    net = TFNet.from_keras(padded_3d())
+    net.forward(x)
+    net.backward(x, np.ones((2, 2), "float32"))
+    # as a layer under the user's tape in a tf.function: TensorFlow differentiates the compiled forward's call, whose
+    # Pad the pass does not break (the forward graph keeps it: tried)
+    layer_net = TFNet.from_keras(padded_3d())
+
+    @tf.function
+    def through_the_layer(t):
+        with tf.GradientTape() as tape:
+            s = tf.reduce_sum(layer_net(t))
+        return tape.gradient(s, list(layer_net.weight_variables.values()))
+
+    through_the_layer(tf.constant(x))
+    import optim  # TFOptimizer's fused step takes its own gradients
+
+    optim.TFOptimizer(TFNet.from_keras(padded_3d()), lambda y, p: tf.reduce_mean((y - p) ** 2),
+                      optim.SGD(0.01)).optimize((x, np.zeros((2, 2), "float32")), epochs=1, batch_size=2, verbose=0)
+    data = stored("tensor_ops")
+    onnx_net = TFNet.from_onnx(path_of("tensor_ops"))
+    ins = [data[k] for k in sorted(k for k in data if k.startswith("in_"))]
+    outs = onnx_net.forward(ins)
+    onnx_net.backward(ins, [np.ones_like(o) for o in outs])
+    model = padded_3d()
 print("<<TFNET DONE>>", file=sys.stderr, flush=True)
-model = _residual_chain(bias_not_bn=True)
 
 @tf.function
 def gradients(t):
@@ -101,9 +174,11 @@ gradients(tf.constant(x))
 """
 
 
-def test_a_first_backward_writes_no_remapper_error_where_kerass_does():
-    done = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=dict(environ_without_the_lane(), PYTHONPATH=ROOT),
-                          capture_output=True, text=True, timeout=300)
+@pytest.mark.parametrize("bug", ["bias", "pad"])
+def test_a_first_forward_and_backward_write_no_remapper_error_where_kerass_gradient_does(bug):
+    done = subprocess.run([sys.executable, "-c", CHILD, bug], cwd=ROOT,
+                          env=dict(environ_without_the_lane(), PYTHONPATH=ROOT), capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0 and "<<TFNET DONE>>" in done.stderr, done.stderr[-3000:]
     tfnet_err, keras_err = done.stderr.split("<<TFNET DONE>>")
     assert "remapper failed" not in tfnet_err, tfnet_err[-3000:]
