@@ -23,7 +23,7 @@ from collections.abc import Iterable
 
 from tensorflow.core.framework import graph_pb2
 
-from tfnet.graph_utils import data_readers, nodes_by_name
+from tfnet.graph_utils import data_readers, node_name, nodes_by_name
 
 __all__ = ["find_statistics"]
 
@@ -44,10 +44,6 @@ def _data_inputs(node) -> list[str]:
     return [i for i in node.input if not i.startswith("^")]
 
 
-def _name(inp: str) -> str:
-    return inp.lstrip("^").split(":")[0]
-
-
 def _source_weight(name: str, nodes, weights: set[str]) -> str | None:
     """The weight whose value ``name`` passes through unchanged, or None."""
     for _ in range(_MAX_CHAIN):
@@ -59,7 +55,7 @@ def _source_weight(name: str, nodes, weights: set[str]) -> str | None:
         inputs = _data_inputs(node)
         if not inputs:
             return None
-        name = _name(inputs[0])
+        name = node_name(inputs[0])
     return None
 
 
@@ -72,7 +68,7 @@ def _is_scalar_const(name: str, nodes) -> bool:
             return all(d.size == 1 for d in node.attr["value"].tensor.tensor_shape.dim)
         if node.op not in _PASS_THROUGH or not _data_inputs(node):
             return False
-        name = _name(_data_inputs(node)[0])
+        name = node_name(_data_inputs(node)[0])
     return False
 
 
@@ -93,10 +89,10 @@ def find_statistics(graph_def: graph_pb2.GraphDef, weight_names: Iterable[str]) 
     for node in graph_def.node:
         inputs = _data_inputs(node)
         if node.op in FUSED_BATCH_NORM_OPS and not node.attr["is_training"].b and len(inputs) >= 5:
-            mark(_source_weight(_name(inputs[3]), nodes, weights), MEAN)
-            mark(_source_weight(_name(inputs[4]), nodes, weights), VARIANCE)
+            mark(_source_weight(node_name(inputs[3]), nodes, weights), MEAN)
+            mark(_source_weight(node_name(inputs[4]), nodes, weights), VARIANCE)
         elif node.op in ("Rsqrt", "Sqrt") and inputs:
-            var = _variance_under(_name(inputs[0]), nodes, weights)
+            var = _variance_under(node_name(inputs[0]), nodes, weights)
             if var is not None:
                 mark(var, VARIANCE)
                 roots.append(node.name)
@@ -114,7 +110,7 @@ def find_statistics(graph_def: graph_pb2.GraphDef, weight_names: Iterable[str]) 
     for name in inv:
         for c in consumers[name]:
             node = nodes[c]
-            inputs = [_name(i) for i in _data_inputs(node)]
+            inputs = [node_name(i) for i in _data_inputs(node)]
             if len(inputs) != 2:
                 continue
             other = inputs[1] if inputs[0] == name else inputs[0]
@@ -122,7 +118,7 @@ def find_statistics(graph_def: graph_pb2.GraphDef, weight_names: Iterable[str]) 
                 # mean * inv, then subtracted from beta (or negated): the mean.
                 w = _source_weight(other, nodes, weights)
                 if w is not None and other not in inv and any(
-                    nodes[s].op == "Neg" or (nodes[s].op == "Sub" and _name(_data_inputs(nodes[s])[1]) == c)
+                    nodes[s].op == "Neg" or (nodes[s].op == "Sub" and node_name(_data_inputs(nodes[s])[1]) == c)
                     for s in consumers[c]
                 ):
                     mark(w, MEAN)
@@ -130,7 +126,7 @@ def find_statistics(graph_def: graph_pb2.GraphDef, weight_names: Iterable[str]) 
                 # (x - mean) * inv or (x - mean) / std: the mean.
                 sub = nodes.get(other)
                 if sub is not None and sub.op == "Sub" and len(_data_inputs(sub)) == 2:
-                    mark(_source_weight(_name(_data_inputs(sub)[1]), nodes, weights), MEAN)
+                    mark(_source_weight(node_name(_data_inputs(sub)[1]), nodes, weights), MEAN)
     return {w: found[w] for w in weight_names if w in found}
 
 
@@ -142,7 +138,7 @@ def _variance_under(name: str, nodes, weights: set[str]) -> str | None:
     node = nodes.get(name)
     if node is None or node.op not in _ADDS or len(_data_inputs(node)) != 2:
         return None
-    a, b = (_name(i) for i in _data_inputs(node))
+    a, b = (node_name(i) for i in _data_inputs(node))
     for w_side, eps_side in ((a, b), (b, a)):
         w = _source_weight(w_side, nodes, weights)
         if w is not None and _is_scalar_const(eps_side, nodes):

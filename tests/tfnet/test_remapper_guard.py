@@ -16,6 +16,7 @@ from tests.conftest import environ_without_the_lane
 from tests.tfnet.onnx_fixtures import check_backward, check_forward, path_of
 from tests.tfnet.test_fold import _residual_chain
 from tfnet import TFNet, precision
+from tfnet.graph_utils import data_readers, node_name, nodes_by_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -62,17 +63,14 @@ def test_xceptions_blocks_exported_by_pytorch_run_their_shared_sums_biases_as_ad
     and sum; the second middle block's by the head's Relu alone."""
     net = TFNet.from_onnx(path_of("dyn_xception"))
     assert net.graph.guarded_biases == 2
-    ran = net.graph.compute_template.node
-    ops = {n.name: n.op for n in ran}
-    readers = {}
-    for n in ran:
-        for i in n.input:
-            readers.setdefault(i.split(":")[0].lstrip("^"), []).append(n.op)
-    guarded = [n for n in ran if n.op == "AddV2" and ops.get(n.input[0].split(":")[0]) == "Conv2D"]
+    ran = net.graph.compute_template
+    nodes, readers = nodes_by_name(ran), data_readers(ran)
+    guarded = [n for n in ran.node if n.op == "AddV2" and nodes[node_name(n.input[0])].op == "Conv2D"]
     assert len(guarded) == 2
     for n in guarded:  # each feeds one sum, which a Relu and another sum read
-        (total,) = [m for m in ran if n.name in (i.split(":")[0] for i in m.input)]
-        assert total.op == "AddV2" and sorted(readers[total.name]) == ["AddV2", "Relu"], readers[total.name]
+        (total,) = readers[n.name]
+        read_by = sorted(nodes[r].op for r in readers[total])
+        assert nodes[total].op == "AddV2" and read_by == ["AddV2", "Relu"], read_by
     check_forward(net, "dyn_xception")
     check_backward(net, "dyn_xception")
 
@@ -119,7 +117,7 @@ CHILD = """
 import sys
 import numpy as np
 import tensorflow as tf
-from tests.tfnet.onnx_fixtures import path_of, stored
+from tests.tfnet.onnx_fixtures import inputs_of, path_of, stored
 from tests.tfnet.test_fold import _residual_chain
 from tests.tfnet.test_remapper_guard import padded_3d
 from tfnet import TFNet
@@ -158,7 +156,7 @@ else:  # Keras's padded Conv3D, PyTorch's padded Conv through ONNX
                       optim.SGD(0.01)).optimize((x, np.zeros((2, 2), "float32")), epochs=1, batch_size=2, verbose=0)
     data = stored("tensor_ops")
     onnx_net = TFNet.from_onnx(path_of("tensor_ops"))
-    ins = [data[k] for k in sorted(k for k in data if k.startswith("in_"))]
+    ins = inputs_of(onnx_net, data)
     outs = onnx_net.forward(ins)
     onnx_net.backward(ins, [np.ones_like(o) for o in outs])
     model = padded_3d()
