@@ -123,3 +123,17 @@ def first_line(error: BaseException | str | None, limit: int | None = None) -> s
         return type(error).__name__ if isinstance(error, BaseException) else ""
     line = text.splitlines()[0]
     return line[:limit] if limit else line
+
+
+def op_error_reason(message: str) -> str:
+    """The line of a TensorFlow op error's text that says what went wrong, not where: a ``tf.function``'s error
+    begins "Graph execution error:" and "Detected at node ... defined at", then the stack, then the reason.
+
+    >>> op_error_reason("Graph execution error:\\n\\nDetected at node y defined at (most recent call last):\\n"
+    ...                 "<stack traces unavailable>\\nInput to reshape is a tensor with 12 values\\n\\t [[{{node y}}]]")
+    'Input to reshape is a tensor with 12 values'
+    """
+    skip = ("Graph execution error", "Detected at node", "File ", "Node:", "[[", "defined at", "<stack traces")
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    said = [line for line in lines if not line.startswith(skip)]
+    return said[-1] if said else (lines[0] if lines else "")

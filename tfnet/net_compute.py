@@ -14,7 +14,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from tfnet.errors import GradientUnavailableError, GraphExecutionError, InputSpecError, first_line
+from tfnet.errors import GradientUnavailableError, GraphExecutionError, InputSpecError, first_line, op_error_reason
 from tfnet.graph_function import own_function
 from tfnet.hooks import HookHandle
 from tfnet.inputs import arrange, batch_size_of, convert, is_batched
@@ -179,7 +179,7 @@ def _call_pure(state: NetState, tensors: list[tf.Tensor], weights: list[tf.Tenso
     except tf.errors.OpError as exc:
         raise GraphExecutionError(
             f"TensorFlow failed to run the graph on inputs of shapes "
-            f"{[tuple(t.shape) for t in tensors]}: {first_line(exc.message)}"
+            f"{[tuple(t.shape) for t in tensors]}: {op_error_reason(exc.message)}"
         ) from None
 
 
@@ -270,7 +270,7 @@ def backward(state: NetState, inputs: Any, grad_outputs: Any = None, *, as_tenso
     except tf.errors.OpError as exc:
         raise GraphExecutionError(
             f"TensorFlow failed to differentiate the graph on inputs of shapes "
-            f"{[tuple(t.shape) for t in tensors]}: {first_line(exc.message)}"
+            f"{[tuple(t.shape) for t in tensors]}: {op_error_reason(exc.message)}"
         ) from None
     grad_inputs: list = [None] * len(tensors)
     for k, i in enumerate(float_inputs):

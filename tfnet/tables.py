@@ -31,7 +31,7 @@ import tensorflow as tf
 from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
 from tensorflow.python.framework import tensor_util
 
-from tfnet.errors import GraphLoadError
+from tfnet.errors import GraphLoadError, op_error_reason
 
 __all__ = ["TABLE_OPS", "INIT_ALL_TABLES", "TableSet", "canonical_tables", "embed_captured_tables",
            "initializer_nodes", "table_constants", "with_init_all_tables", "has_tables"]
@@ -191,7 +191,7 @@ def canonical_tables(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
             contents = sess.run(exports)
         except tf.errors.OpError as exc:
             raise GraphLoadError(
-                f"The graph's lookup tables could not be filled: {_reason(exc.message)} (a vocabulary file that is not "
+                f"The graph's lookup tables could not be filled: {op_error_reason(exc.message)} (a vocabulary file that is not "
                 "where the graph says?)") from None
     replaced, drop = {}, set()
     for table, (keys, values) in contents.items():
@@ -200,14 +200,6 @@ def canonical_tables(graph_def: graph_pb2.GraphDef) -> graph_pb2.GraphDef:
         drop.update(todo[table])
     drop.add(INIT_ALL_TABLES)
     return with_init_all_tables(_replace(graph_def, replaced, drop))
-
-
-def _reason(message: str) -> str:
-    """The line of a TensorFlow op error that says what went wrong (not where)."""
-    skip = ("Graph execution error", "Detected at node", "File ", "Node:", "[[", "defined at")
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    said = [line for line in lines if not line.startswith(skip)]
-    return said[-1] if said else (lines[0] if lines else "")
 
 
 # ---------------------------------------------------------------------------- captured tables

@@ -45,7 +45,7 @@ def test_set_num_threads_rejects_bad_counts():
         tfnet.set_num_threads(intra_op=0)
 
 
-@pytest.mark.parametrize("module", ["tfnet.net", "tfnet.net_surgery", "tfnet.graph_utils"])
+@pytest.mark.parametrize("module", ["tfnet.net", "tfnet.net_surgery", "tfnet.graph_utils", "tfnet.errors"])
 def test_docstring_examples_run(module):
     import importlib
 

@@ -330,3 +330,24 @@ def test_space_to_depth_equals_onnxruntime():
     assert got[0].shape == want[0].shape == (2, 12, 3, 2)
     assert rel(got[0], want[0]) < 1e-5
     np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("maxsplit", [None, 0, 1, 2, 5])
+@pytest.mark.parametrize("delimiter", [None, " ", "ab"])
+def test_string_split_equals_onnx_reference(maxsplit, delimiter):
+    """``StringSplit`` as Python's ``str.split`` (onnx's reference): on whitespace, TensorFlow's split adds an
+    empty part where maxsplit is more than a string's splits ("hello world" with 2) and keeps leading whitespace with
+    maxsplit 0; Python's makes neither. Random strings of letters, spaces, tabs and newlines."""
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(57)
+    texts = np.array(["".join(rng.choice(list("ab \t\n"), size=rng.integers(0, 10))) for _ in range(240)]
+                     + ["hello world", "x", " ", ""], dtype=object).reshape(61, 4)
+    attrs = {k: v for k, v in (("delimiter", delimiter), ("maxsplit", maxsplit)) if v is not None}
+    node = helper.make_node("StringSplit", ["x"], ["parts", "counts"], **attrs)
+    model = _model([node], [_info("x", [61, 4], TensorProto.STRING)],
+                   [_info("parts", 3, TensorProto.STRING), _info("counts", 2, TensorProto.INT64)], opset=20)
+    parts, counts = TFNet.from_onnx(model, relax_batch=False).forward(texts)
+    want_parts, want_counts = ReferenceEvaluator(model).run(None, {"x": texts})
+    np.testing.assert_array_equal(counts, want_counts)
+    assert parts.tolist() == np.char.encode(want_parts.astype(str)).tolist()
