@@ -351,3 +351,57 @@ def test_string_split_equals_onnx_reference(maxsplit, delimiter):
     want_parts, want_counts = ReferenceEvaluator(model).run(None, {"x": texts})
     np.testing.assert_array_equal(counts, want_counts)
     assert parts.tolist() == np.char.encode(want_parts.astype(str)).tolist()
+
+
+@pytest.mark.parametrize("opset,attrs", [
+    (16, {"sampling_ratio": 2}),  # half_pixel by default
+    (16, {"sampling_ratio": 0, "output_height": 3, "output_width": 2}),  # adaptive: a grid per region
+    (16, {"sampling_ratio": 0, "mode": "max", "coordinate_transformation_mode": "output_half_pixel"}),
+    (10, {"sampling_ratio": 3, "spatial_scale": 0.5, "mode": "max"}),  # version 10: output_half_pixel only
+    (22, {"sampling_ratio": 1, "output_height": 4, "output_width": 4, "spatial_scale": 0.5}),
+    (19, {"sampling_ratio": 2, "output_height": 4, "output_width": 4, "spatial_scale": 0.5}),  # version 16
+])
+def test_roi_align_equals_onnxruntime_and_onnx_reference_and_its_input_gradient_its_linear_map(opset, attrs):
+    """``RoiAlign`` (torchvision's ``roi_align`` exports to it) against onnxruntime and, from version 16, onnx's
+    reference (which gives version 10, whose regions are never shifted by half a pixel, version 16's half_pixel
+    default: 1.76 away from onnxruntime on these regions): two images, regions inside, across the border, past it,
+    of zero and negative size, on either image. The input's gradient of the average (linear in the input) against
+    the oracle's own map, read column by column; of the maximum (the largest weighted tap's weight), the oracle's slopes,
+    wherever a step either side gives the same."""
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(58)
+    x = rng.standard_normal((2, 3, 7, 9)).astype(np.float32)
+    rois = np.array([[1, 1, 5, 4], [0.5, 2.2, 8.9, 6.7], [-3, -2, 4, 3], [6, 4, 15, 11], [2, 3, 2, 3],
+                     [5, 5, 3, 2], [0, 0, 9, 7]], np.float32) * (2 if attrs.get("spatial_scale") else 1)
+    batch = np.array([0, 1, 1, 0, 1, 0, 1], np.int64)
+    attrs = {"output_height": 2, "output_width": 3, **attrs}
+    node = helper.make_node("RoiAlign", ["x", "rois", "batch"], ["y"], **attrs)
+    inits = [_tensor("rois", rois), onnx.numpy_helper.from_array(batch, "batch")]
+    model = _model([node], [_info("x", [2, 3, 7, 9])], [_info("y", 4)], inits, opset=opset)
+    import onnxruntime as ort
+
+    # onnxruntime has no version 22 (its float16 and bfloat16 types); onnx's reference, every version but 10
+    oracles = ([ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])] if opset < 22
+               else []) + ([ReferenceEvaluator(model)] if opset >= 16 else [])
+    net = TFNet.from_onnx(model, relax_batch=False)
+    got = net.forward(x)
+    for oracle in oracles:
+        want = oracle.run(None, {"x": x})[0]
+        assert got.shape == want.shape == (7, 3, attrs["output_height"], attrs["output_width"])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    g_out = rng.standard_normal(got.shape).astype(np.float32)
+    grad = net.backward(x, g_out)[0]
+    oracle = oracles[0]
+    if attrs.get("mode") == "max":  # piecewise linear: the oracle's slopes where both sides of a step agree
+        h, base = 1e-2, oracle.run(None, {"x": x})[0].ravel() @ g_out.ravel()
+        steps = np.eye(x.size, dtype=np.float32).reshape(x.size, *x.shape) * h
+        ahead = np.array([(oracle.run(None, {"x": x + d})[0].ravel() @ g_out.ravel() - base) / h for d in steps])
+        behind = np.array([(base - oracle.run(None, {"x": x - d})[0].ravel() @ g_out.ravel()) / h for d in steps])
+        linear = np.abs(ahead - behind) < 1e-3  # no maximum moves to another tap within the step
+        assert linear.mean() > 0.9 and np.abs(ahead[linear]).sum() > 1
+        np.testing.assert_allclose(grad.ravel()[linear], ahead[linear], rtol=1e-3, atol=1e-3)
+        return
+    columns = np.eye(x.size, dtype=np.float32).reshape(x.size, *x.shape)  # the map, one unit input at a time
+    linear = np.stack([oracle.run(None, {"x": c})[0].ravel() for c in columns], 1)
+    np.testing.assert_allclose(grad.ravel(), linear.T.astype(np.float64) @ g_out.ravel(), rtol=1e-4, atol=1e-5)

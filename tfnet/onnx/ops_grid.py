@@ -1,4 +1,4 @@
-"""ONNX ``GridSample`` (2-D and, from version 20, N-D) as TensorFlow gathers.
+"""ONNX ``GridSample`` (2-D and, from version 20, N-D), ``RoiAlign`` and ``NonMaxSuppression`` as TensorFlow gathers.
 
 Each output position samples the input at the grid's normalised coordinate (``align_corners``),
 ``nearest`` (rounded half to even), ``linear`` (2 taps a dimension) or ``cubic`` (4 taps, Keys'
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import tensorflow as tf
 
 from tfnet.onnx.context import Ctx
@@ -144,3 +145,82 @@ def _number(value) -> float:
     import numpy as np
 
     return float(np.asarray(value).reshape(-1)[0])
+
+
+@register("RoiAlign", since=10)
+def _roi_align(ctx: Ctx, node, attrs):
+    """Each region of interest cut into ``output_height x output_width`` bins, each bin the average (or maximum) of
+    ``sampling_ratio``\\ :sup:`2` bilinear samples, as onnx's reference (Caffe2's and onnxruntime's kernel) computes
+    them: samples more than one pixel outside the map are zeros and count, coordinates are clamped to the map, and
+    ``max`` takes the largest of the four weighted taps. ``sampling_ratio`` 0 (adaptive: ``ceil(roi size / bins)``
+    samples a side, per region) samples every region on the largest region's grid and masks what lies beyond its own,
+    so its memory grows with the largest region. ``half_pixel`` (the default from version 16) shifts the regions by
+    half a pixel; ``output_half_pixel`` (version 10's only mode) does not and makes a region at least 1 x 1."""
+    x = ctx.nhwc(node.input[0])  # (N, H, W, C): one gather reads every channel of a tap
+    rois, batch = ctx.plain(node.input[1]), tf.cast(ctx.plain(node.input[2]), tf.int64)
+    dtype = x.dtype if x.dtype in (tf.float32, tf.float64) else tf.float32  # half precision sums in float32
+    data = tf.cast(x, dtype)
+    out_h, out_w = int(attrs.get("output_height", 1)), int(attrs.get("output_width", 1))
+    ratio = int(attrs.get("sampling_ratio", 0))
+    scale = float(attrs.get("spatial_scale", 1.0))
+    mode = _text(attrs.get("mode", b"avg"))
+    half = ctx.version >= 16 and _text(attrs.get("coordinate_transformation_mode", b"half_pixel")) == "half_pixel"
+    if mode not in ("avg", "max"):
+        raise OnnxConversionError(f"RoiAlign {node.name!r}: mode {mode!r} is not one of 'avg' and 'max'.")
+    boxes = tf.cast(rois, dtype) * scale - (0.5 if half else 0.0)  # x1, y1, x2, y2
+    sizes = tf.shape(data, out_type=tf.int64)
+    axes = []  # per axis (y, then x): taps (low, high index), weights (low, high), inside, grid mask, samples a side
+    for start, end, bins, size in ((boxes[:, 1], boxes[:, 3], out_h, sizes[1]), (boxes[:, 0], boxes[:, 2], out_w,
+                                                                                   sizes[2])):
+        extent = end - start
+        if not half:
+            extent = tf.maximum(extent, 1.0)
+        step = extent / bins
+        if ratio > 0:
+            grid = tf.fill(tf.shape(start), tf.constant(ratio, dtype))
+            most = tf.constant(ratio, tf.int64)
+        else:
+            grid = tf.math.ceil(step)
+            most = tf.maximum(tf.cast(tf.reduce_max(tf.concat([grid, [1.0]], 0)), tf.int64), 1)
+        k = tf.cast(tf.range(most), dtype)
+        # (R, bins, samples): the bin's start plus (k + 1/2) sample steps
+        at = ((start[:, None, None] + tf.range(bins, dtype=dtype)[None, :, None] * step[:, None, None])
+              + (k[None, None, :] + 0.5) * step[:, None, None] / tf.maximum(grid, 1.0)[:, None, None])
+        on_grid = k[None, None, :] < grid[:, None, None]
+        limit = tf.cast(size, dtype)
+        # The one step of the sampling: a sample more than a pixel outside reads zero. A sample exactly on that edge
+        # (an integer region cut in thirds) lands a rounding either side of it, by the order TensorFlow's optimiser
+        # gives the sums and products; within a few roundings it is inside, as it is in exact arithmetic.
+        slack = 8 * np.finfo(dtype.as_numpy_dtype).eps * (limit + 1.0)
+        inside = (at >= -1.0 - slack) & (at <= limit + slack)
+        at = tf.maximum(at, 0.0)
+        low = tf.floor(at)
+        last = low >= limit - 1
+        low = tf.where(last, limit - 1, low)
+        at = tf.where(last, low, at)
+        high = tf.where(last, low, low + 1)
+        frac = at - low
+        axes.append(((tf.cast(low, tf.int64), tf.cast(high, tf.int64)), (1 - frac, frac), inside, on_grid, grid))
+    (ys, wy, in_y, grid_y, count_y), (xs, wx, in_x, grid_x, count_x) = axes
+    r = tf.shape(rois, out_type=tf.int64)[0]
+    shape = tf.stack([r, out_h, tf.shape(ys[0], out_type=tf.int64)[2], out_w, tf.shape(xs[0], out_type=tf.int64)[2]])
+    b = tf.broadcast_to(batch[:, None, None, None, None], shape)
+    taps = []  # (R, out_h, samples, out_w, samples, C) per corner, weighted
+    for yi, y_weight in zip(ys, wy):
+        for xi, x_weight in zip(xs, wx):
+            index = tf.stack([b, tf.broadcast_to(yi[:, :, :, None, None], shape),
+                              tf.broadcast_to(xi[:, None, None, :, :], shape)], -1)
+            weight = y_weight[:, :, :, None, None] * x_weight[:, None, None, :, :]
+            taps.append(tf.gather_nd(data, index) * weight[..., None])
+    inside = (in_y[:, :, :, None, None] & in_x[:, None, None, :, :])[..., None]
+    on_grid = (grid_y[:, :, :, None, None] & grid_x[:, None, None, :, :])[..., None]
+    if mode == "avg":
+        total = tf.where(inside & on_grid, tf.add_n(taps), tf.zeros([], dtype))
+        count = tf.maximum(count_y * count_x, 1.0)[:, None, None, None]
+        pooled = tf.reduce_sum(total, [2, 4]) / count
+    else:
+        sample = tf.where(inside, tf.reduce_max(tf.stack(taps), 0), tf.zeros([], dtype))  # outside: 0, and counted
+        sample = tf.where(on_grid, sample, tf.constant(float("-inf"), dtype))
+        pooled = tf.reduce_max(sample, [2, 4])
+        pooled = tf.where(tf.math.is_inf(pooled), tf.zeros([], dtype), pooled)  # a region with no sample: 0
+    ctx.set(node.output[0], tf.cast(pooled, x.dtype), nhwc=True)  # (R, out_h, out_w, C)
