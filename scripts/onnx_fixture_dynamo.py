@@ -6,7 +6,7 @@ torchvision's classes (ResNet, MobileNetV3, EfficientNet, ConvNeXt, ViT, Swin, a
 DeepLabV3 segmentation heads on a MobileNetV3 backbone) at tiny widths and inputs, and hand-made
 ``torch.nn`` models: a Transformer encoder with a padding mask, a causal decoder (its mask from
 ``torch.triu``), a GRU text classifier, a PixelShuffle super-resolution net, and Xception's entry and middle
-flows (timm's blocks) at tiny widths. Random weights, no
+flows (timm's blocks) at tiny widths, and a detector's box head (torchvision's ``roi_align``). Random weights, no
 download; each fixture stays under about 200 KB.
 """
 
@@ -247,6 +247,36 @@ class XceptionNet(nn.Module):
         return self.fc(x.mean(dim=(2, 3)))
 
 
+class RoiHead(nn.Module):
+    """A two-stage detector's box head on fixed proposals: a small backbone, then torchvision's ``roi_align``
+    (ONNX ``RoiAlign``) of the same boxes on every image, aligned with 2 samples a bin side and unaligned with the
+    adaptive grid (``sampling_ratio=-1``), and a linear classifier of each pooled region. Boxes cross the map's border,
+    lie past it and one is smaller than a pixel; ``spatial_scale`` 0.5 (the features are at half the image's size)."""
+
+    BOXES = [[2.0, 3.0, 20.0, 17.0], [-6.0, 10.0, 9.0, 30.0], [12.0, 0.0, 40.0, 14.0], [5.0, 5.0, 5.5, 5.6],
+             [0.0, 0.0, 31.0, 31.0]]
+
+    def __init__(self, width: int = 6, classes: int = 4):
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Conv2d(3, width, 3, stride=2, padding=1), nn.ReLU(),
+                                      nn.Conv2d(width, width, 3, padding=1))
+        self.register_buffer("boxes", torch.tensor(self.BOXES))
+        self.aligned = nn.Linear(width * 9, classes)
+        self.adaptive = nn.Linear(width * 4, classes)
+
+    def forward(self, x):
+        from torchvision.ops import roi_align
+
+        features = self.backbone(x)
+        n, k = x.shape[0], self.boxes.shape[0]
+        index = torch.arange(n, dtype=x.dtype).repeat_interleave(k)[:, None]
+        rois = torch.cat([index, self.boxes.repeat(n, 1)], 1)  # (n * k, 5): image, x1, y1, x2, y2
+        aligned = roi_align(features, rois, (3, 3), spatial_scale=0.5, sampling_ratio=2, aligned=True)
+        adaptive = roi_align(features, rois, (2, 2), spatial_scale=0.5, sampling_ratio=-1, aligned=False)
+        return (self.aligned(aligned.flatten(1)).reshape(n, k, -1),
+                self.adaptive(torch.tanh(adaptive).flatten(1)).reshape(n, k, -1))
+
+
 def legacy_fixtures(rng) -> dict:
     """The segmentation heads exported with the legacy exporter (``dynamo=False``, opset 17), whose
     graphs compute the resize sizes from ``Shape`` at run time (the dynamo export folds them):
@@ -276,5 +306,6 @@ def dynamo_fixtures(rng) -> dict:
         "dyn_gru_text": (GRUText, {"ids": ids[:, :5] % 30}, ["logits"]),
         "dyn_super_resolution": (SuperResolution, image(8, 1), ["upscaled", "unshuffled"]),
         "dyn_xception": (XceptionNet, image(32), ["logits"]),
+        "dyn_roi_head": (RoiHead, image(32), ["aligned", "adaptive"]),
     }
 

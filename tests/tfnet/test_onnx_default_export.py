@@ -35,6 +35,7 @@ MODELS = {
     "dyn_gru_text": {"GRU"},
     "dyn_super_resolution": {"DepthToSpace"},
     "dyn_xception": {"Conv", "Add", "Relu", "MaxPool"},  # sums read by the next block's Relu and sum: remapper_guard
+    "dyn_roi_head": {"RoiAlign", "Range", "Tile"},  # torchvision's roi_align, aligned and adaptive, on run-time rois
 }
 _NETS = {}
 
