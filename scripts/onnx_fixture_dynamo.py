@@ -6,7 +6,8 @@ torchvision's classes (ResNet, MobileNetV3, EfficientNet, ConvNeXt, ViT, Swin, a
 DeepLabV3 segmentation heads on a MobileNetV3 backbone) at tiny widths and inputs, and hand-made
 ``torch.nn`` models: a Transformer encoder with a padding mask, a causal decoder (its mask from
 ``torch.triu``), a GRU text classifier, a PixelShuffle super-resolution net, and Xception's entry and middle
-flows (timm's blocks) at tiny widths, and a detector's box head (torchvision's ``roi_align``). Random weights, no
+flows (timm's blocks) at tiny widths, a detector's box head (torchvision's ``roi_align``) and
+``nn.Unfold``/``nn.Fold`` patch mixing. Random weights, no
 download; each fixture stays under about 200 KB.
 """
 
@@ -277,6 +278,26 @@ class RoiHead(nn.Module):
                 self.adaptive(torch.tanh(adaptive).flatten(1)).reshape(n, k, -1))
 
 
+class PatchMixer(nn.Module):
+    """``nn.Unfold``'s overlapping patches mixed by a ``Linear`` and summed back by ``nn.Fold`` (ONNX ``Col2Im``), as
+    patch-based inpainting and T2T-ViT's soft split write it: 3x3 blocks, stride 2, padding 1; then a dilated fold
+    (2x2 blocks, dilation 2) of the result's own dilated patches."""
+
+    def __init__(self, width: int = 4, size: int = 10):
+        super().__init__()
+        self.stem = nn.Conv2d(3, width, 3, padding=1)
+        self.unfold = nn.Unfold(3, padding=1, stride=2)
+        self.mix = nn.Linear(width * 9, width * 9)
+        self.fold = nn.Fold((size, size), 3, padding=1, stride=2)
+        self.unfold2 = nn.Unfold(2, dilation=2)
+        self.fold2 = nn.Fold((size, size), 2, dilation=2)
+
+    def forward(self, x):
+        patches = self.mix(self.unfold(self.stem(x)).transpose(1, 2)).transpose(1, 2)
+        y = self.fold(torch.tanh(patches))
+        return y, self.fold2(self.unfold2(y) * torch.sigmoid(self.unfold2(torch.cat([x, x[:, :1]], 1))))
+
+
 def legacy_fixtures(rng) -> dict:
     """The segmentation heads exported with the legacy exporter (``dynamo=False``, opset 17), whose
     graphs compute the resize sizes from ``Shape`` at run time (the dynamo export folds them):
@@ -307,5 +328,6 @@ def dynamo_fixtures(rng) -> dict:
         "dyn_super_resolution": (SuperResolution, image(8, 1), ["upscaled", "unshuffled"]),
         "dyn_xception": (XceptionNet, image(32), ["logits"]),
         "dyn_roi_head": (RoiHead, image(32), ["aligned", "adaptive"]),
+        "dyn_fold": (PatchMixer, image(10), ["folded", "refolded"]),
     }
 

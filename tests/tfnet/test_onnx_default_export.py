@@ -36,6 +36,7 @@ MODELS = {
     "dyn_super_resolution": {"DepthToSpace"},
     "dyn_xception": {"Conv", "Add", "Relu", "MaxPool"},  # sums read by the next block's Relu and sum: remapper_guard
     "dyn_roi_head": {"RoiAlign", "Range", "Tile"},  # torchvision's roi_align, aligned and adaptive, on run-time rois
+    "dyn_fold": {"Col2Im", "Gather", "Pad"},  # nn.Fold after nn.Unfold (which the export writes as gathers)
 }
 _NETS = {}
 

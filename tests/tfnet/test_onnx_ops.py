@@ -405,3 +405,40 @@ def test_roi_align_equals_onnxruntime_and_onnx_reference_and_its_input_gradient_
     columns = np.eye(x.size, dtype=np.float32).reshape(x.size, *x.shape)  # the map, one unit input at a time
     linear = np.stack([oracle.run(None, {"x": c})[0].ravel() for c in columns], 1)
     np.testing.assert_allclose(grad.ravel(), linear.T.astype(np.float64) @ g_out.ravel(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("image,block,attrs", [
+    ([5, 6], [2, 3], {}),
+    ([7, 8], [3, 3], {"strides": [2, 3], "pads": [1, 0, 2, 1]}),
+    ([9, 7], [2, 2], {"dilations": [3, 2], "strides": [1, 2], "pads": [0, 1, 1, 0]}),
+    ([4, 5, 6], [2, 2, 3], {"strides": [2, 1, 3], "pads": [1, 0, 0, 0, 1, 0]}),  # volumetric
+])
+def test_col2im_equals_onnx_reference_and_its_gradient_is_its_adjoint(image, block, attrs):
+    """``Col2Im`` (PyTorch's ``nn.Fold``): blocks summed back into the image with strides, dilations and pads (the
+    padded border dropped), 2-D and 3-D, against onnx's reference; it is linear, so its input gradient is the
+    transpose of the reference's map: the same inner product with any probe taken through either."""
+    from onnx.reference import ReferenceEvaluator
+
+    from tfnet.onnx.ops_col2im import pixel_map
+
+    n = len(image)
+    where = pixel_map(image, block, attrs.get("strides", [1] * n), attrs.get("dilations", [1] * n),
+                      attrs.get("pads", [0] * 2 * n))
+    k, blocks = where.shape
+    shape = [2, 3 * k, blocks]
+    consts = [onnx.numpy_helper.from_array(np.array(image, np.int64), "image"),
+              onnx.numpy_helper.from_array(np.array(block, np.int64), "block")]
+    node = helper.make_node("Col2Im", ["x", "image", "block"], ["y"], **attrs)
+    model = _model([node], [_info("x", shape)], [_info("y", n + 2)], consts, opset=18)
+    x = np.random.default_rng(59).standard_normal(shape).astype(np.float32)
+    reference = ReferenceEvaluator(model)
+    net = TFNet.from_onnx(model, relax_batch=False)
+    got = net.forward(x)
+    np.testing.assert_allclose(got, reference.run(None, {"x": x})[0], rtol=1e-6, atol=1e-6)
+    assert got.shape == (2, 3, *image)
+    rng = np.random.default_rng(60)
+    g_out = rng.standard_normal(got.shape).astype(np.float32)
+    grad = net.backward(x, g_out)[0].astype(np.float64)
+    for probe in rng.standard_normal((4, *x.shape)).astype(np.float32):  # <A v, g> = <v, A^T g> for any v
+        folded = reference.run(None, {"x": probe})[0].astype(np.float64)
+        assert abs(np.vdot(folded, g_out) - np.vdot(probe, grad)) < 1e-5 * np.linalg.norm(folded) * np.linalg.norm(g_out)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from tfnet.onnx import (  # noqa: F401  (importing them registers their handlers)
     ops,
     ops_cast,
+    ops_col2im,
     ops_control,
     ops_conv_nd,
     ops_grid,
