@@ -442,3 +442,44 @@ def test_col2im_equals_onnx_reference_and_its_gradient_is_its_adjoint(image, blo
     for probe in rng.standard_normal((4, *x.shape)).astype(np.float32):  # <A v, g> = <v, A^T g> for any v
         folded = reference.run(None, {"x": probe})[0].astype(np.float64)
         assert abs(np.vdot(folded, g_out) - np.vdot(probe, grad)) < 1e-5 * np.linalg.norm(folded) * np.linalg.norm(g_out)
+
+
+@pytest.mark.parametrize("pool,size,given", [
+    ({"kernel_shape": [2, 2], "strides": [2, 2]}, [8, 10], False),  # SegNet's
+    ({"kernel_shape": [2, 2], "strides": [2, 2]}, [9, 7], True),  # odd sizes: output_shape says which
+    ({"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, [9, 10], True),  # overlapping windows
+    ({"kernel_shape": [2], "strides": [2]}, [11], True),
+    ({"kernel_shape": [2, 2, 2], "strides": [2, 2, 2]}, [4, 6, 4], False),
+])
+def test_max_pool_then_unpool_puts_each_maximum_back_as_onnxruntime_does(pool, size, given):
+    """``MaxPool``'s values and ``Indices`` into ``MaxUnpool`` (the pool's input shape as ``output_shape`` or
+    inferred; 1-D to 3-D): each window's maximum back in its place, zeros elsewhere (numpy), as onnxruntime gives it
+    (2-D); the input gradient is the outgoing gradient at the maxima, once for a maximum two overlapping windows
+    share."""
+    n = len(pool["kernel_shape"])
+    shape = [2, 3, *size]
+    nodes = [helper.make_node("MaxPool", ["x"], ["p", "i"], **pool), helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("MaxUnpool", ["p", "i"] + (["s"] if given else []), ["y"], **pool)]
+    model = _model(nodes, [_info("x", shape)], [_info("y", n + 2)], opset=22)
+    x = np.random.default_rng(61).standard_normal(shape).astype(np.float32)
+    net = TFNet.from_onnx(model, relax_batch=False)
+    got = net.forward(x)
+    _, indices = net_of_pool(pool, shape).forward(x)
+    want = np.zeros(got.size, np.float32)
+    want[np.unique(indices.ravel())] = x.ravel()[np.unique(indices.ravel())]  # each maximum in its own place
+    np.testing.assert_array_equal(got.ravel(), want)
+    assert got.shape == tuple(shape) or not given
+    if n == 2 and (given or size[0] % 2 == 0):
+        np.testing.assert_array_equal(got, run_ort(model, [x])[0])
+    g_out = np.random.default_rng(62).standard_normal(got.shape).astype(np.float32)
+    maxima = np.zeros(got.size, bool)
+    maxima[indices.ravel()] = True
+    np.testing.assert_array_equal(net.backward(x, g_out)[0].ravel(), np.where(maxima, g_out.ravel(), 0))
+
+
+def net_of_pool(pool, shape):
+    """``MaxPool`` alone, its values and ``Indices`` (onnxruntime checks those elsewhere)."""
+    node = helper.make_node("MaxPool", ["x"], ["p", "i"], **pool)
+    model = _model([node], [_info("x", shape)], [_info("p", len(shape)), _info("i", len(shape), TensorProto.INT64)],
+                   opset=22)
+    return TFNet.from_onnx(model, relax_batch=False)

@@ -6,7 +6,7 @@ TensorFlow's pools over explicitly padded strided views or through space-to-batc
 or 3 spatial dimensions) take one strided slice per window offset, reduced together
 (:func:`pool_by_offsets`). The output sizes, ``ceil_mode`` and ``count_include_pad`` follow ONNX's
 definitions. The common undilated max and average pools keep TensorFlow's own kernels
-(:mod:`tfnet.onnx.ops_nn`, :mod:`tfnet.onnx.ops_conv_nd`).
+(:mod:`tfnet.onnx.ops_nn`, :mod:`tfnet.onnx.ops_conv_nd`). ``MaxUnpool`` puts MaxPool's values back at its indices.
 """
 
 from __future__ import annotations
@@ -218,3 +218,30 @@ def _global_lp_pool(ctx: Ctx, node, attrs):
     p = attrs.get("p", 2)
     axes = list(range(2, x.shape.rank))
     ctx.set(node.output[0], tf.pow(tf.reduce_sum(tf.pow(tf.abs(x), p), axes, keepdims=True), 1.0 / p))
+
+
+@register("MaxUnpool", since=9)
+def _max_unpool(ctx: Ctx, node, attrs):
+    """MaxPool's inverse: each value written where its ``Indices`` (flat over the whole N, C, spatial tensor, as
+    MaxPool gives them) point, in a zero tensor of ``output_shape`` where given (the pool's input's shape: the
+    indices address it), else of ``(in - 1) * stride - pads + kernel``. As onnxruntime and PyTorch's
+    ``max_unpool`` do; onnx 1.23's reference scatters into the inferred shape and pads it to ``output_shape``,
+    which its maintainers call inconsistent (onnx/onnx#8413), so its ``test_maxunpool_export_with_output_shape``
+    differs. A value a pool's overlapping windows both picked lands once."""
+    x = ctx.plain(node.input[0])
+    where = tf.reshape(tf.cast(ctx.plain(node.input[1]), tf.int64), [-1, 1])
+    kernel = list(attrs["kernel_shape"])
+    n = len(kernel)
+    strides = list(attrs.get("strides", [1] * n))
+    pads = list(attrs.get("pads", [0] * 2 * n))
+    shape = tf.shape(x, out_type=tf.int64)
+    if len(node.input) > 2 and node.input[2]:
+        out = tf.cast(ctx.plain(node.input[2]), tf.int64)
+    else:
+        out = tf.concat([shape[:2], (shape[2:] - 1) * strides - [pads[d] + pads[d + n] for d in range(n)] + kernel], 0)
+    # an index two windows share is written once (its first value), so that its gradient also reaches one value
+    _, group = tf.unique(where[:, 0])
+    firsts = tf.math.unsorted_segment_min(tf.range(tf.shape(group)[0]), group, tf.reduce_max(group) + 1)
+    once = tf.scatter_nd(firsts[:, None], tf.ones_like(firsts, x.dtype), tf.shape(group))
+    flat = tf.tensor_scatter_nd_add(tf.zeros(tf.reduce_prod(out)[None], x.dtype), where, tf.reshape(x, [-1]) * once)
+    ctx.set(node.output[0], tf.reshape(flat, out))
