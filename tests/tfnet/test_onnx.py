@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 
+from tests.tfnet.onnx_fixtures import as_list, path_of, rel, run_ort, stored  # noqa: E402
 from tfnet import GraphLoadError, TFNet  # noqa: E402
 from tfnet.onnx import (  # noqa: E402
     ExternalDataError,
@@ -17,29 +18,7 @@ from tfnet.onnx import (  # noqa: E402
     UnsupportedOperatorError,
 )
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures", "onnx")
 MODELS = ["resnet18", "mobilenet_v2", "transformer", "lstm", "digits_cnn"]
-
-
-def path_of(name):
-    return os.path.join(FIXTURES, name + ".onnx")
-
-
-def stored(name):
-    return dict(np.load(os.path.join(FIXTURES, name + ".npz")))
-
-
-def rel(a, b):
-    return float(np.abs(np.asarray(a) - b).max() / max(np.abs(b).max(), 1e-12))
-
-
-def as_list(x):
-    return x if isinstance(x, list) else [x]
-
-
-def run_ort(model, inputs):
-    session = ort.InferenceSession(model if isinstance(model, str) else model.SerializeToString())
-    return session.run(None, {i.name: v for i, v in zip(session.get_inputs(), inputs)})
 
 
 _NETS = {}
