@@ -298,13 +298,48 @@ class PatchMixer(nn.Module):
         return y, self.fold2(self.unfold2(y) * torch.sigmoid(self.unfold2(torch.cat([x, x[:, :1]], 1))))
 
 
+class TinyDetector(nn.Module):
+    """torchvision's two-stage ``FasterRCNN`` at a tiny size: a two-convolution backbone, its region proposal network
+    (anchors of 2 sizes and 3 ratios, top-k, box decoding, clipping, NMS), ``MultiScaleRoIAlign`` and a two-layer box
+    head, then the post-processing (softmax, per-class boxes, score threshold, batched NMS, top detections). One image
+    in (C, H, W: the list torchvision's detectors take, of one), boxes, scores and labels out. Weights drawn wider than
+    torchvision's initialisation, so that scores differ and the NMS has something to choose."""
+
+    def __init__(self, width: int = 8, classes: int = 4):
+        super().__init__()
+        from torchvision.models.detection import FasterRCNN
+        from torchvision.models.detection.anchor_utils import AnchorGenerator
+        from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
+        from torchvision.ops import MultiScaleRoIAlign
+
+        backbone = nn.Sequential(nn.Conv2d(3, width, 3, stride=2, padding=1), nn.ReLU(),
+                                 nn.Conv2d(width, width, 3, stride=2, padding=1), nn.ReLU())
+        backbone.out_channels = width
+        self.detector = FasterRCNN(
+            backbone, rpn_anchor_generator=AnchorGenerator(((8, 16),), ((0.5, 1.0, 2.0),)),
+            box_roi_pool=MultiScaleRoIAlign(["0"], output_size=4, sampling_ratio=2),
+            box_head=TwoMLPHead(width * 16, 16), box_predictor=FastRCNNPredictor(16, classes), min_size=64, max_size=64,
+            image_mean=[0.5] * 3, image_std=[0.25] * 3, rpn_pre_nms_top_n_test=60, rpn_post_nms_top_n_test=20,
+            box_detections_per_img=12, box_score_thresh=0.05)
+        generator = torch.Generator().manual_seed(7)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
+
+    def forward(self, image):
+        found = self.detector([image])[0]
+        return found["boxes"], found["scores"], found["labels"]
+
+
 def legacy_fixtures(rng) -> dict:
     """The segmentation heads exported with the legacy exporter (``dynamo=False``, opset 17), whose
     graphs compute the resize sizes from ``Shape`` at run time (the dynamo export folds them):
     name -> (model factory, inputs, output names, opset, dynamic axes)."""
     image = {"image": rng.standard_normal((2, 3, 32, 32)).astype("float32")}
     dyn = {"image": {0: "batch"}, "out": {0: "batch"}}
-    return {"lraspp": (LRASPPNet, image, ["out"], 17, dyn), "deeplabv3": (DeepLabNet, image, ["out"], 17, dyn)}
+    one = {"image": rng.random((3, 64, 64)).astype("float32")}  # torchvision's detectors take images, not a batch
+    return {"lraspp": (LRASPPNet, image, ["out"], 17, dyn), "deeplabv3": (DeepLabNet, image, ["out"], 17, dyn),
+            "faster_rcnn": (TinyDetector, one, ["boxes", "scores", "labels"], 17, {})}
 
 
 def dynamo_fixtures(rng) -> dict:

@@ -14,7 +14,15 @@ import pytest
 
 pytest.importorskip("onnxruntime")
 
-from tests.tfnet.onnx_fixtures import check_backward, check_forward, path_of, stored  # noqa: E402
+from tests.tfnet.onnx_fixtures import (  # noqa: E402
+    check_backward,
+    check_forward,
+    gradient_error,
+    path_of,
+    rel,
+    run_ort,
+    stored,
+)
 from tfnet import TFNet  # noqa: E402
 
 # name -> (opset, parameters merged by the exporter into shared initializers)
@@ -56,3 +64,28 @@ def test_segmentation_heads_resize_to_a_size_read_from_another_branch(name):
     x = stored(name)["in_0"]
     out = TFNet.from_onnx(path_of(name)).forward(x)
     assert out.shape == stored(name)["out_0"].shape == (2, 3, *x.shape[2:])
+
+
+def test_a_two_stage_detector_as_torchvision_exports_it_detects_what_pytorch_does():
+    """torchvision's ``FasterRCNN`` at a tiny size (scripts/onnx_fixture_dynamo.py::TinyDetector; the legacy exporter,
+    opset 17: the dynamo one cannot trace it): region proposals, their NMS and the detections' batched NMS each inside
+    an ``If`` on whether any box is left, with int64's largest value as the per-class limit (TensorFlow's NMS takes an
+    int32), slices whose axes the branch computes from the graph's constants, ``RoiAlign``, ``TopK``. Boxes, scores and
+    labels as onnxruntime and PyTorch give them; the gradients of the box head's and predictor's weights as PyTorch's.
+    The backbone's and the proposal network's are not compared: PyTorch detaches the proposals (``.detach()``), which
+    an ONNX graph cannot say, so tfnet differentiates through them as through the rest of the graph."""
+    name = "faster_rcnn"
+    data = stored(name)
+    x = data["in_0"]
+    net = TFNet.from_onnx(path_of(name), relax_batch=False)  # one image (C, H, W), as torchvision's detectors take
+    boxes, scores, labels = net.forward(x)
+    assert len(np.unique(scores)) == len(scores) >= 10  # distinct scores: the NMS chose among them
+    for got, ort_out, k in zip((boxes, scores, labels), run_ort(path_of(name), [x]), range(3)):
+        assert rel(got, ort_out) < 1e-4 and rel(got, data[f"out_{k}"]) < 1e-4, (k, rel(got, ort_out))
+    np.testing.assert_array_equal(labels, data["out_2"])
+    _, grad_w = net.backward(x, [data["grad_out_0"], data["grad_out_1"], None])  # labels: integers, no gradient
+    want = {k[len("grad_w/"):]: v for k, v in data.items() if k.startswith("grad_w/detector.roi_heads.")}
+    assert len(want) == 8
+    largest = max(np.abs(g).max() for g in want.values())
+    errors = {n: gradient_error(grad_w[n], g, largest) for n, g in want.items()}
+    assert max(errors.values()) < 1e-3, errors

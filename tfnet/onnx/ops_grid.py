@@ -115,7 +115,8 @@ def _grid_sample(ctx: Ctx, node, attrs):
 @register("NonMaxSuppression", since=10)
 def _non_max_suppression(ctx: Ctx, node, attrs):
     """Per batch entry and class, TensorFlow's ``non_max_suppression`` (greedy, by descending score);
-    the selected ``(batch, class, box)`` triples in that order. The batch and class counts must be static."""
+    the selected ``(batch, class, box)`` triples in that order. The batch and class counts must be static. A limit
+    past TensorFlow's int32 (torchvision's ``batched_nms`` exports int64's largest: no limit) is no limit."""
     boxes, scores = ctx.plain(node.input[0]), ctx.plain(node.input[1])
     limit = ctx.static_ints(node.input[2]) if len(node.input) > 2 and node.input[2] else [0]
     iou = ctx.static(node.input[3]) if len(node.input) > 3 and node.input[3] else 0.0
@@ -133,7 +134,7 @@ def _non_max_suppression(ctx: Ctx, node, attrs):
     for b in range(batches):
         for c in range(classes):
             keep = tf.image.non_max_suppression(
-                boxes[b], scores[b, c], max_output_size=int(limit[0]), iou_threshold=_number(iou),
+                boxes[b], scores[b, c], max_output_size=min(int(limit[0]), 2 ** 31 - 1), iou_threshold=_number(iou),
                 score_threshold=_number(threshold) if threshold is not None else float("-inf"))
             keep = tf.cast(keep, tf.int64)[:, None]
             prefix = tf.tile(tf.constant([[b, c]], tf.int64), tf.stack([tf.shape(keep)[0], 1]))

@@ -37,10 +37,28 @@ def scoped(ctx: Ctx):
     shared, types, dtypes, onnx_of = dict(ctx.shared), dict(ctx.onnx_types), dict(ctx.sequence_dtypes), dict(ctx.onnx_of)
     try:
         with ctx.own_constants():
+            _own_small_constants(ctx)
             yield
     finally:
         ctx.values, ctx.sequences, ctx.shapes, ctx.aliases = saved, sequences, shapes, aliases
         ctx.shared, ctx.onnx_types, ctx.sequence_dtypes, ctx.onnx_of = shared, types, dtypes, onnx_of
+
+
+#: An outer constant with at most this many elements is made again inside a subgraph (see _own_small_constants).
+SMALL_CONSTANT = 1024
+
+
+def _own_small_constants(ctx: Ctx) -> None:
+    """The enclosing graph's small constants (axes, shapes, indices: ONNX ``Constant`` nodes outside the subgraph)
+    made again in the graph being built, where they would otherwise be captured as placeholders: a value the subgraph
+    computes from them stays known while converting (torchvision's detection heads slice with axes built by an
+    ``Unsqueeze`` of an outer constant inside an ``If``). Large constants, the weights, stay captured."""
+    graph = tf.compat.v1.get_default_graph()
+    for name, v in list(ctx.values.items()):
+        t = v.tensor
+        if (not v.nhwc and t.graph is not graph and t.op.type == "Const" and t.shape.is_fully_defined()
+                and t.shape.num_elements() <= SMALL_CONSTANT):
+            ctx.values[name] = Value(tf.constant(tf.get_static_value(t), t.dtype), False)
 
 
 def _set_initializers(ctx: Ctx, graph) -> None:
