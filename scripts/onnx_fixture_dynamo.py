@@ -298,6 +298,30 @@ class PatchMixer(nn.Module):
         return y, self.fold2(self.unfold2(y) * torch.sigmoid(self.unfold2(torch.cat([x, x[:, :1]], 1))))
 
 
+def _tiny_two_stage(width: int, classes: int, size: int) -> dict:
+    """The arguments torchvision's two-stage detectors share here: a two-convolution backbone, anchors of 2 sizes and
+    3 ratios, 4x4 box regions, a two-layer box head of 16, images of ``size``."""
+    from torchvision.models.detection.anchor_utils import AnchorGenerator
+    from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
+    from torchvision.ops import MultiScaleRoIAlign
+
+    backbone = nn.Sequential(nn.Conv2d(3, width, 3, stride=2, padding=1), nn.ReLU(),
+                             nn.Conv2d(width, width, 3, stride=2, padding=1), nn.ReLU())
+    backbone.out_channels = width
+    return dict(backbone=backbone, rpn_anchor_generator=AnchorGenerator(((8, 16),), ((0.5, 1.0, 2.0),)),
+                box_roi_pool=MultiScaleRoIAlign(["0"], output_size=4, sampling_ratio=2),
+                box_head=TwoMLPHead(width * 16, 16), box_predictor=FastRCNNPredictor(16, classes), min_size=size,
+                max_size=size, image_mean=[0.5] * 3, image_std=[0.25] * 3, box_score_thresh=0.05)
+
+
+def _redraw(model: nn.Module, seed: int) -> None:
+    """Every parameter drawn again, normal with deviation 0.3 (wider than torchvision's initialisation)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
+
+
 class TinyDetector(nn.Module):
     """torchvision's two-stage ``FasterRCNN`` at a tiny size: a two-convolution backbone, its region proposal network
     (anchors of 2 sizes and 3 ratios, top-k, box decoding, clipping, NMS), ``MultiScaleRoIAlign`` and a two-layer box
@@ -308,27 +332,36 @@ class TinyDetector(nn.Module):
     def __init__(self, width: int = 8, classes: int = 4):
         super().__init__()
         from torchvision.models.detection import FasterRCNN
-        from torchvision.models.detection.anchor_utils import AnchorGenerator
-        from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
-        from torchvision.ops import MultiScaleRoIAlign
 
-        backbone = nn.Sequential(nn.Conv2d(3, width, 3, stride=2, padding=1), nn.ReLU(),
-                                 nn.Conv2d(width, width, 3, stride=2, padding=1), nn.ReLU())
-        backbone.out_channels = width
-        self.detector = FasterRCNN(
-            backbone, rpn_anchor_generator=AnchorGenerator(((8, 16),), ((0.5, 1.0, 2.0),)),
-            box_roi_pool=MultiScaleRoIAlign(["0"], output_size=4, sampling_ratio=2),
-            box_head=TwoMLPHead(width * 16, 16), box_predictor=FastRCNNPredictor(16, classes), min_size=64, max_size=64,
-            image_mean=[0.5] * 3, image_std=[0.25] * 3, rpn_pre_nms_top_n_test=60, rpn_post_nms_top_n_test=20,
-            box_detections_per_img=12, box_score_thresh=0.05)
-        generator = torch.Generator().manual_seed(7)
-        with torch.no_grad():
-            for p in self.parameters():
-                p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
+        self.detector = FasterRCNN(**_tiny_two_stage(width, classes, 64), rpn_pre_nms_top_n_test=60,
+                                   rpn_post_nms_top_n_test=20, box_detections_per_img=12)
+        _redraw(self, 7)
 
     def forward(self, image):
         found = self.detector([image])[0]
         return found["boxes"], found["scores"], found["labels"]
+
+
+class TinyMaskDetector(nn.Module):
+    """torchvision's ``MaskRCNN`` at the size of :class:`TinyDetector`, with a one-layer mask head on 7x7 regions:
+    each detection's mask pasted into the image at its box's size, a ``Loop`` over the detections whose ``Resize``
+    sizes are known only at run time."""
+
+    def __init__(self, width: int = 8, classes: int = 3):
+        super().__init__()
+        from torchvision.models.detection import MaskRCNN
+        from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
+        from torchvision.ops import MultiScaleRoIAlign
+
+        self.detector = MaskRCNN(
+            **_tiny_two_stage(width, classes, 48), mask_roi_pool=MultiScaleRoIAlign(["0"], output_size=7, sampling_ratio=2),
+            mask_head=MaskRCNNHeads(width, [width], 1), mask_predictor=MaskRCNNPredictor(width, width, classes),
+            rpn_pre_nms_top_n_test=40, rpn_post_nms_top_n_test=16, box_detections_per_img=6)
+        _redraw(self, 8)
+
+    def forward(self, image):
+        found = self.detector([image])[0]
+        return found["boxes"], found["scores"], found["labels"], found["masks"]
 
 
 def legacy_fixtures(rng) -> dict:
@@ -339,7 +372,9 @@ def legacy_fixtures(rng) -> dict:
     dyn = {"image": {0: "batch"}, "out": {0: "batch"}}
     one = {"image": rng.random((3, 64, 64)).astype("float32")}  # torchvision's detectors take images, not a batch
     return {"lraspp": (LRASPPNet, image, ["out"], 17, dyn), "deeplabv3": (DeepLabNet, image, ["out"], 17, dyn),
-            "faster_rcnn": (TinyDetector, one, ["boxes", "scores", "labels"], 17, {})}
+            "faster_rcnn": (TinyDetector, one, ["boxes", "scores", "labels"], 17, {}),
+            "mask_rcnn": (TinyMaskDetector, {"image": rng.random((3, 48, 48)).astype("float32")},
+                          ["boxes", "scores", "labels", "masks"], 17, {})}
 
 
 def dynamo_fixtures(rng) -> dict:

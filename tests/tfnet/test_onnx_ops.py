@@ -208,9 +208,10 @@ def _refused(op, inputs, attrs, shapes, inits=(), opset=17):
 
 
 @pytest.mark.parametrize("model,message", [
-    (lambda: _model([helper.make_node("Resize", ["x", "", "", "s"], ["y"])],
+    (lambda: _model([helper.make_node("Resize", ["x", "", "", "s"], ["y"], mode="linear", antialias=1)],
                     [_info("x", [None, 2, 4, 4]), _info("s", [4], TensorProto.INT64)], [_info("y", 4)], opset=18),
-     r"Resize '.*': scales and sizes must be known while converting"),
+     r"Resize '.*': its sizes are known only at run time, where tfnet resizes with nearest, linear and cubic modes "
+     r"and the coordinate transformations .*; this one has antialias"),
     (lambda: _refused("RNN", [("x", [4, None, 3]), ("W", None), ("R", None)], {"hidden_size": 2, "clip": 1.0}, 4,
                       [_tensor("W", np.ones((1, 2, 3))), _tensor("R", np.ones((1, 2, 2)))]),
      r"RNN '.*': clip and input_forget are not supported"),
@@ -483,3 +484,45 @@ def net_of_pool(pool, shape):
     model = _model([node], [_info("x", shape)], [_info("p", len(shape)), _info("i", len(shape), TensorProto.INT64)],
                    opset=22)
     return TFNet.from_onnx(model, relax_batch=False)
+
+
+@pytest.mark.parametrize("attrs", [
+    {"mode": "linear"},  # half_pixel
+    {"mode": "linear", "coordinate_transformation_mode": "align_corners"},
+    {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
+    {"mode": "cubic", "cubic_coeff_a": -0.5, "exclude_outside": 1},
+    {"mode": "cubic", "coordinate_transformation_mode": "align_corners"},
+])
+def test_resize_to_sizes_known_at_run_time_equals_the_converted_one_and_onnxruntime(attrs):
+    """``Resize`` where the spatial sizes are known only at run time (tfnet.onnx.resize_run_time): an input of any
+    height and width scaled by constants, and one resized to another input's height and width (``sizes`` from its
+    ``Shape``, as torchvision's Mask R-CNN pastes masks); values and input gradients equal to the same model with
+    fixed sizes (converted with taps computed while converting, checked against onnxruntime and PyTorch elsewhere), and
+    values to onnxruntime's."""
+    rng = np.random.default_rng(63)
+    x = rng.standard_normal((2, 3, 5, 8)).astype(np.float32)  # scaled to 8 x 6 (whole: align_corners reads the
+    like = np.zeros((2, 1, 9, 4), np.float32)  # unrounded length in onnx's reference, the rounded one in onnxruntime)
+    scales = _tensor("scales", [1, 1, 1.6, 0.75])
+
+    def models(h, w, lh, lw):
+        by_scale = _model([helper.make_node("Resize", ["x", "", "scales"], ["y"], **attrs)],
+                          [_info("x", [2, 3, h, w])], [_info("y", 4)], [scales], opset=19)
+        shape = [helper.make_node("Shape", ["like"], ["s"]),
+                 helper.make_node("Shape", ["x"], ["xs"], end=2), helper.make_node("Shape", ["like"], ["ls"], start=2),
+                 helper.make_node("Concat", ["xs", "ls"], ["sizes"], axis=0),
+                 helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], **attrs)]
+        by_size = _model(shape, [_info("x", [2, 3, h, w]), _info("like", [2, 1, lh, lw])], [_info("y", 4)], opset=19)
+        return by_scale, by_size
+
+    run_time, fixed = models("h", "w", "lh", "lw"), models(5, 8, 9, 4)
+    for k, inputs in enumerate(([x], [x, like])):
+        dynamic = TFNet.from_onnx(run_time[k], relax_batch=False)
+        static = TFNet.from_onnx(fixed[k], relax_batch=False)
+        got = dynamic.forward(inputs if k else x)
+        np.testing.assert_allclose(got, static.forward(inputs if k else x), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got, run_ort(run_time[k], inputs)[0], rtol=1e-5, atol=1e-5)
+        g = rng.standard_normal(got.shape).astype(np.float32)
+        grad = dynamic.backward(inputs if k else x, g)[0]
+        np.testing.assert_allclose(grad[0] if k else grad, static.backward(inputs if k else x, g)[0][0] if k
+                                   else static.backward(x, g)[0], rtol=1e-5, atol=1e-5)
+    assert got.shape == (2, 3, 9, 4)

@@ -156,7 +156,8 @@ def _roi_align(ctx: Ctx, node, attrs):
     ``max`` takes the largest of the four weighted taps. ``sampling_ratio`` 0 (adaptive: ``ceil(roi size / bins)``
     samples a side, per region) samples every region on the largest region's grid and masks what lies beyond its own,
     so its memory grows with the largest region. ``half_pixel`` (the default from version 16) shifts the regions by
-    half a pixel; ``output_half_pixel`` (version 10's only mode) does not and makes a region at least 1 x 1."""
+    half a pixel; ``output_half_pixel`` (version 10's only mode) does not and makes a region at least 1 x 1. The
+    gradient reaches the feature map, not the regions (as torchvision's)."""
     x = ctx.nhwc(node.input[0])  # (N, H, W, C): one gather reads every channel of a tap
     rois, batch = ctx.plain(node.input[1]), tf.cast(ctx.plain(node.input[2]), tf.int64)
     dtype = x.dtype if x.dtype in (tf.float32, tf.float64) else tf.float32  # half precision sums in float32
@@ -168,7 +169,9 @@ def _roi_align(ctx: Ctx, node, attrs):
     half = ctx.version >= 16 and _text(attrs.get("coordinate_transformation_mode", b"half_pixel")) == "half_pixel"
     if mode not in ("avg", "max"):
         raise OnnxConversionError(f"RoiAlign {node.name!r}: mode {mode!r} is not one of 'avg' and 'max'.")
-    boxes = tf.cast(rois, dtype) * scale - (0.5 if half else 0.0)  # x1, y1, x2, y2
+    # the regions are read, not differentiated, as torchvision's roi_align (and Detectron2's) defines its gradient: a
+    # detector's heads train on their boxes as given
+    boxes = tf.cast(tf.stop_gradient(rois), dtype) * scale - (0.5 if half else 0.0)  # x1, y1, x2, y2
     sizes = tf.shape(data, out_type=tf.int64)
     axes = []  # per axis (y, then x): taps (low, high index), weights (low, high), inside, grid mask, samples a side
     for start, end, bins, size in ((boxes[:, 1], boxes[:, 3], out_h, sizes[1]), (boxes[:, 0], boxes[:, 2], out_w,

@@ -4,7 +4,8 @@
 crops, the opset-18 ``axes`` input. ``Resize``: nearest, linear and cubic modes, separable along each
 resized axis, as gathers with weights computed while converting from ONNX's coordinate transformations
 (``half_pixel``, ``pytorch_half_pixel``, ``align_corners``, ``asymmetric``, ``tf_half_pixel_for_nn``)
-and nearest modes, so results and gradients equal onnxruntime's and PyTorch's; it needs static sizes.
+and nearest modes, so results and gradients equal onnxruntime's and PyTorch's. Sizes known only at run time take
+:mod:`tfnet.onnx.resize_run_time` (nearest, linear, cubic).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from tfnet.onnx import resize_run_time
 from tfnet.onnx.context import Ctx
 from tfnet.onnx.errors import OnnxConversionError
 from tfnet.onnx.ops import register
@@ -73,6 +75,36 @@ def _pad(ctx: Ctx, node, attrs):
                 n = y.shape[axis] if y.shape[axis] is not None else tf.shape(y)[axis]
                 y = tf.gather(y, tf.clip_by_value(tf.range(-b, n + e), 0, n - 1), axis=axis)
     ctx.set(node.output[0], y, nhwc)
+
+
+def _resize_at_run_time(ctx: Ctx, node, attrs, mode, axes, scales, sizes, scale_values, size_values) -> None:
+    """Resize where a size is known only at run time (:mod:`tfnet.onnx.resize_run_time`)."""
+    coord = _text(attrs.get("coordinate_transformation_mode", b"half_pixel"))
+    nearest = _text(attrs.get("nearest_mode", b"round_prefer_floor"))
+    resize_run_time.check(node.name, mode, coord, nearest, attrs)
+    x, nhwc = _layout(ctx, node.input[0])
+    dims = ctx.plain(node.input[0]).shape.as_list() if not nhwc else [x.shape[i] for i in (0, 3, 1, 2)]
+    if sizes:
+        wanted = tf.cast(ctx.plain(sizes), tf.int64)
+        known = size_values or [None] * len(axes)
+    else:
+        factors = scale_values if scale_values is not None else tf.cast(ctx.plain(scales), tf.float64)
+    y = x
+    for i, a in enumerate(axes):
+        axis = _tf_axis(a, nhwc)
+        if sizes:
+            if known[i] is not None and known[i] == dims[a]:
+                continue
+            out, scale = wanted[i], None
+        else:
+            scale = factors[i]
+            if isinstance(scale, float) and scale == 1.0:
+                continue
+            scale = tf.cast(scale, tf.float64)
+            out = tf.cast(tf.floor(tf.cast(tf.shape(y)[axis], tf.float64) * scale), tf.int64)
+        y = resize_run_time.resize_axis(y, axis, out, scale, mode, coord, nearest, attrs.get("cubic_coeff_a", -0.75),
+                                        bool(attrs.get("exclude_outside", 0)))
+    ctx.set(node.output[0], tf.identity(y), nhwc)
 
 
 def _sizes(ctx: Ctx, name: str) -> list[int | None] | None:
@@ -221,8 +253,10 @@ def _resize_with(ctx: Ctx, node, attrs, roi: str, scales: str, sizes: str) -> No
     roi_values = ctx.static(roi) if roi else None
     unknown_size = size_values is not None and any(
         v is None and (a >= 2 or dims[a] is not None) for v, a in zip(size_values, axes))  # only a dynamic batch
-    if (scales and scale_values is None) or (sizes and size_values is None) or unknown_size:
-        raise OnnxConversionError(f"Resize {node.name!r}: scales and sizes must be known while converting.")
+    if (scales and scale_values is None) or (sizes and size_values is None) or unknown_size or any(
+            dims[a] is None and a >= 2 for a in axes):
+        _resize_at_run_time(ctx, node, attrs, mode, axes, scales, sizes, scale_values, size_values)
+        return
     scale_values = None if scale_values is None or np.asarray(scale_values).size == 0 else \
         [float(s) for s in np.asarray(scale_values)]
     size_values = None if size_values is None or len(size_values) == 0 else size_values
@@ -251,10 +285,8 @@ def _resize_with(ctx: Ctx, node, attrs, roi: str, scales: str, sizes: str) -> No
             (span is None or (span[0] == 0.0 and span[1] == 1.0))
         if unchanged or (size is None and out is None and scale == 1.0):
             continue
-        if size is None:
-            raise OnnxConversionError(
-                f"Resize {node.name!r} resizes axis {a} of an input with shape {dims}, whose size is known only "
-                "at run time; tfnet resizes axes of static size.")
+        if size is None:  # the batch or channel axis, of a size known only at run time, resized by a scale
+            raise OnnxConversionError(f"Resize {node.name!r} resizes axis {a}, of a size known only at run time.")
         if out is None:
             out = int(size * scale)
         if scale is None or size_values is not None and policy == "stretch":

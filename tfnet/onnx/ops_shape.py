@@ -177,6 +177,13 @@ def _axes(axes: list[int], rank: int) -> list[int]:
 def _unsqueeze(ctx, node, attrs):
     x = ctx.plain(node.input[0])
     axes = int_list(ctx, node, 1, "axes", attrs)
+    if x.shape.rank is None:  # a Loop's stacked outputs: known rank or not, new axes counted from the front insert
+        if min(axes) < 0:
+            raise OnnxConversionError(f"Unsqueeze {node.name!r}: negative axes {axes} on a value of unknown rank.")
+        for a in sorted(axes):
+            x = tf.expand_dims(x, a)
+        ctx.set(node.output[0], x)
+        return
     axes = _axes(axes, x.shape.rank + len(axes))
     dims = x.shape.as_list()
     if len(axes) > 1 and sum(d is None for d in dims) <= 1 and 0 not in dims:  # one Reshape, not an ExpandDims an axis
