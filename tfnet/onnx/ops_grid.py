@@ -143,8 +143,6 @@ def _non_max_suppression(ctx: Ctx, node, attrs):
 
 
 def _number(value) -> float:
-    import numpy as np
-
     return float(np.asarray(value).reshape(-1)[0])
 
 

@@ -58,7 +58,7 @@ def _own_small_constants(ctx: Ctx) -> None:
         t = v.tensor
         if (not v.nhwc and t.graph is not graph and t.op.type == "Const" and t.shape.is_fully_defined()
                 and t.shape.num_elements() <= SMALL_CONSTANT):
-            ctx.values[name] = Value(tf.constant(tf.get_static_value(t), t.dtype), False)
+            ctx.set(name, tf.constant(tf.get_static_value(t), t.dtype))
 
 
 def _set_initializers(ctx: Ctx, graph) -> None:

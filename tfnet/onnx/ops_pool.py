@@ -241,7 +241,8 @@ def _max_unpool(ctx: Ctx, node, attrs):
         out = tf.concat([shape[:2], (shape[2:] - 1) * strides - [pads[d] + pads[d + n] for d in range(n)] + kernel], 0)
     # an index two windows share is written once (its first value), so that its gradient also reaches one value
     _, group = tf.unique(where[:, 0])
-    firsts = tf.math.unsorted_segment_min(tf.range(tf.shape(group)[0]), group, tf.reduce_max(group) + 1)
+    firsts = tf.math.unsorted_segment_min(tf.range(tf.shape(group)[0]), group,
+                                          tf.maximum(tf.reduce_max(group) + 1, 0))  # nothing pooled: no segment
     once = tf.scatter_nd(firsts[:, None], tf.ones_like(firsts, x.dtype), tf.shape(group))
     flat = tf.tensor_scatter_nd_add(tf.zeros(tf.reduce_prod(out)[None], x.dtype), where, tf.reshape(x, [-1]) * once)
     ctx.set(node.output[0], tf.reshape(flat, out))

@@ -93,8 +93,8 @@ def _resize_at_run_time(ctx: Ctx, node, attrs, mode, axes, scales, sizes, scale_
     for i, a in enumerate(axes):
         axis = _tf_axis(a, nhwc)
         if sizes:
-            if known[i] is not None and known[i] == dims[a]:
-                continue
+            if (known[i] is not None and known[i] == dims[a]) or (known[i] is None and dims[a] is None and a < 2):
+                continue  # as the while-converting path: a batch of run-time size keeps it
             out, scale = wanted[i], None
         else:
             scale = factors[i]
