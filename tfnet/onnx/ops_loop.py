@@ -27,9 +27,9 @@ from tfnet.onnx.ops_sequence import Unstacked, Written
 
 
 @contextlib.contextmanager
-def scoped(ctx: Ctx):
-    """Converts a subgraph into a TensorFlow function graph (a loop's body, a branch of ``tf.cond``): whatever the
-    conversion records in ``ctx`` (values, the other layout of an outer value, shared constants, memoised
+def scoped(ctx: Ctx, graph):
+    """Converts ``graph``, a subgraph, into a TensorFlow function graph (a loop's body, a branch of ``tf.cond``):
+    whatever the conversion records in ``ctx`` (values, the other layout of an outer value, shared constants, memoised
     constant-ness of ops, the ONNX value of each TensorFlow tensor name) belongs to that graph and is forgotten
     afterwards, so that no tensor of it leaks out."""
     saved = {k: Value(v.tensor, v.nhwc, v.other) for k, v in ctx.values.items()}
@@ -37,7 +37,7 @@ def scoped(ctx: Ctx):
     shared, types, dtypes, onnx_of = dict(ctx.shared), dict(ctx.onnx_types), dict(ctx.sequence_dtypes), dict(ctx.onnx_of)
     try:
         with ctx.own_constants():
-            _own_small_constants(ctx)
+            _own_small_constants(ctx, names_read(graph))
             yield
     finally:
         ctx.values, ctx.sequences, ctx.shapes, ctx.aliases = saved, sequences, shapes, aliases
@@ -48,13 +48,29 @@ def scoped(ctx: Ctx):
 SMALL_CONSTANT = 1024
 
 
-def _own_small_constants(ctx: Ctx) -> None:
+def names_read(graph) -> set[str]:
+    """Every value name the nodes of ``graph`` read, in its own subgraphs too."""
+    found: set[str] = set()
+    stack = [graph]
+    while stack:
+        g = stack.pop()
+        for node in g.node:
+            found.update(node.input)
+            for a in node.attribute:
+                stack.extend([a.g] if a.g.node else [])
+                stack.extend(a.graphs)
+    return found
+
+
+def _own_small_constants(ctx: Ctx, read: set[str]) -> None:
     """The enclosing graph's small constants (axes, shapes, indices: ONNX ``Constant`` nodes outside the subgraph)
     made again in the graph being built, where they would otherwise be captured as placeholders: a value the subgraph
     computes from them stays known while converting (torchvision's detection heads slice with axes built by an
-    ``Unsqueeze`` of an outer constant inside an ``If``). Large constants, the weights, stay captured."""
+    ``Unsqueeze`` of an outer constant inside an ``If``). Large constants, the weights, stay captured; only the
+    constants the subgraph reads (``read``) are made."""
     graph = tf.compat.v1.get_default_graph()
-    for name, v in list(ctx.values.items()):
+    for name in read & ctx.values.keys():
+        v = ctx.values[name]
         t = v.tensor
         if (not v.nhwc and t.graph is not graph and t.op.type == "Const" and t.shape.is_fully_defined()
                 and t.shape.num_elements() <= SMALL_CONSTANT):
@@ -79,7 +95,7 @@ def cond_if(ctx: Ctx, node, attrs) -> None:
 
     def branch(graph):
         def run():
-            with scoped(ctx):
+            with scoped(ctx, graph):
                 _set_initializers(ctx, graph)
                 ctx.convert_nodes(graph.node)
                 outs = []
@@ -176,7 +192,7 @@ def _loop(ctx: Ctx, node, attrs):
     outputs = [_outer(body, o.name, prefix) for o in body.output]
 
     def step(i, c, *state):
-        with scoped(ctx):
+        with scoped(ctx, body):
             _set_initializers(ctx, body)
             ctx.set(prefix + body.input[0].name, i)
             ctx.set(prefix + body.input[1].name, c)
