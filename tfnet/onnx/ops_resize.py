@@ -77,13 +77,14 @@ def _pad(ctx: Ctx, node, attrs):
     ctx.set(node.output[0], y, nhwc)
 
 
-def _resize_at_run_time(ctx: Ctx, node, attrs, mode, axes, scales, sizes, scale_values, size_values) -> None:
-    """Resize where a size is known only at run time (:mod:`tfnet.onnx.resize_run_time`)."""
+def _resize_at_run_time(ctx: Ctx, node, attrs, x, nhwc, dims, mode, axes, scales, sizes, scale_values,
+                        size_values) -> None:
+    """Resize where a size is known only at run time (:mod:`tfnet.onnx.resize_run_time`) of ``x`` (held in NHWC with
+    ``nhwc``; ``dims`` its ONNX shape)."""
     coord = _text(attrs.get("coordinate_transformation_mode", b"half_pixel"))
     nearest = _text(attrs.get("nearest_mode", b"round_prefer_floor"))
-    resize_run_time.check(node.name, mode, coord, nearest, attrs)
-    x, nhwc = _layout(ctx, node.input[0])
-    dims = ctx.plain(node.input[0]).shape.as_list() if not nhwc else [x.shape[i] for i in (0, 3, 1, 2)]
+    resize_run_time.check(node.name, mode, coord, nearest, _text(attrs.get("keep_aspect_ratio_policy", b"stretch")),
+                          bool(attrs.get("antialias", 0)))
     if sizes:
         wanted = tf.cast(ctx.plain(sizes), tf.int64)
         known = size_values or [None] * len(axes)
@@ -255,7 +256,7 @@ def _resize_with(ctx: Ctx, node, attrs, roi: str, scales: str, sizes: str) -> No
         v is None and (a >= 2 or dims[a] is not None) for v, a in zip(size_values, axes))  # only a dynamic batch
     if (scales and scale_values is None) or (sizes and size_values is None) or unknown_size or any(
             dims[a] is None and a >= 2 for a in axes):
-        _resize_at_run_time(ctx, node, attrs, mode, axes, scales, sizes, scale_values, size_values)
+        _resize_at_run_time(ctx, node, attrs, x, nhwc, dims, mode, axes, scales, sizes, scale_values, size_values)
         return
     scale_values = None if scale_values is None or np.asarray(scale_values).size == 0 else \
         [float(s) for s in np.asarray(scale_values)]

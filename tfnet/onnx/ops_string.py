@@ -38,10 +38,10 @@ def _string_split(ctx: Ctx, node, attrs):
         parts = tf.RaggedTensor.from_row_lengths(tf.boolean_mask(flat, kept), tf.cast(kept, tf.int64))
     else:
         parts = tf.strings.split(flat, sep=delimiter, maxsplit=maxsplit)
-    if delimiter is None:
-        # On whitespace, TensorFlow's split adds an empty part when maxsplit is more than the splits a string has
-        # ("hello world" with maxsplit 2: "hello", "world", ""); Python's never makes one.
-        parts = tf.ragged.boolean_mask(parts, tf.ragged.map_flat_values(tf.not_equal, parts, ""))
+        if delimiter is None:
+            # On whitespace, TensorFlow's split adds an empty part when maxsplit is more than the splits a string has
+            # ("hello world" with maxsplit 2: "hello", "world", ""); Python's never makes one.
+            parts = tf.ragged.boolean_mask(parts, tf.ragged.map_flat_values(tf.not_equal, parts, ""))
     counts = tf.reshape(tf.cast(parts.row_lengths(), tf.int64), tf.shape(x))
     dense = parts.to_tensor(default_value="")
     dense = tf.reshape(dense, tf.concat([tf.shape(x), tf.shape(dense)[1:]], 0))

@@ -15,15 +15,13 @@ COORDINATES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"
 NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 
-def check(name: str, mode: str, coord: str, nearest: str, attrs) -> None:
+def check(name: str, mode: str, coord: str, nearest: str, policy: str, antialias: bool) -> None:
     """Raises OnnxConversionError naming what the run-time path does not take."""
-    policy = attrs.get("keep_aspect_ratio_policy", b"stretch")
-    policy = policy.decode() if isinstance(policy, bytes) else policy
     reasons = [what for what, bad in (
         (f"mode {mode!r}", mode not in ("nearest", "linear", "cubic")),
         (f"coordinate_transformation_mode {coord!r}", coord not in COORDINATES),
         (f"nearest_mode {nearest!r}", mode == "nearest" and nearest not in NEAREST),
-        ("antialias", bool(attrs.get("antialias", 0))),
+        ("antialias", antialias),
         (f"keep_aspect_ratio_policy {policy!r}", policy != "stretch")) if bad]
     if reasons:
         raise OnnxConversionError(
