@@ -1,6 +1,7 @@
 """A real GCS server for tests: gcp-storage-emulator (PyPI), a separate process on loopback, listening on port 0
 (the OS picks it; the emulator does not print it, so it is read from the process's listening socket), its data in
-the test's folder, stopped on every way out."""
+the test's folder, stopped on every way out. It runs through tests/gcs_emulator_exact.py, which keeps the last byte of
+an upload that ends in ``\\r`` (the emulator's own parser drops it)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ class GCSEmulator(LocalServer):
         return {"endpoint_url": self.endpoint, "token": "anon", "project": "tfnet"}
 
     def __enter__(self) -> GCSEmulator:
-        self.launch([sys.executable, "-m", "gcp_storage_emulator", "--data-dir", os.path.join(self.folder, "gcs-data"),
+        exact = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gcs_emulator_exact.py")
+        self.launch([sys.executable, "-P", exact, "--data-dir", os.path.join(self.folder, "gcs-data"),
                      "start", "--host", "127.0.0.1", "--port", "0", "--default-bucket", self.bucket, "--quiet"],
                     "gcs-emulator.log")
         try:
