@@ -7,7 +7,8 @@ DeepLabV3 segmentation heads on a MobileNetV3 backbone) at tiny widths and input
 ``torch.nn`` models: a Transformer encoder with a padding mask, a causal decoder (its mask from
 ``torch.triu``), a GRU text classifier, a PixelShuffle super-resolution net, and Xception's entry and middle
 flows (timm's blocks) at tiny widths, a detector's box head (torchvision's ``roi_align``) and
-``nn.Unfold``/``nn.Fold`` patch mixing. Random weights, no
+``nn.Unfold``/``nn.Fold`` patch mixing, and torchvision's ``DeformConv2d`` (DCNv2, offsets and mask from
+convolutions). Random weights, no
 download; each fixture stays under about 200 KB.
 """
 
@@ -278,6 +279,28 @@ class RoiHead(nn.Module):
                 self.adaptive(torch.tanh(adaptive).flatten(1)).reshape(n, k, -1))
 
 
+class RoiPoolHead(nn.Module):
+    """Fast R-CNN's head on fixed regions: a small backbone, torchvision's ``roi_pool`` (ONNX ``MaxRoiPool``: only the
+    legacy exporter writes it) into 3x2 bins at half the image's scale, and a linear classifier of each region. The
+    regions cross the border, lie past it (empty bins), are smaller than a pixel, and have corners that round half
+    away from zero. Features through ``tanh`` (no ties for a bin's maximum)."""
+
+    ROIS = [[0, 1.2, 2.5, 9.0, 7.4], [1, -3.0, 0.0, 5.0, 20.0], [0, 4.0, 4.0, 4.2, 4.4], [1, 10.5, 0.5, 30.0, 3.0],
+            [1, 3.0, 5.0, 13.0, 11.0], [0, 40.0, 40.0, 50.0, 50.0]]
+
+    def __init__(self, width: int = 4, classes: int = 3):
+        super().__init__()
+        self.backbone = nn.Conv2d(3, width, 3, padding=1)
+        self.register_buffer("rois", torch.tensor(self.ROIS))
+        self.fc = nn.Linear(width * 6, classes)
+
+    def forward(self, x):
+        from torchvision.ops import roi_pool
+
+        pooled = roi_pool(torch.tanh(self.backbone(x)), self.rois, (3, 2), spatial_scale=0.5)
+        return self.fc(pooled.flatten(1))
+
+
 class PatchMixer(nn.Module):
     """``nn.Unfold``'s overlapping patches mixed by a ``Linear`` and summed back by ``nn.Fold`` (ONNX ``Col2Im``), as
     patch-based inpainting and T2T-ViT's soft split write it: 3x3 blocks, stride 2, padding 1; then a dilated fold
@@ -296,6 +319,31 @@ class PatchMixer(nn.Module):
         patches = self.mix(self.unfold(self.stem(x)).transpose(1, 2)).transpose(1, 2)
         y = self.fold(torch.tanh(patches))
         return y, self.fold2(self.unfold2(y) * torch.sigmoid(self.unfold2(torch.cat([x, x[:, :1]], 1))))
+
+
+class DeformableBlock(nn.Module):
+    """A modulated deformable convolution (DCNv2) as detectors write it: offsets and a sigmoid mask predicted by plain
+    convolutions from the features, then torchvision's ``DeformConv2d`` (ONNX ``DeformConv``) with 2 groups, 2 offset
+    groups, stride 2 and padding; then an unmodulated, dilated one (3x3, dilation 2) and a linear head. The offsets are
+    scaled so that taps move several pixels and fall outside the map."""
+
+    def __init__(self, width: int = 8, classes: int = 4):
+        super().__init__()
+        from torchvision.ops import DeformConv2d
+
+        self.stem = nn.Conv2d(3, width, 3, padding=1)
+        self.offset = nn.Conv2d(width, 2 * 2 * 9, 3, stride=2, padding=1)
+        self.mask = nn.Conv2d(width, 2 * 9, 3, stride=2, padding=1)
+        self.deform = DeformConv2d(width, width, 3, stride=2, padding=1, groups=2)
+        self.offset2 = nn.Conv2d(width, 2 * 9, 3, padding=1)
+        self.deform2 = DeformConv2d(width, width, 3, padding=2, dilation=2, bias=False)
+        self.fc = nn.Linear(width, classes)
+
+    def forward(self, x):
+        f = torch.relu(self.stem(x))
+        f = torch.relu(self.deform(f, 3.0 * self.offset(f), torch.sigmoid(self.mask(f))))
+        f = torch.relu(self.deform2(f, 2.0 * self.offset2(f)))
+        return self.fc(f.mean(dim=(2, 3)))
 
 
 def _tiny_two_stage(width: int, classes: int, size: int) -> dict:
@@ -365,8 +413,9 @@ class TinyMaskDetector(nn.Module):
 
 
 def legacy_fixtures(rng) -> dict:
-    """The segmentation heads exported with the legacy exporter (``dynamo=False``, opset 17), whose
-    graphs compute the resize sizes from ``Shape`` at run time (the dynamo export folds them):
+    """Models exported with the legacy exporter (``dynamo=False``, opset 17): the segmentation heads, whose graphs
+    compute the resize sizes from ``Shape`` at run time (the dynamo export folds them), the detectors and a Fast R-CNN
+    head (the dynamo exporter cannot trace the first or translate ``roi_pool``):
     name -> (model factory, inputs, output names, opset, dynamic axes)."""
     image = {"image": rng.standard_normal((2, 3, 32, 32)).astype("float32")}
     dyn = {"image": {0: "batch"}, "out": {0: "batch"}}
@@ -374,7 +423,9 @@ def legacy_fixtures(rng) -> dict:
     return {"lraspp": (LRASPPNet, image, ["out"], 17, dyn), "deeplabv3": (DeepLabNet, image, ["out"], 17, dyn),
             "faster_rcnn": (TinyDetector, one, ["boxes", "scores", "labels"], 17, {}),
             "mask_rcnn": (TinyMaskDetector, {"image": rng.random((3, 48, 48)).astype("float32")},
-                          ["boxes", "scores", "labels", "masks"], 17, {})}
+                          ["boxes", "scores", "labels", "masks"], 17, {}),
+            "roi_pool": (RoiPoolHead, {"image": rng.standard_normal((2, 3, 16, 20)).astype("float32")}, ["logits"], 17,
+                         {})}
 
 
 def dynamo_fixtures(rng) -> dict:
@@ -399,5 +450,6 @@ def dynamo_fixtures(rng) -> dict:
         "dyn_xception": (XceptionNet, image(32), ["logits"]),
         "dyn_roi_head": (RoiHead, image(32), ["aligned", "adaptive"]),
         "dyn_fold": (PatchMixer, image(10), ["folded", "refolded"]),
+        "dyn_deform": (DeformableBlock, image(12), ["logits"]),
     }
 

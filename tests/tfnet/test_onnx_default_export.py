@@ -37,6 +37,7 @@ MODELS = {
     "dyn_xception": {"Conv", "Add", "Relu", "MaxPool"},  # sums read by the next block's Relu and sum: remapper_guard
     "dyn_roi_head": {"RoiAlign", "Range", "Tile"},  # torchvision's roi_align, aligned and adaptive, on run-time rois
     "dyn_fold": {"Col2Im", "Gather", "Pad"},  # nn.Fold after nn.Unfold (which the export writes as gathers)
+    "dyn_deform": {"DeformConv", "Sigmoid"},  # torchvision DeformConv2d: modulated, grouped, strided; dilated
 }
 _NETS = {}
 

@@ -30,6 +30,7 @@ MODELS = {
     "mobilenet_v3": (17, True), "efficientnet": (15, True), "regnet": (14, False), "densenet": (13, False),
     "shufflenet": (16, False), "squeezenet": (13, False), "mnasnet": (18, False), "googlenet": (17, True),
     "vit": (17, True), "swin": (17, True), "lraspp": (17, False), "deeplabv3": (17, False),
+    "roi_pool": (17, False),  # torchvision's roi_pool (MaxRoiPool) on regions past the border, empty bins, half rounding
 }
 
 

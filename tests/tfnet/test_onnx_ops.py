@@ -526,3 +526,62 @@ def test_resize_to_sizes_known_at_run_time_equals_the_converted_one_and_onnxrunt
         np.testing.assert_allclose(grad[0] if k else grad, static.backward(inputs if k else x, g)[0][0] if k
                                    else static.backward(x, g)[0], rtol=1e-5, atol=1e-5)
     assert got.shape == (2, 3, 9, 4)
+
+
+@pytest.mark.parametrize("attrs,mask,bias", [
+    ({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, True, True),
+    ({"kernel_shape": [2, 3], "strides": [2, 1], "pads": [0, 2, 1, 0], "group": 2}, False, True),
+    ({"kernel_shape": [3, 2], "dilations": [2, 1], "pads": [2, 1, 2, 0], "offset_group": 2}, True, False),
+    ({"kernel_shape": [1, 1], "strides": [2, 2], "group": 2, "offset_group": 4}, True, True),
+])
+def test_deform_conv_equals_onnxruntime_and_onnx_reference(attrs, mask, bias):
+    """``DeformConv`` beyond what torchvision exports (the dyn_deform fixture has PyTorch's gradients): kernels that
+    are not square, asymmetric pads, strides and dilations that differ by axis, groups and offset groups, with and
+    without a mask and a bias; offsets of up to 3 pixels, so taps fall between pixels and outside the input."""
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(59)
+    c, out_c, h, w = 4, 6, 7, 8
+    kh, kw = attrs["kernel_shape"]
+    (sh, sw), (dh, dw) = attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1])
+    pads = attrs.get("pads", [0, 0, 0, 0])
+    oh, ow = (h + pads[0] + pads[2] - dh * (kh - 1) - 1) // sh + 1, (w + pads[1] + pads[3] - dw * (kw - 1) - 1) // sw + 1
+    groups, offset_groups = attrs.get("group", 1), attrs.get("offset_group", 1)
+    inputs = {"x": rng.standard_normal((2, c, h, w)).astype(np.float32),
+              "offset": rng.uniform(-3, 3, (2, offset_groups * kh * kw * 2, oh, ow)).astype(np.float32)}
+    inits = [_tensor("W", rng.standard_normal((out_c, c // groups, kh, kw)))]
+    optional = (["B" if bias else "", "mask"] if mask else ["B"] if bias else [])  # "": an input left out
+    if bias:
+        inits.append(_tensor("B", rng.standard_normal(out_c)))
+    if mask:
+        inputs["mask"] = rng.uniform(0, 1, (2, offset_groups * kh * kw, oh, ow)).astype(np.float32)
+    node = helper.make_node("DeformConv", ["x", "W", "offset", *optional], ["y"], **attrs)
+    model = _model([node], [_info(k, list(v.shape)) for k, v in inputs.items()], [_info("y", 4)], inits, opset=19)
+    import onnxruntime as ort
+
+    got = TFNet.from_onnx(model, relax_batch=False).forward(list(inputs.values()))
+    assert got.shape == (2, out_c, oh, ow)
+    for oracle in (ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]),
+                   ReferenceEvaluator(model)):
+        np.testing.assert_allclose(got, oracle.run(None, inputs)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pooled,scale", [([2, 2], 1.0), ([3, 2], 0.5), ([1, 4], 0.25)])
+def test_max_roi_pool_equals_onnxruntime(pooled, scale):
+    """``MaxRoiPool`` (torchvision's ``roi_pool``; the roi_pool fixture has PyTorch's gradients) against onnxruntime:
+    two images, regions inside, across the border, past it (empty bins: 0), smaller than a pixel, reversed, and with
+    corners that land on .5 once scaled (rounded away from zero)."""
+    rng = np.random.default_rng(60)
+    x = rng.standard_normal((2, 3, 9, 11)).astype(np.float32)
+    rois = np.array([[0, 1, 1, 6, 5], [1, 0.5, 2.2, 8.9, 6.7], [0, -3, -2, 4, 3], [1, 6, 4, 15, 11], [1, 2, 3, 2, 3],
+                     [0, 5, 5, 3, 2], [1, 0, 0, 10, 8], [0, 30, 30, 40, 40], [1, 1.5, 2.5, 5.5, 6.5]], np.float32)
+    rois[:, 1:] /= scale
+    node = helper.make_node("MaxRoiPool", ["x", "rois"], ["y"], pooled_shape=pooled, spatial_scale=scale)
+    model = _model([node], [_info("x", [2, 3, 9, 11])], [_info("y", 4)], [_tensor("rois", rois)])
+    import onnxruntime as ort
+
+    got = TFNet.from_onnx(model, relax_batch=False).forward(x)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert got.shape == want.shape == (9, 3, *pooled)
+    assert (want[7] == 0).all()  # the region past the map: every bin empty
+    np.testing.assert_array_equal(got, want)

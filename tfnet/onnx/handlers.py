@@ -10,6 +10,7 @@ from tfnet.onnx import (  # noqa: F401  (importing them registers their handlers
     ops_col2im,
     ops_control,
     ops_conv_nd,
+    ops_deform,
     ops_grid,
     ops_index,
     ops_loop,

@@ -1,4 +1,5 @@
-"""ONNX ``GridSample`` (2-D and, from version 20, N-D), ``RoiAlign`` and ``NonMaxSuppression`` as TensorFlow gathers.
+"""ONNX ``GridSample`` (2-D and, from version 20, N-D), ``RoiAlign``, ``MaxRoiPool`` and ``NonMaxSuppression`` as
+TensorFlow gathers.
 
 Each output position samples the input at the grid's normalised coordinate (``align_corners``),
 ``nearest`` (rounded half to even), ``linear`` (2 taps a dimension) or ``cubic`` (4 taps, Keys'
@@ -226,3 +227,45 @@ def _roi_align(ctx: Ctx, node, attrs):
         pooled = tf.reduce_max(sample, [2, 4])
         pooled = tf.where(tf.math.is_inf(pooled), tf.zeros([], dtype), pooled)  # a region with no sample: 0
     ctx.set(node.output[0], tf.cast(pooled, x.dtype), nhwc=True)  # (R, out_h, out_w, C)
+
+
+@register("MaxRoiPool", since=1)
+def _max_roi_pool(ctx: Ctx, node, attrs):
+    """Fast R-CNN's region pooling, as torchvision's ``roi_pool`` (which the legacy exporter writes as this operator),
+    Caffe and onnxruntime's kernel compute it: a region's corners scaled by ``spatial_scale`` and rounded half away
+    from zero, the region at least one pixel a side, cut into ``pooled_shape`` bins of whole pixels (from the floor of
+    a bin's start to the ceiling of its end, clipped to the map); each bin's maximum, 0 for an empty bin. One region
+    at a time (``tf.map_fn``), the maxima taken along the width, then the height: memory for one region's
+    (H, bins, W, C), not every region's. The gradient reaches the feature map (shared between equal maxima, where
+    torchvision gives it to the first), not the regions."""
+    x = ctx.nhwc(node.input[0])  # (N, H, W, C)
+    rois = tf.stop_gradient(ctx.plain(node.input[1]))  # (R, 5): batch index, x1, y1, x2, y2
+    if "pooled_shape" not in attrs:
+        raise OnnxConversionError(f"MaxRoiPool {node.name!r}: the pooled_shape attribute is missing (ONNX requires it).")
+    bins = [int(v) for v in attrs["pooled_shape"]]
+    scale = float(attrs.get("spatial_scale", 1.0))
+    real = rois.dtype if rois.dtype in (tf.float32, tf.float64) else tf.float32
+    scaled = tf.cast(rois[:, 1:], real) * tf.constant(scale, real)
+    corners = tf.cast(tf.sign(scaled) * tf.floor(tf.abs(scaled) + 0.5), tf.int32)  # C's round()
+    sizes = tf.shape(x)[1:3]
+    masks = []  # per axis (y, then x): (R, bins, size), which pixels each bin of each region covers
+    for start, end, count, size in ((corners[:, 1], corners[:, 3], bins[0], sizes[0]),
+                                    (corners[:, 0], corners[:, 2], bins[1], sizes[1])):
+        step = tf.cast(tf.maximum(end - start + 1, 1), real) / count
+        k = tf.range(count, dtype=real)[None, :]
+        low = tf.clip_by_value(tf.cast(tf.floor(k * step[:, None]), tf.int32) + start[:, None], 0, size)
+        high = tf.clip_by_value(tf.cast(tf.math.ceil((k + 1) * step[:, None]), tf.int32) + start[:, None], 0, size)
+        at = tf.range(size)[None, None, :]
+        masks.append((at >= low[..., None]) & (at < high[..., None]))
+    lowest = tf.constant(float("-inf"), x.dtype)
+
+    def pool(region):
+        b, rows, cols = region  # (), (bins_y, H), (bins_x, W)
+        feature = tf.gather(x, b)  # (H, W, C)
+        across = tf.reduce_max(tf.where(cols[None, :, :, None], feature[:, None, :, :], lowest), axis=2)
+        pooled = tf.reduce_max(tf.where(rows[:, :, None, None], across[None], lowest), axis=1)  # (bins_y, bins_x, C)
+        return tf.where(tf.equal(pooled, lowest), tf.zeros([], x.dtype), pooled)  # an empty bin: 0
+
+    pooled = tf.map_fn(pool, (tf.cast(rois[:, 0], tf.int32), masks[0], masks[1]),
+                       fn_output_signature=tf.TensorSpec([bins[0], bins[1], x.shape[3]], x.dtype))
+    ctx.set(node.output[0], pooled, nhwc=True)  # (R, bins_y, bins_x, C)
