@@ -79,7 +79,7 @@ def polynomial(
     def fn(step):
         steps = tf.constant(float(decay_steps))
         if cycle:
-            mult = tf.where(step == 0, 1.0, tf.math.ceil(step / steps))
+            mult = tf.where(tf.equal(step, 0), 1.0, tf.math.ceil(step / steps))
             steps = steps * mult
         else:
             step = tf.minimum(step, steps)

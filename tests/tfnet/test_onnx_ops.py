@@ -585,3 +585,49 @@ def test_max_roi_pool_equals_onnxruntime(pooled, scale):
     assert got.shape == want.shape == (9, 3, *pooled)
     assert (want[7] == 0).all()  # the region past the map: every bin empty
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("attrs", [
+    {"mode": "linear", "coordinate_transformation_mode": "pytorch_half_pixel"},
+    {"mode": "cubic", "coordinate_transformation_mode": "pytorch_half_pixel"},
+    {"mode": "linear", "coordinate_transformation_mode": "align_corners"},
+])
+def test_resize_to_one_pixel_at_run_time_reads_where_onnx_says(attrs):
+    """A run-time ``Resize`` to a length of 1: ``pytorch_half_pixel`` reads source coordinate -0.5 there (onnx's
+    reference), ``align_corners`` 0, as the sizes known while converting do. (The length was compared with ``==``,
+    which in the ``tf.Graph`` tfnet converts in compares tensors by identity: always false, so the middle was read.)"""
+    rng = np.random.default_rng(64)
+    x = rng.standard_normal((1, 2, 6, 7)).astype(np.float32)
+    like = np.zeros((1, 1, 1, 3), np.float32)  # height 1, width 3
+
+    def model(h, w, lh, lw):
+        shape = [helper.make_node("Shape", ["x"], ["xs"], end=2), helper.make_node("Shape", ["like"], ["ls"], start=2),
+                 helper.make_node("Concat", ["xs", "ls"], ["sizes"], axis=0),
+                 helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], **attrs)]
+        return _model(shape, [_info("x", [1, 2, h, w]), _info("like", [1, 1, lh, lw])], [_info("y", 4)], opset=19)
+
+    got = TFNet.from_onnx(model("h", "w", "lh", "lw"), relax_batch=False).forward([x, like])
+    fixed = TFNet.from_onnx(model(6, 7, 1, 3), relax_batch=False).forward([x, like])
+    assert got.shape == (1, 2, 1, 3)
+    np.testing.assert_allclose(got, fixed, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("bins,length,rate,low,high,out_type", [
+    (20, 512, 16000, 20.0, 7600.0, TensorProto.FLOAT), (40, 400, 22050, 0.0, 11025.0, TensorProto.DOUBLE),
+    (64, 1024, 44100, 125.0, 8000.0, TensorProto.FLOAT16)])
+def test_mel_weight_matrix_equals_onnx_reference(bins, length, rate, low, high, out_type):
+    """``MelWeightMatrix`` at speech and music settings (the conformance case has one small one), the number of mel
+    bins given at run time, against onnx's reference, exactly."""
+    from onnx.reference import ReferenceEvaluator
+
+    node = helper.make_node("MelWeightMatrix", ["bins", "length", "rate", "low", "high"], ["w"],
+                            output_datatype=out_type)
+    consts = [onnx.numpy_helper.from_array(np.array(v, t), n) for n, v, t in
+              (("length", length, np.int64), ("rate", rate, np.int64), ("low", low, np.float32),
+               ("high", high, np.float32))]
+    model = _model([node], [_info("bins", [], TensorProto.INT64)], [_info("w", 2, out_type)], consts)
+    got = TFNet.from_onnx(model, relax_batch=False).forward(np.array(bins, np.int64))
+    want = ReferenceEvaluator(model).run(None, {"bins": np.array(bins, np.int64)})[0]
+    assert got.shape == want.shape == (length // 2 + 1, bins) and got.dtype == want.dtype
+    assert (want.sum(0) > 0).all()  # every filter covers a bin
+    np.testing.assert_array_equal(got, want)

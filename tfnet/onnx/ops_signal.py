@@ -1,4 +1,4 @@
-"""ONNX ``DFT`` and ``STFT`` as TensorFlow's FFTs.
+"""ONNX ``DFT`` and ``STFT`` as TensorFlow's FFTs, and ``MelWeightMatrix``.
 
 Complex values are ONNX's trailing dimension of 2 (real, imaginary); a trailing dimension of 1 is a
 real signal. ``DFT``: along any axis (an attribute in version 17, an input from 20), forward or inverse
@@ -84,3 +84,33 @@ def _stft(ctx: Ctx, node, attrs):
     if attrs.get("onesided", 1):
         y = y[..., : length // 2 + 1]
     ctx.set(node.output[0], _pair(y, signal.dtype))
+
+
+@register("MelWeightMatrix", since=17)
+def _mel_weight_matrix(ctx: Ctx, node, attrs):
+    """The (dft_length // 2 + 1, num_mel_bins) matrix of triangular mel filters, as onnx's reference and numpy compute
+    it: ``num_mel_bins + 2`` points evenly spaced on the mel scale from the lower to the upper edge (the edges' mels
+    in their own precision, the rest in double), each mapped to the FFT bin ``floor((dft_length + 1) * hz /
+    sample_rate)``; filter ``i`` rises from point ``i`` to ``i + 1`` and falls to ``i + 2``. Its inputs may be
+    known only at run time (its shape then is too); it has no gradient (ONNX defines none)."""
+    from tfnet.onnx.ops import tf_dtype
+
+    bins, length, rate = (tf.cast(tf.reshape(ctx.plain(node.input[k]), []), tf.int64) for k in range(3))
+    edges = []
+    for k in (3, 4):  # 2595 * log10(1 + hz / 700), numpy's order: the edge's dtype, then double
+        hz = tf.reshape(ctx.plain(node.input[k]), [])
+        hz = hz if hz.dtype.is_floating else tf.cast(hz, tf.float64)
+        edges.append(tf.cast(2595 * tf.math.log1p(hz / tf.cast(700, hz.dtype)), tf.float64) / np.log(10))
+    step = (edges[1] - edges[0]) / tf.cast(bins + 2, tf.float64)
+    mels = tf.cast(tf.range(bins + 2), tf.float64) * step + edges[0]
+    hz = 700 * tf.math.expm1(mels / 2595 * np.log(10))
+    points = tf.cast(tf.math.floordiv(tf.cast(length + 1, tf.float64) * hz, tf.cast(rate, tf.float64)), tf.int64)
+    low, center, high = points[None, :-2], points[None, 1:-1], points[None, 2:]  # (1, bins) each
+    j = tf.range(length // 2 + 1, dtype=tf.int64)[:, None]
+    rise, fall = center - low, high - center
+    rising = tf.where(tf.equal(rise, 0), tf.cast(tf.equal(j, center), tf.float64),
+                      tf.where((j >= low) & (j <= center), tf.cast(j - low, tf.float64) /
+                               tf.cast(tf.maximum(rise, 1), tf.float64), 0.0))
+    falling = tf.cast(high - j, tf.float64) / tf.cast(tf.maximum(fall, 1), tf.float64)
+    out = tf.where((fall > 0) & (j >= center) & (j < high), falling, rising)  # the falling side is written last
+    ctx.set(node.output[0], tf.cast(out, tf_dtype(attrs.get("output_datatype", 1))))

@@ -35,11 +35,11 @@ def source_coordinates(coord: str, out: tf.Tensor, size: tf.Tensor, scale: tf.Te
     y = tf.range(out, dtype=tf.float64)
     width = scale * size  # the output length before rounding
     if coord == "align_corners":
-        return tf.where(width == 1, tf.zeros_like(y), y * (size - 1) / tf.maximum(width - 1, 1e-300))
+        return tf.where(tf.equal(width, 1.0), tf.zeros_like(y), y * (size - 1) / tf.maximum(width - 1, 1e-300))
     if coord == "asymmetric":
         return y / scale
     if coord == "pytorch_half_pixel":
-        return tf.where(width == 1, tf.fill(tf.shape(y), tf.constant(-0.5, tf.float64)), (y + 0.5) / scale - 0.5)
+        return tf.where(tf.equal(width, 1.0), tf.fill(tf.shape(y), tf.constant(-0.5, tf.float64)), (y + 0.5) / scale - 0.5)
     if coord == "tf_half_pixel_for_nn":
         return (y + 0.5) / scale
     return (y + 0.5) / scale - 0.5  # half_pixel
@@ -73,7 +73,7 @@ def resize_axis(x: tf.Tensor, axis: int, out: tf.Tensor, scale: tf.Tensor | None
     if exclude_outside:
         weights = [tf.where((i < 0) | (i > last), tf.zeros_like(w), w) for i, w in zip(taps, weights)]
         total = tf.add_n(weights)
-        weights = [w / tf.where(total == 0, tf.ones_like(total), total) for w in weights]
+        weights = [w / tf.where(tf.equal(total, 0.0), tf.ones_like(total), total) for w in weights]
     return tf.add_n([tf.gather(x, tf.cast(tf.clip_by_value(i, 0.0, last), tf.int64), axis=axis)
                      * tf.reshape(tf.cast(w, x.dtype), shape) for i, w in zip(taps, weights)])
 
