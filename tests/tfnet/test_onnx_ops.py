@@ -528,16 +528,17 @@ def test_resize_to_sizes_known_at_run_time_equals_the_converted_one_and_onnxrunt
     assert got.shape == (2, 3, 9, 4)
 
 
-@pytest.mark.parametrize("attrs,mask,bias", [
-    ({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, True, True),
-    ({"kernel_shape": [2, 3], "strides": [2, 1], "pads": [0, 2, 1, 0], "group": 2}, False, True),
-    ({"kernel_shape": [3, 2], "dilations": [2, 1], "pads": [2, 1, 2, 0], "offset_group": 2}, True, False),
-    ({"kernel_shape": [1, 1], "strides": [2, 2], "group": 2, "offset_group": 4}, True, True),
+@pytest.mark.parametrize("attrs,mask,bias,spatial", [
+    ({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, True, True, "static"),
+    ({"kernel_shape": [2, 3], "strides": [2, 1], "pads": [0, 2, 1, 0], "group": 2}, False, True, "run time"),
+    ({"kernel_shape": [3, 2], "dilations": [2, 1], "pads": [2, 1, 2, 0], "offset_group": 2}, True, False, "static"),
+    ({"kernel_shape": [1, 1], "strides": [2, 2], "group": 2, "offset_group": 4}, True, True, "run time"),
 ])
-def test_deform_conv_equals_onnxruntime_and_onnx_reference(attrs, mask, bias):
+def test_deform_conv_equals_onnxruntime_and_onnx_reference(attrs, mask, bias, spatial):
     """``DeformConv`` beyond what torchvision exports (the dyn_deform fixture has PyTorch's gradients): kernels that
     are not square, asymmetric pads, strides and dilations that differ by axis, groups and offset groups, with and
-    without a mask and a bias; offsets of up to 3 pixels, so taps fall between pixels and outside the input."""
+    without a mask and a bias; offsets of up to 3 pixels, so taps fall between pixels and outside the input; spatial
+    sizes declared or known only at run time (an export with dynamic height and width)."""
     from onnx.reference import ReferenceEvaluator
 
     rng = np.random.default_rng(59)
@@ -556,7 +557,8 @@ def test_deform_conv_equals_onnxruntime_and_onnx_reference(attrs, mask, bias):
     if mask:
         inputs["mask"] = rng.uniform(0, 1, (2, offset_groups * kh * kw, oh, ow)).astype(np.float32)
     node = helper.make_node("DeformConv", ["x", "W", "offset", *optional], ["y"], **attrs)
-    model = _model([node], [_info(k, list(v.shape)) for k, v in inputs.items()], [_info("y", 4)], inits, opset=19)
+    dims = {k: list(v.shape) if spatial == "static" else [*v.shape[:2], f"{k}h", f"{k}w"] for k, v in inputs.items()}
+    model = _model([node], [_info(k, dims[k]) for k in inputs], [_info("y", 4)], inits, opset=19)
     import onnxruntime as ort
 
     got = TFNet.from_onnx(model, relax_batch=False).forward(list(inputs.values()))

@@ -20,7 +20,7 @@ from tfnet.onnx.ops import register
 
 def _sample_at(data: tf.Tensor, y: tf.Tensor, x: tf.Tensor) -> tf.Tensor:
     """``data`` (N, G, H, W, C) read bilinearly at ``(y, x)`` (N, G, ...), zeros outside: (N, G, ..., C)."""
-    height, width = data.shape[2], data.shape[3]
+    height, width = (tf.cast(tf.shape(data)[k], y.dtype) if data.shape[k] is None else data.shape[k] for k in (2, 3))
     y0, x0 = tf.floor(y), tf.floor(x)
     total = None
     for ny, wy in ((y0, 1 - (y - y0)), (y0 + 1, y - y0)):
@@ -42,16 +42,16 @@ def _deform_conv(ctx: Ctx, node, attrs):
             f"DeformConv {node.name!r}: a {w.shape.rank - 2}-D deformable convolution is not converted (2-D is, as "
             "torchvision's deform_conv2d exports it).")
     x = ctx.nhwc(node.input[0])  # (N, H, W, C)
-    offset = ctx.nhwc(node.input[2])  # (N, oh, ow, offset groups * kh * kw * 2)
+    offset = ctx.nhwc(node.input[2])  # (N, oh, ow, offset groups * kh * kw * 2): the output's spatial size
     bias = ctx.plain(node.input[3]) if len(node.input) > 3 and node.input[3] else None
     mask = ctx.nhwc(node.input[4]) if len(node.input) > 4 and node.input[4] else None
-    height, width, channels = x.shape[1:]
+    channels = x.shape[3]
     out_channels, group_channels, *kernel = w.shape
     kernel = [int(k) for k in attrs.get("kernel_shape", kernel)]
-    if None in (height, width, channels, group_channels, *kernel):
+    if None in (channels, group_channels, *kernel):
         raise OnnxConversionError(
-            f"DeformConv {node.name!r}: the input's spatial sizes and channels and the weights' shape must be known "
-            f"while converting (input {x.shape} channels last, weights {w.shape}).")
+            f"DeformConv {node.name!r}: the input's channels and the weights' shape must be known while converting "
+            f"(input {x.shape} channels last, weights {w.shape}).")
     groups, offset_groups = int(attrs.get("group", 1)), int(attrs.get("offset_group", 1))
     strides = [int(s) for s in attrs.get("strides", [1, 1])]
     dilations = [int(d) for d in attrs.get("dilations", [1, 1])]
@@ -77,6 +77,7 @@ def _deform_conv(ctx: Ctx, node, attrs):
     y = base[0][None, None] + offset[..., 0]  # (N, G, taps, oh, ow)
     x_at = base[1][None, None] + offset[..., 1]
     data = tf.cast(x, dtype)
+    height, width = (x.shape[k] if x.shape[k] is not None else tf.shape(x)[k] for k in (1, 2))
     data = tf.transpose(tf.reshape(data, [n, height, width, offset_groups, channels // offset_groups]),
                         [0, 3, 1, 2, 4])  # (N, G, H, W, C / G)
     columns = _sample_at(data, y, x_at)  # (N, G, taps, oh, ow, C / G)
