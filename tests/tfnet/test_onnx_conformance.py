@@ -82,10 +82,13 @@ def test_every_case_on_the_committed_list_still_passes(report, summary_line):
 
 def test_what_does_not_convert_fails_at_load_by_name(report):
     """No case fails when it runs: what tfnet cannot convert is refused while loading, and the refusal
-    names the operator and its version."""
+    names the operator and its version. The one exception is in the data: ``ImageDecoder`` on an image whose format
+    TensorFlow cannot decode (JPEG 2000, TIFF, PNM), a typed error that names the formats it can."""
     failures = report.failures()
-    assert not [r for r in failures if "GraphExecutionError" in r.detail], [r for r in failures
-                                                                              if "GraphExecutionError" in r.detail]
+    at_run_time = [r for r in failures if "GraphExecutionError" in r.detail]
+    undecodable = {f"test_image_decoder_decode_{f}_rgb" for f in ("jpeg2k", "tiff", "pnm")}
+    assert {r.name for r in at_run_time} <= undecodable, at_run_time
+    assert all("Unknown image file format. One of JPEG" in r.detail for r in at_run_time), at_run_time
     unsupported = [r for r in failures if r.outcome == "unsupported"]
     assert unsupported and all("that tfnet cannot convert:" in r.detail and " v" in r.detail for r in unsupported)
 

@@ -633,3 +633,46 @@ def test_mel_weight_matrix_equals_onnx_reference(bins, length, rate, low, high, 
     assert got.shape == want.shape == (length // 2 + 1, bins) and got.dtype == want.dtype
     assert (want.sum(0) > 0).all()  # every filter covers a bin
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("pixel_format", ["RGB", "BGR", "Grayscale"])
+def test_image_decoder_decodes_what_pillow_encodes_as_pillow_does(pixel_format):
+    """``ImageDecoder`` on one image encoded by Pillow as JPEG (4:2:0 and 4:4:4), PNG (with alpha), BMP, GIF, lossy and
+    lossless WebP, and a grayscale JPEG, exactly as Pillow decodes it (onnx's reference decodes with Pillow, but hands
+    back Pillow's own mode: a GIF's palette indices, a gray image's two axes, RGBA's four channels; the operator's
+    definition asks for 3 channels, or 1 for Grayscale, which Pillow's ``convert`` gives); TIFF, which TensorFlow
+    cannot decode, fails at run time with a typed error that names the formats it can."""
+    import io
+
+    from PIL import Image
+
+    from tfnet import GraphExecutionError
+
+    rng = np.random.default_rng(65)
+    yy, xx = np.mgrid[0:37, 0:53]
+    smooth = np.stack([yy * 6, xx * 4, (yy + xx) * 3], -1) % 256
+    rgb = np.clip(smooth + rng.integers(-20, 20, smooth.shape), 0, 255).astype(np.uint8)
+
+    def encoded(fmt, image=rgb, **kw):
+        out = io.BytesIO()
+        Image.fromarray(image).save(out, format=fmt, **kw)
+        return np.frombuffer(out.getvalue(), np.uint8)
+
+    rgba = np.concatenate([rgb, rng.integers(0, 256, (37, 53, 1)).astype(np.uint8)], -1)
+    images = {"jpeg": encoded("JPEG", quality=90), "jpeg 4:4:4": encoded("JPEG", quality=75, subsampling=0),
+              "png": encoded("PNG", image=rgba), "bmp": encoded("BMP"), "gif": encoded("GIF"),
+              "webp": encoded("WEBP", quality=80), "webp lossless": encoded("WEBP", lossless=True),
+              "gray jpeg": encoded("JPEG", image=rgb[..., 1])}
+    node = helper.make_node("ImageDecoder", ["encoded"], ["image"], pixel_format=pixel_format)
+    model = _model([node], [_info("encoded", ["n"], TensorProto.UINT8)], [_info("image", 3, TensorProto.UINT8)],
+                   opset=20)
+    net = TFNet.from_onnx(model, relax_batch=False)
+    for name, data in images.items():
+        image = Image.open(io.BytesIO(data.tobytes()))
+        want = (np.array(image.convert("L"))[..., None] if pixel_format == "Grayscale" else
+                np.array(image.convert("RGB"))[..., ::-1 if pixel_format == "BGR" else 1])
+        got = net.forward(data)
+        assert got.dtype == np.uint8 and got.shape == want.shape == (37, 53, 1 if pixel_format == "Grayscale" else 3)
+        np.testing.assert_array_equal(got, want, err_msg=name)
+    with pytest.raises(GraphExecutionError, match="Unknown image file format. One of JPEG"):
+        net.forward(encoded("TIFF"))

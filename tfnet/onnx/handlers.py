@@ -12,6 +12,7 @@ from tfnet.onnx import (  # noqa: F401  (importing them registers their handlers
     ops_conv_nd,
     ops_deform,
     ops_grid,
+    ops_image,
     ops_index,
     ops_loop,
     ops_nn,
