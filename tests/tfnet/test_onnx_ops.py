@@ -676,3 +676,43 @@ def test_image_decoder_decodes_what_pillow_encodes_as_pillow_does(pixel_format):
         np.testing.assert_array_equal(got, want, err_msg=name)
     with pytest.raises(GraphExecutionError, match="Unknown image file format. One of JPEG"):
         net.forward(encoded("TIFF"))
+
+
+@pytest.mark.parametrize("mode,low,high,skips,kind", [
+    ("TF", 1, 3, 2, "int"), ("IDF", 2, 2, 0, "int"), ("TFIDF", 1, 2, 3, "string"), ("TF", 2, 3, 1, "string"),
+    ("TFIDF", 1, 1, 0, "int"),
+])
+def test_tfidf_vectorizer_equals_onnxruntime_on_random_pools(mode, low, high, skips, kind):
+    """``TfIdfVectorizer`` against onnxruntime: rows of 9 tokens from a vocabulary of 4 and one token outside the pool
+    (so n-grams recur, also with gaps), a pool of unigrams, bigrams and trigrams (some sizes outside
+    ``min_gram_length`` to ``max_gram_length``, counted by neither), output columns shared by several n-grams and some
+    left empty, a weight per n-gram (as ONNX defines and onnxruntime reads them; onnx's reference reads them by output
+    column, the same only where the indexes are 0, 1, 2, ...), integer and string tokens, in rows and as one 1-D row."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(66)
+    vocab = np.array(["a", "b", "c", "d"]) if kind == "string" else np.array([3, 7, 11, 20], np.int64)
+    x = vocab[rng.integers(0, 4, (5, 9))]
+    x[1, 4] = "e" if kind == "string" else 99
+    grams = {1: vocab[rng.permutation(4)[:3]].reshape(-1, 1), 2: vocab[rng.integers(0, 4, (6, 2))],
+             3: vocab[rng.integers(0, 4, (4, 3))]}
+    grams[2] = np.unique(grams[2], axis=0)
+    grams[3] = np.unique(grams[3], axis=0)
+    pool = np.concatenate([g.ravel() for g in grams.values()])
+    counts = np.cumsum([0, len(grams[1]), 2 * len(grams[2])]).tolist()
+    total = sum(len(g) for g in grams.values())
+    # columns shared by several n-grams and some left empty; where IDF keeps one weight a column (onnxruntime the last
+    # n-gram's it meets, tfnet their sum), each n-gram its own column, in another order than the pool's
+    indexes = (rng.integers(0, total, total) if mode != "IDF" else rng.permutation(total + 3)[:total]).tolist()
+    attrs = dict(mode=mode, min_gram_length=low, max_gram_length=high, max_skip_count=skips, ngram_counts=counts,
+                 ngram_indexes=indexes, weights=rng.uniform(0.5, 2, total).astype(np.float32).tolist())
+    attrs["pool_strings" if kind == "string" else "pool_int64s"] = pool.tolist()
+    node = helper.make_node("TfIdfVectorizer", ["x"], ["y"], **attrs)
+    elem = TensorProto.STRING if kind == "string" else TensorProto.INT64
+    for data in (x, x[0]):
+        model = _model([node], [_info("x", list(data.shape), elem)], [_info("y", data.ndim)], opset=17)
+        got = TFNet.from_onnx(model, relax_batch=False).forward(data.astype(object) if kind == "string" else data)
+        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, {"x": data})[0]
+        assert got.shape == want.shape and np.abs(want).sum() > 0
+        np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -24,6 +24,7 @@ from tfnet.onnx import (  # noqa: F401  (importing them registers their handlers
     ops_signal,
     ops_string,
     ops_tensor,
+    ops_text,
 )
 from tfnet.onnx.registry import HANDLERS
 
