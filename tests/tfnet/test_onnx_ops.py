@@ -716,3 +716,38 @@ def test_tfidf_vectorizer_equals_onnxruntime_on_random_pools(mode, low, high, sk
             None, {"x": data})[0]
         assert got.shape == want.shape and np.abs(want).sum() > 0
         np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_optionals_inside_the_graph_equal_onnxruntime():
+    """``Optional`` of a tensor and of a sequence, an empty one, ``OptionalHasElement`` on each (and on no input),
+    ``OptionalGetElement`` back to the tensor and the sequence, against onnxruntime; reading an empty optional is
+    refused while converting, by name."""
+    import onnxruntime as ort
+
+    nodes = [helper.make_node("Optional", ["x"], ["opt_x"]),
+             helper.make_node("SplitToSequence", ["x"], ["seq"], axis=1, keepdims=0),
+             helper.make_node("Optional", ["seq"], ["opt_seq"]),
+             helper.make_node("Optional", [], ["empty"], type=helper.make_tensor_type_proto(TensorProto.FLOAT, [])),
+             helper.make_node("OptionalHasElement", ["opt_x"], ["has_x"]),
+             helper.make_node("OptionalHasElement", ["empty"], ["has_empty"]),
+             helper.make_node("OptionalHasElement", [], ["has_none"]),
+             helper.make_node("OptionalGetElement", ["opt_x"], ["got_x"]),
+             helper.make_node("OptionalGetElement", ["opt_seq"], ["got_seq"]),
+             helper.make_node("ConcatFromSequence", ["got_seq"], ["joined"], axis=0),
+             helper.make_node("Cast", ["has_x"], ["one"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["has_empty"], ["zero"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["got_x", "one"], ["y"]),
+             helper.make_node("Add", ["joined", "zero"], ["z"])]
+    outputs = [_info("y", [2, 3]), _info("z", [6]), _info("has_none", [], TensorProto.BOOL)]
+    model = _model(nodes, [_info("x", [2, 3])], outputs, opset=18)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    got = TFNet.from_onnx(model, relax_batch=False).forward(x)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert len(got) == len(want) == 3
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    assert want[2] == np.bool_(False) and want[1].tolist() == [0, 3, 1, 4, 2, 5]
+    bad = _model([nodes[3], helper.make_node("OptionalGetElement", ["empty"], ["y"])], [_info("x", [2, 3])],
+                 [_info("y", [])], opset=18)
+    with pytest.raises(OnnxConversionError, match="the optional 'empty' holds nothing"):
+        TFNet.from_onnx(bad, relax_batch=False)

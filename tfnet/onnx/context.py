@@ -55,6 +55,9 @@ class Ctx:
     sequences: dict[str, list] = field(default_factory=dict)
     #: the element dtype of an empty sequence, where the node that made it says (``SequenceEmpty``'s ``dtype``)
     sequence_dtypes: dict[str, tf.DType] = field(default_factory=dict)
+    #: ONNX optional values that hold nothing (an ``Optional`` without input); one that holds a tensor or a sequence
+    #: is that value itself (tfnet.onnx.ops_sequence)
+    empty_optionals: set[str] = field(default_factory=set)
     _session: tf.compat.v1.Session | None = None
     _const_ops: dict[str, bool] = field(default_factory=dict)
 

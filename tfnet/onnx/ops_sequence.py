@@ -10,6 +10,10 @@ it, ``SequenceLength`` is that size, ``ConcatFromSequence`` back along the same 
 a ``Loop`` carries (:mod:`tfnet.onnx.ops_loop`) is :class:`Written`, a ``tf.TensorArray`` of run-time length:
 ``SequenceInsert`` appends to it, ``SequenceAt`` reads it, ``SequenceLength`` is its size, ``ConcatFromSequence``
 concatenates or stacks it.
+
+Optional values (``Optional``, ``OptionalHasElement``, ``OptionalGetElement``) inside the graph: one that holds an
+element is the element (a tensor or a sequence), an empty one a name in ``Ctx.empty_optionals``; a model's own
+inputs and outputs stay tensors.
 """
 
 from __future__ import annotations
@@ -217,3 +221,40 @@ def _concat_written(node, array: tf.TensorArray, axis: int, new_axis: bool) -> t
     moved = tf.experimental.numpy.moveaxis(stacked, 0, axis)  # [..., n, d_axis, ...] -> merge n and d_axis
     shape = tf.shape(moved)
     return tf.reshape(moved, tf.concat([shape[:axis], [-1], shape[axis + 2:]], 0))
+
+
+def _pass_on(ctx: Ctx, source: str, target: str) -> None:
+    """``target`` is the same value as ``source``: a tensor (in its layout), a sequence or an empty optional."""
+    if source in ctx.sequences:
+        ctx.set_sequence(target, ctx.sequence(source))
+    elif source in ctx.empty_optionals:
+        ctx.empty_optionals.add(target)
+    else:
+        value = ctx.values.get(source)
+        if value is None:
+            ctx.plain(source)  # the converter's error for a value used before any node makes it
+        ctx.set(target, value.tensor, nhwc=value.nhwc)
+
+
+@register("Optional", since=15)
+def _optional(ctx: Ctx, node, attrs):
+    if len(node.input) and node.input[0]:
+        _pass_on(ctx, node.input[0], node.output[0])
+    else:
+        ctx.empty_optionals.add(node.output[0])
+
+
+@register("OptionalHasElement", since=15)
+def _optional_has_element(ctx: Ctx, node, attrs):
+    """False for no input or an empty optional; true for a tensor, a sequence or an optional that holds one."""
+    given = bool(len(node.input) and node.input[0]) and node.input[0] not in ctx.empty_optionals
+    ctx.set(node.output[0], tf.constant(given))
+
+
+@register("OptionalGetElement", since=15)
+def _optional_get_element(ctx: Ctx, node, attrs):
+    if node.input[0] in ctx.empty_optionals:
+        raise OnnxConversionError(
+            f"OptionalGetElement {node.name!r}: the optional {node.input[0]!r} holds nothing (ONNX leaves reading it "
+            "undefined).")
+    _pass_on(ctx, node.input[0], node.output[0])
