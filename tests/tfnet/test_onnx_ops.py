@@ -751,3 +751,38 @@ def test_optionals_inside_the_graph_equal_onnxruntime():
                  [_info("y", [])], opset=18)
     with pytest.raises(OnnxConversionError, match="the optional 'empty' holds nothing"):
         TFNet.from_onnx(bad, relax_batch=False)
+
+
+def test_scan_8_runs_per_batch_entry_as_onnxruntime_does():
+    """``Scan`` version 8 (opset 8: a batch axis on every state and scan input, ``directions``, ``sequence_lens``): a
+    running sum and a reversed running product over two scan inputs, for two batch entries, against onnxruntime;
+    ``sequence_lens`` of the full length is taken, a shorter one refused by name."""
+    import onnxruntime as ort
+
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "a"], ["s_out"]), helper.make_node("Mul", ["p_in", "b"], ["p_out"]),
+         helper.make_node("Identity", ["s_out"], ["seen_s"]), helper.make_node("Identity", ["p_out"], ["seen_p"])],
+        "body", [_info(v, [3]) for v in ("s_in", "p_in", "a", "b")],
+        [_info(v, [3]) for v in ("s_out", "p_out", "seen_s", "seen_p")])
+    rng = np.random.default_rng(67)
+    feeds = {"s0": rng.standard_normal((2, 3)).astype(np.float32), "p0": np.ones((2, 3), np.float32),
+             "xa": rng.standard_normal((2, 4, 3)).astype(np.float32),
+             "xb": rng.uniform(0.5, 1.5, (2, 4, 3)).astype(np.float32)}
+
+    def model(lens):
+        node = helper.make_node("Scan", ["lens" if lens is not None else "", "s0", "p0", "xa", "xb"],
+                                ["s", "p", "all_s", "all_p"], body=body, num_scan_inputs=2, directions=[0, 1])
+        consts = [onnx.numpy_helper.from_array(np.array(lens, np.int64), "lens")] if lens is not None else []
+        return _model([node], [_info(k, list(v.shape)) for k, v in feeds.items()],
+                      [_info("s", [2, 3]), _info("p", [2, 3]), _info("all_s", [2, 4, 3]), _info("all_p", [2, 4, 3])],
+                      consts, opset=8)
+
+    for lens in (None, [4, 4]):
+        got = TFNet.from_onnx(model(lens), relax_batch=False).forward(list(feeds.values()))
+        want = ort.InferenceSession(model(lens).SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, feeds)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got[0], feeds["s0"] + feeds["xa"].sum(1), rtol=1e-6)
+    with pytest.raises(OnnxConversionError, match=r"Scan .*version 8.*sequence_lens absent or all the full length"):
+        TFNet.from_onnx(model([4, 2]), relax_batch=False)
