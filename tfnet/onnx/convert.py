@@ -212,7 +212,29 @@ def _names(g, inputs, outputs) -> tuple[dict, list[str], list[str]]:
     for name in output_names:
         if name not in known:
             raise TensorNameError(unknown_name_message("ONNX value", name, sorted(known)))
+    declared = {o.name: o for o in g.output}
+    for kind, infos in (("input", list(by_input.values())),  # every one gets a placeholder, taken or not
+                        ("output", [declared[n] for n in output_names if n in declared])):
+        for info in infos:
+            if info.type.WhichOneof("value") not in ("tensor_type", None):
+                raise OnnxConversionError(
+                    f"The ONNX graph's {kind} {info.name!r} is {_type_text(info.type)}: a TFNet takes and gives "
+                    "tensors. Sequences and optionals convert inside the graph (ConcatFromSequence, SequenceAt, "
+                    "OptionalGetElement make tensors of them); choose tensor inputs and outputs with inputs= and "
+                    "outputs=, or end the graph in such a node.")
     return by_input, input_names, output_names
+
+
+def _type_text(t) -> str:
+    """An ONNX ``TypeProto`` in words: "a sequence of tensors", "an optional of a sequence of tensors", ..."""
+    kind = t.WhichOneof("value")
+    if kind == "sequence_type":
+        return "a sequence of " + _type_text(t.sequence_type.elem_type).removeprefix("a ").removeprefix("an ") + "s"
+    if kind == "optional_type":
+        return "an optional of " + _type_text(t.optional_type.elem_type)
+    if kind == "map_type":
+        return "a map"
+    return "a tensor" if kind == "tensor_type" else f"a value of type {kind}"
 
 
 def _initializers(ctx: Ctx, g, tf_name, static_inputs: set, shared: set, values: dict, onnx_weight_names: dict) -> None:
