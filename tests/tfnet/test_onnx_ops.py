@@ -786,3 +786,21 @@ def test_scan_8_runs_per_batch_entry_as_onnxruntime_does():
     np.testing.assert_allclose(got[0], feeds["s0"] + feeds["xa"].sum(1), rtol=1e-6)
     with pytest.raises(OnnxConversionError, match=r"Scan .*version 8.*sequence_lens absent or all the full length"):
         TFNet.from_onnx(model([4, 2]), relax_batch=False)
+
+
+@pytest.mark.parametrize("counts,indexes,weights,message", [
+    ([0, 2], [0, 1, 2], [], r"ngram_counts \[0, 2\] give the 2-grams 3 pool entries, not a multiple of 2"),
+    ([0, 3], [0, 1], [], r"its pool holds 4 n-grams .* ngram_indexes has 2 entries"),
+    ([0, 3], [0, 1, 2, 3], [1.0], r"ngram_indexes has 4 entries and weights 1"),
+])
+def test_a_tfidf_vectorizer_whose_attributes_disagree_is_refused_at_load(counts, indexes, weights, message):
+    """A pool that does not cut into its n-grams, or indexes or weights that are not one per n-gram: refused while
+    converting, by name, not a numpy or TensorFlow error at run time."""
+    attrs = dict(mode="TFIDF" if weights else "TF", min_gram_length=1, max_gram_length=2, max_skip_count=0,
+                 ngram_counts=counts, ngram_indexes=indexes, pool_int64s=[1, 2, 3, 4, 5])
+    if weights:
+        attrs["weights"] = weights
+    node = helper.make_node("TfIdfVectorizer", ["x"], ["y"], name="tfidf", **attrs)
+    model = _model([node], [_info("x", [2, 4], TensorProto.INT64)], [_info("y", 2)], opset=17)
+    with pytest.raises(OnnxConversionError, match=r"TfIdfVectorizer 'tfidf': .*" + message):
+        TFNet.from_onnx(model, relax_batch=False)

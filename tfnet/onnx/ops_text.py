@@ -20,13 +20,19 @@ from tfnet.onnx.ops import register
 _MODES = ("TF", "IDF", "TFIDF")
 
 
-def _pool_by_size(attrs, strings: bool) -> dict[int, np.ndarray]:
+def _pool_by_size(node, attrs, strings: bool) -> dict[int, np.ndarray]:
     """``{n: the pool's n-grams of n tokens, (M, n)}``, for every size ``ngram_counts`` lists, in the pool's order."""
     pool = [v.decode() if isinstance(v, bytes) else v for v in attrs.get("pool_strings", [])] if strings \
         else list(attrs.get("pool_int64s", []))
     starts = list(attrs.get("ngram_counts", [])) + [len(pool)]
-    return {n: np.array(pool[begin:end], dtype=str if strings else np.int64).reshape(-1, n)
-            for n, (begin, end) in enumerate(zip(starts[:-1], starts[1:]), start=1)}
+    out = {}
+    for n, (begin, end) in enumerate(zip(starts[:-1], starts[1:]), start=1):
+        if end < begin or (end - begin) % n:
+            raise OnnxConversionError(
+                f"TfIdfVectorizer {node.name!r}: ngram_counts {starts[:-1]} give the {n}-grams {end - begin} pool "
+                f"entries, not a multiple of {n}.")
+        out[n] = np.array(pool[begin:end], dtype=str if strings else np.int64).reshape(-1, n)
+    return out
 
 
 def _token_ids(rows: tf.Tensor, vocabulary: np.ndarray, strings: bool) -> tf.Tensor:
@@ -63,16 +69,22 @@ def _tfidf_vectorizer(ctx: Ctx, node, attrs):
     size = max(indexes) + 1
     rows = x if x.shape.rank == 2 else x[None]
     rows = rows if strings else tf.cast(rows, tf.int64)
-    pools = _pool_by_size(attrs, strings)
+    pools = _pool_by_size(node, attrs, strings)
+    total = sum(len(g) for g in pools.values())
     vocabulary = np.unique(np.concatenate([g.ravel() for g in pools.values()]))
     base = len(vocabulary) + 1  # an n-gram's key: its tokens' places as digits in base (vocabulary + 1)
     if base ** max(pools) >= 2 ** 62:
         raise OnnxConversionError(
             f"TfIdfVectorizer {node.name!r}: {len(vocabulary)} distinct tokens in n-grams of up to {max(pools)} "
             "tokens make keys past 62 bits.")
+    weights = np.asarray(attrs.get("weights", []), np.float32)
+    if len(indexes) != total or (len(weights) and len(weights) != total):
+        raise OnnxConversionError(
+            f"TfIdfVectorizer {node.name!r}: its pool holds {total} n-grams (ngram_counts {list(attrs['ngram_counts'])})"
+            f" but ngram_indexes has {len(indexes)} entries and weights {len(weights)}; ONNX asks for one of each per "
+            "n-gram.")
     ids = _token_ids(rows, vocabulary, strings)
     length, n_rows = tf.shape(rows)[1], tf.shape(rows)[0]
-    total = sum(len(g) for g in pools.values())
     counts = []  # (N, the size's pool n-grams) per size: how often each occurs, every distance summed
     for n, grams in pools.items():
         if not len(grams):
@@ -98,15 +110,14 @@ def _tfidf_vectorizer(ctx: Ctx, node, attrs):
     per_gram = tf.concat(counts, 1) if counts else tf.zeros(tf.stack([n_rows, total]), tf.float32)  # pool order
 
     def to_columns(values):  # (N, pool n-grams) summed into (N, output size) by ngram_indexes
-        return tf.transpose(tf.math.unsorted_segment_sum(tf.transpose(values), tf.constant(indexes[:total]), size))
+        return tf.transpose(tf.math.unsorted_segment_sum(tf.transpose(values), tf.constant(indexes), size))
 
-    weights = np.asarray(attrs.get("weights", []), np.float32)
     if mode == "TF" or (mode == "TFIDF" and not len(weights)):
         out = to_columns(per_gram)
     elif mode == "TFIDF":
-        out = to_columns(per_gram * weights[:total])
+        out = to_columns(per_gram * weights)
     elif len(weights):  # IDF: an n-gram's weight where it occurs
-        out = to_columns(tf.cast(per_gram > 0, tf.float32) * weights[:total])
+        out = to_columns(tf.cast(per_gram > 0, tf.float32) * weights)
     else:
         out = tf.cast(to_columns(per_gram) > 0, tf.float32)
     ctx.set(node.output[0], out if x.shape.rank == 2 else out[0])
