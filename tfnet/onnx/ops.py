@@ -17,7 +17,12 @@ from tfnet.onnx.context import Ctx, Value
 from tfnet.onnx.errors import OnnxConversionError
 from tfnet.onnx.registry import HANDLERS, register
 
-__all__ = ["HANDLERS", "register", "plain_inputs", "tf_dtype"]
+__all__ = ["HANDLERS", "register", "attr_text", "plain_inputs", "tf_dtype"]
+
+
+def attr_text(value) -> str:
+    """A string attribute as text: onnx hands them over as ``bytes``, a default written in the handler is ``str``."""
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def tf_dtype(onnx_type: int) -> tf.DType:
@@ -332,7 +337,7 @@ def _binary(ctx, node, attrs):
 def _bit_shift(ctx, node, attrs):
     x, y = plain_inputs(ctx, node)
     direction = attrs["direction"]
-    direction = direction.decode() if isinstance(direction, bytes) else direction
+    direction = attr_text(direction)
     y = tf.cast(y, x.dtype)
     x, y = tf.broadcast_to(x, tf.broadcast_dynamic_shape(tf.shape(x), tf.shape(y))), y + tf.zeros_like(x)
     outside = (y < 0) | (y >= x.dtype.size * 8)  # shifts by the width or more, or negative ones

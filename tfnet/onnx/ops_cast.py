@@ -14,11 +14,7 @@ import tensorflow as tf
 from tfnet.onnx import dtypes
 from tfnet.onnx.context import Ctx
 from tfnet.onnx.errors import OnnxConversionError
-from tfnet.onnx.ops import register
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+from tfnet.onnx.ops import attr_text, register
 
 
 def _input(node, i: int) -> str:
@@ -51,7 +47,7 @@ def cast_to(x: tf.Tensor, to: int, saturate: bool = True, round_mode: str = "up"
 def _cast(ctx: Ctx, node, attrs):
     to = attrs["to"]
     x = ctx.plain(node.input[0])
-    y = cast_to(x, to, bool(attrs.get("saturate", 1)), _text(attrs.get("round_mode", b"up")))
+    y = cast_to(x, to, bool(attrs.get("saturate", 1)), attr_text(attrs.get("round_mode", b"up")))
     ctx.set(node.output[0], y)
     ctx.onnx_types[node.output[0]] = to
 
@@ -59,7 +55,7 @@ def _cast(ctx: Ctx, node, attrs):
 @register("CastLike", since=15)
 def _cast_like(ctx: Ctx, node, attrs):
     to = ctx.onnx_type(node.input[1])
-    y = cast_to(ctx.plain(node.input[0]), to, bool(attrs.get("saturate", 1)), _text(attrs.get("round_mode", b"up")))
+    y = cast_to(ctx.plain(node.input[0]), to, bool(attrs.get("saturate", 1)), attr_text(attrs.get("round_mode", b"up")))
     ctx.set(node.output[0], y)
     ctx.onnx_types[node.output[0]] = to
 

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from tfnet.onnx.context import Ctx
 from tfnet.onnx.errors import OnnxConversionError
-from tfnet.onnx.ops import register
+from tfnet.onnx.ops import attr_text, register
 from tfnet.onnx.ops_nn import conv_nhwc, pool_nhwc
 
 _TO_NDHWC, _TO_NCDHW = (0, 2, 3, 4, 1), (0, 4, 1, 2, 3)
@@ -78,7 +78,7 @@ def _pads_3d(node, attrs, x, kernel, strides) -> list[list[int]]:
     """(begin, end) per spatial dimension of NDHWC ``x``, from ``pads``, ``auto_pad`` and ``ceil_mode``."""
     dims = x.shape.as_list()[1:4]
     auto_pad = attrs.get("auto_pad", b"NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    auto_pad = attr_text(auto_pad)
     if auto_pad == "VALID":
         return [[0, 0]] * 3
     if auto_pad in ("SAME_UPPER", "SAME_LOWER") or attrs.get("ceil_mode", 0):
@@ -160,7 +160,7 @@ def _conv_transpose_channels_last(node, attrs, x, w):
     extra = list(attrs.get("output_padding", [0] * n))
     full = [(d - 1) * s + k + e for d, s, k, e in zip(dims, strides, kernel, extra)]
     auto_pad = attrs.get("auto_pad", b"NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    auto_pad = attr_text(auto_pad)
     if "output_shape" in attrs or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         want = list(attrs["output_shape"])[-n:] if "output_shape" in attrs else [d * s for d, s in zip(dims, strides)]
         totals = [f - o for f, o in zip(full, want)]

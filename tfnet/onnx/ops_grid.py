@@ -18,13 +18,10 @@ import tensorflow as tf
 
 from tfnet.onnx.context import Ctx
 from tfnet.onnx.errors import OnnxConversionError
-from tfnet.onnx.ops import register
+from tfnet.onnx.ops import attr_text, register
 
 _MODES = {"bilinear": "linear", "bicubic": "cubic"}
 
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _reflect(x: tf.Tensor, lo: float, hi: float) -> tf.Tensor:
@@ -53,9 +50,9 @@ def _cubic(t: tf.Tensor) -> list[tf.Tensor]:
 @register("GridSample", since=16)
 def _grid_sample(ctx: Ctx, node, attrs):
     x, grid = ctx.plain(node.input[0]), ctx.plain(node.input[1])
-    mode = _text(attrs.get("mode", b"linear" if ctx.version >= 20 else b"bilinear"))
+    mode = attr_text(attrs.get("mode", b"linear" if ctx.version >= 20 else b"bilinear"))
     mode = _MODES.get(mode, mode)
-    padding = _text(attrs.get("padding_mode", b"zeros"))
+    padding = attr_text(attrs.get("padding_mode", b"zeros"))
     corners = bool(attrs.get("align_corners", 0))
     rank = x.shape.rank
     dims = x.shape.as_list()[2:]
@@ -164,8 +161,8 @@ def _roi_align(ctx: Ctx, node, attrs):
     out_h, out_w = int(attrs.get("output_height", 1)), int(attrs.get("output_width", 1))
     ratio = int(attrs.get("sampling_ratio", 0))
     scale = float(attrs.get("spatial_scale", 1.0))
-    mode = _text(attrs.get("mode", b"avg"))
-    half = ctx.version >= 16 and _text(attrs.get("coordinate_transformation_mode", b"half_pixel")) == "half_pixel"
+    mode = attr_text(attrs.get("mode", b"avg"))
+    half = ctx.version >= 16 and attr_text(attrs.get("coordinate_transformation_mode", b"half_pixel")) == "half_pixel"
     if mode not in ("avg", "max"):
         raise OnnxConversionError(f"RoiAlign {node.name!r}: mode {mode!r} is not one of 'avg' and 'max'.")
     # the regions are read, not differentiated, as torchvision's roi_align (and Detectron2's) defines its gradient: a

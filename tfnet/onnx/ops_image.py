@@ -15,19 +15,16 @@ import tensorflow as tf
 
 from tfnet.onnx.context import Ctx
 from tfnet.onnx.errors import OnnxConversionError
-from tfnet.onnx.ops import register
+from tfnet.onnx.ops import attr_text, register
 
 _FORMATS = ("RGB", "BGR", "Grayscale")
 
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 @register("ImageDecoder", since=20)
 def _image_decoder(ctx: Ctx, node, attrs):
     encoded = ctx.plain(node.input[0])
-    pixel_format = _text(attrs.get("pixel_format", "RGB"))
+    pixel_format = attr_text(attrs.get("pixel_format", "RGB"))
     if pixel_format not in _FORMATS:
         raise OnnxConversionError(
             f"ImageDecoder {node.name!r}: pixel_format {pixel_format!r} is not one of {', '.join(_FORMATS)}.")

@@ -14,11 +14,7 @@ import tensorflow as tf
 
 from tfnet.onnx.context import Ctx
 from tfnet.onnx.errors import OnnxConversionError
-from tfnet.onnx.ops import plain_inputs, register
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+from tfnet.onnx.ops import attr_text, plain_inputs, register
 
 
 def _wrap(indices: tf.Tensor, size) -> tf.Tensor:
@@ -85,7 +81,7 @@ def scatter_nd(data: tf.Tensor, indices: tf.Tensor, updates: tf.Tensor, reductio
 
 
 def _reduction(node, attrs) -> str:
-    reduction = _text(attrs.get("reduction", b"none"))
+    reduction = attr_text(attrs.get("reduction", b"none"))
     if reduction not in ("none", *_COMBINE):
         raise OnnxConversionError(f"{node.op_type} {node.name!r}: reduction {reduction!r} is not supported.")
     return reduction
@@ -116,7 +112,7 @@ def _tensor_scatter(ctx: Ctx, node, attrs):
     rank = cache.shape.rank
     axis = attrs.get("axis", -2)
     axis = axis + rank if axis < 0 else axis
-    mode = _text(attrs.get("mode", b"linear"))
+    mode = attr_text(attrs.get("mode", b"linear"))
     shape = tf.shape(update, out_type=tf.int64)
     starts = ctx.plain(node.input[2]) if len(node.input) > 2 and node.input[2] else tf.zeros(shape[:1], tf.int64)
     coords = _positions(shape, rank)
@@ -168,7 +164,7 @@ def _eye_like(ctx: Ctx, node, attrs):
 
 
 def _block(node, attrs) -> tuple[int, str]:
-    return int(attrs["blocksize"]), _text(attrs.get("mode", b"DCR"))
+    return int(attrs["blocksize"]), attr_text(attrs.get("mode", b"DCR"))
 
 
 @register("DepthToSpace", since=1)  # version 1 had no mode: DCR, the default since

@@ -14,7 +14,7 @@ import tensorflow as tf
 from tfnet import kernels
 from tfnet.onnx.context import Ctx
 from tfnet.onnx.errors import OnnxConversionError
-from tfnet.onnx.ops import register
+from tfnet.onnx.ops import attr_text, register
 
 
 def _spatial_attrs(node, attrs, x: tf.Tensor, kernel: list[int]):
@@ -26,7 +26,7 @@ def _spatial_attrs(node, attrs, x: tf.Tensor, kernel: list[int]):
     strides = list(attrs.get("strides", [1, 1]))
     dilations = list(attrs.get("dilations", [1, 1]))
     auto_pad = attrs.get("auto_pad", b"NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    auto_pad = attr_text(auto_pad)
     if auto_pad == "VALID":
         return strides, dilations, "VALID"
     if auto_pad == "SAME_UPPER":

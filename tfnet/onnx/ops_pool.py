@@ -19,11 +19,7 @@ import tensorflow as tf
 
 from tfnet.onnx.context import Ctx
 from tfnet.onnx.errors import OnnxConversionError
-from tfnet.onnx.ops import register
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+from tfnet.onnx.ops import attr_text, register
 
 
 def window(node, attrs, dims: list[int]) -> tuple[list, list, list, list[tuple[int, int]], list[int]]:
@@ -33,7 +29,7 @@ def window(node, attrs, dims: list[int]) -> tuple[list, list, list, list[tuple[i
     strides = list(attrs.get("strides", [1] * n))
     dilations = list(attrs.get("dilations", [1] * n))
     spans = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
-    auto_pad = _text(attrs.get("auto_pad", b"NOTSET"))
+    auto_pad = attr_text(attrs.get("auto_pad", b"NOTSET"))
     if any(d is None for d in dims):
         raise OnnxConversionError(f"{node.op_type} {node.name!r} needs static spatial dimensions; it has {dims}.")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
@@ -137,7 +133,7 @@ def from_channels_last(y: tf.Tensor) -> tf.Tensor:
 def needs_offsets(node, attrs) -> bool:
     """Whether a max or average pool needs :func:`pool_by_offsets` rather than TensorFlow's pools."""
     n = len(attrs["kernel_shape"])
-    return (list(attrs.get("dilations", [1] * n)) != [1] * n or _text(attrs.get("auto_pad", b"")) == "SAME_LOWER"
+    return (list(attrs.get("dilations", [1] * n)) != [1] * n or attr_text(attrs.get("auto_pad", b"")) == "SAME_LOWER"
             or len([o for o in node.output if o]) > 1)
 
 

@@ -16,13 +16,10 @@ import tensorflow as tf
 from tfnet.onnx import resize_run_time
 from tfnet.onnx.context import Ctx
 from tfnet.onnx.errors import OnnxConversionError
-from tfnet.onnx.ops import register
+from tfnet.onnx.ops import attr_text, register
 
 _NCHW_TO_NHWC_AXIS = {0: 0, 1: 3, 2: 1, 3: 2}
 
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _input(node, i: int) -> str:
@@ -39,7 +36,7 @@ def _tf_axis(axis: int, nhwc: bool) -> int:
 
 @register("Pad", since=2)  # version 1 named the pads paddings
 def _pad(ctx: Ctx, node, attrs):
-    mode = _text(attrs.get("mode", b"constant"))
+    mode = attr_text(attrs.get("mode", b"constant"))
     if mode not in ("constant", "reflect", "edge", "wrap"):
         raise OnnxConversionError(f"Pad {node.name!r}: mode {mode!r} is not supported (constant, reflect, edge, wrap are).")
     x, nhwc = _layout(ctx, node.input[0])
@@ -81,9 +78,9 @@ def _resize_at_run_time(ctx: Ctx, node, attrs, x, nhwc, dims, mode, axes, scales
                         size_values) -> None:
     """Resize where a size is known only at run time (:mod:`tfnet.onnx.resize_run_time`) of ``x`` (held in NHWC with
     ``nhwc``; ``dims`` its ONNX shape)."""
-    coord = _text(attrs.get("coordinate_transformation_mode", b"half_pixel"))
-    nearest = _text(attrs.get("nearest_mode", b"round_prefer_floor"))
-    resize_run_time.check(node.name, mode, coord, nearest, _text(attrs.get("keep_aspect_ratio_policy", b"stretch")),
+    coord = attr_text(attrs.get("coordinate_transformation_mode", b"half_pixel"))
+    nearest = attr_text(attrs.get("nearest_mode", b"round_prefer_floor"))
+    resize_run_time.check(node.name, mode, coord, nearest, attr_text(attrs.get("keep_aspect_ratio_policy", b"stretch")),
                           bool(attrs.get("antialias", 0)))
     if sizes:
         wanted = tf.cast(ctx.plain(sizes), tf.int64)
@@ -189,13 +186,13 @@ def axis_taps(attrs, mode: str, size: int, out: int, scale: float, roi=None):
     ``sum_j weights[:, j] * input[indices[:, j]]`` (indices clamped to the edge), and positions in
     ``outside`` (``tf_crop_and_resize`` only, else None) take ``extrapolation_value``. As onnx's
     reference implementation (onnx.reference.ops.op_resize) computes it."""
-    coord = _text(attrs.get("coordinate_transformation_mode", b"half_pixel"))
+    coord = attr_text(attrs.get("coordinate_transformation_mode", b"half_pixel"))
     x, outside = _coordinates(coord, out, size, scale, roi)
     base = np.floor(x).astype(np.int64)
     ratios = np.where(x == base, 1.0, x - base)  # ratio in (0, 1]: prefer the pixel left of x
     antialias = bool(attrs.get("antialias", 0))
     if mode == "nearest":
-        nearest = _text(attrs.get("nearest_mode", b"round_prefer_floor"))
+        nearest = attr_text(attrs.get("nearest_mode", b"round_prefer_floor"))
         coeffs = np.asarray([_nearest_coeffs(r, nearest) for r in ratios])
     elif mode == "linear":
         coeffs = np.asarray([_linear_coeffs(r, scale, antialias) for r in ratios])
@@ -241,7 +238,7 @@ def _upsample(ctx: Ctx, node, attrs):
 
 
 def _resize_with(ctx: Ctx, node, attrs, roi: str, scales: str, sizes: str) -> None:
-    mode = _text(attrs.get("mode", b"nearest"))
+    mode = attr_text(attrs.get("mode", b"nearest"))
     mode = {"bilinear": "linear", "trilinear": "linear"}.get(mode, mode)
     if mode not in ("nearest", "linear", "cubic"):
         raise OnnxConversionError(f"Resize {node.name!r}: mode {mode!r} is not supported (nearest, linear, cubic are).")
@@ -265,7 +262,7 @@ def _resize_with(ctx: Ctx, node, attrs, roi: str, scales: str, sizes: str) -> No
         raise OnnxConversionError(f"Resize {node.name!r} has neither scales nor sizes.")
     roi_values = None if roi_values is None or np.asarray(roi_values).size == 0 else \
         np.asarray(roi_values, np.float64).reshape(-1)
-    policy = _text(attrs.get("keep_aspect_ratio_policy", b"stretch"))
+    policy = attr_text(attrs.get("keep_aspect_ratio_policy", b"stretch"))
     if size_values is not None and policy != "stretch":
         known = [(s, dims[a]) for s, a in zip(size_values, axes)]
         if any(d is None or o is None for o, d in known):
@@ -273,7 +270,7 @@ def _resize_with(ctx: Ctx, node, attrs, roi: str, scales: str, sizes: str) -> No
         ratio = (min if policy == "not_larger" else max)(o / d for o, d in known)
         scale_values = [ratio] * len(axes)
         size_values = [int(ratio * d + 0.5) for _, d in known]
-    crop = _text(attrs.get("coordinate_transformation_mode", b"")) == "tf_crop_and_resize"
+    crop = attr_text(attrs.get("coordinate_transformation_mode", b"")) == "tf_crop_and_resize"
     if crop and roi_values is None:
         raise OnnxConversionError(f"Resize {node.name!r}: tf_crop_and_resize needs a constant roi.")
     y = x

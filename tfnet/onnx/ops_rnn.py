@@ -14,21 +14,18 @@ import tensorflow as tf
 
 from tfnet.onnx.context import Ctx
 from tfnet.onnx.errors import OnnxConversionError
-from tfnet.onnx.ops import register
+from tfnet.onnx.ops import attr_text, register
 
 _ACTIVATIONS = {"Sigmoid": tf.sigmoid, "Tanh": tf.tanh, "Relu": tf.nn.relu}
 _DEFAULTS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
 _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
 
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
 
 def _activations(node, attrs, directions: int) -> list[list]:
     """Per direction, the activation functions the cell uses, in ONNX's order."""
     default = _DEFAULTS[node.op_type]
-    given = [_text(a) for a in attrs.get("activations", [])] or default * directions
+    given = [attr_text(a) for a in attrs.get("activations", [])] or default * directions
     if len(given) != len(default) * directions:
         raise OnnxConversionError(f"{node.op_type} {node.name!r}: activations {given} do not fit {directions} direction(s).")
     unknown = sorted({a for a in given if a not in _ACTIVATIONS})
@@ -96,7 +93,7 @@ def _recurrent(ctx: Ctx, node, attrs):
     c0_name = names[6] if op == "LSTM" else ""
     if attrs.get("clip") is not None or attrs.get("input_forget", 0):
         raise OnnxConversionError(f"{op} {node.name!r}: clip and input_forget are not supported.")
-    direction = _text(attrs.get("direction", b"forward"))
+    direction = attr_text(attrs.get("direction", b"forward"))
     dirs = ["forward", "reverse"] if direction == "bidirectional" else [direction]
     acts = _activations(node, attrs, len(dirs))
     layout = attrs.get("layout", 0)

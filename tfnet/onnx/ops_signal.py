@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from tfnet.onnx.context import Ctx
 from tfnet.onnx.errors import OnnxConversionError
-from tfnet.onnx.ops import register
+from tfnet.onnx.ops import register, tf_dtype
 
 
 def _complex(x: tf.Tensor) -> tf.Tensor:
@@ -93,8 +93,6 @@ def _mel_weight_matrix(ctx: Ctx, node, attrs):
     in their own precision, the rest in double), each mapped to the FFT bin ``floor((dft_length + 1) * hz /
     sample_rate)``; filter ``i`` rises from point ``i`` to ``i + 1`` and falls to ``i + 2``. Its inputs may be
     known only at run time (its shape then is too); it has no gradient (ONNX defines none)."""
-    from tfnet.onnx.ops import tf_dtype
-
     bins, length, rate = (tf.cast(tf.reshape(ctx.plain(node.input[k]), []), tf.int64) for k in range(3))
     edges = []
     for k in (3, 4):  # 2595 * log10(1 + hz / 700), numpy's order: the edge's dtype, then double

@@ -7,11 +7,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfnet.onnx.context import Ctx
-from tfnet.onnx.ops import register
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+from tfnet.onnx.ops import attr_text, register
 
 
 @register("StringConcat", since=20)
@@ -21,7 +17,7 @@ def _string_concat(ctx: Ctx, node, attrs):
 
 @register("RegexFullMatch", since=20)
 def _regex_full_match(ctx: Ctx, node, attrs):
-    ctx.set(node.output[0], tf.strings.regex_full_match(ctx.plain(node.input[0]), _text(attrs["pattern"])))
+    ctx.set(node.output[0], tf.strings.regex_full_match(ctx.plain(node.input[0]), attr_text(attrs["pattern"])))
 
 
 @register("StringSplit", since=20)
@@ -29,7 +25,7 @@ def _string_split(ctx: Ctx, node, attrs):
     """Python's ``str.split``: by ``delimiter`` (consecutive ones give empty parts), or on runs of
     whitespace when it is empty or absent; at most ``maxsplit`` splits."""
     x = ctx.plain(node.input[0])
-    delimiter = _text(attrs.get("delimiter", b"")) or None
+    delimiter = attr_text(attrs.get("delimiter", b"")) or None
     maxsplit = attrs.get("maxsplit", -1)
     flat = tf.reshape(x, [-1])
     if delimiter is None and maxsplit == 0:  # the string without its leading whitespace; none if nothing is left
@@ -54,13 +50,13 @@ def _string_split(ctx: Ctx, node, attrs):
 def _string_normalizer(ctx: Ctx, node, attrs):
     x = ctx.plain(node.input[0])
     flat = tf.reshape(x, [-1])
-    stopwords = [_text(w) for w in attrs.get("stopwords", [])]
+    stopwords = [attr_text(w) for w in attrs.get("stopwords", [])]
     sensitive = bool(attrs.get("is_case_sensitive", 0))
     if stopwords:
         words = tf.constant(stopwords if sensitive else [w.lower() for w in stopwords])
         probe = flat if sensitive else tf.strings.lower(flat)
         flat = tf.boolean_mask(flat, ~tf.reduce_any(tf.equal(probe[:, None], words[None, :]), axis=1))
-    action = _text(attrs.get("case_change_action", b"NONE"))
+    action = attr_text(attrs.get("case_change_action", b"NONE"))
     if action == "LOWER":
         flat = tf.strings.lower(flat)
     elif action == "UPPER":

@@ -13,14 +13,14 @@ import tensorflow as tf
 
 from tfnet.onnx.context import Ctx
 from tfnet.onnx.errors import OnnxConversionError
-from tfnet.onnx.ops import register
+from tfnet.onnx.ops import attr_text, register
 from tfnet.onnx.ops_shape import int_list
 
 
 @register("Einsum", since=12)
 def _einsum(ctx: Ctx, node, attrs):
     equation = attrs["equation"]
-    equation = (equation.decode() if isinstance(equation, bytes) else equation).replace(" ", "")
+    equation = attr_text(equation).replace(" ", "")
     xs = [ctx.plain(n) for n in node.input]
     if "..." not in equation and "->" in equation and all(x.shape.rank is not None for x in xs):
         # repeated subscripts of one operand (a diagonal) are what TensorFlow's einsum does not take

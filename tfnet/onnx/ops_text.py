@@ -4,8 +4,9 @@ or strings, as scikit-learn's ``TfidfVectorizer`` and ``CountVectorizer`` export
 As onnx's reference and onnxruntime count them: the pool lists n-grams by size (``ngram_counts``: where each size
 starts in ``pool_int64s`` or ``pool_strings``), those of sizes ``min_gram_length`` to ``max_gram_length`` are counted,
 each at its ``ngram_indexes`` entry; an n-gram is ``n`` tokens ``d`` apart for every ``d`` from 1 to
-``max_skip_count + 1`` (a unigram once). Here each size and distance is one comparison of every window of the rows
-with every pool n-gram of that size, summed over the windows; the rows' length may be known only at run time.
+``max_skip_count + 1`` (a unigram once). Here each token is looked up in the pool's sorted vocabulary and each
+window of the rows (per size and distance) by its key in a sorted table of the pool's n-grams, so the time grows with
+the rows and the log of the pool; the rows' length may be known only at run time.
 """
 
 from __future__ import annotations
@@ -15,15 +16,14 @@ import tensorflow as tf
 
 from tfnet.onnx.context import Ctx
 from tfnet.onnx.errors import OnnxConversionError
-from tfnet.onnx.ops import register
+from tfnet.onnx.ops import attr_text, register
 
 _MODES = ("TF", "IDF", "TFIDF")
 
 
 def _pool_by_size(node, attrs, strings: bool) -> dict[int, np.ndarray]:
     """``{n: the pool's n-grams of n tokens, (M, n)}``, for every size ``ngram_counts`` lists, in the pool's order."""
-    pool = [v.decode() if isinstance(v, bytes) else v for v in attrs.get("pool_strings", [])] if strings \
-        else list(attrs.get("pool_int64s", []))
+    pool = [attr_text(v) for v in attrs.get("pool_strings", [])] if strings else list(attrs.get("pool_int64s", []))
     starts = list(attrs.get("ngram_counts", [])) + [len(pool)]
     out = {}
     for n, (begin, end) in enumerate(zip(starts[:-1], starts[1:]), start=1):
@@ -55,8 +55,7 @@ def _token_ids(rows: tf.Tensor, vocabulary: np.ndarray, strings: bool) -> tf.Ten
 @register("TfIdfVectorizer", since=9)
 def _tfidf_vectorizer(ctx: Ctx, node, attrs):
     x = ctx.plain(node.input[0])
-    mode = attrs.get("mode", b"")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
+    mode = attr_text(attrs.get("mode", b""))
     strings = x.dtype == tf.string
     if mode not in _MODES or x.shape.rank not in (1, 2) or (strings and "pool_strings" not in attrs) or \
             (not strings and "pool_int64s" not in attrs):
