@@ -4,10 +4,10 @@ The keras wheel ships its layer tests (``keras/src/layers/**/*_test.py``), each 
 ``keras.src.testing.TestCase.run_layer_test(layer_cls, init_kwargs, input_shape=..., ...)``. :func:`collect_calls`
 runs every test method whose source calls ``run_layer_test`` with that method replaced by a recorder, so the calls'
 configurations (the layer, its arguments, the input's shape and dtype) are Keras's own table. :func:`replay` wraps
-each layer in a Functional model (one input or several, float or integer), loads it with ``TFNet.from_keras``, and compares with Keras:
-the forward pass (1e-4 relative), the input gradient and one SGD step's update (1e-3 relative; 2e-2 for a layer that
-computes in bfloat16 or float16), and the trainable set
-(Keras's ``trainable_variables``). Each call gets a verdict: ``equal``, ``differs``, ``error`` or ``n/a`` (with the
+each layer in a Functional model (one input or several, float or integer), loads it with ``TFNet.from_keras``, and
+compares with Keras: the forward pass (1e-4 relative), each float input's gradient and one SGD step's update (1e-3
+relative; 2e-2 for a layer that computes in bfloat16 or float16), and the trainable set (Keras's
+``trainable_variables``). Each call gets a verdict: ``equal``, ``differs``, ``error`` or ``n/a`` (with the
 reason: inputs given as data in several parts, sparse or ragged input, call arguments, several outputs)."""
 
 from __future__ import annotations
