@@ -78,9 +78,10 @@ def map_metric(metric) -> M.Metric:
     return mapped
 
 
-def from_compiled_keras(model):
+def from_compiled_keras(model, input_signature=None):
     """``(net, loss, method, metrics, loss_weights, weighted_metrics)`` for a compiled Keras model:
-    one loss, a list or a dict of them (by output name), with the model's ``loss_weights``."""
+    one loss, a list or a dict of them (by output name), with the model's ``loss_weights``; ``input_signature`` as
+    :meth:`TFNet.from_keras` takes it (a subclassed model's)."""
     config = getattr(model, "_compile_config", None)
     if getattr(model, "optimizer", None) is None or config is None:
         raise KerasMappingError("The Keras model is not compiled; call model.compile(optimizer, loss, metrics) first.")
@@ -97,7 +98,7 @@ def from_compiled_keras(model):
     metrics = cfg.get("metrics") or []
     if isinstance(metrics, dict):
         raise KerasMappingError("Per-output metrics dicts are not mapped; pass a list of metrics.")
-    net = TFNet.from_keras(model)
+    net = TFNet.from_keras(model, input_signature=input_signature)
     net.trainable = [v.path for v in model.trainable_variables if v.path in net.weight_names]
     weighted = cfg.get("weighted_metrics") or []
     if isinstance(weighted, dict):

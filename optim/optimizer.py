@@ -144,12 +144,13 @@ class TFOptimizer:
         return cls(net, loss, optim_method, metrics=metrics, model_dir=model_dir)
 
     @classmethod
-    def from_keras(cls, keras_model, model_dir: str | None = None) -> TFOptimizer:
+    def from_keras(cls, keras_model, model_dir: str | None = None, *, input_signature=None) -> TFOptimizer:
         """Takes a compiled Keras model: freezes it into a TFNet and maps its optimiser, loss and
-        metrics to tfnet's. Trainable weights are the model's trainable variables."""
+        metrics to tfnet's. Trainable weights are the model's trainable variables. ``input_signature``:
+        a subclassed model's inputs, as :meth:`TFNet.from_keras` takes them."""
         from optim.keras_compat import from_compiled_keras
 
-        net, loss, method, metrics, loss_weights, weighted = from_compiled_keras(keras_model)
+        net, loss, method, metrics, loss_weights, weighted = from_compiled_keras(keras_model, input_signature)
         return cls(net, loss, method, metrics=metrics, model_dir=model_dir, loss_weights=loss_weights,
                    weighted_metrics=weighted)
 

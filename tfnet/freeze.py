@@ -8,7 +8,6 @@ output after its Keras or signature name, so weight and tensor names mean someth
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,20 +18,10 @@ from tensorflow.core.framework import graph_pb2, types_pb2
 from tensorflow.python.framework import convert_to_constants as c2c  # its steps: tfnet edits the graph between them
 from tensorflow.python.framework import tensor_util
 
-from tfnet.graph_utils import consts_to_placeholders, rename_nodes, unique_name
+from tfnet.graph_utils import clean_node_name, consts_to_placeholders, rename_nodes, unique_name
 from tfnet.graph_utils import node_name as node_name_of
+from tfnet.keras_signature import keras_call, leaf_paths
 from tfnet.tables import embed_captured_tables
-
-_BAD_CHARS = re.compile(r"[^A-Za-z0-9_.\-/]")
-
-
-def clean_node_name(name: str) -> str:
-    """Turns a variable or signature name into a legal GraphDef node name."""
-    name = name.split(":")[0]
-    name = _BAD_CHARS.sub("_", name).strip("/")
-    if not name or not re.match(r"[A-Za-z0-9.]", name[0]):
-        name = "t" + name
-    return name
 
 
 def _variable_name(var) -> str:
@@ -247,15 +236,6 @@ def _assignments_to_constants_as_noops(graph_def) -> None:
                 _as_noop(node)
 
 
-def _input_name(tensor) -> str | None:
-    """The name of the InputLayer that makes ``tensor`` (what ``model.summary()`` shows and what
-    ``keras.Input(name=...)`` sets; Keras 3 names an unnamed input's tensor ``keras_tensor_N``), else
-    the tensor's own name."""
-    history = getattr(tensor, "_keras_history", None)
-    layer = getattr(history, "operation", None) if history is not None else None
-    return getattr(layer, "name", None) or getattr(tensor, "name", None)
-
-
 def load_keras_file(path) -> Any:
     """A Keras model from a ``.keras`` or ``.h5`` file (not compiled: tfnet takes the weights).
 
@@ -285,23 +265,6 @@ def load_keras_file(path) -> Any:
                              "TFNet.from_saved_model.") from exc
 
 
-def keras_input_specs(model) -> list[tf.TensorSpec]:
-    inputs = getattr(model, "inputs", None)
-    if not inputs:
-        raise ValueError(
-            "The Keras model has no defined inputs. Build it on a keras.Input (functional or "
-            "Sequential with an input shape), or call it once on data before TFNet.from_keras. "
-            f"Received: {type(model).__name__} with inputs={inputs!r}"
-        )
-    specs = []
-    taken: set[str] = set()
-    for i, t in enumerate(inputs):
-        name = unique_name(clean_node_name(_input_name(t) or f"input_{i}"), taken)
-        taken.add(name)
-        specs.append(tf.TensorSpec(tuple(t.shape), tf.as_dtype(t.dtype), name=name))
-    return specs
-
-
 def _layer_outputs(model) -> list[tuple[str, object]]:
     """(layer name, symbolic output) for each top-level layer with one output tensor."""
     import keras
@@ -319,16 +282,17 @@ def _layer_outputs(model) -> list[tuple[str, object]]:
     return found
 
 
-def freeze_keras(model) -> Frozen:
-    """Freezes a built Keras 3 model in inference mode (``training=False``).
+def freeze_keras(model, input_signature=None) -> Frozen:
+    """Freezes a built Keras 3 model in inference mode (``training=False``), on its inputs or, for a subclassed
+    model, on ``input_signature`` or the shapes of its first call (:mod:`tfnet.keras_signature`).
 
     Besides renaming weights and outputs, each top-level layer's output node is renamed to the
     layer's name where that is free, so ``net.cut("global_average_pooling2d")`` works.
     """
     import keras
 
-    specs = keras_input_specs(model)
-    outputs_flat = tf.nest.flatten(getattr(model, "outputs", None) or [])
+    signature = keras_call(model, input_signature)
+    outputs_flat = tf.nest.flatten(getattr(model, "outputs", None) or []) if input_signature is None else []
     layers = _layer_outputs(model) if outputs_flat else []
     probe = model
     if layers:
@@ -336,23 +300,21 @@ def freeze_keras(model) -> Frozen:
             probe = keras.Model(model.inputs, outputs_flat + [o for _, o in layers])
         except (ValueError, TypeError):
             probe, layers = model, []
-    struct = getattr(model, "_inputs_struct", None)
+    structure = []  # what the model returns: a subclassed model's dict of outputs names them
 
     def call(*xs):
-        if struct is not None and len(tf.nest.flatten(struct)) == len(xs):
-            args = tf.nest.pack_sequence_as(struct, list(xs))
-        else:
-            args = xs[0] if len(xs) == 1 else list(xs)
-        return tf.nest.flatten(probe(args, training=False))
+        out = probe(*signature.arguments(xs), training=False)
+        structure[:] = [out]
+        return tf.nest.flatten(out)
 
     try:
-        fn = tf.function(call, autograph=False).get_concrete_function(*specs)
+        fn = tf.function(call, autograph=False).get_concrete_function(*signature.specs)
     except tf.errors.OperatorNotAllowedInGraphError:
         # a layer with Python control flow over tensors (RandomCrop's): traced as Keras's own fit traces it, with
         # AutoGraph; a plain graph otherwise, which keeps Python-level branches out of the frozen graph
-        fn = tf.function(call, autograph=True).get_concrete_function(*specs)
+        fn = tf.function(call, autograph=True).get_concrete_function(*signature.specs)
     n_out = len(fn.outputs) - len(layers)
-    names = _output_names(model, n_out)
+    names = _output_names(model, n_out, structure[0] if structure and not layers else None)
     # Keras's trainable flags come along: a layer or nested model with trainable = False, a LoRA layer's base kernel
     frozen = freeze_concrete_function(fn, model.variables, names, trainable_variables=model.trainable_variables)
     if layers:
@@ -361,9 +323,10 @@ def freeze_keras(model) -> Frozen:
     return frozen
 
 
-def _output_names(model, n_out: int) -> list[str]:
+def _output_names(model, n_out: int, returned=None) -> list[str]:
     """The outputs' names: the model's ``output_names`` (functional models), else the name of the
-    layer that makes each output (a ``Sequential`` model's last layer), else ``output_<i>``."""
+    layer that makes each output (a ``Sequential`` model's last layer), else the keys of a dict the model
+    returned (a subclassed model's), else ``output_<i>`` (as Keras's ``model.export`` names them)."""
     names = list(getattr(model, "output_names", None) or [])
     if len(names) == n_out:
         return names
@@ -375,6 +338,10 @@ def _output_names(model, n_out: int) -> list[str]:
         names.append(getattr(layer, "name", None))
     if len(names) == n_out and all(names) and len(set(names)) == n_out:
         return names
+    if isinstance(returned, dict):
+        names = [clean_node_name(path) for path, _ in leaf_paths(returned)]
+        if len(names) == n_out and len(set(names)) == n_out:
+            return names
     return [f"output_{i}" for i in range(n_out)]
 
 

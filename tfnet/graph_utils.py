@@ -274,6 +274,18 @@ def rename_nodes(graph_def: graph_pb2.GraphDef, mapping: Mapping[str, str]) -> g
     return out
 
 
+_BAD_NODE_CHARS = re.compile(r"[^A-Za-z0-9_.\-/]")
+
+
+def clean_node_name(name: str) -> str:
+    """Turns a variable or signature name into a legal GraphDef node name."""
+    name = name.split(":")[0]
+    name = _BAD_NODE_CHARS.sub("_", name).strip("/")
+    if not name or not re.match(r"[A-Za-z0-9.]", name[0]):
+        name = "t" + name
+    return name
+
+
 def unique_name(base: str, taken: set[str]) -> str:
     if base not in taken:
         return base

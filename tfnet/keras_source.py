@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from tfnet.errors import KerasSourceError
+from tfnet.errors import KerasSourceError, first_line
 
 __all__ = ["describe", "rebuild"]
 
@@ -41,12 +41,19 @@ def rebuild(source: str, weights: Mapping[str, np.ndarray]):
     """The Keras model of ``source`` with each variable set from ``weights`` (by Keras's variable path).
 
     Raises:
-        KerasSourceError: a variable of the model has no weight of its name and shape.
+        KerasSourceError: Keras cannot rebuild the model (a subclass not registered with
+            ``keras.saving.register_keras_serializable``); a variable of the model has no weight of its name and shape.
     """
     import keras
 
     described = json.loads(source)
-    model = keras.saving.deserialize_keras_object(described["model"])
+    try:
+        model = keras.saving.deserialize_keras_object(described["model"])
+    except (TypeError, ValueError) as exc:  # Keras's errors for a class it cannot find or a config it cannot take
+        raise KerasSourceError(
+            f"Keras cannot rebuild the net's model from its serialized form ({first_line(exc, 300)}). A subclassed "
+            "model's class must be decorated with @keras.saving.register_keras_serializable() and imported before "
+            "to_keras; net.save(folder) keeps any net.") from exc
     # a rebuilt model's variables come in the original's order, not always under its paths (a nested model's): each
     # takes the net's weight of the original's path at its position
     paths = described["weights"]

@@ -101,7 +101,7 @@ def from_frozen_graph(
     return cls(path_or_graph_def, inputs, outputs, **kwargs)
 
 
-def from_keras(cls, model, **kwargs):
+def from_keras(cls, model, *, input_signature=None, **kwargs):
     """Freezes a built Keras 3 model in inference mode and wraps it.
 
     Weights are named by their Keras paths (``"dense/kernel"``), inputs by the Keras input
@@ -110,18 +110,29 @@ def from_keras(cls, model, **kwargs):
     by default. Lookup tables (``TextVectorization``, ``StringLookup``, ``IntegerLookup``) are
     kept in the graph with their contents (see :mod:`tfnet.tables`).
 
+    A subclassed model (its own ``call``) has no symbolic inputs: it is frozen on ``input_signature``, or else on
+    the shapes Keras recorded when it was first called (its first argument, in ``model.input_dtype``, as
+    ``model.export`` infers them). Its inputs are named after ``call``'s arguments (or the keys of a dict, or the
+    specs' own names), its outputs ``output_0``, ... (or the keys of a dict it returns).
+
     Args:
         model: A built ``keras.Model``, or the path of a saved one (a ``.keras`` file or a legacy
             ``.h5`` file, loaded with ``keras.models.load_model(path, compile=False)``).
+        input_signature: One entry per positional argument of the model's ``call``: a ``tf.TensorSpec`` or
+            ``keras.InputSpec`` with a shape and dtype, or a dict, list or tuple of them; as
+            ``model.export(input_signature=...)`` takes it. Needed for a subclassed model with several inputs or
+            integer ones. Default: the model's own inputs.
         **kwargs: ``trainable``, ``relax_batch``, ``fold_batch_norm``, ``name``; see :class:`TFNet`.
 
     Raises:
         FileNotFoundError: a path that does not exist.
         GraphLoadError: a path Keras cannot load (a SavedModel folder: use :meth:`from_saved_model`).
+        InputSpecError: a subclassed model never called and without ``input_signature``, or one whose ``call``
+            takes more inputs than the signature gives.
     """
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
         model = load_keras_file(model)
-    state = _frozen_state(freeze_keras(model), kwargs)
+    state = _frozen_state(freeze_keras(model, input_signature), kwargs)
     state.keras_source = keras_source.describe(model)
     return cls.from_state(state)
 

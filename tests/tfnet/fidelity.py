@@ -163,7 +163,7 @@ def _from_keras_case(name: str, model, tmp: str, oracle) -> Case:
     pb = os.path.join(tmp, f"{name}_from_keras.pb")
     with open(pb, "wb") as f:
         f.write(net.frozen_graph_def().SerializeToString())
-    from tfnet.freeze import clean_node_name
+    from tfnet.graph_utils import clean_node_name
 
     by_clean = {clean_node_name(v.path): v for v in model.variables}  # one pass, not one per weight name
     by_name = {w: by_clean[w] for w in net.weight_names if w in by_clean}

@@ -19,7 +19,7 @@ from tensorflow.core.framework import graph_pb2
 
 from tfnet import graph_utils as gu
 from tfnet.errors import TensorNameError, unknown_name_message
-from tfnet.freeze import clean_node_name
+from tfnet.graph_utils import clean_node_name
 from tfnet.onnx.context import Ctx
 from tfnet.onnx.dtypes import carrier_array, is_carried, tf_type
 from tfnet.onnx.errors import OnnxConversionError, UnsupportedOperatorError
