@@ -4,11 +4,14 @@ The keras wheel ships its layer tests (``keras/src/layers/**/*_test.py``), each 
 ``keras.src.testing.TestCase.run_layer_test(layer_cls, init_kwargs, input_shape=..., ...)``. :func:`collect_calls`
 runs every test method whose source calls ``run_layer_test`` with that method replaced by a recorder, so the calls'
 configurations (the layer, its arguments, the input's shape and dtype) are Keras's own table. :func:`replay` wraps
-each layer in a Functional model (one input or several, float or integer), loads it with ``TFNet.from_keras``, and
+each layer in a Functional model (one input or several, float or integer; a subclassed model on an
+``input_signature`` where Keras builds no Functional model or the call passes ``training=False``), loads it with
+``TFNet.from_keras``, and
 compares with Keras: the forward pass (1e-4 relative), each float input's gradient and one SGD step's update (1e-3
 relative; 2e-2 for a layer that computes in bfloat16 or float16), and the trainable set (Keras's
 ``trainable_variables``). Each call gets a verdict: ``equal``, ``differs``, ``error`` or ``n/a`` (with the
-reason: inputs given as data in several parts, sparse or ragged input, call arguments, several outputs)."""
+reason: inputs given as data in several parts, sparse or ragged input, ``training=True``, several outputs, layer
+arguments Keras refuses)."""
 
 from __future__ import annotations
 
@@ -125,8 +128,8 @@ def _inputs_of(call: Call) -> tuple[list[tuple[str | None, tuple, str]], bool] |
     kw = call.kwargs
     if kw.get("input_sparse") or kw.get("input_ragged"):
         return "sparse or ragged input"
-    if kw.get("call_kwargs"):
-        return "call arguments"
+    if kw.get("call_kwargs") and kw["call_kwargs"] != {"training": False}:
+        return "call arguments"  # training=True: a frozen graph is the model in inference mode
     shape, dtype = kw.get("input_shape"), kw.get("input_dtype")
     if shape is None:
         data = kw.get("input_data")
@@ -167,6 +170,31 @@ def _dense(value):
     return tf.convert_to_tensor(value).numpy() if isinstance(value, tf.IndexedSlices) else value
 
 
+class _NeedsCall(Exception):
+    """The call has arguments of its own, which only a subclassed model passes."""
+
+
+def _subclassed(layer, specs, several: bool, call_kwargs: dict):
+    """``layer`` in a subclassed model (as Keras's guide writes one), called with the test's ``call_kwargs``: where
+    Keras builds no Functional model of it (an ``Equalization`` is "part of a cycle" there) or the call takes
+    arguments. Its inputs are positional, one per spec; frozen on an ``input_signature``."""
+    import keras
+
+    names = [name for name, _, _ in specs]
+
+    class Wrapper(keras.Model):
+        def __init__(self):
+            super().__init__(name="wrapper")
+            self.inner = layer
+
+        def call(self, *xs):
+            if names[0] is not None:
+                return self.inner(**dict(zip(names, xs)), **call_kwargs)
+            return self.inner(list(xs) if several else xs[0], **call_kwargs)
+
+    return Wrapper()
+
+
 def replay(call: Call, seed: int = 0) -> Verdict:
     """``call``'s layer through Keras and through tfnet, compared; never raises."""
     import keras
@@ -179,9 +207,16 @@ def replay(call: Call, seed: int = 0) -> Verdict:
     if isinstance(found, str):
         return Verdict(call.name, layer_name, "n/a", found)
     specs, several = found
+    call_kwargs = call.kwargs.get("call_kwargs") or {}
+    signature = None  # a subclassed wrapper's: TFNet.from_keras's input_signature
     try:
         keras.utils.set_random_seed(seed)
         layer = call.layer_cls(**call.init_kwargs)
+    except Exception as exc:  # noqa: BLE001 - Keras's own refusal of the configuration (a test of invalid usage)
+        return Verdict(call.name, layer_name, "n/a", f"Keras refuses the layer's arguments: {type(exc).__name__}")
+    try:
+        if call_kwargs:
+            raise _NeedsCall
         inputs = [keras.Input(shape[1:], batch_size=None, dtype=dtype) for _, shape, dtype in specs]
         if specs[0][0] is not None:  # by keyword (query=..., value=...)
             outputs = layer(**{name: t for (name, _, _), t in zip(specs, inputs)})
@@ -194,8 +229,10 @@ def replay(call: Call, seed: int = 0) -> Verdict:
                                                          expected[0] != specs[0][1][0]):
             return Verdict(call.name, layer_name, "n/a", "the test's input has no batch dimension")
         model = keras.Model(inputs if several else inputs[0], outputs)
-    except Exception as exc:  # noqa: BLE001 - Keras's own refusal of the configuration outside its test
-        return Verdict(call.name, layer_name, "n/a", f"Keras builds no Functional model: {type(exc).__name__}")
+    except Exception:  # noqa: BLE001 - no Functional model (call arguments; Keras's graph of the layer): a subclass
+        keras.utils.set_random_seed(seed)
+        model = _subclassed(call.layer_cls(**call.init_kwargs), specs, several, call_kwargs)
+        signature = [tf.TensorSpec((None, *shape[1:]), dtype) for _, shape, dtype in specs]
     rng = np.random.default_rng(seed)
     data = call.kwargs.get("input_data")
     # floats normal; integers in [0, 3), as Keras's own test draws them (an Embedding's ids)
@@ -208,7 +245,7 @@ def replay(call: Call, seed: int = 0) -> Verdict:
         with tf.GradientTape() as tape:
             for i in floats:
                 tape.watch(xv[i])
-            want_y = model(xv if several else xv[0], training=False)
+            want_y = model(*xv, training=False) if signature else model(xv if several else xv[0], training=False)
         g = rng.standard_normal(tuple(want_y.shape)).astype(np.float32)
         # one backward pass for the inputs and the weights (two calls of a persistent tape ran it twice)
         grads = tape.gradient(want_y, [*(xv[i] for i in floats), *model.trainable_variables],
@@ -221,7 +258,7 @@ def replay(call: Call, seed: int = 0) -> Verdict:
     except Exception as exc:  # noqa: BLE001
         return Verdict(call.name, layer_name, "n/a", f"Keras's own gradient fails: {type(exc).__name__}")
     try:
-        net = TFNet.from_keras(model)
+        net = TFNet.from_keras(model, input_signature=signature)
         got_y = net.forward(x)
         if sorted(net.trainable) != sorted(want_trainable):
             return Verdict(call.name, layer_name, "differs", f"trainable {sorted(net.trainable)} != {want_trainable}")

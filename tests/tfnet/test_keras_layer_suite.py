@@ -36,5 +36,5 @@ def test_keras_layer_tests_pass_through_from_keras(summary_line):
     unexpected = [f"{v.name} ({v.layer}) {v.outcome}: {v.reason}" for v in verdicts
                   if v.outcome in ("differs", "error") and v.name not in allowed]
     assert not unexpected, "\n".join(unexpected)
-    # the tier cannot shrink unseen: Keras 3.15's tests hold 460 calls, 398 of them applicable and equal
-    assert len(verdicts) >= 400 and counts["equal"] >= 390, counts
+    # the tier cannot shrink unseen: Keras 3.15's tests hold 460 calls, 401 of them applicable and equal
+    assert len(verdicts) >= 400 and counts["equal"] >= 393, counts
