@@ -308,11 +308,16 @@ def freeze_keras(model, input_signature=None) -> Frozen:
         return tf.nest.flatten(out)
 
     try:
-        fn = tf.function(call, autograph=False).get_concrete_function(*signature.specs)
-    except tf.errors.OperatorNotAllowedInGraphError:
-        # a layer with Python control flow over tensors (RandomCrop's): traced as Keras's own fit traces it, with
-        # AutoGraph; a plain graph otherwise, which keeps Python-level branches out of the frozen graph
-        fn = tf.function(call, autograph=True).get_concrete_function(*signature.specs)
+        try:
+            fn = tf.function(call, autograph=False).get_concrete_function(*signature.specs)
+        except tf.errors.OperatorNotAllowedInGraphError:
+            # a layer with Python control flow over tensors (RandomCrop's): traced as Keras's own fit traces it, with
+            # AutoGraph; a plain graph otherwise, which keeps Python-level branches out of the frozen graph
+            fn = tf.function(call, autograph=True).get_concrete_function(*signature.specs)
+    except (ValueError, TypeError, tf.errors.OpError) as exc:
+        if not signature.from_signature:
+            raise
+        raise signature.call_failure(model, exc) from None  # Keras's line, not TensorFlow's tracing frames
     n_out = len(fn.outputs) - len(layers)
     names = _output_names(model, n_out, structure[0] if structure and not layers else None)
     # Keras's trainable flags come along: a layer or nested model with trainable = False, a LoRA layer's base kernel

@@ -14,6 +14,7 @@ argument it fills (``x``, ``tokens``; ``x_0``, ``x_1`` for a list).
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
 import tensorflow as tf
@@ -25,6 +26,7 @@ __all__ = ["KerasCall", "keras_call", "leaf_paths"]
 
 # call() arguments that are not inputs: Keras passes them itself
 _NOT_INPUTS = {"training", "mask"}
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Keras's bold in its error texts
 
 
 class KerasCall:
@@ -35,6 +37,25 @@ class KerasCall:
         self.specs = specs
         self._structures = structures
         self._functional_struct = functional_struct
+
+    @property
+    def from_signature(self) -> bool:
+        """Whether the specs are a signature's (given or recorded), not the model's own symbolic inputs."""
+        return self._structures is not None
+
+    def call_failure(self, model, exc: BaseException) -> InputSpecError:
+        """The error for a model that fails when called on these specs (a signature that does not fit it), with the
+        line of Keras's or TensorFlow's message that says why."""
+        text = _ANSI.sub("", str(exc))
+        lines = [line.strip() for line in text.splitlines() if line.strip()
+                 and not line.startswith(("Exception encountered when calling", "Arguments received by"))
+                 and not line.strip().startswith("\u2022")]
+        reason = lines[0] if lines else type(exc).__name__
+        inputs = ", ".join(f"{s.name} {tuple(s.shape.as_list())} {s.dtype.name}" for s in self.specs)
+        return InputSpecError(
+            f"The Keras model {getattr(model, 'name', '?')!r} ({type(model).__name__}) fails when called on its "
+            f"input signature ({inputs}): {reason[:500].rstrip('.')}. Check input_signature (one tf.TensorSpec per argument of the "
+            "model's call) against the shapes and dtypes the model takes.")
 
     def arguments(self, xs) -> list:
         xs = list(xs)

@@ -3,6 +3,8 @@ subclassing" writes them) through ``TFNet.from_keras``: frozen on the shapes of 
 ``input_signature`` as ``model.export`` takes it, and checked against Keras itself (forward, ``tf.GradientTape``'s
 gradients, one SGD step, ``fit``) and against TensorFlow's own converter of the same model."""
 
+import traceback
+
 import keras
 import numpy as np
 import pytest
@@ -147,6 +149,12 @@ def test_a_dict_input_a_model_only_built_and_one_never_called():
         TFNet.from_keras(Registered())
     with pytest.raises(TypeError, match="input_signature's entries are tf.TensorSpec or keras.InputSpec"):
         TFNet.from_keras(Registered(), input_signature=[(None, 5)])
+    # a signature the model does not take: Keras's reason in a typed error, without TensorFlow's tracing frames
+    with pytest.raises(InputSpecError, match=r"fails when called on its input signature \(x \(None, 7\) float32\): "
+                       r".*expected axis -1 of input shape to have value 5") as raised:
+        TFNet.from_keras(built, input_signature=[tf.TensorSpec((None, 7), tf.float32)])
+    assert raised.value.__cause__ is None and raised.value.__suppress_context__
+    assert len("".join(traceback.format_exception(raised.value)).splitlines()) <= 25
 
 
 def test_a_compiled_subclassed_model_trains_as_keras_fit():
