@@ -11,28 +11,10 @@ import pytest
 import tensorflow as tf
 
 from optim import TFOptimizer
+from tests.keras_subclassed import subclassed_cnn
 from tests.optim.keras_transfer import LR_HEAD, data, keras_fit, max_diff
 from tests.tfnet import fidelity as fd
-from tests.tfnet.keras_models import randomise_statistics
 from tfnet import InputSpecError, KerasSourceError, TFNet
-
-
-class SmallCNN(keras.Model):
-    """The guide's kind of model: layers made in ``__init__``, wired in ``call``, batch norm and dropout following
-    ``training``."""
-
-    def __init__(self, classes=3, frozen_bn=False, dropout=0.5, **kwargs):
-        super().__init__(**kwargs)
-        self.conv = keras.layers.Conv2D(4, 3, name="conv")
-        self.bn = keras.layers.BatchNormalization(name="bn")
-        self.bn.trainable = not frozen_bn
-        self.pool = keras.layers.GlobalAveragePooling2D()
-        self.drop = keras.layers.Dropout(dropout)
-        self.head = keras.layers.Dense(classes, name="head")
-
-    def call(self, x, training=None):
-        x = keras.ops.relu(self.bn(self.conv(x), training=training))
-        return self.head(self.drop(self.pool(x), training=training))
 
 
 class TokensAndExtra(keras.Model):
@@ -71,18 +53,9 @@ class Registered(keras.Model):
         return {**super().get_config(), "units": self.units}
 
 
-def _cnn(seed=0, **kwargs):
-    keras.utils.set_random_seed(seed)
-    model = SmallCNN(name="cnn", **kwargs)
-    x = np.random.default_rng(seed).normal(size=(2, 8, 8, 3)).astype(np.float32)
-    model(x)  # built by its first call, as the guide builds it
-    randomise_statistics(model, seed)
-    return model, x
-
-
 @pytest.mark.parametrize("path", ["from_keras", "converter"])
 def test_a_subclassed_model_matches_keras(tmp_path, path):
-    model, x = _cnn()
+    model, x = subclassed_cnn()
     case = {c.path: c for c in fd.keras_cases("SmallCNN", model, x, str(tmp_path))}[path]
     net, errors = fd.compare(case)  # forward 1e-5, every gradient 1e-4, the trainable set, one SGD step 1e-3
     assert not sorted(case.oracle.frozen - set(net.statistics)), net.statistics  # the moving statistics found
@@ -161,8 +134,8 @@ def test_a_compiled_subclassed_model_trains_as_keras_fit():
     """``TFOptimizer.from_keras`` on a compiled subclassed model against Keras's own ``fit`` (plain SGD, one epoch):
     batch norm frozen and no dropout, so that ``fit``'s ``training=True`` computes what the frozen graph does."""
     x, y = data()
-    reference, _ = _cnn(frozen_bn=True, dropout=0.0)
-    model, _ = _cnn(frozen_bn=True, dropout=0.0)
+    reference, _ = subclassed_cnn(frozen_bn=True, dropout=0.0)
+    model, _ = subclassed_cnn(frozen_bn=True, dropout=0.0)
     model.compile(optimizer=keras.optimizers.SGD(LR_HEAD),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     opt = TFOptimizer.from_keras(model, input_signature=[tf.TensorSpec((None, 8, 8, 3), tf.float32, name="images")])
@@ -186,7 +159,7 @@ def test_to_keras_gives_a_registered_subclass_back_and_says_why_not_for_another(
     assert type(back) is Registered
     np.testing.assert_allclose(back(x).numpy(), net.forward(x), rtol=1e-6, atol=1e-6)
     assert not np.allclose(back(x).numpy(), model(x).numpy())  # the net's weights, not the original's
-    cnn, _ = _cnn()
+    cnn, _ = subclassed_cnn()
     with pytest.raises(KerasSourceError, match="register_keras_serializable"):
         TFNet.from_keras(cnn).to_keras()
 

@@ -1,12 +1,13 @@
 """Keras's transfer-learning flow on two ranks (issue 51): a frozen base and a new head trained by tfnet over a real
 local[2] Spark with Horovod over Gloo equal Keras's own ``fit`` on the same global batches, in both phases, and only
-the head's bytes are allreduced while the base is frozen."""
+the head's bytes are allreduced while the base is frozen. A compiled subclassed model, too."""
 
 import numpy as np
 import pytest
 
 import optim
 from optim import TFOptimizer
+from tests.keras_subclassed import subclassed_cnn
 from tests.optim.keras_transfer import LR_FINE, LR_HEAD, data, keras_fit, max_diff, transfer_model, unfreeze_all_but_batch_norm
 from tfnet import TFNet
 
@@ -46,3 +47,22 @@ def test_the_transfer_learning_flow_on_two_ranks_trains_as_keras_fit(spark):
         (x, y), batch_size=16, shuffle=False, num_workers=2, verbose=0)
     assert max_diff(net, want) < 1e-6
     assert history["bytes_per_step"][0] > head_bytes + 4
+
+
+def test_a_compiled_subclassed_model_on_two_ranks_trains_as_keras_fit(spark):
+    """``TFOptimizer.from_keras`` on a subclassed model (its own ``call``, built by its first call), over two ranks,
+    against ``fit`` on the same global batches; batch norm frozen and no dropout, as ``fit``'s ``training=True``
+    would otherwise compute another function."""
+    import keras
+
+    x, y = data(64)
+    kx, ky = as_two_ranks_see_it(x, y, 16)
+    reference, _ = subclassed_cnn(frozen_bn=True, dropout=0.0)
+    model, _ = subclassed_cnn(frozen_bn=True, dropout=0.0)
+    model.compile(optimizer=keras.optimizers.SGD(LR_HEAD),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    opt = TFOptimizer.from_keras(model)
+    want = keras_fit(reference, kx, ky, LR_HEAD, 16)
+    opt.optimize((x, y), batch_size=16, shuffle=False, num_workers=2, verbose=0)
+    assert max_diff(opt.net, want) < 1e-6
+    assert float(np.abs(want["cnn/conv/kernel"] - model.get_layer("conv").kernel.numpy()).max()) > 1e-4  # it trained
