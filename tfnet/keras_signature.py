@@ -78,7 +78,7 @@ def keras_call(model, input_signature=None) -> KerasCall:
     """
     if input_signature is None and getattr(model, "inputs", None):
         return KerasCall(_functional_specs(model), None, getattr(model, "_inputs_struct", None))
-    params, required = _call_arguments(model)
+    params, required, varargs = _call_arguments(model)
     if input_signature is None:
         structures = _recorded(model)
         if structures is None:
@@ -101,6 +101,12 @@ def keras_call(model, input_signature=None) -> KerasCall:
             f"The Keras model {getattr(model, 'name', '?')!r} ({type(model).__name__}) takes {len(required)} inputs "
             f"({', '.join(required)}); {what} {len(structures)}. Pass input_signature=[...] with one "
             f"tf.TensorSpec (or keras.InputSpec) for each argument of its call to TFNet.from_keras.")
+    if len(structures) > len(params) and not varargs and params:
+        raise InputSpecError(
+            f"The Keras model {getattr(model, 'name', '?')!r} ({type(model).__name__}) takes {len(params)} input "
+            f"argument(s) ({', '.join(params)}); input_signature has {len(structures)} entries. Give one entry per "
+            "argument of its call: several inputs of one argument as a list or dict in that entry, as "
+            "model.export takes them ([[spec_a, spec_b]] for a Functional model with two inputs).")
     specs, taken = [], set()
     for i, structure in enumerate(structures):
         argument = params[i] if i < len(params) else f"input_{i}"
@@ -144,15 +150,17 @@ def _input_name(tensor) -> str | None:
     return getattr(layer, "name", None) or getattr(tensor, "name", None)
 
 
-def _call_arguments(model) -> tuple[list[str], list[str]]:
-    """The names of the positional arguments of ``model.call`` that take inputs, and those without a default."""
+def _call_arguments(model) -> tuple[list[str], list[str], bool]:
+    """The names of the positional arguments of ``model.call`` that take inputs, those without a default, and whether
+    it takes ``*args``."""
     try:
         signature = inspect.signature(model.call)
     except (TypeError, ValueError):
-        return [], []
+        return [], [], True
     params = [p for p in signature.parameters.values()
               if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in _NOT_INPUTS]
-    return [p.name for p in params], [p.name for p in params if p.default is p.empty]
+    varargs = any(p.kind == p.VAR_POSITIONAL for p in signature.parameters.values())
+    return [p.name for p in params], [p.name for p in params if p.default is p.empty], varargs
 
 
 def _recorded(model) -> list[Any] | None:

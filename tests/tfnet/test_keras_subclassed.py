@@ -172,3 +172,14 @@ def test_a_saved_subclassed_model_file_loads(tmp_path):
     model.save(str(tmp_path / "registered.keras"))
     net = TFNet.from_keras(str(tmp_path / "registered.keras"))
     np.testing.assert_allclose(net.forward(x), model(x).numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_a_functional_model_takes_its_inputs_in_one_entry_as_model_export_does():
+    a, b = keras.Input((3,), name="a"), keras.Input((2,), name="b")
+    model = keras.Model([a, b], keras.layers.Dense(1)(keras.layers.Concatenate()([a, b])))
+    with pytest.raises(InputSpecError, match=r"takes 1 input argument\(s\) \(inputs\); input_signature has 2 entries"):
+        TFNet.from_keras(model, input_signature=[tf.TensorSpec((None, 3)), tf.TensorSpec((None, 2))])
+    net = TFNet.from_keras(model, input_signature=[[tf.TensorSpec((None, 3), name="a"), tf.TensorSpec((None, 2), name="b")]])
+    x = [np.arange(6, dtype=np.float32).reshape(2, 3), np.ones((2, 2), np.float32)]
+    assert net.input_names == ["a:0", "b:0"]
+    np.testing.assert_allclose(net.forward(x), model(x).numpy(), rtol=1e-6)
