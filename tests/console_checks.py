@@ -3,6 +3,7 @@ prints ``<<ACTION label>>`` before each action, then ``label -> <result>``; ``<<
 then stops Spark and prints ``<<STOPPED>>``."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -23,6 +24,13 @@ def user_env(**extra: str) -> dict:
     return env
 
 
+# Spark's own line when an executor's disconnect reaches the driver while SparkContext.stop() runs on a standalone
+# cluster (StandaloneSchedulerBackend.StandaloneDriverEndpoint.onDisconnected, in pyspark 4's spark-core jar): a race
+# inside Spark's stop that a plain PySpark job on a standalone cluster meets too (ci91c: once in 1,074 tests)
+SPARK_STOP_RACE = re.compile(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d WARN StandaloneSchedulerBackend\$StandaloneDriverEndpoint: "
+                             r"Skipping onDisconnected RemoveExecutor call because the scheduler is stopping$")
+
+
 def assert_each_action_printed_its_own_output(out: str, actions: int) -> None:
     """Each of the ``actions`` sections holds its own result line (and, for ``show``, its table) and nothing else,
     Spark's own stage bar aside (a plain PySpark job shows it too); nothing follows ``spark.stop()``."""
@@ -39,7 +47,8 @@ def assert_each_action_printed_its_own_output(out: str, actions: int) -> None:
         assert name != "show" or len(table) == 7, body  # three rules, the header, 2 rows and the footer
         assert len(mine) == 1 and not stray, (label, body)
     stopped = out.split("<<ACTIONS END>>")[1]
-    assert stopped.strip() == "<<STOPPED>>", stopped[-2000:]
+    assert [line for line in stopped.strip().split("\n") if not SPARK_STOP_RACE.match(line)] == ["<<STOPPED>>"], \
+        stopped[-2000:]
 
 
 class Program:
