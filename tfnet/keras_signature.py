@@ -72,7 +72,8 @@ def keras_call(model, input_signature=None) -> KerasCall:
 
     Raises:
         InputSpecError: a subclassed model that was never called or built and has no ``input_signature``; a
-            signature with fewer entries than ``call`` has required arguments; a shape without a rank.
+            signature with fewer entries than ``call`` has required arguments, or more than it has input arguments;
+            a shape without a rank. (A signature the model fails on: :meth:`KerasCall.call_failure`.)
         TypeError: an ``input_signature`` entry that is not a ``tf.TensorSpec`` or ``keras.InputSpec`` (or a dict,
             list or tuple of them).
     """
