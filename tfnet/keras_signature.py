@@ -53,9 +53,9 @@ class KerasCall:
         reason = lines[0] if lines else type(exc).__name__
         inputs = ", ".join(f"{s.name} {tuple(s.shape.as_list())} {s.dtype.name}" for s in self.specs)
         return InputSpecError(
-            f"The Keras model {getattr(model, 'name', '?')!r} ({type(model).__name__}) fails when called on its "
-            f"input signature ({inputs}): {reason[:500].rstrip('.')}. Check input_signature (one tf.TensorSpec per argument of the "
-            "model's call) against the shapes and dtypes the model takes.")
+            f"{_which(model)} fails when called on its input signature ({inputs}): {reason[:500].rstrip('.')}. Check "
+            "input_signature (one tf.TensorSpec per argument of the model's call) against the shapes and dtypes the "
+            "model takes.")
 
     def arguments(self, xs) -> list:
         xs = list(xs)
@@ -84,12 +84,11 @@ def keras_call(model, input_signature=None) -> KerasCall:
         structures = _recorded(model)
         if structures is None:
             raise InputSpecError(
-                f"The Keras model {getattr(model, 'name', '?')!r} ({type(model).__name__}) has no inputs to freeze it "
-                "on: it is not built on keras.Input and was never called. Call it once on data, or pass "
-                "input_signature=[tf.TensorSpec(shape, dtype), ...] (one entry per argument of its call, as "
-                "model.export takes it) to TFNet.from_keras.")
+                f"{_which(model)} has no inputs to freeze it on: it is not built on keras.Input and was never "
+                "called. Call it once on data, or pass input_signature=[tf.TensorSpec(shape, dtype), ...] (one entry "
+                "per argument of its call, as model.export takes it) to TFNet.from_keras.")
     else:
-        if isinstance(input_signature, (tf.TensorSpec, _input_spec_type())) or isinstance(input_signature, dict):
+        if isinstance(input_signature, (tf.TensorSpec, _input_spec_type(), dict)):
             input_signature = [input_signature]
         if not isinstance(input_signature, (list, tuple)):
             raise TypeError("input_signature is a list with one entry per positional argument of the model's call: "
@@ -99,15 +98,15 @@ def keras_call(model, input_signature=None) -> KerasCall:
     if len(structures) < len(required):
         what = "input_signature has" if input_signature is not None else "Keras recorded the shape of"
         raise InputSpecError(
-            f"The Keras model {getattr(model, 'name', '?')!r} ({type(model).__name__}) takes {len(required)} inputs "
-            f"({', '.join(required)}); {what} {len(structures)}. Pass input_signature=[...] with one "
-            f"tf.TensorSpec (or keras.InputSpec) for each argument of its call to TFNet.from_keras.")
+            f"{_which(model)} takes {len(required)} inputs ({', '.join(required)}); {what} {len(structures)}. Pass "
+            "input_signature=[...] with one tf.TensorSpec (or keras.InputSpec) for each argument of its call to "
+            "TFNet.from_keras.")
     if len(structures) > len(params) and not varargs and params:
         raise InputSpecError(
-            f"The Keras model {getattr(model, 'name', '?')!r} ({type(model).__name__}) takes {len(params)} input "
-            f"argument(s) ({', '.join(params)}); input_signature has {len(structures)} entries. Give one entry per "
-            "argument of its call: several inputs of one argument as a list or dict in that entry, as "
-            "model.export takes them ([[spec_a, spec_b]] for a Functional model with two inputs).")
+            f"{_which(model)} takes {len(params)} input argument(s) ({', '.join(params)}); input_signature has "
+            f"{len(structures)} entries. Give one entry per argument of its call: several inputs of one argument as a "
+            "list or dict in that entry, as model.export takes them ([[spec_a, spec_b]] for a Functional model with "
+            "two inputs).")
     specs, taken = [], set()
     for i, structure in enumerate(structures):
         argument = params[i] if i < len(params) else f"input_{i}"
@@ -118,6 +117,11 @@ def keras_call(model, input_signature=None) -> KerasCall:
             specs.append(tf.TensorSpec(spec.shape, spec.dtype, name=name))
     named = tf.nest.pack_sequence_as(structures, specs)
     return KerasCall(specs, list(named))
+
+
+def _which(model) -> str:
+    """How the error texts name the model: "The Keras model 'name' (Class)"."""
+    return f"The Keras model {getattr(model, 'name', '?')!r} ({type(model).__name__})"
 
 
 def leaf_paths(structure) -> list[tuple[str, Any]]:
