@@ -170,10 +170,6 @@ def _dense(value):
     return tf.convert_to_tensor(value).numpy() if isinstance(value, tf.IndexedSlices) else value
 
 
-class _NeedsCall(Exception):
-    """The call has arguments of its own, which only a subclassed model passes."""
-
-
 def _subclassed(layer, specs, several: bool, call_kwargs: dict):
     """``layer`` in a subclassed model (as Keras's guide writes one), called with the test's ``call_kwargs``: where
     Keras builds no Functional model of it (an ``Equalization`` is "part of a cycle" there) or the call takes
@@ -214,22 +210,24 @@ def replay(call: Call, seed: int = 0) -> Verdict:
         layer = call.layer_cls(**call.init_kwargs)
     except Exception as exc:  # noqa: BLE001 - Keras's own refusal of the configuration (a test of invalid usage)
         return Verdict(call.name, layer_name, "n/a", f"Keras refuses the layer's arguments: {type(exc).__name__}")
-    try:
-        if call_kwargs:
-            raise _NeedsCall
-        inputs = [keras.Input(shape[1:], batch_size=None, dtype=dtype) for _, shape, dtype in specs]
-        if specs[0][0] is not None:  # by keyword (query=..., value=...)
-            outputs = layer(**{name: t for (name, _, _), t in zip(specs, inputs)})
-        else:
-            outputs = layer(inputs if several else inputs[0])
-        if not isinstance(outputs, keras.KerasTensor):
-            return Verdict(call.name, layer_name, "n/a", "several outputs")
-        expected = call.kwargs.get("expected_output_shape")
-        if isinstance(expected, tuple) and expected and (len(expected) != len(outputs.shape) or
-                                                         expected[0] != specs[0][1][0]):
-            return Verdict(call.name, layer_name, "n/a", "the test's input has no batch dimension")
-        model = keras.Model(inputs if several else inputs[0], outputs)
-    except Exception:  # noqa: BLE001 - no Functional model (call arguments; Keras's graph of the layer): a subclass
+    model = None
+    if not call_kwargs:  # only a subclassed model passes the call's own arguments
+        try:
+            inputs = [keras.Input(shape[1:], batch_size=None, dtype=dtype) for _, shape, dtype in specs]
+            if specs[0][0] is not None:  # by keyword (query=..., value=...)
+                outputs = layer(**{name: t for (name, _, _), t in zip(specs, inputs)})
+            else:
+                outputs = layer(inputs if several else inputs[0])
+            if not isinstance(outputs, keras.KerasTensor):
+                return Verdict(call.name, layer_name, "n/a", "several outputs")
+            expected = call.kwargs.get("expected_output_shape")
+            if isinstance(expected, tuple) and expected and (len(expected) != len(outputs.shape) or
+                                                             expected[0] != specs[0][1][0]):
+                return Verdict(call.name, layer_name, "n/a", "the test's input has no batch dimension")
+            model = keras.Model(inputs if several else inputs[0], outputs)
+        except Exception:  # noqa: BLE001 - Keras builds no Functional model of the layer (Equalization's "cycle")
+            model = None
+    if model is None:  # a subclassed model, frozen on an input_signature
         keras.utils.set_random_seed(seed)
         model = _subclassed(call.layer_cls(**call.init_kwargs), specs, several, call_kwargs)
         signature = [tf.TensorSpec((None, *shape[1:]), dtype) for _, shape, dtype in specs]
