@@ -78,6 +78,20 @@ def map_metric(metric) -> M.Metric:
     return mapped
 
 
+def _check_own_training(model) -> None:
+    """A model that overrides how Keras trains it (``train_step``, ``compute_loss``: a GAN's, a VAE's) is refused:
+    tfnet's step is the compiled loss of the outputs, and would train something else without a word."""
+    import keras
+
+    for method in ("train_step", "compute_loss"):
+        if getattr(type(model), method, None) is not getattr(keras.Model, method):
+            raise KerasMappingError(
+                f"The Keras model {type(model).__name__} overrides Model.{method}, which tfnet does not run: it "
+                "trains the compiled loss of the model's outputs. Write the step's loss as a function of the outputs "
+                "and use TFOptimizer.from_loss(TFNet.from_keras(model), loss, optim_method)."
+            )
+
+
 def from_compiled_keras(model, input_signature=None):
     """``(net, loss, method, metrics, loss_weights, weighted_metrics)`` for a compiled Keras model:
     one loss, a list or a dict of them (by output name), with the model's ``loss_weights``; ``input_signature`` as
@@ -98,7 +112,16 @@ def from_compiled_keras(model, input_signature=None):
     metrics = cfg.get("metrics") or []
     if isinstance(metrics, dict):
         raise KerasMappingError("Per-output metrics dicts are not mapped; pass a list of metrics.")
+    _check_own_training(model)
     net = TFNet.from_keras(model, input_signature=input_signature)
+    if net.state.keras_added_losses:
+        raise KerasMappingError(
+            f"The Keras model adds {net.state.keras_added_losses} loss(es) of its own in call (activity_regularizer "
+            "or add_loss), which depend on activations the frozen graph does not output; Keras's fit adds them to "
+            "the loss, tfnet cannot. Remove them (layer.activity_regularizer = None) to train without, or fold the "
+            "term into the loss and use TFOptimizer.from_loss. Weight regularizers (kernel_regularizer, ...) are "
+            "applied: net.regularizers."
+        )
     net.trainable = [v.path for v in model.trainable_variables if v.path in net.weight_names]
     weighted = cfg.get("weighted_metrics") or []
     if isinstance(weighted, dict):

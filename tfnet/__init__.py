@@ -18,6 +18,7 @@ from tfnet.errors import (
     KerasSourceError,
     KernelCheckError,
     NoWeightsError,
+    RegularizerError,
     TensorNameError,
     TFNetError,
     WeightError,
@@ -51,4 +52,5 @@ __all__ = [
     "GradientUnavailableError",
     "KerasSourceError",
     "KernelCheckError",
+    "RegularizerError",
 ]

@@ -79,6 +79,13 @@ class KerasSourceError(TFNetError, ValueError):
     it), or its weights no longer match that model's variables (``TFNet.to_keras``)."""
 
 
+class RegularizerError(TFNetError, ValueError):
+    """A weight's regularizer Keras cannot take or rebuild (a plain function, or a class not registered with
+    ``@keras.saving.register_keras_serializable()``): :mod:`tfnet.regularizers`."""
+
+    retryable = False
+
+
 def closest_names(name: str, candidates: Iterable[str], n: int = 5) -> list[str]:
     """Returns up to ``n`` names from ``candidates`` that look most like ``name``.
 

@@ -9,7 +9,7 @@ output after its Keras or signature name, so weight and tensor names mean someth
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ from tensorflow.python.framework import tensor_util
 from tfnet.graph_utils import clean_node_name, consts_to_placeholders, rename_nodes, unique_name
 from tfnet.graph_utils import node_name as node_name_of
 from tfnet.keras_signature import keras_call, leaf_paths
+from tfnet.regularizers import from_variables
 from tfnet.tables import embed_captured_tables
 
 
@@ -52,6 +53,11 @@ class Frozen:
     #: The weights the source model trains (Keras's ``trainable_variables``), in graph order; None where the source
     #: records no such flags (a frozen graph, a plain SavedModel): TFNet's default selection then applies.
     trainable: list[str] | None = None
+    #: ``{weight: Keras's serialized regularizer}`` for the source's variables that have one (:mod:`tfnet.regularizers`).
+    regularizers: dict[str, dict] = field(default_factory=dict)
+    #: How many losses the Keras model adds in its ``call`` (``activity_regularizer``, ``add_loss``): terms of Keras's
+    #: loss that depend on activations, which the frozen graph does not output.
+    added_losses: int = 0
 
 
 def freeze_concrete_function(fn, variables: Iterable, output_names: Sequence[str] | None = None,
@@ -95,7 +101,8 @@ def freeze_concrete_function(fn, variables: Iterable, output_names: Sequence[str
         ids = {id(_tf_variable(v)) for v in trainable_variables}
         chosen = {mapping[old] for old, var in names.items() if id(_tf_variable(var)) in ids}
         trainable = [w for w in weights if w in chosen]
-    return Frozen(graph_def, inputs, outputs, weights, values, trainable)
+    regularizers = from_variables({mapping[old]: var for old, var in names.items()})
+    return Frozen(graph_def, inputs, outputs, weights, values, trainable, regularizers)
 
 
 def _is_float(dtype) -> bool:
@@ -325,6 +332,9 @@ def freeze_keras(model, input_signature=None) -> Frozen:
     if layers:
         frozen.template = _name_layer_outputs(frozen.template, frozen.outputs[n_out:], [n for n, _ in layers])
     frozen.outputs = frozen.outputs[:n_out]
+    # what the traced call left in Keras's losses beyond the weights' regularizers: activity_regularizer, add_loss
+    regularized = sum(1 for v in probe.trainable_weights if getattr(v, "regularizer", None) is not None)
+    frozen.added_losses = max(len(probe.losses) - regularized, 0)
     return frozen
 
 

@@ -37,6 +37,7 @@ from tfnet.inputs import NARROW_DTYPES, taken_as_is
 from tfnet.lora import Adapter
 from tfnet.net_state import NetState, TrainableSpec
 from tfnet.parts import NetParts
+from tfnet.regularizers import plain as plain_config
 from tfnet.step import TrainStep
 from tfnet.summary import summary as summary_table
 from tfnet.summary import tensor_names as graph_tensor_names
@@ -315,6 +316,27 @@ class TFNet(tf.Module):
     @trainable.setter
     def trainable(self, spec: TrainableSpec) -> None:
         self.state.select_trainable(spec)
+
+    @property
+    def regularizers(self) -> dict[str, dict]:
+        """``{weight name: Keras's serialized regularizer}``: what the training step adds to the loss, as Keras's
+        ``fit`` adds ``model.losses`` (for the *trainable* ones among them; :mod:`tfnet.regularizers`).
+        :meth:`from_keras` takes them from the model's variables (``kernel_regularizer``, ``bias_regularizer``, ...).
+
+        Set it with ``{weight name: regularizer}``, each what ``keras.regularizers.get`` takes
+        (``keras.regularizers.L2(1e-4)``, ``"l2"``, a config dict); ``{}`` for none.
+
+        Raises (setting):
+            WeightError: a name that is not a weight.
+            RegularizerError: a regularizer Keras cannot take or rebuild.
+        """
+        return {n: plain_config(c) for n, c in self.state.regularizers.items()}
+
+    @regularizers.setter
+    def regularizers(self, mapping) -> None:
+        self.state.set_regularizers(mapping)
+
+    regularization_loss = _on_state(NetState.regularization_loss)
 
     # ------------------------------------------------------------------ compute, surgery, export
 

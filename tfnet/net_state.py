@@ -16,6 +16,7 @@ from typing import Any, Union
 import numpy as np
 import tensorflow as tf
 
+from tfnet import regularizers
 from tfnet.errors import NoWeightsError, WeightError, WeightTypeError, unknown_name_message
 from tfnet.graph_function import GraphFunction
 from tfnet.hooks import HookList
@@ -47,6 +48,9 @@ class NetState(tf.Module):
         forward_hooks, gradient_hooks, update_hooks: The hook lists (:class:`tfnet.hooks.HookList`).
         onnx_source: The ONNX model the net's body came from (:class:`tfnet.onnx.export.OnnxSource`), or None.
         keras_source: The Keras model the net came from, serialized (:mod:`tfnet.keras_source`), or None.
+        regularizers: ``{weight name: Keras's serialized regularizer}`` (:mod:`tfnet.regularizers`).
+        keras_added_losses: How many losses the Keras model adds in ``call`` (``activity_regularizer``, ``add_loss``),
+            which the graph does not output (0 for other sources).
     """
 
     def __init__(self, parts: NetParts):
@@ -79,6 +83,9 @@ class NetState(tf.Module):
         self.update_hooks = HookList(self.changed)
         self.onnx_source = parts.onnx_source
         self.keras_source: str | None = None
+        self.regularizers = {k: dict(v) for k, v in (parts.regularizers or {}).items() if k in self.weights}
+        self._regularizer_fns: dict[str, Callable] | None = None
+        self.keras_added_losses = 0
         if parts.trainable is not None:
             self.set_trainable_names([t for t in parts.trainable if t in self.weights])
 
@@ -225,6 +232,40 @@ class NetState(tf.Module):
         named = set(chosen)
         self.trainable = [n for n in self.weights if n in named]
         self.changed()
+
+    # ------------------------------------------------------------------ regularizers
+
+    def set_regularizers(self, mapping: Mapping[str, Any]) -> None:
+        """Exactly these weights are regularized: ``{weight name: regularizer}``, each what
+        ``keras.regularizers.get`` takes (a ``Regularizer``, ``"l2"``, a config dict), or None to leave it out."""
+        if not isinstance(mapping, Mapping):
+            raise TypeError("`regularizers` must be a dict {weight name: Keras regularizer}. "
+                            f"Received: {type(mapping).__name__}")
+        chosen = {}
+        for name, reg in mapping.items():
+            key = self.check_weight_name(name)
+            if reg is not None:
+                chosen[key] = regularizers.serialized(key, reg)
+        self.regularizers = {n: chosen[n] for n in self.weights if n in chosen}
+        self._regularizer_fns = None
+        self.changed()
+
+    def regularizer_fns(self) -> dict[str, Callable]:
+        """``{weight name: regularizer}``, rebuilt from :attr:`regularizers` once.
+
+        Raises:
+            RegularizerError: Keras cannot rebuild one here (:func:`tfnet.regularizers.rebuild`).
+        """
+        if self._regularizer_fns is None:
+            self._regularizer_fns = {n: regularizers.rebuild(n, c) for n, c in self.regularizers.items()}
+        return self._regularizer_fns
+
+    def regularization_loss(self) -> tf.Tensor:
+        """What Keras adds to the loss for the weights' regularizers: the sum over the trainable weights that have
+        one, at their current values (float32; 0 where none has one)."""
+        total = regularizers.penalty(self.regularizer_fns(), {n: v.value() for n, v in self.weights.items()},
+                                     self.trainable)
+        return tf.constant(0.0, tf.float32) if total is None else total
 
 
 def _variable_name(weight: str) -> str:

@@ -41,6 +41,7 @@ def cut(state: NetState, tensor_names: str | Sequence[str]) -> NetParts:
     return NetParts(
         template, inputs, outputs, values, dict(state.statistic_roles), list(state.trainable), name=state.name,
         fold=state.graph.fold, phase_values=phase_values, adapters=adapters, onnx_source=state.onnx_source,
+        regularizers=state.regularizers,
     )
 
 
@@ -76,6 +77,7 @@ def add_head(state: NetState, head, name: str = "head") -> NetParts:
         merged, list(state.graph.input_names), [f"{name}/{o}" for o in frozen.outputs], values, stats, trainable,
         name=state.name, fold=state.graph.fold, phase_values=dict(state.graph.phase_values),
         adapters=list(state.adapters.values()), onnx_source=state.onnx_source,
+        regularizers={**state.regularizers, **{f"{name}/{w}": c for w, c in frozen.regularizers.items()}},
     )
 
 
@@ -138,6 +140,7 @@ def with_lora(state: NetState, targets, rank: int = 8, alpha: float | None = Non
         state.graph.template, list(state.graph.input_names), list(state.graph.output_names), values,
         dict(state.statistic_roles), [n for ad in every for n in (ad.a, ad.b)], name=state.name, fold=state.graph.fold,
         phase_values=dict(state.graph.phase_values), adapters=every, onnx_source=state.onnx_source,
+        regularizers=state.regularizers,
     )
 
 
@@ -175,5 +178,5 @@ def merged(state: NetState) -> NetParts:
     return NetParts(
         state.graph.template, list(state.graph.input_names), list(state.graph.output_names),
         state.graph_weight_arrays(), dict(state.statistic_roles), keep, name=state.name, fold=state.graph.fold,
-        phase_values=dict(state.graph.phase_values), onnx_source=state.onnx_source,
+        phase_values=dict(state.graph.phase_values), onnx_source=state.onnx_source, regularizers=state.regularizers,
     )

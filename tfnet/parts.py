@@ -38,6 +38,8 @@ class NetParts:
             Default: none.
         onnx_source: The ONNX model the net came from (:class:`tfnet.onnx.export.OnnxSource`), for
             ``save_onnx``. Default: None.
+        regularizers: ``{weight name: Keras's serialized regularizer}`` (:mod:`tfnet.regularizers`); names the net
+            lacks are skipped. Default: none.
     """
 
     template: graph_pb2.GraphDef
@@ -51,3 +53,4 @@ class NetParts:
     phase_values: Mapping[str, tuple] | None = None
     adapters: Sequence[Adapter] = ()
     onnx_source: Any = None
+    regularizers: Mapping[str, Mapping] | None = None

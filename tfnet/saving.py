@@ -32,6 +32,7 @@ def write_export_folder(net, path: PathLike, storage_options=None) -> None:
         "statistics": net.statistic_names,
         "phase_values": {k: [_jsonable(v) for v in pair] for k, pair in net.phase_values.items()},
         **({"keras_source": net.keras_source} if net.keras_source else {}),
+        **({"regularizers": net.regularizers} if net.regularizers else {}),
     })
 
 

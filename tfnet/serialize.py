@@ -31,6 +31,7 @@ def net_to_bytes(net) -> bytes:
         "name": net.name,
         "lora": [ad.to_json() for ad in net.adapters.values()],
         "keras_source": net.keras_source,
+        "regularizers": net.regularizers,
     }
     arrays["template"] = np.frombuffer(net.template.SerializeToString(), np.uint8)
     return pack(FORMAT, header, arrays)
@@ -49,7 +50,8 @@ def net_from_bytes(data: bytes):
     net = TFNet.from_parts(NetParts(template, meta["inputs"], meta["outputs"], values, meta["statistics"],
                                     meta["trainable"], name=meta["name"], fold=meta["fold"],
                                     phase_values={k: tuple(v) for k, v in meta.get("phase_values", {}).items()},
-                                    adapters=[Adapter.from_json(item) for item in meta.get("lora", [])]))
+                                    adapters=[Adapter.from_json(item) for item in meta.get("lora", [])],
+                                    regularizers=meta.get("regularizers")))
     net.keras_source = meta.get("keras_source")
     return net
 

@@ -22,6 +22,7 @@ import tensorflow as tf
 from tfnet.errors import NoWeightsError, TFNetError
 from tfnet.graph_function import own_function
 from tfnet.precision import bf16_rewrite, check_precision, training_precision
+from tfnet.regularizers import penalty
 
 
 class SGDState(NamedTuple):
@@ -63,6 +64,9 @@ class TrainStep:
             float32 weights, optimiser state and loss (see :mod:`tfnet.precision`). On a CPU
             without native bfloat16 a :class:`~tfnet.precision.PrecisionWarning` (once) and fp32.
 
+    The loss differentiated and returned includes the net's weight regularizers (:attr:`TFNet.regularizers`) of the
+    trainable weights, as Keras's ``fit`` adds ``model.losses``.
+
     When the loss or any gradient is NaN or infinite, the step leaves the weights and the state as
     they were and returns ``finite=False``; the caller decides whether to stop or skip.
     """
@@ -92,6 +96,7 @@ class TrainStep:
         self.requested_precision = precision
         self.precision = training_precision(precision)
         self.names = list(net.trainable)
+        net.state.regularizer_fns()  # a regularizer Keras cannot rebuild here: RegularizerError now, not mid-trace
         self._fns: dict[bool, Callable] = {}
         self._fn_version = net.version
         self._state_vars = None
@@ -150,10 +155,18 @@ class TrainStep:
             grad_raw = [tf.zeros_like(r) if g is None else g for g, r in zip(tf.gradients(loss, raw), raw)]
             vjp = net.compiled_vjp(None, True, (True,) * len(raw), inputs=False, hooks=False)
             grads = vjp(inputs, list(reads.values()), grad_raw)[:len(self.names)]
+            extra = penalty(net.state.regularizer_fns(), reads, self.names)
+            if extra is not None:
+                loss = loss + extra
+                grads = [g if e is None else e if g is None else g + e
+                         for g, e in zip(grads, tf.gradients(extra, sources))]
         else:
             outs = net.run_graph(inputs, list(reads.values()), training=True, differentiated=True)
             outs = net.forward_hooks.run(net.pack(outs))
             loss = tf.cast(self.loss_fn(targets, outs), tf.float32)
+            extra = penalty(net.state.regularizer_fns(), reads, self.names)  # Keras's model.losses, as fit adds them
+            if extra is not None:
+                loss = loss + extra
             # The imported graph's ops are created below the Python op layer, where GradientTape
             # does not see them; symbolic gradients walk the graph itself and reach every op.
             grads = tf.gradients(loss, sources)

@@ -81,13 +81,15 @@ def accumulate(net, loss: L.Loss, metrics: Sequence[M.Metric], data: TFDataset, 
     ranks or partitions)."""
     alive = liveness or Liveness()
     acc = Accumulators(metrics)
+    # the weights' regularizers, as Keras's evaluate adds model.losses to each batch's loss (the weights stay put)
+    extra = float(net.regularization_loss()) if net.regularizers else 0.0
     for features, labels in data.batches(batch_size, shuffle=False, rank=rank, size=size):
         n = batch_len(features)
         if n == 0:
             continue
         outputs = net.forward(features, as_tensors=True)
         labels_t = tf.nest.map_structure(tf.convert_to_tensor, labels)
-        acc.loss.update_value(float(loss(labels_t, outputs)), n)
+        acc.loss.update_value(float(loss(labels_t, outputs)) + extra, n)
         update_metrics(acc.metrics, labels, outputs)
         alive.kick("validation")
     return acc

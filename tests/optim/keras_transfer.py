@@ -12,18 +12,22 @@ from tests.models import _randomise_bn
 LR_HEAD, LR_FINE = 0.1, 0.01
 
 
-def transfer_model(seed: int = 0):
-    """``(model, base)``: the base frozen, the head new."""
+def transfer_model(seed: int = 0, regularized: bool = False):
+    """``(model, base)``: the base frozen, the head new. ``regularized``: the base's convolution and the head carry
+    weight regularizers (L2 kernels, an L1 bias), which Keras's ``fit`` adds to the loss for the trainable ones."""
     import keras
 
     keras.utils.set_random_seed(seed)
-    base = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(4, 3, name="conv"),
+    reg = {"kernel_regularizer": keras.regularizers.L2(0.05)} if regularized else {}
+    head_reg = {"kernel_regularizer": keras.regularizers.L2(0.02),
+                "bias_regularizer": keras.regularizers.L1(0.03)} if regularized else {}
+    base = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(4, 3, name="conv", **reg),
                              keras.layers.BatchNormalization(name="bn"), keras.layers.Activation("relu"),
                              keras.layers.GlobalAveragePooling2D()], name="base")
     _randomise_bn(base, seed)
     base.trainable = False
     inputs = keras.Input((8, 8, 3), name="img")
-    outputs = keras.layers.Dense(3, name="head")(base(inputs, training=False))
+    outputs = keras.layers.Dense(3, name="head", **head_reg)(base(inputs, training=False))
     return keras.Model(inputs, outputs), base
 
 

@@ -1,6 +1,7 @@
 """Keras's transfer-learning flow on two ranks (issue 51): a frozen base and a new head trained by tfnet over a real
 local[2] Spark with Horovod over Gloo equal Keras's own ``fit`` on the same global batches, in both phases, and only
-the head's bytes are allreduced while the base is frozen. A compiled subclassed model, too."""
+the head's bytes are allreduced while the base is frozen; weight regularizers as fit adds them. A compiled subclassed
+model, too."""
 
 import numpy as np
 import pytest
@@ -28,10 +29,12 @@ def as_two_ranks_see_it(x, y, batch: int):
 
 
 def test_the_transfer_learning_flow_on_two_ranks_trains_as_keras_fit(spark):
+    """With weight regularizers on the base and the head, which Keras's fit adds to the loss for the trainable
+    weights: each rank adds them to its loss, and the averaged gradient is fit's on the global batch."""
     x, y = data(64)
     kx, ky = as_two_ranks_see_it(x, y, 16)
-    reference, _ = transfer_model()
-    model, _ = transfer_model()
+    reference, _ = transfer_model(regularized=True)
+    model, _ = transfer_model(regularized=True)
     net = TFNet.from_keras(model)
     want = keras_fit(reference, kx, ky, LR_HEAD, 16)
     history = TFOptimizer(net, SCE, optim.SGD(LR_HEAD)).optimize(
