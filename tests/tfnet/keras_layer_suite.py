@@ -9,7 +9,8 @@ each layer in a Functional model (one input or several, float or integer; a subc
 ``TFNet.from_keras``, and
 compares with Keras: the forward pass (1e-4 relative), each float input's gradient and one SGD step's update (1e-3
 relative; 2e-2 for a layer that computes in bfloat16 or float16), and the trainable set (Keras's
-``trainable_variables``). Each call gets a verdict: ``equal``, ``differs``, ``error`` or ``n/a`` (with the
+``trainable_variables``); where the layer has weight regularizers or its test counts losses, those too
+(:func:`_losses_differ`). Each call gets a verdict: ``equal``, ``differs``, ``error`` or ``n/a`` (with the
 reason: inputs given as data in several parts, sparse or ragged input, ``training=True``, several outputs, layer
 arguments Keras refuses)."""
 
@@ -287,7 +288,42 @@ def replay(call: Call, seed: int = 0) -> Verdict:
              if v > (forward_rtol if k == "forward" else gradient_rtol) or not np.isfinite(v)}
     if worst:
         return Verdict(call.name, layer_name, "differs", ", ".join(f"{k} {v:.3g}" for k, v in worst.items()))
+    try:
+        problem = _losses_differ(net, model, x, g, dict(zip((p for p, _ in used), want_w)),
+                                 call.kwargs.get("expected_num_losses"))
+    except Exception as exc:  # noqa: BLE001 - the verdict says what failed
+        return Verdict(call.name, layer_name, "error", f"regularizers: {type(exc).__name__}: {exc}"[:200])
+    if problem:
+        return Verdict(call.name, layer_name, "differs", problem)
     return Verdict(call.name, layer_name, "equal")
+
+
+def _losses_differ(net, model, x, g, want_w: dict, expected: int | None) -> str | None:
+    """Keras's losses beyond the output's: the count its test expects (``expected_num_losses``: the trainable weights'
+    regularizers, and ``activity_regularizer``'s or ``add_loss``'s terms, which tfnet counts and does not train on), and
+    where weights are regularized, ``net.regularization_loss()`` and one step of tfnet's training step on the loss
+    ``sum(outputs * g)`` against Keras's SGD step on that loss plus ``model.losses``' regularizers. None: all equal."""
+    import tensorflow as tf
+
+    counted = sum(1 for n in net.trainable if n in net.regularizers) + net.state.keras_added_losses
+    if expected is not None and counted != expected:
+        return f"losses: tfnet counts {counted}, Keras's test expects {expected}"
+    regularized = [v for v in model.trainable_variables if v.regularizer is not None]
+    if not regularized:
+        return None
+    with tf.GradientTape() as tape:
+        penalty = tf.add_n([tf.reduce_sum(v.regularizer(v)) for v in regularized])
+    if _rel(float(net.regularization_loss()), float(penalty)) > GRADIENT_RTOL:
+        return f"regularization loss {float(net.regularization_loss()):.6g} != Keras's {float(penalty):.6g}"
+    extra = dict(zip((v.path for v in regularized), tape.gradient(penalty, regularized)))
+    before = net.get_weights()
+    net.train_step(lambda targets, outputs: tf.reduce_sum(outputs * targets), LR).run(x, g)
+    after = net.get_weights()
+    for path, want in want_w.items():
+        want = -LR * (np.asarray(_dense(want)) + (np.asarray(extra[path]) if path in extra else 0.0))
+        if _rel(after[path] - before[path], want) > GRADIENT_RTOL:
+            return f"step with regularizers {path} {_rel(after[path] - before[path], want):.3g}"
+    return None
 
 
 def replay_all(calls: list[Call]) -> list[Verdict]:
