@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from optim import losses as L
 from optim import methods
 from optim import metrics as M
@@ -18,7 +20,20 @@ def _learning_rate(opt):
     return float(opt.learning_rate.numpy() if hasattr(opt.learning_rate, "numpy") else opt.learning_rate)
 
 
-def map_optimizer(opt) -> methods.Method:
+def _excluded_from_weight_decay(opt, variables) -> str | None:
+    """The variables (by path, which is the net's weight name) that Keras's optimiser leaves out of its weight decay
+    (``opt.exclude_from_weight_decay(var_list=..., var_names=...)``), decided by Keras's own ``_use_weight_decay``, as
+    one anchored pattern; None where it leaves out none."""
+    decides = getattr(opt, "_use_weight_decay", None)
+    if not callable(decides):
+        return None
+    names = [v.path for v in variables if not decides(v)]
+    return "^(?:" + "|".join(re.escape(n) for n in names) + ")$" if names else None
+
+
+def map_optimizer(opt, variables=()) -> methods.Method:
+    """tfnet's method for a Keras optimiser; ``variables``: the model's trainable variables (for the weights its weight
+    decay leaves out)."""
     import keras
 
     cfg = opt.get_config()
@@ -30,6 +45,8 @@ def map_optimizer(opt) -> methods.Method:
     common = {k: cfg.get(k) for k in ("clipnorm", "clipvalue", "global_clipnorm")}
     lr = _learning_rate(opt)
     wd = cfg.get("weight_decay")
+    if wd:
+        common["exclude_from_weight_decay"] = _excluded_from_weight_decay(opt, variables)
     kinds = {
         keras.optimizers.SGD: lambda: methods.SGD(lr, cfg["momentum"], cfg["nesterov"], weight_decay=wd, **common),
         keras.optimizers.AdamW: lambda: methods.AdamW(lr, wd, cfg["beta_1"], cfg["beta_2"], cfg["epsilon"],
@@ -126,5 +143,5 @@ def from_compiled_keras(model, input_signature=None):
     weighted = cfg.get("weighted_metrics") or []
     if isinstance(weighted, dict):
         raise KerasMappingError("Per-output weighted metrics dicts are not mapped; pass a list.")
-    return (net, loss, map_optimizer(model.optimizer), [map_metric(m) for m in metrics], cfg.get("loss_weights"),
+    return (net, loss, map_optimizer(model.optimizer, model.trainable_variables), [map_metric(m) for m in metrics], cfg.get("loss_weights"),
             [map_metric(m) for m in weighted])

@@ -5,7 +5,11 @@ Each method is itself a gradient transformation (``init`` / ``update``). Options
 
 * ``clipnorm``, ``clipvalue``, ``global_clipnorm``: gradient clipping, as in Keras (applied first);
 * ``l2``: L2 weight decay added to the gradient (``g + l2 * w``);
-* ``weight_decay``: decoupled weight decay, as Keras' ``weight_decay`` (``w <- w - w * wd * lr``).
+* ``weight_decay``: decoupled weight decay, as Keras' ``weight_decay`` (``w <- w - w * wd * lr``);
+* ``exclude_from_weight_decay``: the weights ``weight_decay`` leaves alone, as Keras's optimizer method of that name
+  takes ``var_names``: a list of strings, a weight excluded where any of them occurs in its name (``["bias",
+  "gamma"]``; tfnet's names are paths, ``"dense/bias"``, where Keras searches the variable's own name), or one
+  regular expression searched in each name.
 
 ``learning_rate`` is a float or a schedule (``optim.schedules``, or any ``step -> lr`` callable
 made of TensorFlow ops, Keras ``LearningRateSchedule`` objects included).
@@ -56,7 +60,8 @@ class Method:
         args = ", ".join(f"{k}={v!r}" for k, v in self._config.items())
         return f"{type(self).__name__}({args})"
 
-    def _finish(self, direction, momentum, *, clipnorm, clipvalue, global_clipnorm, l2, weight_decay, config):
+    def _finish(self, direction, momentum, *, clipnorm, clipvalue, global_clipnorm, l2, weight_decay, config,
+                exclude_from_weight_decay=None):
         if sum(x is not None for x in (clipnorm, clipvalue, global_clipnorm)) > 1:
             raise ValueError(
                 "Give at most one of `clipnorm`, `clipvalue` and `global_clipnorm`. Received: "
@@ -72,19 +77,39 @@ class Method:
         if l2:
             parts.append(T.add_decayed_weights(l2))
         parts.extend(direction)
+        decayed = _decay_mask(exclude_from_weight_decay)
         if weight_decay and momentum is None:
-            parts.append(T.add_decayed_weights(weight_decay))
+            parts.append(T.add_decayed_weights(weight_decay, decayed))
         parts.append(T.scale_by_learning_rate(self.learning_rate))
         if momentum is not None:
             parts.append(momentum)
             if weight_decay:
-                parts.append(T.decoupled_weight_decay(weight_decay, self.learning_rate))
+                parts.append(T.decoupled_weight_decay(weight_decay, self.learning_rate, decayed))
         self._chain = T.chain(*parts)
         self._config = config
 
 
+def _decay_mask(exclude):
+    """``name -> bool``: whether ``weight_decay`` decays the weight (None: every weight), from
+    ``exclude_from_weight_decay``: strings joined into one pattern as Keras joins ``var_names``, or a regex."""
+    if exclude is None:
+        return None
+    if isinstance(exclude, str):
+        pattern = re.compile(exclude)
+    elif isinstance(exclude, re.Pattern):
+        pattern = exclude
+    elif isinstance(exclude, (list, tuple, set, frozenset)) and all(isinstance(e, str) and e for e in exclude):
+        if not exclude:
+            return None
+        pattern = re.compile("|".join(sorted(set(exclude))))
+    else:
+        raise TypeError("`exclude_from_weight_decay` must be a list of non-empty strings or a regular expression. "
+                        f"Received: exclude_from_weight_decay={exclude!r}")
+    return lambda name: pattern.search(name) is None
+
+
 def _common(kwargs):
-    allowed = {"clipnorm", "clipvalue", "global_clipnorm", "l2", "weight_decay"}
+    allowed = {"clipnorm", "clipvalue", "global_clipnorm", "l2", "weight_decay", "exclude_from_weight_decay"}
     unknown = set(kwargs) - allowed
     if unknown:
         raise TypeError(f"Unknown arguments {sorted(unknown)}; options shared by all methods are {sorted(allowed)}.")
@@ -212,6 +237,8 @@ class LARS(Method):
         c = _common(kwargs)
         if c.pop("weight_decay") is not None:
             raise TypeError("LARS takes `weight_decay` as its own (coupled) decay; pass it once.")
+        if c.pop("exclude_from_weight_decay") is not None:
+            raise TypeError("LARS takes the weights it leaves out of its decay as `exclude`.")
         direction = [T.add_decayed_weights(weight_decay, mask), T.scale_by_trust_ratio(trust_coefficient, epsilon, mask)]
         self._finish(
             direction, T.trace(momentum, nesterov) if momentum else None, **c, weight_decay=None,

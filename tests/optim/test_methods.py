@@ -45,6 +45,11 @@ def rel(a, b):
     return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12)
 
 
+def excluding(opt, var_names):
+    opt.exclude_from_weight_decay(var_names=var_names)
+    return opt
+
+
 KERAS_TABLE = [
     ("sgd", lambda: optim.SGD(0.1), lambda: keras.optimizers.SGD(0.1)),
     ("sgd momentum", lambda: optim.SGD(0.1, momentum=0.9), lambda: keras.optimizers.SGD(0.1, momentum=0.9)),
@@ -66,6 +71,12 @@ KERAS_TABLE = [
     ("adamw", lambda: optim.AdamW(0.01), lambda: keras.optimizers.AdamW(0.01)),
     ("adamw decay", lambda: optim.AdamW(0.01, weight_decay=0.1, clipnorm=1.0),
      lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1, clipnorm=1.0)),
+    # Keras searches its variables' names (dense_bias here), tfnet its weights' (dense/bias): the same words
+    ("adamw exclude_from_weight_decay", lambda: optim.AdamW(0.01, weight_decay=0.3, exclude_from_weight_decay=["bias"]),
+     lambda: excluding(keras.optimizers.AdamW(0.01, weight_decay=0.3), ["bias"])),
+    ("sgd momentum weight_decay exclude_from_weight_decay",
+     lambda: optim.SGD(0.1, momentum=0.9, weight_decay=0.2, exclude_from_weight_decay=["conv", "bias"]),
+     lambda: excluding(keras.optimizers.SGD(0.1, momentum=0.9, weight_decay=0.2), ["conv", "bias"])),
     ("rmsprop", lambda: optim.RMSprop(0.01), lambda: keras.optimizers.RMSprop(0.01)),
     ("rmsprop momentum centered", lambda: optim.RMSprop(0.01, rho=0.8, momentum=0.5, centered=True),
      lambda: keras.optimizers.RMSprop(0.01, rho=0.8, momentum=0.5, centered=True)),
@@ -213,3 +224,16 @@ def test_bad_settings_are_refused(make, match):
 def test_unknown_option():
     with pytest.raises(TypeError, match=r"Unknown arguments \['decay'\]"):
         optim.SGD(0.1, decay=0.1)
+    with pytest.raises(TypeError, match=r"`exclude_from_weight_decay` must be a list of non-empty strings or a regular "
+                                        r"expression. Received: exclude_from_weight_decay=\['bias', 3\]"):
+        optim.AdamW(0.1, exclude_from_weight_decay=["bias", 3])
+    with pytest.raises(TypeError, match="LARS takes the weights it leaves out of its decay as `exclude`"):
+        optim.LARS(0.1, exclude_from_weight_decay=["bias"])
+
+
+def test_exclude_from_weight_decay_leaves_exactly_those_weights_undecayed():
+    params, grads = problem()
+    zero = [{k: np.zeros_like(v) for k, v in params.items()}]  # the decay alone moves the weights
+    got = run_ours(optim.SGD(0.1, weight_decay=0.5, exclude_from_weight_decay=r"^dense/"), params, zero)
+    for k in params:
+        np.testing.assert_allclose(got[k], params[k] * (1.0 if k.startswith("dense/") else 0.95), rtol=1e-6)

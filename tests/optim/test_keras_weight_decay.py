@@ -1,0 +1,42 @@
+"""Keras's ``optimizer.exclude_from_weight_decay`` (``var_names``, ``var_list``) through ``TFOptimizer.from_keras``:
+the weights Keras's optimiser leaves out of its decoupled weight decay (a transformer's biases and norms, as
+is usual) stay out of tfnet's, decided by Keras's own rule. Before, tfnet decayed every weight: a LayerNormalization's
+``gamma`` ended 0.05 (AdamW) to 0.1 (SGD with momentum) away from ``fit``'s after one epoch."""
+
+import keras
+import numpy as np
+import pytest
+
+from optim import TFOptimizer
+
+
+def model(optimizer, exclude):
+    keras.utils.set_random_seed(0)
+    m = keras.Sequential([keras.Input((4,), name="x"), keras.layers.Dense(8, activation="relu", name="d1"),
+                          keras.layers.LayerNormalization(name="ln"), keras.layers.Dense(1, name="d2")], name="m")
+    exclude(optimizer, m)
+    m.compile(optimizer, "mse")
+    return m
+
+
+CASES = {
+    "AdamW, var_names": (lambda: keras.optimizers.AdamW(0.05, weight_decay=0.5),
+                         lambda opt, m: opt.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])),
+    "SGD with momentum, var_list": (lambda: keras.optimizers.SGD(0.1, momentum=0.9, weight_decay=0.5),
+                                    lambda opt, m: opt.exclude_from_weight_decay(
+                                        var_list=[m.get_layer("ln").gamma, m.get_layer("d2").kernel])),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_weights_keras_excludes_from_weight_decay_are_not_decayed(case):
+    make, exclude = CASES[case]
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(16, 4)).astype(np.float32), rng.normal(size=(16, 1)).astype(np.float32)
+    reference = model(make(), exclude)
+    reference.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    opt = TFOptimizer.from_keras(model(make(), exclude))
+    opt.optimize((x, y), batch_size=8, epochs=2, shuffle=False, verbose=0)
+    got = opt.net.get_weights()
+    for v in reference.weights:
+        np.testing.assert_allclose(got[v.path], v.numpy(), atol=1e-6, err_msg=v.path)
