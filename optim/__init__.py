@@ -64,6 +64,7 @@ _EXPORTS = {
     "raise_tfnet_errors": "optim.errors",
 }
 _SUBMODULES = ("losses", "metrics", "schedules", "transforms", "methods", "sync", "errors", "logs", "arrow", "keras_compat",
+               "keras_losses", "loss_base",
                "callbacks",
                "optimizer", "data", "training", "spark", "predict", "transport", "ml")
 

@@ -67,6 +67,15 @@ def map_optimizer(opt, variables=()) -> methods.Method:
     return make()
 
 
+def map_loss(loss) -> L.Loss:
+    """A loss as Keras's ``compile`` takes it (a name, a ``keras.losses.Loss``, a function of per-example losses) as
+    tfnet's: its own where it computes the same, else Keras's, called as ``compile`` calls it (:class:`optim.losses.
+    KerasLoss`: a function wrapped as Keras wraps it, so its per-example values are averaged as in ``fit``)."""
+    if callable(loss) and not isinstance(loss, (str, L.Loss)) and L.from_keras(loss) is None:
+        return L.KerasLoss(loss)
+    return L.get(loss)
+
+
 def map_metric(metric) -> M.Metric:
     import keras
 
@@ -121,11 +130,11 @@ def from_compiled_keras(model, input_signature=None):
     if loss is None:
         raise KerasMappingError("The Keras model was compiled without a loss.")
     if isinstance(loss, dict):
-        loss = {k: None if v is None else L.get(v) for k, v in loss.items()}
+        loss = {k: None if v is None else map_loss(v) for k, v in loss.items()}
     elif isinstance(loss, (list, tuple)):
-        loss = [None if v is None else L.get(v) for v in loss]
+        loss = [None if v is None else map_loss(v) for v in loss]
     else:
-        loss = L.get(loss)
+        loss = map_loss(loss)
     metrics = cfg.get("metrics") or []
     if isinstance(metrics, dict):
         raise KerasMappingError("Per-output metrics dicts are not mapped; pass a list of metrics.")

@@ -12,7 +12,6 @@ once (contrastive, triplet, a multi-task loss) is written over all of them and w
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
 
 import tensorflow as tf
 
@@ -25,6 +24,8 @@ __all__ = [
     "MeanAbsoluteError",
     "Huber",
     "FunctionLoss",
+    "KerasLoss",
+    "from_keras",
     "MultiOutputLoss",
     "JointLoss",
     "joint",
@@ -35,63 +36,11 @@ __all__ = [
 ]
 
 from optim.errors import LabelShapeError
+from optim.keras_losses import KerasLoss, named
+from optim.loss_base import Loss, SampleWeighted
 
 _EPS = 1e-7
 
-
-
-class SampleWeighted(NamedTuple):
-    """Labels with one weight per example: what a loss receives when the data carries sample
-    weights (``(x, y, w)``, or ``optimize(..., sample_weight=w)``)."""
-
-    labels: Any
-    weights: Any
-
-
-def _tensors(y_true, y_pred):
-    return tf.convert_to_tensor(y_true), tf.convert_to_tensor(y_pred)
-
-
-def weighted_mean(per_example: tf.Tensor, weights) -> tf.Tensor:
-    """Keras's ``sum_over_batch_size`` reduction of weighted losses: ``sum(w * loss) / n``, a
-    weight spread over an example's elements, ``n`` the number of loss elements."""
-    w = tf.cast(tf.convert_to_tensor(weights), per_example.dtype)
-    w = tf.reshape(w, tf.concat([[-1], tf.ones([tf.rank(per_example) - 1], tf.int32)], 0))
-    total = tf.reduce_sum(per_example * w)
-    return total / tf.cast(tf.size(per_example), per_example.dtype)
-
-
-class Loss:
-    """Base class. Subclasses implement ``call(y_true, y_pred)`` returning per-example losses."""
-
-    name = "loss"
-
-    def __call__(self, y_true, y_pred) -> tf.Tensor:
-        weights = None
-        if isinstance(y_true, SampleWeighted):
-            y_true, weights = y_true.labels, y_true.weights
-        y_true, y_pred = _tensors(y_true, y_pred)
-        per_example = self.call(self.align(y_true, y_pred), y_pred)
-        return tf.reduce_mean(per_example) if weights is None else weighted_mean(per_example, weights)
-
-    def align(self, y_true: tf.Tensor, y_pred: tf.Tensor) -> tf.Tensor:
-        """The labels in the form :meth:`call` takes (a subclass pairs ``(n,)`` labels with ``(n, 1)`` outputs here).
-        Default: as they are."""
-        return y_true
-
-    def call(self, y_true, y_pred) -> tf.Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def check_shapes(self, y_true_shape: tuple, y_pred_shape: tuple) -> None:
-        """Raises LabelShapeError when the shapes cannot be paired. Default: equal shapes."""
-        if tuple(y_true_shape) != tuple(y_pred_shape):
-            raise LabelShapeError(
-                f"{type(self).__name__} needs labels shaped like the predictions {tuple(y_pred_shape)}; "
-                f"received labels of shape {tuple(y_true_shape)}."
-            )
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
 
 
 class SparseCategoricalCrossentropy(Loss):
@@ -270,10 +219,14 @@ def get(loss) -> Loss:
         return loss
     if isinstance(loss, str):
         key = loss.lower()
-        if key not in _NAMES:
-            raise ValueError(f"Unknown loss {loss!r}. Known losses: {sorted(_NAMES)}, or pass a callable.")
-        return _NAMES[key]()
-    mapped = _from_keras(loss)
+        if key in _NAMES:
+            return _NAMES[key]()
+        keras_loss = named(loss)  # any other name Keras's compile takes ("kld", "poisson", "log_cosh", ...)
+        if keras_loss is None:
+            raise ValueError(f"Unknown loss {loss!r}. Known losses: {sorted(_NAMES)}, any name keras.losses.get "
+                             "takes, or pass a callable.")
+        return keras_loss
+    mapped = from_keras(loss)
     if mapped is not None:
         return mapped
     if callable(loss):
@@ -281,12 +234,24 @@ def get(loss) -> Loss:
     raise TypeError(f"A loss is a name, an optim.losses.Loss or a callable (y_true, y_pred) -> scalar. Received: {loss!r}")
 
 
-def _from_keras(loss) -> Loss | None:
-    """Keras loss objects mapped to tfnet's, keeping ``from_logits``."""
+#: What tfnet's own losses compute of a Keras loss's options; a Keras loss set otherwise is called as it is (KerasLoss)
+_PLAIN = {"reduction": "sum_over_batch_size", "axis": -1, "ignore_class": None, "dtype": None}
+
+
+def from_keras(loss) -> Loss | None:
+    """A Keras loss object as tfnet's own loss where that computes the same (the options it keeps, the rest at
+    Keras's defaults), else the Keras loss itself (:class:`optim.keras_losses.KerasLoss`), so no option is dropped;
+    None for anything that is not a ``keras.losses.Loss``."""
     try:
         import keras
     except ImportError:  # pragma: no cover
         return None
+    if not isinstance(loss, keras.losses.Loss):
+        return None
+    config = loss.get_config()
+    plain = all(config.get(k, default) == default for k, default in _PLAIN.items())
+    if type(loss) is keras.losses.BinaryCrossentropy and config.get("label_smoothing"):
+        plain = False
     table = {
         keras.losses.SparseCategoricalCrossentropy: lambda c: SparseCategoricalCrossentropy(c.get("from_logits", False)),
         keras.losses.CategoricalCrossentropy: lambda c: CategoricalCrossentropy(
@@ -296,10 +261,8 @@ def _from_keras(loss) -> Loss | None:
         keras.losses.MeanAbsoluteError: lambda c: MeanAbsoluteError(),
         keras.losses.Huber: lambda c: Huber(c.get("delta", 1.0)),
     }
-    for cls, make in table.items():
-        if type(loss) is cls:
-            return make(loss.get_config())
-    return None
+    make = table.get(type(loss)) if plain else None
+    return make(config) if make is not None else KerasLoss(loss)
 
 
 class MultiOutputLoss(Loss):
