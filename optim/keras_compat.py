@@ -76,29 +76,67 @@ def map_loss(loss) -> L.Loss:
     return L.get(loss)
 
 
-def map_metric(metric) -> M.Metric:
+def _named_metric(name: str) -> M.Metric:
+    """A metric named as ``compile`` takes it: tfnet's where it computes Keras's (``"accuracy"``, ``"mae"``, ...),
+    else the Keras metric of that name (``"auc"``, ``"precision"``), named so."""
     import keras
 
-    if isinstance(metric, str) or callable(metric) and not isinstance(metric, keras.metrics.Metric):
+    try:
+        mapped = M.get(name)
+    except ValueError:
+        mapped = None
+    if mapped is not None and not isinstance(mapped, M.AUC):  # tfnet's AUC is a histogram's, not Keras's
+        return mapped
+    try:
+        found = keras.metrics.get(name)
+    except ValueError:
+        return M.get(name)  # tfnet's message: the names it knows
+    if not isinstance(found, keras.metrics.Metric):
+        return M.get(found)
+    mapped = map_metric(found)
+    mapped.name = name
+    return mapped
+
+
+def _unique_names(metrics: list[M.Metric]) -> list[M.Metric]:
+    """Two metrics of one name (``AUC()`` and ``"auc"``) are told apart as Keras's compile does: ``auc``, ``auc_1``."""
+    seen: set[str] = set()
+    for m in metrics:
+        base, k = m.name, 0
+        while m.name in seen:
+            k += 1
+            m.name = f"{base}_{k}"
+        seen.add(m.name)
+    return metrics
+
+
+def map_metric(metric) -> M.Metric:
+    """tfnet's own metric where it computes what the Keras metric does (its default settings), else the Keras metric
+    itself (:class:`optim.metrics.KerasMetric`: an AUC, a ``Precision``, a ``BinaryAccuracy(threshold=0.7)``), so the
+    history holds ``fit``'s values; names and callables as :func:`optim.metrics.get` takes them."""
+    import keras
+
+    if isinstance(metric, str):
+        return _named_metric(metric)
+    if callable(metric) and not isinstance(metric, keras.metrics.Metric):
         return M.get(metric)
+    config = metric.get_config()
     table = {
-        keras.metrics.Accuracy: lambda m: M.Accuracy(),
-        keras.metrics.SparseCategoricalAccuracy: lambda m: M.Accuracy(),
-        keras.metrics.CategoricalAccuracy: lambda m: M.Accuracy(),
-        keras.metrics.BinaryAccuracy: lambda m: M.Accuracy(),
-        keras.metrics.SparseTopKCategoricalAccuracy: lambda m: M.TopKAccuracy(m.get_config().get("k", 5)),
-        keras.metrics.TopKCategoricalAccuracy: lambda m: M.TopKAccuracy(m.get_config().get("k", 5)),
-        keras.metrics.MeanAbsoluteError: lambda m: M.MeanAbsoluteError(),
-        keras.metrics.MeanSquaredError: lambda m: M.MeanSquaredError(),
-        keras.metrics.AUC: lambda m: M.AUC(from_logits=m.get_config().get("from_logits", False)),
+        keras.metrics.SparseCategoricalAccuracy: lambda: M.Accuracy(),
+        keras.metrics.CategoricalAccuracy: lambda: M.Accuracy(),
+        keras.metrics.BinaryAccuracy: lambda: M.Accuracy() if config.get("threshold", 0.5) == 0.5 else None,
+        keras.metrics.SparseTopKCategoricalAccuracy: lambda: M.TopKAccuracy(config.get("k", 5)),
+        keras.metrics.TopKCategoricalAccuracy: lambda: M.TopKAccuracy(config.get("k", 5)),
+        keras.metrics.MeanAbsoluteError: lambda: M.MeanAbsoluteError(),
+        keras.metrics.MeanSquaredError: lambda: M.MeanSquaredError(),
     }
     make = table.get(type(metric))
-    if make is None:
-        raise KerasMappingError(
-            f"tfnet cannot map the Keras metric {type(metric).__name__}; supported: "
-            f"{sorted(c.__name__ for c in table)}, metric names, or callables."
-        )
-    mapped = make(metric)
+    mapped = make() if make is not None else None
+    if mapped is None:
+        try:
+            return M.KerasMetric(metric)
+        except TypeError as exc:
+            raise KerasMappingError(str(exc)) from None
     if getattr(metric, "name", None):  # the name the user gave it, as Keras reports it
         mapped.name = metric.name
     return mapped
@@ -152,5 +190,6 @@ def from_compiled_keras(model, input_signature=None):
     weighted = cfg.get("weighted_metrics") or []
     if isinstance(weighted, dict):
         raise KerasMappingError("Per-output weighted metrics dicts are not mapped; pass a list.")
-    return (net, loss, map_optimizer(model.optimizer, model.trainable_variables), [map_metric(m) for m in metrics], cfg.get("loss_weights"),
-            [map_metric(m) for m in weighted])
+    return (net, loss, map_optimizer(model.optimizer, model.trainable_variables),
+            _unique_names([map_metric(m) for m in metrics]), cfg.get("loss_weights"),
+            _unique_names([map_metric(m) for m in weighted]))

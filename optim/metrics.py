@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 
 __all__ = ["Metric", "Mean", "Accuracy", "TopKAccuracy", "MeanAbsoluteError", "MeanSquaredError", "AUC",
-           "FunctionMetric", "get"]
+           "FunctionMetric", "KerasMetric", "get"]
 
 
 def _np(x) -> np.ndarray:
@@ -183,6 +183,76 @@ class FunctionMetric(Metric):
         self.state = self.state + np.array([value * n, n])
 
 
+class KerasMetric(Metric):
+    """A Keras metric (``keras.metrics.AUC(curve="PR")``, ``Precision``, ``BinaryAccuracy(threshold=0.7)``, ...),
+    updated as Keras's ``fit`` updates it, so its result is Keras's. Its state is the Keras metric's variables (totals,
+    counts, confusion counts: sums, as every tfnet metric keeps), so ranks and partitions merge by adding. The metric
+    travels as Keras's serialized config and is rebuilt where it runs.
+
+    Raises:
+        TypeError: a metric whose variables are not sums Keras makes up front (one that builds them on its first
+            batch, ``F1Score``), which ranks could not merge.
+    """
+
+    def __init__(self, metric):
+        import keras
+
+        self.config = keras.metrics.serialize(metric)
+        self._live = None
+        self.sizes: list[int] = []
+        super().__init__(metric.name)
+        if not self.sizes:
+            raise TypeError(f"The Keras metric {type(metric).__name__} makes its state on its first batch; tfnet "
+                            "cannot merge it over ranks. Use a metric that makes it up front, or compute it after "
+                            "training with net.forward.")
+
+    def _metric(self):
+        if self._live is None:
+            import keras
+
+            self._live = keras.metrics.deserialize(self.config)
+            self.sizes = [int(np.prod(v.shape)) for v in self._live.variables]
+        return self._live
+
+    def _state_size(self) -> int:
+        self._metric()
+        return sum(self.sizes)
+
+    def reset(self) -> None:
+        self._metric().reset_state()
+        self.state = self._read()
+
+    def _read(self) -> np.ndarray:
+        values = [np.asarray(v.numpy(), np.float64).ravel() for v in self._metric().variables]
+        return np.concatenate(values) if values else np.zeros(0)
+
+    def _load(self) -> None:
+        """The Keras metric's variables from :attr:`state` (merged or loaded from elsewhere)."""
+        parts = np.split(self.state, np.cumsum(self.sizes)[:-1])
+        for v, part in zip(self._metric().variables, parts):
+            v.assign(part.reshape(v.shape).astype(v.dtype))
+
+    def update(self, y_true, y_pred, sample_weight=None) -> None:
+        self._load()
+        self._metric().update_state(y_true, y_pred, sample_weight=sample_weight)
+        self.state = self._read()
+
+    def result(self) -> float:
+        self._load()
+        return float(self._metric().result())
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_live"] = None  # rebuilt from the config where it runs
+        return state
+
+    def __copy__(self):
+        twin = type(self).__new__(type(self))
+        twin.__dict__.update(self.__getstate__())
+        twin.state = np.array(self.state, copy=True)
+        return twin
+
+
 def _weighted(values: np.ndarray, n: int, sample_weight) -> np.ndarray:
     """``[sum of the values, their count]``, each example's values weighted by its sample weight
     (Keras's weighted metrics: sum(w * v) / sum(w), a weight spread over an example's elements)."""
@@ -216,6 +286,16 @@ def get(metric) -> Metric:
         if key not in _NAMES:
             raise ValueError(f"Unknown metric {metric!r}. Known metrics: {sorted(_NAMES)}, or pass a callable.")
         return _NAMES[key]()
+    if _is_keras_metric(metric):  # stateful: its call gives the running result, not the batch's
+        return KerasMetric(metric)
     if callable(metric):
         return FunctionMetric(metric)
     raise TypeError(f"A metric is a name, an optim.metrics.Metric or a callable. Received: {metric!r}")
+
+
+def _is_keras_metric(metric) -> bool:
+    try:
+        import keras
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(metric, keras.metrics.Metric)
