@@ -1,7 +1,8 @@
 """optim: optimisation and distribution for tfnet.
 
 * update rules as pure, composable transformations (``optim.transforms``), packaged as methods:
-  :class:`SGD`, :class:`Adam`, :class:`AdamW`, :class:`RMSprop`, :class:`Adagrad`, :class:`LARS`;
+  :class:`SGD`, :class:`Adam`, :class:`AdamW`, :class:`RMSprop`, :class:`Adagrad`, :class:`Adamax`, :class:`Nadam`,
+  :class:`Lion`, :class:`LARS`;
 * learning-rate schedules (``optim.schedules``), losses (``optim.losses``), metrics
   (``optim.metrics``), every error (``optim.errors``);
 * :class:`TFOptimizer`, which trains a TFNet on one worker (``optim.training``) or over Spark
@@ -39,6 +40,9 @@ _EXPORTS = {
     "AdamW": "optim.methods",
     "RMSprop": "optim.methods",
     "Adagrad": "optim.methods",
+    "Adamax": "optim.methods",
+    "Nadam": "optim.methods",
+    "Lion": "optim.methods",
     "LARS": "optim.methods",
     "Method": "optim.methods",
     "EveryStep": "optim.sync",

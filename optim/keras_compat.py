@@ -57,6 +57,11 @@ def map_optimizer(opt, variables=()) -> methods.Method:
                                                           cfg["centered"], weight_decay=wd, **common),
         keras.optimizers.Adagrad: lambda: methods.Adagrad(lr, cfg["initial_accumulator_value"], cfg["epsilon"],
                                                           weight_decay=wd, **common),
+        keras.optimizers.Adamax: lambda: methods.Adamax(lr, cfg["beta_1"], cfg["beta_2"], cfg["epsilon"],
+                                                        weight_decay=wd, **common),
+        keras.optimizers.Nadam: lambda: methods.Nadam(lr, cfg["beta_1"], cfg["beta_2"], cfg["epsilon"],
+                                                      weight_decay=wd, **common),
+        keras.optimizers.Lion: lambda: methods.Lion(lr, cfg["beta_1"], cfg["beta_2"], weight_decay=wd, **common),
     }
     make = kinds.get(type(opt))
     if make is None:

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from optim import transforms as T
 
-__all__ = ["Method", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "LARS"]
+__all__ = ["Method", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "Nadam", "Lion", "LARS"]
 
 
 class Method:
@@ -203,6 +203,48 @@ class Adagrad(Method):
             [T.scale_by_adagrad(initial_accumulator_value, epsilon)], None, **c,
             config=dict(learning_rate=learning_rate, initial_accumulator_value=initial_accumulator_value,
                         epsilon=epsilon, **{k: v for k, v in c.items() if v is not None}),
+        )
+
+
+class Adamax(Method):
+    """Adamax (Keras 3 formula): ``chain(scale_by_adamax(beta_1, beta_2, epsilon), scale_by_learning_rate(lr))``.
+    Defaults: learning_rate 0.001, beta_1 0.9, beta_2 0.999, epsilon 1e-7."""
+
+    def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7, **kwargs):
+        self.learning_rate = learning_rate
+        c = _common(kwargs)
+        self._finish(
+            [T.scale_by_adamax(beta_1, beta_2, epsilon)], None, **c,
+            config=dict(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
+                        **{k: v for k, v in c.items() if v is not None}),
+        )
+
+
+class Nadam(Method):
+    """Nadam (Keras 3 formula, its momentum schedule included): ``chain(scale_by_nadam(beta_1, beta_2, epsilon),
+    scale_by_learning_rate(lr))``. Defaults: learning_rate 0.001, beta_1 0.9, beta_2 0.999, epsilon 1e-7."""
+
+    def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7, **kwargs):
+        self.learning_rate = learning_rate
+        c = _common(kwargs)
+        self._finish(
+            [T.scale_by_nadam(beta_1, beta_2, epsilon)], None, **c,
+            config=dict(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
+                        **{k: v for k, v in c.items() if v is not None}),
+        )
+
+
+class Lion(Method):
+    """Lion (Chen et al., 2023; Keras 3 formula): ``chain(scale_by_lion(beta_1, beta_2), scale_by_learning_rate(lr))``:
+    the sign of an interpolated momentum. Defaults: learning_rate 0.001, beta_1 0.9, beta_2 0.99."""
+
+    def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.99, **kwargs):
+        self.learning_rate = learning_rate
+        c = _common(kwargs)
+        self._finish(
+            [T.scale_by_lion(beta_1, beta_2)], None, **c,
+            config=dict(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
+                        **{k: v for k, v in c.items() if v is not None}),
         )
 
 

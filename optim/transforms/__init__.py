@@ -11,11 +11,20 @@ A transformation is a pair of pure functions::
 ``chain(scale_by_learning_rate(lr), trace(momentum))``.
 
 * ``base``: the contract, :func:`chain`, :func:`identity`, :func:`set_to_zero`, argument checks;
+* ``adaptive``: Lion's, Adamax's and Nadam's directions (``scale_by_lion``, ``scale_by_adamax``, ``scale_by_nadam``);
 * ``scale``: directions and scales (``scale_by_adam``, ``scale_by_rms``, ``scale_by_adagrad``,
   ``scale_by_trust_ratio``, ``scale_by_learning_rate``, ``trace``);
 * ``clipping``, ``weight_decay``, ``partitioning`` (per-group transforms: :func:`partition`).
 """
 
+from optim.transforms.adaptive import (
+    ScaleByAdamaxState,
+    ScaleByLionState,
+    ScaleByNadamState,
+    scale_by_adamax,
+    scale_by_lion,
+    scale_by_nadam,
+)
 from optim.transforms.base import (
     CountState,
     EmptyState,
@@ -69,6 +78,12 @@ __all__ = [
     "assign_groups",
     "partition",
     "scale_by_adam",
+    "scale_by_adamax",
+    "scale_by_lion",
+    "scale_by_nadam",
+    "ScaleByAdamaxState",
+    "ScaleByLionState",
+    "ScaleByNadamState",
     "scale_by_rms",
     "scale_by_adagrad",
     "scale_by_learning_rate",

@@ -1,4 +1,5 @@
-"""Keras's ``optimizer.exclude_from_weight_decay`` (``var_names``, ``var_list``) through ``TFOptimizer.from_keras``:
+"""Keras's optimisers through ``TFOptimizer.from_keras`` against ``fit``: ``Adamax``, ``Nadam`` and ``Lion`` (before:
+refused), and ``optimizer.exclude_from_weight_decay`` (``var_names``, ``var_list``):
 the weights Keras's optimiser leaves out of its decoupled weight decay (a transformer's biases and norms, as
 is usual) stay out of tfnet's, decided by Keras's own rule. Before, tfnet decayed every weight: a LayerNormalization's
 ``gamma`` ended 0.05 (AdamW) to 0.1 (SGD with momentum) away from ``fit``'s after one epoch."""
@@ -37,6 +38,22 @@ def test_weights_keras_excludes_from_weight_decay_are_not_decayed(case):
     reference.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
     opt = TFOptimizer.from_keras(model(make(), exclude))
     opt.optimize((x, y), batch_size=8, epochs=2, shuffle=False, verbose=0)
+    got = opt.net.get_weights()
+    for v in reference.weights:
+        np.testing.assert_allclose(got[v.path], v.numpy(), atol=1e-6, err_msg=v.path)
+
+
+@pytest.mark.parametrize("make", [lambda: keras.optimizers.Adamax(0.05, weight_decay=0.1),
+                                  lambda: keras.optimizers.Nadam(0.05, clipnorm=1.0),
+                                  lambda: keras.optimizers.Lion(0.01, weight_decay=0.5)],
+                         ids=["Adamax", "Nadam", "Lion"])
+def test_adamax_nadam_and_lion_train_as_fit(make):
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(16, 4)).astype(np.float32), rng.normal(size=(16, 1)).astype(np.float32)
+    reference = model(make(), lambda opt, m: None)
+    reference.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    opt = TFOptimizer.from_keras(model(make(), lambda opt, m: None))
+    opt.optimize((x, y), batch_size=4, epochs=2, shuffle=False, verbose=0)
     got = opt.net.get_weights()
     for v in reference.weights:
         np.testing.assert_allclose(got[v.path], v.numpy(), atol=1e-6, err_msg=v.path)
