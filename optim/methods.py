@@ -6,6 +6,8 @@ Each method is itself a gradient transformation (``init`` / ``update``). Options
 * ``clipnorm``, ``clipvalue``, ``global_clipnorm``: gradient clipping, as in Keras (applied first);
 * ``l2``: L2 weight decay added to the gradient (``g + l2 * w``);
 * ``weight_decay``: decoupled weight decay, as Keras' ``weight_decay`` (``w <- w - w * wd * lr``);
+* ``gradient_accumulation_steps``: update every that many steps, with the mean of their gradients (Keras's option of
+  that name: a batch that many times larger, in parts);
 * ``exclude_from_weight_decay``: the weights ``weight_decay`` leaves alone, as Keras's optimizer method of that name
   takes ``var_names``: a list of strings, a weight excluded where any of them occurs in its name (``["bias",
   "gamma"]``; tfnet's names are paths, ``"dense/bias"``, where Keras searches the variable's own name), or one
@@ -61,12 +63,16 @@ class Method:
         return f"{type(self).__name__}({args})"
 
     def _finish(self, direction, momentum, *, clipnorm, clipvalue, global_clipnorm, l2, weight_decay, config,
-                exclude_from_weight_decay=None):
+                exclude_from_weight_decay=None, gradient_accumulation_steps=None):
         if sum(x is not None for x in (clipnorm, clipvalue, global_clipnorm)) > 1:
             raise ValueError(
                 "Give at most one of `clipnorm`, `clipvalue` and `global_clipnorm`. Received: "
                 f"clipnorm={clipnorm}, clipvalue={clipvalue}, global_clipnorm={global_clipnorm}"
             )
+        rate = self.learning_rate
+        if gradient_accumulation_steps is not None and callable(rate):
+            # Keras reads a schedule at its step count, not its update count: at the k-th update, step k * n - 1
+            rate = _at_steps(rate, gradient_accumulation_steps)
         parts = []
         if clipnorm is not None:
             parts.append(T.clip_by_norm(clipnorm))
@@ -80,13 +86,24 @@ class Method:
         decayed = _decay_mask(exclude_from_weight_decay)
         if weight_decay and momentum is None:
             parts.append(T.add_decayed_weights(weight_decay, decayed))
-        parts.append(T.scale_by_learning_rate(self.learning_rate))
+        parts.append(T.scale_by_learning_rate(rate))
         if momentum is not None:
             parts.append(momentum)
             if weight_decay:
-                parts.append(T.decoupled_weight_decay(weight_decay, self.learning_rate, decayed))
+                parts.append(T.decoupled_weight_decay(weight_decay, rate, decayed))
         self._chain = T.chain(*parts)
+        if gradient_accumulation_steps is not None:
+            self._chain = T.accumulate_gradients(self._chain, gradient_accumulation_steps)
         self._config = config
+
+
+def _at_steps(schedule, steps: int):
+    """``schedule`` read at the step count of an update count (``k -> k * steps + steps - 1``): where Keras's
+    accumulating optimiser reads it."""
+    def at_update(count):
+        return schedule(count * steps + (steps - 1))
+
+    return at_update
 
 
 def _decay_mask(exclude):
@@ -109,7 +126,8 @@ def _decay_mask(exclude):
 
 
 def _common(kwargs):
-    allowed = {"clipnorm", "clipvalue", "global_clipnorm", "l2", "weight_decay", "exclude_from_weight_decay"}
+    allowed = {"clipnorm", "clipvalue", "global_clipnorm", "l2", "weight_decay", "exclude_from_weight_decay",
+               "gradient_accumulation_steps"}
     unknown = set(kwargs) - allowed
     if unknown:
         raise TypeError(f"Unknown arguments {sorted(unknown)}; options shared by all methods are {sorted(allowed)}.")

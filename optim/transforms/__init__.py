@@ -17,6 +17,7 @@ A transformation is a pair of pure functions::
 * ``clipping``, ``weight_decay``, ``partitioning`` (per-group transforms: :func:`partition`).
 """
 
+from optim.transforms.accumulation import AccumulationState, accumulate_gradients
 from optim.transforms.adaptive import (
     ScaleByAdamaxState,
     ScaleByLionState,
@@ -78,6 +79,8 @@ __all__ = [
     "assign_groups",
     "partition",
     "scale_by_adam",
+    "accumulate_gradients",
+    "AccumulationState",
     "scale_by_adamax",
     "scale_by_lion",
     "scale_by_nadam",

@@ -1,5 +1,5 @@
-"""Keras's optimisers through ``TFOptimizer.from_keras`` against ``fit``: ``Adamax``, ``Nadam`` and ``Lion`` (before:
-refused), and ``optimizer.exclude_from_weight_decay`` (``var_names``, ``var_list``):
+"""Keras's optimisers through ``TFOptimizer.from_keras`` against ``fit``: ``Adamax``, ``Nadam``, ``Lion`` and
+``gradient_accumulation_steps`` (before: refused), and ``optimizer.exclude_from_weight_decay`` (``var_names``, ``var_list``):
 the weights Keras's optimiser leaves out of its decoupled weight decay (a transformer's biases and norms, as
 is usual) stay out of tfnet's, decided by Keras's own rule. Before, tfnet decayed every weight: a LayerNormalization's
 ``gamma`` ended 0.05 (AdamW) to 0.1 (SGD with momentum) away from ``fit``'s after one epoch."""
@@ -45,9 +45,11 @@ def test_weights_keras_excludes_from_weight_decay_are_not_decayed(case):
 
 @pytest.mark.parametrize("make", [lambda: keras.optimizers.Adamax(0.05, weight_decay=0.1),
                                   lambda: keras.optimizers.Nadam(0.05, clipnorm=1.0),
-                                  lambda: keras.optimizers.Lion(0.01, weight_decay=0.5)],
-                         ids=["Adamax", "Nadam", "Lion"])
-def test_adamax_nadam_and_lion_train_as_fit(make):
+                                  lambda: keras.optimizers.Lion(0.01, weight_decay=0.5),
+                                  lambda: keras.optimizers.Adam(0.05, gradient_accumulation_steps=3)],
+                         ids=["Adamax", "Nadam", "Lion", "Adam, gradient_accumulation_steps=3"])
+def test_adamax_nadam_lion_and_gradient_accumulation_train_as_fit(make):
+    """Four steps an epoch: the accumulation of 3 steps runs across the epochs' boundary, as in Keras."""
     rng = np.random.default_rng(1)
     x, y = rng.normal(size=(16, 4)).astype(np.float32), rng.normal(size=(16, 1)).astype(np.float32)
     reference = model(make(), lambda opt, m: None)
