@@ -96,9 +96,7 @@ def _named_metric(name: str) -> M.Metric:
         found = keras.metrics.get(name)
     except ValueError:
         return M.get(name)  # tfnet's message: the names it knows
-    if not isinstance(found, keras.metrics.Metric):
-        return M.get(found)
-    mapped = map_metric(found)
+    mapped = map_metric(found) if isinstance(found, keras.metrics.Metric) else M.get(found)  # a function: averaged
     mapped.name = name
     return mapped
 

@@ -166,7 +166,8 @@ class AUC(Metric):
 
 
 class FunctionMetric(Metric):
-    """Any ``(y_true, y_pred) -> scalar`` callable, averaged over examples (batch-size weighted)."""
+    """Any ``(y_true, y_pred) -> scalar`` (or per-example values, averaged) callable, averaged over examples
+    (batch-size weighted): a Keras metric function or one's own, as ``compile`` averages them."""
 
     supports_weights = False  # the callable gives a batch's value, not one per example
 
@@ -178,7 +179,7 @@ class FunctionMetric(Metric):
         if sample_weight is not None:
             raise TypeError(f"The metric {self.name!r} is a function of a whole batch and cannot weight examples; "
                             "give an optim.metrics.Metric, or train without sample weights.")
-        value = float(_np(self.fn(y_true, y_pred)))
+        value = float(np.mean(_np(self.fn(y_true, y_pred))))  # per-example values too, averaged as Keras's compile does
         n = len(_np(y_pred))
         self.state = self.state + np.array([value * n, n])
 

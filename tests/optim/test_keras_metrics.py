@@ -48,6 +48,29 @@ def test_keras_metrics_report_what_fit_reports():
     np.testing.assert_allclose(ours["auc"], theirs["auc_1" if "auc_1" in theirs else "auc"], rtol=1e-6)
 
 
+def absolute_error(y_true, y_pred):  # the user's own metric: per-example values, as Keras's guide writes one
+    return keras.ops.abs(y_true - y_pred)
+
+
+def test_metric_functions_and_keras_names_are_averaged_as_compile_averages_them():
+    """A name only Keras knows (``"msle"``), Keras's metric function and the user's, each of per-example values
+    (before: an unknown metric, and a failure converting a vector to a float); a last batch of 4 rows of 20."""
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(20, 4)).astype(np.float32), np.abs(rng.normal(size=(20, 3))).astype(np.float32)
+
+    def regression():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,), name="x"), keras.layers.Dense(3, name="d")], name="r")
+        model.compile(keras.optimizers.SGD(0.1), "mse",
+                      metrics=["msle", absolute_error, keras.metrics.mean_squared_error])
+        return model
+
+    theirs = regression().fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history
+    ours = TFOptimizer.from_keras(regression()).optimize((x, y), batch_size=8, epochs=2, shuffle=False, verbose=0)
+    for key in ("msle", "absolute_error", "mean_squared_error"):
+        np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-6, err_msg=key)
+
+
 def test_a_keras_metric_merges_over_partitions_and_travels():
     """States add up: two halves updated apart and merged give the whole's result; a copy (validation's) and a
     pickled one (a rank's) start from the same state without sharing it."""
