@@ -37,12 +37,12 @@ def map_optimizer(opt, variables=()) -> methods.Method:
     import keras
 
     cfg = opt.get_config()
-    if cfg.get("use_ema") or cfg.get("loss_scale_factor"):
-        raise KerasMappingError(
-            "The Keras optimiser uses EMA or loss scaling, which tfnet does not map. "
-            f"Received: use_ema={cfg.get('use_ema')}, loss_scale_factor={cfg.get('loss_scale_factor')}"
-        )
+    if cfg.get("loss_scale_factor"):
+        raise KerasMappingError(f"The Keras optimiser scales the loss, which tfnet does not map. Received: "
+                                f"loss_scale_factor={cfg.get('loss_scale_factor')}")
     common = {k: cfg.get(k) for k in ("clipnorm", "clipvalue", "global_clipnorm", "gradient_accumulation_steps")}
+    if cfg.get("use_ema"):
+        common.update(use_ema=True, ema_momentum=cfg["ema_momentum"], ema_overwrite_frequency=cfg["ema_overwrite_frequency"])
     lr = _learning_rate(opt)
     wd = cfg.get("weight_decay")
     if wd:

@@ -8,6 +8,8 @@ Each method is itself a gradient transformation (``init`` / ``update``). Options
 * ``weight_decay``: decoupled weight decay, as Keras' ``weight_decay`` (``w <- w - w * wd * lr``);
 * ``gradient_accumulation_steps``: update every that many steps, with the mean of their gradients (Keras's option of
   that name: a batch that many times larger, in parts);
+* ``use_ema``, ``ema_momentum`` (0.99), ``ema_overwrite_frequency``: a moving average of the weights, which they take
+  every that many steps and when training ends (Keras's options of those names);
 * ``exclude_from_weight_decay``: the weights ``weight_decay`` leaves alone, as Keras's optimizer method of that name
   takes ``var_names``: a list of strings, a weight excluded where any of them occurs in its name (``["bias",
   "gamma"]``; tfnet's names are paths, ``"dense/bias"``, where Keras searches the variable's own name), or one
@@ -50,6 +52,11 @@ class Method:
     def update(self, grads, state, params=None):
         return self._chain.update(grads, state, params)
 
+    def final_weights(self, state) -> dict | None:
+        """The weights training ends with, from the optimiser state, where the method says (``use_ema``: the moving
+        average, as Keras's ``finalize_variable_values`` at the end of ``fit``); None: the weights as they are."""
+        return dict(state.average) if getattr(self, "use_ema", False) else None
+
     def learning_rate_at(self, step) -> float:
         lr = self.learning_rate
         return float(lr(tf.constant(step, tf.int64)) if callable(lr) else lr)
@@ -63,7 +70,8 @@ class Method:
         return f"{type(self).__name__}({args})"
 
     def _finish(self, direction, momentum, *, clipnorm, clipvalue, global_clipnorm, l2, weight_decay, config,
-                exclude_from_weight_decay=None, gradient_accumulation_steps=None):
+                exclude_from_weight_decay=None, gradient_accumulation_steps=None, use_ema=False, ema_momentum=0.99,
+                ema_overwrite_frequency=None):
         if sum(x is not None for x in (clipnorm, clipvalue, global_clipnorm)) > 1:
             raise ValueError(
                 "Give at most one of `clipnorm`, `clipvalue` and `global_clipnorm`. Received: "
@@ -94,6 +102,12 @@ class Method:
         self._chain = T.chain(*parts)
         if gradient_accumulation_steps is not None:
             self._chain = T.accumulate_gradients(self._chain, gradient_accumulation_steps)
+        self.use_ema = bool(use_ema)
+        if self.use_ema:
+            if gradient_accumulation_steps is not None:
+                raise ValueError("Give `use_ema` or `gradient_accumulation_steps`, not both.")
+            self._chain = T.weight_average(self._chain, 0.99 if ema_momentum is None else ema_momentum,
+                                           ema_overwrite_frequency)
         self._config = config
 
 
@@ -127,7 +141,7 @@ def _decay_mask(exclude):
 
 def _common(kwargs):
     allowed = {"clipnorm", "clipvalue", "global_clipnorm", "l2", "weight_decay", "exclude_from_weight_decay",
-               "gradient_accumulation_steps"}
+               "gradient_accumulation_steps", "use_ema", "ema_momentum", "ema_overwrite_frequency"}
     unknown = set(kwargs) - allowed
     if unknown:
         raise TypeError(f"Unknown arguments {sorted(unknown)}; options shared by all methods are {sorted(allowed)}.")

@@ -21,7 +21,7 @@ from optim.data import as_dataset, in_input_order, resolve_batch_size
 from optim.data.holdout import HoldOut, check_split
 from optim.logs import console_error
 from optim.protocol import NetOutputs, RunResult, RunSummary, TrainSpec
-from optim.sync import check_sync
+from optim.sync import EveryStep, check_sync
 from optim.training.callbacks import callback_list, shippable_callbacks
 from optim.training.checkpoint import new_run_id, resolve_resume
 from optim.training.checks import warn_if_logits_to_probability_loss
@@ -115,6 +115,9 @@ class TFOptimizer:
         if isinstance(optim_method, Mapping):
             if not optim_method:
                 raise ValueError("The `optim_method` dict is empty; map at least one weight-name prefix to a method.")
+            if any(getattr(m, "use_ema", False) for m in optim_method.values()):
+                raise ValueError("`use_ema` keeps a moving average of every weight the method trains: give one "
+                                 "method for all weights, not a dict of them.")
             groups = assign_groups(list(optim_method), self.net.weight_names)
             stats = set(self.net.statistic_names)
             chosen = [n for n, g in groups.items()
@@ -284,8 +287,12 @@ class TFOptimizer:
         """This call's TrainConfig (a new run id), checked, with what it resumes from chosen once here."""
         if epochs is None:
             epochs = 1 if max_steps is None else 1 << 30  # bounded by max_steps
+        sync = check_sync(sync)
+        if not isinstance(sync, EveryStep) and getattr(self.method, "use_ema", False):
+            raise ValueError(f"`use_ema` keeps one moving average of the weights, which every rank must agree on: "
+                             f"train with sync=None (every step), not {type(sync).__name__}.")
         config = TrainConfig(epochs=epochs, max_steps=max_steps, precision=check_precision(precision),
-                             sync=check_sync(sync), model_dir=model_dir or self.model_dir,
+                             sync=sync, model_dir=model_dir or self.model_dir,
                              storage_options=self.storage_options,
                              run_id=new_run_id(), callbacks=check_callbacks(callbacks), **settings)
         config.check()

@@ -35,6 +35,7 @@ from optim.training.reporting import EpochClock, Reporter
 from optim.training.restore import (
     PEERS_KEY,
     check_state,
+    final_weights,
     load_state,
     match_weights,
     saved_weights,
@@ -113,7 +114,7 @@ def train(
     kernels.self_check()  # once per process: a CPU whose convolution gradients are wrong stops here, typed
     alive = liveness or Liveness()
     collective = collective or LocalCollective()
-    hooks = None
+    hooks, given = None, method  # the method as given (callbacks wrap it), for the weights training ends with
     callbacks = config.callbacks if callbacks is None else callbacks
     if callbacks:
         hooks = CallbackRun(list(callbacks), net, method, collective, config.epochs,
@@ -160,6 +161,7 @@ def train(
                                                                       run.notice_at_boundary()):
                     break
         run.settle()
+        final_weights(run.net, given, run.step_fn.get_state())  # use_ema's average, as fit's end; before on_train_end
         if hooks is not None:
             hooks.train_end(run.last_logs())
     finally:

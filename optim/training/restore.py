@@ -1,8 +1,9 @@
 """What a run saves in and restores from a checkpoint: the weights it holds (a net with low-rank
 adapters: the adapters and the trainable weights, with the fingerprint of the frozen base they belong
 to), the weights matched to the net (by name, else by structure), the server method's state split
-from the worker method's, and the optimiser state checked against the step's. Beside
-:mod:`optim.training.checkpoint`, which reads and writes the files."""
+from the worker method's, and the optimiser state checked against the step's; and the weights a run ends with where its
+method keeps them in its state (``use_ema``). Beside :mod:`optim.training.checkpoint`, which reads and writes the
+files."""
 
 from __future__ import annotations
 
@@ -157,3 +158,13 @@ def state_digest(arrays: Sequence[np.ndarray]) -> str:
         h.update(f"{a.dtype.str}{a.shape}".encode())
         h.update(a.tobytes())
     return h.hexdigest()
+
+
+def final_weights(net, method, state) -> None:
+    """Gives ``net`` the weights training ends with where the method says (``use_ema``: the moving average in its
+    state), as Keras's ``fit`` calls ``finalize_variable_values`` before ``on_train_end``; every rank holds the same
+    state (every-step sync), so every rank's net ends the same."""
+    fn = getattr(method, "final_weights", None)
+    weights = fn(state) if fn is not None else None
+    if weights:
+        net.set_weights({k: np.asarray(v) for k, v in weights.items()})

@@ -39,6 +39,7 @@ from optim.transforms.base import (
     set_to_zero,
 )
 from optim.transforms.clipping import clip, clip_by_global_norm, clip_by_norm
+from optim.transforms.ema import EmaState, weight_average
 from optim.transforms.partitioning import PartitionState, assign_groups, matcher, partition
 from optim.transforms.scale import (
     ScaleByAdagradState,
@@ -80,6 +81,8 @@ __all__ = [
     "partition",
     "scale_by_adam",
     "accumulate_gradients",
+    "weight_average",
+    "EmaState",
     "AccumulationState",
     "scale_by_adamax",
     "scale_by_lion",

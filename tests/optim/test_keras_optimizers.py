@@ -1,5 +1,5 @@
 """Keras's optimisers through ``TFOptimizer.from_keras`` against ``fit``: ``Adamax``, ``Nadam``, ``Lion`` and
-``gradient_accumulation_steps`` (before: refused), and ``optimizer.exclude_from_weight_decay`` (``var_names``, ``var_list``):
+``gradient_accumulation_steps`` and ``use_ema`` (before: refused), and ``optimizer.exclude_from_weight_decay`` (``var_names``, ``var_list``):
 the weights Keras's optimiser leaves out of its decoupled weight decay (a transformer's biases and norms, as
 is usual) stay out of tfnet's, decided by Keras's own rule. Before, tfnet decayed every weight: a LayerNormalization's
 ``gamma`` ended 0.05 (AdamW) to 0.1 (SGD with momentum) away from ``fit``'s after one epoch."""
@@ -46,10 +46,14 @@ def test_weights_keras_excludes_from_weight_decay_are_not_decayed(case):
 @pytest.mark.parametrize("make", [lambda: keras.optimizers.Adamax(0.05, weight_decay=0.1),
                                   lambda: keras.optimizers.Nadam(0.05, clipnorm=1.0),
                                   lambda: keras.optimizers.Lion(0.01, weight_decay=0.5),
-                                  lambda: keras.optimizers.Adam(0.05, gradient_accumulation_steps=3)],
-                         ids=["Adamax", "Nadam", "Lion", "Adam, gradient_accumulation_steps=3"])
+                                  lambda: keras.optimizers.Adam(0.05, gradient_accumulation_steps=3),
+                                  lambda: keras.optimizers.SGD(0.1, momentum=0.9, use_ema=True, ema_momentum=0.8),
+                                  lambda: keras.optimizers.Adam(0.05, use_ema=True, ema_overwrite_frequency=3)],
+                         ids=["Adamax", "Nadam", "Lion", "Adam, gradient_accumulation_steps=3", "SGD, use_ema",
+                              "Adam, use_ema, ema_overwrite_frequency=3"])
 def test_adamax_nadam_lion_and_gradient_accumulation_train_as_fit(make):
-    """Four steps an epoch: the accumulation of 3 steps runs across the epochs' boundary, as in Keras."""
+    """Four steps an epoch: the accumulation of 3 steps runs across the epochs' boundary, as in Keras; with use_ema the
+    weights end as the moving average, as fit's end gives them."""
     rng = np.random.default_rng(1)
     x, y = rng.normal(size=(16, 4)).astype(np.float32), rng.normal(size=(16, 1)).astype(np.float32)
     reference = model(make(), lambda opt, m: None)
@@ -59,3 +63,19 @@ def test_adamax_nadam_lion_and_gradient_accumulation_train_as_fit(make):
     got = opt.net.get_weights()
     for v in reference.weights:
         np.testing.assert_allclose(got[v.path], v.numpy(), atol=1e-6, err_msg=v.path)
+
+
+def test_use_ema_where_ranks_or_groups_would_keep_different_averages_is_refused():
+    import optim
+    from tfnet import TFNet
+
+    net = TFNet.from_keras(model(keras.optimizers.SGD(0.1), lambda opt, m: None))
+    x, y = np.zeros((8, 4), np.float32), np.zeros((8, 1), np.float32)
+    with pytest.raises(ValueError, match=r"`use_ema` keeps one moving average of the weights, which every rank must "
+                                         r"agree on: train with sync=None \(every step\), not LocalSGD"):
+        TFOptimizer(net, "mse", optim.SGD(0.1, use_ema=True)).optimize((x, y), batch_size=4, verbose=0,
+                                                                       sync=optim.LocalSGD(every=2))
+    with pytest.raises(ValueError, match="give one method for all weights, not a dict of them"):
+        TFOptimizer(net, "mse", {"m/d1/": optim.SGD(0.1, use_ema=True), "m/d2/": optim.SGD(0.1)})
+    with pytest.raises(ValueError, match="Give `use_ema` or `gradient_accumulation_steps`, not both"):
+        optim.Adam(use_ema=True, gradient_accumulation_steps=2)

@@ -92,6 +92,11 @@ KERAS_TABLE = [
                        clipnorm=0.5, gradient_accumulation_steps=2),
      lambda: keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(0.1, 2, 0.5), momentum=0.9,
                                   weight_decay=0.1, clipnorm=0.5, gradient_accumulation_steps=2)),
+    ("adam use_ema", lambda: optim.Adam(0.05, use_ema=True, ema_momentum=0.8),
+     lambda: keras.optimizers.Adam(0.05, use_ema=True, ema_momentum=0.8)),
+    ("sgd momentum use_ema ema_overwrite_frequency", lambda: optim.SGD(0.1, momentum=0.9, use_ema=True,
+                                                                       ema_overwrite_frequency=3),
+     lambda: keras.optimizers.SGD(0.1, momentum=0.9, use_ema=True, ema_overwrite_frequency=3)),
     ("rmsprop", lambda: optim.RMSprop(0.01), lambda: keras.optimizers.RMSprop(0.01)),
     ("rmsprop momentum centered", lambda: optim.RMSprop(0.01, rho=0.8, momentum=0.5, centered=True),
      lambda: keras.optimizers.RMSprop(0.01, rho=0.8, momentum=0.5, centered=True)),
@@ -244,6 +249,28 @@ def test_unknown_option():
         optim.AdamW(0.1, exclude_from_weight_decay=["bias", 3])
     with pytest.raises(TypeError, match="LARS takes the weights it leaves out of its decay as `exclude`"):
         optim.LARS(0.1, exclude_from_weight_decay=["bias"])
+
+
+def test_the_weights_end_as_keras_finalizes_them_with_use_ema():
+    """Keras's ``finalize_variable_values`` (what ``fit`` calls at its end) gives the weights the moving average;
+    ``final_weights`` of the method's state is the same."""
+    params, grads = problem()
+    method = optim.Adam(0.05, use_ema=True, ema_momentum=0.7)
+    state = method.init({k: tf.constant(v) for k, v in params.items()})
+    weights = {k: tf.constant(v) for k, v in params.items()}
+    for g in grads:
+        updates, state = method.update({k: tf.constant(v) for k, v in g.items()}, state, weights)
+        weights = {k: weights[k] + updates[k] for k in weights}
+    theirs = keras.optimizers.Adam(0.05, use_ema=True, ema_momentum=0.7)
+    variables = {k: keras.Variable(v, name=k.replace("/", "_")) for k, v in params.items()}
+    for g in grads:
+        theirs.apply_gradients([(tf.constant(g[k]), variables[k]) for k in params])
+    theirs.finalize_variable_values(list(variables.values()))
+    final = method.final_weights(state)
+    for k in params:
+        assert rel(np.asarray(final[k]), variables[k].numpy()) <= RTOL, k
+        assert rel(np.asarray(final[k]), weights[k].numpy()) > 1e-3, "the average is not the last weights"
+    assert optim.Adam(0.05).final_weights(optim.Adam(0.05).init(weights)) is None
 
 
 def test_exclude_from_weight_decay_leaves_exactly_those_weights_undecayed():
