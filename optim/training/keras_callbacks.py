@@ -41,7 +41,8 @@ class KerasCallbackPlan:
 _REFUSED = {
     "ProgbarLogger": "tfnet prints its own progress: pass verbose=1 (a bar) or 2 (a line per epoch)",
     "RemoteMonitor": "send the metrics with optim.MLflowLogger, or read them from model_dir's TensorBoard events",
-    "SwapEMAWeights": "tfnet's methods keep no moving average of the weights to swap in",
+    "SwapEMAWeights": "tfnet does not swap the moving average (use_ema) in for validation; the weights take it "
+                      "when training ends",
 }
 #: TensorBoard's options beyond scalars, and their "off" values (a profile shows as its stop batch)
 _TENSORBOARD_EXTRAS = {"histogram_freq": 0, "write_images": False, "embeddings_freq": 0, "_stop_batch": 0}
