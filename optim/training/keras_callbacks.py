@@ -10,7 +10,7 @@ in ``model.fit`` or is refused, in one line that names it and what to use. Drive
   ``backup_dir`` and the run resumes the newest one there, as ``model_dir=backup_dir, resume=True``; an integer
   ``save_freq`` is ``checkpoint_every``), ``TensorBoard(log_dir)`` (tfnet's own event files, in ``log_dir``).
 * Refused: ``ProgbarLogger`` (use ``verbose``), ``RemoteMonitor`` (use ``optim.MLflowLogger``), ``SwapEMAWeights``
-  (tfnet's methods keep no moving average of the weights), ``TensorBoard`` asked for histograms, images,
+  (tfnet does not swap ``use_ema``'s average in for validation), ``TensorBoard`` asked for histograms, images,
   embeddings or a profile (tfnet writes scalars).
 """
 
