@@ -192,7 +192,8 @@ class KerasMetric(Metric):
 
     Raises:
         TypeError: a metric whose variables are not sums Keras makes up front (one that builds them on its first
-            batch, ``F1Score``), which ranks could not merge.
+            batch, ``F1Score``), which ranks could not merge; or one Keras cannot rebuild from its config (a class of
+            one's own not registered).
     """
 
     def __init__(self, metric):
@@ -211,7 +212,12 @@ class KerasMetric(Metric):
         if self._live is None:
             import keras
 
-            self._live = keras.metrics.deserialize(self.config)
+            try:
+                self._live = keras.metrics.deserialize(self.config)
+            except (TypeError, ValueError) as exc:  # Keras's errors for a class it cannot find or a config it refuses
+                raise TypeError(f"Keras cannot rebuild the metric {self.name!r} from its config ({exc}); a metric "
+                                "class of your own must be decorated with @keras.saving.register_keras_serializable() "
+                                "and imported where tfnet trains.") from None
             self.sizes = [int(np.prod(v.shape)) for v in self._live.variables]
         return self._live
 

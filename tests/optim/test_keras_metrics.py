@@ -90,8 +90,19 @@ def test_a_keras_metric_merges_over_partitions_and_travels():
     assert whole.result() > 0 and np.count_nonzero(twin.state) == 0
 
 
-def test_a_keras_metric_that_makes_its_state_on_the_first_batch_is_refused_by_name():
+class Unregistered(keras.metrics.Mean):
+    """A metric class of one's own, not registered: Keras cannot rebuild it from its config where tfnet trains."""
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        return super().update_state(keras.ops.abs(y_true - y_pred), sample_weight)
+
+
+def test_a_keras_metric_tfnet_cannot_merge_or_rebuild_is_refused_by_name():
     model = compiled()
     model.compile(keras.optimizers.SGD(0.1), "binary_crossentropy", metrics=[keras.metrics.F1Score()])
     with pytest.raises(KerasMappingError, match="The Keras metric F1Score makes its state on its first batch"):
+        TFOptimizer.from_keras(model)
+    model.compile(keras.optimizers.SGD(0.1), "binary_crossentropy", metrics=[Unregistered(name="mine")])
+    with pytest.raises(KerasMappingError, match="Keras cannot rebuild the metric 'mine' from its config .*"
+                                                "register_keras_serializable"):
         TFOptimizer.from_keras(model)
