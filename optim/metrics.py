@@ -213,11 +213,14 @@ class KerasMetric(Metric):
             import keras
 
             try:
-                self._live = keras.metrics.deserialize(self.config)
+                live = keras.metrics.deserialize(self.config)
             except (TypeError, ValueError) as exc:  # Keras's errors for a class it cannot find or a config it refuses
-                raise TypeError(f"Keras cannot rebuild the metric {self.name!r} from its config ({exc}); a metric "
+                live = exc
+            if not isinstance(live, keras.metrics.Metric):  # or Keras gives the name back
+                raise TypeError(f"Keras cannot rebuild the metric {self.name!r} from its config ({live}); a metric "
                                 "class of your own must be decorated with @keras.saving.register_keras_serializable() "
                                 "and imported where tfnet trains.") from None
+            self._live = live
             self.sizes = [int(np.prod(v.shape)) for v in self._live.variables]
         return self._live
 
