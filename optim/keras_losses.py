@@ -25,15 +25,35 @@ class KerasLoss(Loss):
     def __init__(self, loss):
         import keras
 
-        if not isinstance(loss, keras.losses.Loss):
-            # the wrapper Keras's compile puts around a loss function (CompileLoss's get_loss); Keras exports no name
-            # for it, and its exact reduction and rank alignment are the point
-            from keras.src.losses.losses import LossFunctionWrapper
+        #: What was given: a ``keras.losses.Loss``, or a function. Shipped as it is (a function by cloudpickle, with its
+        #: globals; Keras's wrapper would pickle it as Keras serializes a lambda, without them), wrapped where it runs.
+        self.source = loss
+        self._wrapped = None
+        if isinstance(loss, keras.losses.Loss):
+            self.name = loss.name
+        else:
+            self.name = re.sub(r"[^A-Za-z0-9_.]", "_", getattr(loss, "__name__", "") or "").strip("_") or "loss"
 
-            name = re.sub(r"[^A-Za-z0-9_.]", "_", getattr(loss, "__name__", "") or "").strip("_")  # "<lambda>"
-            loss = LossFunctionWrapper(loss, name=name or "loss")
-        self.loss = loss
-        self.name = loss.name
+    @property
+    def loss(self):
+        """The Keras loss called: the one given, or Keras's ``LossFunctionWrapper`` around the function given (the
+        wrapper Keras's compile puts around a loss function; Keras exports no name for it, and its reduction and
+        rank alignment are the point)."""
+        if self._wrapped is None:
+            import keras
+
+            if isinstance(self.source, keras.losses.Loss):
+                self._wrapped = self.source
+            else:
+                from keras.src.losses.losses import LossFunctionWrapper
+
+                self._wrapped = LossFunctionWrapper(self.source, name=self.name)  # "<lambda>" is no scope name
+        return self._wrapped
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_wrapped"] = None
+        return state
 
     def __call__(self, y_true, y_pred):
         weights = None
@@ -45,7 +65,7 @@ class KerasLoss(Loss):
         return
 
     def __repr__(self):
-        return f"KerasLoss({type(self.loss).__name__}, {self.loss.get_config()})"
+        return f"KerasLoss({self.name})"
 
 
 def named(name: str) -> KerasLoss | None:

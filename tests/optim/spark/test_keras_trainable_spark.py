@@ -1,7 +1,8 @@
 """Keras's transfer-learning flow on two ranks (issue 51): a frozen base and a new head trained by tfnet over a real
 local[2] Spark with Horovod over Gloo equal Keras's own ``fit`` on the same global batches, in both phases, and only
 the head's bytes are allreduced while the base is frozen; weight regularizers as fit adds them. A compiled subclassed
-model, too, with a Keras metric merged over the ranks and the weights' moving average (use_ema)."""
+model, too, with a per-example loss function, a Keras metric merged over the ranks and the weights' moving average
+(use_ema)."""
 
 import numpy as np
 import pytest
@@ -62,11 +63,14 @@ def test_a_compiled_subclassed_model_on_two_ranks_trains_as_keras_fit(spark):
     kx, ky = as_two_ranks_see_it(x, y, 16)
     reference, _ = subclassed_cnn(frozen_bn=True, dropout=0.0)
     model, _ = subclassed_cnn(frozen_bn=True, dropout=0.0)
-    # a Keras metric tfnet does not compute itself, merged over the ranks; the weights' moving average (use_ema), which
-    # every rank keeps alike and training ends with, as fit's end
+    # a loss function of per-example values (Keras wraps it, tfnet ships Keras's wrapper to the ranks), a Keras metric
+    # tfnet does not compute itself, merged over the ranks, and the weights' moving average (use_ema), which every rank
+    # keeps alike and training ends with, as fit's end
+    def sparse_xent(y_true, y_pred):  # defined here: shipped by value, with its globals
+        return keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
+
     for keras_model in (reference, model):
-        keras_model.compile(optimizer=keras.optimizers.SGD(LR_HEAD, use_ema=True, ema_momentum=0.5),
-                            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        keras_model.compile(optimizer=keras.optimizers.SGD(LR_HEAD, use_ema=True, ema_momentum=0.5), loss=sparse_xent,
                             metrics=[keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="xent")])
     opt = TFOptimizer.from_keras(model)
     theirs = reference.fit(kx, ky, batch_size=16, epochs=1, shuffle=False, verbose=0).history
