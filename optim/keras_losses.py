@@ -53,7 +53,19 @@ class KerasLoss(Loss):
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_wrapped"] = None
+        import keras
+
+        if isinstance(self.source, keras.losses.Loss):
+            # by value: a Keras loss pickles as Keras serializes it, which a class of the user's own (defined in a
+            # notebook, not registered) does not survive on the ranks; its class goes by cloudpickle, by value too
+            state["source"] = _ByValue(type(self.source), dict(self.source.__dict__))
         return state
+
+    def __setstate__(self, state):
+        source = state["source"]
+        if isinstance(source, _ByValue):
+            state["source"] = source.rebuild()
+        self.__dict__.update(state)
 
     def __call__(self, y_true, y_pred):
         weights = None
@@ -77,3 +89,15 @@ def named(name: str) -> KerasLoss | None:
     except (ImportError, ValueError, TypeError):
         return None
     return KerasLoss(found) if callable(found) else None
+
+
+class _ByValue:
+    """An object as its class and attributes, rebuilt without its ``__init__`` (or Keras's ``__reduce__``)."""
+
+    def __init__(self, cls, attributes: dict):
+        self.cls, self.attributes = cls, attributes
+
+    def rebuild(self):
+        obj = self.cls.__new__(self.cls)
+        obj.__dict__.update(self.attributes)
+        return obj

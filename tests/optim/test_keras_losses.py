@@ -79,3 +79,28 @@ def test_tfnet_s_own_loss_where_it_computes_the_same_and_keras_s_where_an_option
     with pytest.raises(ValueError, match="Unknown loss 'mean_squared_eror'. Known losses: .*any name keras.losses.get "
                                          "takes"):
         optim.losses.get("mean_squared_eror")
+
+
+def test_a_loss_class_of_the_user_s_own_reaches_the_ranks_by_value():
+    """A ``keras.losses.Loss`` subclass defined where the user trains (a notebook cell, a function), not registered:
+    pickled as Keras pickles it (its serialized config) the ranks cannot rebuild it ("Could not locate class");
+    tfnet ships it by value, as cloudpickle ships the rest of the job."""
+    import pickle
+
+    import cloudpickle
+
+    def notebook_cell():
+        class HalfSquares(keras.losses.Loss):
+            def call(self, y_true, y_pred):
+                return 0.5 * keras.ops.mean(keras.ops.square(y_true - y_pred), axis=-1)
+
+        return HalfSquares(name="half_squares", reduction="sum")
+
+    own = notebook_cell()
+    with pytest.raises(TypeError, match="Could not locate class 'HalfSquares'"):
+        pickle.loads(cloudpickle.dumps(own))
+    loss = map_loss(own)
+    shipped = pickle.loads(cloudpickle.dumps(loss))
+    assert type(shipped.source).__name__ == "HalfSquares" and shipped.name == "half_squares"
+    np.testing.assert_allclose(float(shipped(VALUES, np.zeros_like(VALUES))), float(own(VALUES, np.zeros_like(VALUES))),
+                               rtol=1e-7)
