@@ -44,7 +44,7 @@ def accumulate_gradients(inner: GradientTransformation, steps: int) -> GradientT
             return ({k: tf.zeros_like(g) for k, g in grads.items()},
                     {k: state.accumulated[k] + g for k, g in grads.items()}, state.inner)
 
-        updates, accumulated, inner_state = tf.cond((state.count + 1) % steps == 0, apply, add)
+        updates, accumulated, inner_state = tf.cond(tf.equal((state.count + 1) % steps, 0), apply, add)
         return updates, AccumulationState(state.count + 1, accumulated, inner_state)
 
     return GradientTransformation(init, update)
