@@ -238,32 +238,33 @@ class Adagrad(Method):
         )
 
 
-class Adamax(Method):
+class _MomentsMethod(Method):
+    """A method whose direction is ``_direction(beta_1, beta_2, epsilon)`` (Adamax's, Nadam's), then the rate."""
+
+    _direction: Any
+
+    def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7, **kwargs):
+        self.learning_rate = learning_rate
+        c = _common(kwargs)
+        self._finish(
+            [type(self)._direction(beta_1, beta_2, epsilon)], None, **c,
+            config=dict(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
+                        **{k: v for k, v in c.items() if v is not None}),
+        )
+
+
+class Adamax(_MomentsMethod):
     """Adamax (Keras 3 formula): ``chain(scale_by_adamax(beta_1, beta_2, epsilon), scale_by_learning_rate(lr))``.
     Defaults: learning_rate 0.001, beta_1 0.9, beta_2 0.999, epsilon 1e-7."""
 
-    def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7, **kwargs):
-        self.learning_rate = learning_rate
-        c = _common(kwargs)
-        self._finish(
-            [T.scale_by_adamax(beta_1, beta_2, epsilon)], None, **c,
-            config=dict(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
-                        **{k: v for k, v in c.items() if v is not None}),
-        )
+    _direction = staticmethod(T.scale_by_adamax)
 
 
-class Nadam(Method):
+class Nadam(_MomentsMethod):
     """Nadam (Keras 3 formula, its momentum schedule included): ``chain(scale_by_nadam(beta_1, beta_2, epsilon),
     scale_by_learning_rate(lr))``. Defaults: learning_rate 0.001, beta_1 0.9, beta_2 0.999, epsilon 1e-7."""
 
-    def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7, **kwargs):
-        self.learning_rate = learning_rate
-        c = _common(kwargs)
-        self._finish(
-            [T.scale_by_nadam(beta_1, beta_2, epsilon)], None, **c,
-            config=dict(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
-                        **{k: v for k, v in c.items() if v is not None}),
-        )
+    _direction = staticmethod(T.scale_by_nadam)
 
 
 class Lion(Method):
