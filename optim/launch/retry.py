@@ -28,6 +28,12 @@ def stage_error(exc: BaseException, failures: list[WorkerFailure], prefix: str =
     if isinstance(exc, TFNetError) and hasattr(exc, "retryable"):
         return exc  # type: ignore[return-value]
     text = str(exc)
+    unpickled = _unpickling_failure(text)
+    if unpickled:
+        return _error(f"{prefix}: the workers could not unpickle the training job ({unpickled[:300]}), and would not "
+                      "again: a loss, metric, callback or hook in it refers to a class or function their Python "
+                      "cannot find. Define it in a module the workers import, or register it with Keras "
+                      "(@keras.saving.register_keras_serializable()).", retryable=False)
     for marks, reason in _REFUSALS:
         if any(mark in text for mark in marks):
             return _error(f"{prefix}: Spark refused the training stage, and would again: {reason}", retryable=False)
@@ -42,6 +48,16 @@ def stage_error(exc: BaseException, failures: list[WorkerFailure], prefix: str =
                       "spark.executor.memory and spark.driver.maxResultSize.", retryable=False)
     first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     return _error(f"{prefix}: the stage failed with no report from a rank ({first[:500]})", retryable=True)
+
+
+def _unpickling_failure(text: str) -> str | None:
+    """The Python error a worker met unpickling the stage's function (PySpark's ``read_command``, before any of
+    tfnet's code runs there), or None: the line that ends that traceback."""
+    lines = text.splitlines()
+    at = next((i for i, line in enumerate(lines) if line.rstrip().endswith("in read_command")), None)
+    if at is None:
+        return None
+    return next((line.strip() for line in lines[at + 1:] if line and not line[0].isspace()), None)
 
 
 #: Spark's deterministic refusals of a stage: (what its error says, why and the fix). A rerun meets the same refusal,

@@ -171,6 +171,34 @@ def test_errors_keep_their_types_across_spark(spark):
             1 / 0  # noqa: B018
 
 
+def _no_such_class():
+    raise TypeError("Could not locate class 'HalfSquares'. Make sure custom classes and functions are decorated with "
+                    "`@keras.saving.register_keras_serializable()`.")
+
+
+class _DriverOnlyLoss:
+    """A loss the driver pickles and no worker can unpickle, as a class only the driver's Python has (a notebook's,
+    pickled as Keras pickles its objects) is read on a worker."""
+
+    def __call__(self, y_true, y_pred):
+        return SCE(y_true, y_pred)
+
+    def __reduce__(self):
+        return (_no_such_class, ())
+
+
+def test_a_job_the_workers_cannot_unpickle_fails_once_with_their_reason(spark, recwarn):
+    """Before: three attempts and "the stage failed with no report from a rank (An error occurred while calling
+    o1066.collectToPython.)"; PySpark's worker fails reading the job, before any of tfnet's code runs there."""
+    opt = TFOptimizer(cnn_net(), _DriverOnlyLoss(), optim.SGD(0.1))
+    x, y = (a[:16] for a in digits.load())
+    with pytest.raises(optim.errors.DistributedTrainingError,
+                       match=r"^Training failed: the workers could not unpickle the training job \(TypeError: Could "
+                             r"not locate class 'HalfSquares'"):
+        opt.optimize((x, y), batch_size=4, num_workers=2, verbose=0)
+    assert not [w for w in recwarn if "retrying" in str(w.message)], "retried what cannot succeed"
+
+
 def _driver_resources(sc):
     import psutil
 

@@ -104,6 +104,31 @@ def test_sparks_deterministic_refusals_are_not_retried(spark_says, fix):
     assert not RetryPolicy(max_retries=5).should_retry(err, 0)
 
 
+def test_a_job_the_workers_cannot_unpickle_is_not_retried():
+    """Spark's text when a worker's Python cannot unpickle the stage's function (a class of the user's own that only
+    the driver has), as local[2] gave it: the error line from the worker's traceback, and no retry."""
+    spark_says = (
+        "An error occurred while calling o668.collectToPython.\n: org.apache.spark.SparkException: Job aborted due to "
+        "stage failure: Could not recover from a failed barrier ResultStage.\n"
+        "org.apache.spark.api.python.PythonException: [PYTHON_EXCEPTION] An exception was thrown from the Python "
+        "worker: Traceback (most recent call last):\n"
+        '  File "/venv/pyspark.zip/pyspark/worker.py", line 598, in read_single_udf\n'
+        "    f, return_type = read_command(pickleSer, udf)\n"
+        '  File "/venv/pyspark.zip/pyspark/worker_util.py", line 75, in read_command\n'
+        "    command = serializer.loads(file)\n"
+        '  File "/venv/pyspark.zip/pyspark/serializers.py", line 483, in loads\n'
+        "    return cloudpickle.loads(obj, encoding=encoding)\n"
+        "TypeError: Could not locate class 'HalfSquares'. Make sure custom classes and functions are decorated\n"
+        " SQLSTATE: 38000\n\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException")
+    err = stage_error(RuntimeError(spark_says), [])
+    assert type(err) is DistributedTrainingError and not err.retryable
+    assert str(err).startswith("Training failed: the workers could not unpickle the training job (TypeError: Could not "
+                               "locate class 'HalfSquares'.")
+    assert not RetryPolicy(max_retries=5).should_retry(err, 0)
+    # a worker's error after the job was read (a rank's own code) is not this
+    assert stage_error(RuntimeError(spark_says.replace("in read_command", "in main")), []).retryable
+
+
 def test_retry_policy():
     retryable = DistributedTrainingError("lost")
     policy = RetryPolicy(max_retries=2)
