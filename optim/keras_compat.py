@@ -76,7 +76,10 @@ def map_loss(loss) -> L.Loss:
     """A loss as Keras's ``compile`` takes it (a name, a ``keras.losses.Loss``, a function of per-example losses) as
     tfnet's: its own where it computes the same, else Keras's, called as ``compile`` calls it (:class:`optim.losses.
     KerasLoss`: a function wrapped as Keras wraps it, so its per-example values are averaged as in ``fit``)."""
-    if callable(loss) and not isinstance(loss, (str, L.Loss)) and L.from_keras(loss) is None:
+    mapped = L.from_keras(loss)
+    if mapped is not None:
+        return mapped
+    if callable(loss) and not isinstance(loss, (str, L.Loss)):
         return L.KerasLoss(loss)
     return L.get(loss)
 

@@ -76,7 +76,7 @@ def _frozen_state(frozen, kwargs) -> NetState:
     inputs = gu.check_tensor_names(frozen.template, frozen.inputs, "input")
     outputs = gu.check_tensor_names(frozen.template, frozen.outputs, "output")
     state = build(frozen.template, frozen.values, inputs, outputs, **_init_kwargs(kwargs))
-    state.regularizers = {n: frozen.regularizers[n] for n in state.weights if n in frozen.regularizers}
+    state.keep_regularizers(frozen.regularizers)
     state.keras_added_losses = frozen.added_losses
     return state
 
@@ -181,7 +181,7 @@ def from_export_folder(cls, folder: PathLike, *, storage_options=None, **kwargs)
         # exactly the named weights that exist train (statistics too, if named)
         net.state.set_trainable_names([t for t in extra["trainable"] if t in net.state.weights])
     net.keras_source = extra.get("keras_source")
-    net.state.regularizers = {n: c for n, c in extra.get("regularizers", {}).items() if n in net.state.weights}
+    net.state.keep_regularizers(extra.get("regularizers", {}))
     return net
 
 

@@ -83,8 +83,7 @@ class NetState(tf.Module):
         self.update_hooks = HookList(self.changed)
         self.onnx_source = parts.onnx_source
         self.keras_source: str | None = None
-        self.regularizers = {k: dict(v) for k, v in (parts.regularizers or {}).items() if k in self.weights}
-        self._regularizer_fns: dict[str, Callable] | None = None
+        self.keep_regularizers(parts.regularizers or {})
         self.keras_added_losses = 0
         if parts.trainable is not None:
             self.set_trainable_names([t for t in parts.trainable if t in self.weights])
@@ -246,9 +245,14 @@ class NetState(tf.Module):
             key = self.check_weight_name(name)
             if reg is not None:
                 chosen[key] = regularizers.serialized(key, reg)
-        self.regularizers = {n: chosen[n] for n in self.weights if n in chosen}
-        self._regularizer_fns = None
+        self.keep_regularizers(chosen)
         self.changed()
+
+    def keep_regularizers(self, configs: Mapping[str, Mapping]) -> None:
+        """:attr:`regularizers` from Keras's serialized ones (a source's, a saved net's), in weight order; names the
+        net lacks are skipped. The rebuilt regularizers are rebuilt again when next needed."""
+        self.regularizers = {n: dict(configs[n]) for n in self.weights if n in configs}
+        self._regularizer_fns: dict[str, Callable] | None = None
 
     def regularizer_fns(self) -> dict[str, Callable]:
         """``{weight name: regularizer}``, rebuilt from :attr:`regularizers` once.

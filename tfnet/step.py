@@ -145,6 +145,7 @@ class TrainStep:
         all_vars = net.weight_variables
         reads = {n: v.value() for n, v in all_vars.items()}
         sources = [reads[n] for n in self.names]
+        extra = penalty(net.state.regularizer_fns(), reads, self.names)  # Keras's model.losses, as fit adds them
         if net.graph.v1_loops:
             # v1 loops differentiate only in graph mode with their loop contexts rebuilt (see
             # tfnet.v1_loops): the outputs' gradient comes from the loss here, the rest from there.
@@ -155,7 +156,6 @@ class TrainStep:
             grad_raw = [tf.zeros_like(r) if g is None else g for g, r in zip(tf.gradients(loss, raw), raw)]
             vjp = net.compiled_vjp(None, True, (True,) * len(raw), inputs=False, hooks=False)
             grads = vjp(inputs, list(reads.values()), grad_raw)[:len(self.names)]
-            extra = penalty(net.state.regularizer_fns(), reads, self.names)
             if extra is not None:
                 loss = loss + extra
                 grads = [g if e is None else e if g is None else g + e
@@ -164,7 +164,6 @@ class TrainStep:
             outs = net.run_graph(inputs, list(reads.values()), training=True, differentiated=True)
             outs = net.forward_hooks.run(net.pack(outs))
             loss = tf.cast(self.loss_fn(targets, outs), tf.float32)
-            extra = penalty(net.state.regularizer_fns(), reads, self.names)  # Keras's model.losses, as fit adds them
             if extra is not None:
                 loss = loss + extra
             # The imported graph's ops are created below the Python op layer, where GradientTape

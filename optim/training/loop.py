@@ -161,7 +161,7 @@ def train(
                                                                       run.notice_at_boundary()):
                     break
         run.settle()
-        final_weights(run.net, given, run.step_fn.get_state())  # use_ema's average, as fit's end; before on_train_end
+        final_weights(run.net, given, run.step_fn.get_state)  # use_ema's average, as fit's end; before on_train_end
         if hooks is not None:
             hooks.train_end(run.last_logs())
     finally:

@@ -163,8 +163,10 @@ def state_digest(arrays: Sequence[np.ndarray]) -> str:
 def final_weights(net, method, state) -> None:
     """Gives ``net`` the weights training ends with where the method says (``use_ema``: the moving average in its
     state), as Keras's ``fit`` calls ``finalize_variable_values`` before ``on_train_end``; every rank holds the same
-    state (every-step sync), so every rank's net ends the same."""
-    fn = getattr(method, "final_weights", None)
-    weights = fn(state) if fn is not None else None
+    state (every-step sync), so every rank's net ends the same. ``state``: a function giving the optimiser state,
+    asked only for such a method (a snapshot copies all of it)."""
+    if not getattr(method, "use_ema", False):
+        return
+    weights = method.final_weights(state())
     if weights:
         net.set_weights({k: np.asarray(v) for k, v in weights.items()})
