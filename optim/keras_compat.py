@@ -7,6 +7,7 @@ import re
 from optim import losses as L
 from optim import methods
 from optim import metrics as M
+from optim import output_metrics as OM
 from optim.errors import KerasMappingError
 from tfnet import TFNet
 
@@ -104,18 +105,6 @@ def _named_metric(name: str) -> M.Metric:
     return mapped
 
 
-def _unique_names(metrics: list[M.Metric]) -> list[M.Metric]:
-    """Two metrics of one name (``AUC()`` and ``"auc"``) are told apart as Keras's compile does: ``auc``, ``auc_1``."""
-    seen: set[str] = set()
-    for m in metrics:
-        base, k = m.name, 0
-        while m.name in seen:
-            k += 1
-            m.name = f"{base}_{k}"
-        seen.add(m.name)
-    return metrics
-
-
 def map_metric(metric) -> M.Metric:
     """tfnet's own metric where it computes what the Keras metric does (its default settings), else the Keras metric
     itself (:class:`optim.metrics.KerasMetric`: an AUC, a ``Precision``, a ``BinaryAccuracy(threshold=0.7)``), so the
@@ -179,9 +168,6 @@ def from_compiled_keras(model, input_signature=None):
         loss = [None if v is None else map_loss(v) for v in loss]
     else:
         loss = map_loss(loss)
-    metrics = cfg.get("metrics") or []
-    if isinstance(metrics, dict):
-        raise KerasMappingError("Per-output metrics dicts are not mapped; pass a list of metrics.")
     _check_own_training(model)
     net = TFNet.from_keras(model, input_signature=input_signature)
     if net.state.keras_added_losses:
@@ -193,9 +179,46 @@ def from_compiled_keras(model, input_signature=None):
             "applied: net.regularizers."
         )
     net.trainable = [v.path for v in model.trainable_variables if v.path in net.weight_names]
-    weighted = cfg.get("weighted_metrics") or []
-    if isinstance(weighted, dict):
-        raise KerasMappingError("Per-output weighted metrics dicts are not mapped; pass a list.")
-    return (net, loss, map_optimizer(model.optimizer, model.trainable_variables),
-            _unique_names([map_metric(m) for m in metrics]), cfg.get("loss_weights"),
-            _unique_names([map_metric(m) for m in weighted]))
+    outputs = list(net.output_names)
+    metrics = _compiled_metrics(cfg.get("metrics"), outputs)
+    weighted = _compiled_metrics(cfg.get("weighted_metrics"), outputs)
+    return (net, loss, map_optimizer(model.optimizer, model.trainable_variables), OM.unique_names(metrics),
+            cfg.get("loss_weights"), _weighted_names(weighted, {m.name for m in metrics}, outputs))
+
+
+def _mapped(entry):
+    """One output's entry of ``compile(metrics=...)`` mapped: a metric, a list of them, or None."""
+    if entry is None:
+        return None
+    return [map_metric(m) for m in entry] if isinstance(entry, (list, tuple)) else map_metric(entry)
+
+
+def _compiled_metrics(given, outputs: list[str]) -> list[M.Metric]:
+    """``compile``'s ``metrics`` (or ``weighted_metrics``) as Keras's compile reads them: for one output, every
+    metric given (a list, or a dict's values), named as given; for several, a dict by output name or a list of one
+    entry per output, each output's metrics named ``{output}_{metric}``."""
+    if not given:
+        return []
+    if len(outputs) == 1:
+        import keras
+
+        return [map_metric(m) for m in keras.tree.flatten(given)]
+    if isinstance(given, dict):
+        mapped = {k: _mapped(v) for k, v in given.items()}
+    else:
+        mapped = [_mapped(v) for v in given]
+    try:
+        return OM.for_outputs(mapped, outputs, per_output_list=True)
+    except ValueError as exc:
+        raise KerasMappingError(str(exc)) from None
+
+
+def _weighted_names(weighted: list[M.Metric], taken: set[str], outputs: list[str]) -> list[M.Metric]:
+    """A weighted metric whose name a metric has is ``weighted_<name>`` (``score_weighted_<name>`` for an output's),
+    then ``_1``, ``_2``... as Keras's compile names them."""
+    for m in weighted:
+        if m.name in taken:
+            prefix = OM.output_label(outputs[m.output_index]) + "_" if m.output_index is not None else ""
+            m.name = f"{prefix}weighted_{m.name[len(prefix):]}"
+        OM.unique_names([m], taken)
+    return weighted

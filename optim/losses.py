@@ -31,6 +31,7 @@ __all__ = [
     "joint",
     "SampleWeighted",
     "for_outputs",
+    "output_index",
     "get",
     "LabelShapeError",
 ]
@@ -400,14 +401,18 @@ def joint(fn: Callable) -> JointLoss:
     return JointLoss(fn)
 
 
-def _output_index(key: str, names: list[str]) -> int:
+def output_index(key: str, names: list[str], where: str = "the loss or loss_weights dict") -> int:
     """The output ``key`` names: its tensor name, the name without ``:0``, or the layer it comes
-    from (``head/logits:0`` for ``logits``)."""
+    from (``head/logits:0`` for ``logits``).
+
+    Raises:
+        ValueError: no output of that name; ``where`` says which dict named it.
+    """
     for i, n in enumerate(names):
         base = n.split(":")[0]
         if key in (n, base) or base.split("/")[-1] == key or base.split("/")[0] == key:
             return i
-    raise ValueError(f"Unknown output {key!r} in the loss or loss_weights dict. Outputs: {names}")
+    raise ValueError(f"Unknown output {key!r} in {where}. Outputs: {names}")
 
 
 def for_outputs(loss, output_names: list[str], loss_weights=None) -> Loss:
@@ -427,7 +432,7 @@ def for_outputs(loss, output_names: list[str], loss_weights=None) -> Loss:
     if isinstance(loss, dict):
         losses: list = [None] * k
         for key, value in loss.items():
-            losses[_output_index(key, output_names)] = value
+            losses[output_index(key, output_names)] = value
     elif isinstance(loss, (list, tuple)):
         if len(loss) != k:
             raise ValueError(f"The loss list must have one loss per output ({k}: {output_names}). "
@@ -441,7 +446,7 @@ def for_outputs(loss, output_names: list[str], loss_weights=None) -> Loss:
     if isinstance(loss_weights, dict):
         weights = [1.0] * k
         for key, value in loss_weights.items():
-            weights[_output_index(key, output_names)] = float(value)
+            weights[output_index(key, output_names)] = float(value)
     elif loss_weights is not None:
         weights = list(loss_weights)
     return MultiOutputLoss(losses, weights, output_names)

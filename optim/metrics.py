@@ -36,6 +36,8 @@ class Metric:
 
     #: whether ``update`` takes ``sample_weight`` (every built-in metric but FunctionMetric)
     supports_weights = True
+    #: the output it follows on a net of several outputs (:mod:`optim.output_metrics`); None: the first
+    output_index: int | None = None
 
     def update(self, y_true, y_pred, sample_weight=None) -> None:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -14,11 +14,12 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from optim import losses as L
-from optim import metrics as M
+from optim import output_metrics as OM
 from optim.callbacks import Callback, run_info
 from optim.config import TrainConfig, check_callbacks
-from optim.data import as_dataset, in_input_order, resolve_batch_size
+from optim.data import as_dataset, in_input_order, in_output_order, resolve_batch_size
 from optim.data.holdout import HoldOut, check_split
+from optim.errors import DataError
 from optim.logs import console_error
 from optim.protocol import NetOutputs, RunResult, RunSummary, TrainSpec
 from optim.sync import EveryStep, check_sync
@@ -69,7 +70,11 @@ class TFOptimizer:
         optim_method: An ``optim`` method (``optim.SGD(...)``), any ``init`` / ``update``
             transformation, or a dict from a weight-name prefix or compiled regex to a method (as
             Analytics Zoo's ``optim_method`` dict). With a dict, only weights in a group train.
-        metrics: Metric names, ``optim.metrics.Metric`` objects or callables. Default: none.
+        metrics: Metric names, ``optim.metrics.Metric`` objects or callables, for the first output; or, for a net
+            of several outputs, a dict by output name of each output's (reported as ``{output}_{metric}``, as
+            Keras's ``compile`` reports them). A net with a loss on more than one output also reports each
+            output's own loss (``{output}_loss``, without its ``loss_weights`` weight), as Keras does. Default:
+            none.
         model_dir: Where checkpoints (``checkpoints/<run id>/``) and TensorBoard events
             (``tensorboard/<run id>/``) go; every ``optimize()`` call is a run with an id of its
             own, so runs sharing a ``model_dir`` never load or prune each other's files. Default:
@@ -80,18 +85,21 @@ class TFOptimizer:
             credentials are best left to the environment or an instance profile. Default: none.
         loss_weights: For several outputs: a weight per output (a list, or a dict by output name);
             the loss is their weighted sum. Default: 1.0 each.
-        weighted_metrics: Metrics weighted by the data's sample weights; those in ``metrics`` are
-            not, as in Keras's ``compile``. Default: none.
+        weighted_metrics: Metrics weighted by the data's sample weights (the same forms); those in ``metrics``
+            are not, as in Keras's ``compile``. Default: none.
     """
 
-    def __init__(self, net: TFNet, loss, optim_method, metrics: Sequence | None = None, model_dir: str | None = None,
-                 storage_options: Mapping | None = None, loss_weights=None, weighted_metrics: Sequence | None = None):
+    def __init__(self, net: TFNet, loss, optim_method, metrics: Sequence | Mapping | None = None,
+                 model_dir: str | None = None, storage_options: Mapping | None = None, loss_weights=None,
+                 weighted_metrics: Sequence | Mapping | None = None):
         if not isinstance(net, TFNet):
             raise TypeError(f"TFOptimizer trains a tfnet.TFNet. Received: {type(net).__name__}")
         self.net = net
-        self.loss = L.for_outputs(loss, list(net.output_names), loss_weights)
+        outputs = list(net.output_names)
+        self.loss = L.for_outputs(loss, outputs, loss_weights)
         warn_if_logits_to_probability_loss(loss, net)
-        self.metrics = [M.get(m) for m in (metrics or [])] + [_weighted(M.get(m)) for m in (weighted_metrics or [])]
+        self.metrics = (OM.for_outputs(metrics, outputs) + [_weighted(m) for m in OM.for_outputs(weighted_metrics, outputs)]
+                        + OM.loss_trackers(self.loss, outputs))
         self.model_dir = os.fspath(model_dir) if model_dir is not None else None
         self.storage_options = dict(storage_options) if storage_options else None
         #: What gives the logged learning rate (a method with ``learning_rate_at``), or None.
@@ -380,19 +388,26 @@ class TFOptimizer:
                          outputs=NetOutputs.of(self.net))
 
     def _dataset(self, data, batch_size, need_labels: bool = True):
-        """``as_dataset``, with features given as a dict by input name put in the net's input order, and the
+        """``as_dataset``, with features and labels given as dicts by input and output name (as Keras's ``fit``
+        takes them) put in the net's input and output order, and the
         data's columns checked against the net's inputs before any job (:meth:`~optim.data.DataAdapter.bind`)."""
         names = list(self.net.input_names)
         if isinstance(data, Mapping):
             data = in_input_order(data, names)
-        elif isinstance(data, tuple) and len(data) in (2, 3) and isinstance(data[0], Mapping):
-            data = (in_input_order(data[0], names), *data[1:])
+        elif isinstance(data, tuple) and len(data) in (2, 3):  # fit's (x, y[, w]), each dict by input or output name
+            x, y = data[0], data[1]
+            if len(data) == 3 and isinstance(data[2], Mapping):
+                raise DataError("Sample weights are one per example, for every output alike; tfnet does not take a "
+                                "dict of them by output. Received: sample weights for "
+                                f"{sorted(map(str, data[2]))}")
+            data = (in_input_order(x, names) if isinstance(x, Mapping) else x,
+                    in_output_order(y, list(self.net.output_names)) if isinstance(y, Mapping) else y, *data[2:])
         dataset = as_dataset(data, batch_size, need_labels=need_labels)
         if dataset.distributed:  # its workers import TensorFlow while this process checks and stages the data
             from optim.launch.preflight import warm_up_for
 
             warm_up_for(dataset)
-        dataset.bind(names, self.net.input_specs)
+        dataset.bind(names, self.net.input_specs, list(self.net.output_names))
         return dataset
 
     def _checked(self, dataset, on_nonfinite: str, where: str, training: bool = True):

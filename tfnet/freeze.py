@@ -339,9 +339,19 @@ def freeze_keras(model, input_signature=None) -> Frozen:
 
 
 def _output_names(model, n_out: int, returned=None) -> list[str]:
-    """The outputs' names: the model's ``output_names`` (functional models), else the name of the
+    """The outputs' names: the keys of a Functional model's dict of outputs (``keras.Model(inputs, {"score": s,
+    "vec": v})``: what its ``compile`` and ``fit`` key losses, metrics and labels by, and the history's
+    ``score_loss``), else the model's ``output_names`` (functional models), else the name of the
     layer that makes each output (a ``Sequential`` model's last layer), else the keys of a dict the model
     returned (a subclassed model's), else ``output_<i>`` (as Keras's ``model.export`` names them)."""
+    try:
+        structure = model.output if getattr(model, "outputs", None) else None
+    except (AttributeError, ValueError):  # a layer never called, or called on several inputs
+        structure = None
+    if isinstance(structure, dict) and not any(isinstance(v, (dict, list, tuple)) for v in structure.values()):
+        names = [clean_node_name(path) for path, _ in leaf_paths(structure)]  # sorted, as the frozen outputs are
+        if len(names) == n_out and len(set(names)) == n_out:
+            return names
     names = list(getattr(model, "output_names", None) or [])
     if len(names) == n_out:
         return names

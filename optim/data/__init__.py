@@ -16,8 +16,8 @@ Outside this package no code asks which kind of data it holds.
 """
 
 from optim.data.base import DataAdapter, Staged, StageHost
-from optim.data.factory import DEFAULT_BATCH_SIZE, TFDataset, as_dataset, in_input_order, resolve_batch_size
+from optim.data.factory import DEFAULT_BATCH_SIZE, TFDataset, as_dataset, in_input_order, in_output_order, resolve_batch_size
 from optim.shares import Opened, RankData, RankEnv
 
 __all__ = ["DEFAULT_BATCH_SIZE", "DataAdapter", "Opened", "RankData", "RankEnv", "StageHost", "Staged",
-           "TFDataset", "as_dataset", "in_input_order", "resolve_batch_size"]
+           "TFDataset", "as_dataset", "in_input_order", "in_output_order", "resolve_batch_size"]

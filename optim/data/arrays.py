@@ -166,7 +166,7 @@ class ArrayDataset(DataAdapter):
         """What feeds each input: ``features`` (or ``features[i]``), its type and per-row shape."""
         return array_feeds(self.features, "features")
 
-    def bind(self, input_names, input_specs) -> None:
+    def bind(self, input_names, input_specs, output_names=None) -> None:
         check_feeds(self.feeds(), list(input_names), list(input_specs))
 
     def label_kinds(self) -> list[tuple[str, str]]:

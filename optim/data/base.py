@@ -169,10 +169,11 @@ class DataAdapter:
         what the launcher warms up as soon as a call has the data (:func:`optim.launch.preflight.warm_up_for`)."""
         return self.session()
 
-    def bind(self, input_names: list[str], input_specs) -> None:
+    def bind(self, input_names: list[str], input_specs, output_names: list[str] | None = None) -> None:
         """Before any Spark job: puts the data's feature columns in the net's input order and checks them against
-        the net's inputs (names, dtypes, per-row shapes) with :func:`optim.data.checks.check_feeds`. Every road
-        implements it.
+        the net's inputs (names, dtypes, per-row shapes) with :func:`optim.data.checks.check_feeds`; a road whose
+        elements may name their labels (a ``tf.data`` input's dicts) puts them in ``output_names``' order. Every
+        road implements it.
 
         Raises:
             InputSpecError, ColumnError: what feeds the inputs does not fit them.

@@ -18,6 +18,7 @@ from optim.data.checks import Feed, check_feeds, check_present
 from optim.data.decode import TensorColumns
 from optim.data.values import check_label_types
 from optim.errors import ColumnError
+from optim.losses import output_index
 from tfnet.errors import closest_names
 
 __all__ = ["ColumnDataset", "shapes_by_column", "tensor_specs"]
@@ -80,6 +81,8 @@ class ColumnDataset(DataAdapter):
     features: list[TensorColumns]
     labels: list[TensorColumns]
     input_keys: list[str] | None = None
+    #: output names, when ``label_cols`` was a dict by output name (put in output order by :meth:`bind`)
+    output_keys: list[str] | None = None
     vectors: dict[str, str] = {}
     #: the column of sample weights (None: unweighted)
     weight: TensorColumns | None = None
@@ -89,6 +92,9 @@ class ColumnDataset(DataAdapter):
         self.input_keys = list(feature_cols) if isinstance(feature_cols, Mapping) else None
         if isinstance(feature_cols, Mapping):
             feature_cols = list(feature_cols.values())
+        self.output_keys = [str(k) for k in label_cols] if isinstance(label_cols, Mapping) else None
+        if isinstance(label_cols, Mapping):
+            label_cols = list(label_cols.values())
         shapes = shapes_by_column(feature_cols, feature_shapes)
         self.features = tensor_specs(feature_cols, shapes, "feature_cols")
         self.labels = tensor_specs(label_cols, shapes, "label_cols")
@@ -154,6 +160,27 @@ class ColumnDataset(DataAdapter):
         self.features = [by_input[n] for n in input_names]
         self.input_keys = None
 
+    def arrange_outputs(self, output_names: list[str]) -> None:
+        """Puts the label columns in the net's output order, when they were given as a dict by output name (a Keras
+        model's dict keys or output layers' names, with or without ``:0``), as Keras's ``fit`` takes labels.
+
+        Raises:
+            ColumnError: a key that names no output, or an output without a column.
+        """
+        if self.output_keys is None:
+            return
+        by_output = {}
+        for key, spec in zip(self.output_keys, self.labels):
+            try:
+                by_output[output_index(key, output_names, "label_cols")] = spec
+            except ValueError as exc:
+                raise ColumnError(str(exc)) from None
+        missing = [n for i, n in enumerate(output_names) if i not in by_output]
+        if missing:
+            raise ColumnError(f"label_cols has no column for the net's outputs {missing}. Outputs: {output_names}")
+        self.labels = [by_output[i] for i in range(len(output_names))]
+        self.output_keys = None
+
     def column_types(self) -> dict[str, str]:
         """``{column: type}`` in Spark's words (``double``, ``array<float>``, ``binary``, ``vector``), by the
         user's column names."""
@@ -188,10 +215,13 @@ class ColumnDataset(DataAdapter):
         return [(self._shown(s.name), types.get(self._shown(s.columns[0]), "other") if len(s.columns) == 1
                  else "stacked") for s in self.labels]
 
-    def bind(self, input_names, input_specs) -> None:
+    def bind(self, input_names, input_specs, output_names=None) -> None:
         """The feature columns in the net's input order (when given by input name), checked against the
-        net's inputs (:func:`~optim.data.checks.check_feeds`)."""
+        net's inputs (:func:`~optim.data.checks.check_feeds`); the label columns in its output order (when given by
+        output name)."""
         self.arrange_inputs(list(input_names))
+        if output_names is not None:
+            self.arrange_outputs(list(output_names))
         check_feeds(self.feeds(), list(input_names), list(input_specs))
 
     def checked(self, loss, net, on_nonfinite: str, where: str, training: bool = True):

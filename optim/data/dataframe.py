@@ -45,7 +45,8 @@ class DataFrameDataset(ColumnDataset):
         feature_cols: One entry per model input, in input order: a column name (numbers, or arrays
             of numbers reshaped to ``feature_shapes[col]`` per row), or a list of scalar columns
             stacked into one vector.
-        label_cols: The label column (or a list, for several labels). None for prediction.
+        label_cols: The label column (or a list in output order, for several outputs, or a dict by output name,
+            as Keras's ``fit`` takes labels). None for prediction.
         feature_shapes: ``{column: per-row shape}`` for array columns, or a list of shapes in the
             order of ``feature_cols``. Default: 1-D, as stored.
         batch_size: The global batch ``optimize`` uses by default. Default: none (32).

@@ -15,12 +15,13 @@ from optim.data.arrays import ArrayDataset
 from optim.data.base import DataAdapter
 from optim.data.dataframe import DataFrameDataset
 from optim.data.delta import DeltaDataset
+from optim.data.names import in_input_order, in_output_order
 from optim.data.parquet import ParquetDataset
 from optim.data.rdd import RDDDataset
 from optim.data.tf_data import TFDataDataset
 from optim.errors import DataError
 
-__all__ = ["DEFAULT_BATCH_SIZE", "TFDataset", "as_dataset", "in_input_order", "resolve_batch_size"]
+__all__ = ["DEFAULT_BATCH_SIZE", "TFDataset", "as_dataset", "in_input_order", "in_output_order", "resolve_batch_size"]
 
 DEFAULT_BATCH_SIZE = 32
 
@@ -91,24 +92,6 @@ class TFDataset(abc.ABC):  # noqa: B024 - a virtual base: the adapters register 
 
 
 TFDataset.register(DataAdapter)
-
-
-def in_input_order(features: dict, input_names: list[str]) -> list:
-    """Features given as a dict by input name (with or without ``:0``), as a list in input order.
-
-    Raises:
-        DataError: a key that names no input, or an input without an array.
-    """
-    by_input = {}
-    for key, value in features.items():
-        full = key if ":" in str(key) else f"{key}:0"
-        if full not in input_names:
-            raise DataError(f"The features name input {key!r}, which the net does not have. Inputs: {input_names}")
-        by_input[full] = value
-    missing = [n for n in input_names if n not in by_input]
-    if missing:
-        raise DataError(f"The features dict has no array for the net's inputs {missing}. Inputs: {input_names}")
-    return [by_input[n] for n in input_names]
 
 
 def resolve_batch_size(dataset: DataAdapter, batch_size: int | None) -> int:

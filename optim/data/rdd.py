@@ -49,7 +49,7 @@ class RDDDataset(DataAdapter):
             self._sample = list(self.rdd.take(1))
         return RecordShard()(self._sample, 0, presharded=False) if self._sample else None
 
-    def bind(self, input_names, input_specs) -> None:
+    def bind(self, input_names, input_specs, output_names=None) -> None:
         """The first record's features against the net's inputs, as numpy arrays of them would be checked."""
         sample = self.sample()
         if sample is not None:

@@ -20,6 +20,7 @@ from optim.carriers import Carrier, InPlan
 from optim.data.arrays import ArrayDataset
 from optim.data.base import Batch, DataAdapter, Staged
 from optim.data.checks import Feed, array_type, check_feeds
+from optim.data.names import in_input_order, in_output_order
 from optim.data.values import check_label_types, finite_batch
 from optim.errors import DataError, NonFiniteInputError
 from optim.losses import SampleWeighted
@@ -50,6 +51,8 @@ class TFDataDataset(DataAdapter):
     nonfinite_where: str = "the data"
     #: the net's ``(input names, input specs)`` once bound; a function's dataset is checked against them when built
     bound_inputs: tuple | None = None
+    #: the net's output names once bound: a dict of labels is read in their order
+    bound_outputs: list | None = None
     #: ``(loss, output names, where)`` once checked; a function's dataset's labels are checked with them when built
     bound_labels: tuple | None = None
     nonfinite_per_epoch: bool = True
@@ -131,10 +134,11 @@ class TFDataDataset(DataAdapter):
         n = int(self.dataset(rank, size).cardinality())
         return n if n >= 0 else None
 
-    def bind(self, input_names, input_specs) -> None:
+    def bind(self, input_names, input_specs, output_names=None) -> None:
         """The features of the ``element_spec`` against the net's inputs (here for a dataset given; for a function,
-        where it builds one)."""
+        where it builds one); an element's dicts are read by the inputs' and the outputs' names from then on."""
         self.bound_inputs = (list(input_names), list(input_specs))
+        self.bound_outputs = None if output_names is None else list(output_names)
         if self.given is not None:
             self._check_spec(self.given.element_spec)
 
@@ -156,7 +160,7 @@ class TFDataDataset(DataAdapter):
 
     def _check_spec(self, element_spec) -> None:
         """The checks :meth:`bind` and :meth:`checked` arranged, on an ``element_spec``."""
-        features, labels = _split_element(element_spec)
+        features, labels = self.split(element_spec)
         if self.bound_inputs is not None:
             check_feeds(spec_feeds(features, "features"), *self.bound_inputs)
         if self.bound_labels is not None and labels is not None:
@@ -214,9 +218,14 @@ class TFDataDataset(DataAdapter):
             ds = ds.skip(skip)
         if self.on_nonfinite is None:
             for element in ds:
-                yield _split_element(element)
+                yield self.split(element)
             return
         yield from self._checked_batches(ds, None if steps is None else steps - skip, epoch, skip, rank, size)
+
+    def split(self, element) -> Batch:
+        """:func:`_split_element` in the bound net's input and output order."""
+        inputs = self.bound_inputs[0] if self.bound_inputs is not None else None
+        return _split_element(element, inputs, self.bound_outputs)
 
     def _checked_batches(self, ds, want: int | None, epoch: int, skip: int, rank: int, size: int) -> Iterator[Batch]:
         """``want`` batches (all, when None) with NaN and Inf checked; a batch with no row left is
@@ -228,7 +237,7 @@ class TFDataDataset(DataAdapter):
             return
         for b, element in enumerate(ds, start=skip + 1):
             where = f"{self.nonfinite_where}: batch {b}{of_epoch}{on_rank}"
-            batch = finite_batch(*_split_element(element), self.on_nonfinite, where)
+            batch = finite_batch(*self.split(element), self.on_nonfinite, where)
             if batch is None:
                 empty += 1
                 if want is not None and empty >= self.MAX_EMPTY_BATCHES:
@@ -285,7 +294,10 @@ def spec_feeds(specs: list, what: str) -> list[Feed]:
     return [Feed(n, spec_type(s), _row_shape(s), declared=_row_shape(s) is not None) for n, s in zip(names, specs)]
 
 
-def _split_element(element) -> Batch:
+def _split_element(element, inputs: list | None = None, outputs: list | None = None) -> Batch:
+    """``(features, labels)`` of one element (or its spec): features given as a dict by input name in ``inputs``'
+    order, labels given as a dict by output name in ``outputs``' order, as Keras's ``fit`` reads a dataset's dicts
+    (without names, a dict in its own order)."""
     if isinstance(element, (tuple, list)) and len(element) == 2:
         features, labels = element
     elif isinstance(element, (tuple, list)) and len(element) == 3:  # (x, y, sample_weight), as Keras takes it
@@ -293,8 +305,13 @@ def _split_element(element) -> Batch:
     else:
         features, labels = element, None
     if isinstance(features, dict):
-        features = list(features.values())
+        features = in_input_order(features, inputs) if inputs else list(features.values())
     features = list(features) if isinstance(features, (tuple, list)) else [features]
+    if outputs:
+        by_name = labels.labels if isinstance(labels, SampleWeighted) else labels
+        if isinstance(by_name, dict):
+            ordered = in_output_order(by_name, outputs)
+            labels = SampleWeighted(ordered, labels.weights) if isinstance(labels, SampleWeighted) else ordered
     return features, labels
 
 
@@ -338,8 +355,16 @@ def _collected(val: TFDataDataset, limit: int) -> ArrayDataset:
                 "too much to collect to the driver and send to every rank. Give TFDataset.from_tf_data(fn) instead, "
                 "with fn(rank, size) building each rank's shard of it (for example from files every host reads), or "
                 "a DataFrame.")
-        parts.append(element)
+        parts.append(val.split(element))  # dicts by input or output name in the net's order
     if not parts:
         raise TypeError("The tf.data.Dataset given as distributed validation_data is empty.")
-    joined = tf.nest.map_structure(lambda *xs: np.concatenate(xs, axis=0), *parts)
-    return ArrayDataset.from_tensors(tuple(joined) if isinstance(joined, (tuple, list)) else joined)
+    features = [np.concatenate(xs, axis=0) for xs in zip(*(f for f, _ in parts))]
+    labels = [y for _, y in parts]
+    if labels[0] is None:
+        return ArrayDataset.from_tensors(features)
+    weights = None
+    if isinstance(labels[0], SampleWeighted):
+        weights = np.concatenate([np.asarray(y.weights) for y in labels], axis=0)
+        labels = [y.labels for y in labels]
+    joined = tf.nest.map_structure(lambda *xs: np.concatenate(xs, axis=0), *labels)
+    return ArrayDataset.from_tensors((features, joined) if weights is None else (features, joined, weights))

@@ -12,31 +12,29 @@ import tensorflow as tf
 from optim import losses as L
 from optim import metrics as M
 from optim.data.base import DataAdapter as TFDataset
+from optim.training.checks import check_batch_labels
 from optim.training.collective import Collective, LocalCollective
 from optim.training.liveness import Liveness
 
 __all__ = ["Accumulators", "accumulate", "batch_len", "evaluate", "logs_from_states", "metrics_copy", "update_metrics"]
 
 
-def _first(outputs):
-    return outputs[0] if isinstance(outputs, (list, tuple)) else outputs
-
-
 def update_metrics(metrics: Sequence[M.Metric], labels, outputs) -> None:
-    """Updates each metric with the first output and its labels (the metrics follow the first
-    output); the weighted metrics (``weighted_metrics``, as Keras's) by the sample weights when the
-    data has them, the others unweighted, as Keras does."""
+    """Updates each metric with its output and that output's labels (``output_index``; the first output where it
+    has none); the weighted metrics (``weighted_metrics``, as Keras's, and each output's loss) by the sample weights
+    when the data has them, the others unweighted, as Keras does."""
     weights = None
     if isinstance(labels, L.SampleWeighted):
         labels, weights = labels.labels, np.asarray(labels.weights)
-    if isinstance(outputs, (list, tuple)) and isinstance(labels, (list, tuple)):
-        labels = labels[0]
-    out = _first(outputs)
+    several = isinstance(outputs, (list, tuple))
     for m in metrics:
+        i = m.output_index or 0
+        out = outputs[i] if several else outputs
+        y = labels[i] if several and isinstance(labels, (list, tuple)) else labels
         if weights is None or not getattr(m, "weighted", False):
-            m.update(labels, out)
+            m.update(y, out)
         else:
-            m.update(labels, out, sample_weight=weights)
+            m.update(y, out, sample_weight=weights)
 
 
 def batch_len(features) -> int:
@@ -83,10 +81,14 @@ def accumulate(net, loss: L.Loss, metrics: Sequence[M.Metric], data: TFDataset, 
     acc = Accumulators(metrics)
     # the weights' regularizers, as Keras's evaluate adds model.losses to each batch's loss (the weights stay put)
     extra = float(net.regularization_loss()) if net.regularizers else 0.0
+    checked = False
     for features, labels in data.batches(batch_size, shuffle=False, rank=rank, size=size):
         n = batch_len(features)
         if n == 0:
             continue
+        if not checked:  # the labels' number and shapes against the outputs, as before a first training step
+            check_batch_labels(loss, labels, net, n, metrics)
+            checked = True
         outputs = net.forward(features, as_tensors=True)
         labels_t = tf.nest.map_structure(tf.convert_to_tensor, labels)
         acc.loss.update_value(float(loss(labels_t, outputs)) + extra, n)

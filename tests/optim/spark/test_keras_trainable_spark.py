@@ -2,7 +2,7 @@
 local[2] Spark with Horovod over Gloo equal Keras's own ``fit`` on the same global batches, in both phases, and only
 the head's bytes are allreduced while the base is frozen; weight regularizers as fit adds them. A compiled subclassed
 model, too, with a per-example loss function, a Keras metric merged over the ranks and the weights' moving average
-(use_ema)."""
+(use_ema). And Keras's guide's model of several inputs and outputs, given as dicts by name."""
 
 import numpy as np
 import pytest
@@ -79,3 +79,54 @@ def test_a_compiled_subclassed_model_on_two_ranks_trains_as_keras_fit(spark):
     assert max_diff(opt.net, want) < 1e-6
     np.testing.assert_allclose(ours["xent"], theirs["xent"], rtol=1e-6)
     assert float(np.abs(want["cnn/conv/kernel"] - model.get_layer("conv").kernel.numpy()).max()) > 1e-4  # it trained
+
+
+def test_the_guides_model_of_dicts_on_two_ranks_reports_as_keras_fit(spark):
+    """Keras's guide's ticket model (three inputs, a dict of two outputs, losses, loss weights and metrics by output
+    name), trained over two ranks on dicts of arrays and validated on a ``tf.data`` input of dicts in another order
+    (collected and sent to the ranks): each output's loss and metrics (a Keras AUC among them, merged over the ranks)
+    and the weights as fit gives them on the same global batches."""
+    import keras
+    import tensorflow as tf
+
+    from tests.optim.test_keras_multi_output import DEPARTMENT, PRIORITY, X, Y, assert_history_equal, guide_model
+
+    metrics = {"priority": [keras.metrics.AUC(name="auc")], "department": ["accuracy"]}
+    order = as_two_ranks_see_it(np.arange(len(PRIORITY)), np.arange(len(PRIORITY)), 16)[0]
+    reference = guide_model(metrics)
+    # whole batches: Keras's traced step weighs each batch's per-output loss alike (tests/optim/test_keras_multi_output.py)
+    val = ({"tags": X["tags"][:32], "body": X["body"][:32], "title": X["title"][:32]},
+           {"department": DEPARTMENT[:32], "priority": PRIORITY[:32]})
+    theirs = reference.fit({k: v[order] for k, v in X.items()}, {k: v[order] for k, v in Y.items()}, batch_size=16,
+                           epochs=2, shuffle=False, verbose=0, validation_data=val).history
+    opt = TFOptimizer.from_keras(guide_model(metrics))
+    ours = opt.optimize((X, Y), batch_size=16, epochs=2, shuffle=False, num_workers=2, verbose=0,
+                        validation_data=tf.data.Dataset.from_tensor_slices(val).batch(8))
+    assert {"priority_loss", "department_loss", "priority_auc", "val_department_accuracy"} <= set(theirs)
+    assert_history_equal(ours, theirs)
+    want = {v.path: v.numpy() for v in reference.trainable_variables}
+    assert max(float(np.abs(opt.net.get_weights()[k] - w).max()) for k, w in want.items()) < 2e-6
+
+
+def test_label_columns_by_output_name_over_spark(spark):
+    """A DataFrame's label columns given as a dict by output name, in another order than the outputs (and the feature
+    columns by input name): evaluated over Spark, one task per partition, as the numpy dicts are here."""
+    from optim import TFDataset
+    from optim.errors import ColumnError, LabelShapeError
+    from tests.optim.test_keras_multi_output import X, Y, guide_model
+
+    rows = [(X["title"][i].tolist(), X["body"][i].tolist(), X["tags"][i].tolist(), float(Y["priority"][i, 0]),
+             Y["department"][i].tolist()) for i in range(len(Y["priority"]))]
+    df = spark.createDataFrame(rows, "t array<float>, b array<float>, g array<float>, p double, d array<float>")
+    opt = TFOptimizer.from_keras(guide_model())
+    data = TFDataset.from_dataframe(df.repartition(3), {"tags": "g", "title": "t", "body": "b"},
+                                    label_cols={"priority": "p", "department": "d"})
+    distributed = opt.evaluate(data, batch_size=16)
+    local = opt.evaluate((X, Y), batch_size=16)
+    for key in ("loss", "priority_loss", "department_loss"):
+        np.testing.assert_allclose(distributed[key], local[key], rtol=1e-6, err_msg=key)
+    with pytest.raises(LabelShapeError, match=r"Output department:0: CategoricalCrossentropy .* \(16, 3\)"):
+        opt.evaluate(TFDataset.from_dataframe(df, {"tags": "g", "title": "t", "body": "b"}, label_cols=["p", "d"]),
+                     batch_size=16)  # a list in the wrong order: before, TensorFlow's broadcast error through Py4J
+    with pytest.raises(ColumnError, match="no column for the net's outputs"):
+        opt.evaluate(TFDataset.from_dataframe(df, {"tags": "g", "title": "t", "body": "b"}, label_cols={"department": "d"}))
