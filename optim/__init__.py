@@ -2,7 +2,8 @@
 
 * update rules as pure, composable transformations (``optim.transforms``), packaged as methods:
   :class:`SGD`, :class:`Adam`, :class:`AdamW`, :class:`RMSprop`, :class:`Adagrad`, :class:`Adamax`, :class:`Nadam`,
-  :class:`Lion`, :class:`LARS`;
+  :class:`Lion`, :class:`Adadelta`, :class:`Lamb`, :class:`Adafactor`, :class:`Ftrl`,
+  :class:`ScheduleFreeAdamW`, :class:`Muon`, :class:`LARS`;
 * learning-rate schedules (``optim.schedules``), losses (``optim.losses``), metrics
   (``optim.metrics``), every error (``optim.errors``);
 * :class:`TFOptimizer`, which trains a TFNet on one worker (``optim.training``) or over Spark
@@ -43,6 +44,12 @@ _EXPORTS = {
     "Adamax": "optim.methods",
     "Nadam": "optim.methods",
     "Lion": "optim.methods",
+    "Adadelta": "optim.methods",
+    "Lamb": "optim.methods",
+    "Adafactor": "optim.methods",
+    "Ftrl": "optim.methods",
+    "ScheduleFreeAdamW": "optim.methods",
+    "Muon": "optim.methods",
     "LARS": "optim.methods",
     "Method": "optim.methods",
     "EveryStep": "optim.sync",

@@ -32,6 +32,13 @@ def _excluded_from_weight_decay(opt, variables) -> str | None:
     return "^(?:" + "|".join(re.escape(n) for n in names) + ")$" if names else None
 
 
+def _adamw_weights(opt, variables) -> str:
+    """The variables (by path) Keras's ``Muon`` steps with AdamW, decided by its own ``_should_use_adamw`` (rank, an
+    embedding's, ``exclude_layers``), as one anchored pattern (one that matches nothing where there are none)."""
+    names = [v.path for v in variables if opt._should_use_adamw(v)]
+    return "^(?:" + "|".join(re.escape(n) for n in names) + ")$" if names else "(?!)"
+
+
 def map_optimizer(opt, variables=()) -> methods.Method:
     """tfnet's method for a Keras optimiser; ``variables``: the model's trainable variables (for the weights its weight
     decay leaves out)."""
@@ -46,7 +53,7 @@ def map_optimizer(opt, variables=()) -> methods.Method:
         common.update(use_ema=True, ema_momentum=cfg["ema_momentum"], ema_overwrite_frequency=cfg["ema_overwrite_frequency"])
     lr = _learning_rate(opt)
     wd = cfg.get("weight_decay")
-    if wd:
+    if wd or cfg.get("adam_weight_decay"):
         common["exclude_from_weight_decay"] = _excluded_from_weight_decay(opt, variables)
     kinds = {
         keras.optimizers.SGD: lambda: methods.SGD(lr, cfg["momentum"], cfg["nesterov"], weight_decay=wd, **common),
@@ -63,6 +70,23 @@ def map_optimizer(opt, variables=()) -> methods.Method:
         keras.optimizers.Nadam: lambda: methods.Nadam(lr, cfg["beta_1"], cfg["beta_2"], cfg["epsilon"],
                                                       weight_decay=wd, **common),
         keras.optimizers.Lion: lambda: methods.Lion(lr, cfg["beta_1"], cfg["beta_2"], weight_decay=wd, **common),
+        keras.optimizers.Adadelta: lambda: methods.Adadelta(lr, cfg["rho"], cfg["epsilon"], weight_decay=wd, **common),
+        keras.optimizers.Lamb: lambda: methods.Lamb(lr, cfg["beta_1"], cfg["beta_2"], cfg["epsilon"], weight_decay=wd,
+                                                    **common),
+        keras.optimizers.Adafactor: lambda: methods.Adafactor(lr, cfg["beta_2_decay"], cfg["epsilon_1"],
+                                                              cfg["epsilon_2"], cfg["clip_threshold"],
+                                                              cfg["relative_step"], weight_decay=wd, **common),
+        keras.optimizers.ScheduleFreeAdamW: lambda: methods.ScheduleFreeAdamW(
+            lr, cfg["beta_1"], cfg["beta_2"], cfg["epsilon"], cfg["warmup_steps"], weight_decay=wd, **common),
+        keras.optimizers.Muon: lambda: methods.Muon(
+            lr, cfg["adam_beta_1"], cfg["adam_beta_2"], cfg["adam_weight_decay"], cfg["epsilon"], wd,
+            adam_lr_ratio=cfg["adam_lr_ratio"], momentum=cfg["momentum"], ns_steps=cfg["ns_steps"],
+            nesterov=cfg["nesterov"], rms_rate=cfg["rms_rate"], muon_a=cfg["muon_a"], muon_b=cfg["muon_b"],
+            muon_c=cfg["muon_c"], adamw_weights=_adamw_weights(opt, variables), **common),
+        keras.optimizers.Ftrl: lambda: methods.Ftrl(lr, cfg["learning_rate_power"], cfg["initial_accumulator_value"],
+                                                    cfg["l1_regularization_strength"], cfg["l2_regularization_strength"],
+                                                    cfg["l2_shrinkage_regularization_strength"], cfg["beta"],
+                                                    weight_decay=wd, **common),
     }
     make = kinds.get(type(opt))
     if make is None:

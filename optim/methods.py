@@ -28,7 +28,8 @@ import tensorflow as tf
 
 from optim import transforms as T
 
-__all__ = ["Method", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "Nadam", "Lion", "LARS"]
+__all__ = ["Method", "SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "Nadam", "Lion", "Lamb",
+           "Adafactor", "Ftrl", "ScheduleFreeAdamW", "Muon", "LARS"]
 
 
 class Method:
@@ -71,7 +72,7 @@ class Method:
 
     def _finish(self, direction, momentum, *, clipnorm, clipvalue, global_clipnorm, l2, weight_decay, config,
                 exclude_from_weight_decay=None, gradient_accumulation_steps=None, use_ema=False, ema_momentum=0.99,
-                ema_overwrite_frequency=None):
+                ema_overwrite_frequency=None, rate_inside=False):
         if sum(x is not None for x in (clipnorm, clipvalue, global_clipnorm)) > 1:
             raise ValueError(
                 "Give at most one of `clipnorm`, `clipvalue` and `global_clipnorm`. Received: "
@@ -90,15 +91,20 @@ class Method:
             parts.append(T.clip_by_global_norm(global_clipnorm))
         if l2:
             parts.append(T.add_decayed_weights(l2))
-        parts.extend(direction)
         decayed = _decay_mask(exclude_from_weight_decay)
-        if weight_decay and momentum is None:
-            parts.append(T.add_decayed_weights(weight_decay, decayed))
-        parts.append(T.scale_by_learning_rate(rate))
-        if momentum is not None:
-            parts.append(momentum)
-            if weight_decay:
-                parts.append(T.decoupled_weight_decay(weight_decay, rate, decayed))
+        #: whether the update is the rate times what does not depend on it, so that a callback may scale it
+        self.scales_with_rate = not rate_inside and not (callable(direction) and weight_decay)
+        if callable(direction):  # a rule that reads the weights after the step's decay (Lamb's, Adafactor's)
+            direction = direction(rate, (weight_decay, rate, decayed))
+        parts.extend(direction)
+        if not rate_inside:  # else the rule's update is the whole step, its rate and decay in it (Adafactor's)
+            if weight_decay and momentum is None:
+                parts.append(T.add_decayed_weights(weight_decay, decayed))
+            parts.append(T.scale_by_learning_rate(rate))
+            if momentum is not None:
+                parts.append(momentum)
+                if weight_decay:
+                    parts.append(T.decoupled_weight_decay(weight_decay, rate, decayed))
         self._chain = T.chain(*parts)
         if gradient_accumulation_steps is not None:
             self._chain = T.accumulate_gradients(self._chain, gradient_accumulation_steps)
@@ -278,6 +284,156 @@ class Lion(Method):
             [T.scale_by_lion(beta_1, beta_2)], None, **c,
             config=dict(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2,
                         **{k: v for k, v in c.items() if v is not None}),
+        )
+
+
+class Adadelta(Method):
+    """Adadelta (Keras 3 formula): ``chain(scale_by_adadelta(rho, epsilon), scale_by_learning_rate(lr))``. Defaults:
+    learning_rate 0.001, rho 0.95, epsilon 1e-7."""
+
+    def __init__(self, learning_rate=0.001, rho=0.95, epsilon=1e-7, **kwargs):
+        self.learning_rate = learning_rate
+        c = _common(kwargs)
+        self._finish(
+            [T.scale_by_adadelta(rho, epsilon)], None, **c,
+            config=dict(learning_rate=learning_rate, rho=rho, epsilon=epsilon,
+                        **{k: v for k, v in c.items() if v is not None}),
+        )
+
+
+class Lamb(Method):
+    """Lamb (You et al., 2019; Keras 3 formula): ``chain(scale_by_lamb(beta_1, beta_2, epsilon),
+    scale_by_learning_rate(lr))``, Adam's direction scaled per weight by ``||w|| / ||d||``, the weights read after the
+    step's ``weight_decay`` as Keras reads them. Defaults: learning_rate 0.001, beta_1 0.9, beta_2 0.999, epsilon 1e-6."""
+
+    def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-6, **kwargs):
+        self.learning_rate = learning_rate
+        c = _common(kwargs)
+        self._finish(
+            lambda rate, decay: [T.scale_by_lamb(beta_1, beta_2, epsilon, decay)], None, **c,
+            config=dict(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
+                        **{k: v for k, v in c.items() if v is not None}),
+        )
+
+
+class Adafactor(Method):
+    """Adafactor (Shazeer and Stern, 2018; Keras 3 formula): a matrix's second moment kept as its row and column
+    means, a step relative to the weights' RMS, ``min(lr, 1 / sqrt(t))`` its rate, the update clipped to an RMS of
+    ``clip_threshold``. Defaults as Keras's: learning_rate 0.001, beta_2_decay -0.8, epsilon_1 1e-30, epsilon_2 1e-3,
+    clip_threshold 1.0, relative_step True (Keras's step reads ``min(lr, 1 / sqrt(t))`` either way).
+
+    Raises:
+        ValueError: ``gradient_accumulation_steps`` (not mapped for it).
+    """
+
+    def __init__(self, learning_rate=0.001, beta_2_decay=-0.8, epsilon_1=1e-30, epsilon_2=1e-3, clip_threshold=1.0,
+                 relative_step=True, **kwargs):
+        self.learning_rate = learning_rate
+        c = _common(kwargs)
+        _no_accumulation(c, "Adafactor")
+        self._finish(
+            lambda rate, decay: [T.adafactor(rate, beta_2_decay, epsilon_1, epsilon_2, clip_threshold, decay)], None,
+            **c, rate_inside=True,
+            config=dict(learning_rate=learning_rate, beta_2_decay=beta_2_decay, epsilon_1=epsilon_1,
+                        epsilon_2=epsilon_2, clip_threshold=clip_threshold, relative_step=relative_step,
+                        **{k: v for k, v in c.items() if v is not None}),
+        )
+
+
+class Ftrl(Method):
+    """FTRL-proximal (McMahan et al., 2013; Keras 3 formula), for wide and sparse linear models: the weights solved
+    from an accumulated linear term, with ``l1_regularization_strength``, ``l2_regularization_strength``,
+    ``l2_shrinkage_regularization_strength`` and ``beta``. Defaults as Keras's: learning_rate 0.001,
+    learning_rate_power -0.5, initial_accumulator_value 0.1, the rest 0.
+
+    Raises:
+        ValueError: ``gradient_accumulation_steps`` (not mapped for it).
+    """
+
+    def __init__(self, learning_rate=0.001, learning_rate_power=-0.5, initial_accumulator_value=0.1,
+                 l1_regularization_strength=0.0, l2_regularization_strength=0.0,
+                 l2_shrinkage_regularization_strength=0.0, beta=0.0, **kwargs):
+        self.learning_rate = learning_rate
+        c = _common(kwargs)
+        _no_accumulation(c, "Ftrl")
+        self._finish(
+            lambda rate, decay: [T.ftrl(rate, learning_rate_power, initial_accumulator_value, l1_regularization_strength,
+                                        l2_regularization_strength, l2_shrinkage_regularization_strength, beta, decay)],
+            None, **c, rate_inside=True,
+            config=dict(learning_rate=learning_rate, learning_rate_power=learning_rate_power,
+                        initial_accumulator_value=initial_accumulator_value,
+                        l1_regularization_strength=l1_regularization_strength,
+                        l2_regularization_strength=l2_regularization_strength,
+                        l2_shrinkage_regularization_strength=l2_shrinkage_regularization_strength, beta=beta,
+                        **{k: v for k, v in c.items() if v is not None}),
+        )
+
+
+def _no_accumulation(c, name):
+    if c["gradient_accumulation_steps"] is not None:
+        raise ValueError(f"tfnet does not map `gradient_accumulation_steps` for {name}. Received: "
+                         f"gradient_accumulation_steps={c['gradient_accumulation_steps']}")
+
+
+class ScheduleFreeAdamW(Method):
+    """Schedule-free AdamW (Defazio et al., 2024; Keras 3 formula): no schedule needed, the weights an interpolation
+    of Adam-stepped iterates and their running average, ``warmup_steps`` of linear warm-up. Defaults as Keras's:
+    learning_rate 0.0025, beta_1 0.9, beta_2 0.999, epsilon 1e-8, warmup_steps 0.
+
+    Raises:
+        ValueError: ``gradient_accumulation_steps`` (not mapped for it).
+    """
+
+    def __init__(self, learning_rate=0.0025, beta_1=0.9, beta_2=0.999, epsilon=1e-8, warmup_steps=0, **kwargs):
+        self.learning_rate = learning_rate
+        c = _common(kwargs)
+        _no_accumulation(c, "ScheduleFreeAdamW")
+        self._finish(
+            lambda rate, decay: [T.schedule_free_adamw(rate, beta_1, beta_2, epsilon, warmup_steps, decay)], None,
+            **c, rate_inside=True,
+            config=dict(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
+                        warmup_steps=warmup_steps, **{k: v for k, v in c.items() if v is not None}),
+        )
+
+
+class Muon(Method):
+    """Muon (Jordan et al., 2024; Keras 3 formula): each matrix's Nesterov momentum orthogonalised (Newton-Schulz),
+    scaled by ``sqrt(max(rows, cols)) * rms_rate``; the other weights (not of rank 2, embeddings with
+    ``exclude_embeddings``, names ``exclude_layers`` searches; or exactly ``adamw_weights``, a regular expression)
+    take AdamW's step at ``learning_rate * adam_lr_ratio`` with ``adam_weight_decay``. Defaults as Keras's.
+
+    Raises:
+        ValueError: ``gradient_accumulation_steps`` (not mapped for it).
+    """
+
+    def __init__(self, learning_rate=0.001, adam_beta_1=0.9, adam_beta_2=0.999, adam_weight_decay=0.004,
+                 epsilon=1e-7, weight_decay=0.004, exclude_layers=None, exclude_embeddings=True, muon_a=3.4445,
+                 muon_b=-4.7750, muon_c=2.0315, adam_lr_ratio=1.0, momentum=0.95, ns_steps=5, nesterov=True,
+                 rms_rate=0.2, adamw_weights=None, **kwargs):
+        self.learning_rate = learning_rate
+        c = _common({**kwargs, "weight_decay": weight_decay})
+        _no_accumulation(c, "Muon")
+        layers = [re.compile(p) for p in (exclude_layers or [])]
+        chosen = re.compile(adamw_weights) if isinstance(adamw_weights, str) else adamw_weights
+
+        def adamw(name, shape):  # Keras's _should_use_adamw, on tfnet's weight names (Keras's paths)
+            if chosen is not None:
+                return chosen.search(name) is not None
+            return (shape.rank != 2 or (exclude_embeddings and "embedding" in name.lower())
+                    or any(p.search(name) for p in layers))
+
+        def rule(rate, decay):
+            adam_decay = (adam_weight_decay, rate, decay[2]) if adam_weight_decay else None
+            return [T.muon(rate, adamw, adam_beta_1, adam_beta_2, epsilon, adam_lr_ratio, momentum, ns_steps, nesterov,
+                           rms_rate, (muon_a, muon_b, muon_c), decay, adam_decay)]
+
+        self._finish(
+            rule, None, **c, rate_inside=True,
+            config=dict(learning_rate=learning_rate, adam_beta_1=adam_beta_1, adam_beta_2=adam_beta_2,
+                        adam_weight_decay=adam_weight_decay, epsilon=epsilon, exclude_layers=exclude_layers,
+                        exclude_embeddings=exclude_embeddings, muon_a=muon_a, muon_b=muon_b, muon_c=muon_c,
+                        adam_lr_ratio=adam_lr_ratio, momentum=momentum, ns_steps=ns_steps, nesterov=nesterov,
+                        rms_rate=rms_rate, **{k: v for k, v in c.items() if v is not None}),
         )
 
 

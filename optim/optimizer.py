@@ -268,7 +268,7 @@ class TFOptimizer:
                 callbacks = callback_list(callbacks)
                 ours = [c for c in callbacks if isinstance(c, Callback)]  # run here, not in the loop
                 keras = plan_keras_callbacks([c for c in callbacks if not isinstance(c, Callback)], self.net,
-                                             self.model_dir)
+                                             self.model_dir, self.method)
                 config = self._config(epochs=epochs, batch_size=batch_size, shuffle=shuffle, seed=seed,
                                       validate_every=validate_every,
                                       checkpoint_every=checkpoint_every or keras.checkpoint_every,

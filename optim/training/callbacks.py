@@ -97,7 +97,14 @@ class _OptimizerView:
     @learning_rate.setter
     def learning_rate(self, value) -> None:
         base = self._view.rate.base_rate(self._view.step)
-        self._view.rate.scale.assign(float(value) / base if base else 1.0)
+        scale = float(value) / base if base else 1.0
+        method = self._view.rate.method
+        if scale != 1.0 and not getattr(method, "scales_with_rate", True):
+            raise TypeError(f"A callback set the learning rate of {type(method).__name__}, whose update is not its "
+                            "rate times a direction (the rate or the weight decay inside it), so tfnet cannot scale "
+                            "it as Keras would: give the method a schedule (optim.schedules) instead of "
+                            "ReduceLROnPlateau or LearningRateScheduler.")
+        self._view.rate.scale.assign(scale)
 
 
 class ModelView:

@@ -54,8 +54,9 @@ def _keras_kind(cb) -> str | None:
     return cls.__name__ if cls.__module__.startswith("keras.") else None
 
 
-def plan_keras_callbacks(callbacks: list, net, model_dir: str | None) -> KerasCallbackPlan:
-    """Sorts ``callbacks`` (Keras's and the user's) into those to call and the settings tfnet takes from the rest.
+def plan_keras_callbacks(callbacks: list, net, model_dir: str | None, method=None) -> KerasCallbackPlan:
+    """Sorts ``callbacks`` (Keras's and the user's) into those to call and the settings tfnet takes from the rest;
+    ``method``: the optimisation method, whose rate a callback may set.
 
     Raises:
         UnsupportedCallbackError: a callback tfnet cannot run as ``fit`` does, naming it and what to use.
@@ -65,6 +66,11 @@ def plan_keras_callbacks(callbacks: list, net, model_dir: str | None) -> KerasCa
         kind = _keras_kind(cb)
         if kind in _REFUSED:
             raise UnsupportedCallbackError(f"keras.callbacks.{kind} does not run with tfnet: {_REFUSED[kind]}.")
+        if kind in ("ReduceLROnPlateau", "LearningRateScheduler") and not getattr(method, "scales_with_rate", True):
+            raise UnsupportedCallbackError(
+                f"keras.callbacks.{kind} sets the learning rate, and the update of {type(method).__name__} is not its "
+                "rate times a direction (the rate or the weight decay is inside it), so tfnet cannot scale it as Keras "
+                "would: give the method a schedule (optim.schedules, or a Keras LearningRateSchedule) instead.")
         if kind == "ModelCheckpoint" and not getattr(net, "keras_source", None):
             raise UnsupportedCallbackError(
                 "keras.callbacks.ModelCheckpoint writes Keras's own files, and this net has no Keras model behind it "

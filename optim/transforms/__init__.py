@@ -12,6 +12,9 @@ A transformation is a pair of pure functions::
 
 * ``base``: the contract, :func:`chain`, :func:`identity`, :func:`set_to_zero`, argument checks;
 * ``adaptive``: Lion's, Adamax's and Nadam's directions (``scale_by_lion``, ``scale_by_adamax``, ``scale_by_nadam``);
+* ``relative``: Adadelta's and Lamb's directions, Adafactor's and FTRL's updates (``scale_by_adadelta``,
+  ``scale_by_lamb``, ``adafactor``, ``ftrl``), the last three reading the weights;
+* ``keras_recent``: schedule-free AdamW's and Muon's updates (``schedule_free_adamw``, ``muon``);
 * ``scale``: directions and scales (``scale_by_adam``, ``scale_by_rms``, ``scale_by_adagrad``,
   ``scale_by_trust_ratio``, ``scale_by_learning_rate``, ``trace``);
 * ``clipping``, ``weight_decay``, ``partitioning`` (per-group transforms: :func:`partition`).
@@ -40,7 +43,18 @@ from optim.transforms.base import (
 )
 from optim.transforms.clipping import clip, clip_by_global_norm, clip_by_norm
 from optim.transforms.ema import EmaState, weight_average
+from optim.transforms.keras_recent import MuonState, ScheduleFreeState, muon, schedule_free_adamw
 from optim.transforms.partitioning import PartitionState, assign_groups, matcher, partition
+from optim.transforms.relative import (
+    AdafactorState,
+    FtrlState,
+    ScaleByAdadeltaState,
+    ScaleByLambState,
+    adafactor,
+    ftrl,
+    scale_by_adadelta,
+    scale_by_lamb,
+)
 from optim.transforms.scale import (
     ScaleByAdagradState,
     ScaleByAdamState,
@@ -86,6 +100,18 @@ __all__ = [
     "AccumulationState",
     "scale_by_adamax",
     "scale_by_lion",
+    "scale_by_adadelta",
+    "scale_by_lamb",
+    "adafactor",
+    "ftrl",
+    "muon",
+    "schedule_free_adamw",
+    "MuonState",
+    "ScheduleFreeState",
+    "FtrlState",
+    "ScaleByAdadeltaState",
+    "ScaleByLambState",
+    "AdafactorState",
     "scale_by_nadam",
     "ScaleByAdamaxState",
     "ScaleByLionState",

@@ -7,6 +7,7 @@ is usual) stay out of tfnet's, decided by Keras's own rule. Before, tfnet decaye
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from optim import TFOptimizer
 
@@ -46,12 +47,19 @@ def test_weights_keras_excludes_from_weight_decay_are_not_decayed(case):
 @pytest.mark.parametrize("make", [lambda: keras.optimizers.Adamax(0.05, weight_decay=0.1),
                                   lambda: keras.optimizers.Nadam(0.05, clipnorm=1.0),
                                   lambda: keras.optimizers.Lion(0.01, weight_decay=0.5),
+                                  lambda: keras.optimizers.Adadelta(1.0),
+                                  lambda: keras.optimizers.Lamb(0.05, weight_decay=0.1),
+                                  lambda: keras.optimizers.Adafactor(0.1, weight_decay=0.1),
+                                  lambda: keras.optimizers.Ftrl(0.1, l1_regularization_strength=0.01),
+                                  lambda: keras.optimizers.Muon(0.05, exclude_layers=["d2"]),
                                   lambda: keras.optimizers.Adam(0.05, gradient_accumulation_steps=3),
                                   lambda: keras.optimizers.SGD(0.1, momentum=0.9, use_ema=True, ema_momentum=0.8),
                                   lambda: keras.optimizers.Adam(0.05, use_ema=True, ema_overwrite_frequency=3)],
-                         ids=["Adamax", "Nadam", "Lion", "Adam, gradient_accumulation_steps=3", "SGD, use_ema",
+                         ids=["Adamax", "Nadam", "Lion", "Adadelta", "Lamb", "Adafactor", "Ftrl",
+                              "Muon",
+                              "Adam, gradient_accumulation_steps=3", "SGD, use_ema",
                               "Adam, use_ema, ema_overwrite_frequency=3"])
-def test_adamax_nadam_lion_and_gradient_accumulation_train_as_fit(make):
+def test_every_keras_optimizer_and_gradient_accumulation_train_as_fit(make):
     """Four steps an epoch: the accumulation of 3 steps runs across the epochs' boundary, as in Keras; with use_ema the
     weights end as the moving average, as fit's end gives them."""
     rng = np.random.default_rng(1)
@@ -79,3 +87,44 @@ def test_use_ema_where_ranks_or_groups_would_keep_different_averages_is_refused(
         TFOptimizer(net, "mse", {"m/d1/": optim.SGD(0.1, use_ema=True), "m/d2/": optim.SGD(0.1)})
     with pytest.raises(ValueError, match="Give `use_ema` or `gradient_accumulation_steps`, not both"):
         optim.Adam(use_ema=True, gradient_accumulation_steps=2)
+
+
+@pytest.mark.parametrize("make", [lambda: keras.optimizers.Adafactor(0.1), lambda: keras.optimizers.Ftrl(0.1),
+                                  lambda: keras.optimizers.Lamb(0.05, weight_decay=0.1)],
+                         ids=["Adafactor", "Ftrl", "Lamb, weight_decay"])
+def test_a_callback_cannot_set_the_rate_of_a_rule_that_is_not_rate_times_direction(make):
+    """Adafactor's step is ``min(lr, 1/sqrt(t))`` times its own, FTRL solves for the weights, Lamb reads the weights
+    after the rate's decay: scaling their update is not Keras's new rate, so ReduceLROnPlateau is refused up front."""
+    from optim.training.keras_callbacks import UnsupportedCallbackError
+
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(8, 4)).astype(np.float32), rng.normal(size=(8, 1)).astype(np.float32)
+    opt = TFOptimizer.from_keras(model(make(), lambda opt, m: None))
+    with pytest.raises(UnsupportedCallbackError, match="schedule"):
+        opt.optimize((x, y), batch_size=4, verbose=0, callbacks=[keras.callbacks.ReduceLROnPlateau(monitor="loss")])
+    assert opt.global_step == 0
+    opt.optimize((x, y), batch_size=4, verbose=0, callbacks=[keras.callbacks.EarlyStopping(monitor="loss")])
+    assert opt.global_step == 2
+
+
+def test_schedule_free_adamw_starts_from_the_weights_as_keras_optimizer_does():
+    """Keras's ScheduleFreeAdamW starts its iterate ``z`` at the weights when it is built on them (its ``build``), and
+    tfnet's does so, equal to Keras's optimiser stepping the model batch by batch. Keras's ``fit`` builds it before
+    it can copy them and starts ``z`` at zero, so its first step sets every weight to about ``-lr * sign(g)``, the
+    model's weights lost (docs/keras.md): tfnet does not follow ``fit`` there."""
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(16, 4)).astype(np.float32), rng.normal(size=(16, 1)).astype(np.float32)
+    make = lambda: keras.optimizers.ScheduleFreeAdamW(0.05, warmup_steps=2, weight_decay=0.1)  # noqa: E731
+    reference = model(make(), lambda opt, m: None)
+    reference.optimizer.build(reference.trainable_variables)
+    for _ in range(2):
+        for i in range(0, 16, 4):
+            with tf.GradientTape() as tape:
+                loss = keras.losses.MeanSquaredError()(y[i:i + 4], reference(x[i:i + 4]))
+            grads = tape.gradient(loss, reference.trainable_variables)
+            reference.optimizer.apply_gradients(zip(grads, reference.trainable_variables))
+    opt = TFOptimizer.from_keras(model(make(), lambda opt, m: None))
+    opt.optimize((x, y), batch_size=4, epochs=2, shuffle=False, verbose=0)
+    got = opt.net.get_weights()
+    for v in reference.weights:  # x is recovered by a division by beta_1 every step: float32 roundings of ~1e-6
+        np.testing.assert_allclose(got[v.path], v.numpy(), atol=5e-6, err_msg=v.path)
