@@ -96,6 +96,8 @@ class TrainConfig:
     class_weight: dict | None = None
     #: where rank 0 writes TensorBoard events (Keras's TensorBoard callback's log_dir); None: model_dir/tensorboard/<run>
     tensorboard_dir: str | None = None
+    #: validate on use_ema's moving average of the weights (Keras's SwapEMAWeights callback)
+    swap_ema: bool = False
 
     def events_dir(self) -> str | None:
         """Where this run's TensorBoard events go, or None (no model_dir and no TensorBoard callback)."""

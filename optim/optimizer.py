@@ -275,7 +275,7 @@ class TFOptimizer:
                                       keep_checkpoints=keep_checkpoints, resume=resume or keras.resume,
                                       on_nonfinite=on_nonfinite, max_steps=max_steps, precision=precision, sync=sync,
                                       class_weight=class_weight, callbacks=keras.run, model_dir=keras.model_dir,
-                                      tensorboard_dir=keras.tensorboard_dir)
+                                      tensorboard_dir=keras.tensorboard_dir, swap_ema=keras.swap_ema)
                 distributed = dataset.distributed or num_workers is not None
                 if not distributed and distributed_options:
                     raise TypeError(f"Unknown arguments {sorted(distributed_options)} for local training.")

@@ -9,9 +9,10 @@ in ``model.fit`` or is refused, in one line that names it and what to use. Drive
 * Carried out by tfnet itself, not called: ``BackupAndRestore(backup_dir)`` (the run's checkpoints go to
   ``backup_dir`` and the run resumes the newest one there, as ``model_dir=backup_dir, resume=True``; an integer
   ``save_freq`` is ``checkpoint_every``), ``TensorBoard(log_dir)`` (tfnet's own event files, in ``log_dir``).
-* Refused: ``ProgbarLogger`` (use ``verbose``), ``RemoteMonitor`` (use ``optim.MLflowLogger``), ``SwapEMAWeights``
-  (tfnet does not swap ``use_ema``'s average in for validation), ``TensorBoard`` asked for histograms, images,
-  embeddings or a profile (tfnet writes scalars).
+* ``SwapEMAWeights()`` (validation on ``use_ema``'s moving average, the training weights put back after it).
+* Refused: ``ProgbarLogger`` (use ``verbose``), ``RemoteMonitor`` (use ``optim.MLflowLogger``),
+  ``SwapEMAWeights(swap_on_epoch=True)``, ``TensorBoard`` asked for histograms, images, embeddings or a profile (tfnet
+  writes scalars).
 """
 
 from __future__ import annotations
@@ -36,13 +37,13 @@ class KerasCallbackPlan:
     resume: bool = False
     checkpoint_every: int | None = None
     tensorboard_dir: str | None = None
+    #: SwapEMAWeights: validation runs on use_ema's moving average
+    swap_ema: bool = False
 
 
 _REFUSED = {
     "ProgbarLogger": "tfnet prints its own progress: pass verbose=1 (a bar) or 2 (a line per epoch)",
     "RemoteMonitor": "send the metrics with optim.MLflowLogger, or read them from model_dir's TensorBoard events",
-    "SwapEMAWeights": "tfnet does not swap the moving average (use_ema) in for validation; the weights take it "
-                      "when training ends",
 }
 #: TensorBoard's options beyond scalars, and their "off" values (a profile shows as its stop batch)
 _TENSORBOARD_EXTRAS = {"histogram_freq": 0, "write_images": False, "embeddings_freq": 0, "_stop_batch": 0}
@@ -71,6 +72,17 @@ def plan_keras_callbacks(callbacks: list, net, model_dir: str | None, method=Non
                 f"keras.callbacks.{kind} sets the learning rate, and the update of {type(method).__name__} is not its "
                 "rate times a direction (the rate or the weight decay is inside it), so tfnet cannot scale it as Keras "
                 "would: give the method a schedule (optim.schedules, or a Keras LearningRateSchedule) instead.")
+        if kind == "SwapEMAWeights":
+            if not getattr(method, "use_ema", False):
+                raise UnsupportedCallbackError("keras.callbacks.SwapEMAWeights swaps in the optimiser's moving average "
+                                               "of the weights: the method needs use_ema=True, as Keras asks.")
+            if cb.swap_on_epoch:
+                raise UnsupportedCallbackError(
+                    "keras.callbacks.SwapEMAWeights(swap_on_epoch=True) gives the epoch-end callbacks (a checkpoint's "
+                    "file) the moving average; tfnet swaps it in for validation only (swap_on_epoch=False), and the "
+                    "weights take it when training ends.")
+            plan.swap_ema = True
+            continue
         if kind == "ModelCheckpoint" and not getattr(net, "keras_source", None):
             raise UnsupportedCallbackError(
                 "keras.callbacks.ModelCheckpoint writes Keras's own files, and this net has no Keras model behind it "

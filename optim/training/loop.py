@@ -1,9 +1,9 @@
 """The training loop for one worker.
 
-It runs the same on one process and on every rank of a Spark barrier stage: everything that
-differs is behind the :class:`~optim.training.collective.Collective` (gradient averaging, metric sums,
-broadcasts, agreeing on the step count) and the reporter (a progress bar locally, messages to the
-driver when distributed). Rank 0 alone writes checkpoints and TensorBoard events.
+It runs the same on one process and on every rank of a Spark barrier stage: everything that differs is behind the
+:class:`~optim.training.collective.Collective` (gradient averaging, metric sums, broadcasts, agreeing on the step
+count) and the reporter (a progress bar locally, messages to the driver when distributed). Rank 0 alone writes
+checkpoints and TensorBoard events.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from optim.training.restore import (
     final_weights,
     load_state,
     match_weights,
+    moving_average_in,
     saved_weights,
     split_exchange_state,
     state_arrays,
@@ -88,8 +89,7 @@ def train(
             returned), as a Keras optimiser keeps its state across ``fit`` calls. Default: fresh
             state from the method's ``init``.
         start_step: The global step count to continue from. Default: 0.
-        lr_source: What has ``learning_rate_at(step)`` for the logged learning rate. Default:
-            ``method``.
+        lr_source: What has ``learning_rate_at(step)`` for the logged learning rate. Default: ``method``.
         liveness: Told of every step and validation batch, and of the long phases (the distributed
             watchdog). Default: none.
         initial_exchange_state: The server method's state (local SGD) that a previous call
@@ -103,9 +103,8 @@ def train(
             that step and stops (``RunResult.stopped``). Default: never.
         notice_every_s: About how often ``notice_check`` is asked (seconds of training; 0: after every step).
             Default: :data:`~optim.training.notice.NOTICE_EVERY_S`.
-        callbacks: Keras callbacks, called as ``model.fit`` calls them, on rank 0
-            (:mod:`optim.training.callbacks`); their decisions reach every rank. Default:
-            ``config.callbacks``.
+        callbacks: Keras callbacks, called as ``model.fit`` calls them, on rank 0 (:mod:`optim.training.callbacks`);
+            their decisions reach every rank. Default: ``config.callbacks``.
 
     Returns:
         The history (per-epoch lists), the global step and the final optimiser state.
@@ -123,7 +122,7 @@ def train(
     with alive.phase("preparing the step and the start state"):
         run = _Run(net, L.get(loss), method, metrics, config, collective,
                    reporter or Reporter(), validation_data, lr_source if lr_source is not None else method, alive)
-        run.callbacks = hooks
+        run.callbacks, run.given = hooks, given
         start = run.start(initial_state, start_step, initial_exchange_state)
         run.notice = StepNotice(notice_check, run.collective, run.global_step, every_s=notice_every_s)
     steps = steps_per_epoch if steps_per_epoch is not None else run.batches_per_epoch(data)
@@ -196,9 +195,9 @@ class _Run:
         self.acc = Accumulators(metrics)
         self.checked = False
         self.epoch_sent_from = self.epoch_steps = 0  # the exchange's byte count at the epoch's start; its steps
-        self.stopped = False
+        self.stopped = self.callback_stop = False  # a stop; one a callback asked for in the middle of an epoch
         self.callbacks: CallbackRun | None = None  # Keras callbacks, when given (train sets them)
-        self.callback_stop = False  # a callback stopped the run in the middle of an epoch
+        self.given = method  # the method as given, before callbacks wrap it (train sets it)
         self.notice = StepNotice(None, collective, 0)  # train() sets the run's own
         self.noticed = False  # the ranks stop at this step (a decommission notice): train() checkpoints here
         self.epoch_shards, self.epoch_steps_fixed = collective.size, None  # the open epoch's (checkpoints keep them)
@@ -252,9 +251,8 @@ class _Run:
         return start
 
     def _resume_checkpoint(self):
-        """Rank 0's checkpoint to start from (:func:`~optim.training.start.resume_checkpoint`); the warnings for
-        the newer ones it passed over (corrupt, truncated) are kept for the result (the driver repeats them) and
-        given on."""
+        """Rank 0's checkpoint to start from (:func:`~optim.training.start.resume_checkpoint`); the warnings for the
+        newer ones it passed over (corrupt, truncated) are kept for the result (the driver repeats them) and given on."""
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             ckpt = resume_checkpoint(self.manager, self.config, self.run_id)
@@ -420,8 +418,9 @@ class _Run:
 
     def _validate(self) -> dict[str, float]:
         self.settle()
-        return evaluate(self.net, self.loss, metrics_copy(self.metrics), self.validation_data, self.val_batch,
-                        self.collective, prefix="val_", liveness=self.alive)
+        with moving_average_in(self.net, self.given if self.config.swap_ema else None, self.step_fn.get_state):
+            return evaluate(self.net, self.loss, metrics_copy(self.metrics), self.validation_data, self.val_batch,
+                            self.collective, prefix="val_", liveness=self.alive)
 
     def end_epoch(self, epoch: int, checkpoint: bool = True) -> None:
         """Sums the epoch's loss and metrics over the ranks, validates, extends the history, writes

@@ -7,6 +7,7 @@ files."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import warnings
@@ -170,3 +171,19 @@ def final_weights(net, method, state) -> None:
     weights = method.final_weights(state())
     if weights:
         net.set_weights({k: np.asarray(v) for k, v in weights.items()})
+
+
+@contextlib.contextmanager
+def moving_average_in(net, method, state):
+    """The net holds ``use_ema``'s moving average inside the block and its own weights again after it, as Keras's
+    ``SwapEMAWeights`` swaps them around validation; nothing where ``method`` is None or keeps no average. ``state``:
+    a function giving the optimiser state (every rank's is the same: every-step sync)."""
+    if method is None or not getattr(method, "use_ema", False):
+        yield
+        return
+    own = net.get_weights()
+    net.set_weights({k: np.asarray(v) for k, v in method.final_weights(state()).items()})
+    try:
+        yield
+    finally:
+        net.set_weights(own)

@@ -20,8 +20,8 @@ from tfnet import TFNet
 SCE = optim.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def _optimizer(model_dir=None, net=None):
-    return TFOptimizer(net or TFNet.from_keras(transfer_model()[0]), SCE, optim.SGD(0.1), model_dir=model_dir)
+def _optimizer(model_dir=None, net=None, method=None):
+    return TFOptimizer(net or TFNet.from_keras(transfer_model()[0]), SCE, method or optim.SGD(0.1), model_dir=model_dir)
 
 
 def test_model_checkpoint_writes_files_keras_loads(tmp_path):
@@ -55,13 +55,14 @@ def test_model_checkpoint_of_a_net_without_keras_behind_it_is_refused_up_front(t
 @pytest.mark.parametrize("callback, says", [
     (lambda tmp: keras.callbacks.ProgbarLogger(), r"ProgbarLogger does not run with tfnet: .*verbose=1"),
     (lambda tmp: keras.callbacks.RemoteMonitor(), r"RemoteMonitor does not run with tfnet: .*MLflowLogger"),
-    (lambda tmp: keras.callbacks.SwapEMAWeights(), r"SwapEMAWeights does not run with tfnet"),
+    (lambda tmp: keras.callbacks.SwapEMAWeights(), r"SwapEMAWeights swaps in .* needs use_ema=True"),
+    (lambda tmp: keras.callbacks.SwapEMAWeights(swap_on_epoch=True), r"swap_on_epoch=True"),
     (lambda tmp: keras.callbacks.TensorBoard(str(tmp), histogram_freq=1), r"TensorBoard with histogram_freq"),
     (lambda tmp: keras.callbacks.TensorBoard(str(tmp), profile_batch=2), r"TensorBoard with profile_batch"),
 ])
 def test_callbacks_tfnet_cannot_run_are_refused_before_the_first_step(tmp_path, callback, says):
     x, y = data(16)
-    opt = _optimizer()
+    opt = _optimizer(method=optim.SGD(0.1, use_ema="swap_on_epoch" in says))
     with pytest.raises(UnsupportedCallbackError, match=says) as caught:
         opt.optimize((x, y), batch_size=8, verbose=0, callbacks=[callback(tmp_path)])
     assert len(str(caught.value).splitlines()) == 1 and opt.global_step == 0
@@ -112,3 +113,33 @@ def test_reduce_lr_on_plateau_leaves_the_learning_rate_in_the_history_as_fit_doe
     assert want["learning_rate"] == pytest.approx([0.1, 0.1, 0.05])  # each epoch's rate, halved after the second
     assert got["learning_rate"] == pytest.approx(want["learning_rate"])
     np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+
+
+def test_swap_ema_weights_validates_on_the_moving_average_as_fit_does():
+    """``SwapEMAWeights()`` with ``use_ema``: each epoch's validation on the moving average, training going on from the
+    weights themselves, and the run ending on the average, as ``fit`` gives them (history and weights within 1e-6).
+    Before: refused."""
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(32, 4)).astype(np.float32), rng.normal(size=(32, 1)).astype(np.float32)
+
+    def model():
+        keras.utils.set_random_seed(0)
+        m = keras.Sequential([keras.Input((4,), name="x"), keras.layers.Dense(8, activation="relu", name="d1"),
+                              keras.layers.Dense(1, name="d2")], name="m")
+        m.compile(keras.optimizers.Adam(0.05, use_ema=True, ema_momentum=0.7), "mse")
+        return m
+
+    reference = model()
+    theirs = reference.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0, validation_data=(x[:16], y[:16]),
+                           callbacks=[keras.callbacks.SwapEMAWeights()]).history
+    opt = TFOptimizer.from_keras(model())
+    ours = opt.optimize((x, y), batch_size=8, epochs=3, shuffle=False, verbose=0, validation_data=(x[:16], y[:16]),
+                        callbacks=[keras.callbacks.SwapEMAWeights()])
+    for key in ("loss", "val_loss"):
+        np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-6, err_msg=key)
+    got = opt.net.get_weights()
+    for v in reference.weights:
+        np.testing.assert_allclose(got[v.path], v.numpy(), atol=1e-6, err_msg=v.path)
+    plain = TFOptimizer.from_keras(model()).optimize((x, y), batch_size=8, epochs=3, shuffle=False, verbose=0,
+                                                     validation_data=(x[:16], y[:16]))
+    assert np.abs(np.array(plain["val_loss"]) - theirs["val_loss"]).max() > 1e-3  # without it: the weights' own

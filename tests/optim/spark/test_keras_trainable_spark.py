@@ -2,7 +2,7 @@
 local[2] Spark with Horovod over Gloo equal Keras's own ``fit`` on the same global batches, in both phases, and only
 the head's bytes are allreduced while the base is frozen; weight regularizers as fit adds them. A compiled subclassed
 model, too, with a per-example loss function, a Keras metric merged over the ranks and the weights' moving average
-(use_ema). And Keras's guide's model of several inputs and outputs, given as dicts by name."""
+(use_ema, validated on it with SwapEMAWeights). And Keras's guide's model of several inputs and outputs, given as dicts by name."""
 
 import numpy as np
 import pytest
@@ -73,11 +73,14 @@ def test_a_compiled_subclassed_model_on_two_ranks_trains_as_keras_fit(spark):
         keras_model.compile(optimizer=keras.optimizers.SGD(LR_HEAD, use_ema=True, ema_momentum=0.5), loss=sparse_xent,
                             metrics=[keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="xent")])
     opt = TFOptimizer.from_keras(model)
-    theirs = reference.fit(kx, ky, batch_size=16, epochs=1, shuffle=False, verbose=0).history
+    # validated on the moving average on every rank (SwapEMAWeights), as fit validates
+    val = dict(validation_data=(x[:16], y[:16]), callbacks=[keras.callbacks.SwapEMAWeights()])
+    theirs = reference.fit(kx, ky, batch_size=16, epochs=1, shuffle=False, verbose=0, **val).history
     want = {v.path: v.numpy() for v in reference.weights}
-    ours = opt.optimize((x, y), batch_size=16, shuffle=False, num_workers=2, verbose=0)
+    ours = opt.optimize((x, y), batch_size=16, shuffle=False, num_workers=2, verbose=0, **val)
     assert max_diff(opt.net, want) < 1e-6
-    np.testing.assert_allclose(ours["xent"], theirs["xent"], rtol=1e-6)
+    for key in ("xent", "val_xent", "val_loss"):
+        np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-6, err_msg=key)
     assert float(np.abs(want["cnn/conv/kernel"] - model.get_layer("conv").kernel.numpy()).max()) > 1e-4  # it trained
 
 
