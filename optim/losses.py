@@ -293,8 +293,10 @@ class MultiOutputLoss(Loss):
                              f"Received: {len(self.weights)} weights")
 
     def __call__(self, y_true, y_pred) -> tf.Tensor:
-        if isinstance(y_true, SampleWeighted):  # the same weights for every output
-            return self._sum([SampleWeighted(t, y_true.weights) for t in y_true.labels], y_pred)
+        if isinstance(y_true, SampleWeighted):  # the same weights for every output, or a list of each output's
+            w = y_true.weights
+            per = list(w) if isinstance(w, (list, tuple)) else [w] * len(self.losses)
+            return self._sum([SampleWeighted(t, one) for t, one in zip(y_true.labels, per)], y_pred)
         return self._sum(y_true, y_pred)
 
     def _sum(self, y_true, y_pred) -> tf.Tensor:

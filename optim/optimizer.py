@@ -19,7 +19,7 @@ from optim.callbacks import Callback, run_info
 from optim.config import TrainConfig, check_callbacks
 from optim.data import as_dataset, in_input_order, in_output_order, resolve_batch_size
 from optim.data.holdout import HoldOut, check_split
-from optim.errors import DataError
+from optim.data.names import weights_in_output_order
 from optim.logs import console_error
 from optim.protocol import NetOutputs, RunResult, RunSummary, TrainSpec
 from optim.sync import EveryStep, check_sync
@@ -396,10 +396,8 @@ class TFOptimizer:
             data = in_input_order(data, names)
         elif isinstance(data, tuple) and len(data) in (2, 3):  # fit's (x, y[, w]), each dict by input or output name
             x, y = data[0], data[1]
-            if len(data) == 3 and isinstance(data[2], Mapping):
-                raise DataError("Sample weights are one per example, for every output alike; tfnet does not take a "
-                                "dict of them by output. Received: sample weights for "
-                                f"{sorted(map(str, data[2]))}")
+            if len(data) == 3 and isinstance(data[2], Mapping):  # sample weights by output, as fit takes them
+                data = (*data[:2], weights_in_output_order(data[2], list(self.net.output_names)))
             data = (in_input_order(x, names) if isinstance(x, Mapping) else x,
                     in_output_order(y, list(self.net.output_names)) if isinstance(y, Mapping) else y, *data[2:])
         dataset = as_dataset(data, batch_size, need_labels=need_labels)

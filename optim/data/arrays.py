@@ -22,11 +22,19 @@ __all__ = ["ArrayDataset", "array_feeds", "label_type"]
 
 
 def _weights(w) -> np.ndarray:
+    """One weight per example (an array of ``n``), or, given as a list of such arrays, one per output: ``(n,
+    outputs)``, as Keras's ``fit`` takes a list or a dict of them for a model of several outputs."""
+    if isinstance(w, (list, tuple)):
+        return np.stack([_weights(one) for one in w], axis=1) if len(w) > 1 else _weights(w[0])
     w = np.asarray(w, np.float32)
     if w.ndim > 2 or (w.ndim == 2 and w.shape[1] != 1) or not np.isfinite(w).all() or (w < 0).any():
         raise DataError(f"Sample weights must be one finite, non-negative number per example. Received: an array of "
                         f"shape {w.shape}" + (" with negative or non-finite values" if w.ndim <= 2 else ""))
     return w.reshape(-1)
+
+
+def _per_example_or_output(w: np.ndarray) -> np.ndarray:
+    return w if w.ndim == 2 and w.shape[1] > 1 else w.reshape(-1)
 
 
 def _as_list(x) -> list[np.ndarray]:
@@ -48,7 +56,8 @@ class ArrayDataset(DataAdapter):
                  augment: Callable | None = None, weights: np.ndarray | None = None):
         self.presharded = presharded  # the rows are this rank's already (a Spark partition)
         self.augment = augment  # fn(features, rng) -> features, for training batches only
-        self.weights = None if weights is None else np.asarray(weights, np.float32).reshape(-1)  # one per example
+        # one per example, or a column per output (n, outputs)
+        self.weights = None if weights is None else _per_example_or_output(np.asarray(weights, np.float32))
         self.features = list(features)
         self.labels = None if labels is None else list(labels)
         self.single_label = single_label
@@ -157,7 +166,10 @@ class ArrayDataset(DataAdapter):
             return feats, None
         labels = [a[take] for a in self.labels]
         labels = labels[0] if self.single_label else labels
-        return feats, labels if self.weights is None else SampleWeighted(labels, self.weights[take])
+        if self.weights is None:
+            return feats, labels
+        w = self.weights[take]
+        return feats, SampleWeighted(labels, w if w.ndim == 1 else [np.ascontiguousarray(c) for c in w.T])
 
 
     # ------------------------------------------------------------ the driver's side

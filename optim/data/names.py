@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from optim.errors import DataError
 from optim.losses import output_index
 
-__all__ = ["in_input_order", "in_output_order"]
+__all__ = ["in_input_order", "in_output_order", "weights_in_output_order"]
 
 
 def in_input_order(features: Mapping, input_names: list[str]) -> list:
@@ -47,5 +47,27 @@ def in_output_order(labels: Mapping, output_names: list[str]) -> list:
     if missing:
         raise DataError(f"The labels dict has no array for the net's outputs {missing}: Keras's fit takes one per "
                         f"output with a loss, and so does tfnet. Outputs: {output_names}")
+    ordered = [by_output[i] for i in range(len(output_names))]
+    return ordered[0] if len(ordered) == 1 else ordered
+
+
+def weights_in_output_order(weights: Mapping, output_names: list[str]) -> list:
+    """Sample weights given as a dict by output name (Keras's ``fit(..., sample_weight={"priority": w, ...})``), as a
+    list in output order; one array for a net of one output.
+
+    Raises:
+        DataError: a key that names no output, or an output without weights (Keras's ``fit`` asks for one array per
+            output too).
+    """
+    by_output = {}
+    for key, value in weights.items():
+        try:
+            by_output[output_index(str(key), output_names, "the sample weights dict")] = value
+        except ValueError as exc:
+            raise DataError(str(exc)) from None
+    missing = [n for i, n in enumerate(output_names) if i not in by_output]
+    if missing:
+        raise DataError(f"The sample weights dict has no array for the net's outputs {missing}: one per output, as "
+                        f"Keras's fit takes them (ones for an output left unweighted). Outputs: {output_names}")
     ordered = [by_output[i] for i in range(len(output_names))]
     return ordered[0] if len(ordered) == 1 else ordered

@@ -20,7 +20,7 @@ from optim.carriers import Carrier, InPlan
 from optim.data.arrays import ArrayDataset
 from optim.data.base import Batch, DataAdapter, Staged
 from optim.data.checks import Feed, array_type, check_feeds
-from optim.data.names import in_input_order, in_output_order
+from optim.data.names import in_input_order, in_output_order, weights_in_output_order
 from optim.data.values import check_label_types, finite_batch
 from optim.errors import DataError, NonFiniteInputError
 from optim.losses import SampleWeighted
@@ -308,10 +308,13 @@ def _split_element(element, inputs: list | None = None, outputs: list | None = N
         features = in_input_order(features, inputs) if inputs else list(features.values())
     features = list(features) if isinstance(features, (tuple, list)) else [features]
     if outputs:
-        by_name = labels.labels if isinstance(labels, SampleWeighted) else labels
+        weighted = isinstance(labels, SampleWeighted)
+        by_name, weights = (labels.labels, labels.weights) if weighted else (labels, None)
         if isinstance(by_name, dict):
-            ordered = in_output_order(by_name, outputs)
-            labels = SampleWeighted(ordered, labels.weights) if isinstance(labels, SampleWeighted) else ordered
+            by_name = in_output_order(by_name, outputs)
+        if isinstance(weights, dict):  # each output's own, as fit takes them
+            weights = weights_in_output_order(weights, outputs)
+        labels = SampleWeighted(by_name, weights) if weighted else by_name
     return features, labels
 
 
@@ -363,8 +366,9 @@ def _collected(val: TFDataDataset, limit: int) -> ArrayDataset:
     if labels[0] is None:
         return ArrayDataset.from_tensors(features)
     weights = None
-    if isinstance(labels[0], SampleWeighted):
-        weights = np.concatenate([np.asarray(y.weights) for y in labels], axis=0)
+    if isinstance(labels[0], SampleWeighted):  # one array, or one per output
+        weights = tf.nest.map_structure(lambda *ws: np.concatenate([np.asarray(w) for w in ws], axis=0),
+                                        *[y.weights for y in labels])
         labels = [y.labels for y in labels]
     joined = tf.nest.map_structure(lambda *xs: np.concatenate(xs, axis=0), *labels)
     return ArrayDataset.from_tensors((features, joined) if weights is None else (features, joined, weights))

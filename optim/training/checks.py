@@ -72,9 +72,15 @@ def check_batch_labels(loss: L.Loss, labels, net, batch: int, metrics: Sequence[
     output of a multi-output net) and, where the loss knows them, their shapes; sample weights,
     one per example, need a loss and metrics that can weight examples."""
     if isinstance(labels, L.SampleWeighted):
-        if len(np.reshape(labels.weights, [-1])) != batch:
-            raise LabelShapeError(f"Sample weights need one weight per example: {batch} in this batch. Received: "
-                                  f"{len(np.reshape(labels.weights, [-1]))} weights")
+        per_output = isinstance(labels.weights, (list, tuple))
+        for w in labels.weights if per_output else [labels.weights]:
+            if len(np.reshape(w, [-1])) != batch:
+                raise LabelShapeError(f"Sample weights need one weight per example: {batch} in this batch. Received: "
+                                      f"{len(np.reshape(w, [-1]))} weights")
+        outputs = len(loss.losses) if isinstance(loss, L.MultiOutputLoss) else 1
+        if per_output and len(labels.weights) != outputs:
+            raise LabelShapeError(f"Sample weights per output need one array per output of the net ({outputs}). "
+                                  f"Received: {len(labels.weights)} arrays")
         for m in metrics:
             if getattr(m, "weighted", False) and not m.supports_weights:
                 raise TypeError(f"The metric {m.name!r} cannot weight examples (a function of a whole batch); give an "

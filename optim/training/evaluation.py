@@ -25,7 +25,7 @@ def update_metrics(metrics: Sequence[M.Metric], labels, outputs) -> None:
     when the data has them, the others unweighted, as Keras does."""
     weights = None
     if isinstance(labels, L.SampleWeighted):
-        labels, weights = labels.labels, np.asarray(labels.weights)
+        labels, weights = labels.labels, labels.weights
     several = isinstance(outputs, (list, tuple))
     for m in metrics:
         i = m.output_index or 0
@@ -33,8 +33,8 @@ def update_metrics(metrics: Sequence[M.Metric], labels, outputs) -> None:
         y = labels[i] if several and isinstance(labels, (list, tuple)) else labels
         if weights is None or not getattr(m, "weighted", False):
             m.update(y, out)
-        else:
-            m.update(y, out, sample_weight=weights)
+        else:  # the weights of the metric's output, where each output has its own
+            m.update(y, out, sample_weight=np.asarray(weights[i] if isinstance(weights, (list, tuple)) else weights))
 
 
 def batch_len(features) -> int:

@@ -131,8 +131,10 @@ def test_what_keras_refuses_or_tfnet_cannot_take_is_said_before_training():
         opt.optimize((X, {"department": DEPARTMENT}), **FIT)
     with pytest.raises(LabelShapeError, match="Output department:0"):  # a list is in output order: the keys sorted
         opt.evaluate((X, [PRIORITY, DEPARTMENT]))  # before: TensorFlow's broadcast error from inside the loss
-    with pytest.raises(DataError, match="dict of them by output"):
-        opt.optimize((X, Y, {"priority": np.ones(N), "department": np.ones(N)}), **FIT)
+    with pytest.raises(DataError, match="'prio' in the sample weights dict"):
+        opt.optimize((X, Y, {"prio": np.ones(N)}), **FIT)
+    with pytest.raises(DataError, match=r"no array for the net's outputs \['department:0'\]: one per output"):
+        opt.optimize((X, Y, {"priority": np.ones(N)}), **FIT)
     assert opt.global_step == 0
 
 
@@ -202,3 +204,23 @@ def test_each_outputs_loss_weighs_its_batches_by_their_rows():
     ours = TFOptimizer.from_keras(guide_model()).evaluate(val, batch_size=8)
     for key in ("loss", "priority_loss", "department_loss"):
         np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-6, err_msg=key)
+
+
+def test_sample_weights_by_output_as_fit_takes_them():
+    """Multi-task data with missing labels: the priority known for half the tickets only (weight 0 elsewhere), the
+    department weighted by another array; as a dict of numpy arrays and in a ``tf.data`` input's elements. Each
+    output's loss and weighted metric takes its own weights, as in ``fit`` (before: a ``DataError``)."""
+    known = (np.arange(N) % 2).astype(np.float32)
+    weights = {"priority": known, "department": RNG.uniform(0.5, 2.0, size=N).astype(np.float32)}
+    weighted = {"priority": ["mae"], "department": ["accuracy"]}
+    model = guide_model(weighted_metrics=weighted)
+    theirs = model.fit(X, Y, sample_weight=weights, validation_data=(X, Y, weights), **FIT).history
+    assert {"priority_mae", "department_accuracy", "val_priority_loss"} <= set(theirs)
+    opt = TFOptimizer.from_keras(guide_model(weighted_metrics=weighted))
+    ours = opt.optimize((X, Y), sample_weight=weights, validation_data=(X, Y, weights), **FIT)
+    assert_history_equal(ours, theirs)
+    assert_weights_equal(opt, model)
+    data = tf.data.Dataset.from_tensor_slices((X, Y, {"department": weights["department"], "priority": known}))
+    again = TFOptimizer.from_keras(guide_model(weighted_metrics=weighted))
+    assert_history_equal(again.optimize(data.batch(16), epochs=2, verbose=0), {k: v for k, v in theirs.items()
+                                                                              if not k.startswith("val_")})

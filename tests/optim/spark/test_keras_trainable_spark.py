@@ -86,7 +86,8 @@ def test_a_compiled_subclassed_model_on_two_ranks_trains_as_keras_fit(spark):
 
 def test_the_guides_model_of_dicts_on_two_ranks_reports_as_keras_fit(spark):
     """Keras's guide's ticket model (three inputs, a dict of two outputs, losses, loss weights and metrics by output
-    name), trained over two ranks on dicts of arrays and validated on a ``tf.data`` input of dicts in another order
+    name), trained over two ranks on dicts of arrays (sample weights for one output: its labels missing for a third of
+    the rows) and validated on a ``tf.data`` input of dicts in another order
     (collected and sent to the ranks): each output's loss and metrics (a Keras AUC among them, merged over the ranks)
     and the weights as fit gives them on the same global batches."""
     import keras
@@ -100,11 +101,14 @@ def test_the_guides_model_of_dicts_on_two_ranks_reports_as_keras_fit(spark):
     # whole batches: Keras's traced step weighs each batch's per-output loss alike (tests/optim/test_keras_multi_output.py)
     val = ({"tags": X["tags"][:32], "body": X["body"][:32], "title": X["title"][:32]},
            {"department": DEPARTMENT[:32], "priority": PRIORITY[:32]})
+    weights = {"priority": (np.arange(len(PRIORITY)) % 3 > 0).astype(np.float32),  # a third unlabelled
+               "department": np.ones(len(PRIORITY), np.float32)}
     theirs = reference.fit({k: v[order] for k, v in X.items()}, {k: v[order] for k, v in Y.items()}, batch_size=16,
-                           epochs=2, shuffle=False, verbose=0, validation_data=val).history
+                           epochs=2, shuffle=False, verbose=0, validation_data=val,
+                           sample_weight={k: w[order] for k, w in weights.items()}).history
     opt = TFOptimizer.from_keras(guide_model(metrics))
     ours = opt.optimize((X, Y), batch_size=16, epochs=2, shuffle=False, num_workers=2, verbose=0,
-                        validation_data=tf.data.Dataset.from_tensor_slices(val).batch(8))
+                        validation_data=tf.data.Dataset.from_tensor_slices(val).batch(8), sample_weight=weights)
     assert {"priority_loss", "department_loss", "priority_auc", "val_department_accuracy"} <= set(theirs)
     assert_history_equal(ours, theirs)
     want = {v.path: v.numpy() for v in reference.trainable_variables}
