@@ -39,11 +39,29 @@ def _adamw_weights(opt, variables) -> str:
     return "^(?:" + "|".join(re.escape(n) for n in names) + ")$" if names else "(?!)"
 
 
-def map_optimizer(opt, variables=()) -> methods.Method:
+def _map_multi_optimizer(opt, variables) -> dict:
+    """Keras's ``MultiOptimizer`` (an ``OptimizerMap`` of patterns, or a function of the variable) as tfnet's per-group
+    methods: each sub-optimiser mapped, keyed by the exact names of the variables Keras gives it."""
+    if opt.loss_scale_factor:  # read, not get_config (which serializes a selector function with a warning)
+        raise KerasMappingError(f"The Keras optimiser scales the loss, which tfnet does not map. Received: "
+                                f"loss_scale_factor={opt.loss_scale_factor}")
+    groups: dict[int, tuple] = {}
+    for v in variables:
+        sub = opt._optimizer_map(v)  # Keras's own choice, as its build makes it
+        groups.setdefault(id(sub), (sub, []))[1].append(v)
+    if not groups:
+        raise KerasMappingError("The Keras MultiOptimizer has no variable to train.")
+    return {re.compile("^(?:" + "|".join(re.escape(v.path) for v in group) + ")$"): map_optimizer(sub, group)
+            for sub, group in groups.values()}
+
+
+def map_optimizer(opt, variables=()):
     """tfnet's method for a Keras optimiser; ``variables``: the model's trainable variables (for the weights its weight
-    decay leaves out)."""
+    decay leaves out). A ``MultiOptimizer`` gives a dict of per-group methods, as ``TFOptimizer`` takes them."""
     import keras
 
+    if isinstance(opt, keras.optimizers.MultiOptimizer):
+        return _map_multi_optimizer(opt, list(variables))
     cfg = opt.get_config()
     if cfg.get("loss_scale_factor"):
         raise KerasMappingError(f"The Keras optimiser scales the loss, which tfnet does not map. Received: "

@@ -128,3 +128,29 @@ def test_schedule_free_adamw_starts_from_the_weights_as_keras_optimizer_does():
     got = opt.net.get_weights()
     for v in reference.weights:  # x is recovered by a division by beta_1 every step: float32 roundings of ~1e-6
         np.testing.assert_allclose(got[v.path], v.numpy(), atol=5e-6, err_msg=v.path)
+
+
+@pytest.mark.parametrize("choose", ["map", "function"])
+def test_a_multi_optimizer_trains_each_group_as_fit(choose):
+    """Keras's ``MultiOptimizer`` (discriminative rates: the layers near the input slower, with another optimiser):
+    an ``OptimizerMap`` of path patterns with a default, or a function of the variable, as tfnet's per-group methods,
+    each sub-optimiser mapped (before: a KerasMappingError)."""
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(size=(16, 4)).astype(np.float32), rng.normal(size=(16, 1)).astype(np.float32)
+
+    def optimizer():
+        slow, fast = keras.optimizers.SGD(0.02, momentum=0.9), keras.optimizers.Adam(0.05, weight_decay=0.1)
+        if choose == "map":
+            return keras.optimizers.MultiOptimizer(keras.optimizers.OptimizerMap(fast, {"m/d1/.*": slow}))
+        def optimizer_selector(variable):  # as Keras's docstring writes one
+            return slow if variable.path.startswith("m/d1/") else fast
+
+        return keras.optimizers.MultiOptimizer(optimizer_selector)
+
+    reference = model(optimizer(), lambda opt, m: None)
+    reference.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    opt = TFOptimizer.from_keras(model(optimizer(), lambda opt, m: None))
+    opt.optimize((x, y), batch_size=4, epochs=2, shuffle=False, verbose=0)
+    got = opt.net.get_weights()
+    for v in reference.trainable_variables:
+        np.testing.assert_allclose(got[v.path], v.numpy(), atol=1e-6, err_msg=v.path)
