@@ -224,6 +224,12 @@ def from_compiled_keras(model, input_signature=None):
     outputs = list(net.output_names)
     metrics = _compiled_metrics(cfg.get("metrics"), outputs)
     weighted = _compiled_metrics(cfg.get("weighted_metrics"), outputs)
+    for m in metrics + weighted:  # F1Score's per-class counts, built on the output's shape as fit's first batch would
+        if getattr(m, "pending", False):
+            try:
+                m.bind_shape(net.output_specs[m.output_index or 0].shape)
+            except TypeError as exc:
+                raise KerasMappingError(str(exc)) from None
     return (net, loss, map_optimizer(model.optimizer, model.trainable_variables), OM.unique_names(metrics),
             cfg.get("loss_weights"), _weighted_names(weighted, {m.name for m in metrics}, outputs))
 

@@ -190,12 +190,13 @@ class KerasMetric(Metric):
     """A Keras metric (``keras.metrics.AUC(curve="PR")``, ``Precision``, ``BinaryAccuracy(threshold=0.7)``, ...),
     updated as Keras's ``fit`` updates it, so its result is Keras's. Its state is the Keras metric's variables (totals,
     counts, confusion counts: sums, as every tfnet metric keeps), so ranks and partitions merge by adding. The metric
-    travels as Keras's serialized config and is rebuilt where it runs.
+    travels as Keras's serialized config and is rebuilt where it runs. A metric whose variables Keras makes from the
+    first batch's shape (``F1Score``, ``FBetaScore``) is built on its output's shape (:meth:`bind_shape`, which
+    ``TFOptimizer`` calls) before any batch.
 
     Raises:
-        TypeError: a metric whose variables are not sums Keras makes up front (one that builds them on its first
-            batch, ``F1Score``), which ranks could not merge; or one Keras cannot rebuild from its config (a class of
-            one's own not registered).
+        TypeError: a metric whose variables are not sums Keras makes up front or from a shape, which ranks could not
+            merge; or one Keras cannot rebuild from its config (a class of one's own not registered).
     """
 
     def __init__(self, metric):
@@ -204,11 +205,42 @@ class KerasMetric(Metric):
         self.config = keras.metrics.serialize(metric)
         self._live = None
         self.sizes: list[int] = []
+        #: the output's shape a metric built from a shape needs (None: built up front, or not bound yet)
+        self.shape: tuple | None = None
         super().__init__(metric.name)
-        if not self.sizes:
+        self.pending = not self.sizes and callable(getattr(self._metric(), "_build", None))
+        if not self.sizes and not self.pending:
             raise TypeError(f"The Keras metric {type(metric).__name__} makes its state on its first batch; tfnet "
                             "cannot merge it over ranks. Use a metric that makes it up front, or compute it after "
                             "training with net.forward.")
+        if not self.pending:
+            self._check_scalar()
+
+    def _check_scalar(self) -> None:
+        """Refuses a metric whose result is several numbers (one per class or threshold): the history holds one."""
+        if np.ndim(self._metric().result()) > 0:
+            raise TypeError(f"The Keras metric {self.name!r} gives one result per class or threshold "
+                            f"({tuple(np.shape(self._metric().result()))}); tfnet's history holds one number per "
+                            "metric: average it in the metric (F1Score(average='macro'), one threshold), or compute it "
+                            "after training with net.forward.")
+
+    def bind_shape(self, shape) -> None:
+        """Builds a metric that makes its variables from the shapes it sees (``F1Score``: one count per class) on its
+        output's shape, ``(None, classes)``, as Keras's first update would.
+
+        Raises:
+            TypeError: a shape Keras refuses (not 2-D, its classes unknown), with Keras's reason.
+        """
+        if not self.pending:
+            return
+        self.shape, self._live = tuple(shape), None
+        try:
+            self.reset()
+        except ValueError as exc:
+            raise TypeError(f"The Keras metric {self.name!r} is built from its output's shape {self.shape}, which "
+                            f"Keras refuses: {str(exc).splitlines()[0]}") from None
+        self.pending = False
+        self._check_scalar()
 
     def _metric(self):
         if self._live is None:
@@ -222,6 +254,8 @@ class KerasMetric(Metric):
                 raise TypeError(f"Keras cannot rebuild the metric {self.name!r} from its config ({live}); a metric "
                                 "class of your own must be decorated with @keras.saving.register_keras_serializable() "
                                 "and imported where tfnet trains.") from None
+            if self.shape is not None:
+                live._build(self.shape, self.shape)  # Keras's own build from the shapes (F1Score's per-class counts)
             self._live = live
             self.sizes = [int(np.prod(v.shape)) for v in self._live.variables]
         return self._live
@@ -245,6 +279,8 @@ class KerasMetric(Metric):
             v.assign(part.reshape(v.shape).astype(v.dtype))
 
     def update(self, y_true, y_pred, sample_weight=None) -> None:
+        if self.pending:  # not bound by TFOptimizer: built on this batch's shape, as Keras builds it
+            self.bind_shape((None,) + tuple(np.shape(y_pred))[1:])
         self._load()
         self._metric().update_state(y_true, y_pred, sample_weight=sample_weight)
         self.state = self._read()

@@ -100,6 +100,9 @@ class TFOptimizer:
         warn_if_logits_to_probability_loss(loss, net)
         self.metrics = (OM.for_outputs(metrics, outputs) + [_weighted(m) for m in OM.for_outputs(weighted_metrics, outputs)]
                         + OM.loss_trackers(self.loss, outputs))
+        for m in self.metrics:  # a Keras metric built from its output's shape (F1Score): built here, before any batch
+            if getattr(m, "pending", False):
+                m.bind_shape(net.output_specs[m.output_index or 0].shape)
         self.model_dir = os.fspath(model_dir) if model_dir is not None else None
         self.storage_options = dict(storage_options) if storage_options else None
         #: What gives the logged learning rate (a method with ``learning_rate_at``), or None.

@@ -95,7 +95,8 @@ def test_the_guides_model_of_dicts_on_two_ranks_reports_as_keras_fit(spark):
 
     from tests.optim.test_keras_multi_output import DEPARTMENT, PRIORITY, X, Y, assert_history_equal, guide_model
 
-    metrics = {"priority": [keras.metrics.AUC(name="auc")], "department": ["accuracy"]}
+    metrics = {"priority": [keras.metrics.AUC(name="auc")],
+               "department": ["accuracy", keras.metrics.F1Score(average="macro", name="f1")]}  # per-class counts
     order = as_two_ranks_see_it(np.arange(len(PRIORITY)), np.arange(len(PRIORITY)), 16)[0]
     reference = guide_model(metrics)
     # whole batches: Keras's traced step weighs each batch's per-output loss alike (tests/optim/test_keras_multi_output.py)
@@ -109,7 +110,7 @@ def test_the_guides_model_of_dicts_on_two_ranks_reports_as_keras_fit(spark):
     opt = TFOptimizer.from_keras(guide_model(metrics))
     ours = opt.optimize((X, Y), batch_size=16, epochs=2, shuffle=False, num_workers=2, verbose=0,
                         validation_data=tf.data.Dataset.from_tensor_slices(val).batch(8), sample_weight=weights)
-    assert {"priority_loss", "department_loss", "priority_auc", "val_department_accuracy"} <= set(theirs)
+    assert {"priority_loss", "department_loss", "priority_auc", "val_department_accuracy", "department_f1"} <= set(theirs)
     assert_history_equal(ours, theirs)
     want = {v.path: v.numpy() for v in reference.trainable_variables}
     assert max(float(np.abs(opt.net.get_weights()[k] - w).max()) for k, w in want.items()) < 2e-6
