@@ -278,3 +278,30 @@ def test_lora_adapters_train_from_connect(connect):
     for name, value in base.items():
         assert np.array_equal(net.get_weights()[name], value), name
     assert not touches, touches[0]
+
+
+def test_a_model_of_several_outputs_from_connect(connect):
+    """Keras's guide's ticket model from a Connect client: a DataFrame's label columns by output name, a Keras AUC and
+    F1Score per output (their states merged over the tasks), each output's loss; evaluated over Spark as locally on
+    the same rows, and trained on two ranks with every key of the history there."""
+    import keras
+
+    from tests.optim.test_keras_multi_output import X, Y, guide_model
+
+    session, touches = connect
+    metrics = {"priority": [keras.metrics.AUC(name="auc")],
+               "department": [keras.metrics.F1Score(average="macro", name="f1")]}
+    opt = TFOptimizer.from_keras(guide_model(metrics))
+    rows = [(X["title"][i].tolist(), X["body"][i].tolist(), X["tags"][i].tolist(), float(Y["priority"][i, 0]),
+             Y["department"][i].tolist()) for i in range(len(Y["priority"]))]
+    df = session.createDataFrame(rows, "t array<float>, b array<float>, g array<float>, p double, d array<float>")
+    data = TFDataset.from_dataframe(df.repartition(3), {"tags": "g", "title": "t", "body": "b"},
+                                    label_cols={"priority": "p", "department": "d"})
+    local = opt.evaluate((X, Y), batch_size=16)
+    assert set(local) == {"loss", "priority_loss", "department_loss", "priority_auc", "department_f1"}
+    remote = opt.evaluate(data, batch_size=16)
+    for key, value in local.items():
+        np.testing.assert_allclose(remote[key], value, rtol=1e-5, err_msg=key)
+    history = opt.optimize(data, epochs=1, batch_size=16, num_workers=2, verbose=0)
+    assert set(local) <= set(history) and opt.global_step > 0
+    assert not touches, touches[0]
