@@ -46,7 +46,7 @@ def in_output_order(labels: Mapping, output_names: list[str]) -> list:
     missing = [n for i, n in enumerate(output_names) if i not in by_output]
     if missing:
         raise DataError(f"The labels dict has no array for the net's outputs {missing}: Keras's fit takes one per "
-                        f"output with a loss, and so does tfnet. Outputs: {output_names}")
+                        f"output, and so does tfnet. Outputs: {output_names}")
     ordered = [by_output[i] for i in range(len(output_names))]
     return ordered[0] if len(ordered) == 1 else ordered
 

@@ -224,3 +224,23 @@ def test_sample_weights_by_output_as_fit_takes_them():
     again = TFOptimizer.from_keras(guide_model(weighted_metrics=weighted))
     assert_history_equal(again.optimize(data.batch(16), epochs=2, verbose=0), {k: v for k, v in theirs.items()
                                                                               if not k.startswith("val_")})
+
+
+def test_an_output_without_a_loss_keeps_its_metrics_and_adds_no_output_losses():
+    """A loss for one of the two outputs: the other's metrics still reported, and no ``{output}_loss`` (Keras reports
+    those only where more than one output has a loss); labels for both, as fit asks."""
+    def one_loss():
+        model = guide_model()
+        model.compile(keras.optimizers.SGD(0.05), loss={"priority": keras.losses.BinaryCrossentropy(from_logits=True)},
+                      metrics={"department": ["accuracy"], "priority": ["mae"]})
+        return model
+
+    model = one_loss()
+    theirs = model.fit(X, Y, **FIT).history
+    opt = TFOptimizer.from_keras(one_loss())
+    ours = opt.optimize((X, Y), **FIT)
+    assert set(theirs) == {"loss", "department_accuracy", "priority_mae"} == set(ours)
+    assert_history_equal(ours, theirs)
+    assert_weights_equal(opt, model)
+    with pytest.raises(DataError, match=r"no array for the net's outputs \['department:0'\]: Keras's fit takes one"):
+        opt.optimize((X, {"priority": PRIORITY}), **FIT)
