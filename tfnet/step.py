@@ -100,6 +100,9 @@ class TrainStep:
         self._fns: dict[bool, Callable] = {}
         self._fn_version = net.version
         self._state_vars = None
+        #: the trainable weights the loss does not reach (found when the step is traced): left as they are, their
+        #: optimiser state too, as Keras's optimisers leave a variable whose gradient is None (and PyTorch's)
+        self.unreached: frozenset = frozenset()
 
     def params(self) -> dict[str, tf.Tensor]:
         variables = self.net.weight_variables
@@ -169,6 +172,7 @@ class TrainStep:
             # The imported graph's ops are created below the Python op layer, where GradientTape
             # does not see them; symbolic gradients walk the graph itself and reach every op.
             grads = tf.gradients(loss, sources)
+            self.unreached = frozenset(n for n, g in zip(self.names, grads) if g is None)
         grads = {
             n: tf.zeros_like(src) if g is None else tf.convert_to_tensor(g)
             for n, src, g in zip(self.names, sources, grads)
@@ -206,6 +210,9 @@ class TrainStep:
         def apply():
             params = {n: all_vars[n].value() for n in self.names}
             updates, new_state = self.transform.update(grads, state, params)
+            if self.unreached:  # no decay, no momentum, no state change for what the loss does not reach
+                updates = {n: u for n, u in updates.items() if n not in self.unreached}
+                new_state = _kept(new_state, state, self.unreached)
             for n, u in updates.items():
                 all_vars[n].assign_add(tf.cast(u, all_vars[n].dtype))
             if net.update_hooks:
@@ -301,3 +308,15 @@ class TrainStep:
         if self._state_vars is None:
             return self.init_state()
         return tf.nest.map_structure(lambda v: tf.identity(v), self._state_vars)
+
+
+def _kept(new, old, names: frozenset):
+    """``new`` (an optimiser state: named tuples, lists and dicts by weight name) with ``old``'s entries for
+    ``names``."""
+    if isinstance(new, dict):
+        return {k: old[k] if k in names else _kept(v, old[k], names) for k, v in new.items()}
+    if isinstance(new, tuple) and hasattr(new, "_fields"):
+        return type(new)(*(_kept(a, b, names) for a, b in zip(new, old)))
+    if isinstance(new, (list, tuple)):
+        return type(new)(_kept(a, b, names) for a, b in zip(new, old))
+    return new
