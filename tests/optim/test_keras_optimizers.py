@@ -109,9 +109,9 @@ def test_a_callback_cannot_set_the_rate_of_a_rule_that_is_not_rate_times_directi
 
 def test_schedule_free_adamw_starts_from_the_weights_as_keras_optimizer_does():
     """Keras's ScheduleFreeAdamW starts its iterate ``z`` at the weights when it is built on them (its ``build``), and
-    tfnet's does so, equal to Keras's optimiser stepping the model batch by batch. Keras's ``fit`` builds it before
-    it can copy them and starts ``z`` at zero, so its first step sets every weight to about ``-lr * sign(g)``, the
-    model's weights lost (docs/keras.md): tfnet does not follow ``fit`` there."""
+    tfnet's does so, equal to Keras's optimiser stepping the model batch by batch. Under Keras's ``fit`` ``z`` starts
+    at zero (seen, not explained here), so its first step sets every weight to about ``-lr * sign(g)``, the model's
+    weights lost (docs/keras.md): tfnet does not follow ``fit`` there."""
     rng = np.random.default_rng(3)
     x, y = rng.normal(size=(16, 4)).astype(np.float32), rng.normal(size=(16, 1)).astype(np.float32)
     make = lambda: keras.optimizers.ScheduleFreeAdamW(0.05, warmup_steps=2, weight_decay=0.1)  # noqa: E731
