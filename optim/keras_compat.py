@@ -21,6 +21,11 @@ def _learning_rate(opt):
     return float(opt.learning_rate.numpy() if hasattr(opt.learning_rate, "numpy") else opt.learning_rate)
 
 
+def _exactly(names: list[str]) -> str:
+    """A pattern that matches these weight names (Keras's variable paths) and nothing else."""
+    return "^(?:" + "|".join(re.escape(n) for n in names) + ")$"
+
+
 def _excluded_from_weight_decay(opt, variables) -> str | None:
     """The variables (by path, which is the net's weight name) that Keras's optimiser leaves out of its weight decay
     (``opt.exclude_from_weight_decay(var_list=..., var_names=...)``), decided by Keras's own ``_use_weight_decay``, as
@@ -29,14 +34,14 @@ def _excluded_from_weight_decay(opt, variables) -> str | None:
     if not callable(decides):
         return None
     names = [v.path for v in variables if not decides(v)]
-    return "^(?:" + "|".join(re.escape(n) for n in names) + ")$" if names else None
+    return _exactly(names) if names else None
 
 
 def _adamw_weights(opt, variables) -> str:
     """The variables (by path) Keras's ``Muon`` steps with AdamW, decided by its own ``_should_use_adamw`` (rank, an
     embedding's, ``exclude_layers``), as one anchored pattern (one that matches nothing where there are none)."""
     names = [v.path for v in variables if opt._should_use_adamw(v)]
-    return "^(?:" + "|".join(re.escape(n) for n in names) + ")$" if names else "(?!)"
+    return _exactly(names) if names else "(?!)"
 
 
 def _map_multi_optimizer(opt, variables) -> dict:
@@ -51,8 +56,7 @@ def _map_multi_optimizer(opt, variables) -> dict:
         groups.setdefault(id(sub), (sub, []))[1].append(v)
     if not groups:
         raise KerasMappingError("The Keras MultiOptimizer has no variable to train.")
-    return {re.compile("^(?:" + "|".join(re.escape(v.path) for v in group) + ")$"): map_optimizer(sub, group)
-            for sub, group in groups.values()}
+    return {re.compile(_exactly([v.path for v in group])): map_optimizer(sub, group) for sub, group in groups.values()}
 
 
 def map_optimizer(opt, variables=()):

@@ -349,8 +349,8 @@ def _output_names(model, n_out: int, returned=None) -> list[str]:
     except (AttributeError, ValueError):  # a layer never called, or called on several inputs
         structure = None
     if isinstance(structure, dict) and not any(isinstance(v, (dict, list, tuple)) for v in structure.values()):
-        names = [clean_node_name(path) for path, _ in leaf_paths(structure)]  # sorted, as the frozen outputs are
-        if len(names) == n_out and len(set(names)) == n_out:
+        names = _keys_of(structure, n_out)
+        if names:
             return names
     names = list(getattr(model, "output_names", None) or [])
     if len(names) == n_out:
@@ -364,10 +364,17 @@ def _output_names(model, n_out: int, returned=None) -> list[str]:
     if len(names) == n_out and all(names) and len(set(names)) == n_out:
         return names
     if isinstance(returned, dict):
-        names = [clean_node_name(path) for path, _ in leaf_paths(returned)]
-        if len(names) == n_out and len(set(names)) == n_out:
+        names = _keys_of(returned, n_out)
+        if names:
             return names
     return [f"output_{i}" for i in range(n_out)]
+
+
+def _keys_of(outputs: dict, n_out: int) -> list[str] | None:
+    """A dict of outputs' keys as node names, in ``tf.nest.flatten``'s order (sorted, as the frozen outputs are); None
+    unless they name the ``n_out`` outputs one each."""
+    names = [clean_node_name(path) for path, _ in leaf_paths(outputs)]
+    return names if len(names) == n_out and len(set(names)) == n_out else None
 
 
 def _name_layer_outputs(graph_def, probes: list[str], layer_names: list[str]) -> graph_pb2.GraphDef:

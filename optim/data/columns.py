@@ -16,9 +16,9 @@ import numpy as np
 from optim.data.base import DataAdapter
 from optim.data.checks import Feed, check_feeds, check_present
 from optim.data.decode import TensorColumns
+from optim.data.names import by_output
 from optim.data.values import check_label_types
 from optim.errors import ColumnError
-from optim.losses import output_index
 from tfnet.errors import closest_names
 
 __all__ = ["ColumnDataset", "shapes_by_column", "tensor_specs"]
@@ -169,16 +169,8 @@ class ColumnDataset(DataAdapter):
         """
         if self.output_keys is None:
             return
-        by_output = {}
-        for key, spec in zip(self.output_keys, self.labels):
-            try:
-                by_output[output_index(key, output_names, "label_cols")] = spec
-            except ValueError as exc:
-                raise ColumnError(str(exc)) from None
-        missing = [n for i, n in enumerate(output_names) if i not in by_output]
-        if missing:
-            raise ColumnError(f"label_cols has no column for the net's outputs {missing}. Outputs: {output_names}")
-        self.labels = [by_output[i] for i in range(len(output_names))]
+        self.labels = by_output(zip(self.output_keys, self.labels), output_names, "label_cols",
+                                "label_cols has no column for the net's outputs {missing}.", ColumnError)
         self.output_keys = None
 
     def column_types(self) -> dict[str, str]:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from optim.errors import DataError
 from optim.losses import output_index
 
-__all__ = ["in_input_order", "in_output_order", "weights_in_output_order"]
+__all__ = ["by_output", "in_input_order", "in_output_order", "weights_in_output_order"]
 
 
 def in_input_order(features: Mapping, input_names: list[str]) -> list:
@@ -30,44 +30,49 @@ def in_input_order(features: Mapping, input_names: list[str]) -> list:
     return [by_input[n] for n in input_names]
 
 
+def by_output(pairs, output_names: list[str], where: str, missing: str, error: type = DataError) -> list:
+    """The values of ``(output name, value)`` pairs, in output order: a key names an output as
+    :func:`optim.losses.output_index` reads it (a Keras model's dict key or output layer's name, with or without ``:0``).
+    ``where`` names the dict in a message, ``missing`` says what the outputs without a value lack (``{missing}``
+    takes their names).
+
+    Raises:
+        ``error``: a key that names no output, or an output without a value.
+    """
+    found = {}
+    for key, value in pairs:
+        try:
+            found[output_index(str(key), output_names, where)] = value
+        except ValueError as exc:
+            raise error(str(exc)) from None
+    absent = [n for i, n in enumerate(output_names) if i not in found]
+    if absent:
+        raise error(missing.format(missing=absent) + f" Outputs: {output_names}")
+    return [found[i] for i in range(len(output_names))]
+
+
 def in_output_order(labels: Mapping, output_names: list[str]) -> list:
-    """Labels given as a dict by output name (a Keras model's dict keys or output layers' names, with or without
-    ``:0``), as a list in output order; one label array for a net of one output.
+    """Labels given as a dict by output name, as a list in output order (:func:`by_output`); one label array for a
+    net of one output.
 
     Raises:
         DataError: a key that names no output, or an output without labels.
     """
-    by_output = {}
-    for key, value in labels.items():
-        try:
-            by_output[output_index(str(key), output_names, "the labels dict")] = value
-        except ValueError as exc:
-            raise DataError(str(exc)) from None
-    missing = [n for i, n in enumerate(output_names) if i not in by_output]
-    if missing:
-        raise DataError(f"The labels dict has no array for the net's outputs {missing}: Keras's fit takes one per "
-                        f"output, and so does tfnet. Outputs: {output_names}")
-    ordered = [by_output[i] for i in range(len(output_names))]
+    ordered = by_output(labels.items(), output_names, "the labels dict",
+                        "The labels dict has no array for the net's outputs {missing}: Keras's fit takes one per output, "
+                        "and so does tfnet.")
     return ordered[0] if len(ordered) == 1 else ordered
 
 
 def weights_in_output_order(weights: Mapping, output_names: list[str]) -> list:
     """Sample weights given as a dict by output name (Keras's ``fit(..., sample_weight={"priority": w, ...})``), as a
-    list in output order; one array for a net of one output.
+    list in output order (:func:`by_output`); one array for a net of one output.
 
     Raises:
         DataError: a key that names no output, or an output without weights (Keras's ``fit`` asks for one array per
             output too).
     """
-    by_output = {}
-    for key, value in weights.items():
-        try:
-            by_output[output_index(str(key), output_names, "the sample weights dict")] = value
-        except ValueError as exc:
-            raise DataError(str(exc)) from None
-    missing = [n for i, n in enumerate(output_names) if i not in by_output]
-    if missing:
-        raise DataError(f"The sample weights dict has no array for the net's outputs {missing}: one per output, as "
-                        f"Keras's fit takes them (ones for an output left unweighted). Outputs: {output_names}")
-    ordered = [by_output[i] for i in range(len(output_names))]
+    ordered = by_output(weights.items(), output_names, "the sample weights dict",
+                        "The sample weights dict has no array for the net's outputs {missing}: one per output, as "
+                        "Keras's fit takes them (ones for an output left unweighted).")
     return ordered[0] if len(ordered) == 1 else ordered

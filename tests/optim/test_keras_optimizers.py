@@ -21,6 +21,18 @@ def model(optimizer, exclude):
     return m
 
 
+def assert_trains_as_fit(make, exclude, x, y, batch_size):
+    """Two epochs of Keras's fit and of tfnet from the same compiled model (``make()``'s optimiser, ``exclude``'s
+    weight-decay exclusions) on the same batches: every weight within 1e-6."""
+    reference = model(make(), exclude)
+    reference.fit(x, y, batch_size=batch_size, epochs=2, shuffle=False, verbose=0)
+    opt = TFOptimizer.from_keras(model(make(), exclude))
+    opt.optimize((x, y), batch_size=batch_size, epochs=2, shuffle=False, verbose=0)
+    got = opt.net.get_weights()
+    for v in reference.weights:
+        np.testing.assert_allclose(got[v.path], v.numpy(), atol=1e-6, err_msg=v.path)
+
+
 CASES = {
     "AdamW, var_names": (lambda: keras.optimizers.AdamW(0.05, weight_decay=0.5),
                          lambda opt, m: opt.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])),
@@ -35,13 +47,7 @@ def test_weights_keras_excludes_from_weight_decay_are_not_decayed(case):
     make, exclude = CASES[case]
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(16, 4)).astype(np.float32), rng.normal(size=(16, 1)).astype(np.float32)
-    reference = model(make(), exclude)
-    reference.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
-    opt = TFOptimizer.from_keras(model(make(), exclude))
-    opt.optimize((x, y), batch_size=8, epochs=2, shuffle=False, verbose=0)
-    got = opt.net.get_weights()
-    for v in reference.weights:
-        np.testing.assert_allclose(got[v.path], v.numpy(), atol=1e-6, err_msg=v.path)
+    assert_trains_as_fit(make, exclude, x, y, batch_size=8)
 
 
 @pytest.mark.parametrize("make", [lambda: keras.optimizers.Adamax(0.05, weight_decay=0.1),
@@ -64,13 +70,7 @@ def test_every_keras_optimizer_and_gradient_accumulation_train_as_fit(make):
     weights end as the moving average, as fit's end gives them."""
     rng = np.random.default_rng(1)
     x, y = rng.normal(size=(16, 4)).astype(np.float32), rng.normal(size=(16, 1)).astype(np.float32)
-    reference = model(make(), lambda opt, m: None)
-    reference.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
-    opt = TFOptimizer.from_keras(model(make(), lambda opt, m: None))
-    opt.optimize((x, y), batch_size=4, epochs=2, shuffle=False, verbose=0)
-    got = opt.net.get_weights()
-    for v in reference.weights:
-        np.testing.assert_allclose(got[v.path], v.numpy(), atol=1e-6, err_msg=v.path)
+    assert_trains_as_fit(make, lambda opt, m: None, x, y, batch_size=4)
 
 
 def test_use_ema_where_ranks_or_groups_would_keep_different_averages_is_refused():
@@ -147,10 +147,4 @@ def test_a_multi_optimizer_trains_each_group_as_fit(choose):
 
         return keras.optimizers.MultiOptimizer(optimizer_selector)
 
-    reference = model(optimizer(), lambda opt, m: None)
-    reference.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
-    opt = TFOptimizer.from_keras(model(optimizer(), lambda opt, m: None))
-    opt.optimize((x, y), batch_size=4, epochs=2, shuffle=False, verbose=0)
-    got = opt.net.get_weights()
-    for v in reference.trainable_variables:
-        np.testing.assert_allclose(got[v.path], v.numpy(), atol=1e-6, err_msg=v.path)
+    assert_trains_as_fit(optimizer, lambda opt, m: None, x, y, batch_size=4)
