@@ -216,14 +216,6 @@ def from_compiled_keras(model, input_signature=None):
         loss = map_loss(loss)
     _check_own_training(model)
     net = TFNet.from_keras(model, input_signature=input_signature)
-    if net.state.keras_added_losses:
-        raise KerasMappingError(
-            f"The Keras model adds {net.state.keras_added_losses} loss(es) of its own in call (activity_regularizer "
-            "or add_loss), which depend on activations the frozen graph does not output; Keras's fit adds them to "
-            "the loss, tfnet cannot. Remove them (layer.activity_regularizer = None) to train without, or fold the "
-            "term into the loss and use TFOptimizer.from_loss. Weight regularizers (kernel_regularizer, ...) are "
-            "applied: net.regularizers."
-        )
     net.trainable = [v.path for v in model.trainable_variables if v.path in net.weight_names]
     outputs = list(net.output_names)
     metrics = _compiled_metrics(cfg.get("metrics"), outputs)

@@ -18,7 +18,7 @@ from tensorflow.core.framework import graph_pb2, types_pb2
 from tensorflow.python.framework import convert_to_constants as c2c  # its steps: tfnet edits the graph between them
 from tensorflow.python.framework import tensor_util
 
-from tfnet.graph_utils import clean_node_name, consts_to_placeholders, rename_nodes, unique_name
+from tfnet.graph_utils import clean_node_name, consts_to_placeholders, rename_nodes, unique_name, without_control_inputs
 from tfnet.graph_utils import node_name as node_name_of
 from tfnet.keras_signature import keras_call, leaf_paths
 from tfnet.regularizers import from_variables
@@ -55,9 +55,9 @@ class Frozen:
     trainable: list[str] | None = None
     #: ``{weight: Keras's serialized regularizer}`` for the source's variables that have one (:mod:`tfnet.regularizers`).
     regularizers: dict[str, dict] = field(default_factory=dict)
-    #: How many losses the Keras model adds in its ``call`` (``activity_regularizer``, ``add_loss``): terms of Keras's
-    #: loss that depend on activations, which the frozen graph does not output.
-    added_losses: int = 0
+    #: The tensors of the losses the Keras model adds in its ``call`` (``activity_regularizer``, ``add_loss``), each the
+    #: sum Keras's ``fit`` adds to the loss (``Trainer.compute_loss``), computed beside the outputs.
+    losses: list[str] = field(default_factory=list)
 
 
 def freeze_concrete_function(fn, variables: Iterable, output_names: Sequence[str] | None = None,
@@ -87,7 +87,7 @@ def freeze_concrete_function(fn, variables: Iterable, output_names: Sequence[str
     if output_names is not None:
         for tensor, wanted in zip(list(outputs), output_names):
             node = tensor.split(":")[0]
-            if tensor.endswith(":0") and node not in mapping:
+            if wanted and tensor.endswith(":0") and node not in mapping:
                 new = unique_name(clean_node_name(wanted), taken - {node})
                 taken.add(new)
                 mapping[node] = new
@@ -308,11 +308,14 @@ def freeze_keras(model, input_signature=None) -> Frozen:
         except (ValueError, TypeError):
             probe, layers = model, []
     structure = []  # what the model returns: a subclassed model's dict of outputs names them
+    added = []  # how many losses the call adds (activity_regularizer, add_loss)
 
     def call(*xs):
         out = probe(*signature.arguments(xs), training=False)
         structure[:] = [out]
-        return tf.nest.flatten(out)
+        terms = _added_losses(probe)
+        added[:] = [len(terms)]
+        return tf.nest.flatten(out) + [tf.identity(t) for t in terms]
 
     try:
         try:
@@ -325,17 +328,40 @@ def freeze_keras(model, input_signature=None) -> Frozen:
         if not signature.from_signature:
             raise
         raise signature.call_failure(model, exc) from None  # Keras's line, not TensorFlow's tracing frames
-    n_out = len(fn.outputs) - len(layers)
+    n_losses = added[0]
+    n_out = len(fn.outputs) - len(layers) - n_losses
     names = _output_names(model, n_out, structure[0] if structure and not layers else None)
+    loss_names = [f"added_loss_{i}" for i in range(n_losses)]
     # Keras's trainable flags come along: a layer or nested model with trainable = False, a LoRA layer's base kernel
-    frozen = freeze_concrete_function(fn, model.variables, names, trainable_variables=model.trainable_variables)
+    frozen = freeze_concrete_function(fn, model.variables, names + [""] * len(layers) + loss_names,
+                                      trainable_variables=model.trainable_variables)
     if layers:
-        frozen.template = _name_layer_outputs(frozen.template, frozen.outputs[n_out:], [n for n, _ in layers])
+        frozen.template = _name_layer_outputs(frozen.template, frozen.outputs[n_out:n_out + len(layers)],
+                                              [n for n, _ in layers])
+    frozen.losses = frozen.outputs[len(frozen.outputs) - n_losses:]
     frozen.outputs = frozen.outputs[:n_out]
-    # what the traced call left in Keras's losses beyond the weights' regularizers: activity_regularizer, add_loss
-    regularized = sum(1 for v in probe.trainable_weights if getattr(v, "regularizer", None) is not None)
-    frozen.added_losses = max(len(probe.losses) - regularized, 0)
+    # a traced function's results wait on all its reads: a term needs only what it is computed from
+    frozen.template = without_control_inputs(frozen.template, [node_name_of(t) for t in frozen.losses])
     return frozen
+
+
+def _added_losses(model) -> list:
+    """The losses the traced call added (``activity_regularizer``'s, ``add_loss``'s), each as Keras's ``fit`` adds it
+    (``Trainer._aggregate_additional_loss``: cast to float where it is not, summed). ``model.losses`` holds them,
+    then the trainable weights' regularizers, which tfnet adds itself (:mod:`tfnet.regularizers`); read without the
+    latter where Keras's layers say (``_get_own_losses``, what ``losses`` reads), so the frozen graph does not compute
+    them."""
+    import keras
+
+    own = getattr(model, "_get_own_losses", None)
+    flatten = getattr(model, "_flatten_layers", None)
+    if callable(own) and callable(flatten):
+        terms = list(own()) + [t for layer in flatten(include_self=False) for t in layer._get_own_losses()]
+    else:
+        regularized = sum(1 for v in model.trainable_weights if getattr(v, "regularizer", None) is not None)
+        losses = list(model.losses)
+        terms = losses[:max(len(losses) - regularized, 0)]
+    return [tf.reduce_sum(t if t.dtype.is_floating else tf.cast(t, keras.config.floatx())) for t in terms]
 
 
 def _output_names(model, n_out: int, returned=None) -> list[str]:

@@ -41,6 +41,8 @@ class GraphFunction:
             that runs (see :mod:`tfnet.fold`). The template itself is unchanged. Default: True.
         phase_values: ``{tensor name: (training value, inference value)}``: tensors (an
             ``is_training`` or ``keep_prob`` placeholder) fed a fixed value per mode. Default: none.
+        loss_names: Tensors computed beside the outputs when asked for (``losses=True``): the losses a
+            training loss adds (a Keras model's ``add_loss``). Default: none.
     """
 
     def __init__(
@@ -51,15 +53,18 @@ class GraphFunction:
         weight_names: Sequence[str],
         fold: bool = True,
         phase_values: Mapping[str, tuple] | None = None,
+        loss_names: Sequence[str] = (),
     ):
         self.template = template
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
+        self.loss_names = tuple(loss_names)
+        computed = list(self.output_names) + list(self.loss_names)
         self.weight_names = tuple(weight_names)
         self.fold = fold
         self.phase_values = dict(phase_values or {})
         fed_names = list(input_names) + list(self.phase_values)
-        _check_unfed_placeholders(template, fed_names, output_names, weight_names)
+        _check_unfed_placeholders(template, fed_names, computed, weight_names)
         graph = import_for_shapes(template)
         self.phase_specs = {n: _spec(graph, n) for n in self.phase_values}
         for n, spec in self.phase_specs.items():
@@ -67,13 +72,14 @@ class GraphFunction:
                 _check_phase_value(n, value, spec)
         self.input_specs = tuple(_spec(graph, n) for n in input_names)
         self.output_specs = tuple(_spec(graph, n) for n in output_names)
+        _check_losses(self.loss_names, [_spec(graph, n) for n in self.loss_names])
         self.weight_specs = tuple(_spec(graph, w + ":0") for w in weight_names)
         self.folded = 0
         self.compute_template = template
         if fold and weight_names:
             folded, self.folded = fold_affine(template, graph, fed_names, list(weight_names))
             if self.folded:
-                self.compute_template = gu.subgraph(folded, output_names, feeds=fed_names)
+                self.compute_template = gu.subgraph(folded, computed, feeds=fed_names)
         # strided 1x1 convolutions as views at stride 1: their gradient is wrong on some CPUs (tfnet.kernels)
         self.compute_template, self.rewritten_convolutions = kernels.rewrite_graph(self.compute_template, graph)
         # a BiasAdd that TensorFlow's remapper would fuse with a sum other ops still read, as an AddV2 (tfnet.remapper_guard)
@@ -93,10 +99,11 @@ class GraphFunction:
 
     def __call__(
         self, inputs: Sequence[tf.Tensor], weights: Sequence[tf.Tensor], training: bool = False,
-        differentiated: bool = False,
+        differentiated: bool = False, losses: bool = False,
     ) -> list[tf.Tensor]:
         """Imports the graph into the function being traced, wired to ``inputs`` and ``weights``,
-        with each phase tensor fed its training or inference value.
+        with each phase tensor fed its training or inference value: the outputs, then with ``losses`` the
+        :attr:`loss_names` tensors.
 
         Must run while a graph is being built (inside ``tf.function``). The imported ops are
         created below the Python op layer, so differentiate them with ``tf.gradients`` inside the
@@ -109,7 +116,8 @@ class GraphFunction:
             input_map[name] = tf.constant(values[0 if training else 1], dtype=self.phase_specs[name].dtype)
         template = self.gradient_template if differentiated else self.compute_template
         return tf.graph_util.import_graph_def(
-            template, input_map=input_map, return_elements=list(self.output_names), name="graph"
+            template, input_map=input_map, name="graph",
+            return_elements=list(self.output_names) + (list(self.loss_names) if losses else []),
         )
 
 
@@ -164,6 +172,13 @@ def feed_specs(template, input_names) -> dict:
         t = graph.get_tensor_by_name(name)
         specs[name] = (t.dtype.as_datatype_enum, None if t.shape.rank is None else t.shape.as_list())
     return specs
+
+
+def _check_losses(names: Sequence[str], specs: Sequence[tf.TensorSpec]) -> None:
+    for name, spec in zip(names, specs):
+        if not spec.dtype.is_floating:
+            raise InputSpecError(f"Loss {name!r} is a {spec.dtype.name} tensor; a loss the training loss adds must be a "
+                                 "float tensor (it is summed).")
 
 
 def _check_phase_value(name: str, value, spec: tf.TensorSpec) -> None:

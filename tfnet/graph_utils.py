@@ -180,6 +180,21 @@ def set_placeholder_batch_dim(graph_def: graph_pb2.GraphDef, names: Iterable[str
             shape.dim[0].size = -1
 
 
+def without_control_inputs(graph_def: graph_pb2.GraphDef, only: Iterable[str] | None = None) -> graph_pb2.GraphDef:
+    """A copy of ``graph_def`` with no control inputs (``^node``) on its nodes (or on the nodes named in ``only``):
+    what each tensor is computed from, not what must run before it."""
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    only = None if only is None else set(only)
+    for node in out.node:
+        if only is not None and node.name not in only:
+            continue
+        data = [i for i in node.input if not i.startswith("^")]
+        del node.input[:]
+        node.input.extend(data)
+    return out
+
+
 def subgraph(
     graph_def: graph_pb2.GraphDef,
     outputs: Iterable[str],

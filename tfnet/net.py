@@ -91,6 +91,10 @@ class TFNet(tf.Module):
             ``{"is_training:0": (True, False)}`` or ``{"keep_prob:0": (0.5, 1.0)}``. Each tensor is
             fed its training value by ``forward(x, training=True)``, ``backward(..., training=True)``
             and the fused training step, and its inference value otherwise. Default: none.
+        losses: Tensor names of losses the training step adds to its loss, each summed (a TF1 graph's
+            regularization loss, say): what Keras's ``fit`` adds as ``model.losses``. ``from_keras`` names those the
+            model's ``call`` adds (``activity_regularizer``, ``add_loss``) itself. See :attr:`loss_names`.
+            Default: none.
         name: The module name. Default: ``"tfnet"``.
 
     Internal interface, for tfnet's own modules (step, serialize, saving, onnx export); public
@@ -138,11 +142,12 @@ class TFNet(tf.Module):
         relax_batch: bool = True,
         fold_batch_norm: bool = True,
         phase_values: Mapping[str, tuple] | None = None,
+        losses: str | Sequence[str] = (),
         name: str = "tfnet",
     ):
         self._hold(net_loading.graph_def_state(
             graph_def, inputs, outputs, weights, trainable=trainable, relax_batch=relax_batch,
-            fold_batch_norm=fold_batch_norm, phase_values=phase_values, name=name))
+            fold_batch_norm=fold_batch_norm, phase_values=phase_values, losses=losses, name=name))
 
     def _hold(self, state: NetState) -> None:
         super().__init__(name=state.name)
@@ -242,6 +247,14 @@ class TFNet(tf.Module):
     def output_names(self) -> list[str]:
         """Output tensor names, in the order outputs are returned."""
         return list(self.state.graph.output_names)
+
+    @property
+    def loss_names(self) -> list[str]:
+        """The tensors whose sums the training step (and evaluation) adds to the loss, beside the outputs: the losses a
+        Keras model's ``call`` adds (``activity_regularizer``, ``add_loss``; named ``added_loss_<i>``), as Keras's
+        ``fit`` and ``evaluate`` add ``model.losses``, or a frozen graph's given as ``losses``. ``forward(x,
+        return_losses=True)`` computes them. Empty for most nets."""
+        return list(self.state.graph.loss_names)
 
     @property
     def input_specs(self) -> list[tf.TensorSpec]:

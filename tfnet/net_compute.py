@@ -23,7 +23,7 @@ from tfnet.net_state import NetState
 from tfnet.v1_loops import graph_mode_function, restored_loops
 
 __all__ = [
-    "apply_updates", "backward", "call", "compiled_vjp", "forward", "hooks", "pack", "prepare_inputs", "pure_function",
+    "added_loss", "apply_updates", "backward", "call", "compiled_vjp", "forward", "hooks", "pack", "prepare_inputs", "pure_function",
     "register_forward_hook", "register_gradient_hook", "register_update_hook", "run_graph",
 ]
 
@@ -32,7 +32,7 @@ __all__ = [
 
 def run_graph(
     state: NetState, inputs: Sequence[tf.Tensor], weights: Sequence[tf.Tensor], training: bool = False,
-    differentiated: bool = False,
+    differentiated: bool = False, losses: bool = False,
 ) -> list[tf.Tensor]:
     """Imports the graph into the function being traced, wired to ``inputs`` and ``weights`` (all
     of :attr:`weight_names`: each adapted weight is fed ``W + alpha / rank * A @ B``); phase
@@ -44,9 +44,19 @@ def run_graph(
         training: Feed :attr:`phase_values` their training values. Default: False.
         differentiated: Gradients will be taken of it: the graph as :mod:`tfnet.remapper_guard` keeps it
             differentiable. Default: False.
+        losses: Return the :attr:`loss_names` tensors after the outputs. Default: False.
     """
     graph_weights = adapted_weights(weights, state.lora_plan, len(state.graph.weight_names))
-    return state.graph(cast_inputs(state, inputs), graph_weights, training=training, differentiated=differentiated)
+    return state.graph(cast_inputs(state, inputs), graph_weights, training=training, differentiated=differentiated,
+                       losses=losses)
+
+
+def added_loss(terms: Sequence[tf.Tensor]) -> tf.Tensor | None:
+    """The sum of the :attr:`loss_names` tensors' sums, float32, as Keras's ``fit`` adds ``model.losses``; None for
+    none (internal interface)."""
+    if not terms:
+        return None
+    return tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in terms])
 
 
 def cast_inputs(state: NetState, inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
@@ -56,7 +66,8 @@ def cast_inputs(state: NetState, inputs: Sequence[tf.Tensor]) -> list[tf.Tensor]
     return [t if t.dtype == s.dtype else tf.cast(t, s.dtype) for t, s in zip(inputs, state.graph.input_specs)]
 
 
-def pure_function(state: NetState, training: bool = False, dtypes: Sequence[tf.DType] | None = None) -> Callable:
+def pure_function(state: NetState, training: bool = False, dtypes: Sequence[tf.DType] | None = None,
+                  losses: bool = False) -> Callable:
     """``(inputs, weights) -> outputs``, compiled once per mode and input dtypes with a batch-agnostic signature
     (internal interface).
 
@@ -64,18 +75,21 @@ def pure_function(state: NetState, training: bool = False, dtypes: Sequence[tf.D
         training: Feed :attr:`phase_values` their training values. Default: False.
         dtypes: The dtypes the inputs come in (a float input may take narrow integers, cast inside). Default: the
             graph's.
+        losses: The :attr:`loss_names` tensors too, after the outputs. Default: False.
     """
     specs = list(state.graph.input_specs)
     own = tuple(s.dtype for s in specs)
     dtypes = own if dtypes is None else tuple(tf.as_dtype(d) for d in dtypes)
-    key = ("pure", bool(training) and bool(state.graph.phase_values)) + ((dtypes,) if dtypes != own else ())
+    losses = bool(losses) and bool(state.graph.loss_names)
+    key = ("pure", bool(training) and bool(state.graph.phase_values)) + ((dtypes,) if dtypes != own else ()) + \
+        (("losses",) if losses else ())
     fn = state.compiled.get(key)
     if fn is None:
         input_specs = [tf.TensorSpec(s.shape, d, s.name) for s, d in zip(specs, dtypes)]
         signature = [input_specs, state.weight_specs()]
 
         def run(inputs, weights):
-            return run_graph(state, inputs, weights, training=key[1])
+            return run_graph(state, inputs, weights, training=key[1], losses=losses)
 
         if state.graph.v1_loops:  # v1 loop frames and tf.function's automatic control dependencies do not mix
             fn = graph_mode_function(run, signature)
@@ -173,9 +187,9 @@ def prepare_inputs(state: NetState, inputs: Any, narrow: bool = False) -> list[t
 
 
 def _call_pure(state: NetState, tensors: list[tf.Tensor], weights: list[tf.Tensor],
-               training: bool = False) -> list[tf.Tensor]:
+               training: bool = False, losses: bool = False) -> list[tf.Tensor]:
     try:
-        return list(pure_function(state, training, [t.dtype for t in tensors])(tensors, weights))
+        return list(pure_function(state, training, [t.dtype for t in tensors], losses)(tensors, weights))
     except tf.errors.OpError as exc:
         raise GraphExecutionError(
             f"TensorFlow failed to run the graph on inputs of shapes "
@@ -196,7 +210,7 @@ def call(state: NetState, inputs: Any, training: bool = False) -> tf.Tensor | li
 
 
 def forward(state: NetState, inputs: Any, *, as_tensors: bool = False, batch_size: int | None = None,
-            training: bool = False):
+            training: bool = False, return_losses: bool = False):
     """Runs the graph.
 
     Args:
@@ -209,13 +223,29 @@ def forward(state: NetState, inputs: Any, *, as_tensors: bool = False, batch_siz
             whose dimension 0 is fixed in :attr:`input_specs` are whole tensors, not rows: each
             chunk gets all of them.
         training: Feed :attr:`phase_values` their training values. Default: False.
+        return_losses: Also return what the training loss adds for these inputs (:attr:`loss_names`: a Keras
+            model's ``add_loss`` and activity terms, as ``model.losses`` holds them after a call), summed, a float32
+            scalar (0 for a net without). Computed on the whole batch: not with ``batch_size``. Default: False.
 
     Returns:
-        One array for single-output graphs, else a list in :attr:`output_names` order.
+        One array for single-output graphs, else a list in :attr:`output_names` order; with ``return_losses``, the
+        pair ``(outputs, added loss)``.
 
     Raises:
         InputSpecError: the inputs that take a batch (dimension 0 open) have different sizes there.
+        ValueError: ``return_losses`` with ``batch_size``.
     """
+    if return_losses:
+        if batch_size:
+            raise ValueError("forward(return_losses=True) computes the losses of the whole batch; it takes no "
+                             f"batch_size. Received: batch_size={batch_size}")
+        tensors = prepare_inputs(state, inputs, narrow=True)
+        outs = _call_pure(state, tensors, state.weight_values(), training, losses=True)
+        n = len(state.graph.output_names)
+        added = added_loss(outs[n:])
+        outs = state.forward_hooks.run(pack(outs[:n]))
+        added = tf.constant(0.0, tf.float32) if added is None else added
+        return (outs, added) if as_tensors else (tf.nest.map_structure(lambda t: t.numpy(), outs), added.numpy())
     tensors = prepare_inputs(state, inputs, narrow=True)
     weights = state.weight_values()
     specs = list(state.graph.input_specs)

@@ -52,18 +52,20 @@ def graph_def_state(graph_def: PathLike | bytes | graph_pb2.GraphDef, inputs: st
 
 
 def build(template, values, input_names, output_names, *, trainable=None, relax_batch=True, fold=True,
-          phase_values=None, name="tfnet") -> NetState:
+          phase_values=None, name="tfnet", losses=()) -> NetState:
     """The state of a net from a weightless graph (weights as placeholders) and their values."""
     phase_values = _check_phase_values(template, phase_values, input_names)
+    losses = gu.check_tensor_names(template, as_name_list(losses, "losses"), "loss") if losses else []
     feeds = list(input_names) + list(phase_values)
-    template = gu.subgraph(template, output_names, feeds=feeds, feed_specs=feed_specs(template, feeds))
+    template = gu.subgraph(template, list(output_names) + losses, feeds=feeds,
+                           feed_specs=feed_specs(template, feeds))
     kept = gu.nodes_by_name(template)
     values = {w: v for w, v in values.items() if w in kept}
     statistics = find_statistics(template, list(values))
     if relax_batch:
         gu.set_placeholder_batch_dim(template, input_names)
     state = NetState(NetParts(template, input_names, output_names, values, statistics, name=name, fold=fold,
-                              phase_values=phase_values))
+                              phase_values=phase_values, losses=losses))
     if trainable is not None:
         state.select_trainable(trainable)
     return state
@@ -73,11 +75,12 @@ def _frozen_state(frozen, kwargs) -> NetState:
     """From a :class:`tfnet.freeze.Frozen` (a weightless graph and its weight values)."""
     if frozen.trainable is not None and frozen.weights and "trainable" not in kwargs:
         kwargs = {**kwargs, "trainable": frozen.trainable}  # the source model's own flags (trainable_variables)
+    if frozen.losses and "losses" not in kwargs:
+        kwargs = {**kwargs, "losses": frozen.losses}  # what the Keras model's call adds to its loss
     inputs = gu.check_tensor_names(frozen.template, frozen.inputs, "input")
     outputs = gu.check_tensor_names(frozen.template, frozen.outputs, "output")
     state = build(frozen.template, frozen.values, inputs, outputs, **_init_kwargs(kwargs))
     state.keep_regularizers(frozen.regularizers)
-    state.keras_added_losses = frozen.added_losses
     return state
 
 
@@ -125,7 +128,8 @@ def from_keras(cls, model, *, input_signature=None, **kwargs):
             ``keras.InputSpec`` with a shape and dtype, or a dict, list or tuple of them; as
             ``model.export(input_signature=...)`` takes it. Needed for a subclassed model with several inputs or
             integer ones. Default: the model's own inputs.
-        **kwargs: ``trainable``, ``relax_batch``, ``fold_batch_norm``, ``name``; see :class:`TFNet`.
+        **kwargs: ``trainable``, ``relax_batch``, ``fold_batch_norm``, ``losses`` (default: the losses the model adds
+            in its ``call``; ``[]`` for none), ``name``; see :class:`TFNet`.
 
     Raises:
         FileNotFoundError: a path that does not exist.
@@ -176,6 +180,8 @@ def from_export_folder(cls, folder: PathLike, *, storage_options=None, **kwargs)
         kwargs.setdefault("weights", extra["weight_names"])
     if extra.get("phase_values"):
         kwargs.setdefault("phase_values", {k: tuple(v) for k, v in extra["phase_values"].items()})
+    if extra.get("loss_names"):
+        kwargs.setdefault("losses", extra["loss_names"])
     net = cls(graph_def, meta["input_names"], meta["output_names"], **kwargs)
     if "trainable" in extra and "trainable" not in kwargs:
         # exactly the named weights that exist train (statistics too, if named)
@@ -224,7 +230,7 @@ def from_onnx(
 def _init_kwargs(kwargs) -> dict:
     """Maps the public keyword arguments onto ``_init``'s, refusing unknown ones."""
     allowed = {"trainable": "trainable", "relax_batch": "relax_batch", "fold_batch_norm": "fold", "name": "name",
-               "phase_values": "phase_values"}
+               "phase_values": "phase_values", "losses": "losses"}
     unknown = set(kwargs) - set(allowed)
     if unknown:
         raise TypeError(f"Unknown arguments {sorted(unknown)}; expected some of {sorted(allowed)}.")

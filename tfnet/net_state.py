@@ -49,8 +49,6 @@ class NetState(tf.Module):
         onnx_source: The ONNX model the net's body came from (:class:`tfnet.onnx.export.OnnxSource`), or None.
         keras_source: The Keras model the net came from, serialized (:mod:`tfnet.keras_source`), or None.
         regularizers: ``{weight name: Keras's serialized regularizer}`` (:mod:`tfnet.regularizers`).
-        keras_added_losses: How many losses the Keras model adds in ``call`` (``activity_regularizer``, ``add_loss``),
-            which the graph does not output (0 for other sources).
     """
 
     def __init__(self, parts: NetParts):
@@ -60,7 +58,7 @@ class NetState(tf.Module):
         extra = {n for ad in parts.adapters for n in (ad.a, ad.b)}
         weight_names = [n.name for n in template.node if n.name in parts.values and n.name not in extra]
         self.graph = GraphFunction(template, list(parts.input_names), list(parts.output_names), weight_names,
-                                   fold=parts.fold, phase_values=parts.phase_values)
+                                   fold=parts.fold, phase_values=parts.phase_values, loss_names=parts.losses)
         self.tables = list(self.graph.tables.tables.values())
         with tf.init_scope():
             self.weights = {
@@ -84,7 +82,6 @@ class NetState(tf.Module):
         self.onnx_source = parts.onnx_source
         self.keras_source: str | None = None
         self.keep_regularizers(parts.regularizers or {})
-        self.keras_added_losses = 0
         if parts.trainable is not None:
             self.set_trainable_names([t for t in parts.trainable if t in self.weights])
 

@@ -29,8 +29,9 @@ def cut(state: NetState, tensor_names: str | Sequence[str]) -> NetParts:
     classifier. Weights past the cut are dropped; the rest keep their current values and
     trainable state."""
     outputs = gu.check_tensor_names(state.graph.template, as_name_list(tensor_names, "tensor_names"), "cut")
-    template = gu.subgraph(state.graph.template, outputs,
-                           feeds=list(state.graph.input_names) + list(state.graph.phase_values))
+    feeds = list(state.graph.input_names) + list(state.graph.phase_values)
+    losses = _losses_within(state, outputs, feeds)
+    template = gu.subgraph(state.graph.template, outputs + losses, feeds=feeds)
     kept = gu.nodes_by_name(template)
     used = used_tensors(template) | set(outputs)
     inputs = [n for n in state.graph.input_names if n in used]
@@ -41,8 +42,19 @@ def cut(state: NetState, tensor_names: str | Sequence[str]) -> NetParts:
     return NetParts(
         template, inputs, outputs, values, dict(state.statistic_roles), list(state.trainable), name=state.name,
         fold=state.graph.fold, phase_values=phase_values, adapters=adapters, onnx_source=state.onnx_source,
-        regularizers=state.regularizers,
+        regularizers=state.regularizers, losses=losses,
     )
+
+
+def _losses_within(state: NetState, outputs: list[str], feeds: list[str]) -> list[str]:
+    """The net's :attr:`loss_names` that the net cut at ``outputs`` still has: those computed from no op past the cut
+    (an activity term of a layer the cut keeps, not of one it drops), as a Keras model made of the kept layers has
+    only their losses."""
+    template = gu.without_control_inputs(state.graph.template)  # a traced function's outputs wait on all its reads
+    kept = set(gu.nodes_by_name(gu.subgraph(template, outputs, feeds=feeds)))
+    dropped = set(gu.nodes_by_name(gu.subgraph(template, list(state.graph.output_names), feeds=feeds))) - kept
+    return [n for n in state.graph.loss_names
+            if not set(gu.nodes_by_name(gu.subgraph(template, [n], feeds=feeds))) & dropped]
 
 
 def add_head(state: NetState, head, name: str = "head") -> NetParts:
@@ -78,6 +90,7 @@ def add_head(state: NetState, head, name: str = "head") -> NetParts:
         name=state.name, fold=state.graph.fold, phase_values=dict(state.graph.phase_values),
         adapters=list(state.adapters.values()), onnx_source=state.onnx_source,
         regularizers={**state.regularizers, **{f"{name}/{w}": c for w, c in frozen.regularizers.items()}},
+        losses=list(state.graph.loss_names) + [f"{name}/{t}" for t in frozen.losses],
     )
 
 
@@ -140,7 +153,7 @@ def with_lora(state: NetState, targets, rank: int = 8, alpha: float | None = Non
         state.graph.template, list(state.graph.input_names), list(state.graph.output_names), values,
         dict(state.statistic_roles), [n for ad in every for n in (ad.a, ad.b)], name=state.name, fold=state.graph.fold,
         phase_values=dict(state.graph.phase_values), adapters=every, onnx_source=state.onnx_source,
-        regularizers=state.regularizers,
+        regularizers=state.regularizers, losses=state.graph.loss_names,
     )
 
 
@@ -179,4 +192,5 @@ def merged(state: NetState) -> NetParts:
         state.graph.template, list(state.graph.input_names), list(state.graph.output_names),
         state.graph_weight_arrays(), dict(state.statistic_roles), keep, name=state.name, fold=state.graph.fold,
         phase_values=dict(state.graph.phase_values), onnx_source=state.onnx_source, regularizers=state.regularizers,
+        losses=state.graph.loss_names,
     )

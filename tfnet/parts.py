@@ -40,6 +40,8 @@ class NetParts:
             ``save_onnx``. Default: None.
         regularizers: ``{weight name: Keras's serialized regularizer}`` (:mod:`tfnet.regularizers`); names the net
             lacks are skipped. Default: none.
+        losses: Tensor names of the losses the training loss adds (a Keras model's ``add_loss`` and
+            ``activity_regularizer`` terms; :attr:`tfnet.TFNet.loss_names`). Default: none.
     """
 
     template: graph_pb2.GraphDef
@@ -54,3 +56,4 @@ class NetParts:
     adapters: Sequence[Adapter] = ()
     onnx_source: Any = None
     regularizers: Mapping[str, Mapping] | None = None
+    losses: Sequence[str] = ()

@@ -33,6 +33,7 @@ def write_export_folder(net, path: PathLike, storage_options=None) -> None:
         "phase_values": {k: [_jsonable(v) for v in pair] for k, pair in net.phase_values.items()},
         **({"keras_source": net.keras_source} if net.keras_source else {}),
         **({"regularizers": net.regularizers} if net.regularizers else {}),
+        **({"loss_names": net.loss_names} if net.loss_names else {}),
     })
 
 

@@ -32,6 +32,7 @@ def net_to_bytes(net) -> bytes:
         "lora": [ad.to_json() for ad in net.adapters.values()],
         "keras_source": net.keras_source,
         "regularizers": net.regularizers,
+        "losses": net.loss_names,
     }
     arrays["template"] = np.frombuffer(net.template.SerializeToString(), np.uint8)
     return pack(FORMAT, header, arrays)
@@ -51,7 +52,7 @@ def net_from_bytes(data: bytes):
                                     meta["trainable"], name=meta["name"], fold=meta["fold"],
                                     phase_values={k: tuple(v) for k, v in meta.get("phase_values", {}).items()},
                                     adapters=[Adapter.from_json(item) for item in meta.get("lora", [])],
-                                    regularizers=meta.get("regularizers")))
+                                    regularizers=meta.get("regularizers"), losses=meta.get("losses", ())))
     net.keras_source = meta.get("keras_source")
     return net
 

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from tfnet.errors import NoWeightsError, TFNetError
 from tfnet.graph_function import own_function
+from tfnet.net_compute import added_loss
 from tfnet.precision import bf16_rewrite, check_precision, training_precision
 from tfnet.regularizers import penalty
 
@@ -65,7 +66,8 @@ class TrainStep:
             without native bfloat16 a :class:`~tfnet.precision.PrecisionWarning` (once) and fp32.
 
     The loss differentiated and returned includes the net's weight regularizers (:attr:`TFNet.regularizers`) of the
-    trainable weights, as Keras's ``fit`` adds ``model.losses``.
+    trainable weights and the losses computed beside the outputs (:attr:`TFNet.loss_names`: a Keras model's
+    ``add_loss`` and activity terms), as Keras's ``fit`` adds ``model.losses``.
 
     When the loss or any gradient is NaN or infinite, the step leaves the weights and the state as
     they were and returns ``finite=False``; the caller decides whether to stop or skip.
@@ -79,6 +81,9 @@ class TrainStep:
                 "Nothing to train: no weight is trainable. Set net.trainable first "
                 f"(the net has {len(net.weight_names)} weights)."
             )
+        if net.loss_names and net.graph.v1_loops:
+            raise TFNetError("A net with TF1 control-flow loops cannot train with losses beside its outputs "
+                             f"({net.loss_names}); export the loops as functional While ops (TF2 control flow).")
         if not callable(loss_fn):
             raise TypeError(f"`loss_fn` must be callable (targets, outputs) -> scalar. Received: {loss_fn!r}")
         if isinstance(transform, (int, float)):
@@ -164,11 +169,14 @@ class TrainStep:
                 grads = [g if e is None else e if g is None else g + e
                          for g, e in zip(grads, tf.gradients(extra, sources))]
         else:
-            outs = net.run_graph(inputs, list(reads.values()), training=True, differentiated=True)
-            outs = net.forward_hooks.run(net.pack(outs))
+            outs = net.run_graph(inputs, list(reads.values()), training=True, differentiated=True, losses=True)
+            n_out = len(net.output_names)
+            added = added_loss(outs[n_out:])  # the model's add_loss and activity terms, as fit adds them
+            outs = net.forward_hooks.run(net.pack(outs[:n_out]))
             loss = tf.cast(self.loss_fn(targets, outs), tf.float32)
-            if extra is not None:
-                loss = loss + extra
+            for term in (extra, added):
+                if term is not None:
+                    loss = loss + term
             # The imported graph's ops are created below the Python op layer, where GradientTape
             # does not see them; symbolic gradients walk the graph itself and reach every op.
             grads = tf.gradients(loss, sources)

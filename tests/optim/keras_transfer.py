@@ -14,13 +14,16 @@ LR_HEAD, LR_FINE = 0.1, 0.01
 
 def transfer_model(seed: int = 0, regularized: bool = False):
     """``(model, base)``: the base frozen, the head new. ``regularized``: the base's convolution and the head carry
-    weight regularizers (L2 kernels, an L1 bias), which Keras's ``fit`` adds to the loss for the trainable ones."""
+    weight regularizers (L2 kernels, an L1 bias), which Keras's ``fit`` adds to the loss for the trainable ones, and
+    activity regularizers (L1 on the convolution's output, which its batch norm also reads; L2 on the head's), which it
+    adds whatever trains."""
     import keras
 
     keras.utils.set_random_seed(seed)
-    reg = {"kernel_regularizer": keras.regularizers.L2(0.05)} if regularized else {}
-    head_reg = {"kernel_regularizer": keras.regularizers.L2(0.02),
-                "bias_regularizer": keras.regularizers.L1(0.03)} if regularized else {}
+    reg = {"kernel_regularizer": keras.regularizers.L2(0.05),
+           "activity_regularizer": keras.regularizers.L1(0.01)} if regularized else {}
+    head_reg = {"kernel_regularizer": keras.regularizers.L2(0.02), "bias_regularizer": keras.regularizers.L1(0.03),
+                "activity_regularizer": keras.regularizers.L2(0.05)} if regularized else {}
     base = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(4, 3, name="conv", **reg),
                              keras.layers.BatchNormalization(name="bn"), keras.layers.Activation("relu"),
                              keras.layers.GlobalAveragePooling2D()], name="base")

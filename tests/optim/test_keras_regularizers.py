@@ -2,8 +2,8 @@
 ``fit`` and ``evaluate`` add them to the loss: for the trainable weights only, so a frozen base's regularizer counts
 once it is unfrozen. The oracle is Keras itself: ``fit``'s weights and its history's ``loss`` and ``val_loss``, and
 ``model.losses``. Before, ``from_keras`` dropped every regularizer and tfnet trained 2.7e-2 away from ``fit`` on the
-first such model tried. What tfnet cannot add (a loss from ``activity_regularizer`` or ``add_loss``, which depends on
-activations the frozen graph does not output) and a model that overrides ``train_step`` are refused by name."""
+first such model tried. The model also has activity regularizers (their terms: ``tests/optim/test_keras_added_losses.py``).
+A model that overrides ``train_step`` is refused by name."""
 
 import keras
 import numpy as np
@@ -20,8 +20,9 @@ SCE = optim.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
 def keras_penalty(model) -> float:
-    """What Keras's ``compute_loss`` adds for the weights' regularizers (``model.losses`` outside a call)."""
-    return float(sum(float(keras.ops.sum(loss)) for loss in model.losses))
+    """What Keras's ``compute_loss`` adds for the weights' regularizers: those of ``model.losses`` (the trainable
+    weights' ``regularizer(variable)``)."""
+    return float(sum(float(keras.ops.sum(v.regularizer(v))) for v in model.trainable_weights if v.regularizer))
 
 
 def fit_both(reference, net, x, y, lr: float, xv, yv):
@@ -153,12 +154,6 @@ def test_a_registered_regularizer_of_the_user_s_own_trains_as_fit_and_an_unregis
         opt.net.regularizers = {"m/d/kernel": cubes}
 
 
-class AddsLoss(keras.layers.Layer):
-    def call(self, x):
-        self.add_loss(0.1 * keras.ops.sum(keras.ops.square(x)))
-        return x
-
-
 class OwnStep(keras.Model):
     """A model that trains itself its own way (as Keras's GAN and VAE examples do)."""
 
@@ -173,20 +168,7 @@ class OwnStep(keras.Model):
         return {}
 
 
-def test_what_tfnet_cannot_add_to_the_loss_is_refused_by_name():
-    def compiled(*layers):
-        model = keras.Sequential([keras.Input((4,)), *layers])
-        model.compile(optimizer="sgd", loss="mse")
-        return model
-
-    with pytest.raises(KerasMappingError, match=r"adds 1 loss\(es\) of its own in call \(activity_regularizer"):
-        TFOptimizer.from_keras(compiled(keras.layers.Dense(2, activity_regularizer="l1")))
-    with pytest.raises(KerasMappingError, match=r"adds 1 loss\(es\)"):
-        TFOptimizer.from_keras(compiled(keras.layers.Dense(2), AddsLoss()))
-    dense = keras.layers.Dense(2, activity_regularizer="l1", kernel_regularizer="l2")
-    model = compiled(dense)
-    dense.activity_regularizer = None  # as the message says: then it trains, with the kernel's L2
-    assert list(TFOptimizer.from_keras(model).net.regularizers) == [dense.kernel.path]
+def test_a_model_with_its_own_train_step_is_refused_by_name():
     own = OwnStep()
     own(np.zeros((1, 4), np.float32))
     own.compile(optimizer="sgd", loss="mse")

@@ -289,7 +289,10 @@ def replay(call: Call, seed: int = 0) -> Verdict:
     if worst:
         return Verdict(call.name, layer_name, "differs", ", ".join(f"{k} {v:.3g}" for k, v in worst.items()))
     try:
-        problem = _losses_differ(net, model, x, g, dict(zip((p for p, _ in used), want_w)),
+        def keras_call():
+            return model(*xv, training=False) if signature else model(xv if several else xv[0], training=False)
+
+        problem = _losses_differ(net, model, keras_call, x, g, dict(zip((p for p, _ in used), want_w)),
                                  call.kwargs.get("expected_num_losses"))
     except Exception as exc:  # noqa: BLE001 - the verdict says what failed
         return Verdict(call.name, layer_name, "error", f"regularizers: {type(exc).__name__}: {exc}"[:200])
@@ -298,31 +301,37 @@ def replay(call: Call, seed: int = 0) -> Verdict:
     return Verdict(call.name, layer_name, "equal")
 
 
-def _losses_differ(net, model, x, g, want_w: dict, expected: int | None) -> str | None:
+def _losses_differ(net, model, keras_call, x, g, want_w: dict, expected: int | None) -> str | None:
     """Keras's losses beyond the output's: the count its test expects (``expected_num_losses``: the trainable weights'
-    regularizers, and ``activity_regularizer``'s or ``add_loss``'s terms, which tfnet counts and does not train on), and
-    where weights are regularized, ``net.regularization_loss()`` and one step of tfnet's training step on the loss
-    ``sum(outputs * g)`` against Keras's SGD step on that loss plus ``model.losses``' regularizers. None: all equal."""
+    regularizers, and ``activity_regularizer``'s or ``add_loss``'s terms, ``net.loss_names``), and where there are
+    any, their sum (``net.regularization_loss()`` plus ``forward(x, return_losses=True)``'s, against ``model.losses``
+    after Keras's call) and one step of tfnet's training step on the loss ``sum(outputs * g)`` against Keras's SGD step
+    on that loss plus ``model.losses``. None: all equal."""
     import tensorflow as tf
 
-    counted = sum(1 for n in net.trainable if n in net.regularizers) + net.state.keras_added_losses
+    counted = sum(1 for n in net.trainable if n in net.regularizers) + len(net.loss_names)
     if expected is not None and counted != expected:
         return f"losses: tfnet counts {counted}, Keras's test expects {expected}"
-    regularized = [v for v in model.trainable_variables if v.regularizer is not None]
-    if not regularized:
+    if not counted:
         return None
+    variables = [v for v in model.trainable_variables if v.path in want_w]
     with tf.GradientTape() as tape:
-        penalty = tf.add_n([tf.reduce_sum(v.regularizer(v)) for v in regularized])
-    if _rel(float(net.regularization_loss()), float(penalty)) > GRADIENT_RTOL:
-        return f"regularization loss {float(net.regularization_loss()):.6g} != Keras's {float(penalty):.6g}"
-    extra = dict(zip((v.path for v in regularized), tape.gradient(penalty, regularized)))
+        keras_call()
+        penalty = tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in model.losses])
+    ours = float(net.regularization_loss()) + float(net.forward(x, return_losses=True)[1])
+    if _rel(ours, float(penalty)) > GRADIENT_RTOL:
+        return f"added losses {ours:.6g} != Keras's model.losses {float(penalty):.6g}"
+    if not variables:  # nothing trains (ActivityRegularization's layer): the sum is all there is
+        return None
+    extra = dict(zip((v.path for v in variables), tape.gradient(penalty, variables)))
     before = net.get_weights()
     net.train_step(lambda targets, outputs: tf.reduce_sum(outputs * targets), LR).run(x, g)
     after = net.get_weights()
     for path, want in want_w.items():
-        want = -LR * (np.asarray(_dense(want)) + (np.asarray(extra[path]) if path in extra else 0.0))
+        more = extra.get(path)
+        want = -LR * (np.asarray(_dense(want)) + (0.0 if more is None else np.asarray(_dense(more))))
         if _rel(after[path] - before[path], want) > GRADIENT_RTOL:
-            return f"step with regularizers {path} {_rel(after[path] - before[path], want):.3g}"
+            return f"step with the added losses {path} {_rel(after[path] - before[path], want):.3g}"
     return None
 
 
