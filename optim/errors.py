@@ -26,6 +26,7 @@ __all__ = [
     "DataError",
     "DistributedTrainingError",
     "KerasMappingError",
+    "KerasTrainingWarning",
     "LabelShapeError",
     "NonFiniteInputError",
     "NonFiniteLossError",
@@ -114,6 +115,11 @@ class CheckpointError(TFNetError, ValueError):
 
 class CheckpointWarning(UserWarning):
     """A checkpoint was skipped because it is truncated or corrupt."""
+
+
+class KerasTrainingWarning(UserWarning):
+    """A Keras model holds a layer whose training-time randomness tfnet's step does not draw (a recurrent layer's
+    dropout, a random augmentation layer): it trains as if in inference mode, where Keras's ``fit`` would draw."""
 
 
 class StorageError(TFNetError, OSError):

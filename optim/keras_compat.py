@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import re
+import warnings
 
 from optim import losses as L
 from optim import methods
 from optim import metrics as M
 from optim import output_metrics as OM
-from optim.errors import KerasMappingError
+from optim.errors import KerasMappingError, KerasTrainingWarning
 from tfnet import TFNet
+from tfnet.keras_training import unswitched_random_layers
 
 
 def _learning_rate(opt):
@@ -215,6 +217,12 @@ def from_compiled_keras(model, input_signature=None):
     else:
         loss = map_loss(loss)
     _check_own_training(model)
+    unswitched = unswitched_random_layers(model)
+    if unswitched:
+        warnings.warn(f"tfnet trains the layers {unswitched} in inference mode: their training-time randomness (a "
+                      "recurrent layer's dropout, a random augmentation) is not drawn, where Keras's fit draws it. "
+                      "Dropout and noise layers (Dropout, GaussianNoise, ...) are drawn as fit draws them.",
+                      KerasTrainingWarning, stacklevel=3)
     net = TFNet.from_keras(model, input_signature=input_signature)
     net.trainable = [v.path for v in model.trainable_variables if v.path in net.weight_names]
     outputs = list(net.output_names)

@@ -377,6 +377,8 @@ class TFOptimizer:
         optimiser and server states and the step for the next ``optimize()``, and ``last_run``."""
         if result.weights is not None:
             self.net.set_weights(result.weights)
+            if self.net.state.seed_step is not None:  # the ranks' steps drew their dropout noise: the next run draws on
+                self.net.state.seed_step.assign_add(max(result.step - result.start_step, 0))
         self.state, self.global_step = result.state, result.step
         self.exchange_state = list(result.exchange_state)
         self.last_run = result.last_run()

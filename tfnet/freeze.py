@@ -18,9 +18,10 @@ from tensorflow.core.framework import graph_pb2, types_pb2
 from tensorflow.python.framework import convert_to_constants as c2c  # its steps: tfnet edits the graph between them
 from tensorflow.python.framework import tensor_util
 
-from tfnet.graph_utils import clean_node_name, consts_to_placeholders, rename_nodes, unique_name, without_control_inputs
+from tfnet.graph_utils import clean_node_name, consts_to_placeholders, rename_nodes, subgraph, unique_name, without_control_inputs
 from tfnet.graph_utils import node_name as node_name_of
 from tfnet.keras_signature import keras_call, leaf_paths
+from tfnet.keras_training import PHASE, SEED, random_training_layers, switched
 from tfnet.regularizers import from_variables
 from tfnet.tables import embed_captured_tables
 
@@ -58,6 +59,10 @@ class Frozen:
     #: The tensors of the losses the Keras model adds in its ``call`` (``activity_regularizer``, ``add_loss``), each the
     #: sum Keras's ``fit`` adds to the loss (``Trainer.compute_loss``), computed beside the outputs.
     losses: list[str] = field(default_factory=list)
+    #: ``{tensor: (training value, inference value)}``: the phase tensor of a Keras model's dropout and noise layers
+    #: (:mod:`tfnet.keras_training`), and the seed offsets their noise takes in training.
+    phase_values: dict[str, tuple] = field(default_factory=dict)
+    seed_inputs: list[str] = field(default_factory=list)
 
 
 def freeze_concrete_function(fn, variables: Iterable, output_names: Sequence[str] | None = None,
@@ -309,9 +314,11 @@ def freeze_keras(model, input_signature=None) -> Frozen:
             probe, layers = model, []
     structure = []  # what the model returns: a subclassed model's dict of outputs names them
     added = []  # how many losses the call adds (activity_regularizer, add_loss)
+    noisy = random_training_layers(model)  # dropout and noise: in training mode where the phase says (keras_training)
 
     def call(*xs):
-        out = probe(*signature.arguments(xs), training=False)
+        with switched(noisy):
+            out = probe(*signature.arguments(xs), training=False)
         structure[:] = [out]
         terms = _added_losses(probe)
         added[:] = [len(terms)]
@@ -342,6 +349,10 @@ def freeze_keras(model, input_signature=None) -> Frozen:
     frozen.outputs = frozen.outputs[:n_out]
     # a traced function's results wait on all its reads: a term needs only what it is computed from
     frozen.template = without_control_inputs(frozen.template, [node_name_of(t) for t in frozen.losses])
+    used = {n.name for n in subgraph(frozen.template, frozen.outputs + frozen.losses).node}
+    if PHASE in used:
+        frozen.phase_values = {f"{PHASE}:0": (True, False)}
+        frozen.seed_inputs = [f"{SEED}:0"] if SEED in used else []
     return frozen
 
 

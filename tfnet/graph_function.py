@@ -43,6 +43,7 @@ class GraphFunction:
             ``is_training`` or ``keep_prob`` placeholder) fed a fixed value per mode. Default: none.
         loss_names: Tensors computed beside the outputs when asked for (``losses=True``): the losses a
             training loss adds (a Keras model's ``add_loss``). Default: none.
+        seed_inputs: Tensors fed the ``seed`` given in training (:mod:`tfnet.keras_training`). Default: none.
     """
 
     def __init__(
@@ -54,11 +55,13 @@ class GraphFunction:
         fold: bool = True,
         phase_values: Mapping[str, tuple] | None = None,
         loss_names: Sequence[str] = (),
+        seed_inputs: Sequence[str] = (),
     ):
         self.template = template
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
         self.loss_names = tuple(loss_names)
+        self.seed_inputs = tuple(seed_inputs)
         computed = list(self.output_names) + list(self.loss_names)
         self.weight_names = tuple(weight_names)
         self.fold = fold
@@ -99,11 +102,11 @@ class GraphFunction:
 
     def __call__(
         self, inputs: Sequence[tf.Tensor], weights: Sequence[tf.Tensor], training: bool = False,
-        differentiated: bool = False, losses: bool = False,
+        differentiated: bool = False, losses: bool = False, seed: tf.Tensor | None = None,
     ) -> list[tf.Tensor]:
         """Imports the graph into the function being traced, wired to ``inputs`` and ``weights``,
-        with each phase tensor fed its training or inference value: the outputs, then with ``losses`` the
-        :attr:`loss_names` tensors.
+        with each phase tensor fed its training or inference value (and in training, each of :attr:`seed_inputs`
+        ``seed``, where given): the outputs, then with ``losses`` the :attr:`loss_names` tensors.
 
         Must run while a graph is being built (inside ``tf.function``). The imported ops are
         created below the Python op layer, so differentiate them with ``tf.gradients`` inside the
@@ -114,6 +117,8 @@ class GraphFunction:
         input_map.update(self.tables.feeds())
         for name, values in self.phase_values.items():
             input_map[name] = tf.constant(values[0 if training else 1], dtype=self.phase_specs[name].dtype)
+        if training and seed is not None:
+            input_map.update({name: seed for name in self.seed_inputs})
         template = self.gradient_template if differentiated else self.compute_template
         return tf.graph_util.import_graph_def(
             template, input_map=input_map, name="graph",

@@ -95,6 +95,10 @@ class TFNet(tf.Module):
             regularization loss, say): what Keras's ``fit`` adds as ``model.losses``. ``from_keras`` names those the
             model's ``call`` adds (``activity_regularizer``, ``add_loss``) itself. See :attr:`loss_names`.
             Default: none.
+        seed_inputs: int64 tensors of shape ``(2,)`` that each training step feeds ``[stream, step]`` (the rank, and
+            the steps the net has taken), for random ops that must draw new values at each step: the seed offset of a
+            Keras model's dropout and noise layers (``from_keras`` names them, :mod:`tfnet.keras_training`). Default:
+            none.
         name: The module name. Default: ``"tfnet"``.
 
     Internal interface, for tfnet's own modules (step, serialize, saving, onnx export); public
@@ -143,11 +147,13 @@ class TFNet(tf.Module):
         fold_batch_norm: bool = True,
         phase_values: Mapping[str, tuple] | None = None,
         losses: str | Sequence[str] = (),
+        seed_inputs: str | Sequence[str] = (),
         name: str = "tfnet",
     ):
         self._hold(net_loading.graph_def_state(
             graph_def, inputs, outputs, weights, trainable=trainable, relax_batch=relax_batch,
-            fold_batch_norm=fold_batch_norm, phase_values=phase_values, losses=losses, name=name))
+            fold_batch_norm=fold_batch_norm, phase_values=phase_values, losses=losses,
+            seed_inputs=seed_inputs, name=name))
 
     def _hold(self, state: NetState) -> None:
         super().__init__(name=state.name)

@@ -47,8 +47,11 @@ def run_graph(
         losses: Return the :attr:`loss_names` tensors after the outputs. Default: False.
     """
     graph_weights = adapted_weights(weights, state.lora_plan, len(state.graph.weight_names))
+    seed = None
+    if training and state.seed_step is not None:  # a Keras model's dropout: the noise of this step (tfnet.keras_training)
+        seed = tf.stack([tf.constant(state.seed_stream, tf.int64), state.seed_step.read_value()])
     return state.graph(cast_inputs(state, inputs), graph_weights, training=training, differentiated=differentiated,
-                       losses=losses)
+                       losses=losses, seed=seed)
 
 
 def added_loss(terms: Sequence[tf.Tensor]) -> tf.Tensor | None:

@@ -52,10 +52,11 @@ def graph_def_state(graph_def: PathLike | bytes | graph_pb2.GraphDef, inputs: st
 
 
 def build(template, values, input_names, output_names, *, trainable=None, relax_batch=True, fold=True,
-          phase_values=None, name="tfnet", losses=()) -> NetState:
+          phase_values=None, name="tfnet", losses=(), seed_inputs=(), seed_step=0) -> NetState:
     """The state of a net from a weightless graph (weights as placeholders) and their values."""
     phase_values = _check_phase_values(template, phase_values, input_names)
     losses = gu.check_tensor_names(template, as_name_list(losses, "losses"), "loss") if losses else []
+    seed_inputs = gu.check_tensor_names(template, as_name_list(seed_inputs, "seed_inputs"), "seed") if seed_inputs else []
     feeds = list(input_names) + list(phase_values)
     template = gu.subgraph(template, list(output_names) + losses, feeds=feeds,
                            feed_specs=feed_specs(template, feeds))
@@ -65,7 +66,7 @@ def build(template, values, input_names, output_names, *, trainable=None, relax_
     if relax_batch:
         gu.set_placeholder_batch_dim(template, input_names)
     state = NetState(NetParts(template, input_names, output_names, values, statistics, name=name, fold=fold,
-                              phase_values=phase_values, losses=losses))
+                              phase_values=phase_values, losses=losses, seed_inputs=seed_inputs, seed_step=seed_step))
     if trainable is not None:
         state.select_trainable(trainable)
     return state
@@ -77,6 +78,9 @@ def _frozen_state(frozen, kwargs) -> NetState:
         kwargs = {**kwargs, "trainable": frozen.trainable}  # the source model's own flags (trainable_variables)
     if frozen.losses and "losses" not in kwargs:
         kwargs = {**kwargs, "losses": frozen.losses}  # what the Keras model's call adds to its loss
+    if frozen.phase_values:  # a Keras model's dropout and noise layers, in training mode while training
+        kwargs = {**kwargs, "phase_values": {**frozen.phase_values, **(kwargs.get("phase_values") or {})},
+                  "seed_inputs": frozen.seed_inputs}
     inputs = gu.check_tensor_names(frozen.template, frozen.inputs, "input")
     outputs = gu.check_tensor_names(frozen.template, frozen.outputs, "output")
     state = build(frozen.template, frozen.values, inputs, outputs, **_init_kwargs(kwargs))
@@ -112,8 +116,9 @@ def from_keras(cls, model, *, input_signature=None, **kwargs):
 
     Weights are named by their Keras paths (``"dense/kernel"``), inputs by the Keras input
     names and outputs by the output layer names (a ``Sequential`` model's output by its last
-    layer's name). Dropout is off and batch norm uses its moving statistics, which are frozen
-    by default. Lookup tables (``TextVectorization``, ``StringLookup``, ``IntegerLookup``) are
+    layer's name). Batch norm uses its moving statistics, which are frozen by default. Dropout and noise layers
+    act in the training step, as Keras's ``fit`` runs them (:mod:`tfnet.keras_training`: the phase tensor
+    ``keras_training:0`` in :attr:`phase_values`), and nowhere else. Lookup tables (``TextVectorization``, ``StringLookup``, ``IntegerLookup``) are
     kept in the graph with their contents (see :mod:`tfnet.tables`).
 
     A subclassed model (its own ``call``) has no symbolic inputs: it is frozen on ``input_signature``, or else on
@@ -182,12 +187,16 @@ def from_export_folder(cls, folder: PathLike, *, storage_options=None, **kwargs)
         kwargs.setdefault("phase_values", {k: tuple(v) for k, v in extra["phase_values"].items()})
     if extra.get("loss_names"):
         kwargs.setdefault("losses", extra["loss_names"])
+    if extra.get("seed_inputs"):
+        kwargs.setdefault("seed_inputs", extra["seed_inputs"])
     net = cls(graph_def, meta["input_names"], meta["output_names"], **kwargs)
     if "trainable" in extra and "trainable" not in kwargs:
         # exactly the named weights that exist train (statistics too, if named)
         net.state.set_trainable_names([t for t in extra["trainable"] if t in net.state.weights])
     net.keras_source = extra.get("keras_source")
     net.state.keep_regularizers(extra.get("regularizers", {}))
+    if net.state.seed_step is not None:
+        net.state.seed_step.assign(int(extra.get("seed_step", 0)))
     return net
 
 
@@ -230,7 +239,7 @@ def from_onnx(
 def _init_kwargs(kwargs) -> dict:
     """Maps the public keyword arguments onto ``_init``'s, refusing unknown ones."""
     allowed = {"trainable": "trainable", "relax_batch": "relax_batch", "fold_batch_norm": "fold", "name": "name",
-               "phase_values": "phase_values", "losses": "losses"}
+               "phase_values": "phase_values", "losses": "losses", "seed_inputs": "seed_inputs"}
     unknown = set(kwargs) - set(allowed)
     if unknown:
         raise TypeError(f"Unknown arguments {sorted(unknown)}; expected some of {sorted(allowed)}.")

@@ -49,6 +49,8 @@ class NetState(tf.Module):
         onnx_source: The ONNX model the net's body came from (:class:`tfnet.onnx.export.OnnxSource`), or None.
         keras_source: The Keras model the net came from, serialized (:mod:`tfnet.keras_source`), or None.
         regularizers: ``{weight name: Keras's serialized regularizer}`` (:mod:`tfnet.regularizers`).
+        seed_step, seed_stream: The training steps taken and the stream (the rank) of the seeds of a Keras model's
+            dropout and noise (:mod:`tfnet.keras_training`); ``seed_step`` is None without them.
     """
 
     def __init__(self, parts: NetParts):
@@ -58,7 +60,8 @@ class NetState(tf.Module):
         extra = {n for ad in parts.adapters for n in (ad.a, ad.b)}
         weight_names = [n.name for n in template.node if n.name in parts.values and n.name not in extra]
         self.graph = GraphFunction(template, list(parts.input_names), list(parts.output_names), weight_names,
-                                   fold=parts.fold, phase_values=parts.phase_values, loss_names=parts.losses)
+                                   fold=parts.fold, phase_values=parts.phase_values, loss_names=parts.losses,
+                                   seed_inputs=parts.seed_inputs)
         self.tables = list(self.graph.tables.tables.values())
         with tf.init_scope():
             self.weights = {
@@ -82,6 +85,13 @@ class NetState(tf.Module):
         self.onnx_source = parts.onnx_source
         self.keras_source: str | None = None
         self.keep_regularizers(parts.regularizers or {})
+        #: The training steps taken, for the seeds of a Keras model's dropout and noise (:mod:`tfnet.keras_training`;
+        #: None without them); the training step adds one. ``seed_stream``: this process's stream of them (the rank).
+        self.seed_step = None
+        if self.graph.seed_inputs:
+            with tf.init_scope():
+                self.seed_step = tf.Variable(int(parts.seed_step), dtype=tf.int64, trainable=False, name="seed_step")
+        self.seed_stream = 0
         if parts.trainable is not None:
             self.set_trainable_names([t for t in parts.trainable if t in self.weights])
 

@@ -42,6 +42,9 @@ class NetParts:
             lacks are skipped. Default: none.
         losses: Tensor names of the losses the training loss adds (a Keras model's ``add_loss`` and
             ``activity_regularizer`` terms; :attr:`tfnet.TFNet.loss_names`). Default: none.
+        seed_inputs: int64 ``(2,)`` tensors fed ``[stream, step]`` in training: the seed offset of a Keras model's
+            dropout and noise layers (:mod:`tfnet.keras_training`). Default: none.
+        seed_step: The training steps the net has taken, for those seeds. Default: 0.
     """
 
     template: graph_pb2.GraphDef
@@ -57,3 +60,5 @@ class NetParts:
     onnx_source: Any = None
     regularizers: Mapping[str, Mapping] | None = None
     losses: Sequence[str] = ()
+    seed_inputs: Sequence[str] = ()
+    seed_step: int = 0

@@ -33,6 +33,8 @@ def net_to_bytes(net) -> bytes:
         "keras_source": net.keras_source,
         "regularizers": net.regularizers,
         "losses": net.loss_names,
+        "seed_inputs": list(net.graph.seed_inputs),
+        "seed_step": 0 if net.state.seed_step is None else int(net.state.seed_step.numpy()),
     }
     arrays["template"] = np.frombuffer(net.template.SerializeToString(), np.uint8)
     return pack(FORMAT, header, arrays)
@@ -52,7 +54,8 @@ def net_from_bytes(data: bytes):
                                     meta["trainable"], name=meta["name"], fold=meta["fold"],
                                     phase_values={k: tuple(v) for k, v in meta.get("phase_values", {}).items()},
                                     adapters=[Adapter.from_json(item) for item in meta.get("lora", [])],
-                                    regularizers=meta.get("regularizers"), losses=meta.get("losses", ())))
+                                    regularizers=meta.get("regularizers"), losses=meta.get("losses", ()),
+                                    seed_inputs=meta.get("seed_inputs", ()), seed_step=meta.get("seed_step", 0)))
     net.keras_source = meta.get("keras_source")
     return net
 

@@ -181,6 +181,8 @@ class TrainStep:
             # does not see them; symbolic gradients walk the graph itself and reach every op.
             grads = tf.gradients(loss, sources)
             self.unreached = frozenset(n for n, g in zip(self.names, grads) if g is None)
+            if net.state.seed_step is not None:  # the next step's dropout draws the next noise, as Keras's fit does
+                net.state.seed_step.assign_add(1)
         grads = {
             n: tf.zeros_like(src) if g is None else tf.convert_to_tensor(g)
             for n, src, g in zip(self.names, sources, grads)

@@ -100,6 +100,7 @@ def run_rank(job: RankJob, partition: Iterable, ctx) -> Iterator[Carrier]:
         dog.timeout_s = limits.timeout_s
         with dog.phase("building the model"):
             net = _build_net(job)
+            net.state.seed_stream = rank  # each rank its own dropout noise (tfnet.keras_training); rank 0 draws fit's
             reporter = _reporter(job, rank)
         dog.kick("training")
         tally = _tally(job, rank, opened.train, counts[rank])

@@ -132,10 +132,11 @@ def test_a_dict_input_a_model_only_built_and_one_never_called():
 
 def test_a_compiled_subclassed_model_trains_as_keras_fit():
     """``TFOptimizer.from_keras`` on a compiled subclassed model against Keras's own ``fit`` (plain SGD, one epoch):
-    batch norm frozen and no dropout, so that ``fit``'s ``training=True`` computes what the frozen graph does."""
+    batch norm frozen (``fit``'s ``training=True`` would use the batch's statistics), its dropout at 0.5 drawing in each
+    step the noise ``fit`` draws (tfnet.keras_training)."""
     x, y = data()
-    reference, _ = subclassed_cnn(frozen_bn=True, dropout=0.0)
-    model, _ = subclassed_cnn(frozen_bn=True, dropout=0.0)
+    reference, _ = subclassed_cnn(frozen_bn=True)
+    model, _ = subclassed_cnn(frozen_bn=True)
     model.compile(optimizer=keras.optimizers.SGD(LR_HEAD),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     opt = TFOptimizer.from_keras(model, input_signature=[tf.TensorSpec((None, 8, 8, 3), tf.float32, name="images")])

@@ -18,6 +18,7 @@ import numpy as np
 from tfnet import graph_utils as gu
 from tfnet.atomic import write_bytes_atomic
 from tfnet.graph_io import PathLike
+from tfnet.keras_training import inference_graph
 from tfnet.onnx.errors import NotOnnxNetError
 from tfnet.onnx.export_tf import HeadWriter
 from tfnet.onnx.load import opset_of
@@ -112,7 +113,8 @@ def extended_model(net, source: OnnxSource):
         transposes.append(helper.make_node("Transpose", [name], [out], name=out, perm=[0, 2, 3, 1]))
         return out
 
-    writer = HeadWriter(net.template, weights, boundary, opset_of(model), taken)
+    # a Keras head's dropout and noise layers switch on the training phase (tfnet.keras_training): inference here
+    writer = HeadWriter(inference_graph(net.template), weights, boundary, opset_of(model), taken)
     outputs, renames = [], []
     for tensor, spec in zip(net.output_names, net.output_specs):
         value = writer.value(tensor)

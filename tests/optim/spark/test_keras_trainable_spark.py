@@ -2,7 +2,8 @@
 local[2] Spark with Horovod over Gloo equal Keras's own ``fit`` on the same global batches, in both phases, and only
 the head's bytes are allreduced while the base is frozen; weight regularizers as fit adds them. A compiled subclassed
 model, too, with a per-example loss function, a Keras metric merged over the ranks and the weights' moving average
-(use_ema, validated on it with SwapEMAWeights). And Keras's guide's model of several inputs and outputs, given as dicts by name."""
+(use_ema, validated on it with SwapEMAWeights). And Keras's guide's model of several inputs and outputs, given as dicts by name.
+Dropout draws each rank's own noise, rank 0 fit's, checked against Keras's gradients under the same seeds."""
 
 import numpy as np
 import pytest
@@ -138,3 +139,44 @@ def test_label_columns_by_output_name_over_spark(spark):
                      batch_size=16)  # a list in the wrong order: before, TensorFlow's broadcast error through Py4J
     with pytest.raises(ColumnError, match="no column for the net's outputs"):
         opt.evaluate(TFDataset.from_dataframe(df, {"tags": "g", "title": "t", "body": "b"}, label_cols={"department": "d"}))
+
+
+def test_dropout_on_two_ranks_draws_each_ranks_own_noise(spark):
+    """Rank ``r`` at step ``k`` draws the noise Keras's dropout draws from its seed generator at its state plus
+    ``[r, k]`` (rank 0: ``fit``'s own sequence): Keras's gradients of each rank's block so drawn, averaged, are the
+    step the two ranks take. With the same noise on both ranks (the state plus ``[0, k]``), the weights differ."""
+    import keras
+    import tensorflow as tf
+
+    def model():
+        keras.utils.set_random_seed(5)
+        inputs = keras.Input((8, 8, 3))
+        hidden = keras.layers.Dense(6, activation="relu", name="hidden")(keras.layers.GlobalAveragePooling2D()(inputs))
+        m = keras.Model(inputs, keras.layers.Dense(3, name="out")(keras.layers.Dropout(0.5, name="drop")(hidden)))
+        m.compile(optimizer=keras.optimizers.SGD(LR_HEAD),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return m
+
+    x, y = data(32)
+    opt = TFOptimizer.from_keras(model())
+    opt.optimize((x, y), batch_size=16, shuffle=False, num_workers=2, verbose=0)
+    assert int(opt.net.state.seed_step.numpy()) == 2  # the driver's net goes on from the ranks' steps
+
+    def keras_steps(streams):
+        reference = model()
+        generator = reference.get_layer("drop").seed_generator
+        start = generator.state.numpy()
+        for k in range(2):
+            grads = []
+            for r, stream in enumerate(streams):
+                generator.state.assign(start + np.array([stream, k], start.dtype))
+                rows = slice(r + 16 * k, r + 16 * (k + 1), 2)  # rank r holds rows r, r + 2, ...: its k-th block of 8
+                with tf.GradientTape() as tape:
+                    loss = reference.loss(y[rows], reference(x[rows], training=True))
+                grads.append(tape.gradient(loss, reference.trainable_variables))
+            for v, *g in zip(reference.trainable_variables, *grads):
+                v.assign_sub(LR_HEAD * sum(g) / len(g))
+        return {v.path: v.numpy() for v in reference.weights}
+
+    assert max_diff(opt.net, keras_steps([0, 1])) < 1e-6
+    assert max_diff(opt.net, keras_steps([0, 0])) > 1e-4
