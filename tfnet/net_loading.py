@@ -118,8 +118,8 @@ def from_keras(cls, model, *, input_signature=None, **kwargs):
     names and outputs by the output layer names (a ``Sequential`` model's output by its last
     layer's name). Batch norm uses its moving statistics, which are frozen by default. Dropout and noise layers
     act in the training step, as Keras's ``fit`` runs them (:mod:`tfnet.keras_training`: the phase tensor
-    ``keras_training:0`` in :attr:`phase_values`), and nowhere else. Lookup tables (``TextVectorization``, ``StringLookup``, ``IntegerLookup``) are
-    kept in the graph with their contents (see :mod:`tfnet.tables`).
+    ``keras_training:0`` in :attr:`phase_values`), and nowhere else. Lookup tables (``TextVectorization``,
+    ``StringLookup``, ``IntegerLookup``) are kept in the graph with their contents (see :mod:`tfnet.tables`).
 
     A subclassed model (its own ``call``) has no symbolic inputs: it is frozen on ``input_signature``, or else on
     the shapes Keras recorded when it was first called (its first argument, in ``model.input_dtype``, as
