@@ -39,6 +39,7 @@ from optim.training.restore import (
     load_state,
     match_weights,
     moving_average_in,
+    resumed_noise,
     saved_weights,
     split_exchange_state,
     state_arrays,
@@ -246,8 +247,8 @@ class _Run:
             self.start_sha256 = state_digest(held + state_arrays(self.step_fn) + list(self.exchange.state()) + peer_leaves)
         self.exchange.start(self.step_fn)
         self.history = {k: list(v) for k, v in (start.history or {}).items()}
-        self.global_step, self.skipped = start.step, start.skipped
-        self.start_step = start.step
+        self.global_step, self.start_step, self.skipped = start.step, start.step, start.skipped
+        resumed_noise(net, start.step - start_step)  # the dropout noise of the steps the checkpoint took
         return start
 
     def _resume_checkpoint(self):

@@ -161,6 +161,13 @@ def state_digest(arrays: Sequence[np.ndarray]) -> str:
     return h.hexdigest()
 
 
+def resumed_noise(net, steps: int) -> None:
+    """A run resumed ``steps`` past where it started: the net's dropout and noise layers go on drawing from there
+    (:mod:`tfnet.keras_training`), as the interrupted attempt would have."""
+    if net.state.seed_step is not None and steps > 0:
+        net.state.seed_step.assign_add(steps)
+
+
 def final_weights(net, method, state) -> None:
     """Gives ``net`` the weights training ends with where the method says (``use_ema``: the moving average in its
     state), as Keras's ``fit`` calls ``finalize_variable_values`` before ``on_train_end``; every rank holds the same

@@ -141,3 +141,20 @@ def test_randomness_tfnet_does_not_draw_is_said():
     with warnings.catch_warnings():
         warnings.simplefilter("error", KerasTrainingWarning)
         TFOptimizer.from_keras(model)
+
+
+def test_a_resumed_run_goes_on_drawing_where_the_checkpoint_stopped(tmp_path):
+    """A run stopped mid-epoch (``max_steps=3``) and resumed from its checkpoint by a new optimiser on a new net (a
+    new process would have that): the resumed steps draw the noise of steps 3, 4, ..., as the uninterrupted ``fit``."""
+    x, y = data(48)
+    reference, _ = guide_model()
+    reference.compile(optimizer=keras.optimizers.SGD(LR_HEAD, momentum=0.9), loss=SCE)
+    reference.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    runs = dict(batch_size=8, epochs=2, shuffle=False, verbose=0)
+    for resume, stop in ((False, 3), (True, None)):
+        model, _ = guide_model()
+        model.compile(optimizer=keras.optimizers.SGD(LR_HEAD, momentum=0.9), loss=SCE)
+        opt = TFOptimizer.from_keras(model, str(tmp_path))
+        opt.optimize((x, y), max_steps=stop, resume=resume, **runs)
+    assert opt.last_run["start_step"] == 3 and int(opt.net.state.seed_step.numpy()) == 12
+    assert max_diff(opt.net, {v.path: v.numpy() for v in reference.weights}) < 1e-6
