@@ -68,6 +68,10 @@ def map_optimizer(opt, variables=()):
 
     if isinstance(opt, keras.optimizers.MultiOptimizer):
         return _map_multi_optimizer(opt, list(variables))
+    if isinstance(opt, keras.optimizers.LossScaleOptimizer):
+        # scaling the loss by a power of two and the gradients back is exact in float32: the inner optimiser's steps;
+        # a step whose gradients are not finite, which Keras skips, is tfnet's on_nonfinite's to decide
+        return map_optimizer(opt.inner_optimizer, variables)
     cfg = opt.get_config()
     if cfg.get("loss_scale_factor"):
         raise KerasMappingError(f"The Keras optimiser scales the loss, which tfnet does not map. Received: "

@@ -60,11 +60,12 @@ def test_weights_keras_excludes_from_weight_decay_are_not_decayed(case):
                                   lambda: keras.optimizers.Muon(0.05, exclude_layers=["d2"]),
                                   lambda: keras.optimizers.Adam(0.05, gradient_accumulation_steps=3),
                                   lambda: keras.optimizers.SGD(0.1, momentum=0.9, use_ema=True, ema_momentum=0.8),
-                                  lambda: keras.optimizers.Adam(0.05, use_ema=True, ema_overwrite_frequency=3)],
+                                  lambda: keras.optimizers.Adam(0.05, use_ema=True, ema_overwrite_frequency=3),
+                                  lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.05))],
                          ids=["Adamax", "Nadam", "Lion", "Adadelta", "Lamb", "Adafactor", "Ftrl",
                               "Muon",
                               "Adam, gradient_accumulation_steps=3", "SGD, use_ema",
-                              "Adam, use_ema, ema_overwrite_frequency=3"])
+                              "Adam, use_ema, ema_overwrite_frequency=3", "LossScaleOptimizer(Adam)"])
 def test_every_keras_optimizer_and_gradient_accumulation_train_as_fit(make):
     """Four steps an epoch: the accumulation of 3 steps runs across the epochs' boundary, as in Keras; with use_ema the
     weights end as the moving average, as fit's end gives them."""
