@@ -22,7 +22,8 @@ import tensorflow as tf
 PHASE = "keras_training"
 SEED = "keras_seed_offset"
 
-__all__ = ["PHASE", "SEED", "inference_graph", "random_training_layers", "switched", "unswitched_random_layers"]
+__all__ = ["PHASE", "SEED", "inference_graph", "random_training_layers", "switched", "trainable_batch_norms",
+           "unswitched_random_layers"]
 
 
 def random_training_layers(model) -> list:
@@ -62,6 +63,17 @@ def unswitched_random_layers(model) -> list[str]:
                 seeded and not isinstance(layer, keras.layers.Dropout) and "Random" in type(layer).__name__):
             names.append(rnn_of[id(layer)].name if id(layer) in rnn_of else layer.name)
     return names
+
+
+def trainable_batch_norms(model) -> list[str]:
+    """The names of the trainable ``BatchNormalization`` layers of ``model`` (in a trainable parent): Keras's ``fit``
+    normalizes by each batch's statistics there and updates the moving ones; a frozen graph, by the moving ones."""
+    import keras
+
+    flatten = getattr(model, "_flatten_layers", None)
+    layers = list(flatten(include_self=False)) if callable(flatten) else []
+    return [layer.name for layer in layers
+            if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable and layer.trainable_weights]
 
 
 @contextlib.contextmanager

@@ -122,8 +122,9 @@ def test_the_step_count_travels_and_the_served_graph_needs_no_feed(tmp_path):
 
 
 def test_randomness_tfnet_does_not_draw_is_said():
-    """A recurrent layer's dropout and a random augmentation layer draw in ``fit``'s training mode; tfnet's step
-    does not: a ``KerasTrainingWarning`` names them. Dropout layers, which it draws, are not named."""
+    """A recurrent layer's dropout and a random augmentation layer draw in ``fit``'s training mode, and a trainable
+    batch norm normalizes by the batch there; tfnet's step does not: a ``KerasTrainingWarning`` names them. Dropout
+    layers, which it draws, and frozen batch norms are not named."""
     inputs = keras.Input((5, 3))
     lstm = keras.layers.LSTM(4, dropout=0.2, name="lstm")(keras.layers.Dropout(0.1, name="drop")(inputs))
     model = keras.Model(inputs, keras.layers.Dense(2)(lstm))
@@ -136,7 +137,16 @@ def test_randomness_tfnet_does_not_draw_is_said():
     model.compile(optimizer="sgd", loss="mse")
     with pytest.warns(KerasTrainingWarning, match=r"\['flip'\]"):
         TFOptimizer.from_keras(model)
-    model, _ = guide_model()
+    model, base = guide_model()
+    model.compile(optimizer="sgd", loss="mse")
+    with warnings.catch_warnings():  # its base frozen, its batch norm too
+        warnings.simplefilter("error", KerasTrainingWarning)
+        TFOptimizer.from_keras(model)
+    base.trainable = True  # fit would normalize by each batch's statistics now
+    model.compile(optimizer="sgd", loss="mse")
+    with pytest.warns(KerasTrainingWarning, match=r"BatchNormalization layers \['bn'\] in inference mode"):
+        TFOptimizer.from_keras(model)
+    unfreeze_all_but_batch_norm(base)  # the guide's second phase: no word
     model.compile(optimizer="sgd", loss="mse")
     with warnings.catch_warnings():
         warnings.simplefilter("error", KerasTrainingWarning)
