@@ -1,11 +1,12 @@
 """TFOptimizer (one worker, one process) against Keras model.fit: ResNet-50 fine-tuning at
 224x224, batch 16, on the same synthetic data, with the same trainable set (BatchNormalization
-layers frozen on both sides) and the same optimiser (SGD, momentum 0.9).
+layers frozen on both sides) and the same optimiser (SGD, momentum 0.9). ``--model efficientnetb0``: EfficientNet-B0,
+whose 10 ``Dropout`` layers (nine blocks' drop-connect, its head's) both sides draw in every step.
 
 Throughput: both sides in this process, one epoch each in alternation, after a warm-up epoch.
 Memory: each side alone in a fresh subprocess (peak RSS is per process), launched from this run.
 
-    python benchmarks/bench_optimizer.py [--steps 6] [--rounds 3] [--json out.json]
+    python benchmarks/bench_optimizer.py [--model resnet50|efficientnetb0] [--steps 6] [--rounds 3] [--json out.json]
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def build(args, sides=("tfnet", "keras")):
     from tfnet import TFNet
 
     keras.utils.set_random_seed(0)
-    model = keras.applications.ResNet50(weights=None, input_shape=(args.size, args.size, 3))
+    make = {"resnet50": keras.applications.ResNet50, "efficientnetb0": keras.applications.EfficientNetB0}[args.model]
+    model = make(weights=None, input_shape=(args.size, args.size, 3))
     rng = np.random.default_rng(0)
     n = args.batch * args.steps
     x = rng.uniform(-1, 1, (n, args.size, args.size, 3)).astype("float32")
@@ -59,6 +61,7 @@ def build(args, sides=("tfnet", "keras")):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", choices=["resnet50", "efficientnetb0"], default="resnet50")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--steps", type=int, default=10, help="steps per epoch")
@@ -82,7 +85,7 @@ def main(argv=None):
     times = interleaved(fns, args.rounds)
     t_tfnet, t_keras = median(times["tfnet"]), median(times["keras"])
     best = min(times["keras"]) / min(times["tfnet"])
-    out = {"machine": machine(), "batch": args.batch, "steps_per_epoch": args.steps,
+    out = {"machine": machine(), "model": args.model, "batch": args.batch, "steps_per_epoch": args.steps,
            "tfnet_img_s": n / t_tfnet, "keras_img_s": n / t_keras, "throughput_ratio": t_keras / t_tfnet,
            "throughput_ratio_best": best, "times": times}
     print(f"fine-tuning  TFOptimizer {n / t_tfnet:6.2f} img/s   Keras fit {n / t_keras:6.2f} img/s   "
@@ -90,7 +93,8 @@ def main(argv=None):
     if not args.no_memory:
         peaks = {}
         for side in ("tfnet", "keras"):
-            cmd = [sys.executable, os.path.abspath(__file__), "--side", side, "--batch", str(args.batch),
+            cmd = [sys.executable, os.path.abspath(__file__), "--side", side, "--model", args.model,
+                   "--batch", str(args.batch),
                    "--size", str(args.size), "--steps", str(args.steps), "--onednn", str(args.onednn)]
             res = subprocess.run(cmd, capture_output=True, text=True, check=True)
             peaks[side] = json.loads(res.stdout.strip().splitlines()[-1])["peak_rss_mb"]
