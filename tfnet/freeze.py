@@ -21,7 +21,7 @@ from tensorflow.python.framework import tensor_util
 from tfnet.graph_utils import clean_node_name, consts_to_placeholders, rename_nodes, subgraph, unique_name, without_control_inputs
 from tfnet.graph_utils import node_name as node_name_of
 from tfnet.keras_signature import keras_call, leaf_paths
-from tfnet.keras_training import PHASE, SEED, random_training_layers, switched
+from tfnet.keras_training import PHASE, SEED, nested_layers, random_training_layers, switched
 from tfnet.regularizers import from_variables
 from tfnet.tables import embed_captured_tables
 
@@ -364,10 +364,9 @@ def _added_losses(model) -> list:
     them."""
     import keras
 
-    own = getattr(model, "_get_own_losses", None)
-    flatten = getattr(model, "_flatten_layers", None)
-    if callable(own) and callable(flatten):
-        terms = list(own()) + [t for layer in flatten(include_self=False) for t in layer._get_own_losses()]
+    if callable(getattr(model, "_flatten_layers", None)) and callable(getattr(model, "_get_own_losses", None)):
+        # the model's own first, then its nested layers', as model.losses reads them
+        terms = [t for layer in nested_layers(model, include_self=True) for t in layer._get_own_losses()]
     else:
         regularized = sum(1 for v in model.trainable_weights if getattr(v, "regularizer", None) is not None)
         losses = list(model.losses)

@@ -22,8 +22,17 @@ import tensorflow as tf
 PHASE = "keras_training"
 SEED = "keras_seed_offset"
 
-__all__ = ["PHASE", "SEED", "inference_graph", "random_training_layers", "switched", "trainable_batch_norms",
-           "unswitched_random_layers"]
+__all__ = ["PHASE", "SEED", "inference_graph", "nested_layers", "random_training_layers", "switched",
+           "trainable_batch_norms", "unswitched_random_layers"]
+
+
+def nested_layers(model, include_self: bool = False) -> list:
+    """``model``'s layers, nested ones included, by Keras's own walk over them (``_flatten_layers``, what
+    ``model.losses`` reads); ``include_self``: ``model`` first."""
+    flatten = getattr(model, "_flatten_layers", None)
+    if callable(flatten):
+        return list(flatten(include_self=include_self))
+    return [model] if include_self else []
 
 
 def random_training_layers(model) -> list:
@@ -32,10 +41,8 @@ def random_training_layers(model) -> list:
     import keras
 
     kinds = (keras.layers.Dropout, keras.layers.GaussianNoise, keras.layers.GaussianDropout, keras.layers.AlphaDropout)
-    flatten = getattr(model, "_flatten_layers", None)  # Keras's own walk over nested layers (what model.losses reads)
-    layers = list(flatten(include_self=True)) if callable(flatten) else [model]
     found = []
-    for layer in layers:
+    for layer in nested_layers(model, include_self=True):
         amount = getattr(layer, "rate", getattr(layer, "stddev", 0.0))
         if isinstance(layer, kinds) and amount and getattr(layer, "seed_generator", None) is not None:
             found.append(layer)
@@ -49,8 +56,7 @@ def unswitched_random_layers(model) -> list[str]:
     import keras
 
     switched_ones = {id(layer) for layer in random_training_layers(model)}
-    flatten = getattr(model, "_flatten_layers", None)
-    layers = list(flatten(include_self=False)) if callable(flatten) else []
+    layers = nested_layers(model)
     rnn_of = {id(layer.cell): layer for layer in layers if isinstance(layer, keras.layers.RNN)}  # named by its layer
     names = []
     for layer in layers:
@@ -70,9 +76,7 @@ def trainable_batch_norms(model) -> list[str]:
     normalizes by each batch's statistics there and updates the moving ones; a frozen graph, by the moving ones."""
     import keras
 
-    flatten = getattr(model, "_flatten_layers", None)
-    layers = list(flatten(include_self=False)) if callable(flatten) else []
-    return [layer.name for layer in layers
+    return [layer.name for layer in nested_layers(model)
             if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable and layer.trainable_weights]
 
 
@@ -130,9 +134,9 @@ def inference_graph(graph_def):
         node.op = "Identity"
         del node.input[:]
         node.input.append(data)
-        attrs = {"T": node.attr["Tin"].list.type[index]}
+        dtype = node.attr["Tin"].list.type[index]
         node.ClearField("attr")
-        node.attr["T"].type = attrs["T"]
+        node.attr["T"].type = dtype
     return out
 
 

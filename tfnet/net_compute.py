@@ -238,18 +238,17 @@ def forward(state: NetState, inputs: Any, *, as_tensors: bool = False, batch_siz
         InputSpecError: the inputs that take a batch (dimension 0 open) have different sizes there.
         ValueError: ``return_losses`` with ``batch_size``.
     """
+    if return_losses and batch_size:
+        raise ValueError("forward(return_losses=True) computes the losses of the whole batch; it takes no "
+                         f"batch_size. Received: batch_size={batch_size}")
+    tensors = prepare_inputs(state, inputs, narrow=True)
     if return_losses:
-        if batch_size:
-            raise ValueError("forward(return_losses=True) computes the losses of the whole batch; it takes no "
-                             f"batch_size. Received: batch_size={batch_size}")
-        tensors = prepare_inputs(state, inputs, narrow=True)
         outs = _call_pure(state, tensors, state.weight_values(), training, losses=True)
         n = len(state.graph.output_names)
         added = added_loss(outs[n:])
         outs = state.forward_hooks.run(pack(outs[:n]))
         added = tf.constant(0.0, tf.float32) if added is None else added
         return (outs, added) if as_tensors else (tf.nest.map_structure(lambda t: t.numpy(), outs), added.numpy())
-    tensors = prepare_inputs(state, inputs, narrow=True)
     weights = state.weight_values()
     specs = list(state.graph.input_specs)
     n = batch_size_of(tensors, specs)

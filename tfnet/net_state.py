@@ -271,6 +271,11 @@ class NetState(tf.Module):
             self._regularizer_fns = {n: regularizers.rebuild(n, c) for n, c in self.regularizers.items()}
         return self._regularizer_fns
 
+    def seed_steps(self) -> int:
+        """The training steps counted for the seeds of a Keras model's dropout and noise (:attr:`seed_step`), 0
+        without them: what a copy of the net (saved, shipped, cut) goes on from."""
+        return 0 if self.seed_step is None else int(self.seed_step.numpy())
+
     def regularization_loss(self) -> tf.Tensor:
         """What Keras adds to the loss for the weights' regularizers: the sum over the trainable weights that have
         one, at their current values (float32; 0 where none has one)."""

@@ -43,12 +43,8 @@ def cut(state: NetState, tensor_names: str | Sequence[str]) -> NetParts:
         template, inputs, outputs, values, dict(state.statistic_roles), list(state.trainable), name=state.name,
         fold=state.graph.fold, phase_values=phase_values, adapters=adapters, onnx_source=state.onnx_source,
         regularizers=state.regularizers, losses=losses,
-        seed_inputs=[n for n in state.graph.seed_inputs if gu.node_name(n) in kept], seed_step=_seed_step(state),
+        seed_inputs=[n for n in state.graph.seed_inputs if gu.node_name(n) in kept], seed_step=state.seed_steps(),
     )
-
-
-def _seed_step(state: NetState) -> int:
-    return 0 if state.seed_step is None else int(state.seed_step.numpy())
 
 
 def _losses_within(state: NetState, outputs: list[str], feeds: list[str]) -> list[str]:
@@ -98,7 +94,7 @@ def add_head(state: NetState, head, name: str = "head") -> NetParts:
         regularizers={**state.regularizers, **{f"{name}/{w}": c for w, c in frozen.regularizers.items()}},
         losses=list(state.graph.loss_names) + [f"{name}/{t}" for t in frozen.losses],
         seed_inputs=list(state.graph.seed_inputs) + [f"{name}/{t}" for t in frozen.seed_inputs],
-        seed_step=_seed_step(state),
+        seed_step=state.seed_steps(),
     )
 
 
@@ -162,7 +158,7 @@ def with_lora(state: NetState, targets, rank: int = 8, alpha: float | None = Non
         dict(state.statistic_roles), [n for ad in every for n in (ad.a, ad.b)], name=state.name, fold=state.graph.fold,
         phase_values=dict(state.graph.phase_values), adapters=every, onnx_source=state.onnx_source,
         regularizers=state.regularizers, losses=state.graph.loss_names, seed_inputs=state.graph.seed_inputs,
-        seed_step=_seed_step(state),
+        seed_step=state.seed_steps(),
     )
 
 
@@ -201,5 +197,5 @@ def merged(state: NetState) -> NetParts:
         state.graph.template, list(state.graph.input_names), list(state.graph.output_names),
         state.graph_weight_arrays(), dict(state.statistic_roles), keep, name=state.name, fold=state.graph.fold,
         phase_values=dict(state.graph.phase_values), onnx_source=state.onnx_source, regularizers=state.regularizers,
-        losses=state.graph.loss_names, seed_inputs=state.graph.seed_inputs, seed_step=_seed_step(state),
+        losses=state.graph.loss_names, seed_inputs=state.graph.seed_inputs, seed_step=state.seed_steps(),
     )

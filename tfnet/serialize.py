@@ -34,7 +34,7 @@ def net_to_bytes(net) -> bytes:
         "regularizers": net.regularizers,
         "losses": net.loss_names,
         "seed_inputs": list(net.graph.seed_inputs),
-        "seed_step": 0 if net.state.seed_step is None else int(net.state.seed_step.numpy()),
+        "seed_step": net.state.seed_steps(),
     }
     arrays["template"] = np.frombuffer(net.template.SerializeToString(), np.uint8)
     return pack(FORMAT, header, arrays)

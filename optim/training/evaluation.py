@@ -89,11 +89,8 @@ def accumulate(net, loss: L.Loss, metrics: Sequence[M.Metric], data: TFDataset, 
         if not checked:  # the labels' number and shapes against the outputs, as before a first training step
             check_batch_labels(loss, labels, net, n, metrics)
             checked = True
-        added = 0.0
-        if net.loss_names:  # the model's add_loss and activity terms, as Keras's evaluate adds model.losses
-            outputs, added = net.forward(features, as_tensors=True, return_losses=True)
-        else:
-            outputs = net.forward(features, as_tensors=True)
+        # with the model's add_loss and activity terms (0 for a net without), as Keras's evaluate adds model.losses
+        outputs, added = net.forward(features, as_tensors=True, return_losses=True)
         labels_t = tf.nest.map_structure(tf.convert_to_tensor, labels)
         acc.loss.update_value(float(loss(labels_t, outputs)) + extra + float(added), n)
         update_metrics(acc.metrics, labels, outputs)
