@@ -11,7 +11,7 @@ from optim import metrics as M
 from optim import output_metrics as OM
 from optim.errors import KerasMappingError, KerasTrainingWarning
 from tfnet import TFNet
-from tfnet.keras_training import trainable_batch_norms, unswitched_random_layers
+from tfnet.keras_training import renormalized_batch_norms, unswitched_random_layers
 
 
 def _learning_rate(opt):
@@ -227,14 +227,13 @@ def from_compiled_keras(model, input_signature=None):
                       "recurrent layer's dropout, a random augmentation) is not drawn, where Keras's fit draws it. "
                       "Dropout and noise layers (Dropout, GaussianNoise, ...) are drawn as fit draws them.",
                       KerasTrainingWarning, stacklevel=3)
-    norms = trainable_batch_norms(model)
+    norms = renormalized_batch_norms(model)
     if norms:
         warnings.warn(f"tfnet trains the BatchNormalization layers {norms[:5]}{' ...' if len(norms) > 5 else ''} in "
                       "inference mode (their moving statistics, which stay as they are), where Keras's fit "
-                      "normalizes by each batch's statistics while a layer is trainable. Set layer.trainable = False "
-                      "on them (as Keras's transfer-learning guide does) for fit's result; their gamma and beta then "
-                      "do not train.", KerasTrainingWarning, stacklevel=3)
-    net = TFNet.from_keras(model, input_signature=input_signature)
+                      "renormalizes them (renorm=True). Set layer.trainable = False on them for fit's result in "
+                      "inference mode, or renorm=False.", KerasTrainingWarning, stacklevel=3)
+    net = TFNet.from_keras(model, input_signature=input_signature, train_batch_norm=True)  # as fit trains them
     net.trainable = [v.path for v in model.trainable_variables if v.path in net.weight_names]
     outputs = list(net.output_names)
     metrics = _compiled_metrics(cfg.get("metrics"), outputs)

@@ -18,10 +18,18 @@ from tensorflow.core.framework import graph_pb2, types_pb2
 from tensorflow.python.framework import convert_to_constants as c2c  # its steps: tfnet edits the graph between them
 from tensorflow.python.framework import tensor_util
 
-from tfnet.graph_utils import clean_node_name, consts_to_placeholders, rename_nodes, subgraph, unique_name, without_control_inputs
+from tfnet.graph_utils import (
+    clean_node_name,
+    consts_to_placeholders,
+    rename_nodes,
+    reorder_nodes,
+    subgraph,
+    unique_name,
+    without_control_inputs,
+)
 from tfnet.graph_utils import node_name as node_name_of
 from tfnet.keras_signature import keras_call, leaf_paths
-from tfnet.keras_training import PHASE, SEED, nested_layers, random_training_layers, switched
+from tfnet.keras_training import PHASE, SEED, batch_norms_to_train, nested_layers, random_training_layers, switched
 from tfnet.regularizers import from_variables
 from tfnet.tables import embed_captured_tables
 
@@ -63,6 +71,11 @@ class Frozen:
     #: (:mod:`tfnet.keras_training`), and the seed offsets their noise takes in training.
     phase_values: dict[str, tuple] = field(default_factory=dict)
     seed_inputs: list[str] = field(default_factory=list)
+    #: ``{tensor: weight}``: the new values of a Keras model's batch-norm moving statistics, computed beside the
+    #: outputs, that the training step assigns (:mod:`tfnet.keras_training`).
+    updates: dict[str, str] = field(default_factory=dict)
+    #: ``{id of a tf.Variable: weight}``, for the variables frozen.
+    weight_of: dict[int, str] = field(default_factory=dict, repr=False)
 
 
 def freeze_concrete_function(fn, variables: Iterable, output_names: Sequence[str] | None = None,
@@ -107,7 +120,9 @@ def freeze_concrete_function(fn, variables: Iterable, output_names: Sequence[str
         chosen = {mapping[old] for old, var in names.items() if id(_tf_variable(var)) in ids}
         trainable = [w for w in weights if w in chosen]
     regularizers = from_variables({mapping[old]: var for old, var in names.items()})
-    return Frozen(graph_def, inputs, outputs, weights, values, trainable, regularizers)
+    frozen = Frozen(graph_def, inputs, outputs, weights, values, trainable, regularizers)
+    frozen.weight_of = {id(_tf_variable(var)): mapping[old] for old, var in names.items()}
+    return frozen
 
 
 def _is_float(dtype) -> bool:
@@ -294,9 +309,11 @@ def _layer_outputs(model) -> list[tuple[str, object]]:
     return found
 
 
-def freeze_keras(model, input_signature=None) -> Frozen:
+def freeze_keras(model, input_signature=None, train_batch_norm: bool = False) -> Frozen:
     """Freezes a built Keras 3 model in inference mode (``training=False``), on its inputs or, for a subclassed
-    model, on ``input_signature`` or the shapes of its first call (:mod:`tfnet.keras_signature`).
+    model, on ``input_signature`` or the shapes of its first call (:mod:`tfnet.keras_signature`). Its dropout and
+    noise layers, and with ``train_batch_norm`` its trainable batch norm, are switched to training mode where the
+    phase tensor says (:mod:`tfnet.keras_training`).
 
     Besides renaming weights and outputs, each top-level layer's output node is renamed to the
     layer's name where that is free, so ``net.cut("global_average_pooling2d")`` works.
@@ -315,14 +332,17 @@ def freeze_keras(model, input_signature=None) -> Frozen:
     structure = []  # what the model returns: a subclassed model's dict of outputs names them
     added = []  # how many losses the call adds (activity_regularizer, add_loss)
     noisy = random_training_layers(model)  # dropout and noise: in training mode where the phase says (keras_training)
+    norms = batch_norms_to_train(model) if train_batch_norm else []
+    updates = []  # (moving statistic, its new value)
 
     def call(*xs):
-        with switched(noisy):
+        updates.clear()
+        with switched(noisy, norms, updates):
             out = probe(*signature.arguments(xs), training=False)
         structure[:] = [out]
         terms = _added_losses(probe)
         added[:] = [len(terms)]
-        return tf.nest.flatten(out) + [tf.identity(t) for t in terms]
+        return tf.nest.flatten(out) + [tf.identity(t) for t in terms] + [tf.identity(t) for _, t in updates]
 
     try:
         try:
@@ -335,25 +355,38 @@ def freeze_keras(model, input_signature=None) -> Frozen:
         if not signature.from_signature:
             raise
         raise signature.call_failure(model, exc) from None  # Keras's line, not TensorFlow's tracing frames
-    n_losses = added[0]
-    n_out = len(fn.outputs) - len(layers) - n_losses
+    n_losses, n_updates = added[0], len(updates)
+    n_out = len(fn.outputs) - len(layers) - n_losses - n_updates
     names = _output_names(model, n_out, structure[0] if structure and not layers else None)
     loss_names = [f"added_loss_{i}" for i in range(n_losses)]
+    update_names = [f"keras_update_{i}" for i in range(n_updates)]
     # Keras's trainable flags come along: a layer or nested model with trainable = False, a LoRA layer's base kernel
-    frozen = freeze_concrete_function(fn, model.variables, names + [""] * len(layers) + loss_names,
+    frozen = freeze_concrete_function(fn, model.variables, names + [""] * len(layers) + loss_names + update_names,
                                       trainable_variables=model.trainable_variables)
     if layers:
         frozen.template = _name_layer_outputs(frozen.template, frozen.outputs[n_out:n_out + len(layers)],
                                               [n for n, _ in layers])
-    frozen.losses = frozen.outputs[len(frozen.outputs) - n_losses:]
+    extra = frozen.outputs[n_out + len(layers):]
+    frozen.losses = extra[:n_losses]
+    frozen.updates = {t: frozen.weight_of[id(_tf_variable(v))] for t, (v, _) in zip(extra[n_losses:], updates)}
+    if updates:  # the switches read the statistics before the scale: the weights in Keras's order (model.variables)
+        _order_weights(frozen, [frozen.weight_of.get(id(_tf_variable(v))) for v in model.variables])
     frozen.outputs = frozen.outputs[:n_out]
     # a traced function's results wait on all its reads: a term needs only what it is computed from
-    frozen.template = without_control_inputs(frozen.template, [node_name_of(t) for t in frozen.losses])
-    used = {n.name for n in subgraph(frozen.template, frozen.outputs + frozen.losses).node}
+    frozen.template = without_control_inputs(frozen.template, [node_name_of(t) for t in extra])
+    used = {n.name for n in subgraph(frozen.template, frozen.outputs + extra).node}
     if PHASE in used:
         frozen.phase_values = {f"{PHASE}:0": (True, False)}
         frozen.seed_inputs = [f"{SEED}:0"] if SEED in used else []
     return frozen
+
+
+def _order_weights(frozen: Frozen, order: list) -> None:
+    """``frozen``'s weight placeholders (and ``weights``) in ``order`` where it names them, in place."""
+    weights = set(frozen.weights)
+    order = [w for w in order if w in weights]
+    frozen.weights = order + [w for w in frozen.weights if w not in set(order)]
+    reorder_nodes(frozen.template, order)
 
 
 def _added_losses(model) -> list:

@@ -25,6 +25,7 @@ from tfnet.errors import (
 )
 from tfnet.fold import fold_affine
 from tfnet.inputs import as_name_list
+from tfnet.keras_training import inference_graph
 from tfnet.library import register_library
 from tfnet.tables import TableSet
 
@@ -44,6 +45,8 @@ class GraphFunction:
         loss_names: Tensors computed beside the outputs when asked for (``losses=True``): the losses a
             training loss adds (a Keras model's ``add_loss``). Default: none.
         seed_inputs: Tensors fed the ``seed`` given in training (:mod:`tfnet.keras_training`). Default: none.
+        updates: ``{tensor: weight}``: tensors computed beside the outputs when asked for (``updates=True``) that
+            the training step assigns to those weights (a Keras batch norm's moving statistics). Default: none.
     """
 
     def __init__(
@@ -56,13 +59,16 @@ class GraphFunction:
         phase_values: Mapping[str, tuple] | None = None,
         loss_names: Sequence[str] = (),
         seed_inputs: Sequence[str] = (),
+        updates: Mapping[str, str] | None = None,
     ):
         self.template = template
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
         self.loss_names = tuple(loss_names)
         self.seed_inputs = tuple(seed_inputs)
-        computed = list(self.output_names) + list(self.loss_names)
+        self.updates = dict(updates or {})
+        self.update_names = tuple(self.updates)
+        computed = list(self.output_names) + list(self.loss_names) + list(self.update_names)
         self.weight_names = tuple(weight_names)
         self.fold = fold
         self.phase_values = dict(phase_values or {})
@@ -77,19 +83,20 @@ class GraphFunction:
         self.output_specs = tuple(_spec(graph, n) for n in output_names)
         _check_losses(self.loss_names, [_spec(graph, n) for n in self.loss_names])
         self.weight_specs = tuple(_spec(graph, w + ":0") for w in weight_names)
-        self.folded = 0
-        self.compute_template = template
-        if fold and weight_names:
-            folded, self.folded = fold_affine(template, graph, fed_names, list(weight_names))
-            if self.folded:
-                self.compute_template = gu.subgraph(folded, computed, feeds=fed_names)
-        # strided 1x1 convolutions as views at stride 1: their gradient is wrong on some CPUs (tfnet.kernels)
-        self.compute_template, self.rewritten_convolutions = kernels.rewrite_graph(self.compute_template, graph)
-        # a BiasAdd that TensorFlow's remapper would fuse with a sum other ops still read, as an AddV2 (tfnet.remapper_guard)
-        self.compute_template, self.guarded_biases = remapper_guard.rewrite_graph(self.compute_template)
+        _check_updates(self.updates, graph, dict(zip(weight_names, self.weight_specs)))
+        self.compute_template, self.folded, self.rewritten_convolutions, self.guarded_biases = _runnable(
+            template, graph, fold, fed_names, weight_names, computed)
         # lookup tables: built once, their handles fed in place of the table nodes (tfnet.tables)
         self.tables = TableSet(self.compute_template)
         self.compute_template = self.tables.graph
+        #: The graph inference runs where a Keras batch norm is switched to training mode in training
+        #: (:mod:`tfnet.keras_training`): the switches replaced by their inference branch, so the batch norm folds as
+        #: before; None where the compute template serves both.
+        self.inference_template = None
+        if self.phase_values and self.updates and not self.tables:
+            plain = inference_graph(template)
+            self.inference_template, self.folded, _, _ = _runnable(
+                plain, import_for_shapes(plain), fold, fed_names, weight_names, computed)
         # where gradients are taken, a Pad that a Conv3D reads as a PadV2 of zero (tfnet.remapper_guard: the pass
         # deletes it though the gradient reads it); a forward pass keeps the Pad, which the pass fuses there
         self.gradient_template, self.guarded_pads = remapper_guard.rewrite_pads(self.compute_template)
@@ -102,11 +109,12 @@ class GraphFunction:
 
     def __call__(
         self, inputs: Sequence[tf.Tensor], weights: Sequence[tf.Tensor], training: bool = False,
-        differentiated: bool = False, losses: bool = False, seed: tf.Tensor | None = None,
+        differentiated: bool = False, losses: bool = False, seed: tf.Tensor | None = None, updates: bool = False,
     ) -> list[tf.Tensor]:
         """Imports the graph into the function being traced, wired to ``inputs`` and ``weights``,
         with each phase tensor fed its training or inference value (and in training, each of :attr:`seed_inputs`
-        ``seed``, where given): the outputs, then with ``losses`` the :attr:`loss_names` tensors.
+        ``seed``, where given): the outputs, then with ``losses`` the :attr:`loss_names` tensors, then with
+        ``updates`` the :attr:`update_names` tensors.
 
         Must run while a graph is being built (inside ``tf.function``). The imported ops are
         created below the Python op layer, so differentiate them with ``tf.gradients`` inside the
@@ -120,10 +128,27 @@ class GraphFunction:
         if training and seed is not None:
             input_map.update({name: seed for name in self.seed_inputs})
         template = self.gradient_template if differentiated else self.compute_template
+        if not (training or differentiated) and self.inference_template is not None:
+            template = self.inference_template
         return tf.graph_util.import_graph_def(
             template, input_map=input_map, name="graph",
-            return_elements=list(self.output_names) + (list(self.loss_names) if losses else []),
+            return_elements=list(self.output_names) + (list(self.loss_names) if losses else [])
+            + (list(self.update_names) if updates else []),
         )
+
+
+def _runnable(template, graph, fold: bool, fed_names, weight_names, computed) -> tuple:
+    """``template`` as it runs: ``(graph, batch norms folded, convolutions rewritten, biases guarded)``."""
+    folded = 0
+    if fold and weight_names:
+        rewritten, folded = fold_affine(template, graph, fed_names, list(weight_names))
+        if folded:
+            template = gu.subgraph(rewritten, computed, feeds=fed_names)
+    # strided 1x1 convolutions as views at stride 1: their gradient is wrong on some CPUs (tfnet.kernels)
+    template, convolutions = kernels.rewrite_graph(template, graph)
+    # a BiasAdd that TensorFlow's remapper would fuse with a sum other ops still read, as an AddV2 (tfnet.remapper_guard)
+    template, biases = remapper_guard.rewrite_graph(template)
+    return template, folded, convolutions, biases
 
 
 def import_for_shapes(template: graph_pb2.GraphDef) -> tf.Graph:
@@ -184,6 +209,15 @@ def _check_losses(names: Sequence[str], specs: Sequence[tf.TensorSpec]) -> None:
         if not spec.dtype.is_floating:
             raise InputSpecError(f"Loss {name!r} is a {spec.dtype.name} tensor; a loss the training loss adds must be a "
                                  "float tensor (it is summed).")
+
+
+def _check_updates(updates: Mapping[str, str], graph: tf.Graph, weights: Mapping[str, tf.TensorSpec]) -> None:
+    for tensor, weight in updates.items():
+        spec, target = _spec(graph, tensor), weights.get(weight)
+        if target is None or not spec.shape.is_compatible_with(target.shape) or not spec.dtype.is_floating:
+            raise InputSpecError(
+                f"updates[{tensor!r}]: a {spec.dtype.name} tensor of shape {spec.shape} cannot be assigned to the weight "
+                f"{weight!r}" + ("" if target is None else f" of shape {target.shape}") + ".")
 
 
 def _check_phase_value(name: str, value, spec: tf.TensorSpec) -> None:

@@ -362,3 +362,15 @@ V1_LOOP_OPS = ("Enter", "RefEnter", "Exit", "RefExit", "NextIteration", "RefNext
 def v1_loop_nodes(graph_def: graph_pb2.GraphDef) -> list[str]:
     """Names of the v1 control flow loop nodes (``Enter`` / ``Exit`` / ``NextIteration``...)."""
     return [n.name for n in graph_def.node if n.op in V1_LOOP_OPS]
+
+
+def reorder_nodes(graph_def: graph_pb2.GraphDef, names: list[str]) -> None:
+    """The nodes named in ``names`` put in that order among the places they hold in ``graph_def``, in place."""
+    named = set(names)
+    slots = [i for i, n in enumerate(graph_def.node) if n.name in named]
+    by_name = {n.name: n for n in graph_def.node}
+    nodes = list(graph_def.node)
+    for i, name in zip(slots, [n for n in names if n in by_name]):
+        nodes[i] = by_name[name]
+    del graph_def.node[:]
+    graph_def.node.extend(nodes)

@@ -11,6 +11,12 @@ when frozen plus ``keras_seed_offset`` (int64 ``(2,)``, default zeros), which th
 (:class:`tfnet.net_state.NetState`: ``seed_step`` counts the steps, ``seed_stream`` is the rank). So the ``k``-th step
 of a net frozen from a fresh model draws the very noise Keras's ``fit`` draws at its ``k``-th step, and the graph
 served (no feed) is the inference graph.
+
+A trainable ``BatchNormalization`` (:func:`batch_norms_to_train`, asked for by ``TFOptimizer.from_keras``) is
+switched the same way: in training it normalizes by the batch's statistics and computes its moving ones' new values
+as Keras's ``call`` does (``moving * momentum + batch * (1 - momentum)``), which the frozen graph returns beside the
+outputs (``keras_update_<i>``, the net's :attr:`~tfnet.TFNet.updates`) for the training step to assign; in inference,
+its moving statistics, unchanged.
 """
 
 from __future__ import annotations
@@ -22,8 +28,8 @@ import tensorflow as tf
 PHASE = "keras_training"
 SEED = "keras_seed_offset"
 
-__all__ = ["PHASE", "SEED", "inference_graph", "nested_layers", "random_training_layers", "switched",
-           "trainable_batch_norms", "unswitched_random_layers"]
+__all__ = ["PHASE", "SEED", "batch_norms_to_train", "inference_graph", "nested_layers", "random_training_layers", "switched",
+           "renormalized_batch_norms", "unswitched_random_layers"]
 
 
 def nested_layers(model, include_self: bool = False) -> list:
@@ -71,27 +77,42 @@ def unswitched_random_layers(model) -> list[str]:
     return names
 
 
-def trainable_batch_norms(model) -> list[str]:
-    """The names of the trainable ``BatchNormalization`` layers of ``model`` (in a trainable parent): Keras's ``fit``
-    normalizes by each batch's statistics there and updates the moving ones; a frozen graph, by the moving ones."""
+def renormalized_batch_norms(model) -> list[str]:
+    """The names of the trainable ``BatchNormalization`` layers of ``model`` with ``renorm``: Keras's ``fit``
+    renormalizes them in training, which :func:`switched` does not do (they stay in inference mode)."""
     import keras
 
     return [layer.name for layer in nested_layers(model)
-            if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable and layer.trainable_weights]
+            if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable and layer.trainable_weights
+            and layer.renorm]
+
+
+def batch_norms_to_train(model) -> list:
+    """The ``BatchNormalization`` layers of ``model`` that Keras's ``fit`` runs in training mode (trainable, with
+    their weights, no ``renorm``), which :func:`switched` can switch."""
+    import keras
+
+    return [layer for layer in nested_layers(model)
+            if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable and layer.trainable_weights
+            and not layer.renorm]
 
 
 @contextlib.contextmanager
-def switched(layers: list):
-    """Inside a function being traced: each layer of ``layers`` called as ``tf.cond(phase, training, inference)``,
-    its seed the generator's current state plus the seed offset (see the module's text). Yields nothing; the layers'
-    own ``call`` and generators are as before afterwards."""
-    if not layers:
+def switched(layers: list, norms: list = (), updates: list | None = None):
+    """Inside a function being traced: each layer of ``layers`` (and of ``norms``, batch normalization) called as
+    ``tf.cond(phase, training, inference)``, a random layer's seed the generator's current state plus the seed
+    offset, a batch norm's new moving statistics appended to ``updates`` as ``(variable, tensor)`` (see the module's
+    text). Yields nothing; the layers' own ``call`` and generators are as before afterwards."""
+    if not layers and not norms:
         yield
         return
     phase = tf.compat.v1.placeholder_with_default(False, (), name=PHASE)
-    offset = tf.compat.v1.placeholder_with_default(tf.zeros((2,), tf.int64), (2,), name=SEED)
+    offset = tf.compat.v1.placeholder_with_default(tf.zeros((2,), tf.int64), (2,), name=SEED) if layers else None
     patched = []
     try:
+        for layer in norms:
+            layer.call = _switched_norm(layer, phase, updates if updates is not None else [])
+            patched.append(layer)
         for layer in layers:
             generator = layer.seed_generator
             with tf.init_scope():  # the state as it is now, not a read of the variable in the graph
@@ -112,42 +133,102 @@ def switched(layers: list):
     finally:
         for layer in patched:
             del layer.call
-            del layer.seed_generator.next
+            if getattr(layer, "seed_generator", None) is not None:
+                del layer.seed_generator.next
+
+
+def _switched_norm(layer, phase, updates: list):
+    """``layer.call`` as ``tf.cond(phase, training mode, inference mode)``, returning the moving statistics' new
+    values from the training branch (Keras's own ``call`` computes them: its ``assign`` is caught) and the moving
+    statistics themselves from the inference branch, read outside it (the branch returns its inputs)."""
+    own = layer.call
+    moving = (layer.moving_mean, layer.moving_variance)
+
+    def call(inputs, *args, training=None, **kwargs):
+        inference = own(inputs, *args, training=False, **kwargs)
+        current = [tf.convert_to_tensor(v.value) for v in moving]
+
+        def train():
+            caught = {}
+            for v in moving:
+                v.assign = lambda value, _v=v: caught.__setitem__(id(_v), value)
+            try:
+                out = own(inputs, *args, training=True, **kwargs)
+            finally:
+                for v in moving:
+                    del v.assign
+            return [out] + [tf.cast(caught[id(v)], c.dtype) for v, c in zip(moving, current)]
+
+        out, *new = tf.cond(phase, train, lambda: [inference] + current)
+        updates.extend(zip(moving, new))
+        return out
+
+    return call
 
 
 def inference_graph(graph_def):
     """``graph_def`` with each switch of :func:`switched` (an ``If`` on a ``keras_training`` tensor) replaced by what
-    its inference branch returns, one of its inputs (those layers are the identity in inference): a graph without the
-    switches, for writers that take plain ops (ONNX). A switch whose inference branch is not that is left."""
+    its inference branch returns, some of its inputs (those layers are the identity in inference; a batch norm's
+    inference output and moving statistics are computed outside the switch): a graph without the switches, for
+    writers that take plain ops (ONNX) and for inference. A switch whose inference branch is not that is left."""
     from tensorflow.core.framework import graph_pb2
 
     functions = {f.signature.name: f for f in graph_def.library.function}
     out = graph_pb2.GraphDef()
     out.CopyFrom(graph_def)
+    taken: dict[str, str] = {}  # "if:k" -> the input it passes on
     for node in out.node:
         if node.op not in ("If", "StatelessIf") or node.input[0].split(":")[0].split("/")[-1] != PHASE:
             continue
-        index = _returned_argument(functions.get(node.attr["else_branch"].func.name))
-        if index is None:
+        indices = _returned_arguments(functions.get(node.attr["else_branch"].func.name))
+        if indices is None:
             continue
-        data = node.input[1 + index]
-        node.op = "Identity"
-        del node.input[:]
-        node.input.append(data)
-        dtype = node.attr["Tin"].list.type[index]
-        node.ClearField("attr")
-        node.attr["T"].type = dtype
+        for k, index in enumerate(indices):
+            taken[f"{node.name}:{k}"] = node.input[1 + index]
+        if len(indices) == 1:  # the If itself becomes the Identity of what it passes on
+            data, dtype = node.input[1 + indices[0]], node.attr["Tin"].list.type[indices[0]]
+            node.op = "Identity"
+            del node.input[:]
+            node.input.append(data)
+            node.ClearField("attr")
+            node.attr["T"].type = dtype
+            del taken[f"{node.name}:0"]
+    if taken:
+        switches = {t.split(":")[0] for t in taken}
+        for node in out.node:
+            inputs = []
+            for name in node.input:
+                key = name if ":" in name else name + ":0"
+                while key in taken:  # a switch's input may be another's output
+                    name = taken[key]
+                    key = name if ":" in name else name + ":0"
+                if name[1:] not in switches:  # a wait on a switch goes with it
+                    inputs.append(name)
+            del node.input[:]
+            node.input.extend(inputs)
+        kept = [n for n in out.node if n.name not in switches]
+        del out.node[:]
+        out.node.extend(kept)
     return out
 
 
-def _returned_argument(function) -> int | None:
-    """The index of the input argument a one-output function returns unchanged (through ``Identity`` nodes), or
-    None."""
-    if function is None or len(function.signature.output_arg) != 1:
+def _returned_arguments(function) -> list[int] | None:
+    """For each output of ``function``, the index of the input argument it returns unchanged (through ``Identity``
+    nodes); None where an output is computed."""
+    if function is None or not function.signature.output_arg:
         return None
     args = [a.name for a in function.signature.input_arg]
     nodes = {n.name: n for n in function.node_def}
-    value = function.ret[function.signature.output_arg[0].name]
+    found = []
+    for arg in function.signature.output_arg:
+        index = _traced_back(function.ret[arg.name], args, nodes)
+        if index is None:
+            return None
+        found.append(index)
+    return found
+
+
+def _traced_back(value: str, args: list[str], nodes: dict) -> int | None:
     for _ in range(len(nodes) + 1):
         name = value.split(":")[0]
         if name in args:

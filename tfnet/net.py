@@ -99,6 +99,10 @@ class TFNet(tf.Module):
             the steps the net has taken), for random ops that must draw new values at each step: the seed offset of a
             Keras model's dropout and noise layers (``from_keras`` names them, :mod:`tfnet.keras_training`). Default:
             none.
+        updates: ``{tensor name: weight name}``: tensors the training step computes beside the outputs (with the
+            phase tensors at their training values) and assigns to those weights after each finite step, the way a
+            TF1 graph's ``UPDATE_OPS`` update a batch norm's moving statistics. ``from_keras(train_batch_norm=True)``
+            names them itself. See :attr:`updates`. Default: none.
         name: The module name. Default: ``"tfnet"``.
 
     Internal interface, for tfnet's own modules (step, serialize, saving, onnx export); public
@@ -148,12 +152,13 @@ class TFNet(tf.Module):
         phase_values: Mapping[str, tuple] | None = None,
         losses: str | Sequence[str] = (),
         seed_inputs: str | Sequence[str] = (),
+        updates: Mapping[str, str] | None = None,
         name: str = "tfnet",
     ):
         self._hold(net_loading.graph_def_state(
             graph_def, inputs, outputs, weights, trainable=trainable, relax_batch=relax_batch,
             fold_batch_norm=fold_batch_norm, phase_values=phase_values, losses=losses,
-            seed_inputs=seed_inputs, name=name))
+            seed_inputs=seed_inputs, updates=updates, name=name))
 
     def _hold(self, state: NetState) -> None:
         super().__init__(name=state.name)
@@ -261,6 +266,14 @@ class TFNet(tf.Module):
         ``fit`` and ``evaluate`` add ``model.losses``, or a frozen graph's given as ``losses``. ``forward(x,
         return_losses=True)`` computes them. Empty for most nets."""
         return list(self.state.graph.loss_names)
+
+    @property
+    def updates(self) -> dict[str, str]:
+        """``{tensor: weight}``: what the training step assigns to a weight after each finite step (a Keras batch
+        norm's moving mean and variance, ``keras_update_<i>``, where ``from_keras(train_batch_norm=True)``, as Keras's
+        ``fit`` updates them). On several ranks each rank updates its own copy, as Horovod's Keras training does; the
+        driver's net gets rank 0's. Empty for most nets."""
+        return dict(self.state.graph.updates)
 
     @property
     def input_specs(self) -> list[tf.TensorSpec]:

@@ -32,7 +32,7 @@ __all__ = [
 
 def run_graph(
     state: NetState, inputs: Sequence[tf.Tensor], weights: Sequence[tf.Tensor], training: bool = False,
-    differentiated: bool = False, losses: bool = False,
+    differentiated: bool = False, losses: bool = False, updates: bool = False,
 ) -> list[tf.Tensor]:
     """Imports the graph into the function being traced, wired to ``inputs`` and ``weights`` (all
     of :attr:`weight_names`: each adapted weight is fed ``W + alpha / rank * A @ B``); phase
@@ -45,13 +45,14 @@ def run_graph(
         differentiated: Gradients will be taken of it: the graph as :mod:`tfnet.remapper_guard` keeps it
             differentiable. Default: False.
         losses: Return the :attr:`loss_names` tensors after the outputs. Default: False.
+        updates: Return the :attr:`update_names` tensors after those. Default: False.
     """
     graph_weights = adapted_weights(weights, state.lora_plan, len(state.graph.weight_names))
     seed = None
     if training and state.seed_step is not None:  # a Keras model's dropout: the noise of this step (tfnet.keras_training)
         seed = tf.stack([tf.constant(state.seed_stream, tf.int64), state.seed_step.read_value()])
     return state.graph(cast_inputs(state, inputs), graph_weights, training=training, differentiated=differentiated,
-                       losses=losses, seed=seed)
+                       losses=losses, seed=seed, updates=updates)
 
 
 def added_loss(terms: Sequence[tf.Tensor]) -> tf.Tensor | None:

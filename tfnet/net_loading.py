@@ -16,7 +16,7 @@ from tensorflow.core.framework import graph_pb2
 
 from tfnet import graph_utils as gu
 from tfnet import keras_source
-from tfnet.errors import InputSpecError
+from tfnet.errors import InputSpecError, TensorNameError, unknown_name_message
 from tfnet.freeze import freeze_keras, load_keras_file
 from tfnet.graph_function import check_weight_consts, feed_specs
 from tfnet.graph_io import PathLike, read_graph_def
@@ -52,21 +52,25 @@ def graph_def_state(graph_def: PathLike | bytes | graph_pb2.GraphDef, inputs: st
 
 
 def build(template, values, input_names, output_names, *, trainable=None, relax_batch=True, fold=True,
-          phase_values=None, name="tfnet", losses=(), seed_inputs=(), seed_step=0) -> NetState:
+          phase_values=None, name="tfnet", losses=(), seed_inputs=(), seed_step=0, updates=None) -> NetState:
     """The state of a net from a weightless graph (weights as placeholders) and their values."""
     phase_values = _check_phase_values(template, phase_values, input_names)
     losses = gu.check_tensor_names(template, as_name_list(losses, "losses"), "loss") if losses else []
+    updates = _check_updates(template, updates, values)
     seed_inputs = gu.check_tensor_names(template, as_name_list(seed_inputs, "seed_inputs"), "seed") if seed_inputs else []
     feeds = list(input_names) + list(phase_values)
-    template = gu.subgraph(template, list(output_names) + losses, feeds=feeds,
+    template = gu.subgraph(template, list(output_names) + losses + list(updates), feeds=feeds,
                            feed_specs=feed_specs(template, feeds))
     kept = gu.nodes_by_name(template)
     values = {w: v for w, v in values.items() if w in kept}
     statistics = find_statistics(template, list(values))
+    for weight in updates.values():  # what the step assigns is a statistic, not trained by gradients
+        statistics.setdefault(weight, "statistic")
     if relax_batch:
         gu.set_placeholder_batch_dim(template, input_names)
     state = NetState(NetParts(template, input_names, output_names, values, statistics, name=name, fold=fold,
-                              phase_values=phase_values, losses=losses, seed_inputs=seed_inputs, seed_step=seed_step))
+                              phase_values=phase_values, losses=losses, seed_inputs=seed_inputs, seed_step=seed_step,
+                              updates=updates))
     if trainable is not None:
         state.select_trainable(trainable)
     return state
@@ -78,6 +82,8 @@ def _frozen_state(frozen, kwargs) -> NetState:
         kwargs = {**kwargs, "trainable": frozen.trainable}  # the source model's own flags (trainable_variables)
     if frozen.losses and "losses" not in kwargs:
         kwargs = {**kwargs, "losses": frozen.losses}  # what the Keras model's call adds to its loss
+    if frozen.updates and "updates" not in kwargs:
+        kwargs = {**kwargs, "updates": frozen.updates}  # a Keras model's batch norm's moving statistics
     if frozen.phase_values:  # a Keras model's dropout and noise layers, in training mode while training
         kwargs = {**kwargs, "phase_values": {**frozen.phase_values, **(kwargs.get("phase_values") or {})},
                   "seed_inputs": frozen.seed_inputs}
@@ -111,7 +117,7 @@ def from_frozen_graph(
     return cls(path_or_graph_def, inputs, outputs, **kwargs)
 
 
-def from_keras(cls, model, *, input_signature=None, **kwargs):
+def from_keras(cls, model, *, input_signature=None, train_batch_norm: bool = False, **kwargs):
     """Freezes a built Keras 3 model in inference mode and wraps it.
 
     Weights are named by their Keras paths (``"dense/kernel"``), inputs by the Keras input
@@ -133,6 +139,10 @@ def from_keras(cls, model, *, input_signature=None, **kwargs):
             ``keras.InputSpec`` with a shape and dtype, or a dict, list or tuple of them; as
             ``model.export(input_signature=...)`` takes it. Needed for a subclassed model with several inputs or
             integer ones. Default: the model's own inputs.
+        train_batch_norm: Train the model's trainable ``BatchNormalization`` layers as Keras's ``fit`` does: in the
+            training step, normalized by each batch's statistics, their moving statistics updated
+            (:attr:`TFNet.updates`); elsewhere, by the moving statistics. ``TFOptimizer.from_keras`` asks for it.
+            Default: False (batch norm in inference mode everywhere).
         **kwargs: ``trainable``, ``relax_batch``, ``fold_batch_norm``, ``losses`` (default: the losses the model adds
             in its ``call``; ``[]`` for none), ``name``; see :class:`TFNet`.
 
@@ -144,7 +154,7 @@ def from_keras(cls, model, *, input_signature=None, **kwargs):
     """
     if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
         model = load_keras_file(model)
-    state = _frozen_state(freeze_keras(model, input_signature), kwargs)
+    state = _frozen_state(freeze_keras(model, input_signature, train_batch_norm), kwargs)
     state.keras_source = keras_source.describe(model)
     return cls.from_state(state)
 
@@ -187,6 +197,8 @@ def from_export_folder(cls, folder: PathLike, *, storage_options=None, **kwargs)
         kwargs.setdefault("phase_values", {k: tuple(v) for k, v in extra["phase_values"].items()})
     if extra.get("loss_names"):
         kwargs.setdefault("losses", extra["loss_names"])
+    if extra.get("updates"):
+        kwargs.setdefault("updates", extra["updates"])
     if extra.get("seed_inputs"):
         kwargs.setdefault("seed_inputs", extra["seed_inputs"])
     net = cls(graph_def, meta["input_names"], meta["output_names"], **kwargs)
@@ -239,11 +251,27 @@ def from_onnx(
 def _init_kwargs(kwargs) -> dict:
     """Maps the public keyword arguments onto ``_init``'s, refusing unknown ones."""
     allowed = {"trainable": "trainable", "relax_batch": "relax_batch", "fold_batch_norm": "fold", "name": "name",
-               "phase_values": "phase_values", "losses": "losses", "seed_inputs": "seed_inputs"}
+               "phase_values": "phase_values", "losses": "losses", "seed_inputs": "seed_inputs", "updates": "updates"}
     unknown = set(kwargs) - set(allowed)
     if unknown:
         raise TypeError(f"Unknown arguments {sorted(unknown)}; expected some of {sorted(allowed)}.")
     return {allowed[k]: v for k, v in kwargs.items()}
+
+
+def _check_updates(template, updates, values) -> dict[str, str]:
+    """``{tensor: weight}`` checked: each tensor in the graph, each weight one of the net's."""
+    if not updates:
+        return {}
+    if not isinstance(updates, Mapping):
+        raise InputSpecError("`updates` takes a dict {tensor name: weight name}: the tensor the training step assigns "
+                             f"to the weight after each step. Received: {type(updates).__name__}")
+    tensors = gu.check_tensor_names(template, list(updates), "update")
+    checked = {}
+    for tensor, weight in zip(tensors, updates.values()):
+        if weight not in values:
+            raise TensorNameError(unknown_name_message("weight", str(weight), list(values)))
+        checked[tensor] = weight
+    return checked
 
 
 def _check_phase_values(template, phase_values, input_names) -> dict[str, tuple]:

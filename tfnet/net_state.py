@@ -61,7 +61,7 @@ class NetState(tf.Module):
         weight_names = [n.name for n in template.node if n.name in parts.values and n.name not in extra]
         self.graph = GraphFunction(template, list(parts.input_names), list(parts.output_names), weight_names,
                                    fold=parts.fold, phase_values=parts.phase_values, loss_names=parts.losses,
-                                   seed_inputs=parts.seed_inputs)
+                                   seed_inputs=parts.seed_inputs, updates=parts.updates)
         self.tables = list(self.graph.tables.tables.values())
         with tf.init_scope():
             self.weights = {

@@ -30,8 +30,9 @@ def cut(state: NetState, tensor_names: str | Sequence[str]) -> NetParts:
     trainable state."""
     outputs = gu.check_tensor_names(state.graph.template, as_name_list(tensor_names, "tensor_names"), "cut")
     feeds = list(state.graph.input_names) + list(state.graph.phase_values)
-    losses = _losses_within(state, outputs, feeds)
-    template = gu.subgraph(state.graph.template, outputs + losses, feeds=feeds)
+    losses = _within(state, outputs, feeds, state.graph.loss_names)
+    updates = {t: state.graph.updates[t] for t in _within(state, outputs, feeds, state.graph.update_names)}
+    template = gu.subgraph(state.graph.template, outputs + losses + list(updates), feeds=feeds)
     kept = gu.nodes_by_name(template)
     used = used_tensors(template) | set(outputs)
     inputs = [n for n in state.graph.input_names if n in used]
@@ -44,17 +45,18 @@ def cut(state: NetState, tensor_names: str | Sequence[str]) -> NetParts:
         fold=state.graph.fold, phase_values=phase_values, adapters=adapters, onnx_source=state.onnx_source,
         regularizers=state.regularizers, losses=losses,
         seed_inputs=[n for n in state.graph.seed_inputs if gu.node_name(n) in kept], seed_step=state.seed_steps(),
+        updates=updates,
     )
 
 
-def _losses_within(state: NetState, outputs: list[str], feeds: list[str]) -> list[str]:
-    """The net's :attr:`loss_names` that the net cut at ``outputs`` still has: those computed from no op past the cut
-    (an activity term of a layer the cut keeps, not of one it drops), as a Keras model made of the kept layers has
-    only their losses."""
+def _within(state: NetState, outputs: list[str], feeds: list[str], names) -> list[str]:
+    """Those of ``names`` (the net's :attr:`loss_names` or :attr:`update_names`) that the net cut at ``outputs`` still
+    has: those computed from no op past the cut (an activity term or batch norm of a layer the cut keeps, not of one
+    it drops), as a Keras model made of the kept layers has only their losses and statistics."""
     template = gu.without_control_inputs(state.graph.template)  # a traced function's outputs wait on all its reads
     kept = set(gu.nodes_by_name(gu.subgraph(template, outputs, feeds=feeds)))
     dropped = set(gu.nodes_by_name(gu.subgraph(template, list(state.graph.output_names), feeds=feeds))) - kept
-    return [n for n in state.graph.loss_names
+    return [n for n in names
             if not set(gu.nodes_by_name(gu.subgraph(template, [n], feeds=feeds))) & dropped]
 
 
@@ -94,7 +96,7 @@ def add_head(state: NetState, head, name: str = "head") -> NetParts:
         regularizers={**state.regularizers, **{f"{name}/{w}": c for w, c in frozen.regularizers.items()}},
         losses=list(state.graph.loss_names) + [f"{name}/{t}" for t in frozen.losses],
         seed_inputs=list(state.graph.seed_inputs) + [f"{name}/{t}" for t in frozen.seed_inputs],
-        seed_step=state.seed_steps(),
+        seed_step=state.seed_steps(), updates=state.graph.updates,
     )
 
 
@@ -159,6 +161,7 @@ def with_lora(state: NetState, targets, rank: int = 8, alpha: float | None = Non
         phase_values=dict(state.graph.phase_values), adapters=every, onnx_source=state.onnx_source,
         regularizers=state.regularizers, losses=state.graph.loss_names, seed_inputs=state.graph.seed_inputs,
         seed_step=state.seed_steps(),
+        updates=state.graph.updates,
     )
 
 
@@ -197,5 +200,5 @@ def merged(state: NetState) -> NetParts:
         state.graph.template, list(state.graph.input_names), list(state.graph.output_names),
         state.graph_weight_arrays(), dict(state.statistic_roles), keep, name=state.name, fold=state.graph.fold,
         phase_values=dict(state.graph.phase_values), onnx_source=state.onnx_source, regularizers=state.regularizers,
-        losses=state.graph.loss_names, seed_inputs=state.graph.seed_inputs, seed_step=state.seed_steps(),
+        losses=state.graph.loss_names, seed_inputs=state.graph.seed_inputs, seed_step=state.seed_steps(), updates=state.graph.updates,
     )

@@ -45,6 +45,9 @@ class NetParts:
         seed_inputs: int64 ``(2,)`` tensors fed ``[stream, step]`` in training: the seed offset of a Keras model's
             dropout and noise layers (:mod:`tfnet.keras_training`). Default: none.
         seed_step: The training steps the net has taken, for those seeds. Default: 0.
+        updates: ``{tensor name: weight name}``: tensors computed beside the outputs in training that the training
+            step assigns to those weights (a Keras model's batch-norm moving statistics; :attr:`tfnet.TFNet.updates`).
+            Default: none.
     """
 
     template: graph_pb2.GraphDef
@@ -62,3 +65,4 @@ class NetParts:
     losses: Sequence[str] = ()
     seed_inputs: Sequence[str] = ()
     seed_step: int = 0
+    updates: Mapping[str, str] | None = None

@@ -34,6 +34,7 @@ def write_export_folder(net, path: PathLike, storage_options=None) -> None:
         **({"keras_source": net.keras_source} if net.keras_source else {}),
         **({"regularizers": net.regularizers} if net.regularizers else {}),
         **({"loss_names": net.loss_names} if net.loss_names else {}),
+        **({"updates": net.updates} if net.updates else {}),
         **({"seed_inputs": list(net.graph.seed_inputs), "seed_step": net.state.seed_steps()}
            if net.graph.seed_inputs else {}),
     })

@@ -33,6 +33,7 @@ def net_to_bytes(net) -> bytes:
         "keras_source": net.keras_source,
         "regularizers": net.regularizers,
         "losses": net.loss_names,
+        "updates": net.updates,
         "seed_inputs": list(net.graph.seed_inputs),
         "seed_step": net.state.seed_steps(),
     }
@@ -55,7 +56,8 @@ def net_from_bytes(data: bytes):
                                     phase_values={k: tuple(v) for k, v in meta.get("phase_values", {}).items()},
                                     adapters=[Adapter.from_json(item) for item in meta.get("lora", [])],
                                     regularizers=meta.get("regularizers"), losses=meta.get("losses", ()),
-                                    seed_inputs=meta.get("seed_inputs", ()), seed_step=meta.get("seed_step", 0)))
+                                    seed_inputs=meta.get("seed_inputs", ()), seed_step=meta.get("seed_step", 0),
+                                    updates=meta.get("updates")))
     net.keras_source = meta.get("keras_source")
     return net
 

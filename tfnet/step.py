@@ -81,9 +81,10 @@ class TrainStep:
                 "Nothing to train: no weight is trainable. Set net.trainable first "
                 f"(the net has {len(net.weight_names)} weights)."
             )
-        if net.loss_names and net.graph.v1_loops:
-            raise TFNetError("A net with TF1 control-flow loops cannot train with losses beside its outputs "
-                             f"({net.loss_names}); export the loops as functional While ops (TF2 control flow).")
+        if (net.loss_names or net.updates) and net.graph.v1_loops:
+            raise TFNetError("A net with TF1 control-flow loops cannot train with losses or updates beside its "
+                             f"outputs ({net.loss_names + list(net.updates)}); export the loops as functional While "
+                             "ops (TF2 control flow).")
         if not callable(loss_fn):
             raise TypeError(f"`loss_fn` must be callable (targets, outputs) -> scalar. Received: {loss_fn!r}")
         if isinstance(transform, (int, float)):
@@ -132,7 +133,7 @@ class TrainStep:
             self._fn_version = self.net.version
         fn = self._fns.get(kind)
         if fn is None:
-            body = {False: self._step, True: self._stateful_step, "grads": self._forward_backward,
+            body = {False: self._step, True: self._stateful_step, "grads": self._gradients,
                     "apply": self._stateful_apply}[kind]
             fn = own_function(body, reduce_retracing=True, autograph=False)
             self._fns[kind] = fn
@@ -147,13 +148,29 @@ class TrainStep:
         _, finite = self._apply(grads, loss, state, assign_to=self._state_vars)
         return finite
 
+    def _gradients(self, inputs, targets):
+        """Forward, loss and backward, for an exchange outside the step: ``(loss, outputs, {weight name:
+        gradient})``; the net's :attr:`~tfnet.TFNet.updates` assigned here, where the loss is finite."""
+        loss, outs, grads, updates = self._forward_backward(inputs, targets)
+        if updates:
+            tf.cond(tf.math.is_finite(loss), lambda: self._assign(updates), lambda: tf.constant(False))
+        return loss, outs, grads
+
+    def _assign(self, updates):
+        variables = self.net.weight_variables
+        for n, value in updates.items():
+            variables[n].assign(tf.cast(value, variables[n].dtype))
+        return tf.constant(True)
+
     def _forward_backward(self, inputs, targets):
-        """Forward, loss and backward: ``(loss, outputs, {weight name: gradient})``."""
+        """Forward, loss and backward: ``(loss, outputs, {weight name: gradient}, {weight name: new value})``, the
+        last the net's :attr:`~tfnet.TFNet.updates` computed in this forward pass."""
         net = self.net
         all_vars = net.weight_variables
         reads = {n: v.value() for n, v in all_vars.items()}
         sources = [reads[n] for n in self.names]
         extra = penalty(net.state.regularizer_fns(), reads, self.names)  # Keras's model.losses, as fit adds them
+        updates = {}
         if net.graph.v1_loops:
             # v1 loops differentiate only in graph mode with their loop contexts rebuilt (see
             # tfnet.v1_loops): the outputs' gradient comes from the loss here, the rest from there.
@@ -169,9 +186,12 @@ class TrainStep:
                 grads = [g if e is None else e if g is None else g + e
                          for g, e in zip(grads, tf.gradients(extra, sources))]
         else:
-            outs = net.run_graph(inputs, list(reads.values()), training=True, differentiated=True, losses=True)
-            n_out = len(net.output_names)
-            added = added_loss(outs[n_out:])  # the model's add_loss and activity terms, as fit adds them
+            outs = net.run_graph(inputs, list(reads.values()), training=True, differentiated=True, losses=True,
+                                 updates=True)
+            n_out, n_loss = len(net.output_names), len(net.loss_names)
+            added = added_loss(outs[n_out:n_out + n_loss])  # the model's add_loss and activity terms, as fit adds them
+            # a Keras batch norm's new moving statistics, assigned with the step's update (as fit's call assigns them)
+            updates = dict(zip(net.graph.updates.values(), outs[n_out + n_loss:]))
             outs = net.forward_hooks.run(net.pack(outs[:n_out]))
             loss = tf.cast(self.loss_fn(targets, outs), tf.float32)
             for term in (extra, added):
@@ -187,7 +207,7 @@ class TrainStep:
             n: tf.zeros_like(src) if g is None else tf.convert_to_tensor(g)
             for n, src, g in zip(self.names, sources, grads)
         }
-        return loss, outs, grads
+        return loss, outs, grads, updates
 
     def _reduce(self, grads, loss):
         """The reducer's ``(grads, loss)`` and the seconds it took: from every gradient being ready
@@ -207,11 +227,13 @@ class TrainStep:
             reduce_seconds = tf.timestamp() - t0
         return grads, loss, reduce_seconds
 
-    def _apply(self, grads, loss, state, assign_to=None):
-        """Gradient hooks, the finiteness check, the update and the update hooks: ``(new state,
-        finite)``. A non-finite loss or gradient leaves the weights and the state as they were."""
+    def _apply(self, grads, loss, state, assign_to=None, updates=None):
+        """Gradient hooks, the finiteness check, the update, the net's ``updates`` (``{weight: new value}``) and the
+        update hooks: ``(new state, finite)``. A non-finite loss or gradient leaves the weights and the state as they
+        were."""
         net = self.net
         all_vars = net.weight_variables
+        assigned = updates or {}
         grads = net.gradient_hooks.run(grads)
         finite = tf.math.is_finite(loss)
         for g in grads.values():
@@ -225,6 +247,8 @@ class TrainStep:
                 new_state = _kept(new_state, state, self.unreached)
             for n, u in updates.items():
                 all_vars[n].assign_add(tf.cast(u, all_vars[n].dtype))
+            if assigned:
+                self._assign(assigned)
             if net.update_hooks:
                 current = {n: all_vars[n].value() for n in self.names}
                 constrained = net.update_hooks.run(dict(current))
@@ -243,9 +267,9 @@ class TrainStep:
         return None, finite
 
     def _step(self, inputs, targets, state, assign_to=None):
-        loss, outs, grads = self._forward_backward(inputs, targets)
+        loss, outs, grads, updates = self._forward_backward(inputs, targets)
         grads, loss, reduce_seconds = self._reduce(grads, loss)
-        new_state, finite = self._apply(grads, loss, state, assign_to)
+        new_state, finite = self._apply(grads, loss, state, assign_to, updates)
         return loss, outs, new_state, finite, reduce_seconds
 
     def __call__(self, inputs, targets, state) -> StepResult:

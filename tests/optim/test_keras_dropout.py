@@ -122,9 +122,10 @@ def test_the_step_count_travels_and_the_served_graph_needs_no_feed(tmp_path):
 
 
 def test_randomness_tfnet_does_not_draw_is_said():
-    """A recurrent layer's dropout and a random augmentation layer draw in ``fit``'s training mode, and a trainable
-    batch norm normalizes by the batch there; tfnet's step does not: a ``KerasTrainingWarning`` names them. Dropout
-    layers, which it draws, and frozen batch norms are not named."""
+    """A recurrent layer's dropout and a random augmentation layer draw in ``fit``'s training mode, and a batch norm
+    with ``renorm`` renormalizes there; tfnet's step does not: a ``KerasTrainingWarning`` names them. Dropout layers,
+    which it draws, and batch norms, which it trains as fit does (tests/optim/test_keras_batch_norm.py), are not
+    named."""
     inputs = keras.Input((5, 3))
     lstm = keras.layers.LSTM(4, dropout=0.2, name="lstm")(keras.layers.Dropout(0.1, name="drop")(inputs))
     model = keras.Model(inputs, keras.layers.Dense(2)(lstm))
@@ -142,15 +143,16 @@ def test_randomness_tfnet_does_not_draw_is_said():
     with warnings.catch_warnings():  # its base frozen, its batch norm too
         warnings.simplefilter("error", KerasTrainingWarning)
         TFOptimizer.from_keras(model)
-    base.trainable = True  # fit would normalize by each batch's statistics now
-    model.compile(optimizer="sgd", loss="mse")
-    with pytest.warns(KerasTrainingWarning, match=r"BatchNormalization layers \['bn'\] in inference mode"):
-        TFOptimizer.from_keras(model)
-    unfreeze_all_but_batch_norm(base)  # the guide's second phase: no word
+    base.trainable = True  # fit normalizes by each batch's statistics now, and so does tfnet's step (no word)
     model.compile(optimizer="sgd", loss="mse")
     with warnings.catch_warnings():
         warnings.simplefilter("error", KerasTrainingWarning)
-        TFOptimizer.from_keras(model)
+        assert sorted(TFOptimizer.from_keras(model).net.updates.values()) == ["base/bn/moving_mean",
+                                                                               "base/bn/moving_variance"]
+    renorm = keras.Sequential([keras.Input((3,)), keras.layers.BatchNormalization(renorm=True, name="rn")])
+    renorm.compile(optimizer="sgd", loss="mse")  # fit renormalizes it, which tfnet's step does not
+    with pytest.warns(KerasTrainingWarning, match=r"BatchNormalization layers \['rn'\] in inference mode"):
+        TFOptimizer.from_keras(renorm)
 
 
 def test_a_resumed_run_goes_on_drawing_where_the_checkpoint_stopped(tmp_path):

@@ -180,3 +180,45 @@ def test_dropout_on_two_ranks_draws_each_ranks_own_noise(spark):
 
     assert max_diff(opt.net, keras_steps([0, 1])) < 1e-6
     assert max_diff(opt.net, keras_steps([0, 0])) > 1e-4
+
+
+def test_batch_norm_on_two_ranks_normalizes_by_each_ranks_batch(spark):
+    """A trainable batch norm on two ranks, as Horovod's Keras training runs it: each rank normalizes by its own
+    block's statistics and moves its own moving ones; the averaged gradients are Keras's of each block in training
+    mode, and the driver's net holds rank 0's moving statistics (checked against Keras's calls, rank by rank)."""
+    import keras
+    import tensorflow as tf
+
+    def model():
+        keras.utils.set_random_seed(6)
+        inputs = keras.Input((8, 8, 3))
+        hidden = keras.layers.Dense(6, use_bias=False, name="hidden")(keras.layers.GlobalAveragePooling2D()(inputs))
+        hidden = keras.layers.BatchNormalization(momentum=0.5, name="bn")(hidden)
+        m = keras.Model(inputs, keras.layers.Dense(3, name="out")(keras.layers.Activation("relu")(hidden)))
+        m.compile(optimizer=keras.optimizers.SGD(LR_HEAD),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return m
+
+    x, y = data(32)
+    opt = TFOptimizer.from_keras(model())
+    opt.optimize((x, y), batch_size=16, shuffle=False, num_workers=2, verbose=0)
+
+    reference = model()
+    moving = [v for v in reference.weights if not v.trainable]
+    chains = [[v.numpy() for v in moving] for _ in range(2)]  # each rank's own moving statistics
+    for k in range(2):
+        grads = []
+        for r in range(2):
+            for v, value in zip(moving, chains[r]):
+                v.assign(value)
+            rows = slice(r + 16 * k, r + 16 * (k + 1), 2)  # rank r holds rows r, r + 2, ...: its k-th block of 8
+            with tf.GradientTape() as tape:
+                loss = reference.loss(y[rows], reference(x[rows], training=True))
+            grads.append(tape.gradient(loss, reference.trainable_variables))
+            chains[r] = [v.numpy() for v in moving]
+        for v, *g in zip(reference.trainable_variables, *grads):
+            v.assign_sub(LR_HEAD * sum(g) / len(g))
+    for v, value in zip(moving, chains[0]):
+        v.assign(value)
+    assert max_diff(opt.net, {v.path: v.numpy() for v in reference.weights}) < 1e-6
+    assert np.abs(chains[0][0] - chains[1][0]).max() > 1e-3  # the ranks' statistics differ: rank 0's came back
