@@ -1,12 +1,15 @@
 """TFOptimizer (one worker, one process) against Keras model.fit: ResNet-50 fine-tuning at
 224x224, batch 16, on the same synthetic data, with the same trainable set (BatchNormalization
 layers frozen on both sides) and the same optimiser (SGD, momentum 0.9). ``--model efficientnetb0``: EfficientNet-B0,
-whose 10 ``Dropout`` layers (nine blocks' drop-connect, its head's) both sides draw in every step.
+whose 10 ``Dropout`` layers (nine blocks' drop-connect, its head's) both sides draw in every step. ``--train-batch-norm``:
+the BatchNormalization layers train on both sides, in training mode (the batch's statistics, the moving ones updated:
+``TFNet.from_keras(train_batch_norm=True)``, as ``TFOptimizer.from_keras`` freezes a compiled model).
 
 Throughput: both sides in this process, one epoch each in alternation, after a warm-up epoch.
 Memory: each side alone in a fresh subprocess (peak RSS is per process), launched from this run.
 
-    python benchmarks/bench_optimizer.py [--model resnet50|efficientnetb0] [--steps 6] [--rounds 3] [--json out.json]
+    python benchmarks/bench_optimizer.py [--model resnet50|efficientnetb0] [--train-batch-norm] [--steps 6] [--rounds 3]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -41,12 +44,13 @@ def build(args, sides=("tfnet", "keras")):
     n = args.batch * args.steps
     x = rng.uniform(-1, 1, (n, args.size, args.size, 3)).astype("float32")
     y = rng.integers(0, 1000, n).astype("int64")
-    for layer in model.layers:  # Keras: frozen BN layers (gamma and beta too)
+    for layer in model.layers:  # Keras: frozen BN layers (gamma and beta too), unless they train
         if isinstance(layer, keras.layers.BatchNormalization):
-            layer.trainable = False
+            layer.trainable = args.train_batch_norm
     fns = {}
     if "tfnet" in sides:
-        net = TFNet.from_keras(model)
+        net = TFNet.from_keras(model, train_batch_norm=args.train_batch_norm)
+        assert bool(net.updates) == args.train_batch_norm
         net.trainable = [v.path for v in model.trainable_variables]  # the same trainable set
         opt = TFOptimizer(net, "sparse_categorical_crossentropy", optim.SGD(1e-3, momentum=MOM))
         fns["tfnet"] = lambda: opt.optimize((x, y), epochs=1, batch_size=args.batch, shuffle=False, verbose=0)
@@ -68,6 +72,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--onednn", type=int, default=1)
     p.add_argument("--side", choices=["tfnet", "keras"], help="(internal) run one side for the memory figure")
+    p.add_argument("--train-batch-norm", action="store_true")
     p.add_argument("--no-memory", action="store_true")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -86,6 +91,7 @@ def main(argv=None):
     t_tfnet, t_keras = median(times["tfnet"]), median(times["keras"])
     best = min(times["keras"]) / min(times["tfnet"])
     out = {"machine": machine(), "model": args.model, "batch": args.batch, "steps_per_epoch": args.steps,
+           "train_batch_norm": args.train_batch_norm,
            "tfnet_img_s": n / t_tfnet, "keras_img_s": n / t_keras, "throughput_ratio": t_keras / t_tfnet,
            "throughput_ratio_best": best, "times": times}
     print(f"fine-tuning  TFOptimizer {n / t_tfnet:6.2f} img/s   Keras fit {n / t_keras:6.2f} img/s   "
@@ -96,6 +102,7 @@ def main(argv=None):
             cmd = [sys.executable, os.path.abspath(__file__), "--side", side, "--model", args.model,
                    "--batch", str(args.batch),
                    "--size", str(args.size), "--steps", str(args.steps), "--onednn", str(args.onednn)]
+            cmd += ["--train-batch-norm"] if args.train_batch_norm else []
             res = subprocess.run(cmd, capture_output=True, text=True, check=True)
             peaks[side] = json.loads(res.stdout.strip().splitlines()[-1])["peak_rss_mb"]
         out["peak_rss_mb"] = peaks

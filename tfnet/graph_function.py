@@ -25,7 +25,7 @@ from tfnet.errors import (
 )
 from tfnet.fold import fold_affine
 from tfnet.inputs import as_name_list
-from tfnet.keras_training import inference_graph
+from tfnet.keras_training import has_switches, inference_graph
 from tfnet.library import register_library
 from tfnet.tables import TableSet
 
@@ -84,8 +84,13 @@ class GraphFunction:
         _check_losses(self.loss_names, [_spec(graph, n) for n in self.loss_names])
         self.weight_specs = tuple(_spec(graph, w + ":0") for w in weight_names)
         _check_updates(self.updates, graph, dict(zip(weight_names, self.weight_specs)))
+        runs, runs_graph = template, graph
+        switches = has_switches(template)
+        if switches:  # a switch whose phase tensor nobody feeds is always at its default, inference: taken out
+            runs = inference_graph(template, fed={gu.node_name(n) for n in self.phase_values})
+            runs_graph = graph if runs == template else import_for_shapes(runs)
         self.compute_template, self.folded, self.rewritten_convolutions, self.guarded_biases = _runnable(
-            template, graph, fold, fed_names, weight_names, computed)
+            runs, runs_graph, fold, fed_names, weight_names, computed)
         # lookup tables: built once, their handles fed in place of the table nodes (tfnet.tables)
         self.tables = TableSet(self.compute_template)
         self.compute_template = self.tables.graph
@@ -93,7 +98,7 @@ class GraphFunction:
         #: (:mod:`tfnet.keras_training`): the switches replaced by their inference branch, so the batch norm folds as
         #: before; None where the compute template serves both.
         self.inference_template = None
-        if self.phase_values and self.updates and not self.tables:
+        if switches and self.updates and not self.tables:
             plain = inference_graph(template)
             self.inference_template, self.folded, _, _ = _runnable(
                 plain, import_for_shapes(plain), fold, fed_names, weight_names, computed)

@@ -28,7 +28,7 @@ import tensorflow as tf
 PHASE = "keras_training"
 SEED = "keras_seed_offset"
 
-__all__ = ["PHASE", "SEED", "batch_norms_to_train", "inference_graph", "nested_layers", "random_training_layers", "switched",
+__all__ = ["PHASE", "SEED", "batch_norms_to_train", "has_switches", "inference_graph", "nested_layers", "random_training_layers", "switched",
            "renormalized_batch_norms", "unswitched_random_layers"]
 
 
@@ -166,11 +166,12 @@ def _switched_norm(layer, phase, updates: list):
     return call
 
 
-def inference_graph(graph_def):
+def inference_graph(graph_def, fed=()):
     """``graph_def`` with each switch of :func:`switched` (an ``If`` on a ``keras_training`` tensor) replaced by what
     its inference branch returns, some of its inputs (those layers are the identity in inference; a batch norm's
     inference output and moving statistics are computed outside the switch): a graph without the switches, for
-    writers that take plain ops (ONNX) and for inference. A switch whose inference branch is not that is left."""
+    writers that take plain ops (ONNX) and for inference. A switch whose inference branch is not that is left, and
+    one whose phase tensor's node is in ``fed``."""
     from tensorflow.core.framework import graph_pb2
 
     functions = {f.signature.name: f for f in graph_def.library.function}
@@ -178,7 +179,8 @@ def inference_graph(graph_def):
     out.CopyFrom(graph_def)
     taken: dict[str, str] = {}  # "if:k" -> the input it passes on
     for node in out.node:
-        if node.op not in ("If", "StatelessIf") or node.input[0].split(":")[0].split("/")[-1] != PHASE:
+        phase = node.input[0].split(":")[0] if node.op in ("If", "StatelessIf") else ""
+        if phase.split("/")[-1] != PHASE or phase in fed:
             continue
         indices = _returned_arguments(functions.get(node.attr["else_branch"].func.name))
         if indices is None:
@@ -210,6 +212,11 @@ def inference_graph(graph_def):
         del out.node[:]
         out.node.extend(kept)
     return out
+
+
+def has_switches(graph_def) -> bool:
+    """Whether ``graph_def`` has a switch of :func:`switched` (an ``If`` on a ``keras_training`` tensor)."""
+    return any(n.op in ("If", "StatelessIf") and n.input[0].split(":")[0].split("/")[-1] == PHASE for n in graph_def.node)
 
 
 def _returned_arguments(function) -> list[int] | None:

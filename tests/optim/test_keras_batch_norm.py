@@ -111,7 +111,8 @@ def test_the_updates_go_wherever_the_net_goes(tmp_path):
 
 def test_inference_runs_the_graph_without_the_switches():
     """Where the batch norm is switched for training, forward runs the inference graph: the batch norms fold into
-    their convolutions as without the switches, with the same result bit for bit."""
+    their convolutions as without the switches, with the same result bit for bit; and so does its frozen graph
+    loaded without the phase (the graph ``frozen_graph_def`` writes keeps the switches, at their default)."""
     model = small_cnn()
     plain, switched = TFNet.from_keras(model), TFNet.from_keras(model, train_batch_norm=True)
     assert switched.graph.inference_template is not None and plain.graph.inference_template is None
@@ -119,6 +120,10 @@ def test_inference_runs_the_graph_without_the_switches():
     x = data(5)[0]
     np.testing.assert_array_equal(switched.forward(x), plain.forward(x))
     assert not plain.updates and plain.phase_values == {}
+    # its frozen graph loaded as a plain one: nothing feeds the phase, so the switches are taken out and it folds
+    loaded = TFNet.from_frozen_graph(switched.frozen_graph_def(), switched.input_names, switched.output_names)
+    assert loaded.graph.folded == 1 and not loaded.phase_values
+    np.testing.assert_array_equal(loaded.forward(x), plain.forward(x))
 
 
 def test_a_step_whose_loss_is_not_finite_leaves_the_statistics():

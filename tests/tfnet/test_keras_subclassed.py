@@ -130,13 +130,14 @@ def test_a_dict_input_a_model_only_built_and_one_never_called():
     assert len("".join(traceback.format_exception(raised.value)).splitlines()) <= 25
 
 
-def test_a_compiled_subclassed_model_trains_as_keras_fit():
+@pytest.mark.parametrize("frozen_bn", [True, False], ids=["bn-frozen", "bn-trained"])
+def test_a_compiled_subclassed_model_trains_as_keras_fit(frozen_bn):
     """``TFOptimizer.from_keras`` on a compiled subclassed model against Keras's own ``fit`` (plain SGD, one epoch):
-    batch norm frozen (``fit``'s ``training=True`` would use the batch's statistics), its dropout at 0.5 drawing in each
-    step the noise ``fit`` draws (tfnet.keras_training)."""
+    its batch norm frozen, or trainable (normalized by each batch's statistics, its moving ones moving, as ``call``
+    passes ``training`` on), its dropout at 0.5 drawing in each step the noise ``fit`` draws (tfnet.keras_training)."""
     x, y = data()
-    reference, _ = subclassed_cnn(frozen_bn=True)
-    model, _ = subclassed_cnn(frozen_bn=True)
+    reference, _ = subclassed_cnn(frozen_bn=frozen_bn)
+    model, _ = subclassed_cnn(frozen_bn=frozen_bn)
     model.compile(optimizer=keras.optimizers.SGD(LR_HEAD),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     opt = TFOptimizer.from_keras(model, input_signature=[tf.TensorSpec((None, 8, 8, 3), tf.float32, name="images")])
@@ -146,7 +147,8 @@ def test_a_compiled_subclassed_model_trains_as_keras_fit():
     opt.optimize((x, y), batch_size=8, shuffle=False, verbose=0)
     assert max_diff(opt.net, want) < 1e-6
     moved = [k for k, v in opt.net.get_weights().items() if not np.array_equal(v, initial[k])]
-    assert sorted(moved) == sorted(v.path for v in model.trainable_variables), moved  # not the frozen statistics
+    moving = [] if frozen_bn else ["cnn/bn/moving_mean", "cnn/bn/moving_variance"]  # the statistics move as fit's
+    assert sorted(moved) == sorted([v.path for v in model.trainable_variables] + moving), moved
 
 
 def test_to_keras_gives_a_registered_subclass_back_and_says_why_not_for_another():
