@@ -28,8 +28,8 @@ import tensorflow as tf
 PHASE = "keras_training"
 SEED = "keras_seed_offset"
 
-__all__ = ["PHASE", "SEED", "batch_norms_to_train", "has_switches", "inference_graph", "nested_layers", "random_training_layers", "switched",
-           "renormalized_batch_norms", "unswitched_random_layers"]
+__all__ = ["PHASE", "SEED", "batch_norms_to_train", "has_switches", "inference_graph", "nested_layers",
+           "random_training_layers", "renormalized_batch_norms", "switched", "unswitched_random_layers"]
 
 
 def nested_layers(model, include_self: bool = False) -> list:
