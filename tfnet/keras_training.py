@@ -180,7 +180,7 @@ def inference_graph(graph_def, fed=()):
     taken: dict[str, str] = {}  # "if:k" -> the input it passes on
     for node in out.node:
         phase = node.input[0].split(":")[0] if node.op in ("If", "StatelessIf") else ""
-        if phase.split("/")[-1] != PHASE or phase in fed:
+        if not _is_phase(phase) or phase in fed:
             continue
         indices = _returned_arguments(functions.get(node.attr["else_branch"].func.name))
         if indices is None:
@@ -216,7 +216,14 @@ def inference_graph(graph_def, fed=()):
 
 def has_switches(graph_def) -> bool:
     """Whether ``graph_def`` has a switch of :func:`switched` (an ``If`` on a ``keras_training`` tensor)."""
-    return any(n.op in ("If", "StatelessIf") and n.input[0].split(":")[0].split("/")[-1] == PHASE for n in graph_def.node)
+    return any(n.op in ("If", "StatelessIf") and _is_phase(n.input[0].split(":")[0]) for n in graph_def.node)
+
+
+def _is_phase(node: str) -> bool:
+    """Whether ``node`` is a phase tensor's (a head's, under its prefix), or the constant baked in its place
+    (``frozen_graph_def(phase=...)``, :func:`tfnet.graph_utils.bake_tensors`)."""
+    parts = node.split("/")
+    return parts[-1] == PHASE or parts[-2:] == [PHASE, "tfnet_baked"]
 
 
 def _returned_arguments(function) -> list[int] | None:

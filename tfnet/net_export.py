@@ -17,6 +17,7 @@ from tfnet import graph_utils as gu
 from tfnet.errors import KerasSourceError
 from tfnet.graph_io import PathLike
 from tfnet.keras_source import rebuild
+from tfnet.keras_training import inference_graph
 from tfnet.net_state import NetState
 from tfnet.onnx.export import write_onnx
 from tfnet.saving import write_export_folder, write_saved_model
@@ -101,4 +102,6 @@ def frozen_graph_def(state: NetState, phase: str | None = None) -> graph_pb2.Gra
     index = 0 if phase == "training" else 1
     values = {name: np.asarray(pair[index], dtype=state.graph.phase_specs[name].dtype.as_numpy_dtype)
               for name, pair in state.graph.phase_values.items()}
-    return gu.bake_tensors(graph_def, values)
+    graph_def = gu.bake_tensors(graph_def, values)
+    # in inference a Keras layer's switch (tfnet.keras_training) is its inference branch: plain ops for any runtime
+    return inference_graph(graph_def) if phase == "inference" else graph_def

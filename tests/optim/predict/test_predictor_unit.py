@@ -93,10 +93,14 @@ def test_weights_are_copied_when_made(cnn):
 # ---------------------------------------------------------------------------- OpenVINO
 
 
-@pytest.mark.parametrize("build", [models.small_cnn, models.two_in_two_out, lambda: models.mobilenet_v2(32)],
-                         ids=["small_cnn", "two_in_two_out", "mobilenet_v2"])
-def test_openvino_equals_tensorflow(build):
-    net = TFNet.from_keras(build())
+@pytest.mark.parametrize("build,train_batch_norm", [(models.small_cnn, False), (models.two_in_two_out, False),
+                                                    (lambda: models.mobilenet_v2(32), False),
+                                                    (lambda: models.mobilenet_v2(32), True)],
+                         ids=["small_cnn", "two_in_two_out", "mobilenet_v2", "mobilenet_v2-bn-switched"])
+def test_openvino_equals_tensorflow(build, train_batch_norm):
+    """``train_batch_norm``: frozen as ``TFOptimizer.from_keras`` freezes a model, each batch norm a switch for
+    training (tfnet.keras_training), which the served snapshot takes out."""
+    net = TFNet.from_keras(build(), train_batch_norm=train_batch_norm)
     rng = np.random.default_rng(1)
     inputs = [rng.uniform(-1, 1, (11, *s.shape[1:])).astype("float32") for s in net.input_specs]
     ov = TFPredictor(net, batch_per_thread=8, backend="openvino")
