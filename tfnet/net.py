@@ -272,7 +272,8 @@ class TFNet(tf.Module):
         """``{tensor: weight}``: what the training step assigns to a weight after each finite step (a Keras batch
         norm's moving mean and variance, ``keras_update_<i>``, where ``from_keras(train_batch_norm=True)``, as Keras's
         ``fit`` updates them). On several ranks each rank updates its own copy, as Horovod's Keras training does; the
-        driver's net gets rank 0's. Empty for most nets."""
+        driver's net gets rank 0's. ``forward(x, training=True)`` computes with the training phase but assigns
+        nothing. Empty for most nets."""
         return dict(self.state.graph.updates)
 
     @property
