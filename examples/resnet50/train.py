@@ -89,7 +89,8 @@ def build_net(args, classes: int):
     keras.utils.set_random_seed(args.seed)
     model = keras.applications.ResNet50(weights=None, input_shape=(args.image_size, args.image_size, 3),
                                         classes=classes, classifier_activation=None)
-    return TFNet.from_keras(model), True
+    # from scratch, its batch norms train as Keras's fit trains them (the batch's statistics, the moving ones updated)
+    return TFNet.from_keras(model, train_batch_norm=True), True
 
 
 def _method(args, steps_per_epoch: int):
