@@ -18,15 +18,8 @@ from tensorflow.core.framework import graph_pb2, types_pb2
 from tensorflow.python.framework import convert_to_constants as c2c  # its steps: tfnet edits the graph between them
 from tensorflow.python.framework import tensor_util
 
-from tfnet.graph_utils import (
-    clean_node_name,
-    consts_to_placeholders,
-    rename_nodes,
-    reorder_nodes,
-    subgraph,
-    unique_name,
-    without_control_inputs,
-)
+from tfnet import graph_utils as gu
+from tfnet.graph_utils import clean_node_name, consts_to_placeholders, rename_nodes, subgraph, unique_name, without_control_inputs
 from tfnet.graph_utils import node_name as node_name_of
 from tfnet.keras_signature import keras_call, leaf_paths
 from tfnet.keras_training import PHASE, SEED, batch_norms_to_train, nested_layers, random_training_layers, switched
@@ -386,7 +379,7 @@ def _order_weights(frozen: Frozen, order: list) -> None:
     weights = set(frozen.weights)
     order = [w for w in order if w in weights]
     frozen.weights = order + [w for w in frozen.weights if w not in set(order)]
-    reorder_nodes(frozen.template, order)
+    gu.reorder_nodes(frozen.template, order)
 
 
 def _added_losses(model) -> list:
