@@ -378,7 +378,8 @@ def _order_weights(frozen: Frozen, order: list) -> None:
     """``frozen``'s weight placeholders (and ``weights``) in ``order`` where it names them, in place."""
     weights = set(frozen.weights)
     order = [w for w in order if w in weights]
-    frozen.weights = order + [w for w in frozen.weights if w not in set(order)]
+    chosen = set(order)
+    frozen.weights = order + [w for w in frozen.weights if w not in chosen]
     gu.reorder_nodes(frozen.template, order)
 
 

@@ -85,10 +85,10 @@ class GraphFunction:
         self.weight_specs = tuple(_spec(graph, w + ":0") for w in weight_names)
         _check_updates(self.updates, graph, dict(zip(weight_names, self.weight_specs)))
         runs, runs_graph = template, graph
-        switches = has_switches(template)
-        if switches:  # a switch whose phase tensor nobody feeds is always at its default, inference: taken out
-            runs = inference_graph(template, fed={gu.node_name(n) for n in self.phase_values})
-            runs_graph = graph if runs == template else import_for_shapes(runs)
+        fed_phases = {gu.node_name(n) for n in self.phase_values}
+        if has_switches(template, fed_phases):  # a switch whose phase nobody feeds is always at inference: taken out
+            runs = inference_graph(template, fed=fed_phases)
+            runs_graph = import_for_shapes(runs)
         self.compute_template, self.folded, self.rewritten_convolutions, self.guarded_biases = _runnable(
             runs, runs_graph, fold, fed_names, weight_names, computed)
         # lookup tables: built once, their handles fed in place of the table nodes (tfnet.tables)
@@ -98,7 +98,7 @@ class GraphFunction:
         #: (:mod:`tfnet.keras_training`): the switches replaced by their inference branch, so the batch norm folds as
         #: before; None where the compute template serves both.
         self.inference_template = None
-        if switches and self.updates and not self.tables:
+        if self.updates and not self.tables and has_switches(template):
             plain = inference_graph(template)
             self.inference_template, self.folded, _, _ = _runnable(
                 plain, import_for_shapes(plain), fold, fed_names, weight_names, computed)

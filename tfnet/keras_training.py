@@ -77,24 +77,25 @@ def unswitched_random_layers(model) -> list[str]:
     return names
 
 
-def renormalized_batch_norms(model) -> list[str]:
-    """The names of the trainable ``BatchNormalization`` layers of ``model`` with ``renorm``: Keras's ``fit``
-    renormalizes them in training, which :func:`switched` does not do (they stay in inference mode)."""
-    import keras
-
-    return [layer.name for layer in nested_layers(model)
-            if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable and layer.trainable_weights
-            and layer.renorm]
-
-
-def batch_norms_to_train(model) -> list:
-    """The ``BatchNormalization`` layers of ``model`` that Keras's ``fit`` runs in training mode (trainable, with
-    their weights, no ``renorm``), which :func:`switched` can switch."""
+def _trainable_batch_norms(model) -> list:
+    """The trainable ``BatchNormalization`` layers of ``model`` (with their weights, in a trainable parent), which
+    Keras's ``fit`` runs in training mode."""
     import keras
 
     return [layer for layer in nested_layers(model)
-            if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable and layer.trainable_weights
-            and not layer.renorm]
+            if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable and layer.trainable_weights]
+
+
+def renormalized_batch_norms(model) -> list[str]:
+    """The names of the trainable ``BatchNormalization`` layers of ``model`` with ``renorm``: Keras's ``fit``
+    renormalizes them in training, which :func:`switched` does not do (they stay in inference mode)."""
+    return [layer.name for layer in _trainable_batch_norms(model) if layer.renorm]
+
+
+def batch_norms_to_train(model) -> list:
+    """The ``BatchNormalization`` layers of ``model`` that Keras's ``fit`` runs in training mode and :func:`switched`
+    can switch: the trainable ones without ``renorm``."""
+    return [layer for layer in _trainable_batch_norms(model) if not layer.renorm]
 
 
 @contextlib.contextmanager
@@ -241,9 +242,11 @@ def inference_graph(graph_def, fed=()):
     return out
 
 
-def has_switches(graph_def) -> bool:
-    """Whether ``graph_def`` has a switch of :func:`switched` (an ``If`` on a ``keras_training`` tensor)."""
-    return any(n.op in ("If", "StatelessIf") and _is_phase(n.input[0].split(":")[0]) for n in graph_def.node)
+def has_switches(graph_def, fed=()) -> bool:
+    """Whether ``graph_def`` has a switch of :func:`switched` (an ``If`` on a ``keras_training`` tensor) whose phase
+    tensor's node is not in ``fed``."""
+    return any(n.op in ("If", "StatelessIf") and _is_phase(phase := n.input[0].split(":")[0]) and phase not in fed
+               for n in graph_def.node)
 
 
 def _is_phase(node: str) -> bool:

@@ -141,6 +141,22 @@ def test_label_columns_by_output_name_over_spark(spark):
         opt.evaluate(TFDataset.from_dataframe(df, {"tags": "g", "title": "t", "body": "b"}, label_cols={"department": "d"}))
 
 
+def pooled_model(seed: int, layers):
+    """The two-rank tests' small model, seeded: 8x8x3 images, global average pooling, ``layers()`` (made after the
+    seed, as a dropout's seed generator draws its own at construction), a ``Dense(3)`` named "out"; compiled with SGD
+    at ``LR_HEAD`` and sparse categorical cross-entropy from logits."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8, 8, 3))
+    x = keras.layers.GlobalAveragePooling2D()(inputs)
+    for layer in layers():
+        x = layer(x)
+    m = keras.Model(inputs, keras.layers.Dense(3, name="out")(x))
+    m.compile(optimizer=keras.optimizers.SGD(LR_HEAD), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return m
+
+
 def test_dropout_on_two_ranks_draws_each_ranks_own_noise(spark):
     """Rank ``r`` at step ``k`` draws the noise Keras's dropout draws from its seed generator at its state plus
     ``[r, k]`` (rank 0: ``fit``'s own sequence): Keras's gradients of each rank's block so drawn, averaged, are the
@@ -149,13 +165,8 @@ def test_dropout_on_two_ranks_draws_each_ranks_own_noise(spark):
     import tensorflow as tf
 
     def model():
-        keras.utils.set_random_seed(5)
-        inputs = keras.Input((8, 8, 3))
-        hidden = keras.layers.Dense(6, activation="relu", name="hidden")(keras.layers.GlobalAveragePooling2D()(inputs))
-        m = keras.Model(inputs, keras.layers.Dense(3, name="out")(keras.layers.Dropout(0.5, name="drop")(hidden)))
-        m.compile(optimizer=keras.optimizers.SGD(LR_HEAD),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        return m
+        return pooled_model(5, lambda: [keras.layers.Dense(6, activation="relu", name="hidden"),
+                                        keras.layers.Dropout(0.5, name="drop")])
 
     x, y = data(32)
     opt = TFOptimizer.from_keras(model())
@@ -190,14 +201,9 @@ def test_batch_norm_on_two_ranks_normalizes_by_each_ranks_batch(spark):
     import tensorflow as tf
 
     def model():
-        keras.utils.set_random_seed(6)
-        inputs = keras.Input((8, 8, 3))
-        hidden = keras.layers.Dense(6, use_bias=False, name="hidden")(keras.layers.GlobalAveragePooling2D()(inputs))
-        hidden = keras.layers.BatchNormalization(momentum=0.5, name="bn")(hidden)
-        m = keras.Model(inputs, keras.layers.Dense(3, name="out")(keras.layers.Activation("relu")(hidden)))
-        m.compile(optimizer=keras.optimizers.SGD(LR_HEAD),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        return m
+        return pooled_model(6, lambda: [keras.layers.Dense(6, use_bias=False, name="hidden"),
+                                        keras.layers.BatchNormalization(momentum=0.5, name="bn"),
+                                        keras.layers.Activation("relu")])
 
     x, y = data(32)
     opt = TFOptimizer.from_keras(model())
