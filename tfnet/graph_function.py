@@ -25,7 +25,7 @@ from tfnet.errors import (
 )
 from tfnet.fold import fold_affine
 from tfnet.inputs import as_name_list
-from tfnet.keras_training import has_switches, inference_graph
+from tfnet.keras_training import has_switches, inference_graph, training_graph
 from tfnet.library import register_library
 from tfnet.tables import TableSet
 
@@ -105,6 +105,14 @@ class GraphFunction:
         # where gradients are taken, a Pad that a Conv3D reads as a PadV2 of zero (tfnet.remapper_guard: the pass
         # deletes it though the gradient reads it); a forward pass keeps the Pad, which the pass fuses there
         self.gradient_template, self.guarded_pads = remapper_guard.rewrite_pads(self.compute_template)
+        #: ``(compute, gradient)``: the templates the training step runs where a switched batch norm's inference
+        #: output is read only by its switch's inference branch (:func:`tfnet.keras_training.training_graph`: left
+        #: unread, not computed); None where the compute and gradient templates serve training too.
+        self.training_templates = None
+        trained = {gu.node_name(n) for n, values in self.phase_values.items()
+                   if self.phase_specs[n].dtype == tf.bool and bool(values[0])}
+        if self.updates and (compute := training_graph(self.compute_template, trained)) is not None:
+            self.training_templates = (compute, training_graph(self.gradient_template, trained) or self.gradient_template)
         register_library(self.compute_template)
         self.v1_loops = gu.v1_loop_nodes(self.compute_template)
         if self.v1_loops and self.tables:
@@ -133,7 +141,9 @@ class GraphFunction:
         if training and seed is not None:
             input_map.update({name: seed for name in self.seed_inputs})
         template = self.gradient_template if differentiated else self.compute_template
-        if not (training or differentiated) and self.inference_template is not None:
+        if training and self.training_templates is not None:
+            template = self.training_templates[1 if differentiated else 0]
+        elif not (training or differentiated) and self.inference_template is not None:
             template = self.inference_template
         return tf.graph_util.import_graph_def(
             template, input_map=input_map, name="graph",

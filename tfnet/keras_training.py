@@ -29,7 +29,7 @@ PHASE = "keras_training"
 SEED = "keras_seed_offset"
 
 __all__ = ["PHASE", "SEED", "batch_norms_to_train", "has_switches", "inference_graph", "nested_layers",
-           "random_training_layers", "renormalized_batch_norms", "switched", "unswitched_random_layers"]
+           "random_training_layers", "renormalized_batch_norms", "switched", "training_graph", "unswitched_random_layers"]
 
 
 def nested_layers(model, include_self: bool = False) -> list:
@@ -240,6 +240,51 @@ def inference_graph(graph_def, fed=()):
         del out.node[:]
         out.node.extend(kept)
     return out
+
+
+def training_graph(graph_def, phases):
+    """``graph_def`` as the training step runs it, each switch of :func:`switched` whose phase tensor's node is in
+    ``phases`` (fed True) given a scalar zero in place of each input only its inference branch reads (a batch
+    norm's inference output, computed outside the switch): that computation, and its gradient, are left unread, so
+    the step does not run them. None where no switch has such an input."""
+    from tensorflow.core.framework import graph_pb2
+
+    functions = {f.signature.name: f for f in graph_def.library.function}
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    zeros = []
+    for node in out.node:
+        phase = node.input[0].split(":")[0] if node.op in ("If", "StatelessIf") else ""
+        if not _is_phase(phase) or phase not in phases:
+            continue
+        read = _read_arguments(functions.get(node.attr["then_branch"].func.name))
+        for k, dtype in enumerate(node.attr["Tin"].list.type if read is not None else ()):
+            if k not in read and (tf.as_dtype(dtype).is_floating or tf.as_dtype(dtype).is_integer):
+                name = f"{node.name}/tfnet_unread_{k}"
+                zeros.append((name, dtype))
+                node.input[1 + k] = name
+    if not zeros:
+        return None
+    for name, dtype in zeros:  # of unknown shape, which the inference branch's gradient (never run) matches
+        const, zero = out.node.add(), out.node.add()
+        const.name, const.op = name + "/value", "Const"
+        const.attr["dtype"].type = dtype
+        const.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(0, dtype=tf.as_dtype(dtype)))
+        zero.name, zero.op = name, "PlaceholderWithDefault"
+        zero.input.append(const.name)
+        zero.attr["dtype"].type = dtype
+        zero.attr["shape"].shape.unknown_rank = True
+    return out
+
+
+def _read_arguments(function) -> set[int] | None:
+    """The indices of the input arguments of ``function`` that its nodes or its outputs read; None without it."""
+    if function is None:
+        return None
+    args = [a.name for a in function.signature.input_arg]
+    names = {i.lstrip("^").split(":")[0] for n in function.node_def for i in n.input}
+    names |= {v.split(":")[0] for v in function.ret.values()}
+    return {k for k, a in enumerate(args) if a in names}
 
 
 def has_switches(graph_def, fed=()) -> bool:

@@ -126,6 +126,28 @@ def test_inference_runs_the_graph_without_the_switches():
     np.testing.assert_array_equal(loaded.forward(x), plain.forward(x))
 
 
+def test_the_training_step_leaves_the_inference_output_uncomputed():
+    """Each switched batch norm's inference output is computed outside its switch and read only by the inference
+    branch; the training step's graphs give the switch an unread stand-in instead, so nothing the step returns
+    depends on it and TensorFlow prunes it and its gradient (about a tenth of an EfficientNet-B0 step,
+    docs/benchmarks.md). The step's values are fit's: the tests above run through these graphs."""
+    from tfnet import graph_utils as gu
+    from tfnet.keras_training import _read_arguments
+
+    g = TFNet.from_keras(small_cnn(), train_batch_norm=True).graph
+    functions = {f.signature.name: f for f in g.compute_template.library.function}
+    switches = [n for n in g.compute_template.node if n.op in ("If", "StatelessIf")]
+    unread = [n.input[1 + k] for n in switches for k in range(len(n.attr["Tin"].list.type))
+              if k not in _read_arguments(functions[n.attr["then_branch"].func.name])]
+    assert len(switches) == 1 and len(unread) == 1  # the one batch norm's inference output
+    returned = list(g.output_names) + list(g.update_names)
+    feeds = list(g.input_names) + [w + ":0" for w in g.weight_names] + list(g.phase_values)
+    ancestors = lambda template: {n.name for n in gu.subgraph(template, returned, feeds=feeds).node}  # noqa: E731
+    assert gu.node_name(unread[0]) in ancestors(g.compute_template) & ancestors(g.gradient_template)
+    assert all(gu.node_name(unread[0]) not in ancestors(t) for t in g.training_templates)
+    assert TFNet.from_keras(small_cnn()).graph.training_templates is None  # nothing switched: nothing to leave
+
+
 def test_a_step_whose_loss_is_not_finite_leaves_the_statistics():
     model = small_cnn(classes=3)
     net = TFNet.from_keras(model, train_batch_norm=True)
