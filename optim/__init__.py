@@ -29,6 +29,7 @@ import tfnet.quiet  # noqa: F401
 # public name -> module that defines it
 _EXPORTS = {
     "TFOptimizer": "optim.optimizer",
+    "KerasModel": "optim.keras_model",
     "TFDataset": "optim.data",
     "History": "optim.training.history",
     "TFPredictor": "optim.predict.predictor",

@@ -118,7 +118,7 @@ LAYERS = [
     ("transport: the channels between the driver and the ranks", ["optim.transport"]),
     ("prediction: TFPredictor, TFNetTransformer", ["optim.predict"]),
     ("the rank side | the driver side", ["optim.rank", "|", "optim.launch"]),
-    ("TFOptimizer", ["optim.optimizer"]),
+    ("TFOptimizer, and KerasModel over it", ["optim.optimizer", "optim.keras_model"]),
     ("Spark ML: TFNetEstimator", ["optim.ml"]),
     ("optim's public names (lazy)", ["=optim"]),
 ]
@@ -275,6 +275,7 @@ FACADES = {
     "tfnet.net_export": "tfnet.net (TFNet)",
     "optim": "optim (package: public names)",
     "optim.optimizer": "optim.optimizer (TFOptimizer)",
+    "optim.keras_model": "optim.keras_model (KerasModel)",
 }
 
 

@@ -1,0 +1,152 @@
+"""A compiled Keras model run by tfnet through Keras's own calls (driver side): :class:`KerasModel`'s ``fit``,
+``evaluate`` and ``predict`` take the arguments ``keras.Model``'s take and give back what they give, and after
+``fit`` the Keras model holds the trained weights, as after Keras's ``fit``. Analytics Zoo's
+``zoo.tfpark.KerasModel``, on Keras 3: code written for ``model.fit(x, y, ...)`` changes one name."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from optim.optimizer import TFOptimizer
+
+__all__ = ["KerasModel"]
+
+
+class KerasModel:
+    """A compiled Keras model trained and run by :class:`~optim.TFOptimizer` (locally, or over Spark for a
+    DataFrame or RDD ``TFDataset``), with ``keras.Model``'s ``fit``, ``evaluate`` and ``predict``.
+
+    Args:
+        model: A compiled Keras model (``model.compile(optimizer, loss, metrics)``).
+        model_dir: Where checkpoints go (``TFOptimizer``'s). Default: none.
+        input_signature: A subclassed model's inputs, as :meth:`tfnet.TFNet.from_keras` takes them.
+
+    Attributes:
+        model: The Keras model; ``fit`` writes the trained weights (batch norms' moving statistics included)
+            back into it.
+        optimizer: The :class:`~optim.TFOptimizer` that trains it (its ``net``, ``last_run``, ``optimize`` with
+            tfnet's own options).
+    """
+
+    def __init__(self, model, model_dir: str | None = None, *, input_signature=None):
+        self.model = model
+        self.optimizer = TFOptimizer.from_keras(model, model_dir, input_signature=input_signature)
+
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None, validation_split=0.0,
+            validation_data=None, shuffle=True, class_weight=None, sample_weight=None, initial_epoch=0,
+            steps_per_epoch=None, validation_steps=None, validation_batch_size=None, validation_freq=1, **options):
+        """Trains as ``keras.Model.fit`` (same arguments, a ``History`` back) and writes the trained weights into
+        :attr:`model`. ``validation_split`` of arrays holds out their last rows, as Keras does (before shuffling);
+        of a distributed ``TFDataset``, the rows ``TFOptimizer.optimize`` picks. ``options``: ``optimize``'s own
+        (``num_workers``, ``resume``, ``checkpoint_every``, ...).
+
+        Raises:
+            ValueError: ``initial_epoch``, ``validation_steps`` or ``validation_freq`` other than their defaults
+                (continue a run with ``resume=True`` and a ``model_dir``), or ``steps_per_epoch`` for data that is
+                not distributed; nothing trained.
+        """
+        _refuse(initial_epoch=(initial_epoch, 0, "continue a run with resume=True and a model_dir"),
+                validation_steps=(validation_steps, None, "validation runs over the whole validation data"),
+                validation_freq=(validation_freq, 1, "validation runs at every epoch end (or every "
+                                 "validate_every steps)"))
+        data, weights = _data(x, y, sample_weight)
+        split = validation_split or None
+        if split and validation_data is None and _arrays(data):
+            data, validation_data = _last_rows(data, weights, split)
+            weights, split = None, None
+        elif weights is not None:
+            options["sample_weight"] = weights
+        if steps_per_epoch is not None:
+            if not getattr(data, "distributed", False):
+                raise ValueError("steps_per_epoch: tfnet trains over the whole data each epoch; it is for distributed "
+                                 "data of unknown length (a TFDataset from tf.data with num_workers).")
+            options["steps_per_epoch"] = steps_per_epoch
+        if validation_batch_size is not None:
+            options["validation_batch_size"] = validation_batch_size
+        history = self.optimizer.optimize(data, epochs=epochs, batch_size=batch_size, validation_data=validation_data,
+                                          shuffle=shuffle, verbose=verbose, callbacks=callbacks,
+                                          class_weight=class_weight, validation_split=split, **options)
+        self._write_back()
+        return history
+
+    def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None, steps=None, callbacks=None,
+                 return_dict=False, num_workers=None):
+        """Loss and metrics as ``keras.Model.evaluate`` gives them: the loss alone where there is nothing else, else
+        a list (the loss, then the compiled metrics in their order), or a dict with ``return_dict``. ``num_workers``:
+        over Spark (``TFOptimizer.evaluate``)."""
+        _refuse(steps=(steps, None, "evaluation runs over the whole data"),
+                callbacks=(callbacks or None, None, "evaluate takes no callbacks in tfnet"))
+        data, weights = _data(x, y, sample_weight)
+        if weights is not None:
+            data = (*data, weights)
+        logs = self.optimizer.evaluate(data, batch_size, num_workers)
+        if return_dict:
+            return dict(logs)
+        ordered = [logs["loss"]] + [v for k, v in logs.items() if k != "loss"] if "loss" in logs else list(logs.values())
+        return ordered[0] if len(ordered) == 1 else ordered
+
+    def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
+        """The outputs as ``keras.Model.predict`` gives them: an array for one output, else the model's output
+        structure (a list, or a dict by output name). A distributed ``TFDataset``'s: as ``TFOptimizer.predict``
+        (the DataFrame with output columns, or an RDD)."""
+        _refuse(steps=(steps, None, "prediction runs over the whole data"),
+                callbacks=(callbacks or None, None, "predict takes no callbacks in tfnet"))
+        out = self.optimizer.predict(x, batch_size)
+        if not isinstance(out, list):
+            return out
+        structure = _output_structure(self.model)
+        names = [n.split(":")[0] for n in self.optimizer.net.output_names]  # a dict's keys, as from_keras names them
+        if isinstance(structure, dict) and sorted(structure) == sorted(names):
+            return dict(zip(names, out))
+        return out
+
+    def _write_back(self) -> None:
+        weights = self.optimizer.net.get_weights()
+        for variable in self.model.weights:
+            if variable.path in weights:
+                variable.assign(weights[variable.path])
+
+
+def _refuse(**arguments) -> None:
+    for name, (given, default, instead) in arguments.items():
+        if given is not default and not (default is not None and given == default):
+            raise ValueError(f"{name}={given!r} is not supported: {instead}.")
+
+
+def _data(x, y, sample_weight):
+    """``optimize``'s data from Keras's ``x``, ``y`` (and the sample weights given apart, or None)."""
+    if x is None:
+        raise ValueError("x is required: arrays (with y), a tf.data.Dataset or a TFDataset.")
+    if y is None:
+        return x, sample_weight
+    return (x, y), sample_weight
+
+
+def _arrays(data) -> bool:
+    return isinstance(data, tuple) and all(isinstance(p, (np.ndarray, list, tuple, dict)) for p in data)
+
+
+def _last_rows(data, weights, split: float):
+    """Keras's ``validation_split`` of arrays: the last ``split`` of the rows held out (``floor(n * (1 - split))``
+    rows kept), sample weights alike; ``(training data, validation data)``."""
+    import tensorflow as tf
+
+    if not 0.0 < split < 1.0:
+        raise ValueError(f"validation_split must be between 0 and 1; received {split}.")
+    parts = data + ((weights,) if weights is not None else ())
+    rows = len(tf.nest.flatten(parts[0])[0])
+    at = int(math.floor(rows * (1.0 - split)))
+    if at == 0 or at == rows:
+        raise ValueError(f"validation_split={split} of {rows} rows leaves one side empty.")
+    head = tf.nest.map_structure(lambda a: np.asarray(a)[:at], parts)
+    tail = tf.nest.map_structure(lambda a: np.asarray(a)[at:], parts)
+    return head, tail
+
+
+def _output_structure(model):
+    try:
+        return model.output
+    except (AttributeError, ValueError):  # a subclassed model has none
+        return None

@@ -1,0 +1,83 @@
+"""``optim.KerasModel``: a compiled Keras model trained by tfnet through Keras's own calls. The oracle is Keras: the
+same ``fit``, ``evaluate`` and ``predict`` calls on a twin model give the same history, weights (written back into
+the Keras model), results and output structure."""
+
+import keras
+import numpy as np
+import pytest
+
+from optim import KerasModel
+from tests.models import small_cnn
+from tests.optim.keras_transfer import data
+
+SCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def compiled_cnn():
+    model = small_cnn(classes=3)
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss=SCE, metrics=["accuracy"])
+    return model
+
+
+def weight_diff(a, b) -> float:
+    return max(float(np.abs(u.numpy() - v.numpy()).max()) for u, v in zip(a.weights, b.weights))
+
+
+def test_fit_evaluate_and_predict_give_what_keras_gives():
+    """Keras's arguments as Keras's ``fit`` takes them, positional ``x, y`` included: ``validation_split`` holds
+    out the last quarter of the rows and of the sample weights, as Keras does; a second ``fit`` goes on from the
+    first's optimiser state (momentum), as Keras's does; the Keras model holds the trained weights afterwards."""
+    x, y = data(40)
+    w = np.linspace(0.5, 1.5, 40).astype("float32")
+    reference, model = compiled_cnn(), compiled_cnn()
+    ours = KerasModel(model)
+    fits = dict(batch_size=8, epochs=2, validation_split=0.25, shuffle=False, verbose=0, sample_weight=w)
+    theirs, got = reference.fit(x, y, **fits).history, ours.fit(x, y, **fits).history
+    assert sorted(got) == sorted(theirs)
+    for key in theirs:
+        np.testing.assert_allclose(got[key], theirs[key], rtol=1e-5, err_msg=key)
+    assert weight_diff(model, reference) < 1e-6  # written back: the Keras model itself
+    np.testing.assert_allclose(model.predict(x, verbose=0), reference.predict(x, verbose=0), atol=1e-5)
+    # a second fit continues from the first's momentum
+    theirs, got = (m.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0).history for m in (reference, ours))
+    np.testing.assert_allclose(got["loss"], theirs["loss"], rtol=1e-5)
+    assert weight_diff(model, reference) < 1e-6
+    # evaluate: the loss then the metrics, as a list; a dict with return_dict
+    expected = reference.evaluate(x, y, verbose=0)
+    result = ours.evaluate(x, y, batch_size=8)
+    assert isinstance(result, list) and len(result) == len(expected) == 2
+    np.testing.assert_allclose(result, expected, rtol=1e-5)
+    assert ours.evaluate(x, y, return_dict=True).keys() == reference.evaluate(x, y, verbose=0, return_dict=True).keys()
+    weighted = reference.evaluate(x, y, sample_weight=w, verbose=0)
+    np.testing.assert_allclose(ours.evaluate(x, y, sample_weight=w), weighted, rtol=1e-5)
+    np.testing.assert_allclose(ours.predict(x, batch_size=16), reference.predict(x, verbose=0), atol=1e-5)
+
+
+def test_a_model_with_a_dict_of_outputs_predicts_a_dict():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,), name="x")
+    hidden = keras.layers.Dense(6, activation="relu", name="h")(inputs)
+    model = keras.Model(inputs, {"score": keras.layers.Dense(1, name="s")(hidden),
+                                 "logits": keras.layers.Dense(3, name="l")(hidden)})
+    model.compile(optimizer="sgd", loss={"score": "mse", "logits": SCE})
+    x = np.random.default_rng(0).normal(size=(10, 4)).astype("float32")
+    got, theirs = KerasModel(model).predict(x), model.predict(x, verbose=0)
+    assert isinstance(got, dict) and got.keys() == theirs.keys()
+    for key in theirs:
+        np.testing.assert_allclose(got[key], theirs[key], atol=1e-6)
+
+
+@pytest.mark.parametrize("call,name", [
+    (lambda m, x, y: m.fit(x, y, epochs=3, initial_epoch=1), "initial_epoch"),
+    (lambda m, x, y: m.fit(x, y, validation_split=0.25, validation_freq=2), "validation_freq"),
+    (lambda m, x, y: m.fit(x, y, steps_per_epoch=2), "steps_per_epoch"),
+    (lambda m, x, y: m.fit(x, y, validation_split=1.5), "validation_split"),
+    (lambda m, x, y: m.evaluate(x, y, steps=1), "steps"),
+])
+def test_what_tfnet_does_not_run_is_refused_before_any_step(call, name):
+    x, y = data(16)
+    model = compiled_cnn()
+    before = [v.numpy() for v in model.weights]
+    with pytest.raises(ValueError, match=name):
+        call(KerasModel(model), x, y)
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.weights))
