@@ -23,6 +23,11 @@ class KerasModel:
         model_dir: Where checkpoints go (``TFOptimizer``'s). Default: none.
         input_signature: A subclassed model's inputs, as :meth:`tfnet.TFNet.from_keras` takes them.
 
+    Each call starts from the Keras model as it is then, as Keras's own calls do: its current weights (set since by
+    ``set_weights`` or ``load_weights``), and after ``model.compile`` again (a new optimiser, loss or metrics; the
+    trainable flags changed, as Keras's transfer-learning guide recompiles after ``base.trainable = True``), a new
+    :class:`~optim.TFOptimizer` made from it.
+
     Attributes:
         model: The Keras model; ``fit`` writes the trained weights (batch norms' moving statistics included)
             back into it.
@@ -32,7 +37,21 @@ class KerasModel:
 
     def __init__(self, model, model_dir: str | None = None, *, input_signature=None):
         self.model = model
-        self.optimizer = TFOptimizer.from_keras(model, model_dir, input_signature=input_signature)
+        self._made_with = dict(model_dir=model_dir, input_signature=input_signature)
+        self._compiled = None
+        self._current()
+
+    def _current(self) -> TFOptimizer:
+        """The optimizer for the model as it is now: made again after a ``compile``, else given its weights."""
+        compiled = getattr(self.model, "_compile_config", None)
+        if compiled is None or compiled is not self._compiled:
+            self.optimizer = TFOptimizer.from_keras(self.model, self._made_with["model_dir"],
+                                                    input_signature=self._made_with["input_signature"])
+            self._compiled = compiled
+            return self.optimizer
+        names = set(self.optimizer.net.weight_names)
+        self.optimizer.net.set_weights({v.path: v.numpy() for v in self.model.weights if v.path in names})
+        return self.optimizer
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None, validation_split=0.0,
             validation_data=None, shuffle=True, class_weight=None, sample_weight=None, initial_epoch=0,
@@ -65,7 +84,7 @@ class KerasModel:
             options["steps_per_epoch"] = steps_per_epoch
         if validation_batch_size is not None:
             options["validation_batch_size"] = validation_batch_size
-        history = self.optimizer.optimize(data, epochs=epochs, batch_size=batch_size, validation_data=validation_data,
+        history = self._current().optimize(data, epochs=epochs, batch_size=batch_size, validation_data=validation_data,
                                           shuffle=shuffle, verbose=verbose, callbacks=callbacks,
                                           class_weight=class_weight, validation_split=split, **options)
         self._write_back()
@@ -81,7 +100,7 @@ class KerasModel:
         data, weights = _data(x, y, sample_weight)
         if weights is not None:
             data = (*data, weights)
-        logs = self.optimizer.evaluate(data, batch_size, num_workers)
+        logs = self._current().evaluate(data, batch_size, num_workers)
         if return_dict:
             return dict(logs)
         ordered = [logs["loss"]] + [v for k, v in logs.items() if k != "loss"] if "loss" in logs else list(logs.values())
@@ -93,7 +112,7 @@ class KerasModel:
         (the DataFrame with output columns, or an RDD)."""
         _refuse(steps=(steps, None, "prediction runs over the whole data"),
                 callbacks=(callbacks or None, None, "predict takes no callbacks in tfnet"))
-        out = self.optimizer.predict(x, batch_size)
+        out = self._current().predict(x, batch_size)
         if not isinstance(out, list):
             return out
         structure = _output_structure(self.model)

@@ -8,7 +8,7 @@ import pytest
 
 from optim import KerasModel
 from tests.models import small_cnn
-from tests.optim.keras_transfer import data
+from tests.optim.keras_transfer import LR_FINE, LR_HEAD, data, transfer_model, unfreeze_all_but_batch_norm
 
 SCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -51,6 +51,33 @@ def test_fit_evaluate_and_predict_give_what_keras_gives():
     weighted = reference.evaluate(x, y, sample_weight=w, verbose=0)
     np.testing.assert_allclose(ours.evaluate(x, y, sample_weight=w), weighted, rtol=1e-5)
     np.testing.assert_allclose(ours.predict(x, batch_size=16), reference.predict(x, verbose=0), atol=1e-5)
+
+
+def test_the_transfer_learning_flow_recompiled_between_phases_and_weights_set_between_calls():
+    """Keras's guide: the head trained on a frozen base, then ``base.trainable = True`` and ``compile`` again at a
+    lower rate; each call of a ``KerasModel`` starts from the model as it is (after a compile, a new optimizer with
+    the new flags and rate; weights set on the model, those)."""
+    x, y = data(48)
+    (reference, base_theirs), (model, base) = transfer_model(), transfer_model()
+    for m in (reference, model):
+        m.compile(optimizer=keras.optimizers.SGD(LR_HEAD), loss=SCE)
+    ours = KerasModel(model)
+    fits = dict(batch_size=8, epochs=1, shuffle=False, verbose=0)
+    reference.fit(x, y, **fits)
+    ours.fit(x, y, **fits)
+    assert weight_diff(model, reference) < 1e-6
+    frozen = {v.path: v.numpy() for v in base.weights}
+    for b, m in ((base_theirs, reference), (base, model)):
+        unfreeze_all_but_batch_norm(b)
+        m.compile(optimizer=keras.optimizers.SGD(LR_FINE), loss=SCE)
+    theirs, got = reference.fit(x, y, **fits).history, ours.fit(x, y, **fits).history
+    np.testing.assert_allclose(got["loss"], theirs["loss"], rtol=1e-5)
+    assert weight_diff(model, reference) < 1e-6
+    assert not np.array_equal(frozen["base/conv/kernel"], base.get_layer("conv").kernel.numpy())  # the base trained
+    start = transfer_model()[0].get_weights()
+    model.set_weights(start)
+    np.testing.assert_allclose(ours.predict(x), model.predict(x, verbose=0), atol=1e-5)
+    np.testing.assert_allclose(ours.evaluate(x, y), model.evaluate(x, y, verbose=0), rtol=1e-5)
 
 
 def test_a_model_with_a_dict_of_outputs_predicts_a_dict():
