@@ -71,6 +71,8 @@ class KerasModel:
                 validation_freq=(validation_freq, 1, "validation runs at every epoch end (or every "
                                  "validate_every steps)"))
         data, weights = _data(x, y, sample_weight)
+        if isinstance(validation_data, (tuple, list)):
+            validation_data = tuple(_as_arrays(v) for v in validation_data)
         split = validation_split or None
         if split and validation_data is None and _arrays(data):
             data, validation_data = _last_rows(data, weights, split)
@@ -112,7 +114,7 @@ class KerasModel:
         (the DataFrame with output columns, or an RDD)."""
         _refuse(steps=(steps, None, "prediction runs over the whole data"),
                 callbacks=(callbacks or None, None, "predict takes no callbacks in tfnet"))
-        out = self._current().predict(x, batch_size)
+        out = self._current().predict(_as_arrays(x) if _array_like(x) else x, batch_size)
         if not isinstance(out, list):
             return out
         structure = _output_structure(self.model)
@@ -135,12 +137,35 @@ def _refuse(**arguments) -> None:
 
 
 def _data(x, y, sample_weight):
-    """``optimize``'s data from Keras's ``x``, ``y`` (and the sample weights given apart, or None)."""
+    """``optimize``'s data from Keras's ``x``, ``y`` (and the sample weights given apart, or None), arrays as
+    Keras's array adapter makes them (:func:`_as_arrays`)."""
     if x is None:
         raise ValueError("x is required: arrays (with y), a tf.data.Dataset or a TFDataset.")
+    weights = None if sample_weight is None else _as_arrays(sample_weight)
     if y is None:
-        return x, sample_weight
-    return (x, y), sample_weight
+        return (_as_arrays(x) if _array_like(x) else x), weights
+    return (_as_arrays(x), _as_arrays(y)), weights
+
+
+def _array_like(x) -> bool:
+    import tensorflow as tf
+
+    leaves = tf.nest.flatten(x)
+    return bool(leaves) and all(hasattr(a, "__array__") or hasattr(a, "to_numpy") for a in leaves)
+
+
+def _as_arrays(structure):
+    """Each array of ``structure`` (a dict or list of them, or one) as Keras's array adapter reads it: a pandas
+    DataFrame as its values, a Series as one column, a tensor as numpy, floats of another width as float32."""
+    import tensorflow as tf
+
+    def one(a):
+        if hasattr(a, "to_numpy") and getattr(a, "ndim", 2) == 1:  # a pandas Series: one column, as Keras's
+            a = np.expand_dims(a.to_numpy(), -1)
+        a = a.to_numpy() if hasattr(a, "to_numpy") else np.asarray(a)
+        return a.astype(np.float32) if a.dtype.kind == "f" and a.dtype != np.float32 else a
+
+    return tf.nest.map_structure(one, structure)
 
 
 def _arrays(data) -> bool:

@@ -80,6 +80,29 @@ def test_the_transfer_learning_flow_recompiled_between_phases_and_weights_set_be
     np.testing.assert_allclose(ours.evaluate(x, y), model.evaluate(x, y, verbose=0), rtol=1e-5)
 
 
+def test_pandas_and_float64_data_as_keras_reads_them():
+    """Keras's array adapter: a pandas DataFrame as its values, a Series of labels as one column, float64 as
+    float32; ``validation_split`` of them the last rows."""
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame(rng.normal(size=(40, 5)), columns=list("abcde"))  # float64
+    labels = pd.Series((frame["a"] + frame["b"] > 0).astype("int64"))
+    models = []
+    for _ in range(2):
+        keras.utils.set_random_seed(0)
+        m = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(2)])
+        m.compile(optimizer=keras.optimizers.SGD(0.1), loss=SCE, metrics=["accuracy"])
+        models.append(m)
+    reference, model = models
+    fits = dict(batch_size=8, epochs=2, validation_split=0.2, shuffle=False, verbose=0)
+    theirs, got = reference.fit(frame, labels, **fits).history, KerasModel(model).fit(frame, labels, **fits).history
+    for key in theirs:
+        np.testing.assert_allclose(got[key], theirs[key], rtol=1e-5, err_msg=key)
+    assert weight_diff(model, reference) < 1e-6
+    np.testing.assert_allclose(KerasModel(model).predict(frame), reference.predict(frame, verbose=0), atol=1e-5)
+
+
 def test_a_model_with_a_dict_of_outputs_predicts_a_dict():
     keras.utils.set_random_seed(0)
     inputs = keras.Input((4,), name="x")
