@@ -103,10 +103,7 @@ class KerasModel:
         if weights is not None:
             data = (*data, weights)
         logs = self._current().evaluate(data, batch_size, num_workers)
-        if return_dict:
-            return dict(logs)
-        ordered = [logs["loss"]] + [v for k, v in logs.items() if k != "loss"] if "loss" in logs else list(logs.values())
-        return ordered[0] if len(ordered) == 1 else ordered
+        return dict(logs) if return_dict else _in_kerass_order(self.model, dict(logs), data if _arrays(data) else None)
 
     def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
         """The outputs as ``keras.Model.predict`` gives them: an array for one output, else the model's output
@@ -187,6 +184,23 @@ def _last_rows(data, weights, split: float):
     head = tf.nest.map_structure(lambda a: np.asarray(a)[:at], parts)
     tail = tf.nest.map_structure(lambda a: np.asarray(a)[at:], parts)
     return head, tail
+
+
+def _in_kerass_order(model, logs: dict, data):
+    """``logs`` as the list ``keras.Model.evaluate`` returns (its ``_flatten_metrics_in_order``: the loss, then the
+    compiled metrics or each output's loss as Keras names them, then the rest by name; one value alone), after
+    Keras builds its compiled loss and metrics from a row of ``data`` (arrays; shapes only, nothing computed), as its
+    own ``evaluate`` does first. Without Keras's method, or the build: the loss, then the rest by name."""
+    import tensorflow as tf
+
+    try:
+        if data is not None:
+            model._symbolic_build(data_batch=tf.nest.map_structure(lambda a: a[:1], tuple(data)))
+        ordered = model._flatten_metrics_in_order(logs)
+        return ordered
+    except Exception:  # noqa: BLE001 (a Keras without these private methods: tfnet's own order, as documented)
+        ordered = [logs[k] for k in ["loss"] + sorted(k for k in logs if k != "loss") if k in logs]
+        return ordered[0] if len(ordered) == 1 else ordered
 
 
 def _output_structure(model):

@@ -103,18 +103,36 @@ def test_pandas_and_float64_data_as_keras_reads_them():
     np.testing.assert_allclose(KerasModel(model).predict(frame), reference.predict(frame, verbose=0), atol=1e-5)
 
 
-def test_a_model_with_a_dict_of_outputs_predicts_a_dict():
+def two_outputs(as_dict: bool):
     keras.utils.set_random_seed(0)
     inputs = keras.Input((4,), name="x")
     hidden = keras.layers.Dense(6, activation="relu", name="h")(inputs)
-    model = keras.Model(inputs, {"score": keras.layers.Dense(1, name="s")(hidden),
-                                 "logits": keras.layers.Dense(3, name="l")(hidden)})
-    model.compile(optimizer="sgd", loss={"score": "mse", "logits": SCE})
+    score, logits = keras.layers.Dense(1, name="score")(hidden), keras.layers.Dense(3, name="logits")(hidden)
+    if as_dict:
+        model = keras.Model(inputs, {"score": score, "logits": logits})
+        model.compile(optimizer="sgd", loss={"score": "mse", "logits": SCE},
+                      metrics={"logits": ["accuracy"], "score": ["mae"]})
+    else:
+        model = keras.Model(inputs, [score, logits])
+        model.compile(optimizer="sgd", loss=["mse", SCE], metrics=[["mae"], ["accuracy"]])
+    return model
+
+
+@pytest.mark.parametrize("as_dict", [True, False], ids=["dict", "list"])
+def test_two_outputs_predict_and_evaluate_in_kerass_structure_and_order(as_dict):
+    """``predict``: a dict by output name for a dict of outputs, a list for a list; ``evaluate``: Keras's list, in
+    Keras's order (the loss, each output's loss, then the metrics by name), each against a fresh twin's own call."""
     x = np.random.default_rng(0).normal(size=(10, 4)).astype("float32")
-    got, theirs = KerasModel(model).predict(x), model.predict(x, verbose=0)
-    assert isinstance(got, dict) and got.keys() == theirs.keys()
-    for key in theirs:
+    y = {"score": np.ones((10, 1), "float32"), "logits": np.arange(10) % 3}
+    y = y if as_dict else [y["score"], y["logits"]]
+    model, twin = two_outputs(as_dict), two_outputs(as_dict)
+    got, theirs = KerasModel(model).predict(x), twin.predict(x, verbose=0)
+    assert type(got) is type(theirs) and len(got) == len(theirs) == 2
+    for key in (theirs if as_dict else range(2)):
         np.testing.assert_allclose(got[key], theirs[key], atol=1e-6)
+    got, theirs = KerasModel(two_outputs(as_dict)).evaluate(x, y), two_outputs(as_dict).evaluate(x, y, verbose=0)
+    assert len(got) == len(theirs) == 5
+    np.testing.assert_allclose(got, theirs, rtol=1e-5)
 
 
 @pytest.mark.parametrize("call,name", [
