@@ -86,11 +86,13 @@ class KerasModel:
             options["steps_per_epoch"] = steps_per_epoch
         if validation_batch_size is not None:
             options["validation_batch_size"] = validation_batch_size
-        history = self._current().optimize(data, epochs=epochs, batch_size=batch_size, validation_data=validation_data,
-                                          shuffle=shuffle, verbose=verbose, callbacks=callbacks,
-                                          class_weight=class_weight, validation_split=split, **options)
-        self._write_back()
-        return history
+        optimizer = self._current()
+        try:
+            return optimizer.optimize(data, epochs=epochs, batch_size=batch_size, validation_data=validation_data,
+                                      shuffle=shuffle, verbose=verbose, callbacks=callbacks, class_weight=class_weight,
+                                      validation_split=split, **options)
+        finally:  # a run stopped by an error or Ctrl-C leaves the model where training got, as Keras's fit does
+            self._write_back()
 
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None, steps=None, callbacks=None,
                  return_dict=False, num_workers=None):

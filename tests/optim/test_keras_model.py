@@ -103,6 +103,22 @@ def test_pandas_and_float64_data_as_keras_reads_them():
     np.testing.assert_allclose(KerasModel(model).predict(frame), reference.predict(frame, verbose=0), atol=1e-5)
 
 
+class StopWithAnError(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        raise RuntimeError(f"stopped after epoch {epoch}")
+
+
+def test_a_fit_stopped_by_an_error_leaves_the_model_where_training_got():
+    """As Keras's ``fit``: the weights of the steps taken before the error are the model's."""
+    x, y = data(32)
+    reference, model = compiled_cnn(), compiled_cnn()
+    for m in (reference, KerasModel(model)):
+        with pytest.raises(RuntimeError, match="stopped after epoch 0"):
+            m.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0, callbacks=[StopWithAnError()])
+    assert weight_diff(model, reference) < 1e-6
+    assert weight_diff(model, compiled_cnn()) > 1e-3
+
+
 def two_outputs(as_dict: bool):
     keras.utils.set_random_seed(0)
     inputs = keras.Input((4,), name="x")
