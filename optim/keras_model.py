@@ -55,11 +55,13 @@ class KerasModel:
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None, validation_split=0.0,
             validation_data=None, shuffle=True, class_weight=None, sample_weight=None, initial_epoch=0,
-            steps_per_epoch=None, validation_steps=None, validation_batch_size=None, validation_freq=1, **options):
+            steps_per_epoch=None, validation_steps=None, validation_batch_size=None, validation_freq=1, *,
+            feature_cols=None, label_cols=None, **options):
         """Trains as ``keras.Model.fit`` (same arguments, a ``History`` back) and writes the trained weights into
         :attr:`model`. ``validation_split`` of arrays holds out their last rows, as Keras does (before shuffling);
-        of a distributed ``TFDataset``, the rows ``TFOptimizer.optimize`` picks. ``options``: ``optimize``'s own
-        (``num_workers``, ``resume``, ``checkpoint_every``, ...).
+        of a distributed ``TFDataset``, the rows ``TFOptimizer.optimize`` picks. ``x`` (and ``validation_data``) may
+        be a Spark DataFrame with ``feature_cols`` and ``label_cols``, as BigDL Orca's ``Estimator.fit`` takes it
+        (:func:`_frame`). ``options``: ``optimize``'s own (``num_workers``, ``resume``, ``checkpoint_every``, ...).
 
         Raises:
             ValueError: ``initial_epoch``, ``validation_steps`` or ``validation_freq`` other than their defaults
@@ -70,6 +72,8 @@ class KerasModel:
                 validation_steps=(validation_steps, None, "validation runs over the whole validation data"),
                 validation_freq=(validation_freq, 1, "validation runs at every epoch end (or every "
                                  "validate_every steps)"))
+        x = self._frame(x, feature_cols, label_cols, "fit")
+        validation_data = self._frame(validation_data, feature_cols, label_cols, "fit")
         data, weights = _data(x, y, sample_weight)
         if isinstance(validation_data, (tuple, list)):
             validation_data = tuple(_as_arrays(v) for v in validation_data)
@@ -95,24 +99,25 @@ class KerasModel:
             self._write_back()
 
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None, steps=None, callbacks=None,
-                 return_dict=False, num_workers=None):
+                 return_dict=False, num_workers=None, *, feature_cols=None, label_cols=None):
         """Loss and metrics as ``keras.Model.evaluate`` gives them: the loss alone where there is nothing else, else
         a list (the loss, then the compiled metrics in their order), or a dict with ``return_dict``. ``num_workers``:
-        over Spark (``TFOptimizer.evaluate``)."""
+        over Spark (``TFOptimizer.evaluate``); a Spark DataFrame with ``feature_cols`` and ``label_cols``, over Spark."""
         _refuse(steps=(steps, None, "evaluation runs over the whole data"),
                 callbacks=(callbacks or None, None, "evaluate takes no callbacks in tfnet"))
-        data, weights = _data(x, y, sample_weight)
+        data, weights = _data(self._frame(x, feature_cols, label_cols, "evaluate"), y, sample_weight)
         if weights is not None:
             data = (*data, weights)
         logs = self._current().evaluate(data, batch_size, num_workers)
         return dict(logs) if return_dict else _in_kerass_order(self.model, dict(logs), data if _arrays(data) else None)
 
-    def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
+    def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None, *, feature_cols=None):
         """The outputs as ``keras.Model.predict`` gives them: an array for one output, else the model's output
         structure (a list, or a dict by output name). A distributed ``TFDataset``'s: as ``TFOptimizer.predict``
-        (the DataFrame with output columns, or an RDD)."""
+        (the DataFrame with output columns, or an RDD); a Spark DataFrame with ``feature_cols``, the same."""
         _refuse(steps=(steps, None, "prediction runs over the whole data"),
                 callbacks=(callbacks or None, None, "predict takes no callbacks in tfnet"))
+        x = self._frame(x, feature_cols, None, "predict")
         out = self._current().predict(_as_arrays(x) if _array_like(x) else x, batch_size)
         if not isinstance(out, list):
             return out
@@ -121,6 +126,24 @@ class KerasModel:
         if isinstance(structure, dict) and sorted(structure) == sorted(names):
             return dict(zip(names, out))
         return out
+
+    def _frame(self, x, feature_cols, label_cols, call: str):
+        """``x`` as it is, or a Spark DataFrame (classic or Connect) as a ``TFDataset`` of its ``feature_cols`` and
+        ``label_cols``, each feature column shaped as the model's input it feeds (one column per input), as BigDL
+        Orca's ``Estimator`` takes a DataFrame."""
+        if not (hasattr(x, "sparkSession") and hasattr(x, "schema")):
+            return x
+        if feature_cols is None or (call != "predict" and label_cols is None):
+            raise ValueError(f"{call}() of a Spark DataFrame needs feature_cols" + ("" if call == "predict" else
+                             " and label_cols") + ", the columns that feed the model's inputs (and its labels).")
+        from optim.data import TFDataset
+
+        columns = [feature_cols] if isinstance(feature_cols, str) else list(feature_cols)
+        specs = self.optimizer.net.input_specs
+        shapes = None
+        if len(columns) == len(specs) and all(s.shape[1:].is_fully_defined() for s in specs):
+            shapes = [tuple(s.shape[1:]) for s in specs]
+        return TFDataset.from_dataframe(x, columns, label_cols, feature_shapes=shapes)
 
     def _write_back(self) -> None:
         weights = self.optimizer.net.get_weights()

@@ -189,8 +189,9 @@ def test_validation_runs_on_the_ranks_for_dataframes_and_tf_data(spark):
 @pytest.mark.spark
 @pytest.mark.parallel
 def test_keras_model_trains_a_dataframe_over_spark_with_kerass_calls(spark):
-    """TFPark's ``KerasModel`` as Keras 3 code writes it: ``fit`` on a DataFrame ``TFDataset`` over two ranks writes the
-    trained weights into the Keras model itself; ``evaluate`` over Spark gives Keras's ``[loss, accuracy]``, equal
+    """TFPark's ``KerasModel`` as Keras 3 code writes it: ``fit`` on a Spark DataFrame with its columns named (as BigDL
+    Orca's ``Estimator.fit`` takes them, each shaped as the model's input) over two ranks writes the trained weights
+    into the Keras model itself; ``evaluate`` of a ``TFDataset`` over Spark gives Keras's ``[loss, accuracy]``, equal
     to the collected data's; ``predict`` gives the DataFrame with the outputs."""
     x, y = digits.load()
     x, y = x[:128], y[:128]
@@ -198,17 +199,21 @@ def test_keras_model_trains_a_dataframe_over_spark_with_kerass_calls(spark):
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     start = [v.numpy() for v in model.weights]
-    data = TFDataset.from_dataframe(_df(spark, x, y, 2), "pixels", "label", feature_shapes=[(8, 8, 1)])
+    df = _df(spark, x, y, 2)
     kmodel = optim.KerasModel(model)
-    history = kmodel.fit(data, batch_size=32, epochs=1, num_workers=2, verbose=0)
+    with pytest.raises(ValueError, match="needs feature_cols and label_cols"):
+        kmodel.fit(df, epochs=1)
+    history = kmodel.fit(df, batch_size=32, epochs=1, num_workers=2, verbose=0, feature_cols=["pixels"],
+                         label_cols=["label"])
     assert history.epoch == [0] and kmodel.optimizer.last_run["steps_per_epoch"] == 4  # 128 rows, 32 a step
     trained = kmodel.optimizer.net.get_weights()
     assert all(np.array_equal(v.numpy(), trained[v.path]) for v in model.weights)
     assert any(not np.array_equal(a, v.numpy()) for a, v in zip(start, model.weights))
+    data = TFDataset.from_dataframe(df, "pixels", "label", feature_shapes=[(8, 8, 1)])
     loss, accuracy = kmodel.evaluate(data, num_workers=2)
     local = kmodel.evaluate(x, y)
     assert accuracy == local[1] and loss == pytest.approx(local[0], rel=1e-6)
-    rows = kmodel.predict(data).collect()
+    rows = kmodel.predict(df, feature_cols="pixels").collect()
     np.testing.assert_allclose(np.array([r["output"] for r in rows]),
                                model.predict(np.array([r["pixels"] for r in rows], np.float32).reshape(-1, 8, 8, 1),
                                              verbose=0), rtol=1e-5, atol=1e-5)
