@@ -72,8 +72,8 @@ class KerasModel:
                 validation_steps=(validation_steps, None, "validation runs over the whole validation data"),
                 validation_freq=(validation_freq, 1, "validation runs at every epoch end (or every "
                                  "validate_every steps)"))
-        x = self._frame(x, feature_cols, label_cols, "fit")
-        validation_data = self._frame(validation_data, feature_cols, label_cols, "fit")
+        x = _py_dataset(self._frame(x, feature_cols, label_cols, "fit"), shuffle, reset=True)
+        validation_data = _py_dataset(self._frame(validation_data, feature_cols, label_cols, "fit"), False)
         data, weights = _data(x, y, sample_weight)
         if isinstance(validation_data, (tuple, list)):
             validation_data = tuple(_as_arrays(v) for v in validation_data)
@@ -105,7 +105,8 @@ class KerasModel:
         over Spark (``TFOptimizer.evaluate``); a Spark DataFrame with ``feature_cols`` and ``label_cols``, over Spark."""
         _refuse(steps=(steps, None, "evaluation runs over the whole data"),
                 callbacks=(callbacks or None, None, "evaluate takes no callbacks in tfnet"))
-        data, weights = _data(self._frame(x, feature_cols, label_cols, "evaluate"), y, sample_weight)
+        x = _py_dataset(self._frame(x, feature_cols, label_cols, "evaluate"), False, reset=True)
+        data, weights = _data(x, y, sample_weight)
         if weights is not None:
             data = (*data, weights)
         logs = self._current().evaluate(data, batch_size, num_workers)
@@ -117,7 +118,7 @@ class KerasModel:
         (the DataFrame with output columns, or an RDD); a Spark DataFrame with ``feature_cols``, the same."""
         _refuse(steps=(steps, None, "prediction runs over the whole data"),
                 callbacks=(callbacks or None, None, "predict takes no callbacks in tfnet"))
-        x = self._frame(x, feature_cols, None, "predict")
+        x = _py_dataset(self._frame(x, feature_cols, None, "predict"), False)
         out = self._current().predict(_as_arrays(x) if _array_like(x) else x, batch_size)
         if not isinstance(out, list):
             return out
@@ -150,6 +151,34 @@ class KerasModel:
         for variable in self.model.weights:
             if variable.path in weights:
                 variable.assign(weights[variable.path])
+
+
+def _py_dataset(x, shuffle: bool, reset: bool = False):
+    """``x`` as it is, or a ``keras.utils.PyDataset`` as a ``tf.data.Dataset`` of its batches read through Keras's
+    own adapter (its batch order shuffled with ``shuffle``, its workers' queue), each pass over it one epoch between
+    the adapter's ``on_epoch_begin`` and ``on_epoch_end``, so the dataset's own hooks run as in Keras's calls;
+    ``reset``: one ``on_epoch_end`` first, as the epoch iterator of Keras's ``fit`` and ``evaluate`` calls it when it
+    resets (TensorFlow backend), before the first epoch."""
+    import keras
+
+    if not isinstance(x, keras.utils.PyDataset):
+        return x
+    import tensorflow as tf
+    from keras.src.trainers.data_adapters import get_data_adapter
+
+    adapter = get_data_adapter(x, shuffle=shuffle)
+    spec = adapter.get_tf_dataset().element_spec  # Keras's: from its first batches
+    if reset:
+        adapter.on_epoch_end()
+
+    def one_epoch():
+        adapter.on_epoch_begin()
+        try:
+            yield from adapter.get_numpy_iterator()
+        finally:
+            adapter.on_epoch_end()
+
+    return tf.data.Dataset.from_generator(one_epoch, output_signature=spec)
 
 
 def _refuse(**arguments) -> None:

@@ -103,6 +103,44 @@ def test_pandas_and_float64_data_as_keras_reads_them():
     np.testing.assert_allclose(KerasModel(model).predict(frame), reference.predict(frame, verbose=0), atol=1e-5)
 
 
+class Batches(keras.utils.PyDataset):
+    """Batches of arrays in an order its ``on_epoch_end`` turns by one, as a user's dataset reshuffles there."""
+
+    def __init__(self, x, y, batch: int):
+        super().__init__()
+        self.x, self.y, self.batch, self.ends = x, y, batch, 0
+        self.order = np.arange(len(x) // batch)
+
+    def __len__(self):
+        return len(self.order)
+
+    def __getitem__(self, i):
+        rows = slice(self.order[i] * self.batch, (self.order[i] + 1) * self.batch)
+        return self.x[rows], self.y[rows]
+
+    def on_epoch_end(self):
+        self.ends += 1
+        self.order = np.roll(self.order, 1)
+
+
+def test_a_py_dataset_is_read_through_kerass_adapter_with_its_epoch_hooks():
+    """A ``keras.utils.PyDataset`` (Keras 3's way to feed batches from Python): its batches and its ``on_epoch_end``
+    as Keras's ``fit`` calls them (once more before the first epoch, as its epoch iterator resets), so a dataset that
+    reorders there trains as in ``fit``; ``evaluate`` and ``predict`` as Keras's."""
+    x, y = data(40)
+    reference, model = compiled_cnn(), compiled_cnn()
+    theirs_data, our_data = Batches(x, y, 8), Batches(x, y, 8)
+    theirs = reference.fit(theirs_data, epochs=3, shuffle=False, verbose=0).history
+    got = KerasModel(model).fit(our_data, epochs=3, shuffle=False, verbose=0).history
+    for key in theirs:
+        np.testing.assert_allclose(got[key], theirs[key], rtol=1e-5, err_msg=key)
+    assert weight_diff(model, reference) < 1e-6 and our_data.ends == theirs_data.ends == 4
+    np.testing.assert_allclose(KerasModel(model).evaluate(Batches(x, y, 8)),
+                               reference.evaluate(Batches(x, y, 8), verbose=0), rtol=1e-5)
+    np.testing.assert_allclose(KerasModel(model).predict(Batches(x, y, 8)),
+                               reference.predict(Batches(x, y, 8), verbose=0), atol=1e-5)
+
+
 class StopWithAnError(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         raise RuntimeError(f"stopped after epoch {epoch}")
