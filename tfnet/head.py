@@ -8,9 +8,10 @@ from tfnet.errors import InputSpecError
 from tfnet.freeze import freeze_keras
 
 
-def freeze_head(head, feature_spec: tf.TensorSpec):
+def freeze_head(head, feature_spec: tf.TensorSpec, train_batch_norm: bool = False):
     """Builds ``head`` (a Keras layer, a list of layers, or a model) on an input shaped like
-    ``feature_spec`` and freezes it into a :class:`tfnet.freeze.Frozen` with one input."""
+    ``feature_spec`` and freezes it into a :class:`tfnet.freeze.Frozen` with one input (its trainable batch norms
+    switched to training mode in training with ``train_batch_norm``, as :func:`tfnet.freeze.freeze_keras`)."""
     import keras
 
     shape = feature_spec.shape
@@ -28,4 +29,4 @@ def freeze_head(head, feature_spec: tf.TensorSpec):
     for layer in layers:
         x = layer(x)
     model = keras.Model(features, x, name="head")
-    return freeze_keras(model)
+    return freeze_keras(model, train_batch_norm=train_batch_norm)

@@ -60,7 +60,7 @@ def _within(state: NetState, outputs: list[str], feeds: list[str], names) -> lis
             if not set(gu.nodes_by_name(gu.subgraph(template, [n], feeds=feeds))) & dropped]
 
 
-def add_head(state: NetState, head, name: str = "head") -> NetParts:
+def add_head(state: NetState, head, name: str = "head", train_batch_norm: bool = False) -> NetParts:
     """Attaches a Keras head (a layer, a list of layers, or a model) to this net's single output
     and returns one TFNet whose weights include the head's, under ``name/``.
 
@@ -70,6 +70,9 @@ def add_head(state: NetState, head, name: str = "head") -> NetParts:
     Args:
         head: A Keras layer, a list of layers, or a model.
         name: The prefix of the head's node and weight names. Default: ``"head"``.
+        train_batch_norm: The head's trainable batch norms normalize by each batch's statistics in the training step
+            and their moving statistics move, as Keras's ``fit`` trains them (``updates``, as
+            ``TFNet.from_keras(model, train_batch_norm=True)``); else they stay in inference mode. Default: False.
 
     Raises:
         InputSpecError: this net has more than one output.
@@ -80,7 +83,7 @@ def add_head(state: NetState, head, name: str = "head") -> NetParts:
             f"add_head needs a net with one output; this one has {outputs}. "
             "Use cut() to choose the feature tensor first."
         )
-    frozen = freeze_head(head, state.graph.output_specs[0])
+    frozen = freeze_head(head, state.graph.output_specs[0], train_batch_norm)
     head_weights = frozen.weights
     head_stats = find_statistics(frozen.template, head_weights)
     merged = gu.merge(state.graph.template, frozen.template, name, {gu.node_name(frozen.inputs[0]): outputs[0]})
@@ -96,7 +99,8 @@ def add_head(state: NetState, head, name: str = "head") -> NetParts:
         regularizers={**state.regularizers, **{f"{name}/{w}": c for w, c in frozen.regularizers.items()}},
         losses=list(state.graph.loss_names) + [f"{name}/{t}" for t in frozen.losses],
         seed_inputs=list(state.graph.seed_inputs) + [f"{name}/{t}" for t in frozen.seed_inputs],
-        seed_step=state.seed_steps(), updates=state.graph.updates,
+        seed_step=state.seed_steps(),
+        updates={**state.graph.updates, **{f"{name}/{t}": f"{name}/{w}" for t, w in frozen.updates.items()}},
     )
 
 

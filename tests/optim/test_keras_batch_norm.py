@@ -126,6 +126,41 @@ def test_inference_runs_the_graph_without_the_switches():
     np.testing.assert_array_equal(loaded.forward(x), plain.forward(x))
 
 
+def test_a_heads_batch_norm_trains_as_fit_with_train_batch_norm():
+    """``add_head(..., train_batch_norm=True)``: a new head's batch norm trained over a frozen base as Keras's ``fit``
+    trains the same head on the base's features (its moving statistics move); without it, inference mode (they stay)."""
+    base = TFNet.from_keras(small_cnn(classes=4))
+    x, y = data(32)
+    features = base.forward(x)
+
+    def head():
+        return [keras.layers.Dense(5, use_bias=False, name="d"), keras.layers.BatchNormalization(momentum=0.9, name="bn"),
+                keras.layers.Activation("tanh"), keras.layers.Dense(3, name="out")]
+
+    inputs = keras.Input((4,))
+    layers = head()
+    outputs = inputs
+    for layer in layers:
+        outputs = layer(outputs)
+    reference = keras.Model(inputs, outputs)
+    _randomise_bn(reference, 1)
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss=SCE)
+    start = {v.path: v.numpy() for v in reference.weights}
+    nets = {flag: base.add_head(head(), train_batch_norm=flag) for flag in (True, False)}
+    for net in nets.values():
+        net.set_weights({f"head/{k}": v for k, v in start.items()})
+        net.trainable = "head/"
+    assert sorted(nets[True].updates.values()) == ["head/bn/moving_mean", "head/bn/moving_variance"]
+    assert nets[False].updates == {}
+    reference.fit(features, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    want = {f"head/{v.path}": v.numpy() for v in reference.weights}
+    for flag, net in nets.items():
+        TFOptimizer(net, SCE, optim.SGD(0.1)).optimize((x, y), batch_size=8, epochs=2, shuffle=False, verbose=0)
+        got = net.get_weights(list(want))
+        diff = max(float(np.abs(got[k] - want[k]).max()) for k in want)
+        assert (diff < 1e-6) if flag else (diff > 1e-3), (flag, diff)
+
+
 def test_the_training_step_leaves_the_inference_output_uncomputed():
     """Each switched batch norm's inference output is computed outside its switch and read only by the inference
     branch; the training step's graphs give the switch an unread stand-in instead, so nothing the step returns
