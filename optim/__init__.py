@@ -8,6 +8,8 @@
   (``optim.metrics``), every error (``optim.errors``);
 * :class:`TFOptimizer`, which trains a TFNet on one worker (``optim.training``) or over Spark
   (``optim.spark``), and :class:`TFDataset`;
+* :class:`KerasModel`, a compiled Keras model's ``fit``, ``evaluate`` and ``predict`` with Keras's arguments and
+  results, through a TFOptimizer (``optim.keras_model``);
 * :class:`TFPredictor` and :class:`TFNetTransformer` (``optim.predict``);
 * :class:`TFNetEstimator`, fine-tuning as a Spark ML ``Estimator``, and :class:`TFNetModel`, what it
   fits (``optim.ml``).
