@@ -118,8 +118,8 @@ class KerasModel:
         (the DataFrame with output columns, or an RDD); a Spark DataFrame with ``feature_cols``, the same."""
         _refuse(steps=(steps, None, "prediction runs over the whole data"),
                 callbacks=(callbacks or None, None, "predict takes no callbacks in tfnet"))
-        x = _py_dataset(self._frame(x, feature_cols, None, "predict"), False)
-        out = self._current().predict(_as_arrays(x) if _array_like(x) else x, batch_size)
+        x, _ = _data(_py_dataset(self._frame(x, feature_cols, None, "predict"), False), None, None)
+        out = self._current().predict(x, batch_size)
         if not isinstance(out, list):
             return out
         structure = _output_structure(self.model)
@@ -183,7 +183,7 @@ def _py_dataset(x, shuffle: bool, reset: bool = False):
 
 def _refuse(**arguments) -> None:
     for name, (given, default, instead) in arguments.items():
-        if given is not default and not (default is not None and given == default):
+        if (given is not None) if default is None else (given != default):
             raise ValueError(f"{name}={given!r} is not supported: {instead}.")
 
 
@@ -250,8 +250,7 @@ def _in_kerass_order(model, logs: dict, data):
     try:
         if data is not None:
             model._symbolic_build(data_batch=tf.nest.map_structure(lambda a: a[:1], tuple(data)))
-        ordered = model._flatten_metrics_in_order(logs)
-        return ordered
+        return model._flatten_metrics_in_order(logs)
     except Exception:  # noqa: BLE001 (a Keras without these private methods: tfnet's own order, as documented)
         ordered = [logs[k] for k in ["loss"] + sorted(k for k in logs if k != "loss") if k in logs]
         return ordered[0] if len(ordered) == 1 else ordered

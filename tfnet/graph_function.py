@@ -112,7 +112,9 @@ class GraphFunction:
         trained = {gu.node_name(n) for n, values in self.phase_values.items()
                    if self.phase_specs[n].dtype == tf.bool and bool(values[0])}
         if self.updates and (compute := training_graph(self.compute_template, trained)) is not None:
-            self.training_templates = (compute, training_graph(self.gradient_template, trained) or self.gradient_template)
+            gradient = compute if self.gradient_template is self.compute_template else (
+                training_graph(self.gradient_template, trained) or self.gradient_template)
+            self.training_templates = (compute, gradient)
         register_library(self.compute_template)
         self.v1_loops = gu.v1_loop_nodes(self.compute_template)
         if self.v1_loops and self.tables:

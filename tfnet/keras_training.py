@@ -207,8 +207,8 @@ def inference_graph(graph_def, fed=()):
     out.CopyFrom(graph_def)
     taken: dict[str, str] = {}  # "if:k" -> the input it passes on
     for node in out.node:
-        phase = node.input[0].split(":")[0] if node.op in ("If", "StatelessIf") else ""
-        if not _is_phase(phase) or phase in fed:
+        phase = _switch_phase(node)
+        if phase is None or phase in fed:
             continue
         indices = _returned_arguments(functions.get(node.attr["else_branch"].func.name))
         if indices is None:
@@ -244,9 +244,9 @@ def inference_graph(graph_def, fed=()):
 
 def training_graph(graph_def, phases):
     """``graph_def`` as the training step runs it, each switch of :func:`switched` whose phase tensor's node is in
-    ``phases`` (fed True) given a scalar zero in place of each input only its inference branch reads (a batch
-    norm's inference output, computed outside the switch): that computation, and its gradient, are left unread, so
-    the step does not run them. None where no switch has such an input."""
+    ``phases`` (fed True) given a zero of unknown static shape in place of each input only its inference branch
+    reads (a batch norm's inference output, computed outside the switch): that computation, and its gradient, are
+    left unread, so the step does not run them. None where no switch has such an input."""
     from tensorflow.core.framework import graph_pb2
 
     functions = {f.signature.name: f for f in graph_def.library.function}
@@ -254,8 +254,7 @@ def training_graph(graph_def, phases):
     out.CopyFrom(graph_def)
     zeros = []
     for node in out.node:
-        phase = node.input[0].split(":")[0] if node.op in ("If", "StatelessIf") else ""
-        if not _is_phase(phase) or phase not in phases:
+        if _switch_phase(node) not in phases:
             continue
         read = _read_arguments(functions.get(node.attr["then_branch"].func.name))
         for k, dtype in enumerate(node.attr["Tin"].list.type if read is not None else ()):
@@ -290,8 +289,15 @@ def _read_arguments(function) -> set[int] | None:
 def has_switches(graph_def, fed=()) -> bool:
     """Whether ``graph_def`` has a switch of :func:`switched` (an ``If`` on a ``keras_training`` tensor) whose phase
     tensor's node is not in ``fed``."""
-    return any(n.op in ("If", "StatelessIf") and _is_phase(phase := n.input[0].split(":")[0]) and phase not in fed
-               for n in graph_def.node)
+    return any((phase := _switch_phase(n)) is not None and phase not in fed for n in graph_def.node)
+
+
+def _switch_phase(node) -> str | None:
+    """The phase tensor's node that ``node`` switches on, where it is a switch of :func:`switched` (an ``If`` on a
+    ``keras_training`` tensor); None for any other node."""
+    if node.op in ("If", "StatelessIf") and _is_phase(phase := node.input[0].split(":")[0]):
+        return phase
+    return None
 
 
 def _is_phase(node: str) -> bool:
