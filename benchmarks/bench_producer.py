@@ -64,7 +64,7 @@ def streamed(source, grouped: bool):
     from optim.data.decode import TensorColumns
 
     class RankData(stream.StreamedDataset):
-        def bind(self, input_names, input_specs) -> None:
+        def bind(self, input_names, input_specs, output_names=None) -> None:
             pass
 
         def checked(self, loss, net, on_nonfinite, where, training=True):
