@@ -41,7 +41,10 @@ def make(out: str, base: str | None = None) -> None:
     if base and not os.path.isfile(base):
         raise SystemExit(f"class_archive: no base archive at {base}")
     partial = f"{out}.{os.getpid()}.partial"
-    flags = [f"-XX:ArchiveClassesAtExit={partial}", "-Xlog:cds=off", "-Xlog:cds+dynamic=off"]
+    # The client compiler alone (C1): the archive holds the classes loaded, which the JIT does not change (190.7 MB
+    # either way); the dump's JVM took 58 CPU-s with C2 and 47 with C1 alone, 45 s of wall either way (2-core Zen 3,
+    # docs/benchmarks.md, 2026-12-07). The suite's JVMs and the image build each run one dump.
+    flags = [f"-XX:ArchiveClassesAtExit={partial}", "-XX:TieredStopAtLevel=1", "-Xlog:cds=off", "-Xlog:cds+dynamic=off"]
     if base:
         flags.insert(0, f"-XX:SharedArchiveFile={base}")
     os.environ["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, [os.environ.get("SPARK_SUBMIT_OPTS", ""), *flags]))
