@@ -3,26 +3,16 @@ like only while both sides train the same model from the same weights with batch
 (Keras's ``train_on_batch`` does; tfnet's step does with ``from_keras(train_batch_norm=True)``), so the first step's
 loss is the same on both sides; and each case times its first step and the later ones."""
 
-import importlib.util
-import os
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCHMARKS = os.path.join(ROOT, "benchmarks")
-
-
-def _bench(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCHMARKS, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmark_files import load
 
 
 def test_both_cases_start_from_the_same_loss_and_time_their_steps(monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))  # the benchmarks put their folder first; not for later tests
-    bench = _bench("bench_first_step")
+    bench = load("bench_first_step")
     keras_case = bench.run_case("keras", "small", 8, 4, 2)
     tfnet_case = bench.run_case("tfnet", "small", 8, 4, 2)
     assert tfnet_case["first_loss"] == pytest.approx(keras_case["first_loss"], rel=1e-5), (keras_case, tfnet_case)

@@ -3,21 +3,11 @@ subclass of :class:`optim.data.stream.StreamedDataset` that stands for a rank's 
 ``TFOptimizer.optimize`` as the benchmark drives them. Its ``bind`` fell behind the base class's signature once (the
 ``output_names`` argument) and ``--step`` failed on its first call, unseen until a developer ran it on a new CPU."""
 
-import importlib.util
-import os
 import sys
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCHMARKS = os.path.join(ROOT, "benchmarks")
-
-
-def _bench(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCHMARKS, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmark_files import load
 
 
 def test_the_streamed_sides_train_and_the_cast_inside_the_graph_is_exact(tmp_path, monkeypatch):
@@ -25,7 +15,7 @@ def test_the_streamed_sides_train_and_the_cast_inside_the_graph_is_exact(tmp_pat
     from optim import TFOptimizer
 
     monkeypatch.setattr(sys, "path", list(sys.path))  # the benchmarks put their folder first; not for later tests
-    producer, memory = _bench("bench_producer"), _bench("bench_memory")
+    producer, memory = load("bench_producer"), load("bench_memory")
     rows = 64
     pixels = np.random.default_rng(0).integers(0, 256, (rows, producer.SIZE * producer.SIZE * 3), np.uint8)
     labels = np.arange(rows) % 10
