@@ -87,7 +87,7 @@ def run_case(case: str, model: str, size: int, batch: int, steps: int) -> dict:
         t0 = time.perf_counter()
         step()
         later.append(time.perf_counter() - t0)
-    out["later_s"] = median(later) if later else None
+    out["later_s"] = median(later) if later else None  # None: no later step asked for
     return out
 
 
@@ -111,6 +111,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     p.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)  # one case in this process (the runs' own)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    if args.steps < 1 or args.rounds < 1:
+        p.error("--steps and --rounds take 1 or more")
     setup_env()
     if args.case:
         print("CASE " + json.dumps(run_case(args.case, args.model, args.size, args.batch, args.steps)), flush=True)
