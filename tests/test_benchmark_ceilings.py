@@ -2,19 +2,14 @@
 and bf16, OpenVINO's fp32 and INT8) beside its figures, and in its JSON (issue 57). The ceilings are measured in a
 fresh interpreter here, as a benchmark measures them."""
 
-import importlib.util
 import json
 import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCHMARKS = os.path.join(ROOT, "benchmarks")
+from tests.benchmark_files import BENCHMARKS, load
 
 
 def _common():
-    spec = importlib.util.spec_from_file_location("bench_common", os.path.join(BENCHMARKS, "common.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("common")
 
 
 def test_finish_prints_and_keeps_the_ceilings_it_measured(tmp_path, capsys):
