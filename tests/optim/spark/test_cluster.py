@@ -114,7 +114,7 @@ def test_entrypoint_submit_runs_the_resnet50_job(cluster, tmp_path):
     """The cluster image's three roles, outside Docker: master, 2 workers, and `submit`, which runs
     the ResNet-50 job (tiny synthetic images) against them, with a small frozen CNN as its ``--frozen-graph``: the
     roles and the job's road are what this test checks (the job's own ResNet-50 trains in
-    tests/examples/test_resnet50_example.py; here its first step cost each 1-core worker 15 CPU-s on Zen 3)."""
+    tests/examples/test_resnet50_example.py; its first step costs about 15 CPU-s on Zen 3, benchmarks/bench_first_step.py)."""
     from tests.models import small_cnn
     from tfnet import TFNet
 
