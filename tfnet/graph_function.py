@@ -16,6 +16,7 @@ from tensorflow.core.framework import graph_pb2
 
 from tfnet import graph_utils as gu
 from tfnet import kernels, remapper_guard
+from tfnet.call_options import with_cpu_call_options
 from tfnet.errors import (
     GraphLoadError,
     InputSpecError,
@@ -275,6 +276,7 @@ def own_function(fn: Callable, **options):
     last M calls to <function> triggered tf.function retracing" warning by the Python code object,
     which the functions of every net (or step) share: five nets traced once each looked like one
     function retraced five times. A ``functools.partial`` has no code object, so the key is the
-    function itself."""
-    return tf.function(functools.partial(fn), **options)
+    function itself. Each call runs under :func:`tfnet.call_options.cpu_call_options` (Grappler without
+    its GPU-only passes where TensorFlow sees no GPU)."""
+    return with_cpu_call_options(tf.function(functools.partial(fn), **options))
 

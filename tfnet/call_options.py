@@ -1,0 +1,87 @@
+"""The options under which tfnet's compiled functions are instantiated: TensorFlow's graph optimiser (Grappler) less
+the two passes that have nothing to do on a machine without GPUs.
+
+Grappler optimises a function's graph when the function is first called, under the calling thread's function-call
+options. Two of its default passes rewrite graphs for GPUs only: the layout optimiser (NHWC to NCHW for cuDNN; on a
+CPU it converts nothing unless ``cpu_layout_conversion`` asks it to) and the memory optimiser (its default mode swaps
+GPU tensors to the host). Each still copies and walks the whole graph: on NASNetMobile's gradient (about 5,000 nodes)
+they took 1.1 of Grappler's 6.1 s and left the graph as they found it (docs/benchmarks.md). Where TensorFlow sees no
+GPU, :func:`cpu_call_options` turns both off for the functions tfnet calls, in this thread's options only (as
+:func:`tfnet.precision.bf16_rewrite` does), on top of whatever the process or the caller set: a user's own functions
+keep TensorFlow's defaults, and a machine with a GPU keeps them everywhere.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import tensorflow as tf
+
+__all__ = ["cpu_call_options", "with_cpu_call_options"]
+
+
+@functools.cache
+def _no_gpu() -> bool:
+    return not tf.config.list_physical_devices("GPU")
+
+
+#: the options of a thread's calls, by the options it had before (their serialised config)
+_OPTIONS: dict[tuple[str | None, bytes], object] = {}
+
+
+def _options(before):
+    key = (before.executor_type, before.config_proto_serialized)
+    found = _OPTIONS.get(key)
+    if found is None:
+        from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+        from tensorflow.python.eager import context  # the per-thread call options: no public API sets them
+
+        config = config_pb2.ConfigProto()
+        config.ParseFromString(before.config_proto_serialized)
+        rewrites = config.graph_options.rewrite_options
+        if rewrites.layout_optimizer == rewriter_config_pb2.RewriterConfig.DEFAULT:
+            rewrites.layout_optimizer = rewriter_config_pb2.RewriterConfig.OFF
+        if rewrites.memory_optimization == rewriter_config_pb2.RewriterConfig.DEFAULT_MEM_OPT:
+            rewrites.memory_optimization = rewriter_config_pb2.RewriterConfig.NO_MEM_OPT
+        found = _OPTIONS[key] = context.FunctionCallOptions(executor_type=before.executor_type, config_proto=config)
+    return found
+
+
+@contextmanager
+def cpu_call_options() -> Iterator[None]:
+    """Inside it, the functions this thread instantiates skip Grappler's GPU-only passes (layout and memory), where
+    TensorFlow sees no GPU and the options in force leave those passes at their defaults; elsewhere it changes
+    nothing."""
+    if not _no_gpu():
+        yield
+        return
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    before = ctx.function_call_options
+    ctx.function_call_options = _options(before)
+    try:
+        yield
+    finally:
+        ctx.function_call_options = before
+
+
+def with_cpu_call_options(fn: Callable) -> Callable:
+    """``fn`` (a ``tf.function``), each call under :func:`cpu_call_options`; its other attributes are ``fn``'s."""
+    return _CpuCalls(fn)
+
+
+class _CpuCalls:
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn: Callable):
+        self._fn = fn
+
+    def __call__(self, *args, **kwargs):
+        with cpu_call_options():
+            return self._fn(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._fn, name)
