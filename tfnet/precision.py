@@ -24,6 +24,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from tfnet.call_options import edited_options, thread_rewrites
 from tfnet.errors import TFNetError
 
 __all__ = ["PRECISIONS", "PrecisionError", "PrecisionWarning", "cpu_flags", "cpu_model", "cpu_has_bf16", "bf16_missing", "check_precision",
@@ -167,20 +168,16 @@ def bf16_rewrite(on: bool = True) -> Iterator[None]:
     The rewrite is set in this thread's function-call options only (TensorFlow keeps them per thread), never
     in the process-wide optimizer options: those reach any other thread that calls its first function
     meanwhile, and a fresh thread's fp32 forward, run while a bf16 step trained in another, came out at
-    bf16's precision (4.3e-3 from its own fp32 result, 19 times in 20)."""
+    bf16's precision (4.3e-3 from its own fp32 result, 19 times in 20). :func:`tfnet.call_options.thread_rewrites`
+    swaps them."""
     if not on:
         yield
         return
-    from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
-    from tensorflow.python.eager import context  # the per-thread call options: no public API sets them
-
-    ctx = context.context()
-    before = ctx.function_call_options
-    config = config_pb2.ConfigProto()
-    config.ParseFromString(before.config_proto_serialized)
-    config.graph_options.rewrite_options.auto_mixed_precision_onednn_bfloat16 = rewriter_config_pb2.RewriterConfig.ON
-    ctx.function_call_options = context.FunctionCallOptions(executor_type=before.executor_type, config_proto=config)
-    try:
+    with thread_rewrites(lambda before: edited_options(before, _bf16_on)):
         yield
-    finally:
-        ctx.function_call_options = before
+
+
+def _bf16_on(rewrites) -> None:
+    from tensorflow.core.protobuf import rewriter_config_pb2
+
+    rewrites.auto_mixed_precision_onednn_bfloat16 = rewriter_config_pb2.RewriterConfig.ON

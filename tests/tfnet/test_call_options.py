@@ -19,7 +19,7 @@ def _rewrites() -> rc.RewriterConfig:
 
 
 def _traced_under(fn, *args):
-    """The rewrite options in force while ``fn`` (an own_function) traced: the body runs inside its call."""
+    """The rewrite options in force while ``fn``, made an own_function, traced: the body runs inside its call."""
     seen = []
 
     def body(*a):
