@@ -17,6 +17,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 COMPOSE_FILE = os.path.join(ROOT, "docker", "docker-compose.yml")
 # the override for a cluster with no shared disk (each container its own /shared; AWS_* passed through)
 NO_SHARED_DISK_FILE = os.path.join(ROOT, "docker", "docker-compose.s3.yml")
+#: The tier's own override, after the others: the cluster's JVMs with the host suite's JIT and collector settings (the
+#: client compiler alone: tests/docker/jvm-options.yml says why and how each JVM gets them)
+JVM_OPTIONS_FILE = os.path.join(ROOT, "tests", "docker", "jvm-options.yml")
 
 
 def sh(cmd: list[str], timeout: float, check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -28,8 +31,9 @@ def sh(cmd: list[str], timeout: float, check: bool = True, **kw) -> subprocess.C
     return proc
 
 
-#: Run with a container's Python: its JVMs, as ``[[main class, whether the image's class-data archive is mapped]]``
-#: (the first ``org.apache.spark.`` argument of each ``java`` command line, and /proc/PID/maps).
+#: Run with a container's Python: its JVMs, as ``[[main class, whether the image's class-data archive is mapped, whether
+#: it runs with the client compiler alone]]`` (the first ``org.apache.spark.`` argument of each ``java`` command line,
+#: /proc/PID/maps, and ``-XX:TieredStopAtLevel=1`` on the command line: tests/docker/jvm-options.yml).
 JVMS = """
 import json, os
 out = []
@@ -39,7 +43,7 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
         if not args[0].endswith("java"):
             continue
         main = next((a for a in args if a.startswith("org.apache.spark.")), "?").rsplit(".", 1)[-1]
-        out.append([main, "/tmp/tfnet-spark.jsa" in open(f"/proc/{pid}/maps").read()])
+        out.append([main, "/tmp/tfnet-spark.jsa" in open(f"/proc/{pid}/maps").read(), "-XX:TieredStopAtLevel=1" in args])
     except OSError:
         pass
 print(json.dumps(sorted(out)))
@@ -166,7 +170,7 @@ class Compose:
                         COMPOSE_PROJECT_NAME=self.project)
         self.env.pop("SPARK_LOCAL_IP", None)  # the host's setting must not leak into the containers
         self.env.update(env or {})
-        self.files = [a for f in (COMPOSE_FILE, *overrides) for a in ("-f", f)]
+        self.files = [a for f in (COMPOSE_FILE, *overrides, JVM_OPTIONS_FILE) for a in ("-f", f)]
 
     def __call__(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
         return sh(["docker-compose", *self.files, "-p", self.project, *args], timeout=timeout, check=check,
@@ -207,7 +211,7 @@ class Compose:
 
     @staticmethod
     def jvms(container: str) -> list[list]:
-        """The container's JVMs as ``[main class, maps the image's class-data archive]`` (:data:`JVMS`)."""
+        """The container's JVMs as ``[main class, maps the image's class-data archive, C1 alone]`` (:data:`JVMS`)."""
         return json.loads(sh(["docker", "exec", container, "python", "-c", JVMS], timeout=60).stdout)
 
     def master(self) -> str:

@@ -169,12 +169,14 @@ def test_a_host_client_fine_tunes_and_predicts_on_the_workers(cluster, connect_s
     assert sorted(stage["ranks"]) == ["0", "1"] and set(stage["ranks"].values()) == workers, (stage, workers)
 
     # every JVM of the cluster maps the image's class-data archive of Spark's classes (docker/class_archive.py): the
-    # master, the workers, the Connect server (a driver) and its executors, one on each worker
+    # master, the workers, the Connect server (a driver) and its executors, one on each worker; and each runs with the
+    # tier's JIT options (tests/docker/jvm-options.yml), which reach each kind of JVM by another road
     jvms = {c: cluster.jvms(c) for c in cluster.containers("spark-master") + cluster.containers("spark-worker")
             + [container]}
-    assert sorted(main for found in jvms.values() for main, _ in found) == sorted(
+    assert sorted(main for found in jvms.values() for main, _, _ in found) == sorted(
         ["Master", "Worker", "Worker", "SparkSubmit", "CoarseGrainedExecutorBackend", "CoarseGrainedExecutorBackend"]), jvms
-    assert all(mapped for found in jvms.values() for _, mapped in found), jvms
+    assert all(mapped for found in jvms.values() for _, mapped, _ in found), jvms
+    assert all(c1 for found in jvms.values() for _, _, c1 in found), jvms
 
 
 def _seconds(stamp: str) -> float:
