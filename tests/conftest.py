@@ -36,9 +36,9 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 # the client compiler only, collects with the serial collector and verifies no jar's bytecode:
 # tests/spark-conf/spark-defaults.conf says why. Not pytest's own (_own_jvm_keeps_c2). They map a class-data archive
 # of Spark's classes, made once, beside the first tests (tests/spark_jvm.py says how and why).
-os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:+UnlockDiagnosticVMOptions "
-                      "-XX:-BytecodeVerificationRemote")
 from tests import spark_jvm  # noqa: E402
+
+os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", spark_jvm.java_options())
 
 spark_jvm.configure(os.environ, None if os.environ.get("PYTEST_XDIST_WORKER") else spark_jvm.start_archive())
 #: The pytest-xdist worker of the one-core lane (pytest.ini's one_core_modules): TensorFlow's thread pools there have one

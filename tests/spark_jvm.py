@@ -145,6 +145,17 @@ def configure(environ: dict, archive: str | None) -> None:
     environ["PYSPARK_SUBMIT_ARGS"] = environ[IN_FORCE] = f"--properties-file {shlex.quote(properties)} pyspark-shell"
 
 
+def java_options() -> str:
+    """The suite's Java options for Spark's JVMs: :data:`PROPERTIES`' ``spark.executor.defaultJavaOptions`` (the
+    standalone daemons and the Docker tier's compose cluster get the same)."""
+    with open(PROPERTIES) as f:
+        for line in f.read().splitlines():
+            key, _, value = line.strip().partition(" ")
+            if key == "spark.executor.defaultJavaOptions":
+                return value.strip()
+    raise RuntimeError(f"{PROPERTIES} sets no spark.executor.defaultJavaOptions")
+
+
 def _properties_with(flags: str) -> str:
     """A copy of :data:`PROPERTIES` whose executors' Java options end with ``flags``; its path."""
     lines = []

@@ -13,11 +13,13 @@ import sys
 import time
 import uuid
 
+from tests import spark_jvm
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMPOSE_FILE = os.path.join(ROOT, "docker", "docker-compose.yml")
 # the override for a cluster with no shared disk (each container its own /shared; AWS_* passed through)
 NO_SHARED_DISK_FILE = os.path.join(ROOT, "docker", "docker-compose.s3.yml")
-#: The tier's own override, after the others: the cluster's JVMs with the host suite's JIT and collector settings (the
+#: The tier's own override, after the others: the cluster's JVMs with the host suite's Java options (the
 #: client compiler alone: tests/docker/jvm-options.yml says why and how each JVM gets them)
 JVM_OPTIONS_FILE = os.path.join(ROOT, "tests", "docker", "jvm-options.yml")
 
@@ -167,7 +169,8 @@ class Compose:
         self.project = f"tfnettest{uuid.uuid4().hex[:8]}"
         self.env = dict(os.environ, TFNET_IMAGE=image, WORKER_CORES=str(worker_cores), WORKER_MEMORY=worker_memory,
                         TFNET_MASTER_UI_PORT="", TFNET_CONNECT_PORT="",  # "": a port the host picks
-                        COMPOSE_PROJECT_NAME=self.project)
+                        COMPOSE_PROJECT_NAME=self.project,
+                        TFNET_TEST_JAVA_OPTIONS=spark_jvm.java_options())  # what JVM_OPTIONS_FILE gives each JVM
         self.env.pop("SPARK_LOCAL_IP", None)  # the host's setting must not leak into the containers
         self.env.update(env or {})
         self.files = [a for f in (COMPOSE_FILE, *overrides, JVM_OPTIONS_FILE) for a in ("-f", f)]
