@@ -34,6 +34,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: The suite's Spark settings (the client compiler, the serial collector, tfnet's worker daemon: the file says why).
 PROPERTIES = os.path.join(ROOT, "tests", "spark-conf", "spark-defaults.conf")
+#: The setting of :data:`PROPERTIES` that holds the suite's Java options (:func:`java_options`).
+EXECUTOR_OPTIONS = "spark.executor.defaultJavaOptions"
 #: Set with ``PYSPARK_SUBMIT_ARGS`` by :func:`configure`, to the same value: the suite's settings are in force.
 IN_FORCE = "TFNET_TESTS_SPARK_SUBMIT_ARGS"
 ARCHIVE_DIR = os.path.join(ROOT, ".pytest_cache", "spark-cds")
@@ -150,10 +152,15 @@ def java_options() -> str:
     standalone daemons and the Docker tier's compose cluster get the same)."""
     with open(PROPERTIES) as f:
         for line in f.read().splitlines():
-            key, _, value = line.strip().partition(" ")
-            if key == "spark.executor.defaultJavaOptions":
-                return value.strip()
-    raise RuntimeError(f"{PROPERTIES} sets no spark.executor.defaultJavaOptions")
+            if _sets_executor_options(line):
+                return line.split(None, 1)[1].strip()
+    raise RuntimeError(f"{PROPERTIES} sets no {EXECUTOR_OPTIONS}")
+
+
+def _sets_executor_options(line: str) -> bool:
+    """Whether a line of :data:`PROPERTIES` sets :data:`EXECUTOR_OPTIONS` (key and value apart by blanks, as Spark
+    reads a properties file)."""
+    return line.split(None, 1)[:1] == [EXECUTOR_OPTIONS]
 
 
 def _properties_with(flags: str) -> str:
@@ -161,7 +168,7 @@ def _properties_with(flags: str) -> str:
     lines = []
     with open(PROPERTIES) as f:
         for line in f.read().splitlines():
-            if line.split(None, 1)[:1] == ["spark.executor.defaultJavaOptions"]:
+            if _sets_executor_options(line):
                 line = f"{line} {flags}"
             lines.append(line)
     os.makedirs(ARCHIVE_DIR, exist_ok=True)
