@@ -67,7 +67,7 @@ import time  # noqa: E402
 import pytest  # noqa: E402
 
 #: The standalone cluster that test_cluster.py and test_elastic.py share (its ``cluster`` fixture).
-pytest_plugins = ["tests.cluster_fixture"]
+pytest_plugins = ["tests.cluster_fixture", "tests.bf16_kernels"]
 
 
 def _own_jvm_keeps_c2() -> None:

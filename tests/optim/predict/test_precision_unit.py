@@ -92,8 +92,8 @@ def test_cpu_without_bf16_warns_and_runs_fp32(tuned, monkeypatch):
     np.testing.assert_allclose(p.predict(xte), net.forward(xte), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.skipif(not precision.cpu_has_bf16(), reason="this CPU has no native bfloat16")
-def test_bf16_on_tensorflow_uses_the_onednn_rewrite(tuned, monkeypatch):
+def test_bf16_on_tensorflow_uses_the_onednn_rewrite(tuned, monkeypatch, bf16_kernels):
+    """On every CPU: oneDNN's bf16 kernels, or TensorFlow's emulation of them (tests/bf16_kernels.py)."""
     net, _, xte, yte = tuned
     p = TFPredictor(net, precision="bf16")
     assert (p.backend, p.precision) == ("tensorflow", "bf16")
