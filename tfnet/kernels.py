@@ -118,9 +118,14 @@ def rewrite_graph(graph_def: graph_pb2.GraphDef, graph: tf.Graph) -> tuple[graph
     taken = {n.name for n in out.node}
     added: list = []
     count = 0
+    views: dict[tuple[str, tuple[int, ...]], str] = {}  # (input, strides) -> its view, for every conv that reads it
     for node in list(out.node):
         if node.op == "Conv2D" and _strided_one_by_one(node, shapes) and strided_1x1_routed():
-            added.extend(_strided_view(node, _free(f"{node.name}/tfnet_strided_view", taken)))
+            key = (node.input[0], tuple(node.attr["strides"].list.i))
+            if key not in views:
+                views[key] = _free(f"{node.name}/tfnet_strided_view", taken)
+                added.extend(_strided_view(node, views[key]))
+            _read_view(node, views[key])
             count += 1
         if node.op == "Conv3D" or (node.op == "Conv2D" and split_grouped_conv2d):
             groups = _groups(node, shapes)
@@ -173,7 +178,10 @@ def _strided_one_by_one(node, shapes: _Shapes) -> bool:
 
 
 def _strided_view(node, prefix: str) -> list:
-    """``node`` (a strided 1x1 ``Conv2D``) reads ``x[:, ::s, ::s, :]`` at stride 1; returns the nodes that adds."""
+    """The nodes of ``x[:, ::s, ::s, :]``, named ``prefix``, for ``node`` (a strided 1x1 ``Conv2D`` of ``x``) to read
+    at stride 1 (:func:`_read_view`). One view serves every such convolution of ``x`` (a ResNet block's shortcut and
+    first convolution): their gradients add up at the view's size and go through one ``StridedSliceGrad``, instead of
+    one each at the input's size, added there."""
     strides = list(node.attr["strides"].list.i)
     consts = [_const(f"{prefix}/{part}", value) for part, value in
               (("begin", [0] * 4), ("end", [0] * 4), ("strides", strides))]
@@ -182,10 +190,14 @@ def _strided_view(node, prefix: str) -> list:
     view.attr["Index"].type = types_pb2.DT_INT32
     view.attr["begin_mask"].i = view.attr["end_mask"].i = 15
     view.device = node.device
-    node.input[0] = prefix
+    return [*consts, view]
+
+
+def _read_view(node, view: str) -> None:
+    """``node`` (a strided 1x1 ``Conv2D``) reads ``view`` (:func:`_strided_view`) at stride 1 instead of its input."""
+    node.input[0] = view
     node.attr["strides"].list.i[:] = [1, 1, 1, 1]
     node.attr["padding"].s = b"VALID"
-    return [*consts, view]
 
 
 def _groups(node, shapes: _Shapes) -> int:

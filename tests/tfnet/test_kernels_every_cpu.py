@@ -80,19 +80,21 @@ CHILD = textwrap.dedent("""
         value_and_grads(f, tf.constant(x, tf.float32), tf.constant(w, tf.float32), gy)[2:],
         value_and_grads(f, tf.constant(x), tf.constant(w), gy)[2:])
 
-    # a Keras model: the strided 1x1 convolution is one Conv2D op in its graph, which tfnet rewrites
+    # a Keras model: a strided 1x1 convolution is one Conv2D op in its graph, which tfnet rewrites; two of them read
+    # the same input, as a ResNet block's shortcut and first convolution do, and share one strided view
     import keras
     inp = keras.Input((8, 8, 4))
-    h = keras.layers.Conv2D(8, 1, strides=2)(inp)
+    h = keras.layers.Add()([keras.layers.Conv2D(8, 1, strides=2)(inp), keras.layers.Conv2D(8, 1, strides=2)(inp)])
     model = keras.Model(inp, keras.layers.Conv2D(6, 3, strides=2, padding="same")(h))
     net = TFNet.from_keras(model)
     routed, rewritten = kernels.strided_1x1_routed(), net.state.graph.rewritten_convolutions
+    views = sum(n.op == "StridedSlice" for n in net.state.graph.compute_template.node)
     x, gy = rng.standard_normal((2, 8, 8, 4)), rng.standard_normal((2, 2, 2, 6))
     ws = [tf.constant(w.astype("float64")) for w in model.get_weights()]
     with tf.GradientTape() as tape:
         tape.watch(ws)
-        h = tf.nn.bias_add(tf.nn.conv2d(tf.constant(x), ws[0], 2, "VALID"), ws[1])
-        loss = tf.reduce_sum(tf.nn.bias_add(tf.nn.conv2d(h, ws[2], 2, "SAME"), ws[3]) * gy)
+        h = sum(tf.nn.bias_add(tf.nn.conv2d(tf.constant(x), k, 2, "VALID"), b) for k, b in (ws[0:2], ws[2:4]))
+        loss = tf.reduce_sum(tf.nn.bias_add(tf.nn.conv2d(h, ws[4], 2, "SAME"), ws[5]) * gy)
     want = tape.gradient(loss, ws)
     got = net.backward(x.astype("float32"), gy.astype("float32"))[1]
     keras_worst = max(float(np.abs(g - w.numpy()).max() / np.abs(w.numpy()).max()) for g, w in zip(got.values(), want))
@@ -127,7 +129,8 @@ CHILD = textwrap.dedent("""
         check_forward(net, name)
         check_backward(net, name)
     print(json.dumps({"cases": cases, "worst": worst, "keras_worst": keras_worst, "group_worst": group_worst,
-                      "raw_1x1_stride_2": raw_error, "routed": routed, "rewritten": rewritten, "checked": checked}))
+                      "raw_1x1_stride_2": raw_error, "routed": routed, "rewritten": rewritten, "views": views,
+                      "checked": checked}))
 """)
 
 SETTINGS = {
@@ -163,7 +166,8 @@ def test_convolution_gradients_match_float64_and_pytorch(setting):
     # the self-check's forms are right, and it never ran the AVX2 kernel it routes around
     assert max(v for k, v in result["checked"].items() if not k.startswith("raw")) < 1e-5, result
     assert ("raw_strided_1x1" in result["checked"]) == (not avx2_kernels), result
-    assert result["rewritten"] == (1 if result["routed"] else 0), result
+    assert result["rewritten"] == (2 if result["routed"] else 0), result
+    assert result["views"] == (1 if result["routed"] else 0), result  # one view of the input for both
 
 
 def test_the_self_check_stops_training_on_a_cpu_with_a_wrong_kernel(monkeypatch):
