@@ -241,7 +241,7 @@ def _rewrite(out, by_name, plan, graph) -> None:
     if linear.op == "DepthwiseConv2dNative":  # channels are (in_channel, multiplier) pairs
         dw_shape = _const(out, base + "/dw_shape", np.array(plan["kshape"][2:], np.int32))
         kscale = _op(out, base + "/kernel_scale", "Reshape", [scale, dw_shape], dtype)
-    kernel = _op(out, base + "/kernel", "Mul", [plan["kernel"], kscale], dtype)
+    kernel = _op(out, base + "/kernel", "Mul", [_past_identities(plan["kernel"], by_name), kscale], dtype)
     new_linear = out.node.add()
     new_linear.CopyFrom(linear)
     new_linear.name = base + "/" + linear.op
@@ -264,3 +264,16 @@ def _rewrite(out, by_name, plan, graph) -> None:
         target.op = "BiasAdd"
         target.input.extend([new_linear.name, bias])
         target.attr["data_format"].s = b"NHWC"
+
+
+def _past_identities(tensor: str, by_name) -> str:
+    """``tensor`` read past the ``Identity`` ops it comes through (a frozen Keras graph reads each kernel through one,
+    Keras's ``ReadVariableOp``): the weight itself. Under the bf16 training step's mixed-precision rewrite, an
+    ``Identity`` between the weight and the fold's two readers of it (the folded kernel and the scale's gradient, one
+    in bfloat16, the other in float32) is cast to bfloat16 and back to float32: a kernel-sized round trip each (53 a
+    ResNet-50 step). Same value, same gradient."""
+    node = by_name.get(node_name(tensor))
+    while node is not None and node.op == "Identity" and len(node.input) == 1 and not node.input[0].startswith("^"):
+        tensor = node.input[0]
+        node = by_name.get(node_name(tensor))
+    return tensor
