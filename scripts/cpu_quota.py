@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -97,12 +98,20 @@ def run(cores: float, command: list[str]) -> int:
     command's: the child joins the group before it execs (``preexec_fn``), so nothing it starts is outside it."""
     group = Group(cores)
     start = time.monotonic()
+    interrupt = signal.getsignal(signal.SIGINT)
+
+    def in_group() -> None:  # in the child, before it execs
+        group.join(os.getpid())
+        if interrupt is not signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)  # as the command would have it without this script
+
+    # Ctrl-C reaches the command too (one process group), and its end is the answer: this script ignores it while it
+    # waits, as a shell does. A KeyboardInterrupt raised here could land just after waitpid had reaped the command, and
+    # its status would be lost (Popen then reads 0 for a command that SIGINT ended).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        child = subprocess.Popen(command, preexec_fn=lambda: group.join(os.getpid()))
-        try:
-            status = child.wait()
-        except KeyboardInterrupt:  # Ctrl-C reached the command too (one process group): its end is the answer
-            status = child.wait()
+        child = subprocess.Popen(command, preexec_fn=in_group)
+        status = child.wait()
         stat = group.stat()
         wall = time.monotonic() - start
         throttled = f"throttled in {stat.get('nr_throttled', 0)} of {stat.get('nr_periods', 0)} periods"
@@ -110,6 +119,7 @@ def run(cores: float, command: list[str]) -> int:
               file=sys.stderr)
         return status if status >= 0 else 128 - status  # killed by a signal: 128 + its number, as a shell says
     finally:
+        signal.signal(signal.SIGINT, interrupt)
         group.close()
 
 
