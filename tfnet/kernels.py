@@ -37,6 +37,7 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2, t
 from tensorflow.python.framework import tensor_util
 
 from tfnet.errors import KernelCheckError
+from tfnet.graph_utils import tensor_name
 from tfnet.precision import cpu_flags, onednn_enabled, onednn_isa_cap
 
 __all__ = ["conv2d", "raw_strided_1x1_error", "rewrite_graph", "self_check", "strided_1x1_routed"]
@@ -121,7 +122,7 @@ def rewrite_graph(graph_def: graph_pb2.GraphDef, graph: tf.Graph) -> tuple[graph
     views: dict[tuple[str, tuple[int, ...]], str] = {}  # (input, strides) -> its view, for every conv that reads it
     for node in list(out.node):
         if node.op == "Conv2D" and _strided_one_by_one(node, shapes) and strided_1x1_routed():
-            key = (node.input[0], tuple(node.attr["strides"].list.i))
+            key = (tensor_name(node.input[0]), tuple(node.attr["strides"].list.i))  # "x" and "x:0" are one input
             if key not in views:
                 views[key] = _free(f"{node.name}/tfnet_strided_view", taken)
                 added.extend(_strided_view(node, views[key]))
