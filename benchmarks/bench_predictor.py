@@ -25,9 +25,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import banner, ceilings_line, finish, interleaved, machine, matmul_ceilings, median, setup_env  # noqa: E402
+from common import RESNET50_GFLOP, banner, ceilings_line, finish, interleaved, machine, matmul_ceilings, median, setup_env  # noqa: E402
 
-GFLOP_PER_IMAGE = 8.2  # ResNet-50 forward at 224x224: about 4.1 GMACs
+GFLOP_PER_IMAGE = RESNET50_GFLOP  # Keras's ResNet-50 forward at 224x224 (benchmarks/common.py)
 
 
 def spark_session(cores: int):

@@ -137,10 +137,71 @@ def ceilings_line(c: dict) -> str:
     return head + f"bf16 {c['bf16_gflops']:.0f} GFLOP/s ({kind}; {c['bf16_gflops'] / c['fp32_gflops']:.2f}x fp32)"
 
 
+#: Keras's ResNet-50 at 224x224, GFLOP an image (two a multiply-add): its 53 convolutions 7.712 (TensorFlow's own
+#: count, ``tf.compat.v1.profiler``'s ``float_operation``, says the same of each) and its dense layer 0.004. That is
+#: 3.86 G multiply-adds, the paper's "3.8 x 10^9 FLOPs" (He et al. 2015, table 1): Keras's blocks stride their first
+#: 1x1 convolution, as the paper's do; torchvision's 4.1 G strides the 3x3 one. Until 2026-12-07 the benchmarks said
+#: 8.2 (4.1 G), and their shares of a matmul ceiling read 6% high for inference, 7% for a step.
+RESNET50_GFLOP = 7.716
+#: Of that, the first convolution's (7x7 from 3 channels), whose input gradient a training step never computes.
+RESNET50_STEM_GFLOP = 0.236
+
+
 def resnet50_gflop(size: int = 224, training: bool = False) -> float:
-    """GFLOP an image of Keras's ResNet-50 at ``size`` x ``size``: 4.1 GMACs forward at 224 (8.2 GFLOP), scaling
-    with the pixels; a training step (forward, input and weight gradients) about three times that."""
-    return 8.2 * (size / 224) ** 2 * (3 if training else 1)
+    """GFLOP an image of Keras's ResNet-50 at ``size`` x ``size`` (:data:`RESNET50_GFLOP` at 224, scaling with the
+    pixels); a training step's: the forward pass, every weight's gradient, and every input gradient but the first
+    convolution's (the image's: nothing reads it)."""
+    scale = (size / 224) ** 2
+    return (3 * RESNET50_GFLOP - RESNET50_STEM_GFLOP if training else RESNET50_GFLOP) * scale
+
+
+def add_resnet50_args(p) -> None:
+    """The arguments of the benchmarks that take ResNet-50 apart on one CPU (``profile_step.py``,
+    ``bench_conv_kernels.py``): its size and batch, the precisions, TensorFlow's inter-op threads, the JSON."""
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--precision", default="fp32,bf16", help="comma-separated: fp32, bf16 (bf16 only where native)")
+    p.add_argument("--inter-op", type=int, default=1, help="TensorFlow's inter-op threads (0: its default)")
+    p.add_argument("--json", default=None)
+
+
+def start_resnet50(args) -> dict:
+    """Before TensorFlow is imported: oneDNN on and ``args.inter_op`` inter-op threads (one by default, so that kernels
+    run one at a time and each one's seconds are its own); then the machine and its matmul ceilings, printed and
+    returned."""
+    setup_env(onednn=True)
+    if args.inter_op:
+        from tfnet.config import set_num_threads
+
+        set_num_threads(None, args.inter_op)
+    print(banner(), flush=True)
+    ceilings = matmul_ceilings()
+    print(ceilings_line(ceilings), flush=True)
+    return ceilings
+
+
+def resnet50_results(args, ceilings: dict, script: str, argv, **more) -> dict:
+    """The head of such a benchmark's results: the machine, its arguments and ceilings, the command that ran it."""
+    import sys
+
+    command = f"python benchmarks/{script} " + " ".join(sys.argv[1:] if argv is None else argv)
+    return {"machine": machine(), "size": args.size, "batch": args.batch, **more, "ceilings": ceilings,
+            "inter_op": args.inter_op, "command": command}
+
+
+def native_precisions(args, results: dict, verb: str) -> list[str]:
+    """``args.precision``'s precisions that run as asked here: bf16 only where the CPU has it natively (elsewhere the
+    step would run fp32); one left out is said, and recorded in ``results`` (``bf16_not_<verb>``)."""
+    from tfnet.precision import bf16_missing
+
+    out = []
+    for precision in args.precision.split(","):
+        if precision == "bf16" and bf16_missing():
+            print(f"(bf16) not {verb}: {bf16_missing()} (the step would run fp32)")
+            results[f"bf16_not_{verb}"] = bf16_missing()
+            continue
+        out.append(precision)
+    return out
 
 
 def interleaved(fns: dict[str, Callable[[], None]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:

@@ -8,7 +8,7 @@ they reach by themselves (the model's FLOP over their seconds) beside TensorFlow
 pool is one thread (``--inter-op``), so that kernels run one at a time and their seconds add up to the step's: with
 two, a backward convolution's two gradients run side by side, each at half the machine, and no kernel's time is its
 own. It tells apart a step held back by its contraction kernels (their rate far from the ceiling) from one held back
-by what runs around them (casts, elementwise ops, the executor): issue 57's question for the bf16 step on AMX (41% of
+by what runs around them (casts, elementwise ops, the executor): issue 57's question for the bf16 step on AMX (38% of
 the bf16 matmul rate, 2026-11-28).
 
     python benchmarks/profile_step.py [--size 224] [--batch 16] [--steps 3] [--precision fp32,bf16] [--top 12]
@@ -26,7 +26,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import banner, ceilings_line, finish, machine, matmul_ceilings, median, resnet50_gflop, setup_env  # noqa: E402
+from common import add_resnet50_args, finish, median, native_precisions, resnet50_gflop, resnet50_results, start_resnet50  # noqa: E402
 
 #: Op types that are convolutions or matrix products (TensorFlow's and oneDNN's names, fused or not)
 CONTRACTION_WORDS = ("Conv", "MatMul", "Einsum")
@@ -144,33 +144,14 @@ def step_for(size: int, batch: int, precision: str):
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", type=int, default=224)
-    p.add_argument("--batch", type=int, default=16)
+    add_resnet50_args(p)
     p.add_argument("--steps", type=int, default=3, help="profiled steps, after two that are not")
-    p.add_argument("--precision", default="fp32,bf16", help="comma-separated: fp32, bf16 (bf16 only where native)")
     p.add_argument("--top", type=int, default=12, help="op types listed")
-    p.add_argument("--inter-op", type=int, default=1, help="TensorFlow's inter-op threads (0: its default)")
-    p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    setup_env(onednn=True)
-    if args.inter_op:
-        from tfnet.config import set_num_threads
-
-        set_num_threads(None, args.inter_op)
-    from tfnet.precision import bf16_missing
-
-    print(banner(), flush=True)
-    ceilings = matmul_ceilings()
-    print(ceilings_line(ceilings), flush=True)
+    ceilings = start_resnet50(args)
     gflop = resnet50_gflop(args.size, training=True) * args.batch
-    results = {"machine": machine(), "size": args.size, "batch": args.batch, "steps": args.steps, "ceilings": ceilings,
-               "inter_op": args.inter_op,
-               "command": "python benchmarks/profile_step.py " + " ".join(sys.argv[1:] if argv is None else argv)}
-    for precision in args.precision.split(","):
-        if precision == "bf16" and bf16_missing():
-            print(f"(bf16) not profiled: {bf16_missing()} (the step would run fp32)")
-            results["bf16_not_profiled"] = bf16_missing()
-            continue
+    results = resnet50_results(args, ceilings, "profile_step.py", argv, steps=args.steps)
+    for precision in native_precisions(args, results, "profiled"):
         _, call = step_for(args.size, args.batch, precision)
         for _ in range(2):
             call()
