@@ -85,19 +85,28 @@ def gemm_shapes(c: Conv) -> dict[str, tuple[int, int, int]]:
             "filter_gradient": (window, pixels, c.cout)}
 
 
-def operands(c: Conv, dtype, seed: int = 0) -> tuple:
-    """``(x, w, dy)`` of ``c``'s shapes: the input, the filter and the output's gradient, uniform in [-1, 1] (drawn
-    in float32, then cast to ``dtype``)."""
+def kinds(c: Conv) -> tuple[str, ...]:
+    """The kernels a step runs of ``c``: all three, but for the first convolution no input gradient."""
+    return tuple(k for k in KINDS if not (k == "input_gradient" and c.reads_image))
+
+
+def uniform(shape, dtype, seed: int, k: int):
+    """A tensor of ``shape``, uniform in [-1, 1]: drawn in float32 (stateless, from ``(seed, k)``), cast to ``dtype``."""
     import tensorflow as tf
 
+    return tf.cast(tf.random.stateless_uniform(shape, (seed, k), -1, 1), dtype)
+
+
+def operands(c: Conv, dtype, seed: int = 0) -> tuple:
+    """``(x, w, dy)`` of ``c``'s shapes: the input, the filter and the output's gradient (:func:`uniform`)."""
     ho, wo = output_size(c)
     shapes = ([c.batch, c.height, c.width, c.cin], [c.kh, c.kw, c.cin, c.cout], [c.batch, ho, wo, c.cout])
-    return tuple(tf.cast(tf.random.stateless_uniform(s, (seed, k), -1, 1), dtype) for k, s in enumerate(shapes))
+    return tuple(uniform(s, dtype, seed, k) for k, s in enumerate(shapes))
 
 
 def kernels(c: Conv, dtype, seed: int = 0) -> dict[str, tuple]:
-    """``{kind: (the convolution kernel, the matmul)}``, each a call of one TensorFlow op on :func:`operands` (the
-    matmul's on its own operands of :func:`gemm_shapes`) that returns its result."""
+    """``{kind: (the convolution kernel, the matmul)}`` for each of :func:`kinds`, each a call of one TensorFlow op on
+    :func:`operands` (the matmul's on its own operands of :func:`gemm_shapes`) that returns its result."""
     import tensorflow as tf
 
     x, w, dy = operands(c, dtype, seed)
@@ -111,10 +120,10 @@ def kernels(c: Conv, dtype, seed: int = 0) -> dict[str, tuple]:
             input=x, filter_sizes=w_size, out_backprop=dy, strides=strides, padding=c.padding),
     }
     out = {}
-    for i, kind in enumerate(KINDS):
+    for kind in kinds(c):
         m, k, n = gemm_shapes(c)[kind]
-        a, b = (tf.cast(tf.random.stateless_uniform(s, (seed, 10 + 2 * i + j), -1, 1), dtype)
-                for j, s in enumerate(([m, k], [k, n])))
+        i = KINDS.index(kind)
+        a, b = uniform([m, k], dtype, seed, 10 + 2 * i), uniform([k, n], dtype, seed, 11 + 2 * i)
         out[kind] = (tf.function(convs[kind]), tf.function(lambda a=a, b=b: tf.linalg.matmul(a, b)))
     return out
 
@@ -126,8 +135,6 @@ def measure(convs: collections.Counter, dtype, rounds: int) -> dict:
     for c, count in sorted(convs.items(), key=lambda kv: -gflop(kv[0]) * kv[1]):
         row = {"shape": c._asdict(), "count": count, "gflop": gflop(c)}
         for kind, (conv, mm) in kernels(c, dtype).items():
-            if kind == "input_gradient" and c.reads_image:
-                continue
             times = interleaved({"conv": conv, "matmul": mm}, rounds)
             conv_s, mm_s = median(times["conv"]), median(times["matmul"])
             row[kind] = {"conv_s": conv_s, "matmul_s": mm_s, "conv_gflops": gflop(c) / conv_s,
@@ -158,7 +165,7 @@ def report(name: str, r: dict, ceiling: float | None, show_shapes: bool) -> None
         for row in r["shapes"]:
             c = Conv(**row["shape"])
             rates = "  ".join(f"{SHORT[kind]} {row[kind]['conv_gflops']:4.0f}/{row[kind]['matmul_gflops']:4.0f}"
-                              for kind in KINDS if kind in row)
+                              for kind in kinds(c))
             print(f"    {row['count']:2d}x {c.height}x{c.width}x{c.cin} {c.kh}x{c.kw}/{c.stride} -> {c.cout}: "
                   f"{rates} GFLOP/s (conv/matmul)")
 

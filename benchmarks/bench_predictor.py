@@ -25,9 +25,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import RESNET50_GFLOP, banner, ceilings_line, finish, interleaved, machine, matmul_ceilings, median, setup_env  # noqa: E402
-
-GFLOP_PER_IMAGE = RESNET50_GFLOP  # Keras's ResNet-50 forward at 224x224 (benchmarks/common.py)
+from common import banner, ceilings_line, finish, interleaved, machine, matmul_ceilings, median, resnet50_gflop, setup_env  # noqa: E402
 
 
 def spark_session(cores: int):
@@ -118,7 +116,7 @@ def against_predict_batch_udf(args, net, model, x, ceilings: dict) -> dict:
           f"model.predict {img_s['udf_predict']:6.2f}   with model(x) {img_s['udf_call']:6.2f}   TFPredictor / the faster "
           f"udf {out['ratio_vs_best_udf']:.2f} (target >= 1.5)")
     print(f"    max |udf - TFPredictor|: {', '.join(f'{k} {v:.2e}' for k, v in diffs.items())}")
-    out["share_of_tf_matmul"] = {k: v * GFLOP_PER_IMAGE / ceilings["fp32_gflops"] for k, v in img_s.items()}
+    out["share_of_tf_matmul"] = {k: v * resnet50_gflop(args.size) / ceilings["fp32_gflops"] for k, v in img_s.items()}
     print("    GFLOP/s over TF's own fp32 matmul on this machine: "
           + "   ".join(f"{k} {100 * v:.0f}%" for k, v in out["share_of_tf_matmul"].items()))
     predictor.close()
@@ -198,7 +196,7 @@ def main(argv=None) -> dict:
         import tensorflow as tf
 
         peak = fp32_peak(args.cores, args.ghz, args.flop_per_cycle)
-        ov_gflops = args.images / t_ov * GFLOP_PER_IMAGE
+        ov_gflops = args.images / t_ov * resnet50_gflop(args.size)
         matmul = ceilings["fp32_gflops"]
         results["openvino"] = {
             "openvino_img_s": args.images / t_ov, "tensorflow_img_s": args.images / t_tf,

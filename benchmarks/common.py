@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -182,22 +183,20 @@ def start_resnet50(args) -> dict:
 
 def resnet50_results(args, ceilings: dict, script: str, argv, **more) -> dict:
     """The head of such a benchmark's results: the machine, its arguments and ceilings, the command that ran it."""
-    import sys
-
     command = f"python benchmarks/{script} " + " ".join(sys.argv[1:] if argv is None else argv)
     return {"machine": machine(), "size": args.size, "batch": args.batch, **more, "ceilings": ceilings,
             "inter_op": args.inter_op, "command": command}
 
 
 def native_precisions(args, results: dict, verb: str) -> list[str]:
-    """``args.precision``'s precisions that run as asked here: bf16 only where the CPU has it natively (elsewhere the
-    step would run fp32); one left out is said, and recorded in ``results`` (``bf16_not_<verb>``)."""
+    """``args.precision``'s precisions that run as asked here: bf16 only where the CPU has it natively; one left out is
+    said, and recorded in ``results`` (``bf16_not_<verb>``)."""
     from tfnet.precision import bf16_missing
 
     out = []
     for precision in args.precision.split(","):
         if precision == "bf16" and bf16_missing():
-            print(f"(bf16) not {verb}: {bf16_missing()} (the step would run fp32)")
+            print(f"(bf16) not {verb}: {bf16_missing()}")
             results[f"bf16_not_{verb}"] = bf16_missing()
             continue
         out.append(precision)
@@ -251,7 +250,6 @@ def measure_ceilings() -> dict:
     neither the benchmark's own threads, memory or start-up figures nor its TensorFlow settings change them (nor
     they the benchmark's). A part that cannot be measured here says why instead of a figure."""
     import subprocess
-    import sys
 
     done = subprocess.run([sys.executable, os.path.abspath(__file__), "--ceilings"], capture_output=True, text=True,
                           timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
@@ -291,8 +289,6 @@ def finish(path: str | None, results: dict) -> dict:
 
 
 if __name__ == "__main__":
-    import sys
-
     if sys.argv[1:] == ["--ceilings"]:
         out: dict = {"tf": matmul_ceilings()}
         try:
